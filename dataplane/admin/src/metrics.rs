@@ -1,0 +1,55 @@
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+/// Admin-endpoint metrics. The admin endpoint runs on one thread, so plain atomics suffice.
+#[derive(Debug, Clone)]
+pub struct AdminMetrics {
+    bad_requests: Family<ReasonLabels, Counter>,
+}
+
+impl AdminMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let bad_requests = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "sluice_admin_bad_requests",
+            "Admin requests refused, by reason (malformed, too_large, body, timeout, truncated, method)",
+            bad_requests.clone(),
+        );
+        Self { bad_requests }
+    }
+
+    pub(crate) fn bad_request(&self, reason: &'static str) {
+        self.bad_requests.get_or_create(&ReasonLabels { reason }).inc();
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+    driver: String,
+}
+
+/// Registers `sluice_build_info{version,driver} 1`. A gauge rather than an OpenMetrics info
+/// metric so that scrapers of the classic Prometheus text format read it too.
+pub fn register_build_info(registry: &mut Registry, version: &str, driver: &str) {
+    let build_info = Family::<BuildLabels, Gauge>::default();
+    build_info
+        .get_or_create(&BuildLabels {
+            version: version.to_string(),
+            driver: driver.to_string(),
+        })
+        .set(1);
+    registry.register(
+        "sluice_build_info",
+        "Version of the running binary and the I/O driver its workers use",
+        build_info,
+    );
+}

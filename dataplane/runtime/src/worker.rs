@@ -1,0 +1,235 @@
+//! One worker thread: builds its monoio runtime, accepts on its own sockets, serves connections,
+//! drains on stop.
+
+use std::cell::Cell;
+use std::panic::AssertUnwindSafe;
+use std::rc::Rc;
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::Duration;
+
+use event_listener::Event;
+use futures_util::FutureExt;
+use monoio::net::TcpListener;
+
+use crate::driver::build_runtime;
+use crate::handler::ListenerShared;
+use crate::{ConnectionContext, Driver, HandlerFactory, Lifecycle, ListenerStats, StopSignal, WorkerContext};
+
+/// Counts open connections and wakes waiters when the count drops.
+#[derive(Debug, Default)]
+struct ConnectionCount {
+    open: Cell<usize>,
+    dropped: Event,
+}
+
+impl ConnectionCount {
+    async fn wait_below(&self, limit: usize) {
+        while self.open.get() >= limit {
+            let listener = self.dropped.listen();
+            if self.open.get() < limit {
+                return;
+            }
+            listener.await;
+        }
+    }
+}
+
+/// Held by a connection task; closing the connection (or dropping the task at abort) releases it.
+struct ConnectionGuard {
+    worker: Rc<ConnectionCount>,
+    listener: Rc<ConnectionCount>,
+    shared: Rc<ListenerShared>,
+}
+
+impl ConnectionGuard {
+    fn enter(worker: &Rc<ConnectionCount>, listener: &Rc<ConnectionCount>, shared: &Rc<ListenerShared>) -> Self {
+        for count in [worker, listener] {
+            count.open.set(count.open.get() + 1);
+        }
+        shared.stats.active.inc(shared.worker);
+        Self {
+            worker: worker.clone(),
+            listener: listener.clone(),
+            shared: shared.clone(),
+        }
+    }
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        for count in [&self.worker, &self.listener] {
+            count.open.set(count.open.get().saturating_sub(1));
+            count.dropped.notify(usize::MAX);
+        }
+        self.shared.stats.active.dec(self.shared.worker);
+    }
+}
+
+/// A listener as handed to a worker thread.
+pub(crate) struct WorkerListener {
+    pub(crate) name: Arc<str>,
+    pub(crate) socket: std::net::TcpListener,
+    pub(crate) factory: Arc<dyn HandlerFactory>,
+    pub(crate) stats: ListenerStats,
+    pub(crate) max_connections: usize,
+}
+
+pub(crate) struct WorkerSpec {
+    pub(crate) thread_name: String,
+    pub(crate) index: usize,
+    pub(crate) driver: Driver,
+    pub(crate) uring_entries: u32,
+    pub(crate) listeners: Vec<WorkerListener>,
+    pub(crate) lifecycle: Arc<Lifecycle>,
+    pub(crate) stop: Arc<StopSignal>,
+    pub(crate) drain_timeout: Duration,
+    pub(crate) started: Sender<(String, Result<(), String>)>,
+}
+
+/// Runs on the worker thread until the worker has drained. Returns how many connections were
+/// still open when the drain deadline (or an abort) cut them.
+pub(crate) fn run(spec: WorkerSpec) -> usize {
+    let mut runtime = match build_runtime(spec.driver, spec.uring_entries) {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            let _ = spec.started.send((spec.thread_name, Err(error.to_string())));
+            return 0;
+        }
+    };
+    runtime.block_on(serve(spec))
+}
+
+async fn serve(spec: WorkerSpec) -> usize {
+    let worker = WorkerContext {
+        index: spec.index,
+        driver: spec.driver,
+    };
+    let open = Rc::new(ConnectionCount::default());
+    let cut_signal = Arc::new(StopSignal::new());
+    let mut accept_loops = Vec::with_capacity(spec.listeners.len());
+    for listener in spec.listeners {
+        let socket = match TcpListener::from_std(listener.socket) {
+            Ok(socket) => socket,
+            Err(error) => {
+                let reason = format!("cannot register listener {} with the runtime: {error}", listener.name);
+                let _ = spec.started.send((spec.thread_name, Err(reason)));
+                return 0;
+            }
+        };
+        let shared = Rc::new(ListenerShared {
+            name: listener.name,
+            worker: spec.index,
+            stats: listener.stats,
+            lifecycle: spec.lifecycle.clone(),
+            stop: spec.stop.clone(),
+        });
+        let handler = listener.factory.create(&worker);
+        accept_loops.push(monoio::spawn(accept_loop(
+            socket,
+            handler,
+            shared,
+            open.clone(),
+            cut_signal.clone(),
+            listener.max_connections,
+        )));
+    }
+    let _ = spec.started.send((spec.thread_name.clone(), Ok(())));
+    for accept_loop in accept_loops {
+        accept_loop.await;
+    }
+    // Listeners are closed now (each accept loop dropped its socket): new connections are
+    // refused by the kernel while in-flight ones finish.
+    let deadline = monoio::time::Instant::now() + spec.drain_timeout;
+    if open.open.get() > 0 {
+        tracing::info!(worker = %spec.thread_name, open = open.open.get(), "draining connections");
+    }
+    let cut = monoio::select! {
+        _ = open.wait_below(1) => 0,
+        _ = monoio::time::sleep_until(deadline) => {
+            let cut = open.open.get();
+            tracing::warn!(worker = %spec.thread_name, cut, timeout = ?spec.drain_timeout, "drain deadline passed; closing remaining connections");
+            cut
+        }
+        _ = spec.lifecycle.abort.wait() => {
+            let cut = open.open.get();
+            tracing::warn!(worker = %spec.thread_name, cut, "stop forced; closing remaining connections");
+            cut
+        }
+    };
+    if cut > 0 {
+        // monoio does not drop the tasks of a dropped runtime, so connections are closed here:
+        // each connection task ends its handler future (closing the socket) when `cut` fires.
+        cut_signal.fire();
+        let _ = monoio::time::timeout(Duration::from_secs(1), open.wait_below(1)).await;
+    }
+    cut
+}
+
+async fn accept_loop(
+    socket: TcpListener,
+    handler: Rc<dyn crate::ConnectionHandler>,
+    shared: Rc<ListenerShared>,
+    worker_open: Rc<ConnectionCount>,
+    cut: Arc<StopSignal>,
+    max_connections: usize,
+) {
+    let listener_open = Rc::new(ConnectionCount::default());
+    let worker = shared.worker;
+    loop {
+        if listener_open.open.get() >= max_connections {
+            monoio::select! {
+                _ = listener_open.wait_below(max_connections) => {}
+                _ = shared.stop.wait() => break,
+            }
+        }
+        let accepted = monoio::select! {
+            _ = shared.stop.wait() => break,
+            accepted = socket.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                shared.stats.accepted.inc(worker);
+                // Proxied traffic is latency-bound; Nagle only delays small frames.
+                let _ = stream.set_nodelay(true);
+                let guard = ConnectionGuard::enter(&worker_open, &listener_open, &shared);
+                let conn = ConnectionContext {
+                    peer,
+                    shared: shared.clone(),
+                };
+                let served = handler.clone().handle(stream, conn);
+                let cut = cut.clone();
+                monoio::spawn(async move {
+                    let guard = guard;
+                    monoio::select! {
+                        outcome = AssertUnwindSafe(served).catch_unwind() => {
+                            if outcome.is_err() {
+                                guard.shared.stats.panics.inc(guard.shared.worker);
+                                tracing::error!(listener = %guard.shared.name, %peer, "connection handler panicked; connection closed");
+                            }
+                        }
+                        _ = cut.wait() => {}
+                    }
+                });
+            }
+            Err(error) => {
+                shared.stats.accept_errors.inc(worker);
+                match error.raw_os_error() {
+                    // Out of descriptors or memory: back off instead of spinning on the error.
+                    Some(errno) if is_resource_exhaustion(errno) => {
+                        tracing::warn!(listener = %shared.name, %error, "accept failed; pausing 100ms");
+                        monoio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    _ => tracing::debug!(listener = %shared.name, %error, "accept failed"),
+                }
+            }
+        }
+    }
+    drop(socket);
+    tracing::debug!(listener = %shared.name, worker, "listener closed");
+}
+
+fn is_resource_exhaustion(errno: i32) -> bool {
+    // EMFILE, ENFILE, ENOBUFS, ENOMEM on Linux.
+    matches!(errno, 24 | 23 | 105 | 12)
+}

@@ -1,0 +1,69 @@
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Sluice: a thread-per-core data-plane daemon.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about)]
+pub struct Cli {
+    /// Once every listener is bound, write their addresses as JSON ({"admin": "127.0.0.1:9901"})
+    /// to this file. Useful with port 0.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub addresses_file: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run on embedded defaults (loopback only, no files needed) and print how to try it.
+    Up {
+        #[command(flatten)]
+        runtime: RuntimeArgs,
+        /// Bind every listener to an OS-chosen free port instead of the default ports.
+        #[arg(long)]
+        ephemeral_ports: bool,
+    },
+    /// Run the daemon with a configuration file.
+    Run {
+        /// Path of the YAML configuration (see docs/CONFIG.md).
+        #[arg(long, short = 'c', value_name = "FILE")]
+        config: PathBuf,
+        #[command(flatten)]
+        runtime: RuntimeArgs,
+    },
+    /// Validate a configuration file: print every error with its path and exit 2, or print "ok".
+    CheckConfig {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+}
+
+/// Command-line overrides of the `runtime` config block.
+#[derive(Debug, Clone, Args)]
+pub struct RuntimeArgs {
+    /// Data-plane worker threads (default: runtime.workers, which defaults to one per CPU).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub workers: Option<u16>,
+    /// I/O driver (default: runtime.driver): auto tries io_uring and falls back to epoll.
+    #[arg(long, value_enum, value_name = "DRIVER")]
+    pub driver: Option<DriverArg>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum DriverArg {
+    Auto,
+    Uring,
+    Legacy,
+}
+
+impl From<DriverArg> for sluice_config::DriverChoice {
+    fn from(arg: DriverArg) -> Self {
+        match arg {
+            DriverArg::Auto => Self::Auto,
+            DriverArg::Uring => Self::Uring,
+            DriverArg::Legacy => Self::Legacy,
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! Fixtures shared by Sluice's integration tests. Everything here starts real things (processes,
+//! sockets, certificates) on loopback and cleans them up on drop; nothing is a mock.
+
+mod certs;
+mod http;
+mod process;
+mod redis;
+mod seccomp;
+mod wait;
+
+pub use certs::{Certificates, ClientCert};
+pub use http::{http_get, HttpResponse};
+pub use process::{SluiceLauncher, SluiceProcess};
+pub use redis::RedisServer;
+pub use seccomp::{block_io_uring_for_command, block_io_uring_in_this_thread};
+pub use wait::{wait_for_tcp, wait_until};
+
+use std::path::PathBuf;
+
+/// The workspace root (where `Cargo.toml` with `[workspace]` lives).
+pub fn workspace_root() -> PathBuf {
+    let mut dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    dir.pop();
+    dir
+}
+
+/// The Python interpreter of the test venv that `scripts/test.sh` creates (grpcio, PyJWT,
+/// kubernetes, prometheus-client). `SLUICE_PYTHON` overrides it.
+pub fn python() -> PathBuf {
+    if let Some(path) = std::env::var_os("SLUICE_PYTHON") {
+        return PathBuf::from(path);
+    }
+    let venv = workspace_root().join(".venv/bin/python");
+    assert!(
+        venv.exists(),
+        "{} is missing: run scripts/test.sh once (it creates the test venv) or set SLUICE_PYTHON",
+        venv.display()
+    );
+    venv
+}

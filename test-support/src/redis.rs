@@ -1,0 +1,112 @@
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::wait_until;
+
+/// A real `redis-server` for one test: no persistence, loopback TCP on a free port plus a unix
+/// socket, killed and its directory removed on drop.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Child,
+    dir: tempfile::TempDir,
+    pub address: SocketAddr,
+    pub socket: PathBuf,
+}
+
+impl RedisServer {
+    /// Starts `redis-server` from `PATH`, retrying with another port if the chosen one was taken
+    /// between choosing and binding.
+    pub fn start() -> std::io::Result<Self> {
+        let mut last_error = None;
+        for _ in 0..5 {
+            match Self::try_start() {
+                Ok(server) => return Ok(server),
+                Err(error) => last_error = Some(error),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| std::io::Error::other("redis-server did not start")))
+    }
+
+    fn try_start() -> std::io::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        // redis-server cannot report an OS-chosen port, so pick a free one and hand it over.
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let socket = dir.path().join("redis.sock");
+        let log = dir.path().join("redis.log");
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--unixsocket")
+            .arg(&socket)
+            .args(["--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .arg("--logfile")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|error| std::io::Error::other(format!("cannot run redis-server (apt install redis-server): {error}")))?;
+        let mut server = Self {
+            child,
+            dir,
+            address: SocketAddr::from(([127, 0, 0, 1], port)),
+            socket,
+        };
+        let ready = wait_until(Duration::from_secs(10), || {
+            matches!(server.child.try_wait(), Ok(None)) && server.ping().is_ok()
+        });
+        if ready {
+            Ok(server)
+        } else {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            let _ = server.child.kill();
+            Err(std::io::Error::other(format!("redis-server did not become ready: {log}")))
+        }
+    }
+
+    /// `PING` over the unix socket; `Ok` when the answer is `+PONG`.
+    pub fn ping(&self) -> std::io::Result<()> {
+        let reply = self.command(&["PING"])?;
+        if reply.starts_with("+PONG") {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!("unexpected PING reply {reply:?}")))
+        }
+    }
+
+    /// Sends one command (RESP array of bulk strings) over the unix socket and returns the raw
+    /// reply text. Enough for tests to inspect keys; Sluice itself uses the `redis` crate.
+    pub fn command(&self, args: &[&str]) -> std::io::Result<String> {
+        let mut stream = UnixStream::connect(&self.socket)?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut request = format!("*{}\r\n", args.len());
+        for arg in args {
+            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        }
+        stream.write_all(request.as_bytes())?;
+        let mut buffer = [0u8; 64 * 1024];
+        let read = stream.read(&mut buffer)?;
+        Ok(String::from_utf8_lossy(&buffer[..read]).into_owned())
+    }
+
+    /// `redis://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.address)
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
