@@ -9,7 +9,9 @@ use anyhow::Context;
 use prometheus_client::registry::Registry;
 use sluice_admin::{AdminEndpoint, AdminMetrics, AdminOptions};
 use sluice_config::{Config, ConfigError};
-use sluice_runtime::{select_driver, Lifecycle, Placement, RuntimeOptions, ServerBuilder, StopSignals};
+use sluice_runtime::{
+    select_driver, Lifecycle, Placement, RuntimeOptions, ServerBuilder, StopSignals,
+};
 
 use crate::cli::RuntimeArgs;
 
@@ -24,17 +26,29 @@ pub enum Mode {
 }
 
 /// Exit codes: 0 after a clean stop, 2 for an invalid configuration, 1 for any other failure.
-pub fn run_with(loaded: Result<Config, ConfigError>, args: &RuntimeArgs, addresses_file: Option<&Path>, mode: Mode) -> ExitCode {
+pub fn run_with(
+    loaded: Result<Config, ConfigError>,
+    args: &RuntimeArgs,
+    addresses_file: Option<&Path>,
+    mode: Mode,
+) -> ExitCode {
     let mut config = match loaded {
         Ok(config) => config,
         Err(error) => {
             eprintln!("{error}");
-            eprintln!("refusing to start: {} configuration error(s)", error.errors.len());
+            eprintln!(
+                "refusing to start: {} configuration error(s)",
+                error.errors.len()
+            );
             return ExitCode::from(2);
         }
     };
     if let Some(workers) = args.workers {
-        config.runtime.workers = sluice_config::Workers::Count(usize::from(workers).try_into().unwrap_or(std::num::NonZeroUsize::MIN));
+        config.runtime.workers = sluice_config::Workers::Count(
+            usize::from(workers)
+                .try_into()
+                .unwrap_or(std::num::NonZeroUsize::MIN),
+        );
     }
     if let Some(driver) = args.driver {
         config.runtime.driver = driver.into();
@@ -56,7 +70,9 @@ fn run(config: &Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow::Re
     let selection = select_driver(config.runtime.driver, config.runtime.uring_entries)?;
     match &selection.fallback_reason {
         None => tracing::info!(driver = %selection.driver, "I/O driver selected"),
-        Some(reason) => tracing::warn!(driver = %selection.driver, %reason, "io_uring cannot be set up; falling back to the legacy (epoll) driver"),
+        Some(reason) => {
+            tracing::warn!(driver = %selection.driver, %reason, "io_uring cannot be set up; falling back to the legacy (epoll) driver")
+        }
     }
     let lifecycle = Arc::new(Lifecycle::new());
     let options = RuntimeOptions {
@@ -92,7 +108,8 @@ fn run(config: &Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow::Re
     }
     tracing::info!(version = VERSION, workers, driver = %selection.driver, "ready");
     if let Some(path) = addresses_file {
-        write_addresses(path, &addresses).with_context(|| format!("cannot write {}", path.display()))?;
+        write_addresses(path, &addresses)
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     if mode == Mode::Up {
         print_banner(workers, &selection.driver.to_string(), &addresses);
@@ -106,7 +123,10 @@ fn run(config: &Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow::Re
 }
 
 /// Written to a temporary name and renamed, so a reader never sees half a file.
-fn write_addresses(path: &Path, addresses: &[(String, std::net::SocketAddr)]) -> std::io::Result<()> {
+fn write_addresses(
+    path: &Path,
+    addresses: &[(String, std::net::SocketAddr)],
+) -> std::io::Result<()> {
     let map: serde_json::Map<String, serde_json::Value> = addresses
         .iter()
         .map(|(name, address)| (name.clone(), serde_json::Value::String(address.to_string())))
@@ -122,14 +142,20 @@ fn print_banner(workers: usize, driver: &str, addresses: &[(String, std::net::So
         .find(|(name, _)| name == "admin")
         .map(|(_, address)| *address);
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "Sluice {VERSION} is up: {workers} data-plane worker(s) on the {driver} driver.\n");
+    let _ = writeln!(
+        out,
+        "Sluice {VERSION} is up: {workers} data-plane worker(s) on the {driver} driver.\n"
+    );
     for (name, address) in addresses {
         let _ = writeln!(out, "  {name:<8} http://{address}");
     }
     if let Some(admin) = admin {
         let _ = writeln!(out, "\nTry it:");
         let _ = writeln!(out, "  curl http://{admin}/metrics    # Prometheus metrics");
-        let _ = writeln!(out, "  curl http://{admin}/readyz     # 200 when ready, 503 while draining");
+        let _ = writeln!(
+            out,
+            "  curl http://{admin}/readyz     # 200 when ready, 503 while draining"
+        );
         let _ = writeln!(out, "  curl http://{admin}/healthz");
     }
     let _ = writeln!(out, "\nPress Ctrl-C to stop.");

@@ -27,16 +27,29 @@ fn main() -> ExitCode {
         },
         cli::Command::Run { config, runtime } => {
             let loaded = sluice_config::load_file(&config);
-            daemon::run_with(loaded, &runtime, cli.addresses_file.as_deref(), daemon::Mode::Run)
+            daemon::run_with(
+                loaded,
+                &runtime,
+                cli.addresses_file.as_deref(),
+                daemon::Mode::Run,
+            )
         }
-        cli::Command::Up { runtime, ephemeral_ports } => {
+        cli::Command::Up {
+            runtime,
+            ephemeral_ports,
+        } => {
             let loaded = sluice_config::Config::embedded_defaults().map(|mut config| {
                 if ephemeral_ports {
                     config.listeners.admin.address.set_port(0);
                 }
                 config
             });
-            daemon::run_with(loaded, &runtime, cli.addresses_file.as_deref(), daemon::Mode::Up)
+            daemon::run_with(
+                loaded,
+                &runtime,
+                cli.addresses_file.as_deref(),
+                daemon::Mode::Up,
+            )
         }
     }
 }

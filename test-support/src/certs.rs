@@ -1,6 +1,9 @@
 use std::path::{Path, PathBuf};
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair,
+};
 
 /// A client certificate: subject CN (user) and O (groups), PEM files on disk.
 #[derive(Debug, Clone)]
@@ -26,17 +29,27 @@ impl Certificates {
         Self::try_generate(extra_server_names).map_err(std::io::Error::other)
     }
 
-    fn try_generate(extra_server_names: &[&str]) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+    fn try_generate(
+        extra_server_names: &[&str],
+    ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
         let dir = tempfile::tempdir()?;
         let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.distinguished_name.push(DnType::CommonName, "sluice test CA");
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "sluice test CA");
         let issuer = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
 
-        let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+        let mut names = vec![
+            "localhost".to_string(),
+            "127.0.0.1".to_string(),
+            "::1".to_string(),
+        ];
         names.extend(extra_server_names.iter().map(|name| name.to_string()));
         let mut server_params = CertificateParams::new(names)?;
-        server_params.distinguished_name.push(DnType::CommonName, "localhost");
+        server_params
+            .distinguished_name
+            .push(DnType::CommonName, "localhost");
         server_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let server_key = KeyPair::generate()?;
         let server_cert = server_params.signed_by(&server_key, &issuer)?;
@@ -62,15 +75,24 @@ impl Certificates {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params.distinguished_name.push(DnType::CommonName, user);
         for group in groups {
-            params.distinguished_name.push(DnType::OrganizationName, *group);
+            params
+                .distinguished_name
+                .push(DnType::OrganizationName, *group);
         }
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer)?;
-        let safe: String = user.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+        let safe: String = user
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
         Ok(ClientCert {
             cert: write(self.dir.path(), &format!("client-{safe}.pem"), &cert.pem()),
-            key: write(self.dir.path(), &format!("client-{safe}-key.pem"), &key.serialize_pem()),
+            key: write(
+                self.dir.path(),
+                &format!("client-{safe}-key.pem"),
+                &key.serialize_pem(),
+            ),
         })
     }
 
@@ -81,6 +103,7 @@ impl Certificates {
 
 fn write(dir: &Path, name: &str, contents: &str) -> PathBuf {
     let path = dir.join(name);
-    std::fs::write(&path, contents).unwrap_or_else(|error| panic!("cannot write {}: {error}", path.display()));
+    std::fs::write(&path, contents)
+        .unwrap_or_else(|error| panic!("cannot write {}: {error}", path.display()));
     path
 }

@@ -71,7 +71,8 @@ impl SluiceLauncher {
             )));
         }
         let text = std::fs::read_to_string(&addresses_file)?;
-        let parsed: BTreeMap<String, String> = serde_json::from_str(&text).map_err(std::io::Error::other)?;
+        let parsed: BTreeMap<String, String> =
+            serde_json::from_str(&text).map_err(std::io::Error::other)?;
         for (name, address) in parsed {
             let address = address.parse().map_err(std::io::Error::other)?;
             process.addresses.insert(name, address);

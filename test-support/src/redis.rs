@@ -41,7 +41,16 @@ impl RedisServer {
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .arg("--unixsocket")
             .arg(&socket)
-            .args(["--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args([
+                "--unixsocketperm",
+                "700",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+            ])
             .arg("--dir")
             .arg(dir.path())
             .arg("--logfile")
@@ -50,7 +59,11 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|error| std::io::Error::other(format!("cannot run redis-server (apt install redis-server): {error}")))?;
+            .map_err(|error| {
+                std::io::Error::other(format!(
+                    "cannot run redis-server (apt install redis-server): {error}"
+                ))
+            })?;
         let mut server = Self {
             child,
             dir,
@@ -65,7 +78,9 @@ impl RedisServer {
         } else {
             let log = std::fs::read_to_string(&log).unwrap_or_default();
             let _ = server.child.kill();
-            Err(std::io::Error::other(format!("redis-server did not become ready: {log}")))
+            Err(std::io::Error::other(format!(
+                "redis-server did not become ready: {log}"
+            )))
         }
     }
 
@@ -75,7 +90,9 @@ impl RedisServer {
         if reply.starts_with("+PONG") {
             Ok(())
         } else {
-            Err(std::io::Error::other(format!("unexpected PING reply {reply:?}")))
+            Err(std::io::Error::other(format!(
+                "unexpected PING reply {reply:?}"
+            )))
         }
     }
 

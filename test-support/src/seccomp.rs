@@ -25,7 +25,8 @@ fn io_uring_blocking_program() -> std::io::Result<BpfProgram> {
 /// Blocks `io_uring_setup` for the calling thread and every thread it spawns afterwards.
 pub fn block_io_uring_in_this_thread() -> std::io::Result<()> {
     let program = io_uring_blocking_program()?;
-    seccompiler::apply_filter(&program).map_err(|error| std::io::Error::other(format!("seccomp: {error}")))
+    seccompiler::apply_filter(&program)
+        .map_err(|error| std::io::Error::other(format!("seccomp: {error}")))
 }
 
 /// Blocks `io_uring_setup` in the process `command` will start.

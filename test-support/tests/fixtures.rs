@@ -18,17 +18,28 @@ fn redis_server_answers_over_tcp_and_unix_socket_and_stops_on_drop() {
     tcp.read_exact(&mut reply).unwrap();
     assert_eq!(&reply, b"+PONG\r\n");
     // No persistence configured.
-    assert!(redis.command(&["CONFIG", "GET", "save"]).unwrap().contains("$0\r\n"));
+    assert!(redis
+        .command(&["CONFIG", "GET", "save"])
+        .unwrap()
+        .contains("$0\r\n"));
     let address = redis.address;
     drop(redis);
-    assert!(wait_until(Duration::from_secs(5), || std::net::TcpStream::connect(address).is_err()));
+    assert!(wait_until(Duration::from_secs(5), || {
+        std::net::TcpStream::connect(address).is_err()
+    }));
 }
 
 #[test]
 fn certificates_chain_to_their_ca() {
     let certs = Certificates::generate(&["api.example.test"]).expect("certificates");
     let client = certs.client("alice", &["dev", "ops"]).expect("client cert");
-    for path in [&certs.ca_cert, &certs.server_cert, &certs.server_key, &client.cert, &client.key] {
+    for path in [
+        &certs.ca_cert,
+        &certs.server_cert,
+        &certs.server_key,
+        &client.cert,
+        &client.key,
+    ] {
         let text = std::fs::read_to_string(path).unwrap();
         assert!(text.starts_with("-----BEGIN"), "{}", path.display());
     }
@@ -41,7 +52,11 @@ fn certificates_chain_to_their_ca() {
             .arg(leaf)
             .output()
             .expect("openssl is installed");
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stdout));
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stdout)
+        );
     }
     let subject = std::process::Command::new("openssl")
         .args(["x509", "-noout", "-subject", "-in"])
@@ -49,5 +64,10 @@ fn certificates_chain_to_their_ca() {
         .output()
         .unwrap();
     let subject = String::from_utf8_lossy(&subject.stdout);
-    assert!(subject.contains("CN = alice") && subject.contains("O = dev") && subject.contains("O = ops"), "{subject}");
+    assert!(
+        subject.contains("CN = alice")
+            && subject.contains("O = dev")
+            && subject.contains("O = ops"),
+        "{subject}"
+    );
 }

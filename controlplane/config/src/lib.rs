@@ -182,7 +182,11 @@ fn serde_reason(message: &str, path: &str) -> String {
             let name_end = message[name_start..]
                 .find(' ')
                 .map_or(message.len(), |offset| name_start + offset);
-            format!("{}expected a mapping{}", &message[..start], &message[name_end..])
+            format!(
+                "{}expected a mapping{}",
+                &message[..start],
+                &message[name_end..]
+            )
         }
         None => message.to_string(),
     }

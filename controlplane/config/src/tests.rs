@@ -11,7 +11,10 @@ fn errors_of(text: &str) -> Vec<String> {
 #[test]
 fn embedded_defaults_are_valid() {
     let config = Config::embedded_defaults().expect("embedded defaults must validate");
-    assert_eq!(config.listeners.admin.address, "127.0.0.1:9901".parse().unwrap());
+    assert_eq!(
+        config.listeners.admin.address,
+        "127.0.0.1:9901".parse().unwrap()
+    );
     assert_eq!(config.runtime.drain_timeout, Duration::from_secs(5));
     assert_eq!(config.runtime.driver, DriverChoice::Auto);
 }
@@ -38,7 +41,10 @@ fn full_document_is_read() {
         "full.yaml",
     )
     .expect("valid");
-    assert_eq!(config.runtime.workers, Workers::Count(NonZeroUsize::new(3).unwrap()));
+    assert_eq!(
+        config.runtime.workers,
+        Workers::Count(NonZeroUsize::new(3).unwrap())
+    );
     assert_eq!(config.runtime.workers.resolve(), 3);
     assert_eq!(config.runtime.driver, DriverChoice::Legacy);
     assert_eq!(config.runtime.uring_entries, 512);
@@ -75,9 +81,17 @@ fn error_display_names_the_origin_on_every_line() {
     let text = error.to_string();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text}");
-    assert!(lines.iter().all(|line| line.starts_with("/etc/sluice.yaml: ")), "{text}");
+    assert!(
+        lines
+            .iter()
+            .all(|line| line.starts_with("/etc/sluice.yaml: ")),
+        "{text}"
+    );
     assert!(text.contains("bogus: unknown field"), "{text}");
-    assert!(text.contains("logging.format: invalid value \"xml\": expected one of text, json"), "{text}");
+    assert!(
+        text.contains("logging.format: invalid value \"xml\": expected one of text, json"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -85,11 +99,30 @@ fn wrong_shapes_and_ranges_are_errors() {
     let errors = errors_of(
         "runtime: {driver: [uring], uring_entries: 300, workers: 5000}\nlisteners: {admin: {backlog: -1}}\nlogging: {level: 'info,=['}\n",
     );
-    assert!(errors.contains(&"runtime.driver: expected a single value, found a list".to_string()), "{errors:?}");
-    assert!(errors.contains(&"runtime.uring_entries: 300 is not a power of two".to_string()), "{errors:?}");
-    assert!(errors.contains(&"runtime.workers: 5000 is more than the limit of 1024".to_string()), "{errors:?}");
-    assert!(errors.iter().any(|e| e.starts_with("listeners.admin.backlog: invalid number \"-1\"")), "{errors:?}");
-    assert!(errors.iter().any(|e| e.starts_with("logging.level: invalid log filter")), "{errors:?}");
+    assert!(
+        errors.contains(&"runtime.driver: expected a single value, found a list".to_string()),
+        "{errors:?}"
+    );
+    assert!(
+        errors.contains(&"runtime.uring_entries: 300 is not a power of two".to_string()),
+        "{errors:?}"
+    );
+    assert!(
+        errors.contains(&"runtime.workers: 5000 is more than the limit of 1024".to_string()),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("listeners.admin.backlog: invalid number \"-1\"")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("logging.level: invalid log filter")),
+        "{errors:?}"
+    );
 }
 
 #[test]

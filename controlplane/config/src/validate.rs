@@ -10,8 +10,8 @@ use serde_norway::Value;
 use crate::error::Errors;
 use crate::raw::{Leaf, RawConfig, RawListener};
 use crate::{
-    Config, DriverChoice, ListenerConfig, ListenersConfig, LogFormat, LoggingConfig,
-    RuntimeConfig, Workers,
+    Config, DriverChoice, ListenerConfig, ListenersConfig, LogFormat, LoggingConfig, RuntimeConfig,
+    Workers,
 };
 
 const MAX_WORKERS: usize = 1024;
@@ -65,7 +65,12 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
         level: log_level(&raw.logging.level, "logging.level", errors),
     };
     let listeners = ListenersConfig {
-        admin: listener(&raw.listeners.admin, "listeners.admin", "127.0.0.1:9901", errors),
+        admin: listener(
+            &raw.listeners.admin,
+            "listeners.admin",
+            "127.0.0.1:9901",
+            errors,
+        ),
     };
     Config {
         runtime,
@@ -74,11 +79,27 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
     }
 }
 
-fn listener(raw: &RawListener, path: &str, default_address: &str, errors: &mut Errors) -> ListenerConfig {
-    let address = socket_address(&raw.address, &format!("{path}.address"), default_address, errors);
+fn listener(
+    raw: &RawListener,
+    path: &str,
+    default_address: &str,
+    errors: &mut Errors,
+) -> ListenerConfig {
+    let address = socket_address(
+        &raw.address,
+        &format!("{path}.address"),
+        default_address,
+        errors,
+    );
     ListenerConfig {
         address,
-        backlog: unsigned(&raw.backlog, &format!("{path}.backlog"), 1024, (1, 65_535), errors) as u32,
+        backlog: unsigned(
+            &raw.backlog,
+            &format!("{path}.backlog"),
+            1024,
+            (1, 65_535),
+            errors,
+        ) as u32,
         max_connections_per_worker: unsigned(
             &raw.max_connections_per_worker,
             &format!("{path}.max_connections_per_worker"),
@@ -121,7 +142,11 @@ fn scalar(value: &Value, path: &str, errors: &mut Errors) -> Option<String> {
 }
 
 fn socket_address(leaf: &Leaf, path: &str, default: &str, errors: &mut Errors) -> SocketAddr {
-    let fallback = || default.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)));
+    let fallback = || {
+        default
+            .parse()
+            .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)))
+    };
     let Some(value) = leaf else {
         return fallback();
     };
@@ -140,7 +165,13 @@ fn socket_address(leaf: &Leaf, path: &str, default: &str, errors: &mut Errors) -
     }
 }
 
-fn unsigned(leaf: &Leaf, path: &str, default: u64, (min, max): (u64, u64), errors: &mut Errors) -> u64 {
+fn unsigned(
+    leaf: &Leaf,
+    path: &str,
+    default: u64,
+    (min, max): (u64, u64),
+    errors: &mut Errors,
+) -> u64 {
     let Some(value) = leaf else {
         return default;
     };
@@ -154,7 +185,10 @@ fn unsigned(leaf: &Leaf, path: &str, default: u64, (min, max): (u64, u64), error
             default
         }
         Err(_) => {
-            errors.push(path, format!("invalid number {text:?}: expected a whole number in {min}..={max}"));
+            errors.push(
+                path,
+                format!("invalid number {text:?}: expected a whole number in {min}..={max}"),
+            );
             default
         }
     }
@@ -179,11 +213,17 @@ fn workers(leaf: &Leaf, path: &str, errors: &mut Errors) -> Workers {
             }
         },
         Ok(count) => {
-            errors.push(path, format!("{count} is more than the limit of {MAX_WORKERS}"));
+            errors.push(
+                path,
+                format!("{count} is more than the limit of {MAX_WORKERS}"),
+            );
             Workers::Auto
         }
         Err(_) => {
-            errors.push(path, format!("invalid worker count {text:?}: expected \"auto\" or a number"));
+            errors.push(
+                path,
+                format!("invalid worker count {text:?}: expected \"auto\" or a number"),
+            );
             Workers::Auto
         }
     }
@@ -208,7 +248,13 @@ fn duration(leaf: &Leaf, path: &str, default: Duration, errors: &mut Errors) -> 
     }
 }
 
-fn one_of(leaf: &Leaf, path: &str, allowed: &[&str], default: &str, errors: &mut Errors) -> Option<String> {
+fn one_of(
+    leaf: &Leaf,
+    path: &str,
+    allowed: &[&str],
+    default: &str,
+    errors: &mut Errors,
+) -> Option<String> {
     let Some(value) = leaf else {
         return Some(default.to_string());
     };
@@ -218,7 +264,10 @@ fn one_of(leaf: &Leaf, path: &str, allowed: &[&str], default: &str, errors: &mut
     } else {
         errors.push(
             path,
-            format!("invalid value {text:?}: expected one of {}", allowed.join(", ")),
+            format!(
+                "invalid value {text:?}: expected one of {}",
+                allowed.join(", ")
+            ),
         );
         None
     }

@@ -85,7 +85,10 @@ pub fn parse_head(buffer: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadErr
         _ => Method::Other,
     };
     let target = request.path.unwrap_or("/");
-    let path = target.split_once('?').map_or(target, |(path, _)| path).to_string();
+    let path = target
+        .split_once('?')
+        .map_or(target, |(path, _)| path)
+        .to_string();
     let http11 = request.version == Some(1);
     let mut keep_alive = http11;
     for header in request.headers.iter() {
@@ -131,21 +134,32 @@ mod tests {
 
     #[test]
     fn simple_get_keeps_alive_on_http11() {
-        let (head, consumed) = parse("GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\nGET /next").unwrap().unwrap();
+        let (head, consumed) = parse("GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\nGET /next")
+            .unwrap()
+            .unwrap();
         assert_eq!(head.method, Method::Get);
         assert_eq!(head.path, "/metrics");
         assert!(head.keep_alive);
-        assert_eq!(consumed, "GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\n".len());
+        assert_eq!(
+            consumed,
+            "GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\n".len()
+        );
     }
 
     #[test]
     fn connection_header_and_version_decide_keep_alive() {
-        let close = parse("HEAD /readyz HTTP/1.1\r\nConnection: close\r\n\r\n").unwrap().unwrap().0;
+        let close = parse("HEAD /readyz HTTP/1.1\r\nConnection: close\r\n\r\n")
+            .unwrap()
+            .unwrap()
+            .0;
         assert_eq!(close.method, Method::Head);
         assert!(!close.keep_alive);
         let http10 = parse("GET / HTTP/1.0\r\n\r\n").unwrap().unwrap().0;
         assert!(!http10.keep_alive);
-        let http10_keep = parse("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n").unwrap().unwrap().0;
+        let http10_keep = parse("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n")
+            .unwrap()
+            .unwrap()
+            .0;
         assert!(http10_keep.keep_alive);
     }
 
@@ -162,7 +176,10 @@ mod tests {
         let chunked = parse("GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap_err();
         assert_eq!(chunked.status(), 413);
         let bad_length = parse("GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n").unwrap_err();
-        assert_eq!((bad_length.status(), bad_length.reason()), (400, "malformed"));
+        assert_eq!(
+            (bad_length.status(), bad_length.reason()),
+            (400, "malformed")
+        );
         let garbage = parse("\x16\x03\x01\x02\x00 binary\r\n\r\n").unwrap_err();
         assert_eq!(garbage.status(), 400);
         let many: String = (0..100).map(|i| format!("X-{i}: y\r\n")).collect();
@@ -173,7 +190,9 @@ mod tests {
 
     #[test]
     fn other_methods_parse_as_other() {
-        let (head, _) = parse("DELETE /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n").unwrap().unwrap();
+        let (head, _) = parse("DELETE /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+            .unwrap()
+            .unwrap();
         assert_eq!(head.method, Method::Other);
     }
 

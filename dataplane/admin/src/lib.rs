@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use monoio::io::AsyncWriteRentExt;
 use prometheus_client::registry::Registry;
-use sluice_runtime::{ConnectionContext, ConnectionHandler, HandlerFactory, Phase, TcpStream, WorkerContext};
+use sluice_runtime::{
+    ConnectionContext, ConnectionHandler, HandlerFactory, Phase, TcpStream, WorkerContext,
+};
 
 pub use http::{parse_head, HeadError, Method, RequestHead, MAX_HEAD_BYTES};
 pub use metrics::{register_build_info, AdminMetrics};
@@ -57,7 +59,11 @@ impl HandlerFactory for AdminEndpoint {
 }
 
 impl ConnectionHandler for AdminEndpoint {
-    fn handle(self: Rc<Self>, stream: TcpStream, conn: ConnectionContext) -> Pin<Box<dyn Future<Output = ()>>> {
+    fn handle(
+        self: Rc<Self>,
+        stream: TcpStream,
+        conn: ConnectionContext,
+    ) -> Pin<Box<dyn Future<Output = ()>>> {
         Box::pin(async move {
             let peer = conn.peer;
             if let Err(error) = self.serve(stream, conn).await {
@@ -117,7 +123,8 @@ impl AdminEndpoint {
                 Ok(parsed) => parsed,
                 Err(error) => {
                     self.metrics.bad_request(error.reason());
-                    let response = Response::text(error.status(), error.status_reason(), format!("{error}\n"));
+                    let response =
+                        Response::text(error.status(), error.status_reason(), format!("{error}\n"));
                     let (result, _) = stream.write_all(response.encode(false, false)).await;
                     return result.map(drop);
                 }
@@ -177,8 +184,9 @@ impl AdminEndpoint {
                     _ = conn.draining() => return Ok(None),
                 }
             } else {
-                let deadline = *head_deadline
-                    .get_or_insert_with(|| monoio::time::Instant::now() + self.options.header_timeout);
+                let deadline = *head_deadline.get_or_insert_with(|| {
+                    monoio::time::Instant::now() + self.options.header_timeout
+                });
                 match monoio::time::timeout_at(deadline, read).await {
                     Ok(read) => read,
                     Err(_) => return Ok(Some(Err(HeadError::Timeout))),
@@ -189,7 +197,9 @@ impl AdminEndpoint {
                 0 if buffer.is_empty() => return Ok(None),
                 0 => return Ok(Some(Err(HeadError::Truncated))),
                 _ => {
-                    head_deadline.get_or_insert_with(|| monoio::time::Instant::now() + self.options.header_timeout);
+                    head_deadline.get_or_insert_with(|| {
+                        monoio::time::Instant::now() + self.options.header_timeout
+                    });
                 }
             }
         }
@@ -198,7 +208,11 @@ impl AdminEndpoint {
     fn route(&self, head: &RequestHead, conn: &ConnectionContext) -> Response {
         if !matches!(head.method, Method::Get | Method::Head) {
             self.metrics.bad_request("method");
-            let mut response = Response::text(405, "Method Not Allowed", "only GET and HEAD are served here\n");
+            let mut response = Response::text(
+                405,
+                "Method Not Allowed",
+                "only GET and HEAD are served here\n",
+            );
             response.extra_header = Some("Allow: GET, HEAD\r\n");
             return response;
         }

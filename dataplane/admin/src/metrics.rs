@@ -27,7 +27,9 @@ impl AdminMetrics {
     }
 
     pub(crate) fn bad_request(&self, reason: &'static str) {
-        self.bad_requests.get_or_create(&ReasonLabels { reason }).inc();
+        self.bad_requests
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
     }
 }
 

@@ -11,17 +11,21 @@ use sluice_admin::AdminOptions;
 use test_support::http_get;
 
 fn raw_exchange(address: std::net::SocketAddr, request: &[u8]) -> String {
-    let mut stream = TcpStream::connect(address).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    stream.write_all(request).unwrap();
+    let mut stream = TcpStream::connect(address).expect("connect to admin");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("set read timeout");
+    stream.write_all(request).expect("send request");
     let mut reply = Vec::new();
     let _ = stream.read_to_end(&mut reply);
     String::from_utf8_lossy(&reply).into_owned()
 }
 
 fn metric_value(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
+    text.lines().find_map(|line| {
+        line.strip_prefix(series)
+            .and_then(|rest| rest.trim().parse().ok())
+    })
 }
 
 #[test]
@@ -46,18 +50,43 @@ fn routes_answer_with_the_right_statuses_on_each_driver() {
             assert!(client.call("ping").unwrap().starts_with("pong"));
         }
         let stats = harness.data_stats.clone();
-        assert!(test_support::wait_until(Duration::from_secs(5), || stats.requests.sum() == 8));
+        assert!(test_support::wait_until(Duration::from_secs(5), || stats
+            .requests
+            .sum()
+            == 8));
         let metrics = http_get(admin, "/metrics").unwrap();
         assert_eq!(metrics.status, 200);
-        assert!(metrics.head.contains("Content-Type: application/openmetrics-text"), "{}", metrics.head);
+        assert!(
+            metrics
+                .head
+                .contains("Content-Type: application/openmetrics-text"),
+            "{}",
+            metrics.head
+        );
         let text = metrics.body;
         let build = format!("sluice_build_info{{version=\"9.9.9\",driver=\"{driver}\"}}");
         assert_eq!(metric_value(&text, &build), Some(1.0), "{text}");
         assert_eq!(metric_value(&text, "sluice_workers"), Some(2.0), "{text}");
-        assert_eq!(metric_value(&text, "sluice_connections_accepted_total{listener=\"echo\"}"), Some(8.0), "{text}");
-        assert_eq!(metric_value(&text, "sluice_requests_total{listener=\"echo\"}"), Some(8.0), "{text}");
+        assert_eq!(
+            metric_value(
+                &text,
+                "sluice_connections_accepted_total{listener=\"echo\"}"
+            ),
+            Some(8.0),
+            "{text}"
+        );
+        assert_eq!(
+            metric_value(&text, "sluice_requests_total{listener=\"echo\"}"),
+            Some(8.0),
+            "{text}"
+        );
         let per_worker: f64 = (0..2)
-            .filter_map(|worker| metric_value(&text, &format!("sluice_worker_requests_total{{worker=\"{worker}\"}}")))
+            .filter_map(|worker| {
+                metric_value(
+                    &text,
+                    &format!("sluice_worker_requests_total{{worker=\"{worker}\"}}"),
+                )
+            })
             .sum();
         assert_eq!(per_worker, 8.0, "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
@@ -67,25 +96,58 @@ fn routes_answer_with_the_right_statuses_on_each_driver() {
 
 #[test]
 fn bad_requests_get_clear_statuses_and_are_counted() {
-    let harness = start(sluice_runtime::Driver::IoUring, Duration::ZERO, default_options());
+    let harness = start(
+        sluice_runtime::Driver::IoUring,
+        Duration::ZERO,
+        default_options(),
+    );
     let admin = harness.admin;
 
-    let post = raw_exchange(admin, b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc");
+    let post = raw_exchange(
+        admin,
+        b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
+    );
     assert!(post.starts_with("HTTP/1.1 413 "), "{post}");
-    let delete = raw_exchange(admin, b"DELETE /metrics HTTP/1.1\r\nConnection: close\r\n\r\n");
-    assert!(delete.starts_with("HTTP/1.1 405 ") && delete.contains("Allow: GET, HEAD"), "{delete}");
-    let garbage = raw_exchange(admin, b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03\r\n\r\n");
+    let delete = raw_exchange(
+        admin,
+        b"DELETE /metrics HTTP/1.1\r\nConnection: close\r\n\r\n",
+    );
+    assert!(
+        delete.starts_with("HTTP/1.1 405 ") && delete.contains("Allow: GET, HEAD"),
+        "{delete}"
+    );
+    let garbage = raw_exchange(
+        admin,
+        b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03\r\n\r\n",
+    );
     assert!(garbage.starts_with("HTTP/1.1 400 "), "{garbage}");
     let huge = format!("GET /{} HTTP/1.1\r\n", "a".repeat(20_000));
     let too_large = raw_exchange(admin, huge.as_bytes());
     assert!(too_large.starts_with("HTTP/1.1 431 "), "{too_large}");
-    let head = raw_exchange(admin, b"HEAD /healthz HTTP/1.1\r\nConnection: close\r\n\r\n");
-    assert!(head.starts_with("HTTP/1.1 200 ") && head.contains("Content-Length: 3") && head.ends_with("\r\n\r\n"), "{head:?}");
+    let head = raw_exchange(
+        admin,
+        b"HEAD /healthz HTTP/1.1\r\nConnection: close\r\n\r\n",
+    );
+    assert!(
+        head.starts_with("HTTP/1.1 200 ")
+            && head.contains("Content-Length: 3")
+            && head.ends_with("\r\n\r\n"),
+        "{head:?}"
+    );
 
     let text = http_get(admin, "/metrics").unwrap().body;
-    for (reason, count) in [("body", 1.0), ("method", 1.0), ("malformed", 1.0), ("too_large", 1.0)] {
+    for (reason, count) in [
+        ("body", 1.0),
+        ("method", 1.0),
+        ("malformed", 1.0),
+        ("too_large", 1.0),
+    ] {
         let series = format!("sluice_admin_bad_requests_total{{reason=\"{reason}\"}}");
-        assert_eq!(metric_value(&text, &series), Some(count), "{series} in {text}");
+        assert_eq!(
+            metric_value(&text, &series),
+            Some(count),
+            "{series} in {text}"
+        );
     }
     harness.running.shutdown();
 }
@@ -103,8 +165,15 @@ fn keep_alive_serves_pipelined_requests_and_slow_heads_time_out() {
         admin,
         b"GET /healthz HTTP/1.1\r\n\r\nGET /readyz HTTP/1.1\r\nConnection: close\r\n\r\n",
     );
-    assert_eq!(pipelined.matches("HTTP/1.1 200 OK").count(), 2, "{pipelined}");
-    assert!(pipelined.contains("Connection: keep-alive") && pipelined.ends_with("ready\n"), "{pipelined}");
+    assert_eq!(
+        pipelined.matches("HTTP/1.1 200 OK").count(),
+        2,
+        "{pipelined}"
+    );
+    assert!(
+        pipelined.contains("Connection: keep-alive") && pipelined.ends_with("ready\n"),
+        "{pipelined}"
+    );
 
     // A head that never completes gets 408 after the header timeout.
     let slow = raw_exchange(admin, b"GET /healthz HTTP/1.1\r\nX-Slow: ");
@@ -118,6 +187,9 @@ fn keep_alive_serves_pipelined_requests_and_slow_heads_time_out() {
     let started = std::time::Instant::now();
     idle.read_to_end(&mut reply).unwrap();
     assert!(String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 200 "));
-    assert!(started.elapsed() < Duration::from_secs(4), "closed by the idle timeout, not the client");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "closed by the idle timeout, not the client"
+    );
     harness.running.shutdown();
 }

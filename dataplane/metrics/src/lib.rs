@@ -219,7 +219,10 @@ mod tests {
         encode(&mut text, &registry).unwrap();
         assert!(text.contains("# TYPE demo_requests counter"), "{text}");
         assert!(text.contains("demo_requests_total 5"), "{text}");
-        assert!(text.contains("# TYPE demo_connections_active gauge"), "{text}");
+        assert!(
+            text.contains("# TYPE demo_connections_active gauge"),
+            "{text}"
+        );
         assert!(text.contains("demo_connections_active 1"), "{text}");
     }
 }

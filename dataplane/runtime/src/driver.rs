@@ -42,7 +42,10 @@ pub struct DriverSelection {
 /// Resolves the configured choice on this machine. `auto` probes io_uring by building a real ring
 /// of the configured size (the same call the workers make), so a kernel without io_uring, a
 /// seccomp filter that blocks it, or a ring too large for the memory limits all fall back.
-pub fn select_driver(choice: DriverChoice, uring_entries: u32) -> Result<DriverSelection, RuntimeError> {
+pub fn select_driver(
+    choice: DriverChoice,
+    uring_entries: u32,
+) -> Result<DriverSelection, RuntimeError> {
     match choice {
         DriverChoice::Legacy => Ok(DriverSelection {
             driver: Driver::Legacy,
@@ -78,7 +81,10 @@ fn probe_uring(entries: u32) -> io::Result<()> {
 pub(crate) type WorkerRuntime = FusionRuntime<TimeDriver<IoUringDriver>, TimeDriver<LegacyDriver>>;
 
 /// Builds the runtime of one worker thread with the selected driver.
-pub(crate) fn build_runtime(driver: Driver, uring_entries: u32) -> Result<WorkerRuntime, RuntimeError> {
+pub(crate) fn build_runtime(
+    driver: Driver,
+    uring_entries: u32,
+) -> Result<WorkerRuntime, RuntimeError> {
     let built = match driver {
         Driver::IoUring => RuntimeBuilder::<IoUringDriver>::new()
             .with_entries(uring_entries)

@@ -21,7 +21,11 @@ pub struct WorkerContext {
 pub trait ConnectionHandler: 'static {
     /// Serves one accepted connection to its end. The future runs on the worker's thread and
     /// need not be `Send`.
-    fn handle(self: Rc<Self>, stream: TcpStream, conn: ConnectionContext) -> Pin<Box<dyn Future<Output = ()>>>;
+    fn handle(
+        self: Rc<Self>,
+        stream: TcpStream,
+        conn: ConnectionContext,
+    ) -> Pin<Box<dyn Future<Output = ()>>>;
 }
 
 /// Builds a [`ConnectionHandler`] on each worker thread.

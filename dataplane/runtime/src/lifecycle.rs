@@ -119,7 +119,12 @@ mod tests {
     fn phases_round_trip() {
         let lifecycle = Lifecycle::new();
         assert_eq!(lifecycle.phase(), Phase::Starting);
-        for phase in [Phase::Ready, Phase::Draining, Phase::Stopped, Phase::Starting] {
+        for phase in [
+            Phase::Ready,
+            Phase::Draining,
+            Phase::Stopped,
+            Phase::Starting,
+        ] {
             lifecycle.set_phase(phase);
             assert_eq!(lifecycle.phase(), phase);
         }
@@ -138,7 +143,8 @@ mod tests {
             .build()
             .expect("legacy runtime");
         runtime.block_on(async {
-            let waited = monoio::time::timeout(std::time::Duration::from_secs(5), signal.wait()).await;
+            let waited =
+                monoio::time::timeout(std::time::Duration::from_secs(5), signal.wait()).await;
             assert!(waited.is_ok(), "stop signal did not wake the runtime");
         });
         firer.join().expect("firer thread");

@@ -35,15 +35,22 @@ pub(crate) fn bind_sockets(
     let mut sockets = Vec::with_capacity(count);
     let mut address = config.address;
     for _ in 0..count.max(1) {
-        let socket = bind_one(address, config.backlog).map_err(|source| bind_error(address, source))?;
-        address = socket.local_addr().map_err(|source| bind_error(address, source))?;
+        let socket =
+            bind_one(address, config.backlog).map_err(|source| bind_error(address, source))?;
+        address = socket
+            .local_addr()
+            .map_err(|source| bind_error(address, source))?;
         sockets.push(socket);
     }
     Ok((address, sockets))
 }
 
 fn bind_one(address: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
-    let socket = Socket::new(Domain::for_address(address), Type::STREAM, Some(Protocol::TCP))?;
+    let socket = Socket::new(
+        Domain::for_address(address),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
     if address.is_ipv6() {
@@ -88,6 +95,9 @@ mod tests {
         let taken = holder.local_addr().unwrap().to_string();
         let error = bind_sockets("admin", &config(&taken), 2).unwrap_err();
         let message = error.to_string();
-        assert!(message.starts_with(&format!("cannot bind listener admin to {taken}")), "{message}");
+        assert!(
+            message.starts_with(&format!("cannot bind listener admin to {taken}")),
+            "{message}"
+        );
     }
 }

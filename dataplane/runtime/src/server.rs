@@ -9,7 +9,10 @@ use sluice_config::ListenerConfig;
 use crate::listener::bind_sockets;
 use crate::stats::RuntimeCollector;
 use crate::worker::{self, WorkerListener, WorkerSpec};
-use crate::{DriverSelection, HandlerFactory, Lifecycle, ListenerId, ListenerStats, Phase, Placement, RuntimeError, StopSignal};
+use crate::{
+    DriverSelection, HandlerFactory, Lifecycle, ListenerId, ListenerStats, Phase, Placement,
+    RuntimeError, StopSignal,
+};
 
 /// How long the dedicated (admin) thread keeps serving after the data plane has drained.
 const DEDICATED_DRAIN: Duration = Duration::from_secs(1);
@@ -67,7 +70,12 @@ impl ServerBuilder {
 
     /// Binds the listener's sockets now, so a bad or busy address stops start-up before any
     /// thread runs.
-    pub fn bind(&mut self, name: &str, config: &ListenerConfig, placement: Placement) -> Result<ListenerId, RuntimeError> {
+    pub fn bind(
+        &mut self,
+        name: &str,
+        config: &ListenerConfig,
+        placement: Placement,
+    ) -> Result<ListenerId, RuntimeError> {
         let count = match placement {
             Placement::Workers => self.options.workers,
             Placement::Dedicated => 1,
@@ -109,7 +117,13 @@ impl ServerBuilder {
             listeners: self
                 .listeners
                 .iter()
-                .map(|listener| (listener.name.to_string(), listener.placement, listener.stats.clone()))
+                .map(|listener| {
+                    (
+                        listener.name.to_string(),
+                        listener.placement,
+                        listener.stats.clone(),
+                    )
+                })
                 .collect(),
         }));
     }
@@ -127,7 +141,8 @@ impl ServerBuilder {
             lifecycle,
             listeners,
         } = self;
-        let mut per_worker: Vec<Vec<WorkerListener>> = (0..options.workers).map(|_| Vec::new()).collect();
+        let mut per_worker: Vec<Vec<WorkerListener>> =
+            (0..options.workers).map(|_| Vec::new()).collect();
         let mut dedicated = Vec::new();
         for listener in listeners {
             let factory = listener
@@ -152,32 +167,45 @@ impl ServerBuilder {
 
         let (started_tx, started_rx) = mpsc::channel();
         let mut threads = Vec::new();
-        let spawn = |name: String, index: usize, listeners, stop: Arc<StopSignal>, drain_timeout| {
-            let spec = WorkerSpec {
-                thread_name: name.clone(),
-                index,
-                driver: options.driver.driver,
-                uring_entries: options.uring_entries,
-                listeners,
-                lifecycle: lifecycle.clone(),
-                stop,
-                drain_timeout,
-                started: started_tx.clone(),
+        let spawn =
+            |name: String, index: usize, listeners, stop: Arc<StopSignal>, drain_timeout| {
+                let spec = WorkerSpec {
+                    thread_name: name.clone(),
+                    index,
+                    driver: options.driver.driver,
+                    uring_entries: options.uring_entries,
+                    listeners,
+                    lifecycle: lifecycle.clone(),
+                    stop,
+                    drain_timeout,
+                    started: started_tx.clone(),
+                };
+                std::thread::Builder::new()
+                    .name(name.clone())
+                    .spawn(move || worker::run(spec))
+                    .map_err(|source| RuntimeError::Spawn { name, source })
             };
-            std::thread::Builder::new()
-                .name(name.clone())
-                .spawn(move || worker::run(spec))
-                .map_err(|source| RuntimeError::Spawn { name, source })
-        };
         for (index, listeners) in per_worker.into_iter().enumerate() {
             let name = format!("sluice-worker-{index}");
-            threads.push(spawn(name, index, listeners, lifecycle.drain.clone(), options.drain_timeout)?);
+            threads.push(spawn(
+                name,
+                index,
+                listeners,
+                lifecycle.drain.clone(),
+                options.drain_timeout,
+            )?);
         }
         let dedicated_stop = Arc::new(StopSignal::new());
         let dedicated_thread = if dedicated.is_empty() {
             None
         } else {
-            Some(spawn("sluice-admin".to_string(), 0, dedicated, dedicated_stop.clone(), DEDICATED_DRAIN)?)
+            Some(spawn(
+                "sluice-admin".to_string(),
+                0,
+                dedicated,
+                dedicated_stop.clone(),
+                DEDICATED_DRAIN,
+            )?)
         };
         drop(started_tx);
 

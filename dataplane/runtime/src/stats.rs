@@ -45,7 +45,8 @@ impl RuntimeCollector {
         help: &str,
         value: PerListener,
     ) -> Result<(), std::fmt::Error> {
-        let mut family = encoder.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
+        let mut family =
+            encoder.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
         for (listener, _, stats) in &self.listeners {
             let labels = [("listener", listener.as_str())];
             ConstCounter::new(value(stats)).encode(family.encode_family(&labels.as_slice())?)?;
@@ -61,7 +62,8 @@ impl RuntimeCollector {
         help: &str,
         counter: fn(&ListenerStats) -> &PerCoreCounter,
     ) -> Result<(), std::fmt::Error> {
-        let mut family = encoder.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
+        let mut family =
+            encoder.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
         for worker in 0..self.workers {
             let total: u64 = self
                 .listeners
@@ -100,7 +102,8 @@ impl Collector for RuntimeCollector {
         )?;
         for (listener, _, stats) in &self.listeners {
             let labels = [("listener", listener.as_str())];
-            ConstGauge::new(stats.active.sum()).encode(active.encode_family(&labels.as_slice())?)?;
+            ConstGauge::new(stats.active.sum())
+                .encode(active.encode_family(&labels.as_slice())?)?;
         }
         self.encode_per_listener(
             &mut encoder,

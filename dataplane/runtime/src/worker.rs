@@ -14,7 +14,9 @@ use monoio::net::TcpListener;
 
 use crate::driver::build_runtime;
 use crate::handler::ListenerShared;
-use crate::{ConnectionContext, Driver, HandlerFactory, Lifecycle, ListenerStats, StopSignal, WorkerContext};
+use crate::{
+    ConnectionContext, Driver, HandlerFactory, Lifecycle, ListenerStats, StopSignal, WorkerContext,
+};
 
 /// Counts open connections and wakes waiters when the count drops.
 #[derive(Debug, Default)]
@@ -43,7 +45,11 @@ struct ConnectionGuard {
 }
 
 impl ConnectionGuard {
-    fn enter(worker: &Rc<ConnectionCount>, listener: &Rc<ConnectionCount>, shared: &Rc<ListenerShared>) -> Self {
+    fn enter(
+        worker: &Rc<ConnectionCount>,
+        listener: &Rc<ConnectionCount>,
+        shared: &Rc<ListenerShared>,
+    ) -> Self {
         for count in [worker, listener] {
             count.open.set(count.open.get() + 1);
         }
@@ -93,7 +99,9 @@ pub(crate) fn run(spec: WorkerSpec) -> usize {
     let mut runtime = match build_runtime(spec.driver, spec.uring_entries) {
         Ok(runtime) => runtime,
         Err(error) => {
-            let _ = spec.started.send((spec.thread_name, Err(error.to_string())));
+            let _ = spec
+                .started
+                .send((spec.thread_name, Err(error.to_string())));
             return 0;
         }
     };
@@ -112,7 +120,10 @@ async fn serve(spec: WorkerSpec) -> usize {
         let socket = match TcpListener::from_std(listener.socket) {
             Ok(socket) => socket,
             Err(error) => {
-                let reason = format!("cannot register listener {} with the runtime: {error}", listener.name);
+                let reason = format!(
+                    "cannot register listener {} with the runtime: {error}",
+                    listener.name
+                );
                 let _ = spec.started.send((spec.thread_name, Err(reason)));
                 return 0;
             }

@@ -11,22 +11,43 @@ use sluice_runtime::{Phase, Placement};
 fn work_longer_than_the_drain_timeout_is_cut_at_the_deadline() {
     for driver in DRIVERS {
         let (mut server, lifecycle) = builder(driver, 2, Duration::from_millis(300));
-        let id = server.bind("echo", &listener("127.0.0.1:0"), Placement::Workers).unwrap();
+        let id = server
+            .bind("echo", &listener("127.0.0.1:0"), Placement::Workers)
+            .unwrap();
         let address = server.local_addr(id);
         let stats = server.stats(id);
-        server.serve(id, LineService { slow: Duration::from_secs(30) });
+        server.serve(
+            id,
+            LineService {
+                slow: Duration::from_secs(30),
+            },
+        );
         let running = server.start().unwrap();
 
         let mut client = LineClient::connect(address).unwrap();
         client.send("slow").unwrap();
-        assert!(test_support::wait_until(Duration::from_secs(5), || stats.active.sum() == 1));
+        assert!(test_support::wait_until(Duration::from_secs(5), || stats
+            .active
+            .sum()
+            == 1));
         let began = Instant::now();
         let report = running.shutdown();
         assert_eq!(report.connections_cut, 1, "{driver}");
-        assert!(began.elapsed() < Duration::from_secs(5), "{driver}: stopped near the deadline");
-        assert_eq!(client.receive().unwrap_or_default(), "", "{driver}: cut connection is closed");
+        assert!(
+            began.elapsed() < Duration::from_secs(5),
+            "{driver}: stopped near the deadline"
+        );
+        assert_eq!(
+            client.receive().unwrap_or_default(),
+            "",
+            "{driver}: cut connection is closed"
+        );
         assert_eq!(lifecycle.phase(), Phase::Stopped);
-        assert_eq!(stats.active.sum(), 0, "{driver}: active gauge returns to zero");
+        assert_eq!(
+            stats.active.sum(),
+            0,
+            "{driver}: active gauge returns to zero"
+        );
     }
 }
 
@@ -34,11 +55,22 @@ fn work_longer_than_the_drain_timeout_is_cut_at_the_deadline() {
 fn idle_server_stops_at_once() {
     for driver in DRIVERS {
         let (mut server, _) = builder(driver, 2, Duration::from_secs(30));
-        let id = server.bind("echo", &listener("127.0.0.1:0"), Placement::Workers).unwrap();
-        server.serve(id, LineService { slow: Duration::ZERO });
+        let id = server
+            .bind("echo", &listener("127.0.0.1:0"), Placement::Workers)
+            .unwrap();
+        server.serve(
+            id,
+            LineService {
+                slow: Duration::ZERO,
+            },
+        );
         let running = server.start().unwrap();
         let report = running.shutdown();
         assert_eq!(report.connections_cut, 0);
-        assert!(report.elapsed < Duration::from_secs(2), "{driver}: {:?}", report.elapsed);
+        assert!(
+            report.elapsed < Duration::from_secs(2),
+            "{driver}: {:?}",
+            report.elapsed
+        );
     }
 }

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use common::{listener, LineClient, LineService};
 use sluice_config::DriverChoice;
-use sluice_runtime::{select_driver, Driver, Lifecycle, Placement, RuntimeError, RuntimeOptions, ServerBuilder};
+use sluice_runtime::{
+    select_driver, Driver, Lifecycle, Placement, RuntimeError, RuntimeOptions, ServerBuilder,
+};
 
 #[test]
 fn auto_falls_back_to_legacy_when_io_uring_is_blocked() {
@@ -22,12 +24,20 @@ fn auto_falls_back_to_legacy_when_io_uring_is_blocked() {
 
         let selection = select_driver(DriverChoice::Auto, 256).unwrap();
         assert_eq!(selection.driver, Driver::Legacy);
-        let reason = selection.fallback_reason.clone().expect("fallback reason is reported");
+        let reason = selection
+            .fallback_reason
+            .clone()
+            .expect("fallback reason is reported");
         assert!(reason.contains("Function not implemented"), "{reason}");
 
         let required = select_driver(DriverChoice::Uring, 256).unwrap_err();
-        assert!(matches!(required, RuntimeError::UringRequired(_)), "{required}");
-        assert!(required.to_string().starts_with("io_uring is required (driver: uring) but cannot be set up"));
+        assert!(
+            matches!(required, RuntimeError::UringRequired(_)),
+            "{required}"
+        );
+        assert!(required
+            .to_string()
+            .starts_with("io_uring is required (driver: uring) but cannot be set up"));
 
         let lifecycle = std::sync::Arc::new(Lifecycle::new());
         let mut server = ServerBuilder::new(
@@ -39,12 +49,24 @@ fn auto_falls_back_to_legacy_when_io_uring_is_blocked() {
             },
             lifecycle,
         );
-        let id = server.bind("echo", &listener("127.0.0.1:0"), Placement::Workers).unwrap();
+        let id = server
+            .bind("echo", &listener("127.0.0.1:0"), Placement::Workers)
+            .unwrap();
         let address = server.local_addr(id);
-        server.serve(id, LineService { slow: Duration::ZERO });
-        let running = server.start().expect("legacy workers start under the filter");
+        server.serve(
+            id,
+            LineService {
+                slow: Duration::ZERO,
+            },
+        );
+        let running = server
+            .start()
+            .expect("legacy workers start under the filter");
         let mut client = LineClient::connect(address).unwrap();
-        assert!(client.call("ping").unwrap().starts_with("pong from worker "));
+        assert!(client
+            .call("ping")
+            .unwrap()
+            .starts_with("pong from worker "));
         drop(client);
         running.shutdown();
     })

@@ -11,12 +11,21 @@ use sluice_runtime::{Phase, Placement};
 fn every_worker_core_accepts_and_serves_with_each_driver() {
     for driver in DRIVERS {
         let (mut server, lifecycle) = builder(driver, 2, Duration::from_secs(5));
-        let id = server.bind("echo", &listener("127.0.0.1:0"), Placement::Workers).unwrap();
+        let id = server
+            .bind("echo", &listener("127.0.0.1:0"), Placement::Workers)
+            .unwrap();
         let address = server.local_addr(id);
         let stats = server.stats(id);
-        server.serve(id, LineService { slow: Duration::ZERO });
+        server.serve(
+            id,
+            LineService {
+                slow: Duration::ZERO,
+            },
+        );
         assert_eq!(lifecycle.phase(), Phase::Starting);
-        let running = server.start().unwrap_or_else(|error| panic!("{driver}: {error}"));
+        let running = server
+            .start()
+            .unwrap_or_else(|error| panic!("{driver}: {error}"));
         assert_eq!(lifecycle.phase(), Phase::Ready);
 
         let mut workers_seen = [false; 2];
@@ -32,12 +41,25 @@ fn every_worker_core_accepts_and_serves_with_each_driver() {
                 .unwrap_or_else(|| panic!("{driver}: unexpected reply {reply:?}"));
             workers_seen[worker] = true;
         }
-        assert_eq!(workers_seen, [true, true], "{driver}: both workers answered");
-        assert!(stats.accepted.get(0) > 0 && stats.accepted.get(1) > 0, "{driver}: per-core counters {stats:?}");
+        assert_eq!(
+            workers_seen,
+            [true, true],
+            "{driver}: both workers answered"
+        );
+        assert!(
+            stats.accepted.get(0) > 0 && stats.accepted.get(1) > 0,
+            "{driver}: per-core counters {stats:?}"
+        );
         assert_eq!(stats.accepted.sum(), 64, "{driver}");
         // The reply is written before the request is counted, so the last count may trail it.
-        assert!(test_support::wait_until(Duration::from_secs(5), || stats.requests.sum() == 64), "{driver}: {stats:?}");
-        assert!(test_support::wait_until(Duration::from_secs(5), || stats.active.sum() == 0), "{driver}: connections closed");
+        assert!(
+            test_support::wait_until(Duration::from_secs(5), || stats.requests.sum() == 64),
+            "{driver}: {stats:?}"
+        );
+        assert!(
+            test_support::wait_until(Duration::from_secs(5), || stats.active.sum() == 0),
+            "{driver}: connections closed"
+        );
 
         let report = running.shutdown();
         assert_eq!(report.connections_cut, 0, "{driver}");
@@ -49,19 +71,37 @@ fn every_worker_core_accepts_and_serves_with_each_driver() {
 fn a_panicking_handler_closes_its_connection_and_the_worker_keeps_serving() {
     for driver in DRIVERS {
         let (mut server, _) = builder(driver, 1, Duration::from_secs(5));
-        let id = server.bind("echo", &listener("127.0.0.1:0"), Placement::Workers).unwrap();
+        let id = server
+            .bind("echo", &listener("127.0.0.1:0"), Placement::Workers)
+            .unwrap();
         let address = server.local_addr(id);
         let stats = server.stats(id);
-        server.serve(id, LineService { slow: Duration::ZERO });
+        server.serve(
+            id,
+            LineService {
+                slow: Duration::ZERO,
+            },
+        );
         let running = server.start().unwrap();
 
         let mut doomed = LineClient::connect(address).unwrap();
         doomed.send("panic").unwrap();
-        assert_eq!(doomed.receive().unwrap(), "", "{driver}: panicking connection is closed");
-        assert!(test_support::wait_until(Duration::from_secs(5), || stats.panics.sum() == 1), "{driver}");
+        assert_eq!(
+            doomed.receive().unwrap(),
+            "",
+            "{driver}: panicking connection is closed"
+        );
+        assert!(
+            test_support::wait_until(Duration::from_secs(5), || stats.panics.sum() == 1),
+            "{driver}"
+        );
 
         let mut healthy = LineClient::connect(address).unwrap();
-        assert_eq!(healthy.call("ping").unwrap(), "pong from worker 0\n", "{driver}");
+        assert_eq!(
+            healthy.call("ping").unwrap(),
+            "pong from worker 0\n",
+            "{driver}"
+        );
         drop(healthy);
         running.shutdown();
     }
@@ -76,7 +116,12 @@ fn max_connections_per_worker_holds_further_connections_in_the_backlog() {
         let id = server.bind("echo", &config, Placement::Workers).unwrap();
         let address = server.local_addr(id);
         let stats = server.stats(id);
-        server.serve(id, LineService { slow: Duration::ZERO });
+        server.serve(
+            id,
+            LineService {
+                slow: Duration::ZERO,
+            },
+        );
         let running = server.start().unwrap();
 
         let mut first = LineClient::connect(address).unwrap();
@@ -99,7 +144,12 @@ fn max_connections_per_worker_holds_further_connections_in_the_backlog() {
 #[test]
 fn a_listener_without_a_handler_is_a_start_error() {
     let (mut server, _) = builder(sluice_runtime::Driver::Legacy, 1, Duration::from_secs(1));
-    server.bind("orphan", &listener("127.0.0.1:0"), Placement::Workers).unwrap();
+    server
+        .bind("orphan", &listener("127.0.0.1:0"), Placement::Workers)
+        .unwrap();
     let error = server.start().unwrap_err();
-    assert_eq!(error.to_string(), "listener orphan was declared but no handler was attached");
+    assert_eq!(
+        error.to_string(),
+        "listener orphan was declared but no handler was attached"
+    );
 }

@@ -26,18 +26,33 @@ pub struct Harness {
 pub fn start(driver: Driver, slow: Duration, admin_options: AdminOptions) -> Harness {
     let (mut server, lifecycle) = runtime_common::builder(driver, 2, Duration::from_secs(10));
     let data = server
-        .bind("echo", &runtime_common::listener("127.0.0.1:0"), Placement::Workers)
+        .bind(
+            "echo",
+            &runtime_common::listener("127.0.0.1:0"),
+            Placement::Workers,
+        )
         .expect("bind data listener");
     let admin = server
-        .bind("admin", &runtime_common::listener("127.0.0.1:0"), Placement::Dedicated)
+        .bind(
+            "admin",
+            &runtime_common::listener("127.0.0.1:0"),
+            Placement::Dedicated,
+        )
         .expect("bind admin listener");
     let mut registry = Registry::default();
     sluice_admin::register_build_info(&mut registry, "9.9.9", driver.as_str());
     server.register_metrics(&mut registry);
     let metrics = AdminMetrics::register(&mut registry);
     server.serve(data, runtime_common::LineService { slow });
-    server.serve(admin, AdminEndpoint::new(Arc::new(registry), metrics, admin_options));
-    let (admin_address, data_address, data_stats) = (server.local_addr(admin), server.local_addr(data), server.stats(data));
+    server.serve(
+        admin,
+        AdminEndpoint::new(Arc::new(registry), metrics, admin_options),
+    );
+    let (admin_address, data_address, data_stats) = (
+        server.local_addr(admin),
+        server.local_addr(data),
+        server.stats(data),
+    );
     let running = server.start().expect("server starts");
     Harness {
         running,

@@ -12,8 +12,8 @@ use std::time::Duration;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use sluice_config::ListenerConfig;
 use sluice_runtime::{
-    ConnectionContext, ConnectionHandler, Driver, DriverSelection, HandlerFactory, Lifecycle, RuntimeOptions,
-    ServerBuilder, TcpStream as MonoioStream, WorkerContext,
+    ConnectionContext, ConnectionHandler, Driver, DriverSelection, HandlerFactory, Lifecycle,
+    RuntimeOptions, ServerBuilder, TcpStream as MonoioStream, WorkerContext,
 };
 
 pub const DRIVERS: [Driver; 2] = [Driver::IoUring, Driver::Legacy];
@@ -32,7 +32,11 @@ impl HandlerFactory for LineService {
 }
 
 impl ConnectionHandler for LineService {
-    fn handle(self: Rc<Self>, mut stream: MonoioStream, conn: ConnectionContext) -> Pin<Box<dyn Future<Output = ()>>> {
+    fn handle(
+        self: Rc<Self>,
+        mut stream: MonoioStream,
+        conn: ConnectionContext,
+    ) -> Pin<Box<dyn Future<Output = ()>>> {
         Box::pin(async move {
             let mut pending = Vec::new();
             loop {
@@ -78,7 +82,11 @@ pub fn listener(address: &str) -> ListenerConfig {
     }
 }
 
-pub fn builder(driver: Driver, workers: usize, drain_timeout: Duration) -> (ServerBuilder, Arc<Lifecycle>) {
+pub fn builder(
+    driver: Driver,
+    workers: usize,
+    drain_timeout: Duration,
+) -> (ServerBuilder, Arc<Lifecycle>) {
     let lifecycle = Arc::new(Lifecycle::new());
     let options = RuntimeOptions {
         workers,
@@ -107,7 +115,9 @@ impl LineClient {
     }
 
     pub fn send(&mut self, line: &str) -> std::io::Result<()> {
-        self.reader.get_mut().write_all(format!("{line}\n").as_bytes())
+        self.reader
+            .get_mut()
+            .write_all(format!("{line}\n").as_bytes())
     }
 
     pub fn receive(&mut self) -> std::io::Result<String> {

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Installs what Sluice's tests need (only what is missing), then runs the tests.
+#
+#   scripts/test.sh            every tier: lint, then all unit + integration + end-to-end tests
+#   scripts/test.sh lint       cargo fmt --check and clippy -D warnings
+#   scripts/test.sh unit       unit tests only (beside the code, no sockets to real services)
+#   scripts/test.sh integration  integration and end-to-end tests (crates' tests/ folders)
+#
+# Data-plane tests run each case on both monoio drivers (io_uring and legacy epoll) themselves.
+# Builds go to $CARGO_TARGET_DIR, by default outside the checkout so repeated runs on one
+# machine (and CI's fresh clones) reuse artifacts.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(pwd)
+tier=${1:-all}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+
+log() { printf '\n== %s\n' "$*"; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+install_apt_packages() {
+  local wanted=(redis-server openvswitch-switch clang llvm libbpf-dev bpftool iproute2
+    nghttp2-client curl python3-venv openssl iputils-ping netcat-openbsd ethtool)
+  local missing=()
+  for package in "${wanted[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed'; then
+      missing+=("$package")
+    fi
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing Debian packages: ${missing[*]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+}
+
+install_python_venv() {
+  local venv="$root/.venv"
+  local modules="import grpc, jwt, kubernetes, prometheus_client"
+  if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "$modules" 2>/dev/null; then
+    return
+  fi
+  log "creating the test venv in $venv (grpcio, PyJWT, kubernetes, prometheus-client)"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check grpcio PyJWT kubernetes prometheus-client
+  "$venv/bin/python" -c "$modules"
+}
+
+run_lint() {
+  log "cargo fmt --check"
+  cargo fmt --all -- --check
+  log "cargo clippy"
+  cargo clippy --workspace --all-targets --locked -- -D warnings
+}
+
+case "$tier" in
+  all | lint | unit | integration) ;;
+  *)
+    echo "usage: scripts/test.sh [all|lint|unit|integration]" >&2
+    exit 2
+    ;;
+esac
+
+if [ "$tier" != lint ]; then
+  install_apt_packages
+  install_python_venv
+  export SLUICE_PYTHON="$root/.venv/bin/python"
+fi
+
+case "$tier" in
+  lint) run_lint ;;
+  unit)
+    log "unit tests"
+    cargo test --workspace --locked --lib --bins
+    ;;
+  integration)
+    log "integration and end-to-end tests"
+    cargo test --workspace --locked --test '*'
+    ;;
+  all)
+    run_lint
+    log "all tests"
+    cargo test --workspace --locked
+    ;;
+esac
+log "scripts/test.sh $tier: passed"

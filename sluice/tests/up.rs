@@ -1,0 +1,185 @@
+//! `sluice up` end to end: it prints its endpoints, curl reads valid Prometheus text from the
+//! printed /metrics, /readyz is 200, and Ctrl-C (SIGINT) stops it with exit 0 within 2 s.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use test_support::{wait_until, SluiceLauncher};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+fn curl(url: &str) -> (String, String) {
+    let output = Command::new("curl")
+        .args([
+            "--silent",
+            "--show-error",
+            "--max-time",
+            "10",
+            "--write-out",
+            "\n%{http_code}",
+            url,
+        ])
+        .output()
+        .expect("curl is installed (scripts/test.sh installs it)");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or((&text, ""));
+    (code.to_string(), body.to_string())
+}
+
+/// Parses the text with the reference Python client's OpenMetrics parser (strict) and lists
+/// the families it found.
+fn parse_with_python(text: &str) -> Vec<String> {
+    let script = "import sys\n\
+        from prometheus_client.openmetrics.parser import text_string_to_metric_families\n\
+        for family in text_string_to_metric_families(sys.stdin.read()):\n\
+        \x20   print(family.name, family.type, len(family.samples))\n";
+    let mut child = Command::new(test_support::python())
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("python stdin")
+        .write_all(text.as_bytes())
+        .expect("write metrics to python");
+    let output = child.wait_with_output().expect("python exits");
+    assert!(
+        output.status.success(),
+        "OpenMetrics parser rejected the text: {}\n{text}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn up_prints_endpoints_serves_metrics_and_stops_on_ctrl_c() {
+    let process = SluiceLauncher::new(BIN)
+        .unwrap()
+        .args(["up", "--ephemeral-ports", "--workers", "2"])
+        .spawn()
+        .expect("sluice up starts");
+    let admin = process.address("admin");
+    let printed = format!("http://{admin}/metrics");
+    assert!(
+        wait_until(Duration::from_secs(5), || process
+            .stdout()
+            .contains(&printed)),
+        "stdout: {}",
+        process.stdout()
+    );
+    let stdout = process.stdout();
+    assert!(stdout.contains(&format!("curl {printed}")), "{stdout}");
+    assert!(stdout.contains("Press Ctrl-C to stop."), "{stdout}");
+
+    // Take the URL from what was printed, as a user would.
+    let url = stdout
+        .split_whitespace()
+        .find(|word| word.starts_with("http://") && word.ends_with("/metrics"))
+        .expect("a /metrics URL is printed");
+    let (code, metrics) = curl(url);
+    assert_eq!(code, "200");
+    let families = parse_with_python(&metrics);
+    assert!(
+        families
+            .iter()
+            .any(|family| family.starts_with("sluice_build_info gauge 1")),
+        "{families:?}"
+    );
+    assert!(
+        families
+            .iter()
+            .any(|family| family.starts_with("sluice_connections_accepted counter")),
+        "{families:?}"
+    );
+    assert!(
+        metrics.contains("sluice_build_info{version=\"0.1.0\",driver=\"io_uring\"} 1"),
+        "{metrics}"
+    );
+    let (code, body) = curl(&format!("http://{admin}/readyz"));
+    assert_eq!((code.as_str(), body.as_str()), ("200", "ready\n"));
+
+    let mut process = process;
+    let sent = Instant::now();
+    process.signal(libc::SIGINT);
+    let status = process
+        .wait_exit(Duration::from_secs(5))
+        .expect("exits after Ctrl-C");
+    let took = sent.elapsed();
+    assert_eq!(status.code(), Some(0), "stderr: {}", process.stderr());
+    assert!(took < Duration::from_secs(2), "idle stop took {took:?}");
+    assert!(process.stderr().contains("stopped"), "{}", process.stderr());
+}
+
+#[test]
+fn sigterm_stops_the_daemon_with_exit_0_and_json_logs_when_asked() {
+    let launcher = SluiceLauncher::new(BIN).unwrap();
+    let config = launcher
+        .write_file(
+            "sluice.yaml",
+            "runtime: {workers: 1, driver: legacy, drain_timeout: 2s}\nlogging: {format: json}\nlisteners: {admin: {address: '127.0.0.1:0'}}\n",
+        )
+        .unwrap();
+    let mut process = launcher
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .spawn()
+        .unwrap();
+    let (code, _) = curl(&format!("http://{}/healthz", process.address("admin")));
+    assert_eq!(code, "200");
+    process.signal(libc::SIGTERM);
+    let status = process
+        .wait_exit(Duration::from_secs(5))
+        .expect("exits after SIGTERM");
+    assert_eq!(status.code(), Some(0));
+    let stderr = process.stderr();
+    let mut messages = Vec::new();
+    for line in stderr.lines() {
+        let event: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|error| panic!("not JSON ({error}): {line}"));
+        messages.push(event["message"].as_str().unwrap_or_default().to_string());
+    }
+    for expected in ["I/O driver selected", "ready", "stopped"] {
+        assert!(
+            messages.iter().any(|message| message == expected),
+            "{expected:?} not in {messages:?}"
+        );
+    }
+    assert!(stderr.contains("\"signal\":\"SIGTERM\""), "{stderr}");
+}
+
+#[test]
+fn a_busy_port_fails_start_up_with_the_listener_named() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = holder.local_addr().unwrap();
+    let launcher = SluiceLauncher::new(BIN).unwrap();
+    let config = launcher
+        .write_file(
+            "sluice.yaml",
+            &format!("listeners: {{admin: {{address: '{taken}'}}}}\n"),
+        )
+        .unwrap();
+    let mut process = launcher
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .spawn_unready()
+        .unwrap();
+    let status = process.wait_exit(Duration::from_secs(10)).expect("exits");
+    assert_eq!(status.code(), Some(1));
+    assert!(
+        process
+            .stderr()
+            .contains(&format!("cannot bind listener admin to {taken}")),
+        "{}",
+        process.stderr()
+    );
+}
