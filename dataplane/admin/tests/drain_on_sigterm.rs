@@ -6,6 +6,7 @@ mod common;
 
 use std::io::ErrorKind;
 use std::net::TcpStream;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::{default_options, start, LineClient, DRIVERS};
@@ -26,9 +27,11 @@ fn sigterm_drains_in_flight_work_refuses_new_connections_and_reports_draining() 
 
         let mut in_flight = LineClient::connect(harness.data).unwrap();
         in_flight.send("slow").unwrap();
-        let stats = harness.data_stats.clone();
+        let slow_started = harness.slow_started.clone();
         assert!(
-            wait_until(Duration::from_secs(5), || stats.active.sum() == 1),
+            wait_until(Duration::from_secs(5), || slow_started
+                .load(Ordering::SeqCst)
+                == 1),
             "{driver}"
         );
 

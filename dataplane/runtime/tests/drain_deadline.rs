@@ -16,20 +16,16 @@ fn work_longer_than_the_drain_timeout_is_cut_at_the_deadline() {
             .unwrap();
         let address = server.local_addr(id);
         let stats = server.stats(id);
-        server.serve(
-            id,
-            LineService {
-                slow: Duration::from_secs(30),
-            },
-        );
+        let service = LineService::new(Duration::from_secs(30));
+        let slow_started = service.slow_started.clone();
+        server.serve(id, service);
         let running = server.start().unwrap();
 
         let mut client = LineClient::connect(address).unwrap();
         client.send("slow").unwrap();
-        assert!(test_support::wait_until(Duration::from_secs(5), || stats
-            .active
-            .sum()
-            == 1));
+        assert!(test_support::wait_until(Duration::from_secs(5), || {
+            slow_started.load(std::sync::atomic::Ordering::SeqCst) == 1
+        }));
         let began = Instant::now();
         let report = running.shutdown();
         assert_eq!(report.connections_cut, 1, "{driver}");
@@ -58,12 +54,7 @@ fn idle_server_stops_at_once() {
         let id = server
             .bind("echo", &listener("127.0.0.1:0"), Placement::Workers)
             .unwrap();
-        server.serve(
-            id,
-            LineService {
-                slow: Duration::ZERO,
-            },
-        );
+        server.serve(id, LineService::new(Duration::ZERO));
         let running = server.start().unwrap();
         let report = running.shutdown();
         assert_eq!(report.connections_cut, 0);

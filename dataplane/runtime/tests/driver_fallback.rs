@@ -53,12 +53,7 @@ fn auto_falls_back_to_legacy_when_io_uring_is_blocked() {
             .bind("echo", &listener("127.0.0.1:0"), Placement::Workers)
             .unwrap();
         let address = server.local_addr(id);
-        server.serve(
-            id,
-            LineService {
-                slow: Duration::ZERO,
-            },
-        );
+        server.serve(id, LineService::new(Duration::ZERO));
         let running = server
             .start()
             .expect("legacy workers start under the filter");

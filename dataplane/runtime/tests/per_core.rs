@@ -16,12 +16,7 @@ fn every_worker_core_accepts_and_serves_with_each_driver() {
             .unwrap();
         let address = server.local_addr(id);
         let stats = server.stats(id);
-        server.serve(
-            id,
-            LineService {
-                slow: Duration::ZERO,
-            },
-        );
+        server.serve(id, LineService::new(Duration::ZERO));
         assert_eq!(lifecycle.phase(), Phase::Starting);
         let running = server
             .start()
@@ -76,12 +71,7 @@ fn a_panicking_handler_closes_its_connection_and_the_worker_keeps_serving() {
             .unwrap();
         let address = server.local_addr(id);
         let stats = server.stats(id);
-        server.serve(
-            id,
-            LineService {
-                slow: Duration::ZERO,
-            },
-        );
+        server.serve(id, LineService::new(Duration::ZERO));
         let running = server.start().unwrap();
 
         let mut doomed = LineClient::connect(address).unwrap();
@@ -116,12 +106,7 @@ fn max_connections_per_worker_holds_further_connections_in_the_backlog() {
         let id = server.bind("echo", &config, Placement::Workers).unwrap();
         let address = server.local_addr(id);
         let stats = server.stats(id);
-        server.serve(
-            id,
-            LineService {
-                slow: Duration::ZERO,
-            },
-        );
+        server.serve(id, LineService::new(Duration::ZERO));
         let running = server.start().unwrap();
 
         let mut first = LineClient::connect(address).unwrap();

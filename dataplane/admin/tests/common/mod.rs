@@ -6,6 +6,7 @@
 mod runtime_common;
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +22,8 @@ pub struct Harness {
     pub admin: SocketAddr,
     pub data: SocketAddr,
     pub data_stats: ListenerStats,
+    /// Slow requests the data-plane service has begun.
+    pub slow_started: Arc<AtomicUsize>,
 }
 
 pub fn start(driver: Driver, slow: Duration, admin_options: AdminOptions) -> Harness {
@@ -43,7 +46,9 @@ pub fn start(driver: Driver, slow: Duration, admin_options: AdminOptions) -> Har
     sluice_admin::register_build_info(&mut registry, "9.9.9", driver.as_str());
     server.register_metrics(&mut registry);
     let metrics = AdminMetrics::register(&mut registry);
-    server.serve(data, runtime_common::LineService { slow });
+    let service = runtime_common::LineService::new(slow);
+    let slow_started = service.slow_started.clone();
+    server.serve(data, service);
     server.serve(
         admin,
         AdminEndpoint::new(Arc::new(registry), metrics, admin_options),
@@ -58,6 +63,7 @@ pub fn start(driver: Driver, slow: Duration, admin_options: AdminOptions) -> Har
         running,
         lifecycle,
         admin: admin_address,
+        slow_started,
         data: data_address,
         data_stats,
     }

@@ -6,6 +6,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,9 +21,21 @@ pub const DRIVERS: [Driver; 2] = [Driver::IoUring, Driver::Legacy];
 
 /// Answers each line `ping` with `pong from worker N`, `slow` after a pause, and panics on `panic`.
 /// Like a real protocol handler it closes an idle connection when its listener starts draining.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct LineService {
     pub slow: Duration,
+    /// Counts `slow` requests that have begun, so tests can signal a stop while one is surely
+    /// in flight.
+    pub slow_started: Arc<AtomicUsize>,
+}
+
+impl LineService {
+    pub fn new(slow: Duration) -> Self {
+        Self {
+            slow,
+            slow_started: Arc::default(),
+        }
+    }
 }
 
 impl HandlerFactory for LineService {
@@ -52,6 +65,7 @@ impl ConnectionHandler for LineService {
                     let line: Vec<u8> = pending.drain(..=end).collect();
                     let reply = match &line[..line.len() - 1] {
                         b"slow" => {
+                            self.slow_started.fetch_add(1, Ordering::SeqCst);
                             monoio::time::sleep(self.slow).await;
                             "done\n".to_string()
                         }
