@@ -20,7 +20,8 @@ pub struct Certificates {
     pub ca_cert: PathBuf,
     pub server_cert: PathBuf,
     pub server_key: PathBuf,
-    issuer: CertifiedIssuer<'static, KeyPair>,
+    /// The CA's private key (tests that sign their own certificates need it).
+    pub ca_key: PathBuf,
 }
 
 impl Certificates {
@@ -38,7 +39,9 @@ impl Certificates {
         ca_params
             .distinguished_name
             .push(DnType::CommonName, "sluice test CA");
-        let issuer = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+        let ca_key = KeyPair::generate()?;
+        let ca_key_pem = ca_key.serialize_pem();
+        let issuer = CertifiedIssuer::self_signed(ca_params, ca_key)?;
 
         let mut names = vec![
             "localhost".to_string(),
@@ -55,6 +58,7 @@ impl Certificates {
         let server_cert = server_params.signed_by(&server_key, &issuer)?;
 
         let ca_path = write(dir.path(), "ca.pem", &issuer.pem());
+        let ca_key_path = write(dir.path(), "ca-key.pem", &ca_key_pem);
         let server_cert_path = write(dir.path(), "server.pem", &server_cert.pem());
         let server_key_path = write(dir.path(), "server-key.pem", &server_key.serialize_pem());
         Ok(Self {
@@ -62,42 +66,80 @@ impl Certificates {
             ca_cert: ca_path,
             server_cert: server_cert_path,
             server_key: server_key_path,
-            issuer,
+            ca_key: ca_key_path,
         })
     }
 
-    /// Issues a client certificate with CN = `user` and one O per group.
+    /// Issues a client certificate with CN = `user` and one O per group (how Kubernetes reads
+    /// user and groups from a certificate).
+    ///
+    /// rcgen keeps one value per attribute type in a subject, and Kubernetes needs several O
+    /// values, so the certificate is signed by `openssl x509` with this CA's key; rcgen still
+    /// makes the key pair.
     pub fn client(&self, user: &str, groups: &[&str]) -> std::io::Result<ClientCert> {
-        self.try_client(user, groups).map_err(std::io::Error::other)
-    }
-
-    fn try_client(&self, user: &str, groups: &[&str]) -> Result<ClientCert, rcgen::Error> {
-        let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params.distinguished_name.push(DnType::CommonName, user);
-        for group in groups {
-            params
-                .distinguished_name
-                .push(DnType::OrganizationName, *group);
-        }
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        let key = KeyPair::generate()?;
-        let cert = params.signed_by(&key, &self.issuer)?;
         let safe: String = user
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
             .collect();
+        let dir = self.dir.path();
+        let key = KeyPair::generate().map_err(std::io::Error::other)?;
+        let key_path = write(dir, &format!("client-{safe}-key.pem"), &key.serialize_pem());
+        let csr_path = dir.join(format!("client-{safe}.csr"));
+        let cert_path = dir.join(format!("client-{safe}.pem"));
+        let extensions = write(dir, "client-ext.cnf", "extendedKeyUsage=clientAuth\n");
+        let escape = |value: &str| {
+            value
+                .replace('\\', "\\\\")
+                .replace('/', "\\/")
+                .replace('+', "\\+")
+        };
+        let mut subject = format!("/CN={}", escape(user));
+        for group in groups {
+            subject.push_str(&format!("/O={}", escape(group)));
+        }
+        run_openssl(
+            std::process::Command::new("openssl")
+                .args(["req", "-new", "-key"])
+                .arg(&key_path)
+                .args(["-subj", &subject, "-out"])
+                .arg(&csr_path),
+        )?;
+        run_openssl(
+            std::process::Command::new("openssl")
+                .args(["x509", "-req", "-days", "2", "-in"])
+                .arg(&csr_path)
+                .arg("-CA")
+                .arg(&self.ca_cert)
+                .arg("-CAkey")
+                .arg(&self.ca_key)
+                .arg("-CAcreateserial")
+                .arg("-extfile")
+                .arg(&extensions)
+                .arg("-out")
+                .arg(&cert_path),
+        )?;
         Ok(ClientCert {
-            cert: write(self.dir.path(), &format!("client-{safe}.pem"), &cert.pem()),
-            key: write(
-                self.dir.path(),
-                &format!("client-{safe}-key.pem"),
-                &key.serialize_pem(),
-            ),
+            cert: cert_path,
+            key: key_path,
         })
     }
 
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+}
+
+fn run_openssl(command: &mut std::process::Command) -> std::io::Result<()> {
+    let output = command.output().map_err(|error| {
+        std::io::Error::other(format!("cannot run openssl (apt install openssl): {error}"))
+    })?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "openssl failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )))
     }
 }
 
