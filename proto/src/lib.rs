@@ -37,6 +37,7 @@ mod tests {
         let data = ConnectRequest {
             msg: Some(connect_request::Msg::Message(Message {
                 data: Bytes::from_static(b"\x00payload"),
+                compressed: true,
             })),
         };
         assert_eq!(
@@ -50,6 +51,7 @@ mod tests {
         let data = ConnectRequest {
             msg: Some(connect_request::Msg::Message(Message {
                 data: Bytes::from(vec![7u8; 300]),
+                compressed: false,
             })),
         };
         let encoded = data.encode_to_vec();
