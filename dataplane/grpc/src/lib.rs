@@ -4,7 +4,8 @@
 //! - [`frame`]: the 5-byte length-prefixed message framing, decoded incrementally from
 //!   arbitrarily split DATA frames, with a message size limit;
 //! - [`status`]: status codes and `grpc-message` percent-encoding;
-//! - [`timeout`]: the `grpc-timeout` header.
+//! - [`timeout`]: the `grpc-timeout` header;
+//! - [`transport`]: HTTP/2 (the `h2` crate) on monoio, cleartext or TLS ([`tls`]).
 //!
 //! Hand-written because the gRPC crates (tonic) bring their own HTTP/2 server and tokio runtime,
 //! and decode messages into types; a forwarder needs only the framing, on monoio.
@@ -12,6 +13,8 @@
 pub mod frame;
 pub mod status;
 pub mod timeout;
+pub mod tls;
+pub mod transport;
 
 pub use frame::{
     encode_message, message_header, FrameDecoder, FrameError, GrpcMessage, MESSAGE_HEADER_LEN,

@@ -1,0 +1,238 @@
+//! HTTP/2 connections on monoio: the `h2` crate over `monoio-compat` (tokio I/O traits on monoio
+//! streams), cleartext (h2c with prior knowledge) or TLS. The connection future is driven by a
+//! task on the current worker; stream handles may be used from any task.
+
+use std::future::{poll_fn, Future};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::{RecvStream, SendStream};
+use http::Request;
+use monoio::net::TcpStream;
+use monoio_compat::{AsyncRead, AsyncWrite, TcpStreamCompat};
+use rustls::pki_types::ServerName;
+
+/// HTTP/2 settings of one connection.
+#[derive(Debug, Clone)]
+pub struct H2Settings {
+    pub max_concurrent_streams: u32,
+    pub initial_stream_window: u32,
+    pub initial_connection_window: u32,
+    pub max_frame_size: u32,
+    pub max_header_list_size: u32,
+}
+
+impl Default for H2Settings {
+    fn default() -> Self {
+        Self {
+            max_concurrent_streams: 1024,
+            // Larger than the 64 KiB default so one stream can fill a loopback or LAN pipe.
+            initial_stream_window: 1024 * 1024,
+            initial_connection_window: 8 * 1024 * 1024,
+            max_frame_size: 64 * 1024,
+            max_header_list_size: 64 * 1024,
+        }
+    }
+}
+
+/// Why a connection could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("cannot connect to {address}: {source}")]
+    Tcp {
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS handshake with {address} failed: {source}")]
+    Tls {
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("HTTP/2 handshake with {address} failed: {source}")]
+    H2 {
+        address: SocketAddr,
+        #[source]
+        source: h2::Error,
+    },
+}
+
+/// Wraps a monoio stream for tokio-style consumers (h2, tokio-rustls).
+pub fn compat(stream: TcpStream) -> TcpStreamCompat {
+    TcpStreamCompat::new_with_buffer_size(stream, 64 * 1024, 64 * 1024)
+}
+
+/// Serves HTTP/2 on an accepted connection until the peer closes it or `drain` resolves (then a
+/// GOAWAY lets in-flight streams finish). Each request stream is handled by its own task.
+pub async fn serve<T, H, F>(
+    io: T,
+    settings: &H2Settings,
+    drain: impl Future<Output = ()>,
+    mut handler: H,
+) -> Result<(), h2::Error>
+where
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+    H: FnMut(Request<RecvStream>, SendResponse<Bytes>) -> F,
+    F: Future<Output = ()> + 'static,
+{
+    let mut connection = h2::server::Builder::new()
+        .max_concurrent_streams(settings.max_concurrent_streams)
+        .initial_window_size(settings.initial_stream_window)
+        .initial_connection_window_size(settings.initial_connection_window)
+        .max_frame_size(settings.max_frame_size)
+        .max_header_list_size(settings.max_header_list_size)
+        .handshake::<T, Bytes>(io)
+        .await?;
+    enum Next<S> {
+        Stream(Option<Result<S, h2::Error>>),
+        Drain,
+    }
+    let mut drain = std::pin::pin!(drain);
+    let mut draining = false;
+    loop {
+        let next = if draining {
+            Next::Stream(connection.accept().await)
+        } else {
+            monoio::select! {
+                next = connection.accept() => Next::Stream(next),
+                _ = &mut drain => Next::Drain,
+            }
+        };
+        match next {
+            Next::Drain => {
+                draining = true;
+                connection.graceful_shutdown();
+            }
+            Next::Stream(Some(Ok((request, respond)))) => {
+                monoio::spawn(handler(request, respond));
+            }
+            Next::Stream(Some(Err(error))) if is_peer_gone(&error) => return Ok(()),
+            Next::Stream(Some(Err(error))) => return Err(error),
+            Next::Stream(None) => return Ok(()),
+        }
+    }
+}
+
+/// A peer that closes its socket (with or without GOAWAY) ends the connection normally; the
+/// shutdown of an already-closed socket reports `NotConnected`, which is not worth an error.
+fn is_peer_gone(error: &h2::Error) -> bool {
+    use std::io::ErrorKind;
+    error.get_io().is_some_and(|io| {
+        matches!(
+            io.kind(),
+            ErrorKind::NotConnected
+                | ErrorKind::BrokenPipe
+                | ErrorKind::ConnectionReset
+                | ErrorKind::UnexpectedEof
+        )
+    })
+}
+
+/// An open HTTP/2 client connection.
+pub struct ClientConnection {
+    /// Opens streams; clone it to share the connection.
+    pub send_request: h2::client::SendRequest<Bytes>,
+    /// The task driving the connection's I/O; it ends when the connection does (peer gone, or
+    /// every `SendRequest` and stream dropped), which is how owners notice a lost connection.
+    pub driver: monoio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for ClientConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConnection").finish_non_exhaustive()
+    }
+}
+
+/// Opens an HTTP/2 client connection (TLS when `tls` is given) and spawns its driver task.
+pub async fn connect(
+    address: SocketAddr,
+    tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
+    settings: &H2Settings,
+) -> Result<ClientConnection, ConnectError> {
+    let stream = TcpStream::connect(address)
+        .await
+        .map_err(|source| ConnectError::Tcp { address, source })?;
+    let _ = stream.set_nodelay(true);
+    let io = compat(stream);
+    match tls {
+        Some((config, server_name)) => {
+            let tls_stream = tokio_rustls::TlsConnector::from(config)
+                .connect(server_name, io)
+                .await
+                .map_err(|source| ConnectError::Tls { address, source })?;
+            client_handshake(tls_stream, settings, address).await
+        }
+        None => client_handshake(io, settings, address).await,
+    }
+}
+
+async fn client_handshake<T>(
+    io: T,
+    settings: &H2Settings,
+    address: SocketAddr,
+) -> Result<ClientConnection, ConnectError>
+where
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    let (send_request, connection) = h2::client::Builder::new()
+        .initial_window_size(settings.initial_stream_window)
+        .initial_connection_window_size(settings.initial_connection_window)
+        .max_frame_size(settings.max_frame_size)
+        .max_header_list_size(settings.max_header_list_size)
+        .max_concurrent_reset_streams(4096)
+        .handshake::<T, Bytes>(io)
+        .await
+        .map_err(|source| ConnectError::H2 { address, source })?;
+    let driver = monoio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::debug!(%address, %error, "HTTP/2 client connection ended");
+        }
+    });
+    Ok(ClientConnection {
+        send_request,
+        driver,
+    })
+}
+
+/// Sends `data` on `stream` within the peer's flow-control window: waits for capacity instead of
+/// buffering without bound, which is how backpressure crosses a proxy.
+pub async fn send_data(
+    stream: &mut SendStream<Bytes>,
+    mut data: Bytes,
+    end_of_stream: bool,
+) -> Result<(), h2::Error> {
+    if data.is_empty() {
+        return stream.send_data(data, end_of_stream);
+    }
+    while !data.is_empty() {
+        stream.reserve_capacity(data.len());
+        let granted = match poll_fn(|cx| stream.poll_capacity(cx)).await {
+            Some(granted) => granted?,
+            // The stream was closed or reset: the reset reason tells why.
+            None => {
+                return Err(poll_fn(|cx| stream.poll_reset(cx))
+                    .await
+                    .map_or_else(|error| error, h2::Error::from))
+            }
+        };
+        if granted == 0 {
+            continue;
+        }
+        let chunk = data.split_to(granted.min(data.len()));
+        stream.send_data(chunk, end_of_stream && data.is_empty())?;
+    }
+    Ok(())
+}
+
+/// Receives the next DATA chunk and returns its flow-control credit at once; the caller has
+/// taken ownership of the bytes. `None` at end of stream.
+pub async fn recv_data(stream: &mut RecvStream) -> Option<Result<Bytes, h2::Error>> {
+    let chunk = stream.data().await?;
+    if let Ok(bytes) = &chunk {
+        let _ = stream.flow_control().release_capacity(bytes.len());
+    }
+    Some(chunk)
+}
