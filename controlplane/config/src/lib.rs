@@ -11,7 +11,7 @@ mod validate;
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use error::{ConfigError, FieldError};
@@ -25,6 +25,10 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     pub logging: LoggingConfig,
     pub listeners: ListenersConfig,
+    /// The node side of the reverse tunnel; `None` when this process does not route tunnels.
+    pub tunnel: Option<TunnelConfig>,
+    /// The agent role (`sluice agent`); `None` otherwise.
+    pub agent: Option<AgentConfig>,
 }
 
 /// How the thread-per-core data plane runs.
@@ -97,6 +101,10 @@ pub enum LogFormat {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenersConfig {
     pub admin: ListenerConfig,
+    /// Where agents open their tunnels (present when `tunnel` is configured).
+    pub agent: Option<ListenerConfig>,
+    /// Where clients call agents (present when `tunnel` is configured).
+    pub external: Option<ListenerConfig>,
 }
 
 /// Address and limits of one listener. Each worker binds its own socket to the address with
@@ -112,6 +120,115 @@ pub struct ListenerConfig {
     pub header_timeout: Duration,
     /// Longest idle time of a kept-alive connection between requests.
     pub idle_timeout: Duration,
+    /// Serve TLS (HTTP/2 via ALPN) instead of cleartext.
+    pub tls: Option<ServerTlsConfig>,
+}
+
+/// Certificate and key of a TLS listener, and optionally the CA its clients must chain to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerTlsConfig {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    pub client_ca_file: Option<PathBuf>,
+}
+
+/// The node side of the reverse tunnel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TunnelConfig {
+    /// This node's name, reported by ListConnectedAgents.
+    pub node_name: String,
+    /// Longest time a request waits for a free tunnel of its agent.
+    pub max_wait: Duration,
+    /// Largest gRPC message accepted in either direction.
+    pub max_message_bytes: usize,
+    /// The agents allowed to connect: id and SHA-256 of their token.
+    pub agents: Vec<AgentTokenConfig>,
+    pub jwt: JwtConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentTokenConfig {
+    pub id: i64,
+    /// SHA-256 of the agent's bearer token; the token itself is never stored.
+    pub token_sha256: [u8; 32],
+}
+
+/// How the external endpoint validates callers' JWTs (HS256).
+#[derive(Clone, PartialEq, Eq)]
+pub struct JwtConfig {
+    pub secret: Vec<u8>,
+    pub secret_file: PathBuf,
+    pub issuer: String,
+    pub audience: String,
+    /// Allowed clock skew for exp/nbf/iat.
+    pub leeway: Duration,
+    /// Longest accepted `exp - iat`: tokens must be short-lived.
+    pub max_lifetime: Duration,
+}
+
+impl std::fmt::Debug for JwtConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtConfig")
+            .field("secret", &"<redacted>")
+            .field("secret_file", &self.secret_file)
+            .field("issuer", &self.issuer)
+            .field("audience", &self.audience)
+            .field("leeway", &self.leeway)
+            .field("max_lifetime", &self.max_lifetime)
+            .finish()
+    }
+}
+
+/// A URL the agent dials or forwards to: `http://` is HTTP/2 cleartext, `https://` is TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub url: String,
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+}
+
+/// The agent role.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AgentConfig {
+    pub token: String,
+    pub token_file: PathBuf,
+    pub nodes: Vec<Endpoint>,
+    /// CA for `https://` nodes.
+    pub ca_file: Option<PathBuf>,
+    pub forward_to: Endpoint,
+    /// CA for an `https://` backend.
+    pub forward_ca_file: Option<PathBuf>,
+    pub max_message_bytes: usize,
+    pub pool: PoolConfig,
+    pub reconnect: ReconnectConfig,
+}
+
+impl std::fmt::Debug for AgentConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentConfig")
+            .field("token", &"<redacted>")
+            .field("token_file", &self.token_file)
+            .field("nodes", &self.nodes)
+            .field("forward_to", &self.forward_to)
+            .field("pool", &self.pool)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The agent's pool of idle tunnels per node (defaults as in agentk).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolConfig {
+    pub min_idle: usize,
+    pub max: usize,
+    pub grow_by: usize,
+    pub idle_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReconnectConfig {
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
 }
 
 impl Config {

@@ -15,6 +15,8 @@ pub(crate) struct RawConfig {
     pub(crate) runtime: RawRuntime,
     pub(crate) logging: RawLogging,
     pub(crate) listeners: RawListeners,
+    pub(crate) tunnel: Option<RawTunnel>,
+    pub(crate) agent: Option<RawAgent>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -37,6 +39,8 @@ pub(crate) struct RawLogging {
 #[serde(default)]
 pub(crate) struct RawListeners {
     pub(crate) admin: RawListener,
+    pub(crate) agent: Option<RawListener>,
+    pub(crate) external: Option<RawListener>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -47,4 +51,69 @@ pub(crate) struct RawListener {
     pub(crate) max_connections_per_worker: Leaf,
     pub(crate) header_timeout: Leaf,
     pub(crate) idle_timeout: Leaf,
+    pub(crate) tls: Option<RawServerTls>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct RawServerTls {
+    pub(crate) cert_file: Leaf,
+    pub(crate) key_file: Leaf,
+    pub(crate) client_ca_file: Leaf,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct RawTunnel {
+    pub(crate) node_name: Leaf,
+    pub(crate) max_wait: Leaf,
+    pub(crate) max_message_bytes: Leaf,
+    pub(crate) agents: Vec<RawAgentToken>,
+    pub(crate) jwt: RawJwt,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct RawAgentToken {
+    pub(crate) id: Leaf,
+    pub(crate) token_sha256: Leaf,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct RawJwt {
+    pub(crate) secret_file: Leaf,
+    pub(crate) issuer: Leaf,
+    pub(crate) audience: Leaf,
+    pub(crate) leeway: Leaf,
+    pub(crate) max_lifetime: Leaf,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct RawAgent {
+    pub(crate) token_file: Leaf,
+    pub(crate) nodes: Vec<Value>,
+    pub(crate) ca_file: Leaf,
+    pub(crate) forward_to: Leaf,
+    pub(crate) forward_ca_file: Leaf,
+    pub(crate) max_message_bytes: Leaf,
+    pub(crate) pool: RawPool,
+    pub(crate) reconnect: RawReconnect,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct RawPool {
+    pub(crate) min_idle: Leaf,
+    pub(crate) max: Leaf,
+    pub(crate) grow_by: Leaf,
+    pub(crate) idle_timeout: Leaf,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct RawReconnect {
+    pub(crate) initial_backoff: Leaf,
+    pub(crate) max_backoff: Leaf,
 }

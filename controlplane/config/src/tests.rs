@@ -172,3 +172,161 @@ proptest! {
         let _ = load_str(&text, "fuzz.yaml");
     }
 }
+
+fn secret_dir() -> (tempfile::TempDir, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("jwt.secret");
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").unwrap();
+    let token = dir.path().join("agent.token");
+    std::fs::write(&token, "agent-token-7\n").unwrap();
+    let secret = secret.display().to_string();
+    let token = token.display().to_string();
+    (dir, secret, token)
+}
+
+#[test]
+fn tunnel_section_enables_agent_and_external_listeners_with_defaults() {
+    let (_dir, secret, _) = secret_dir();
+    let digest = "a".repeat(64);
+    let config = load_str(
+        &format!("tunnel:\n  node_name: node-a\n  agents: [{{id: 7, token_sha256: '{digest}'}}]\n  jwt: {{secret_file: '{secret}'}}\n"),
+        "t.yaml",
+    )
+    .expect("valid");
+    let tunnel = config.tunnel.expect("tunnel");
+    assert_eq!(tunnel.node_name, "node-a");
+    assert_eq!(tunnel.max_wait, Duration::from_secs(20));
+    assert_eq!(tunnel.max_message_bytes, 32 * 1024 * 1024);
+    assert_eq!(
+        tunnel.agents,
+        vec![AgentTokenConfig {
+            id: 7,
+            token_sha256: [0xaa; 32]
+        }]
+    );
+    assert_eq!(
+        tunnel.jwt.secret,
+        b"0123456789abcdef0123456789abcdef".to_vec()
+    );
+    assert_eq!(
+        (tunnel.jwt.issuer.as_str(), tunnel.jwt.audience.as_str()),
+        ("gitlab", "gitlab-kas")
+    );
+    assert!(
+        !format!("{:?}", tunnel.jwt).contains("0123456789"),
+        "secret is redacted in Debug"
+    );
+    assert_eq!(
+        config.listeners.agent.unwrap().address,
+        "127.0.0.1:8150".parse().unwrap()
+    );
+    assert_eq!(
+        config.listeners.external.unwrap().address,
+        "127.0.0.1:8151".parse().unwrap()
+    );
+}
+
+#[test]
+fn tunnel_mistakes_are_reported_with_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let short = dir.path().join("short.secret");
+    std::fs::write(&short, "tooshort").unwrap();
+    let errors = errors_of(&format!(
+        "tunnel:\n  agents:\n    - {{id: 7, token_sha256: 'xyz'}}\n    - {{id: 7, token_sha256: '{}'}}\n    - {{token_sha256: '{}'}}\n  jwt: {{secret_file: '{}'}}\nlisteners:\n  agent:\n    tls: {{cert_file: /nonexistent/cert.pem}}\n",
+        "b".repeat(64),
+        "c".repeat(64),
+        short.display()
+    ));
+    let joined = errors.join("\n");
+    assert!(
+        joined.contains("tunnel.agents[0].token_sha256: expected 64 hex digits"),
+        "{joined}"
+    );
+    assert!(
+        joined.contains("tunnel.agents[2].id: is required"),
+        "{joined}"
+    );
+    assert!(joined.contains("needs at least 32"), "{joined}");
+    assert!(
+        joined.contains("listeners.agent.tls.cert_file: cannot read \"/nonexistent/cert.pem\""),
+        "{joined}"
+    );
+    assert!(
+        joined.contains("listeners.agent.tls.key_file: is required"),
+        "{joined}"
+    );
+}
+
+#[test]
+fn duplicate_agent_ids_and_orphan_listeners_are_errors() {
+    let (_dir, secret, _) = secret_dir();
+    let errors = errors_of(&format!(
+        "tunnel:\n  agents:\n    - {{id: 7, token_sha256: '{}'}}\n    - {{id: 7, token_sha256: '{}'}}\n  jwt: {{secret_file: '{secret}'}}\n",
+        "b".repeat(64),
+        "c".repeat(64)
+    ));
+    assert_eq!(
+        errors,
+        vec!["tunnel.agents[1].id: agent id 7 is listed twice".to_string()]
+    );
+    let errors = errors_of("listeners:\n  external: {address: '127.0.0.1:0'}\n");
+    assert_eq!(
+        errors,
+        vec![
+            "listeners.external: is only used with a tunnel section; add `tunnel:` or remove it"
+                .to_string()
+        ]
+    );
+}
+
+#[test]
+fn agent_section_is_read_and_checked() {
+    let (_dir, _, token) = secret_dir();
+    let config = load_str(
+        &format!("agent:\n  token_file: '{token}'\n  nodes: ['http://127.0.0.1:8150', 'https://node.example:443']\n  forward_to: 'http://[::1]:50051'\n  pool: {{min_idle: 3}}\n"),
+        "a.yaml",
+    )
+    .expect("valid");
+    let agent = config.agent.expect("agent");
+    assert_eq!(agent.token, "agent-token-7");
+    assert_eq!(agent.nodes.len(), 2);
+    assert!(!agent.nodes[0].tls && agent.nodes[1].tls);
+    assert_eq!(
+        (agent.nodes[1].host.as_str(), agent.nodes[1].port),
+        ("node.example", 443)
+    );
+    assert_eq!(
+        (agent.forward_to.host.as_str(), agent.forward_to.port),
+        ("::1", 50051)
+    );
+    assert_eq!(
+        agent.pool,
+        PoolConfig {
+            min_idle: 3,
+            max: 500,
+            grow_by: 10,
+            idle_timeout: Duration::from_secs(60)
+        }
+    );
+    assert_eq!(agent.reconnect.initial_backoff, Duration::from_secs(1));
+    assert_eq!(agent.reconnect.max_backoff, Duration::from_secs(20));
+    assert!(
+        !format!("{agent:?}").contains("agent-token-7"),
+        "token is redacted in Debug"
+    );
+
+    let errors = errors_of(&format!(
+        "agent:\n  token_file: '{token}'\n  nodes: ['ftp://x', 'http://h:1/path']\n  pool: {{min_idle: 5, max: 2}}\n"
+    ));
+    let joined = errors.join("\n");
+    assert!(
+        joined.contains("agent.nodes[0]: invalid URL \"ftp://x\""),
+        "{joined}"
+    );
+    assert!(joined.contains("agent.nodes[1]: invalid URL \"http://h:1/path\": expected scheme://host:port without a path"), "{joined}");
+    assert!(joined.contains("agent.forward_to: is required"), "{joined}");
+    assert!(
+        joined.contains("agent.pool.min_idle: 5 is more than agent.pool.max (2)"),
+        "{joined}"
+    );
+}

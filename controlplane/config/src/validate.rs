@@ -3,15 +3,17 @@
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_norway::Value;
 
 use crate::error::Errors;
-use crate::raw::{Leaf, RawConfig, RawListener};
+use crate::raw::{Leaf, RawAgent, RawConfig, RawListener, RawServerTls, RawTunnel};
 use crate::{
-    Config, DriverChoice, ListenerConfig, ListenersConfig, LogFormat, LoggingConfig, RuntimeConfig,
-    Workers,
+    AgentConfig, AgentTokenConfig, Config, DriverChoice, Endpoint, JwtConfig, ListenerConfig,
+    ListenersConfig, LogFormat, LoggingConfig, PoolConfig, ReconnectConfig, RuntimeConfig,
+    ServerTlsConfig, TunnelConfig, Workers,
 };
 
 const MAX_WORKERS: usize = 1024;
@@ -64,7 +66,34 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
         },
         level: log_level(&raw.logging.level, "logging.level", errors),
     };
+    let tunnel = raw.tunnel.as_ref().map(|raw| tunnel(raw, errors));
+    let agent = raw.agent.as_ref().map(|raw| agent(raw, errors));
+    let tunnel_listener =
+        |raw: &Option<RawListener>, name: &str, default: &str, errors: &mut Errors| {
+            let path = format!("listeners.{name}");
+            match (raw, &tunnel) {
+                (Some(raw), Some(_)) => Some(listener(raw, &path, default, errors)),
+                (None, Some(_)) => Some(listener(&RawListener::default(), &path, default, errors)),
+                (Some(_), None) => {
+                    errors.push(
+                        path,
+                        "is only used with a tunnel section; add `tunnel:` or remove it",
+                    );
+                    None
+                }
+                (None, None) => None,
+            }
+        };
+    let agent_listener = tunnel_listener(&raw.listeners.agent, "agent", "127.0.0.1:8150", errors);
+    let external_listener = tunnel_listener(
+        &raw.listeners.external,
+        "external",
+        "127.0.0.1:8151",
+        errors,
+    );
     let listeners = ListenersConfig {
+        agent: agent_listener,
+        external: external_listener,
         admin: listener(
             &raw.listeners.admin,
             "listeners.admin",
@@ -76,6 +105,8 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
         runtime,
         logging,
         listeners,
+        tunnel,
+        agent,
     }
 }
 
@@ -119,6 +150,366 @@ fn listener(
             Duration::from_secs(60),
             errors,
         ),
+        tls: raw
+            .tls
+            .as_ref()
+            .and_then(|tls| server_tls(tls, &format!("{path}.tls"), errors)),
+    }
+}
+
+fn server_tls(raw: &RawServerTls, path: &str, errors: &mut Errors) -> Option<ServerTlsConfig> {
+    let cert_file = readable_file(&raw.cert_file, &format!("{path}.cert_file"), true, errors);
+    let key_file = readable_file(&raw.key_file, &format!("{path}.key_file"), true, errors);
+    let client_ca_file = readable_file(
+        &raw.client_ca_file,
+        &format!("{path}.client_ca_file"),
+        false,
+        errors,
+    );
+    Some(ServerTlsConfig {
+        cert_file: cert_file?,
+        key_file: key_file?,
+        client_ca_file,
+    })
+}
+
+/// A path to a file that must exist and be readable now (so a typo fails at start-up, not at
+/// the first handshake).
+fn readable_file(leaf: &Leaf, path: &str, required: bool, errors: &mut Errors) -> Option<PathBuf> {
+    let Some(value) = leaf else {
+        if required {
+            errors.push(path, "is required");
+        }
+        return None;
+    };
+    let text = scalar(value, path, errors)?;
+    if text.is_empty() {
+        if required {
+            errors.push(path, "is required");
+        }
+        return None;
+    }
+    let file = PathBuf::from(&text);
+    match std::fs::File::open(&file) {
+        Ok(_) => Some(file),
+        Err(error) => {
+            errors.push(path, format!("cannot read {text:?}: {error}"));
+            None
+        }
+    }
+}
+
+/// Reads a secret from a file, without its trailing newline.
+fn secret_from_file(leaf: &Leaf, path: &str, errors: &mut Errors) -> Option<(PathBuf, Vec<u8>)> {
+    let file = readable_file(leaf, path, true, errors)?;
+    match std::fs::read(&file) {
+        Ok(mut bytes) => {
+            while bytes.last().is_some_and(u8::is_ascii_whitespace) {
+                bytes.pop();
+            }
+            if bytes.is_empty() {
+                errors.push(path, format!("{} is empty", file.display()));
+                return None;
+            }
+            Some((file, bytes))
+        }
+        Err(error) => {
+            errors.push(path, format!("cannot read {}: {error}", file.display()));
+            None
+        }
+    }
+}
+
+fn text(leaf: &Leaf, path: &str, default: &str, errors: &mut Errors) -> String {
+    match leaf {
+        None => default.to_string(),
+        Some(value) => scalar(value, path, errors).unwrap_or_else(|| default.to_string()),
+    }
+}
+
+fn node_name_default() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_string())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "sluice-node".to_string())
+}
+
+const DEFAULT_MAX_MESSAGE_BYTES: u64 = 32 * 1024 * 1024;
+const MAX_MESSAGE_BYTES_LIMIT: u64 = 1024 * 1024 * 1024;
+
+fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
+    let mut agents = Vec::with_capacity(raw.agents.len());
+    let mut seen_ids = std::collections::HashSet::new();
+    let mut seen_tokens = std::collections::HashSet::new();
+    for (index, entry) in raw.agents.iter().enumerate() {
+        let path = format!("tunnel.agents[{index}]");
+        let id = match &entry.id {
+            None => {
+                errors.push(format!("{path}.id"), "is required");
+                None
+            }
+            Some(_) => Some(unsigned(
+                &entry.id,
+                &format!("{path}.id"),
+                0,
+                (1, i64::MAX as u64),
+                errors,
+            ) as i64),
+        };
+        let digest = match &entry.token_sha256 {
+            None => {
+                errors.push(format!("{path}.token_sha256"), "is required");
+                None
+            }
+            Some(value) => {
+                scalar(value, &format!("{path}.token_sha256"), errors).and_then(|text| {
+                    let mut digest = [0u8; 32];
+                    match hex::decode_to_slice(text.trim(), &mut digest) {
+                        Ok(()) => Some(digest),
+                        Err(_) => {
+                            errors.push(
+                                format!("{path}.token_sha256"),
+                                "expected 64 hex digits (sha256sum of the agent's token)",
+                            );
+                            None
+                        }
+                    }
+                })
+            }
+        };
+        if let (Some(id), Some(digest)) = (id, digest) {
+            if id > 0 && !seen_ids.insert(id) {
+                errors.push(
+                    format!("{path}.id"),
+                    format!("agent id {id} is listed twice"),
+                );
+            }
+            if !seen_tokens.insert(digest) {
+                errors.push(
+                    format!("{path}.token_sha256"),
+                    "the same token is listed for two agents",
+                );
+            }
+            agents.push(AgentTokenConfig {
+                id,
+                token_sha256: digest,
+            });
+        }
+    }
+    let jwt_path = "tunnel.jwt";
+    let (secret_file, secret) = secret_from_file(
+        &raw.jwt.secret_file,
+        &format!("{jwt_path}.secret_file"),
+        errors,
+    )
+    .unwrap_or_default();
+    if !secret.is_empty() && secret.len() < 32 {
+        errors.push(
+            format!("{jwt_path}.secret_file"),
+            format!(
+                "the secret in {} has {} bytes; HS256 needs at least 32",
+                secret_file.display(),
+                secret.len()
+            ),
+        );
+    }
+    TunnelConfig {
+        node_name: text(
+            &raw.node_name,
+            "tunnel.node_name",
+            &node_name_default(),
+            errors,
+        ),
+        max_wait: duration(
+            &raw.max_wait,
+            "tunnel.max_wait",
+            Duration::from_secs(20),
+            errors,
+        ),
+        max_message_bytes: unsigned(
+            &raw.max_message_bytes,
+            "tunnel.max_message_bytes",
+            DEFAULT_MAX_MESSAGE_BYTES,
+            (1024, MAX_MESSAGE_BYTES_LIMIT),
+            errors,
+        ) as usize,
+        agents,
+        jwt: JwtConfig {
+            secret,
+            secret_file,
+            issuer: text(&raw.jwt.issuer, "tunnel.jwt.issuer", "gitlab", errors),
+            audience: text(
+                &raw.jwt.audience,
+                "tunnel.jwt.audience",
+                "gitlab-kas",
+                errors,
+            ),
+            leeway: duration(
+                &raw.jwt.leeway,
+                "tunnel.jwt.leeway",
+                Duration::from_secs(5),
+                errors,
+            ),
+            max_lifetime: duration(
+                &raw.jwt.max_lifetime,
+                "tunnel.jwt.max_lifetime",
+                Duration::from_secs(60),
+                errors,
+            ),
+        },
+    }
+}
+
+fn endpoint(value: &Value, path: &str, errors: &mut Errors) -> Option<Endpoint> {
+    let text = scalar(value, path, errors)?;
+    let invalid = |errors: &mut Errors, why: &str| {
+        errors.push(path, format!("invalid URL {text:?}: {why}"));
+    };
+    let uri = match text.parse::<http::Uri>() {
+        Ok(uri) => uri,
+        Err(error) => {
+            invalid(errors, &error.to_string());
+            return None;
+        }
+    };
+    let tls = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => {
+            invalid(
+                errors,
+                "expected http:// (HTTP/2 cleartext) or https:// (TLS)",
+            );
+            return None;
+        }
+    };
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        invalid(errors, "expected scheme://host:port without a path");
+        return None;
+    }
+    let Some(host) = uri.host() else {
+        invalid(errors, "no host");
+        return None;
+    };
+    Some(Endpoint {
+        url: text.clone(),
+        tls,
+        host: host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+        port: uri.port_u16().unwrap_or(if tls { 443 } else { 80 }),
+    })
+}
+
+fn agent(raw: &RawAgent, errors: &mut Errors) -> AgentConfig {
+    let (token_file, token) =
+        secret_from_file(&raw.token_file, "agent.token_file", errors).unwrap_or_default();
+    let token = String::from_utf8(token).unwrap_or_else(|_| {
+        errors.push("agent.token_file", "the token is not UTF-8 text");
+        String::new()
+    });
+    if raw.nodes.is_empty() {
+        errors.push(
+            "agent.nodes",
+            "list at least one node URL, e.g. http://127.0.0.1:8150",
+        );
+    }
+    let nodes = raw
+        .nodes
+        .iter()
+        .enumerate()
+        .filter_map(|(index, value)| endpoint(value, &format!("agent.nodes[{index}]"), errors))
+        .collect();
+    let forward_to = match &raw.forward_to {
+        Some(value) => endpoint(value, "agent.forward_to", errors),
+        None => {
+            errors.push(
+                "agent.forward_to",
+                "is required: the URL of the local gRPC backend",
+            );
+            None
+        }
+    };
+    let pool = PoolConfig {
+        min_idle: unsigned(
+            &raw.pool.min_idle,
+            "agent.pool.min_idle",
+            2,
+            (1, 10_000),
+            errors,
+        ) as usize,
+        max: unsigned(&raw.pool.max, "agent.pool.max", 500, (1, 100_000), errors) as usize,
+        grow_by: unsigned(
+            &raw.pool.grow_by,
+            "agent.pool.grow_by",
+            10,
+            (1, 10_000),
+            errors,
+        ) as usize,
+        idle_timeout: duration(
+            &raw.pool.idle_timeout,
+            "agent.pool.idle_timeout",
+            Duration::from_secs(60),
+            errors,
+        ),
+    };
+    if pool.min_idle > pool.max {
+        errors.push(
+            "agent.pool.min_idle",
+            format!(
+                "{} is more than agent.pool.max ({})",
+                pool.min_idle, pool.max
+            ),
+        );
+    }
+    let reconnect = ReconnectConfig {
+        initial_backoff: duration(
+            &raw.reconnect.initial_backoff,
+            "agent.reconnect.initial_backoff",
+            Duration::from_secs(1),
+            errors,
+        ),
+        max_backoff: duration(
+            &raw.reconnect.max_backoff,
+            "agent.reconnect.max_backoff",
+            Duration::from_secs(20),
+            errors,
+        ),
+    };
+    if reconnect.initial_backoff > reconnect.max_backoff || reconnect.initial_backoff.is_zero() {
+        errors.push(
+            "agent.reconnect.initial_backoff",
+            "must be more than zero and at most agent.reconnect.max_backoff",
+        );
+    }
+    AgentConfig {
+        token,
+        token_file,
+        nodes,
+        ca_file: readable_file(&raw.ca_file, "agent.ca_file", false, errors),
+        forward_to: forward_to.unwrap_or(Endpoint {
+            url: String::new(),
+            tls: false,
+            host: String::new(),
+            port: 0,
+        }),
+        forward_ca_file: readable_file(
+            &raw.forward_ca_file,
+            "agent.forward_ca_file",
+            false,
+            errors,
+        ),
+        max_message_bytes: unsigned(
+            &raw.max_message_bytes,
+            "agent.max_message_bytes",
+            DEFAULT_MAX_MESSAGE_BYTES,
+            (1024, MAX_MESSAGE_BYTES_LIMIT),
+            errors,
+        ) as usize,
+        pool,
+        reconnect,
     }
 }
 

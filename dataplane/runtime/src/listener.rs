@@ -76,6 +76,7 @@ mod tests {
             max_connections_per_worker: 10,
             header_timeout: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(1),
+            tls: None,
         }
     }
 

@@ -93,6 +93,7 @@ pub fn listener(address: &str) -> ListenerConfig {
         max_connections_per_worker: 1024,
         header_timeout: Duration::from_secs(5),
         idle_timeout: Duration::from_secs(5),
+        tls: None,
     }
 }
 

@@ -1,0 +1,385 @@
+//! Who may use the node: agents by bearer token (stored as SHA-256 only), clients by short-lived
+//! HS256 JWTs, as kas does.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::HeaderMap;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use sluice_config::{AgentTokenConfig, JwtConfig};
+
+use crate::registry::AgentId;
+
+/// Why a caller was refused; each maps to a bounded metric label.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("missing authorization: expected `authorization: Bearer <token>`")]
+    Missing,
+    #[error("malformed authorization header: expected `Bearer <token>`")]
+    Malformed,
+    #[error("unknown agent token")]
+    UnknownAgentToken,
+    #[error("invalid token: {0}")]
+    InvalidToken(&'static str),
+    #[error("token signature does not verify")]
+    BadSignature,
+    #[error("token has expired")]
+    Expired,
+    #[error("token is not valid yet")]
+    NotYetValid,
+    #[error("token issuer is not the expected one")]
+    WrongIssuer,
+    #[error("token audience is not the expected one")]
+    WrongAudience,
+    #[error("token algorithm is not HS256")]
+    WrongAlgorithm,
+    #[error("token lives longer than the allowed {0:?}")]
+    TooLongLived(Duration),
+}
+
+impl AuthError {
+    /// Label for `sluice_tunnel_auth_failures_total{reason}`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AuthError::Missing => "missing",
+            AuthError::Malformed => "malformed",
+            AuthError::UnknownAgentToken => "unknown_agent_token",
+            AuthError::InvalidToken(_) => "invalid_token",
+            AuthError::BadSignature => "bad_signature",
+            AuthError::Expired => "expired",
+            AuthError::NotYetValid => "not_yet_valid",
+            AuthError::WrongIssuer => "wrong_issuer",
+            AuthError::WrongAudience => "wrong_audience",
+            AuthError::WrongAlgorithm => "wrong_algorithm",
+            AuthError::TooLongLived(_) => "too_long_lived",
+        }
+    }
+}
+
+/// The bearer token of an `authorization` header.
+pub fn bearer_token(headers: &HeaderMap) -> Result<&str, AuthError> {
+    let value = headers
+        .get(http::header::AUTHORIZATION)
+        .ok_or(AuthError::Missing)?;
+    let text = value.to_str().map_err(|_| AuthError::Malformed)?;
+    let (scheme, token) = text.split_once(' ').ok_or(AuthError::Malformed)?;
+    if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+        return Err(AuthError::Malformed);
+    }
+    Ok(token.trim())
+}
+
+/// Agent tokens by their SHA-256: the agent id comes from which token matched, never from
+/// anything the agent says, so one agent cannot pose as another.
+#[derive(Debug, Clone, Default)]
+pub struct AgentTokens {
+    by_digest: HashMap<[u8; 32], AgentId>,
+}
+
+impl AgentTokens {
+    pub fn new(agents: &[AgentTokenConfig]) -> Self {
+        Self {
+            by_digest: agents
+                .iter()
+                .map(|agent| (agent.token_sha256, agent.id))
+                .collect(),
+        }
+    }
+
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<AgentId, AuthError> {
+        let token = bearer_token(headers)?;
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        self.by_digest
+            .get(&digest)
+            .copied()
+            .ok_or(AuthError::UnknownAgentToken)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct Claims {
+    exp: u64,
+    iat: u64,
+}
+
+/// Validates the JWTs clients present on the external endpoint.
+#[derive(Clone)]
+pub struct JwtValidator {
+    key: DecodingKey,
+    validation: Validation,
+    leeway: Duration,
+    max_lifetime: Duration,
+}
+
+impl std::fmt::Debug for JwtValidator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtValidator")
+            .field("max_lifetime", &self.max_lifetime)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JwtValidator {
+    pub fn new(config: &JwtConfig) -> Self {
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.set_issuer(&[config.issuer.as_str()]);
+        validation.set_audience(&[config.audience.as_str()]);
+        validation.leeway = config.leeway.as_secs();
+        validation.validate_exp = true;
+        validation.validate_nbf = true;
+        validation.required_spec_claims =
+            HashSet::from(["exp", "iat", "iss", "aud"].map(String::from));
+        Self {
+            key: DecodingKey::from_secret(&config.secret),
+            validation,
+            leeway: config.leeway,
+            max_lifetime: config.max_lifetime,
+        }
+    }
+
+    /// Checks signature, algorithm, issuer, audience, exp, nbf, iat (not in the future) and that
+    /// the token's lifetime (`exp - iat`) is short.
+    pub fn validate(&self, headers: &HeaderMap) -> Result<(), AuthError> {
+        let token = bearer_token(headers)?;
+        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(
+            |error| match error.kind() {
+                ErrorKind::InvalidSignature => AuthError::BadSignature,
+                ErrorKind::ExpiredSignature => AuthError::Expired,
+                ErrorKind::ImmatureSignature => AuthError::NotYetValid,
+                ErrorKind::InvalidIssuer => AuthError::WrongIssuer,
+                ErrorKind::InvalidAudience => AuthError::WrongAudience,
+                ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
+                    AuthError::WrongAlgorithm
+                }
+                ErrorKind::MissingRequiredClaim(_) => {
+                    AuthError::InvalidToken("a required claim (exp, iat, iss, aud) is missing")
+                }
+                _ => AuthError::InvalidToken("not a well-formed JWT"),
+            },
+        )?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        if data.claims.iat > now + self.leeway.as_secs() {
+            return Err(AuthError::NotYetValid);
+        }
+        if data.claims.exp.saturating_sub(data.claims.iat) > self.max_lifetime.as_secs() {
+            return Err(AuthError::TooLongLived(self.max_lifetime));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use jsonwebtoken::{encode, EncodingKey, Header};
+    use proptest::prelude::*;
+    use serde::Serialize;
+
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+    fn config() -> JwtConfig {
+        JwtConfig {
+            secret: SECRET.to_vec(),
+            secret_file: "jwt.secret".into(),
+            issuer: "gitlab".into(),
+            audience: "gitlab-kas".into(),
+            leeway: Duration::from_secs(5),
+            max_lifetime: Duration::from_secs(60),
+        }
+    }
+
+    fn now() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    }
+
+    #[derive(Serialize)]
+    struct TestClaims<'a> {
+        iss: &'a str,
+        aud: &'a str,
+        iat: u64,
+        exp: u64,
+    }
+
+    fn token(secret: &[u8], iss: &str, aud: &str, iat: u64, exp: u64) -> String {
+        encode(
+            &Header::new(Algorithm::HS256),
+            &TestClaims { iss, aud, iat, exp },
+            &EncodingKey::from_secret(secret),
+        )
+        .unwrap()
+    }
+
+    fn headers(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::AUTHORIZATION,
+            HeaderValue::from_str(value).unwrap(),
+        );
+        headers
+    }
+
+    #[test]
+    fn valid_tokens_pass() {
+        let validator = JwtValidator::new(&config());
+        let good = token(SECRET, "gitlab", "gitlab-kas", now(), now() + 5);
+        assert_eq!(
+            validator.validate(&headers(&format!("Bearer {good}"))),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn every_bad_token_is_refused_with_its_reason() {
+        let validator = JwtValidator::new(&config());
+        let n = now();
+        let cases = [
+            (HeaderMap::new(), AuthError::Missing),
+            (headers("Basic abc"), AuthError::Malformed),
+            (headers("Bearer"), AuthError::Malformed),
+            (
+                headers(&format!(
+                    "Bearer {}",
+                    token(
+                        b"another-secret-another-secret-xx",
+                        "gitlab",
+                        "gitlab-kas",
+                        n,
+                        n + 5
+                    )
+                )),
+                AuthError::BadSignature,
+            ),
+            (
+                headers(&format!(
+                    "Bearer {}",
+                    token(SECRET, "gitlab", "gitlab-kas", n - 100, n - 50)
+                )),
+                AuthError::Expired,
+            ),
+            (
+                headers(&format!(
+                    "Bearer {}",
+                    token(SECRET, "evil", "gitlab-kas", n, n + 5)
+                )),
+                AuthError::WrongIssuer,
+            ),
+            (
+                headers(&format!(
+                    "Bearer {}",
+                    token(SECRET, "gitlab", "other", n, n + 5)
+                )),
+                AuthError::WrongAudience,
+            ),
+            (
+                headers(&format!(
+                    "Bearer {}",
+                    token(SECRET, "gitlab", "gitlab-kas", n + 100, n + 105)
+                )),
+                AuthError::NotYetValid,
+            ),
+            (
+                headers(&format!(
+                    "Bearer {}",
+                    token(SECRET, "gitlab", "gitlab-kas", n, n + 3600)
+                )),
+                AuthError::TooLongLived(Duration::from_secs(60)),
+            ),
+            (
+                headers("Bearer not.a.jwt"),
+                AuthError::InvalidToken("not a well-formed JWT"),
+            ),
+        ];
+        for (headers, expected) in cases {
+            assert_eq!(
+                validator.validate(&headers),
+                Err(expected.clone()),
+                "{expected}"
+            );
+        }
+    }
+
+    #[test]
+    fn alg_none_is_refused() {
+        // {"alg":"none","typ":"JWT"} . claims . (no signature)
+        let header = "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0";
+        let claims = format!(
+            "{{\"iss\":\"gitlab\",\"aud\":\"gitlab-kas\",\"iat\":{},\"exp\":{}}}",
+            now(),
+            now() + 5
+        );
+        let claims = base64_url(claims.as_bytes());
+        let validator = JwtValidator::new(&config());
+        let error = validator
+            .validate(&headers(&format!("Bearer {header}.{claims}.")))
+            .unwrap_err();
+        assert!(
+            matches!(
+                error,
+                AuthError::WrongAlgorithm | AuthError::InvalidToken(_)
+            ),
+            "{error:?}"
+        );
+    }
+
+    fn base64_url(bytes: &[u8]) -> String {
+        const TABLE: &[u8; 64] =
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let mut out = String::new();
+        for chunk in bytes.chunks(3) {
+            let n = chunk
+                .iter()
+                .enumerate()
+                .fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
+            for i in 0..=chunk.len() {
+                out.push(TABLE[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn agent_tokens_map_to_their_ids_only() {
+        let tokens = AgentTokens::new(&[
+            AgentTokenConfig {
+                id: 7,
+                token_sha256: Sha256::digest(b"seven").into(),
+            },
+            AgentTokenConfig {
+                id: 8,
+                token_sha256: Sha256::digest(b"eight").into(),
+            },
+        ]);
+        assert_eq!(tokens.authenticate(&headers("Bearer seven")), Ok(7));
+        assert_eq!(tokens.authenticate(&headers("bearer eight")), Ok(8));
+        assert_eq!(
+            tokens.authenticate(&headers("Bearer nine")),
+            Err(AuthError::UnknownAgentToken)
+        );
+        assert_eq!(
+            tokens.authenticate(&HeaderMap::new()),
+            Err(AuthError::Missing)
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_authorization_values_never_panic(value in "[ -~]{0,300}") {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                let mut headers = HeaderMap::new();
+                headers.insert(http::header::AUTHORIZATION, value);
+                let _ = JwtValidator::new(&config()).validate(&headers);
+                let _ = AgentTokens::default().authenticate(&headers);
+            }
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! The node's connection registry: idle tunnels of each agent wait here, and requests take one
+//! or wait for one.
+//!
+//! Striped by agent id (256 stripes, as kas does) so cores serving different agents never
+//! contend; a stripe's lock is held only to push or pop, never across an await. A tunnel is
+//! offered by the task that owns its HTTP/2 stream (on the core its agent connection lives on);
+//! a request claims it by sending that task a reply channel, and the task hands the streams over.
+//! The hand-over is a message, so a tunnel that died a moment ago is simply skipped.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use futures_channel::oneshot;
+
+/// Agent ids are positive 64-bit integers, as in kas.
+pub type AgentId = i64;
+
+const STRIPES: usize = 256;
+
+/// A reply channel: the requester's half of a claim.
+pub type Claim<T> = oneshot::Sender<T>;
+
+/// An idle tunnel as the registry holds it.
+#[derive(Debug)]
+struct IdleTunnel<T> {
+    id: u64,
+    connection_id: i64,
+    claims: oneshot::Sender<Claim<T>>,
+}
+
+#[derive(Debug)]
+struct AgentSlot<T> {
+    idle: VecDeque<IdleTunnel<T>>,
+    waiters: VecDeque<oneshot::Sender<IdleTunnel<T>>>,
+}
+
+impl<T> Default for AgentSlot<T> {
+    fn default() -> Self {
+        Self {
+            idle: VecDeque::new(),
+            waiters: VecDeque::new(),
+        }
+    }
+}
+
+type Stripe<T> = HashMap<AgentId, AgentSlot<T>>;
+
+/// Idle tunnels and waiting requests, by agent.
+#[derive(Debug)]
+pub struct ConnectionRegistry<T> {
+    stripes: Box<[Mutex<Stripe<T>>]>,
+    idle: AtomicUsize,
+}
+
+impl<T> Default for ConnectionRegistry<T> {
+    fn default() -> Self {
+        Self {
+            stripes: (0..STRIPES).map(|_| Mutex::new(HashMap::new())).collect(),
+            idle: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// The owner side of an offered tunnel: resolves with a requester's claim.
+pub type Claims<T> = oneshot::Receiver<Claim<T>>;
+
+impl<T> ConnectionRegistry<T> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn stripe(&self, agent: AgentId) -> std::sync::MutexGuard<'_, Stripe<T>> {
+        let index = (agent as u64 as usize) % STRIPES;
+        // A poisoned stripe only means another thread panicked while holding it; the map is
+        // still consistent (every mutation is a single push or pop).
+        self.stripes[index]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Idle tunnels across all agents.
+    pub fn idle_count(&self) -> usize {
+        self.idle.load(Ordering::Relaxed)
+    }
+
+    /// Offers an idle tunnel of `agent`. Hands it straight to the oldest live waiter if there is
+    /// one, else queues it. The caller keeps the returned receiver and, when a claim arrives,
+    /// sends the tunnel's streams through it.
+    pub fn offer(&self, agent: AgentId, tunnel_id: u64, connection_id: i64) -> Claims<T> {
+        let (claims_tx, claims_rx) = oneshot::channel();
+        let mut tunnel = IdleTunnel {
+            id: tunnel_id,
+            connection_id,
+            claims: claims_tx,
+        };
+        let mut stripe = self.stripe(agent);
+        let slot = stripe.entry(agent).or_default();
+        while let Some(waiter) = slot.waiters.pop_front() {
+            match waiter.send(tunnel) {
+                Ok(()) => return claims_rx,
+                // That waiter gave up (deadline, client gone): try the next.
+                Err(returned) => tunnel = returned,
+            }
+        }
+        slot.idle.push_back(tunnel);
+        self.idle.fetch_add(1, Ordering::Relaxed);
+        claims_rx
+    }
+
+    /// Removes an idle tunnel that closed before anyone claimed it. Returns whether it was still
+    /// queued (false: a requester took it concurrently and will find its claim refused).
+    pub fn withdraw(&self, agent: AgentId, tunnel_id: u64) -> bool {
+        let mut stripe = self.stripe(agent);
+        let Some(slot) = stripe.get_mut(&agent) else {
+            return false;
+        };
+        let before = slot.idle.len();
+        slot.idle.retain(|tunnel| tunnel.id != tunnel_id);
+        let removed = before != slot.idle.len();
+        if removed {
+            self.idle.fetch_sub(1, Ordering::Relaxed);
+        }
+        if slot.idle.is_empty() && slot.waiters.is_empty() {
+            stripe.remove(&agent);
+        }
+        removed
+    }
+
+    /// Takes a tunnel of `agent`, waiting as long as the caller's future is polled (callers
+    /// bound it with their deadline; dropping the future withdraws the wait).
+    pub async fn acquire(&self, agent: AgentId) -> T {
+        loop {
+            let offered = {
+                let mut stripe = self.stripe(agent);
+                let slot = stripe.entry(agent).or_default();
+                match slot.idle.pop_front() {
+                    Some(tunnel) => {
+                        self.idle.fetch_sub(1, Ordering::Relaxed);
+                        Offered::Now(tunnel)
+                    }
+                    None => {
+                        slot.waiters.retain(|waiter| !waiter.is_canceled());
+                        let (waiter_tx, waiter_rx) = oneshot::channel();
+                        slot.waiters.push_back(waiter_tx);
+                        Offered::Later(waiter_rx)
+                    }
+                }
+            };
+            let tunnel = match offered {
+                Offered::Now(tunnel) => tunnel,
+                Offered::Later(waiter) => match waiter.await {
+                    Ok(tunnel) => tunnel,
+                    // The registry never drops a waiter's sender without sending; be robust anyway.
+                    Err(_) => continue,
+                },
+            };
+            let (reply_tx, reply_rx) = oneshot::channel();
+            if tunnel.claims.send(reply_tx).is_err() {
+                continue; // Its owner has gone: the tunnel closed while idle.
+            }
+            if let Ok(streams) = reply_rx.await {
+                return streams;
+            }
+        }
+    }
+
+    /// Idle tunnels per (agent, connection), for ListConnectedAgents.
+    pub fn idle_by_connection(&self) -> HashMap<(AgentId, i64), u32> {
+        let mut counts = HashMap::new();
+        for stripe in self.stripes.iter() {
+            let stripe = stripe
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            for (agent, slot) in stripe.iter() {
+                for tunnel in &slot.idle {
+                    *counts.entry((*agent, tunnel.connection_id)).or_insert(0) += 1;
+                }
+            }
+        }
+        counts
+    }
+}
+
+enum Offered<T> {
+    Now(IdleTunnel<T>),
+    Later(oneshot::Receiver<IdleTunnel<T>>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn block_on<F: std::future::Future>(future: F) -> F::Output {
+        monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .expect("runtime")
+            .block_on(future)
+    }
+
+    /// Plays the owner of an offered tunnel: answers one claim with `value`.
+    fn serve_claim<T: Send + 'static>(
+        claims: Claims<T>,
+        value: T,
+    ) -> std::thread::JoinHandle<bool> {
+        std::thread::spawn(move || {
+            block_on(async move {
+                match claims.await {
+                    Ok(claim) => claim.send(value).is_ok(),
+                    Err(_) => false,
+                }
+            })
+        })
+    }
+
+    #[test]
+    fn an_idle_tunnel_is_taken_at_once() {
+        let registry = Arc::new(ConnectionRegistry::<&'static str>::new());
+        let owner = serve_claim(registry.offer(7, 1, 100), "tunnel-1");
+        assert_eq!(registry.idle_count(), 1);
+        assert_eq!(registry.idle_by_connection().get(&(7, 100)), Some(&1));
+        assert_eq!(block_on(registry.acquire(7)), "tunnel-1");
+        assert!(owner.join().unwrap());
+        assert_eq!(registry.idle_count(), 0);
+    }
+
+    #[test]
+    fn a_waiting_request_gets_the_next_tunnel_from_another_thread() {
+        let registry = Arc::new(ConnectionRegistry::<u64>::new());
+        let remote = registry.clone();
+        let offerer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            let claims = remote.offer(9, 42, 1);
+            block_on(async move {
+                claims
+                    .await
+                    .expect("claimed")
+                    .send(42)
+                    .expect("requester waits")
+            });
+        });
+        let got = block_on(async {
+            monoio::time::timeout(Duration::from_secs(5), registry.acquire(9)).await
+        });
+        assert_eq!(got, Ok(42));
+        offerer.join().unwrap();
+        assert_eq!(
+            registry.idle_count(),
+            0,
+            "handed to the waiter, never queued"
+        );
+    }
+
+    #[test]
+    fn a_tunnel_that_closed_while_idle_is_skipped() {
+        let registry = Arc::new(ConnectionRegistry::<u64>::new());
+        drop(registry.offer(3, 1, 1)); // owner gone without withdrawing
+        let live = serve_claim(registry.offer(3, 2, 1), 2);
+        assert_eq!(block_on(registry.acquire(3)), 2);
+        assert!(live.join().unwrap());
+    }
+
+    #[test]
+    fn withdraw_removes_only_idle_tunnels_and_waiters_that_gave_up_are_skipped() {
+        let registry = ConnectionRegistry::<u64>::new();
+        let _claims = registry.offer(5, 1, 1);
+        assert!(registry.withdraw(5, 1));
+        assert!(!registry.withdraw(5, 1));
+        assert_eq!(registry.idle_count(), 0);
+
+        // A request that timed out leaves a cancelled waiter; the next offer skips it and queues.
+        let timed_out = block_on(async {
+            monoio::time::timeout(Duration::from_millis(20), registry.acquire(5)).await
+        });
+        assert!(timed_out.is_err());
+        let _claims = registry.offer(5, 2, 1);
+        assert_eq!(registry.idle_count(), 1);
+    }
+
+    #[test]
+    fn agents_do_not_see_each_others_tunnels() {
+        let registry = ConnectionRegistry::<u64>::new();
+        let _claims = registry.offer(1, 1, 1);
+        let other = block_on(async {
+            monoio::time::timeout(Duration::from_millis(50), registry.acquire(2)).await
+        });
+        assert!(other.is_err(), "agent 2 has no tunnel");
+        // Agent 257 shares agent 1's stripe but not its tunnels.
+        let same_stripe = block_on(async {
+            monoio::time::timeout(Duration::from_millis(50), registry.acquire(257)).await
+        });
+        assert!(same_stripe.is_err());
+        assert_eq!(registry.idle_count(), 1);
+    }
+
+    #[test]
+    fn many_threads_offering_and_acquiring_match_one_to_one() {
+        let registry = Arc::new(ConnectionRegistry::<u64>::new());
+        let per_side = 200;
+        let offerers: Vec<_> = (0..4u64)
+            .map(|thread| {
+                let registry = registry.clone();
+                std::thread::spawn(move || {
+                    block_on(async move {
+                        for index in 0..per_side / 4 {
+                            let value = thread * 1000 + index as u64;
+                            let claims = registry.offer(11, value, 1);
+                            let claim = claims.await.expect("claimed");
+                            claim.send(value).expect("requester waits");
+                        }
+                    })
+                })
+            })
+            .collect();
+        let acquirers: Vec<_> = (0..4)
+            .map(|_| {
+                let registry = registry.clone();
+                std::thread::spawn(move || {
+                    block_on(async move {
+                        let mut got = Vec::new();
+                        for _ in 0..per_side / 4 {
+                            got.push(registry.acquire(11).await);
+                        }
+                        got
+                    })
+                })
+            })
+            .collect();
+        let mut all: Vec<u64> = acquirers
+            .into_iter()
+            .flat_map(|thread| thread.join().unwrap())
+            .collect();
+        for offerer in offerers {
+            offerer.join().unwrap();
+        }
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(
+            all.len(),
+            per_side,
+            "every tunnel went to exactly one request"
+        );
+        assert_eq!(registry.idle_count(), 0);
+    }
+}
