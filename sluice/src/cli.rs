@@ -17,7 +17,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run on embedded defaults (loopback only, no files needed) and print how to try it.
+    /// Run a demo on embedded defaults (loopback only, no files needed): a node, an agent
+    /// connected to it and an echo backend behind the agent; print how to try it.
     Up {
         #[command(flatten)]
         runtime: RuntimeArgs,
@@ -28,6 +29,14 @@ pub enum Command {
     /// Run the daemon with a configuration file.
     Run {
         /// Path of the YAML configuration (see docs/CONFIG.md).
+        #[arg(long, short = 'c', value_name = "FILE")]
+        config: PathBuf,
+        #[command(flatten)]
+        runtime: RuntimeArgs,
+    },
+    /// Run the agent: dial out to nodes, keep tunnels open, forward calls to a local backend.
+    Agent {
+        /// YAML configuration with an `agent` section (see docs/CONFIG.md).
         #[arg(long, short = 'c', value_name = "FILE")]
         config: PathBuf,
         #[command(flatten)]

@@ -1,6 +1,7 @@
 //! Runs the daemon: config in, listeners bound, workers started, stop signal, drain, exit.
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -13,16 +14,21 @@ use sluice_runtime::{
     select_driver, Lifecycle, Placement, RuntimeOptions, ServerBuilder, StopSignals,
 };
 
+use sluice_tunnel::agent::{AgentMetrics, AgentTask};
+use sluice_tunnel::echo::EchoBackend;
+use sluice_tunnel::metrics::TunnelMetrics;
+use sluice_tunnel::node::{AgentEndpoint, ExternalEndpoint, NodeCollector, NodeShared};
+
 use crate::cli::RuntimeArgs;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Mode {
-    /// `sluice run --config FILE`
+    /// `sluice run --config FILE` or `sluice agent --config FILE`.
     Run,
-    /// `sluice up`: also prints what started and how to try it.
-    Up,
+    /// `sluice up`: the demo; also prints what started and how to try it.
+    Up(crate::demo::UpDemo),
 }
 
 /// Exit codes: 0 after a clean stop, 2 for an invalid configuration, 1 for any other failure.
@@ -54,7 +60,7 @@ pub fn run_with(
         config.runtime.driver = driver.into();
     }
     crate::logging::init(&config.logging);
-    match run(&config, addresses_file, mode) {
+    match run(config, addresses_file, mode) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!("{error:#}");
@@ -64,7 +70,7 @@ pub fn run_with(
     }
 }
 
-fn run(config: &Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow::Result<()> {
+fn run(mut config: Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow::Result<()> {
     // Caught from here on, so a stop during start-up still drains instead of killing us.
     let signals = StopSignals::install()?;
     let selection = select_driver(config.runtime.driver, config.runtime.uring_entries)?;
@@ -75,17 +81,55 @@ fn run(config: &Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow::Re
         }
     }
     let lifecycle = Arc::new(Lifecycle::new());
+    let workers = config.runtime.workers.resolve();
     let options = RuntimeOptions {
-        workers: config.runtime.workers.resolve(),
+        workers,
         driver: selection.clone(),
         uring_entries: config.runtime.uring_entries,
         drain_timeout: config.runtime.drain_timeout,
     };
     let mut server = ServerBuilder::new(options, lifecycle.clone());
-    let admin = server.bind("admin", &config.listeners.admin, Placement::Dedicated)?;
-
     let mut registry = Registry::default();
     sluice_admin::register_build_info(&mut registry, VERSION, selection.driver.as_str());
+    let admin = server.bind("admin", &config.listeners.admin, Placement::Dedicated)?;
+
+    // The node side of the tunnel.
+    if let (Some(tunnel), Some(agent_listener), Some(external_listener)) = (
+        &config.tunnel,
+        &config.listeners.agent,
+        &config.listeners.external,
+    ) {
+        let agent_id = server.bind("agent", agent_listener, Placement::Workers)?;
+        let external_id = server.bind("external", external_listener, Placement::Workers)?;
+        let metrics = TunnelMetrics::register(&mut registry, workers);
+        let node = NodeShared::new(tunnel, agent_listener, external_listener, metrics)?;
+        registry.register_collector(Box::new(NodeCollector(node.clone())));
+        server.serve(agent_id, AgentEndpoint { node: node.clone() });
+        server.serve(external_id, ExternalEndpoint { node });
+    }
+    // The demo's echo backend, and the agent pointed at this node.
+    if let Mode::Up(_) = &mode {
+        let mut backend_listener = config.listeners.admin.clone();
+        backend_listener.address.set_port(0);
+        let backend = server.bind("demo-backend", &backend_listener, Placement::Workers)?;
+        server.serve(backend, EchoBackend);
+        let agent_address = server
+            .addresses()
+            .into_iter()
+            .find(|(name, _)| name == "agent")
+            .map(|(_, address)| address)
+            .context("the demo needs the agent listener")?;
+        let backend_address = server.local_addr(backend);
+        if let Some(agent) = config.agent.as_mut() {
+            crate::demo::UpDemo::wire_agent(agent, agent_address, backend_address);
+        }
+    }
+    // The agent role.
+    if let Some(agent) = config.agent.clone() {
+        let metrics = AgentMetrics::register(&mut registry);
+        server.spawn_background(AgentTask::new(agent, metrics)?);
+    }
+
     server.register_metrics(&mut registry);
     let admin_metrics = AdminMetrics::register(&mut registry);
     server.serve(
@@ -101,7 +145,6 @@ fn run(config: &Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow::Re
     );
 
     let addresses = server.addresses();
-    let workers = server.options().workers;
     let running = server.start()?;
     for (name, address) in &addresses {
         tracing::info!(listener = %name, %address, "listening");
@@ -111,14 +154,15 @@ fn run(config: &Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow::Re
         write_addresses(path, &addresses)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
-    if mode == Mode::Up {
-        print_banner(workers, &selection.driver.to_string(), &addresses);
+    if let Mode::Up(demo) = &mode {
+        print_banner(workers, &selection.driver.to_string(), &addresses, demo);
     }
 
     let signal = signals.wait(lifecycle);
     tracing::info!(signal, drain_timeout = ?config.runtime.drain_timeout, "stopping: no new connections, draining in-flight work");
     let report = running.shutdown();
     tracing::info!(elapsed = ?report.elapsed, connections_cut = report.connections_cut, "stopped");
+    drop(mode);
     Ok(())
 }
 
@@ -136,27 +180,54 @@ fn write_addresses(
     std::fs::rename(&temporary, path)
 }
 
-fn print_banner(workers: usize, driver: &str, addresses: &[(String, std::net::SocketAddr)]) {
-    let admin = addresses
-        .iter()
-        .find(|(name, _)| name == "admin")
-        .map(|(_, address)| *address);
+fn print_banner(
+    workers: usize,
+    driver: &str,
+    addresses: &[(String, SocketAddr)],
+    demo: &crate::demo::UpDemo,
+) {
+    let find = |listener: &str| {
+        addresses
+            .iter()
+            .find(|(name, _)| name == listener)
+            .map(|(_, address)| *address)
+    };
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
         out,
         "Sluice {VERSION} is up: {workers} data-plane worker(s) on the {driver} driver.\n"
     );
+    let describe = |name: &str| match name {
+        "admin" => "/metrics /healthz /readyz",
+        "agent" => "agents open reverse tunnels here",
+        "external" => "clients call agents here (gRPC, JWT HS256, iss=gitlab aud=gitlab-kas)",
+        "demo-backend" => "gRPC echo backend, reached through the tunnel of agent 1",
+        _ => "",
+    };
     for (name, address) in addresses {
-        let _ = writeln!(out, "  {name:<8} http://{address}");
+        let _ = writeln!(out, "  {name:<13} {address:<22} {}", describe(name));
     }
-    if let Some(admin) = admin {
+    let _ = writeln!(
+        out,
+        "\nA demo agent (id {}) is connected to this node through its own tunnels.",
+        crate::demo::DEMO_AGENT_ID
+    );
+    if let Some(admin) = find("admin") {
         let _ = writeln!(out, "\nTry it:");
         let _ = writeln!(out, "  curl http://{admin}/metrics    # Prometheus metrics");
         let _ = writeln!(
             out,
             "  curl http://{admin}/readyz     # 200 when ready, 503 while draining"
         );
-        let _ = writeln!(out, "  curl http://{admin}/healthz");
+    }
+    if let Some(external) = find("external") {
+        let _ = writeln!(
+            out,
+            "  .venv/bin/python scripts/tunnel_client.py --node {external} --agent-id {} --jwt-secret-file {} hello",
+            crate::demo::DEMO_AGENT_ID,
+            demo.jwt_secret_file.display()
+        );
+        let _ = writeln!(out, "    (calls the echo backend through the tunnel; needs grpcio and PyJWT: scripts/test.sh creates .venv)");
     }
     let _ = writeln!(out, "\nPress Ctrl-C to stop.");
     let _ = out.flush();

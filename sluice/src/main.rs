@@ -2,6 +2,7 @@
 
 mod cli;
 mod daemon;
+mod demo;
 mod logging;
 
 use std::process::ExitCode;
@@ -13,6 +14,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
+    let addresses_file = cli.addresses_file.as_deref();
     match cli.command {
         cli::Command::CheckConfig { file } => match sluice_config::load_file(&file) {
             Ok(_) => {
@@ -25,31 +27,39 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        cli::Command::Run { config, runtime } => {
-            let loaded = sluice_config::load_file(&config);
-            daemon::run_with(
-                loaded,
-                &runtime,
-                cli.addresses_file.as_deref(),
-                daemon::Mode::Run,
-            )
+        cli::Command::Run { config, runtime } => daemon::run_with(
+            sluice_config::load_file(&config),
+            &runtime,
+            addresses_file,
+            daemon::Mode::Run,
+        ),
+        cli::Command::Agent { config, runtime } => {
+            let loaded = sluice_config::load_file(&config).and_then(|loaded| {
+                if loaded.agent.is_some() {
+                    Ok(loaded)
+                } else {
+                    Err(sluice_config::ConfigError {
+                        origin: config.display().to_string(),
+                        errors: vec![sluice_config::FieldError::new(
+                            "agent",
+                            "`sluice agent` needs an agent section",
+                        )],
+                    })
+                }
+            });
+            daemon::run_with(loaded, &runtime, addresses_file, daemon::Mode::Run)
         }
         cli::Command::Up {
             runtime,
             ephemeral_ports,
-        } => {
-            let loaded = sluice_config::Config::embedded_defaults().map(|mut config| {
-                if ephemeral_ports {
-                    config.listeners.admin.address.set_port(0);
-                }
-                config
-            });
-            daemon::run_with(
-                loaded,
-                &runtime,
-                cli.addresses_file.as_deref(),
-                daemon::Mode::Up,
-            )
-        }
+        } => match demo::UpDemo::prepare(ephemeral_ports) {
+            Ok((config, demo)) => {
+                daemon::run_with(Ok(config), &runtime, addresses_file, daemon::Mode::Up(demo))
+            }
+            Err(error) => {
+                eprintln!("sluice up: {error:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }

@@ -33,6 +33,17 @@ pub trait HandlerFactory: Send + Sync + 'static {
     fn create(&self, worker: &WorkerContext) -> Rc<dyn ConnectionHandler>;
 }
 
+/// Work that is not driven by a listener (the agent's tunnel pool, for example). Runs on data
+/// worker 0 from start-up; `stop` fires when the process starts draining, and the task gets the
+/// drain timeout to finish.
+pub trait BackgroundTask: Send + Sync + 'static {
+    fn run(
+        &self,
+        worker: &WorkerContext,
+        stop: Arc<StopSignal>,
+    ) -> Pin<Box<dyn Future<Output = ()>>>;
+}
+
 /// State shared by every connection of one listener on one worker.
 #[derive(Debug)]
 pub(crate) struct ListenerShared {

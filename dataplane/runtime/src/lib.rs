@@ -23,7 +23,9 @@ mod worker;
 
 pub use driver::{select_driver, Driver, DriverSelection};
 pub use error::RuntimeError;
-pub use handler::{ConnectionContext, ConnectionHandler, HandlerFactory, WorkerContext};
+pub use handler::{
+    BackgroundTask, ConnectionContext, ConnectionHandler, HandlerFactory, WorkerContext,
+};
 pub use lifecycle::{Lifecycle, Phase, StopSignal};
 pub use listener::{ListenerId, Placement};
 pub use server::{RunningServer, RuntimeOptions, ServerBuilder, ShutdownReport};

@@ -41,6 +41,7 @@ pub struct ServerBuilder {
     options: RuntimeOptions,
     lifecycle: Arc<Lifecycle>,
     listeners: Vec<DeclaredListener>,
+    background: Vec<Arc<dyn crate::BackgroundTask>>,
 }
 
 impl std::fmt::Debug for ServerBuilder {
@@ -61,7 +62,13 @@ impl ServerBuilder {
             },
             lifecycle,
             listeners: Vec::new(),
+            background: Vec::new(),
         }
+    }
+
+    /// Runs a task on data worker 0 for the life of the process.
+    pub fn spawn_background(&mut self, task: impl crate::BackgroundTask) {
+        self.background.push(Arc::new(task));
     }
 
     pub fn options(&self) -> &RuntimeOptions {
@@ -140,6 +147,7 @@ impl ServerBuilder {
             options,
             lifecycle,
             listeners,
+            mut background,
         } = self;
         let mut per_worker: Vec<Vec<WorkerListener>> =
             (0..options.workers).map(|_| Vec::new()).collect();
@@ -167,30 +175,41 @@ impl ServerBuilder {
 
         let (started_tx, started_rx) = mpsc::channel();
         let mut threads = Vec::new();
-        let spawn =
-            |name: String, index: usize, listeners, stop: Arc<StopSignal>, drain_timeout| {
-                let spec = WorkerSpec {
-                    thread_name: name.clone(),
-                    index,
-                    driver: options.driver.driver,
-                    uring_entries: options.uring_entries,
-                    listeners,
-                    lifecycle: lifecycle.clone(),
-                    stop,
-                    drain_timeout,
-                    started: started_tx.clone(),
-                };
-                std::thread::Builder::new()
-                    .name(name.clone())
-                    .spawn(move || worker::run(spec))
-                    .map_err(|source| RuntimeError::Spawn { name, source })
+        let spawn = |name: String,
+                     index: usize,
+                     listeners,
+                     background,
+                     stop: Arc<StopSignal>,
+                     drain_timeout| {
+            let spec = WorkerSpec {
+                thread_name: name.clone(),
+                index,
+                driver: options.driver.driver,
+                uring_entries: options.uring_entries,
+                listeners,
+                background,
+                lifecycle: lifecycle.clone(),
+                stop,
+                drain_timeout,
+                started: started_tx.clone(),
             };
+            std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || worker::run(spec))
+                .map_err(|source| RuntimeError::Spawn { name, source })
+        };
         for (index, listeners) in per_worker.into_iter().enumerate() {
             let name = format!("sluice-worker-{index}");
+            let background = if index == 0 {
+                std::mem::take(&mut background)
+            } else {
+                Vec::new()
+            };
             threads.push(spawn(
                 name,
                 index,
                 listeners,
+                background,
                 lifecycle.drain.clone(),
                 options.drain_timeout,
             )?);
@@ -203,6 +222,7 @@ impl ServerBuilder {
                 "sluice-admin".to_string(),
                 0,
                 dedicated,
+                Vec::new(),
                 dedicated_stop.clone(),
                 DEDICATED_DRAIN,
             )?)

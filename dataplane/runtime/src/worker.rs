@@ -87,6 +87,7 @@ pub(crate) struct WorkerSpec {
     pub(crate) driver: Driver,
     pub(crate) uring_entries: u32,
     pub(crate) listeners: Vec<WorkerListener>,
+    pub(crate) background: Vec<Arc<dyn crate::BackgroundTask>>,
     pub(crate) lifecycle: Arc<Lifecycle>,
     pub(crate) stop: Arc<StopSignal>,
     pub(crate) drain_timeout: Duration,
@@ -145,7 +146,13 @@ async fn serve(spec: WorkerSpec) -> usize {
             listener.max_connections,
         )));
     }
+    let background: Vec<_> = spec
+        .background
+        .iter()
+        .map(|task| monoio::spawn(task.run(&worker, spec.stop.clone())))
+        .collect();
     let _ = spec.started.send((spec.thread_name.clone(), Ok(())));
+    spec.stop.wait().await;
     for accept_loop in accept_loops {
         accept_loop.await;
     }
@@ -155,8 +162,14 @@ async fn serve(spec: WorkerSpec) -> usize {
     if open.open.get() > 0 {
         tracing::info!(worker = %spec.thread_name, open = open.open.get(), "draining connections");
     }
+    let finished = async {
+        open.wait_below(1).await;
+        for task in background {
+            task.await;
+        }
+    };
     let cut = monoio::select! {
-        _ = open.wait_below(1) => 0,
+        _ = finished => 0,
         _ = monoio::time::sleep_until(deadline) => {
             let cut = open.open.get();
             tracing::warn!(worker = %spec.thread_name, cut, timeout = ?spec.drain_timeout, "drain deadline passed; closing remaining connections");

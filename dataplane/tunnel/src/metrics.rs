@@ -1,0 +1,122 @@
+//! Tunnel metrics. Hot-path counters are per-core (`sluice-metrics`); labelled families are
+//! looked up once per (method, code) per core and cached by the handler.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::registry::Registry;
+use sluice_grpc::Code;
+use sluice_metrics::{PerCoreCounter, PerCoreGauge, PerCoreHistogram};
+
+/// Distinct method names given their own label; later ones are counted as "other" so a caller
+/// cannot grow the metric set without bound.
+const MAX_METHOD_LABELS: usize = 100;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    method: String,
+    code: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AuthLabels {
+    endpoint: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone)]
+struct PerCore(usize);
+
+impl MetricConstructor<PerCoreCounter> for PerCore {
+    fn new_metric(&self) -> PerCoreCounter {
+        PerCoreCounter::new(self.0)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct TunnelMetrics {
+    requests: Family<CallLabels, PerCoreCounter, PerCore>,
+    auth_failures: Family<AuthLabels, Counter>,
+    pub tunnels_connected: PerCoreGauge,
+    pub request_duration: PerCoreHistogram,
+    pub wait_duration: PerCoreHistogram,
+    pub protocol_errors: PerCoreCounter,
+    methods: Arc<Mutex<HashSet<String>>>,
+}
+
+impl TunnelMetrics {
+    pub fn register(registry: &mut Registry, workers: usize) -> Self {
+        let metrics = Self {
+            requests: Family::new_with_constructor(PerCore(workers)),
+            auth_failures: Family::default(),
+            tunnels_connected: PerCoreGauge::new(workers),
+            request_duration: PerCoreHistogram::new(workers, PerCoreHistogram::latency_bounds()),
+            wait_duration: PerCoreHistogram::new(workers, PerCoreHistogram::latency_bounds()),
+            protocol_errors: PerCoreCounter::new(workers),
+            methods: Arc::default(),
+        };
+        registry.register(
+            "sluice_tunnel_requests",
+            "Calls relayed through tunnels (and refused before), by gRPC method and status code",
+            metrics.requests.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_auth_failures",
+            "Refused credentials, by endpoint (agent, external) and reason",
+            metrics.auth_failures.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_connected_tunnels",
+            "Tunnels open from agents to this node, idle or carrying a call",
+            metrics.tunnels_connected.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_request_duration_seconds",
+            "Time from a call's arrival to its last byte relayed",
+            metrics.request_duration.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_wait_duration_seconds",
+            "Time calls waited for a free tunnel of their agent",
+            metrics.wait_duration.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_protocol_errors",
+            "Malformed frames or messages from agents or clients",
+            metrics.protocol_errors.clone(),
+        );
+        metrics
+    }
+
+    /// The counter for one (method, code); callers cache it per core.
+    pub fn requests(&self, method: &str, code: Code) -> PerCoreCounter {
+        let method = {
+            let mut methods = self
+                .methods
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if methods.contains(method)
+                || (methods.len() < MAX_METHOD_LABELS && methods.insert(method.to_string()))
+            {
+                method.to_string()
+            } else {
+                "other".to_string()
+            }
+        };
+        self.requests
+            .get_or_create(&CallLabels {
+                method,
+                code: code.name(),
+            })
+            .clone()
+    }
+
+    pub fn auth_failure(&self, endpoint: &'static str, reason: &'static str) {
+        self.auth_failures
+            .get_or_create(&AuthLabels { endpoint, reason })
+            .inc();
+    }
+}
