@@ -103,6 +103,25 @@ fn up_prints_endpoints_serves_metrics_and_stops_on_ctrl_c() {
         metrics.contains("sluice_build_info{version=\"0.1.0\",driver=\"io_uring\"} 1"),
         "{metrics}"
     );
+    // The printed tunnel command works as printed: grpcio + PyJWT through node, tunnel and agent
+    // to the demo echo backend.
+    let command = stdout
+        .lines()
+        .find(|line| line.contains("scripts/tunnel_client.py"))
+        .expect("a tunnel client command is printed")
+        .trim()
+        .to_string();
+    let mut words = command.split_whitespace();
+    assert_eq!(words.next(), Some(".venv/bin/python"));
+    let python = test_support::python();
+    assert!(test_support::wait_until(Duration::from_secs(10), || {
+        let output = Command::new(&python)
+            .args(words.clone())
+            .current_dir(test_support::workspace_root())
+            .output()
+            .expect("python");
+        String::from_utf8_lossy(&output.stdout).trim() == "hello"
+    }));
     let (code, body) = curl(&format!("http://{admin}/readyz"));
     assert_eq!((code.as_str(), body.as_str()), ("200", "ready\n"));
 

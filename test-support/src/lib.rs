@@ -2,6 +2,7 @@
 //! sockets, certificates) on loopback and cleans them up on drop; nothing is a mock.
 
 mod certs;
+mod grpc;
 mod http;
 mod process;
 mod redis;
@@ -9,6 +10,7 @@ mod seccomp;
 mod wait;
 
 pub use certs::{Certificates, ClientCert};
+pub use grpc::{spawn_tunnel_client, tunnel_client, GrpcBackend};
 pub use http::{http_get, HttpResponse};
 pub use process::{SluiceLauncher, SluiceProcess};
 pub use redis::RedisServer;

@@ -571,39 +571,55 @@ async fn forward(
                 }),
             );
             end_tunnel(&mut node_send);
+            await_node_close(&mut node_recv).await;
             return;
         }
     };
 
     let limit = config.max_message_bytes;
-    // Node -> backend: Message* then CloseSend.
+    // Node -> backend: Message* then CloseSend; after that, keep listening to the tunnel so a
+    // reset from the node (the client cancelled, or its deadline passed) cancels the backend call.
     let up = async {
+        // A backend may answer and close its stream before reading all of the request (a unary
+        // server replies as soon as it has the message); from then on the rest of the request
+        // has nowhere to go and is dropped, while the response still flows down.
+        let mut backend_open = true;
         loop {
             match next_node_message(&mut node_recv, &mut reader).await {
                 Ok(Some(connect_response::Msg::Message(message))) => {
-                    let prefix = Bytes::copy_from_slice(&message_header(
-                        message.compressed,
-                        message.data.len(),
-                    ));
-                    send_data(&mut backend_send, prefix, false)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    send_data(&mut backend_send, message.data, false)
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    if backend_open {
+                        let prefix = Bytes::copy_from_slice(&message_header(
+                            message.compressed,
+                            message.data.len(),
+                        ));
+                        backend_open = send_data(&mut backend_send, prefix, false).await.is_ok()
+                            && send_data(&mut backend_send, message.data, false)
+                                .await
+                                .is_ok();
+                    }
                 }
                 Ok(Some(connect_response::Msg::CloseSend(_))) => {
-                    send_data(&mut backend_send, Bytes::new(), true)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    return Ok::<(), String>(());
+                    if backend_open {
+                        let _ = send_data(&mut backend_send, Bytes::new(), true).await;
+                    }
+                    break;
                 }
                 Ok(Some(connect_response::Msg::RequestInfo(_))) => {
                     return Err("a second RequestInfo".to_string())
                 }
                 // The node ended or reset the tunnel: the client went away (cancel).
                 Ok(None) => return Err("the node closed the tunnel".to_string()),
-                Err(why) => return Err(why),
+                Err(why) => return Err(format!("the node reset the tunnel: {why}")),
+            }
+        }
+        loop {
+            match recv_data(&mut node_recv).await {
+                Some(Ok(_)) => {}
+                Some(Err(why)) => {
+                    return Err::<(), String>(format!("the node reset the tunnel: {why}"))
+                }
+                // The node finished its side: the call is over; the backend side ends by itself.
+                None => std::future::pending::<()>().await,
             }
         }
     };
@@ -656,29 +672,15 @@ async fn forward(
         Ok(())
     };
     let outcome = {
-        let mut up = std::pin::pin!(up);
-        let mut down = std::pin::pin!(down);
-        let mut up_done = false;
-        loop {
-            monoio::select! {
-                sent = &mut up, if !up_done => match sent {
-                    Ok(()) => up_done = true,
-                    Err(why) => break Err(why),
-                },
-                received = &mut down => break received,
-            }
+        monoio::select! {
+            sent = up => sent,
+            received = down => received,
         }
     };
     match outcome {
         Ok(()) => {
             end_tunnel(&mut node_send);
-            // Wait for the node to close its side (it answers the Trailer with its own trailers).
-            // Dropping the stream earlier would reset it, and a reset can overtake the Trailer.
-            let _ = monoio::time::timeout(Duration::from_secs(10), async {
-                while let Some(Ok(_)) = recv_data(&mut node_recv).await {}
-                let _ = poll_fn(|cx| node_recv.poll_trailers(cx)).await;
-            })
-            .await;
+            await_node_close(&mut node_recv).await;
         }
         Err(why) => {
             tracing::debug!(method = %info.method_name, %why, "call ended early; cancelling both sides");
@@ -692,9 +694,21 @@ async fn forward(
                     }),
                 );
                 end_tunnel(&mut node_send);
+                await_node_close(&mut node_recv).await;
             }
         }
     }
+}
+
+/// Waits for the node to close its side of the tunnel (it answers our Trailer or Error with its
+/// own trailers). Dropping the stream earlier would reset it, and a reset can overtake the last
+/// message on the wire.
+async fn await_node_close(node_recv: &mut RecvStream) {
+    let _ = monoio::time::timeout(Duration::from_secs(10), async {
+        while let Some(Ok(_)) = recv_data(node_recv).await {}
+        let _ = poll_fn(|cx| node_recv.poll_trailers(cx)).await;
+    })
+    .await;
 }
 
 /// A Trailer from the backend's trailers (or trailers-only headers).

@@ -1,0 +1,161 @@
+//! A node, agents and a grpcio backend as real processes, for the tunnel tests.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use test_support::{http_get, wait_until, Certificates, SluiceLauncher, SluiceProcess};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// The JWT secret and agent tokens of a test cluster, as files.
+pub struct Secrets {
+    pub dir: tempfile::TempDir,
+    pub jwt_secret: PathBuf,
+    pub tokens: BTreeMap<i64, (String, PathBuf)>,
+}
+
+impl Secrets {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let jwt_secret = dir.path().join("jwt.secret");
+        std::fs::write(&jwt_secret, "test-secret-0123456789abcdef0123456789\n").unwrap();
+        let mut tokens = BTreeMap::new();
+        for agent in [7i64, 8] {
+            // Unique per Secrets (its temporary directory's name), so two clusters never share tokens.
+            let unique = dir
+                .path()
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .to_string();
+            let token = format!("agent-{agent}-token-{unique}");
+            let file = dir.path().join(format!("agent-{agent}.token"));
+            std::fs::write(&file, &token).unwrap();
+            tokens.insert(agent, (token, file));
+        }
+        Self {
+            dir,
+            jwt_secret,
+            tokens,
+        }
+    }
+
+    pub fn token(&self, agent: i64) -> &str {
+        &self.tokens[&agent].0
+    }
+}
+
+fn tls_block(certs: Option<&Certificates>) -> String {
+    match certs {
+        Some(certs) => format!(
+            ", tls: {{cert_file: '{}', key_file: '{}'}}",
+            certs.server_cert.display(),
+            certs.server_key.display()
+        ),
+        None => String::new(),
+    }
+}
+
+pub fn start_node(
+    secrets: &Secrets,
+    max_wait: &str,
+    max_message_bytes: usize,
+    tls: Option<&Certificates>,
+) -> SluiceProcess {
+    let agents: String = secrets
+        .tokens
+        .iter()
+        .map(|(id, (token, _))| {
+            format!(
+                "    - {{id: {id}, token_sha256: '{}'}}\n",
+                hex::encode(Sha256::digest(token.as_bytes()))
+            )
+        })
+        .collect();
+    let yaml = format!(
+        "runtime: {{workers: 2, drain_timeout: 2s}}\n\
+         listeners:\n  admin: {{address: '127.0.0.1:0'}}\n  agent: {{address: '127.0.0.1:0'{tls}}}\n  external: {{address: '127.0.0.1:0'{tls}}}\n\
+         tunnel:\n  node_name: test-node\n  max_wait: {max_wait}\n  max_message_bytes: {max_message_bytes}\n  agents:\n{agents}  jwt: {{secret_file: '{}'}}\n",
+        secrets.jwt_secret.display(),
+        tls = tls_block(tls),
+    );
+    let launcher = SluiceLauncher::new(BIN).unwrap();
+    let config = launcher.write_file("node.yaml", &yaml).unwrap();
+    launcher
+        .arg("run")
+        .arg("--config")
+        .arg(config)
+        .spawn()
+        .expect("node starts")
+}
+
+pub fn start_agent(
+    secrets: &Secrets,
+    agent: i64,
+    node: &SluiceProcess,
+    backend: SocketAddr,
+    pool_max: usize,
+    ca: Option<&Path>,
+) -> SluiceProcess {
+    let scheme = if ca.is_some() { "https" } else { "http" };
+    let node_address = node.address("agent");
+    let node_url = match ca {
+        Some(_) => format!("{scheme}://localhost:{}", node_address.port()),
+        None => format!("{scheme}://{node_address}"),
+    };
+    let ca_line = ca
+        .map(|ca| format!("  ca_file: '{}'\n", ca.display()))
+        .unwrap_or_default();
+    let yaml = format!(
+        "runtime: {{workers: 1, drain_timeout: 2s}}\n\
+         listeners:\n  admin: {{address: '127.0.0.1:0'}}\n\
+         agent:\n  token_file: '{}'\n  nodes: ['{node_url}']\n{ca_line}  forward_to: 'http://{backend}'\n  pool: {{min_idle: 2, max: {pool_max}, grow_by: 10}}\n  reconnect: {{initial_backoff: 100ms, max_backoff: 1s}}\n",
+        secrets.tokens[&agent].1.display()
+    );
+    let launcher = SluiceLauncher::new(BIN).unwrap();
+    let config = launcher.write_file("agent.yaml", &yaml).unwrap();
+    launcher
+        .arg("agent")
+        .arg("--config")
+        .arg(config)
+        .spawn()
+        .expect("agent starts")
+}
+
+/// The value of one metric series on a process's admin endpoint.
+pub fn metric(process: &SluiceProcess, series: &str) -> Option<f64> {
+    let text = http_get(process.address("admin"), "/metrics").ok()?.body;
+    text.lines().find_map(|line| {
+        line.strip_prefix(series)
+            .and_then(|rest| rest.trim().parse().ok())
+    })
+}
+
+pub fn wait_for_idle_tunnels(node: &SluiceProcess, at_least: f64) {
+    assert!(
+        wait_until(Duration::from_secs(20), || metric(
+            node,
+            "sluice_tunnel_idle_tunnels"
+        )
+        .unwrap_or(0.0)
+            >= at_least),
+        "no idle tunnels on the node; stderr:\n{}",
+        node.stderr()
+    );
+}
+
+/// Arguments for `tunnel_client.py` pointed at a node.
+pub fn client_args(node: &SluiceProcess, secrets: &Secrets, agent: i64) -> Vec<String> {
+    vec![
+        "--node".into(),
+        node.address("external").to_string(),
+        "--agent-id".into(),
+        agent.to_string(),
+        "--secret-file".into(),
+        secrets.jwt_secret.display().to_string(),
+    ]
+}
