@@ -653,7 +653,7 @@ impl ExternalHandler {
             .wait_duration
             .observe(conn.worker(), waited.elapsed().as_secs_f64());
         let Route::Local(tunnel) = route;
-        self.relay(tunnel, &mut body, respond, deadline, agent)
+        self.relay(tunnel, &mut body, respond, deadline, agent, conn.worker())
             .await
     }
 
@@ -664,6 +664,7 @@ impl ExternalHandler {
         respond: SendResponse<Bytes>,
         deadline: Option<Instant>,
         agent: AgentId,
+        worker: usize,
     ) -> Code {
         let limit = self.node.max_message_bytes;
         let mut responder = Responder {
@@ -713,7 +714,7 @@ impl ExternalHandler {
                     ),
                     Some(Fault::ClientGone) => return Code::Cancelled,
                     Some(Fault::ClientProtocol(code, message)) => {
-                        self.node.metrics.protocol_errors.inc(0);
+                        self.node.metrics.protocol_errors.inc(worker);
                         (code, message)
                     }
                     Some(Fault::AgentGone(why)) => (
@@ -721,7 +722,7 @@ impl ExternalHandler {
                         format!("agent {agent} went away in the middle of the call: {why}"),
                     ),
                     Some(Fault::AgentProtocol(why)) => {
-                        self.node.metrics.protocol_errors.inc(0);
+                        self.node.metrics.protocol_errors.inc(worker);
                         (
                             Code::Internal,
                             format!("agent {agent} broke the tunnel protocol: {why}"),
