@@ -11,10 +11,19 @@ use serde_json::Value;
 use test_support::{spawn_tunnel_client, tunnel_client, Certificates, GrpcBackend};
 
 #[test]
-fn calls_of_every_shape_cross_the_tunnel() {
+fn calls_of_every_shape_cross_the_tunnel_on_io_uring() {
+    calls_of_every_shape("uring");
+}
+
+#[test]
+fn calls_of_every_shape_cross_the_tunnel_on_legacy() {
+    calls_of_every_shape("legacy");
+}
+
+fn calls_of_every_shape(driver: &str) {
     let secrets = Secrets::new();
     let backend = GrpcBackend::start().expect("grpc backend");
-    let node = start_node(&secrets, "20s", 32 * 1024 * 1024, None);
+    let node = common::start_node_on(&secrets, "20s", 32 * 1024 * 1024, None, driver);
     let _agent = start_agent(&secrets, 7, &node, backend.address, 20, None);
     wait_for_idle_tunnels(&node, 2.0);
 

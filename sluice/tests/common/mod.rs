@@ -66,6 +66,17 @@ pub fn start_node(
     max_message_bytes: usize,
     tls: Option<&Certificates>,
 ) -> SluiceProcess {
+    start_node_on(secrets, max_wait, max_message_bytes, tls, "auto")
+}
+
+/// A node on a given I/O driver (`auto`, `uring`, `legacy`).
+pub fn start_node_on(
+    secrets: &Secrets,
+    max_wait: &str,
+    max_message_bytes: usize,
+    tls: Option<&Certificates>,
+    driver: &str,
+) -> SluiceProcess {
     let agents: String = secrets
         .tokens
         .iter()
@@ -77,7 +88,7 @@ pub fn start_node(
         })
         .collect();
     let yaml = format!(
-        "runtime: {{workers: 2, drain_timeout: 2s}}\n\
+        "runtime: {{workers: 2, drain_timeout: 2s, driver: {driver}}}\n\
          listeners:\n  admin: {{address: '127.0.0.1:0'}}\n  agent: {{address: '127.0.0.1:0'{tls}}}\n  external: {{address: '127.0.0.1:0'{tls}}}\n\
          tunnel:\n  node_name: test-node\n  max_wait: {max_wait}\n  max_message_bytes: {max_message_bytes}\n  agents:\n{agents}  jwt: {{secret_file: '{}'}}\n",
         secrets.jwt_secret.display(),
