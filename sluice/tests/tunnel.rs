@@ -1,6 +1,8 @@
 //! The reverse tunnel end to end with real processes: `sluice run` (node), `sluice agent`, a
 //! Python grpcio backend behind the agent and Python grpcio + PyJWT clients.
 
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use std::io::{BufRead, BufReader};
