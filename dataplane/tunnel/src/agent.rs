@@ -27,9 +27,7 @@ use sluice_proto::tunnel::v1::{
 use sluice_runtime::{BackgroundTask, StopSignal, WorkerContext};
 
 use crate::node::{AGENT_VERSION_HEADER, CONNECTION_ID_HEADER, CONNECT_PATH};
-use crate::wire::{
-    data_frame, frame, metadata_from_headers, metadata_into_headers, TunnelReader, WireError,
-};
+use crate::wire::{data_frame, frame, metadata_from_headers, metadata_into_headers, TunnelReader};
 
 /// Agent metrics (the agent runs its tunnels on one worker).
 #[derive(Debug, Clone)]
@@ -419,7 +417,7 @@ async fn run_tunnel(
     let first = {
         let _idle = IdleMark::new(pool, &agent.task.metrics);
         monoio::select! {
-            message = next_node_message(&mut recv, &mut reader) => Some(message),
+            message = reader.read_response(&mut recv) => Some(message),
             _ = monoio::time::sleep(config.pool.idle_timeout) => None,
             _ = stop.wait() => None,
         }
@@ -435,33 +433,11 @@ async fn run_tunnel(
         Some(Ok(Some(_))) => {
             return TunnelEnd::Broken("the node sent a message before RequestInfo".to_string())
         }
-        Some(Err(why)) => return TunnelEnd::Broken(why),
+        Some(Err(why)) => return TunnelEnd::Broken(why.to_string()),
     };
     agent.task.metrics.requests.inc(0);
     forward(agent, info, recv, reader, send).await;
     TunnelEnd::Closed
-}
-
-/// Reads the next node -> agent message. `Ok(None)`: the node ended the stream.
-async fn next_node_message(
-    recv: &mut RecvStream,
-    reader: &mut TunnelReader,
-) -> Result<Option<connect_response::Msg>, String> {
-    loop {
-        if let Some(message) = reader.next_response().map_err(|error| error.to_string())? {
-            return Ok(Some(message));
-        }
-        match recv_data(recv).await {
-            Some(Ok(chunk)) => reader.push(chunk),
-            Some(Err(error)) => return Err(error.to_string()),
-            None => {
-                reader
-                    .finish()
-                    .map_err(|error: WireError| error.to_string())?;
-                return Ok(None);
-            }
-        }
-    }
 }
 
 impl AgentShared {
@@ -585,7 +561,7 @@ async fn forward(
         // has nowhere to go and is dropped, while the response still flows down.
         let mut backend_open = true;
         loop {
-            match next_node_message(&mut node_recv, &mut reader).await {
+            match reader.read_response(&mut node_recv).await {
                 Ok(Some(connect_response::Msg::Message(message))) => {
                     if backend_open {
                         let prefix = Bytes::copy_from_slice(&message_header(

@@ -39,7 +39,7 @@ use crate::auth::{AgentTokens, JwtValidator};
 use crate::metrics::TunnelMetrics;
 use crate::registry::{AgentId, ConnectionRegistry};
 use crate::wire::{
-    data_frame, frame, metadata_from_headers, metadata_into_headers, TunnelReader, WireError,
+    data_frame, frame, metadata_from_headers, metadata_into_headers, ReadError, TunnelReader,
 };
 
 pub const CONNECT_PATH: &str = "/sluice.tunnel.v1.ReverseTunnel/Connect";
@@ -309,32 +309,6 @@ fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|value| value.to_str().ok())
 }
 
-/// Reads the next agent -> node message, pulling DATA frames as needed. `Ok(None)`: end of stream.
-async fn next_agent_message(
-    recv: &mut RecvStream,
-    reader: &mut TunnelReader,
-) -> Result<Option<connect_request::Msg>, AgentFault> {
-    loop {
-        if let Some(message) = reader.next_request().map_err(AgentFault::Protocol)? {
-            return Ok(Some(message));
-        }
-        match recv_data(recv).await {
-            Some(Ok(chunk)) => reader.push(chunk),
-            Some(Err(error)) => return Err(AgentFault::Gone(error.to_string())),
-            None => {
-                reader.finish().map_err(AgentFault::Protocol)?;
-                return Ok(None);
-            }
-        }
-    }
-}
-
-#[derive(Debug)]
-enum AgentFault {
-    Protocol(WireError),
-    Gone(String),
-}
-
 async fn accept_tunnel(
     node: Arc<NodeShared>,
     conn: ConnectionContext,
@@ -367,11 +341,7 @@ async fn accept_tunnel(
         .to_string();
     let mut recv = request.into_body();
     let mut reader = TunnelReader::new(node.max_message_bytes);
-    let first = monoio::time::timeout(
-        DESCRIPTOR_TIMEOUT,
-        next_agent_message(&mut recv, &mut reader),
-    )
-    .await;
+    let first = monoio::time::timeout(DESCRIPTOR_TIMEOUT, reader.read_request(&mut recv)).await;
     match first {
         Ok(Ok(Some(connect_request::Msg::Descriptor(_)))) => {}
         Ok(Ok(Some(_))) => {
@@ -383,8 +353,8 @@ async fn accept_tunnel(
             );
             return;
         }
-        Ok(Ok(None)) | Ok(Err(AgentFault::Gone(_))) => return,
-        Ok(Err(AgentFault::Protocol(error))) => {
+        Ok(Ok(None)) | Ok(Err(ReadError::Gone(_))) => return,
+        Ok(Err(ReadError::Protocol(error))) => {
             node.metrics.protocol_errors.inc(conn.worker());
             respond_status(&mut respond, Code::InvalidArgument, &error.to_string());
             return;
@@ -820,13 +790,13 @@ async fn pump_down(
 ) -> Result<Code, Fault> {
     loop {
         let next = monoio::select! {
-            message = next_agent_message(recv, reader) => Some(message),
+            message = reader.read_request(recv) => Some(message),
             _ = responder.reset() => None,
         };
         let message = match next {
             None => return Err(Fault::ClientGone),
-            Some(Err(AgentFault::Gone(why))) => return Err(Fault::AgentGone(why)),
-            Some(Err(AgentFault::Protocol(error))) => {
+            Some(Err(ReadError::Gone(why))) => return Err(Fault::AgentGone(why)),
+            Some(Err(ReadError::Protocol(error))) => {
                 return Err(Fault::AgentProtocol(error.to_string()))
             }
             Some(Ok(None)) => {

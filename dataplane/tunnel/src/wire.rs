@@ -2,7 +2,9 @@
 //! conversion between HTTP/2 headers and tunnel metadata.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use h2::RecvStream;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
+use sluice_grpc::transport::recv_data;
 use sluice_grpc::{message_header, FrameDecoder, FrameError, MESSAGE_HEADER_LEN};
 use sluice_proto::tunnel::v1::{
     connect_request, connect_response, ConnectRequest, ConnectResponse, MetadataEntry,
@@ -112,6 +114,61 @@ impl TunnelReader {
 
     pub fn finish(&self) -> Result<(), WireError> {
         Ok(self.frames.finish()?)
+    }
+
+    /// Reads the next agent -> node message from `recv`, pulling DATA frames as needed.
+    /// `Ok(None)`: the peer ended the stream cleanly.
+    pub async fn read_request(
+        &mut self,
+        recv: &mut RecvStream,
+    ) -> Result<Option<connect_request::Msg>, ReadError> {
+        self.read_with(recv, Self::next_request).await
+    }
+
+    /// Reads the next node -> agent message from `recv`.
+    pub async fn read_response(
+        &mut self,
+        recv: &mut RecvStream,
+    ) -> Result<Option<connect_response::Msg>, ReadError> {
+        self.read_with(recv, Self::next_response).await
+    }
+
+    async fn read_with<T>(
+        &mut self,
+        recv: &mut RecvStream,
+        next: fn(&mut Self) -> Result<Option<T>, WireError>,
+    ) -> Result<Option<T>, ReadError> {
+        loop {
+            if let Some(message) = next(self).map_err(ReadError::Protocol)? {
+                return Ok(Some(message));
+            }
+            match recv_data(recv).await {
+                Some(Ok(chunk)) => self.push(chunk),
+                Some(Err(error)) => return Err(ReadError::Gone(error.to_string())),
+                None => {
+                    self.finish().map_err(ReadError::Protocol)?;
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
+/// Why reading the tunnel stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadError {
+    /// The peer sent bytes that are not tunnel messages.
+    Protocol(WireError),
+    /// The stream or connection failed (reset, connection lost).
+    Gone(String),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Protocol(error) => error.fmt(f),
+            ReadError::Gone(why) => f.write_str(why),
+        }
     }
 }
 
