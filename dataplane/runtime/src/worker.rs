@@ -117,6 +117,20 @@ async fn serve(spec: WorkerSpec) -> usize {
     let open = Rc::new(ConnectionCount::default());
     let cut_signal = Arc::new(StopSignal::new());
     let mut accept_loops = Vec::with_capacity(spec.listeners.len());
+    let listener_stats: Vec<(Arc<str>, ListenerStats)> = spec
+        .listeners
+        .iter()
+        .map(|listener| (listener.name.clone(), listener.stats.clone()))
+        .collect();
+    // Which listeners still hold connections on this worker, for the drain log.
+    let open_by_listener = || {
+        listener_stats
+            .iter()
+            .filter(|(_, stats)| stats.active.get(spec.index) > 0)
+            .map(|(name, stats)| format!("{name}={}", stats.active.get(spec.index)))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
     for listener in spec.listeners {
         let socket = match TcpListener::from_std(listener.socket) {
             Ok(socket) => socket,
@@ -160,7 +174,7 @@ async fn serve(spec: WorkerSpec) -> usize {
     // refused by the kernel while in-flight ones finish.
     let deadline = monoio::time::Instant::now() + spec.drain_timeout;
     if open.open.get() > 0 {
-        tracing::info!(worker = %spec.thread_name, open = open.open.get(), "draining connections");
+        tracing::info!(worker = %spec.thread_name, open = %open_by_listener(), "draining connections");
     }
     let finished = async {
         open.wait_below(1).await;
@@ -172,12 +186,12 @@ async fn serve(spec: WorkerSpec) -> usize {
         _ = finished => 0,
         _ = monoio::time::sleep_until(deadline) => {
             let cut = open.open.get();
-            tracing::warn!(worker = %spec.thread_name, cut, timeout = ?spec.drain_timeout, "drain deadline passed; closing remaining connections");
+            tracing::warn!(worker = %spec.thread_name, cut, open = %open_by_listener(), timeout = ?spec.drain_timeout, "drain deadline passed; closing remaining connections");
             cut
         }
         _ = spec.lifecycle.abort.wait() => {
             let cut = open.open.get();
-            tracing::warn!(worker = %spec.thread_name, cut, "stop forced; closing remaining connections");
+            tracing::warn!(worker = %spec.thread_name, cut, open = %open_by_listener(), "stop forced; closing remaining connections");
             cut
         }
     };
@@ -187,6 +201,10 @@ async fn serve(spec: WorkerSpec) -> usize {
         cut_signal.fire();
         let _ = monoio::time::timeout(Duration::from_secs(1), open.wait_below(1)).await;
     }
+    // With io_uring a dropped socket is closed by a queued close operation; park the ring once
+    // more so sockets closed in the last moments (client connections of background tasks, for
+    // example) are really closed before the runtime goes away, or their peers would wait.
+    monoio::time::sleep(Duration::from_millis(5)).await;
     cut
 }
 

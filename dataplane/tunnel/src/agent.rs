@@ -127,6 +127,7 @@ impl BackgroundTask for AgentTask {
         let shared = Rc::new(AgentShared {
             task: self.clone(),
             backend: RefCell::new(None),
+            backend_driver: RefCell::new(None),
             settings: H2Settings::default(),
         });
         Box::pin(async move {
@@ -143,6 +144,13 @@ impl BackgroundTask for AgentTask {
             for node_loop in loops {
                 node_loop.await;
             }
+            // Every tunnel has ended: close the backend connection and let its driver finish, so
+            // the socket is closed before this worker's runtime stops running tasks.
+            shared.backend.borrow_mut().take();
+            let driver = shared.backend_driver.borrow_mut().take();
+            if let Some(driver) = driver {
+                let _ = monoio::time::timeout(Duration::from_secs(2), driver).await;
+            }
         })
     }
 }
@@ -151,6 +159,7 @@ struct AgentShared {
     task: AgentTask,
     /// One HTTP/2 connection to the backend, shared by all calls, re-dialled when it dies.
     backend: RefCell<Option<SendRequest<Bytes>>>,
+    backend_driver: RefCell<Option<monoio::task::JoinHandle<()>>>,
     settings: H2Settings,
 }
 
@@ -300,9 +309,26 @@ async fn run_pool(
         monoio::select! {
             _ = changed => {}
             _ = &mut driver => return PoolEnd::Lost,
-            _ = stop.wait() => return PoolEnd::Stopped,
+            _ = stop.wait() => break,
         }
     }
+    // Stopping: every tunnel task sees the stop and closes its stream. Close the connection only
+    // then, and wait for its driver, so the socket is really closed before this worker's runtime
+    // ends (monoio does not run the tasks of a finished runtime, which would leave the node
+    // waiting for this connection until its drain deadline).
+    drop(send_request);
+    let closed = async {
+        while pool.open.get() > 0 {
+            let changed = pool.changed.listen();
+            if pool.open.get() == 0 {
+                break;
+            }
+            changed.await;
+        }
+        driver.await;
+    };
+    let _ = monoio::time::timeout(Duration::from_secs(2), closed).await;
+    PoolEnd::Stopped
 }
 
 #[derive(Debug)]
