@@ -1,0 +1,248 @@
+//! The agent tracker (after kas' `agent_tracker`/`tunnel` registry in Redis): which nodes hold
+//! tunnels of which agent.
+//!
+//! It runs on its own thread with a tokio runtime; data-plane cores talk to it only through
+//! channels ([`TrackerHandle`]) and never wait on Redis per request. Redis is written when an
+//! agent's first connection arrives on this node and, after `unregister_delay`, when its last one
+//! leaves: not per tunnel and not per request. Each node's entry is a hash field whose value
+//! carries its own expiry (the key's TTL alone cannot expire one node's field), refreshed every
+//! `refresh`; a periodic garbage collection removes fields whose expiry has passed (a node that
+//! was killed). Arrivals are published on a pub/sub channel so waiters elsewhere wake at once.
+
+mod arrivals;
+mod metrics;
+mod store;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_channel::oneshot;
+use tokio::sync::mpsc;
+
+pub use arrivals::Arrivals;
+pub use metrics::TrackerMetrics;
+use store::Store;
+pub use store::{NodeEntry, RedisTarget};
+
+/// Agent ids, as in the tunnel.
+pub type AgentId = i64;
+
+/// Why the tracker could not do something.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TrackerError {
+    #[error("redis: {0}")]
+    Redis(String),
+    #[error("the tracker has stopped")]
+    Stopped,
+    #[error("cannot start the tracker thread: {0}")]
+    Thread(String),
+}
+
+impl From<redis::RedisError> for TrackerError {
+    fn from(error: redis::RedisError) -> Self {
+        TrackerError::Redis(error.to_string())
+    }
+}
+
+/// Timings and identity of one node's tracker.
+#[derive(Debug, Clone)]
+pub struct TrackerOptions {
+    /// This node's name: its field in every agent's hash.
+    pub node_name: String,
+    /// Where other nodes reach this node's private endpoint (stored as the field's value).
+    pub private_address: String,
+    pub key_prefix: String,
+    pub ttl: Duration,
+    pub refresh: Duration,
+    pub gc_interval: Duration,
+    pub unregister_delay: Duration,
+}
+
+enum Command {
+    Register(AgentId),
+    Unregister(AgentId),
+    Lookup(
+        AgentId,
+        oneshot::Sender<Result<Vec<NodeEntry>, TrackerError>>,
+    ),
+    Shutdown(std::sync::mpsc::Sender<()>),
+}
+
+/// The data plane's side of the tracker: non-blocking sends, answers through oneshot channels
+/// that monoio tasks can await.
+#[derive(Debug, Clone)]
+pub struct TrackerHandle {
+    commands: mpsc::UnboundedSender<Command>,
+    pub arrivals: Arc<Arrivals>,
+}
+
+impl TrackerHandle {
+    /// The agent's first connection arrived on this node.
+    pub fn register(&self, agent: AgentId) {
+        let _ = self.commands.send(Command::Register(agent));
+    }
+
+    /// The agent's last connection left this node (removed from Redis after the delay unless it
+    /// comes back).
+    pub fn unregister(&self, agent: AgentId) {
+        let _ = self.commands.send(Command::Unregister(agent));
+    }
+
+    /// The nodes holding tunnels of `agent`, unexpired.
+    pub async fn lookup(&self, agent: AgentId) -> Result<Vec<NodeEntry>, TrackerError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Lookup(agent, reply))
+            .map_err(|_| TrackerError::Stopped)?;
+        answer.await.map_err(|_| TrackerError::Stopped)?
+    }
+
+    /// Removes everything this node wrote and stops the tracker (graceful shutdown).
+    /// Blocks the calling (non-async) thread up to `timeout`.
+    pub fn shutdown(&self, timeout: Duration) -> bool {
+        let (reply, done) = std::sync::mpsc::channel();
+        self.commands.send(Command::Shutdown(reply)).is_ok() && done.recv_timeout(timeout).is_ok()
+    }
+}
+
+pub(crate) fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as u64)
+}
+
+/// Starts the tracker thread. Connection problems are not fatal: the tracker keeps what it
+/// holds, retries, and re-registers everything once Redis is back.
+pub fn spawn(
+    target: RedisTarget,
+    options: TrackerOptions,
+    metrics: TrackerMetrics,
+) -> Result<TrackerHandle, TrackerError> {
+    let (commands, receiver) = mpsc::unbounded_channel();
+    let arrivals = Arc::new(Arrivals::default());
+    let handle = TrackerHandle {
+        commands,
+        arrivals: arrivals.clone(),
+    };
+    std::thread::Builder::new()
+        .name("sluice-tracker".to_string())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    tracing::error!(%error, "cannot build the tracker's runtime");
+                    return;
+                }
+            };
+            runtime.block_on(run(target, options, metrics, receiver, arrivals));
+        })
+        .map_err(|error| TrackerError::Thread(error.to_string()))?;
+    Ok(handle)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    Registered,
+    /// Leaving: remove from Redis at this instant unless the agent comes back.
+    Leaving(Instant),
+}
+
+async fn run(
+    target: RedisTarget,
+    options: TrackerOptions,
+    metrics: TrackerMetrics,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    arrivals: Arc<Arrivals>,
+) {
+    let store = Store::new(target.clone(), options.clone(), metrics.clone());
+    tokio::spawn(arrivals::listen(
+        target,
+        options.key_prefix.clone(),
+        arrivals,
+    ));
+    let mut held: HashMap<AgentId, Held> = HashMap::new();
+    // Agents whose registration did not reach Redis; retried on every tick.
+    let mut unwritten: Vec<AgentId> = Vec::new();
+    let mut refresh = tokio::time::interval(options.refresh);
+    let mut gc = tokio::time::interval(options.gc_interval);
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    refresh.tick().await;
+    gc.tick().await;
+    loop {
+        tokio::select! {
+            command = commands.recv() => match command {
+                Some(Command::Register(agent)) => {
+                    if held.insert(agent, Held::Registered).is_none() {
+                        if let Err(error) = store.register(&[agent]).await {
+                            tracing::warn!(agent, %error, "cannot register agent in redis; will retry");
+                            unwritten.push(agent);
+                        }
+                    }
+                }
+                Some(Command::Unregister(agent)) => {
+                    if let Some(state) = held.get_mut(&agent) {
+                        *state = Held::Leaving(Instant::now() + options.unregister_delay);
+                    }
+                }
+                Some(Command::Lookup(agent, reply)) => {
+                    let _ = reply.send(store.lookup(agent).await);
+                }
+                Some(Command::Shutdown(reply)) => {
+                    let agents: Vec<AgentId> = held.keys().copied().collect();
+                    if let Err(error) = store.unregister(&agents).await {
+                        tracing::warn!(%error, "cannot remove this node's entries from redis on shutdown");
+                    }
+                    let _ = reply.send(());
+                    return;
+                }
+                None => return,
+            },
+            _ = tick.tick() => {
+                let now = Instant::now();
+                let leaving: Vec<AgentId> = held
+                    .iter()
+                    .filter_map(|(agent, state)| matches!(state, Held::Leaving(at) if *at <= now).then_some(*agent))
+                    .collect();
+                if !leaving.is_empty() {
+                    match store.unregister(&leaving).await {
+                        Ok(()) => {
+                            for agent in &leaving {
+                                held.remove(agent);
+                            }
+                        }
+                        Err(error) => tracing::warn!(%error, "cannot unregister agents; will retry"),
+                    }
+                }
+                if !unwritten.is_empty() {
+                    let pending: Vec<AgentId> = unwritten.iter().copied().filter(|agent| held.contains_key(agent)).collect();
+                    match store.register(&pending).await {
+                        Ok(()) => {
+                            tracing::info!(agents = pending.len(), "re-registered agents in redis");
+                            unwritten.clear();
+                        }
+                        Err(_) => unwritten = pending,
+                    }
+                }
+            }
+            _ = refresh.tick() => {
+                let agents: Vec<AgentId> = held.keys().copied().collect();
+                if let Err(error) = store.register(&agents).await {
+                    tracing::warn!(%error, "cannot refresh agents in redis; will retry");
+                    unwritten = agents;
+                }
+            }
+            _ = gc.tick() => {
+                let agents: Vec<AgentId> = held.keys().copied().collect();
+                match store.collect_garbage(&agents).await {
+                    Ok(removed) if removed > 0 => tracing::info!(removed, "removed expired tracker entries"),
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!(%error, "tracker garbage collection failed"),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,48 @@
+use prometheus_client::registry::Registry;
+use sluice_metrics::{PerCoreCounter, PerCoreHistogram};
+
+/// Tracker metrics (one thread: slot 0 of each per-core type).
+#[derive(Debug, Clone)]
+pub struct TrackerMetrics {
+    pub writes: PerCoreCounter,
+    pub reads: PerCoreCounter,
+    pub errors: PerCoreCounter,
+    pub round_trip: PerCoreHistogram,
+}
+
+impl TrackerMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            writes: PerCoreCounter::new(1),
+            reads: PerCoreCounter::new(1),
+            errors: PerCoreCounter::new(1),
+            round_trip: PerCoreHistogram::new(1, PerCoreHistogram::latency_bounds()),
+        };
+        registry.register(
+            "sluice_tracker_redis_writes",
+            "Redis write round trips of the agent tracker",
+            metrics.writes.clone(),
+        );
+        registry.register(
+            "sluice_tracker_redis_reads",
+            "Redis read round trips of the agent tracker",
+            metrics.reads.clone(),
+        );
+        registry.register(
+            "sluice_tracker_redis_errors",
+            "Failed Redis calls of the agent tracker",
+            metrics.errors.clone(),
+        );
+        registry.register(
+            "sluice_tracker_redis_round_trip_seconds",
+            "Time of the agent tracker's Redis round trips",
+            metrics.round_trip.clone(),
+        );
+        metrics
+    }
+
+    /// Metrics that go nowhere (tests).
+    pub fn unregistered() -> Self {
+        Self::register(&mut Registry::default())
+    }
+}

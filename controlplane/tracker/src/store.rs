@@ -1,0 +1,305 @@
+//! Redis access: one hash per agent, one field per node, values carrying their own expiry.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
+use redis::Pipeline;
+use tokio::sync::Mutex;
+
+use crate::{now_unix_ms, AgentId, TrackerError, TrackerMetrics, TrackerOptions};
+
+/// Where Redis is.
+#[derive(Debug, Clone)]
+pub enum RedisTarget {
+    /// `redis://[user[:password]@]host:port[/db]`, `rediss://...` (TLS) or `unix:///path`.
+    Single {
+        url: String,
+        /// CA for `rediss://` (else the system roots).
+        ca_file: Option<PathBuf>,
+    },
+    /// Redis Cluster seed nodes.
+    Cluster { urls: Vec<String> },
+}
+
+impl RedisTarget {
+    pub(crate) fn single_client(&self) -> Result<redis::Client, TrackerError> {
+        match self {
+            RedisTarget::Single { url, ca_file } => match ca_file {
+                Some(ca) => {
+                    let root_cert = std::fs::read(ca).map_err(|error| {
+                        TrackerError::Redis(format!("{}: {error}", ca.display()))
+                    })?;
+                    Ok(redis::Client::build_with_tls(
+                        url.as_str(),
+                        redis::TlsCertificates {
+                            client_tls: None,
+                            root_cert: Some(root_cert),
+                        },
+                    )?)
+                }
+                None => Ok(redis::Client::open(url.as_str())?),
+            },
+            // Pub/sub in a cluster works through any one node (PUBLISH is broadcast).
+            RedisTarget::Cluster { urls } => Ok(redis::Client::open(
+                urls.first()
+                    .map(String::as_str)
+                    .unwrap_or("redis://127.0.0.1"),
+            )?),
+        }
+    }
+}
+
+/// One node holding tunnels of an agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeEntry {
+    pub node: String,
+    /// The node's private endpoint.
+    pub private_address: String,
+    pub expires_at_unix_ms: u64,
+}
+
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+pub(crate) struct Store {
+    target: RedisTarget,
+    options: TrackerOptions,
+    metrics: TrackerMetrics,
+    connection: Mutex<Option<Connection>>,
+}
+
+/// The hash of one agent. The agent id is in braces so that, in a cluster, all of an agent's
+/// keys hash to one slot.
+pub(crate) fn agent_key(prefix: &str, agent: AgentId) -> String {
+    format!("{prefix}:tunnel:agent:{{{agent}}}")
+}
+
+pub(crate) fn arrivals_channel(prefix: &str) -> String {
+    format!("{prefix}:tunnel:arrivals")
+}
+
+fn parse_entry(node: String, value: &str) -> Option<NodeEntry> {
+    let (expires, address) = value.split_once('|')?;
+    Some(NodeEntry {
+        node,
+        private_address: address.to_string(),
+        expires_at_unix_ms: expires.parse().ok()?,
+    })
+}
+
+impl Store {
+    pub(crate) fn new(
+        target: RedisTarget,
+        options: TrackerOptions,
+        metrics: TrackerMetrics,
+    ) -> Self {
+        Self {
+            target,
+            options,
+            metrics,
+            connection: Mutex::new(None),
+        }
+    }
+
+    async fn connect(&self) -> Result<Connection, TrackerError> {
+        Ok(match &self.target {
+            RedisTarget::Single { .. } => {
+                let client = self.target.single_client()?;
+                // Fail fast while Redis is away: the tracker retries on its own schedule and the
+                // data plane must not wait long for a lookup.
+                let config = redis::aio::ConnectionManagerConfig::new()
+                    .set_number_of_retries(1)
+                    .set_max_delay(std::time::Duration::from_millis(500))
+                    .set_connection_timeout(Some(std::time::Duration::from_secs(2)))
+                    .set_response_timeout(Some(std::time::Duration::from_secs(2)));
+                Connection::Single(ConnectionManager::new_with_config(client, config).await?)
+            }
+            RedisTarget::Cluster { urls } => {
+                let client = redis::cluster::ClusterClient::new(urls.clone())?;
+                Connection::Cluster(client.get_async_connection().await?)
+            }
+        })
+    }
+
+    /// Runs a pipeline (a MULTI/EXEC when atomic), connecting first if needed; a failed call
+    /// drops the connection so the next one reconnects.
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        pipeline: &Pipeline,
+        is_write: bool,
+    ) -> Result<T, TrackerError> {
+        let started = Instant::now();
+        let mut guard = self.connection.lock().await;
+        if guard.is_none() {
+            match self.connect().await {
+                Ok(connection) => *guard = Some(connection),
+                Err(error) => {
+                    self.metrics.errors.inc(0);
+                    return Err(error);
+                }
+            }
+        }
+        let result = match guard.as_mut() {
+            Some(Connection::Single(connection)) => pipeline.query_async(connection).await,
+            Some(Connection::Cluster(connection)) => pipeline.query_async(connection).await,
+            None => return Err(TrackerError::Stopped),
+        };
+        self.metrics
+            .round_trip
+            .observe(0, started.elapsed().as_secs_f64());
+        match result {
+            Ok(value) => {
+                if is_write {
+                    self.metrics.writes.inc(0);
+                } else {
+                    self.metrics.reads.inc(0);
+                }
+                Ok(value)
+            }
+            Err(error) => {
+                self.metrics.errors.inc(0);
+                if matches!(self.target, RedisTarget::Cluster { .. })
+                    || error.is_connection_dropped()
+                    || error.is_io_error()
+                {
+                    *guard = None;
+                }
+                Err(error.into())
+            }
+        }
+    }
+
+    fn value(&self) -> String {
+        let expires = now_unix_ms() + self.options.ttl.as_millis() as u64;
+        format!("{expires}|{}", self.options.private_address)
+    }
+
+    /// Writes (or refreshes) this node's field for each agent: HSET + PEXPIRE in one MULTI/EXEC
+    /// per agent, all pipelined; then announces the arrivals.
+    pub(crate) async fn register(&self, agents: &[AgentId]) -> Result<(), TrackerError> {
+        if agents.is_empty() {
+            return Ok(());
+        }
+        let value = self.value();
+        let ttl_ms = self.options.ttl.as_millis() as i64;
+        for chunk in agents.chunks(500) {
+            let mut pipeline = redis::pipe();
+            for agent in chunk {
+                let key = agent_key(&self.options.key_prefix, *agent);
+                // One transaction per agent: in a cluster each agent's key lives in its own slot.
+                pipeline
+                    .cmd("MULTI")
+                    .ignore()
+                    .hset(&key, &self.options.node_name, &value)
+                    .ignore()
+                    .pexpire(&key, ttl_ms)
+                    .ignore()
+                    .cmd("EXEC")
+                    .ignore();
+            }
+            let channel = arrivals_channel(&self.options.key_prefix);
+            for agent in chunk {
+                pipeline.publish(&channel, agent.to_string()).ignore();
+            }
+            self.run::<()>(&pipeline, true).await?;
+        }
+        Ok(())
+    }
+
+    /// Removes this node's field for each agent.
+    pub(crate) async fn unregister(&self, agents: &[AgentId]) -> Result<(), TrackerError> {
+        if agents.is_empty() {
+            return Ok(());
+        }
+        let mut pipeline = redis::pipe();
+        for agent in agents {
+            pipeline
+                .hdel(
+                    agent_key(&self.options.key_prefix, *agent),
+                    &self.options.node_name,
+                )
+                .ignore();
+        }
+        self.run::<()>(&pipeline, true).await
+    }
+
+    /// Unexpired nodes of an agent.
+    pub(crate) async fn lookup(&self, agent: AgentId) -> Result<Vec<NodeEntry>, TrackerError> {
+        let mut pipeline = redis::pipe();
+        pipeline.hgetall(agent_key(&self.options.key_prefix, agent));
+        let (fields,): (Vec<(String, String)>,) = self.run(&pipeline, false).await?;
+        let now = now_unix_ms();
+        let mut entries: Vec<NodeEntry> = fields
+            .into_iter()
+            .filter_map(|(node, value)| parse_entry(node, &value))
+            .filter(|entry| entry.expires_at_unix_ms > now)
+            .collect();
+        entries.sort_by(|a, b| a.node.cmp(&b.node));
+        Ok(entries)
+    }
+
+    /// Removes expired fields (of any node, e.g. one that was killed) from the hashes of the
+    /// agents this node holds, as kas' GC does for the keys it knows. Each removal is a
+    /// compare-and-delete script (delete only if the value is still the expired one), so a field
+    /// its node refreshed in the meantime is kept; unlike WATCH it works the same in a cluster.
+    /// Returns how many fields were removed.
+    pub(crate) async fn collect_garbage(&self, agents: &[AgentId]) -> Result<usize, TrackerError> {
+        const COMPARE_AND_DELETE: &str =
+            "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end return 0";
+        let mut removed = 0;
+        let now = now_unix_ms();
+        for agent in agents {
+            let key = agent_key(&self.options.key_prefix, *agent);
+            let mut read = redis::pipe();
+            read.hgetall(&key);
+            let (fields,): (Vec<(String, String)>,) = self.run(&read, false).await?;
+            for (node, value) in fields {
+                let expired = parse_entry(node.clone(), &value)
+                    .is_none_or(|entry| entry.expires_at_unix_ms <= now);
+                if !expired {
+                    continue;
+                }
+                let mut delete = redis::pipe();
+                delete
+                    .cmd("EVAL")
+                    .arg(COMPARE_AND_DELETE)
+                    .arg(1)
+                    .arg(&key)
+                    .arg(&node)
+                    .arg(&value);
+                let (count,): (usize,) = self.run(&delete, true).await?;
+                removed += count;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_put_the_agent_in_a_hash_tag() {
+        assert_eq!(agent_key("sluice", 7), "sluice:tunnel:agent:{7}");
+        assert_eq!(arrivals_channel("p"), "p:tunnel:arrivals");
+    }
+
+    #[test]
+    fn entries_parse_or_are_skipped() {
+        assert_eq!(
+            parse_entry("a".into(), "123|10.0.0.1:8155"),
+            Some(NodeEntry {
+                node: "a".into(),
+                private_address: "10.0.0.1:8155".into(),
+                expires_at_unix_ms: 123
+            })
+        );
+        assert_eq!(parse_entry("a".into(), "garbage"), None);
+        assert_eq!(parse_entry("a".into(), "x|y"), None);
+    }
+}

@@ -1,0 +1,215 @@
+//! The tracker against a real redis-server.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::time::{Duration, Instant};
+
+use sluice_tracker::{spawn, RedisTarget, TrackerHandle, TrackerMetrics, TrackerOptions};
+use test_support::{wait_until, RedisServer};
+
+fn options(node: &str, prefix: &str) -> TrackerOptions {
+    TrackerOptions {
+        node_name: node.to_string(),
+        private_address: format!("{node}.private:8155"),
+        key_prefix: prefix.to_string(),
+        ttl: Duration::from_secs(300),
+        refresh: Duration::from_secs(240),
+        gc_interval: Duration::from_secs(600),
+        unregister_delay: Duration::from_millis(300),
+    }
+}
+
+fn tracker(url: String, options: TrackerOptions) -> (TrackerHandle, TrackerMetrics) {
+    let metrics = TrackerMetrics::unregistered();
+    let handle = spawn(
+        RedisTarget::Single { url, ca_file: None },
+        options,
+        metrics.clone(),
+    )
+    .unwrap();
+    (handle, metrics)
+}
+
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
+fn commandstat(redis: &RedisServer, command: &str) -> u64 {
+    let info = redis.command(&["INFO", "commandstats"]).unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn registration_is_written_once_per_agent_and_removed_after_the_delay() {
+    let redis = RedisServer::start().unwrap();
+    let (node, metrics) = tracker(redis.url(), options("node-a", "t1"));
+    for _ in 0..5 {
+        node.register(7);
+    }
+    assert!(wait_until(Duration::from_secs(5), || {
+        block_on(node.lookup(7))
+            .map(|entries| entries.len() == 1)
+            .unwrap_or(false)
+    }));
+    let entries = block_on(node.lookup(7)).unwrap();
+    assert_eq!(entries[0].node, "node-a");
+    assert_eq!(entries[0].private_address, "node-a.private:8155");
+    assert_eq!(
+        commandstat(&redis, "hset"),
+        1,
+        "one write for five registrations"
+    );
+    let ttl: i64 = redis
+        .command(&["PTTL", "t1:tunnel:agent:{7}"])
+        .unwrap()
+        .trim_start_matches(':')
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(ttl > 290_000, "the key carries the TTL: {ttl}");
+    assert_eq!(metrics.writes.sum(), 1);
+
+    // Leaving and coming back within the delay writes nothing.
+    node.unregister(7);
+    node.register(7);
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(block_on(node.lookup(7)).unwrap().len(), 1);
+    assert_eq!(commandstat(&redis, "hdel"), 0);
+
+    // Leaving for good removes the field after the delay.
+    node.unregister(7);
+    assert!(wait_until(Duration::from_secs(5), || block_on(
+        node.lookup(7)
+    )
+    .unwrap()
+    .is_empty()));
+    assert_eq!(commandstat(&redis, "hdel"), 1);
+}
+
+#[test]
+fn two_nodes_see_each_other_and_arrivals_wake_waiters_at_once() {
+    let redis = RedisServer::start().unwrap();
+    let (node_a, _) = tracker(redis.url(), options("node-a", "t2"));
+    let (node_b, _) = tracker(redis.url(), options("node-b", "t2"));
+    // Let node A's subscription settle.
+    assert!(wait_until(Duration::from_secs(5), || redis
+        .command(&["PUBSUB", "NUMSUB", "t2:tunnel:arrivals"])
+        .unwrap()
+        .contains(":2")));
+    let listener = node_a.arrivals.listen(9);
+    let started = Instant::now();
+    node_b.register(9);
+    block_on(async {
+        tokio::time::timeout(Duration::from_secs(2), listener)
+            .await
+            .expect("arrival heard")
+    });
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_millis(200),
+        "woken by pub/sub in {waited:?}"
+    );
+    let entries = block_on(node_a.lookup(9)).unwrap();
+    assert_eq!(
+        entries
+            .iter()
+            .map(|entry| entry.node.as_str())
+            .collect::<Vec<_>>(),
+        vec!["node-b"]
+    );
+    node_a.register(9);
+    assert!(wait_until(Duration::from_secs(5), || block_on(
+        node_b.lookup(9)
+    )
+    .unwrap()
+    .len()
+        == 2));
+}
+
+#[test]
+fn shutdown_removes_what_the_node_wrote() {
+    let redis = RedisServer::start().unwrap();
+    let (node, _) = tracker(redis.url(), options("node-a", "t3"));
+    for agent in 1..=20 {
+        node.register(agent);
+    }
+    assert!(wait_until(Duration::from_secs(5), || block_on(
+        node.lookup(20)
+    )
+    .unwrap()
+    .len()
+        == 1));
+    assert!(node.shutdown(Duration::from_secs(5)));
+    let keys = redis.command(&["KEYS", "t3:*"]).unwrap();
+    assert_eq!(keys, "*0\r\n", "no entries left: {keys}");
+}
+
+#[test]
+fn garbage_collection_removes_expired_fields_of_dead_nodes_only() {
+    let redis = RedisServer::start().unwrap();
+    let mut options = options("node-a", "t4");
+    options.gc_interval = Duration::from_millis(300);
+    let (node, _) = tracker(redis.url(), options);
+    node.register(5);
+    assert!(wait_until(Duration::from_secs(5), || block_on(
+        node.lookup(5)
+    )
+    .unwrap()
+    .len()
+        == 1));
+    // A node killed long ago left an expired field behind.
+    redis
+        .command(&["HSET", "t4:tunnel:agent:{5}", "node-dead", "1000|dead:8155"])
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(5), || {
+        redis
+            .command(&["HEXISTS", "t4:tunnel:agent:{5}", "node-dead"])
+            .unwrap()
+            == ":0\r\n"
+    }));
+    assert_eq!(
+        block_on(node.lookup(5)).unwrap().len(),
+        1,
+        "the live field stays"
+    );
+}
+
+#[test]
+fn unix_socket_acl_user_and_key_prefix_work() {
+    let redis = RedisServer::start().unwrap();
+    redis
+        .command(&[
+            "ACL", "SETUSER", "sluice", "on", ">s3cret", "~p5:*", "&*", "+@all",
+        ])
+        .unwrap();
+    let url = format!(
+        "redis+unix://{}?user=sluice&pass=s3cret",
+        redis.socket.display()
+    );
+    let (node, _) = tracker(url, options("node-a", "p5"));
+    node.register(3);
+    assert!(wait_until(Duration::from_secs(5), || {
+        block_on(node.lookup(3))
+            .map(|entries| entries.len() == 1)
+            .unwrap_or(false)
+    }));
+    assert!(redis
+        .command(&["EXISTS", "p5:tunnel:agent:{3}"])
+        .unwrap()
+        .contains(":1"));
+
+    // A wrong password is an error, not a panic.
+    let (bad, metrics) = tracker(
+        format!("redis://sluice:wrong@{}", redis.address),
+        options("node-b", "p5"),
+    );
+    assert!(block_on(bad.lookup(3)).is_err());
+    assert!(metrics.errors.sum() >= 1);
+}
