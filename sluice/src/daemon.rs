@@ -9,10 +9,11 @@ use std::sync::Arc;
 use anyhow::Context;
 use prometheus_client::registry::Registry;
 use sluice_admin::{AdminEndpoint, AdminMetrics, AdminOptions};
-use sluice_config::{Config, ConfigError};
+use sluice_config::{Config, ConfigError, RedisTargetConfig};
 use sluice_runtime::{
     select_driver, Lifecycle, Placement, RuntimeOptions, ServerBuilder, StopSignals,
 };
+use sluice_tracker::{RedisTarget, TrackerMetrics, TrackerOptions};
 
 use sluice_tunnel::agent::{AgentMetrics, AgentTask};
 use sluice_tunnel::echo::EchoBackend;
@@ -94,6 +95,7 @@ fn run(mut config: Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow:
     let admin = server.bind("admin", &config.listeners.admin, Placement::Dedicated)?;
 
     // The node side of the tunnel.
+    let mut tracker = None;
     if let (Some(tunnel), Some(agent_listener), Some(external_listener)) = (
         &config.tunnel,
         &config.listeners.agent,
@@ -102,7 +104,37 @@ fn run(mut config: Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow:
         let agent_id = server.bind("agent", agent_listener, Placement::Workers)?;
         let external_id = server.bind("external", external_listener, Placement::Workers)?;
         let metrics = TunnelMetrics::register(&mut registry, workers);
-        let node = NodeShared::new(tunnel, agent_listener, external_listener, metrics)?;
+        if let Some(redis) = &config.redis {
+            let target = match &redis.target {
+                RedisTargetConfig::Url(url) => RedisTarget::Single {
+                    url: url.clone(),
+                    ca_file: redis.ca_file.clone(),
+                },
+                RedisTargetConfig::Cluster(urls) => RedisTarget::Cluster { urls: urls.clone() },
+            };
+            let options = TrackerOptions {
+                node_name: tunnel.node_name.clone(),
+                // Where other nodes will reach this one (its private endpoint once that lands).
+                private_address: server.local_addr(external_id).to_string(),
+                key_prefix: redis.key_prefix.clone(),
+                ttl: redis.ttl,
+                refresh: redis.refresh,
+                gc_interval: redis.gc_interval,
+                unregister_delay: redis.unregister_delay,
+            };
+            tracker = Some(sluice_tracker::spawn(
+                target,
+                options,
+                TrackerMetrics::register(&mut registry),
+            )?);
+        }
+        let node = NodeShared::new(
+            tunnel,
+            agent_listener,
+            external_listener,
+            metrics,
+            tracker.clone(),
+        )?;
         registry.register_collector(Box::new(NodeCollector(node.clone())));
         server.serve(agent_id, AgentEndpoint { node: node.clone() });
         server.serve(external_id, ExternalEndpoint { node });
@@ -161,6 +193,14 @@ fn run(mut config: Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow:
     let signal = signals.wait(lifecycle);
     tracing::info!(signal, drain_timeout = ?config.runtime.drain_timeout, "stopping: no new connections, draining in-flight work");
     let report = running.shutdown();
+    if let Some(tracker) = &tracker {
+        // Remove this node's entries at once rather than leaving them to expire.
+        if !tracker.shutdown(std::time::Duration::from_secs(3)) {
+            tracing::warn!(
+                "could not remove this node's tracker entries from redis; they expire by TTL"
+            );
+        }
+    }
     tracing::info!(elapsed = ?report.elapsed, connections_cut = report.connections_cut, "stopped");
     drop(mode);
     Ok(())

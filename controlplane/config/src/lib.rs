@@ -29,6 +29,28 @@ pub struct Config {
     pub tunnel: Option<TunnelConfig>,
     /// The agent role (`sluice agent`); `None` otherwise.
     pub agent: Option<AgentConfig>,
+    /// Redis for the agent tracker (multi-node); without it a node keeps its registry to itself.
+    pub redis: Option<RedisConfig>,
+}
+
+/// Where Redis is and how the tracker uses it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    pub target: RedisTargetConfig,
+    pub ca_file: Option<PathBuf>,
+    pub key_prefix: String,
+    pub ttl: Duration,
+    pub refresh: Duration,
+    pub gc_interval: Duration,
+    pub unregister_delay: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTargetConfig {
+    /// `redis://`, `rediss://` (TLS) or `redis+unix://` (socket), with optional user:password.
+    Url(String),
+    /// Redis Cluster seed nodes.
+    Cluster(Vec<String>),
 }
 
 /// How the thread-per-core data plane runs.

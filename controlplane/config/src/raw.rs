@@ -17,6 +17,20 @@ pub(crate) struct RawConfig {
     pub(crate) listeners: RawListeners,
     pub(crate) tunnel: Option<RawTunnel>,
     pub(crate) agent: Option<RawAgent>,
+    pub(crate) redis: Option<RawRedis>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct RawRedis {
+    pub(crate) url: Leaf,
+    pub(crate) cluster: Vec<Value>,
+    pub(crate) ca_file: Leaf,
+    pub(crate) key_prefix: Leaf,
+    pub(crate) ttl: Leaf,
+    pub(crate) refresh: Leaf,
+    pub(crate) gc_interval: Leaf,
+    pub(crate) unregister_delay: Leaf,
 }
 
 #[derive(Debug, Default, Deserialize)]

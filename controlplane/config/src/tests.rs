@@ -330,3 +330,41 @@ fn agent_section_is_read_and_checked() {
         "{joined}"
     );
 }
+
+#[test]
+fn redis_section_is_read_and_checked() {
+    let (_dir, secret, _) = secret_dir();
+    let config = load_str(
+        &format!("tunnel: {{jwt: {{secret_file: '{secret}'}}}}\nredis: {{url: 'redis://user:pw@127.0.0.1:6379', key_prefix: x}}\n"),
+        "r.yaml",
+    )
+    .expect("valid");
+    let redis = config.redis.expect("redis");
+    assert_eq!(
+        redis.target,
+        RedisTargetConfig::Url("redis://user:pw@127.0.0.1:6379".into())
+    );
+    assert_eq!(redis.key_prefix, "x");
+    assert_eq!(
+        (redis.ttl, redis.refresh),
+        (Duration::from_secs(300), Duration::from_secs(240))
+    );
+    assert_eq!(redis.gc_interval, Duration::from_secs(600));
+    assert_eq!(redis.unregister_delay, Duration::from_secs(5));
+
+    let errors = errors_of(&format!(
+        "tunnel: {{jwt: {{secret_file: '{secret}'}}}}\nredis: {{url: 'http://x', ttl: 1m, refresh: 2m}}\n"
+    ));
+    assert_eq!(
+        errors,
+        vec![
+            "redis.url: invalid Redis URL \"http://x\": expected redis://, rediss:// or redis+unix://".to_string(),
+            "redis.refresh: must be shorter than redis.ttl, or entries expire between refreshes".to_string(),
+        ]
+    );
+    let errors = errors_of("redis: {cluster: ['redis://a:1', 'redis://b:2']}\n");
+    assert_eq!(
+        errors,
+        vec!["redis: is only used by a node with a tunnel section".to_string()]
+    );
+}

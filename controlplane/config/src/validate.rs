@@ -9,11 +9,11 @@ use std::time::Duration;
 use serde_norway::Value;
 
 use crate::error::Errors;
-use crate::raw::{Leaf, RawAgent, RawConfig, RawListener, RawServerTls, RawTunnel};
+use crate::raw::{Leaf, RawAgent, RawConfig, RawListener, RawRedis, RawServerTls, RawTunnel};
 use crate::{
     AgentConfig, AgentTokenConfig, Config, DriverChoice, Endpoint, JwtConfig, ListenerConfig,
-    ListenersConfig, LogFormat, LoggingConfig, PoolConfig, ReconnectConfig, RuntimeConfig,
-    ServerTlsConfig, TunnelConfig, Workers,
+    ListenersConfig, LogFormat, LoggingConfig, PoolConfig, ReconnectConfig, RedisConfig,
+    RedisTargetConfig, RuntimeConfig, ServerTlsConfig, TunnelConfig, Workers,
 };
 
 const MAX_WORKERS: usize = 1024;
@@ -68,6 +68,10 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
     };
     let tunnel = raw.tunnel.as_ref().map(|raw| tunnel(raw, errors));
     let agent = raw.agent.as_ref().map(|raw| agent(raw, errors));
+    let redis = raw.redis.as_ref().map(|raw| redis(raw, errors));
+    if redis.is_some() && tunnel.is_none() {
+        errors.push("redis", "is only used by a node with a tunnel section");
+    }
     let tunnel_listener =
         |raw: &Option<RawListener>, name: &str, default: &str, errors: &mut Errors| {
             let path = format!("listeners.{name}");
@@ -107,7 +111,81 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
         listeners,
         tunnel,
         agent,
+        redis,
     }
+}
+
+fn redis_url(value: &Value, path: &str, errors: &mut Errors) -> Option<String> {
+    let text = scalar(value, path, errors)?;
+    let scheme = text.split_once("://").map(|(scheme, _)| scheme);
+    if matches!(scheme, Some("redis" | "rediss" | "redis+unix" | "unix")) {
+        Some(text)
+    } else {
+        errors.push(
+            path,
+            format!("invalid Redis URL {text:?}: expected redis://, rediss:// or redis+unix://"),
+        );
+        None
+    }
+}
+
+fn redis(raw: &RawRedis, errors: &mut Errors) -> RedisConfig {
+    let target = match (&raw.url, raw.cluster.is_empty()) {
+        (Some(url), true) => redis_url(url, "redis.url", errors).map(RedisTargetConfig::Url),
+        (None, false) => {
+            let urls: Vec<String> = raw
+                .cluster
+                .iter()
+                .enumerate()
+                .filter_map(|(index, url)| {
+                    redis_url(url, &format!("redis.cluster[{index}]"), errors)
+                })
+                .collect();
+            Some(RedisTargetConfig::Cluster(urls))
+        }
+        (Some(_), false) => {
+            errors.push("redis", "set either url or cluster, not both");
+            None
+        }
+        (None, true) => {
+            errors.push(
+                "redis.url",
+                "is required (or list cluster seed nodes under redis.cluster)",
+            );
+            None
+        }
+    };
+    let config = RedisConfig {
+        target: target.unwrap_or(RedisTargetConfig::Url(String::new())),
+        ca_file: readable_file(&raw.ca_file, "redis.ca_file", false, errors),
+        key_prefix: text(&raw.key_prefix, "redis.key_prefix", "sluice", errors),
+        ttl: duration(&raw.ttl, "redis.ttl", Duration::from_secs(300), errors),
+        refresh: duration(
+            &raw.refresh,
+            "redis.refresh",
+            Duration::from_secs(240),
+            errors,
+        ),
+        gc_interval: duration(
+            &raw.gc_interval,
+            "redis.gc_interval",
+            Duration::from_secs(600),
+            errors,
+        ),
+        unregister_delay: duration(
+            &raw.unregister_delay,
+            "redis.unregister_delay",
+            Duration::from_secs(5),
+            errors,
+        ),
+    };
+    if config.refresh >= config.ttl {
+        errors.push(
+            "redis.refresh",
+            "must be shorter than redis.ttl, or entries expire between refreshes",
+        );
+    }
+    config
 }
 
 fn listener(

@@ -77,6 +77,8 @@ pub struct NodeShared {
     agent_tls: Option<Arc<ServerConfig>>,
     external_tls: Option<Arc<ServerConfig>>,
     settings: H2Settings,
+    /// Publishes which agents this node holds (multi-node); `None` without Redis.
+    tracker: Option<sluice_tracker::TrackerHandle>,
 }
 
 impl NodeShared {
@@ -85,6 +87,7 @@ impl NodeShared {
         agent_listener: &ListenerConfig,
         external_listener: &ListenerConfig,
         metrics: TunnelMetrics,
+        tracker: Option<sluice_tracker::TrackerHandle>,
     ) -> Result<Arc<Self>, sluice_grpc::tls::TlsError> {
         let tls = |listener: &ListenerConfig| {
             listener
@@ -112,23 +115,43 @@ impl NodeShared {
             agent_tls: tls(agent_listener)?,
             external_tls: tls(external_listener)?,
             settings: H2Settings::default(),
+            tracker,
         }))
     }
 
+    /// Records an agent connection; the agent's first one on this node is announced to the
+    /// tracker (one Redis write per agent, not per tunnel).
     fn remember_connection(&self, agent: AgentId, connection_id: i64, version: &str) {
         let since_unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |elapsed| elapsed.as_millis() as i64);
-        self.lock_connections()
-            .entry((agent, connection_id))
-            .or_insert(ConnectionInfo {
-                version: version.to_string(),
-                since_unix_ms,
-            });
+        let first = {
+            let mut connections = self.lock_connections();
+            let first = !connections.keys().any(|(known, _)| *known == agent);
+            connections
+                .entry((agent, connection_id))
+                .or_insert(ConnectionInfo {
+                    version: version.to_string(),
+                    since_unix_ms,
+                });
+            first
+        };
+        if let (true, Some(tracker)) = (first, &self.tracker) {
+            tracker.register(agent);
+        }
     }
 
+    /// Forgets an agent connection; when the agent's last one leaves, the tracker is told (it
+    /// removes the entry after a delay unless the agent reconnects).
     fn forget_connection(&self, key: (AgentId, i64)) {
-        self.lock_connections().remove(&key);
+        let last = {
+            let mut connections = self.lock_connections();
+            connections.remove(&key);
+            !connections.keys().any(|(known, _)| *known == key.0)
+        };
+        if let (true, Some(tracker)) = (last, &self.tracker) {
+            tracker.unregister(key.0);
+        }
     }
 
     fn lock_connections(

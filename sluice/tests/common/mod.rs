@@ -66,7 +66,7 @@ pub fn start_node(
     max_message_bytes: usize,
     tls: Option<&Certificates>,
 ) -> SluiceProcess {
-    start_node_on(secrets, max_wait, max_message_bytes, tls, "auto")
+    start_node_on(secrets, max_wait, max_message_bytes, tls, "auto", "")
 }
 
 /// A node on a given I/O driver (`auto`, `uring`, `legacy`).
@@ -76,6 +76,7 @@ pub fn start_node_on(
     max_message_bytes: usize,
     tls: Option<&Certificates>,
     driver: &str,
+    extra_yaml: &str,
 ) -> SluiceProcess {
     let agents: String = secrets
         .tokens
@@ -93,7 +94,7 @@ pub fn start_node_on(
          tunnel:\n  node_name: test-node\n  max_wait: {max_wait}\n  max_message_bytes: {max_message_bytes}\n  agents:\n{agents}  jwt: {{secret_file: '{}'}}\n",
         secrets.jwt_secret.display(),
         tls = tls_block(tls),
-    );
+    ) + extra_yaml;
     let launcher = SluiceLauncher::new(BIN).unwrap();
     let config = launcher.write_file("node.yaml", &yaml).unwrap();
     launcher

@@ -1,0 +1,230 @@
+//! An in-process node on real sockets and raw HTTP/2 peers, shared by this crate's tests.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use h2::{RecvStream, SendStream};
+use http::Request;
+use prometheus_client::registry::Registry;
+use sha2::{Digest, Sha256};
+use sluice_config::{AgentTokenConfig, JwtConfig, ListenerConfig, TunnelConfig};
+use sluice_grpc::transport::{connect, recv_data, H2Settings};
+use sluice_proto::tunnel::v1::{connect_request, ConnectRequest, Descriptor};
+use sluice_runtime::{
+    Driver, DriverSelection, Lifecycle, Placement, RunningServer, RuntimeOptions, ServerBuilder,
+};
+use sluice_tunnel::metrics::TunnelMetrics;
+use sluice_tunnel::node::{
+    AgentEndpoint, ExternalEndpoint, NodeShared, CONNECT_PATH, LIST_AGENTS_PATH,
+};
+use sluice_tunnel::wire::frame;
+
+pub const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+pub const AGENT_TOKEN: &str = "malformed-test-agent-token";
+pub const LIMIT: usize = 4096;
+
+pub struct Node {
+    pub running: Option<RunningServer>,
+    pub agent: SocketAddr,
+    pub external: SocketAddr,
+    pub shared: Arc<NodeShared>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(running) = self.running.take() {
+            running.shutdown();
+        }
+    }
+}
+
+pub fn listener() -> ListenerConfig {
+    ListenerConfig {
+        address: "127.0.0.1:0".parse().unwrap(),
+        backlog: 128,
+        max_connections_per_worker: 4096,
+        header_timeout: Duration::from_secs(5),
+        idle_timeout: Duration::from_secs(5),
+        tls: None,
+    }
+}
+
+pub fn start_node(driver: Driver) -> Node {
+    start_node_with(driver, agent_tokens(&[7]), None)
+}
+
+/// Token of a numbered test agent: agent 7 has `AGENT_TOKEN`, others a derived one.
+pub fn token_of(agent: i64) -> String {
+    if agent == 7 {
+        AGENT_TOKEN.to_string()
+    } else {
+        format!("{AGENT_TOKEN}-{agent}")
+    }
+}
+
+pub fn agent_tokens(agents: &[i64]) -> Vec<AgentTokenConfig> {
+    agents
+        .iter()
+        .map(|agent| AgentTokenConfig {
+            id: *agent,
+            token_sha256: Sha256::digest(token_of(*agent).as_bytes()).into(),
+        })
+        .collect()
+}
+
+pub fn start_node_with(
+    driver: Driver,
+    agents: Vec<AgentTokenConfig>,
+    tracker: Option<sluice_tracker::TrackerHandle>,
+) -> Node {
+    let config = TunnelConfig {
+        node_name: "malformed".into(),
+        max_wait: Duration::from_secs(5),
+        max_message_bytes: LIMIT,
+        agents,
+        jwt: JwtConfig {
+            secret: SECRET.to_vec(),
+            secret_file: "unused".into(),
+            issuer: "gitlab".into(),
+            audience: "gitlab-kas".into(),
+            leeway: Duration::from_secs(5),
+            max_lifetime: Duration::from_secs(60),
+        },
+    };
+    let options = RuntimeOptions {
+        workers: 2,
+        driver: DriverSelection {
+            driver,
+            fallback_reason: None,
+        },
+        uring_entries: 256,
+        drain_timeout: Duration::from_secs(1),
+    };
+    let mut server = ServerBuilder::new(options, Arc::new(Lifecycle::new()));
+    let agent = server
+        .bind("agent", &listener(), Placement::Workers)
+        .unwrap();
+    let external = server
+        .bind("external", &listener(), Placement::Workers)
+        .unwrap();
+    let metrics = TunnelMetrics::register(&mut Registry::default(), 2);
+    let shared = NodeShared::new(&config, &listener(), &listener(), metrics, tracker).unwrap();
+    server.serve(
+        agent,
+        AgentEndpoint {
+            node: shared.clone(),
+        },
+    );
+    server.serve(
+        external,
+        ExternalEndpoint {
+            node: shared.clone(),
+        },
+    );
+    let (agent, external) = (server.local_addr(agent), server.local_addr(external));
+    Node {
+        running: Some(server.start().unwrap()),
+        agent,
+        external,
+        shared,
+    }
+}
+
+pub fn jwt() -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims =
+        serde_json::json!({"iss": "gitlab", "aud": "gitlab-kas", "iat": now, "exp": now + 30});
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::default(),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(SECRET),
+    )
+    .unwrap()
+}
+
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+        .enable_timer()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
+/// A hand-driven agent tunnel: the node -> agent body and the agent -> node send stream.
+pub async fn fake_tunnel(
+    node: SocketAddr,
+    first_message: Bytes,
+) -> (RecvStream, SendStream<Bytes>, Option<String>) {
+    let connection = connect(node, None, &H2Settings::default()).await.unwrap();
+    let mut ready = connection.send_request.ready().await.unwrap();
+    let request = Request::post(format!("http://node{CONNECT_PATH}"))
+        .header("content-type", "application/grpc")
+        .header("authorization", format!("Bearer {AGENT_TOKEN}"))
+        .body(())
+        .unwrap();
+    let (response, mut send) = ready.send_request(request, false).unwrap();
+    send.send_data(first_message, false).unwrap();
+    let response = response.await.unwrap();
+    let status = response
+        .headers()
+        .get("grpc-status")
+        .map(|value| value.to_str().unwrap().to_string());
+    (response.into_body(), send, status)
+}
+
+pub fn descriptor() -> Bytes {
+    frame(&ConnectRequest {
+        msg: Some(connect_request::Msg::Descriptor(Descriptor::default())),
+    })
+}
+
+/// One client call with raw body chunks; returns (grpc-status, grpc-message).
+pub async fn raw_call(node: SocketAddr, path: &str, body: Vec<Bytes>) -> (String, String) {
+    let connection = connect(node, None, &H2Settings::default()).await.unwrap();
+    let mut ready = connection.send_request.ready().await.unwrap();
+    let request = Request::post(format!("http://node{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {}", jwt()))
+        .header("sluice-agent-id", "7")
+        .body(())
+        .unwrap();
+    let (response, mut send) = ready.send_request(request, false).unwrap();
+    for chunk in body {
+        let _ = send.send_data(chunk, false);
+    }
+    let _ = send.send_data(Bytes::new(), true);
+    let response = monoio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .unwrap()
+        .unwrap();
+    let headers = response.headers().clone();
+    let mut body = response.into_body();
+    let trailers = if headers.contains_key("grpc-status") {
+        headers
+    } else {
+        while let Some(Ok(_)) = recv_data(&mut body).await {}
+        std::future::poll_fn(|cx| body.poll_trailers(cx))
+            .await
+            .unwrap()
+            .unwrap_or_default()
+    };
+    let text = |name: &str| {
+        trailers
+            .get(name)
+            .map(|value| value.to_str().unwrap().to_string())
+            .unwrap_or_default()
+    };
+    (text("grpc-status"), text("grpc-message"))
+}
+
+pub fn still_serves(node: &Node) {
+    let (status, _) = block_on(raw_call(node.external, LIST_AGENTS_PATH, vec![]));
+    assert_eq!(status, "0", "the node keeps serving");
+}
