@@ -18,7 +18,9 @@ use sluice_tracker::{RedisTarget, TrackerMetrics, TrackerOptions};
 use sluice_tunnel::agent::{AgentMetrics, AgentTask};
 use sluice_tunnel::echo::EchoBackend;
 use sluice_tunnel::metrics::TunnelMetrics;
-use sluice_tunnel::node::{AgentEndpoint, ExternalEndpoint, NodeCollector, NodeShared};
+use sluice_tunnel::node::{
+    AgentEndpoint, ExternalEndpoint, NodeCollector, NodeShared, PrivateEndpoint,
+};
 
 use crate::cli::RuntimeArgs;
 
@@ -103,6 +105,10 @@ fn run(mut config: Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow:
     ) {
         let agent_id = server.bind("agent", agent_listener, Placement::Workers)?;
         let external_id = server.bind("external", external_listener, Placement::Workers)?;
+        let private_id = match &config.listeners.private {
+            Some(private) => Some(server.bind("private", private, Placement::Workers)?),
+            None => None,
+        };
         let metrics = TunnelMetrics::register(&mut registry, workers);
         if let Some(redis) = &config.redis {
             let target = match &redis.target {
@@ -114,8 +120,10 @@ fn run(mut config: Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow:
             };
             let options = TrackerOptions {
                 node_name: tunnel.node_name.clone(),
-                // Where other nodes will reach this one (its private endpoint once that lands).
-                private_address: server.local_addr(external_id).to_string(),
+                // Where other nodes reach this node's private endpoint.
+                private_address: tunnel.advertise_address.clone().unwrap_or_else(|| {
+                    private_id.map_or_else(String::new, |id| server.local_addr(id).to_string())
+                }),
                 key_prefix: redis.key_prefix.clone(),
                 ttl: redis.ttl,
                 refresh: redis.refresh,
@@ -137,6 +145,9 @@ fn run(mut config: Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow:
         )?;
         registry.register_collector(Box::new(NodeCollector(node.clone())));
         server.serve(agent_id, AgentEndpoint { node: node.clone() });
+        if let Some(private_id) = private_id {
+            server.serve(private_id, PrivateEndpoint { node: node.clone() });
+        }
         server.serve(external_id, ExternalEndpoint { node });
     }
     // The demo's echo backend, and the agent pointed at this node.

@@ -102,6 +102,8 @@ impl UpDemo {
                 leeway: std::time::Duration::from_secs(5),
                 max_lifetime: std::time::Duration::from_secs(60),
             },
+            private_jwt: None,
+            advertise_address: None,
         });
         config.agent = Some(AgentConfig {
             token: agent_token,

@@ -15,7 +15,11 @@ fn node_with_redis(
     prefix: &str,
 ) -> test_support::SluiceProcess {
     let extra = format!("redis:\n  url: '{}'\n  key_prefix: {prefix}\n  ttl: 30s\n  refresh: 20s\n  unregister_delay: 500ms\n", redis.url());
-    common::start_node_on(secrets, "5s", 1024 * 1024, None, "auto", &extra)
+    let private = format!(
+        "  private_jwt: {{secret_file: '{}', issuer: nodes}}\n",
+        secrets.jwt_secret.display()
+    );
+    common::start_node_on(secrets, "5s", 1024 * 1024, None, "auto", &private, &extra)
 }
 
 fn field_exists(redis: &RedisServer, prefix: &str) -> bool {

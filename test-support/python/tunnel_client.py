@@ -22,7 +22,7 @@ OPTIONS = [("grpc.max_receive_message_length", MAX), ("grpc.max_send_message_len
 
 def token(args, **overrides):
     now = int(time.time())
-    claims = {"iss": "gitlab", "aud": "gitlab-kas", "iat": now, "exp": now + 30}
+    claims = {"iss": args.issuer, "aud": args.audience, "iat": now, "exp": now + args.lifetime}
     claims.update(overrides.pop("claims", {}))
     secret = overrides.pop("secret", None) or open(args.secret_file, "rb").read().strip()
     algorithm = overrides.pop("algorithm", "HS256")
@@ -117,10 +117,11 @@ def unary_once(args):
     started = time.time()
     try:
         reply = ch.unary_unary("/test.Echo/Unary")(args.payload.encode(), metadata=metadata(args), timeout=args.timeout)
-        return {"code": "OK", "reply": reply.decode(), "elapsed": time.time() - started}
+        return {"code": "OK", "reply": reply.decode(), "elapsed": time.time() - started, "ended_at": time.time()}
     except grpc.RpcError as error:
         result = status(error)
         result["elapsed"] = time.time() - started
+        result["ended_at"] = time.time()
         return result
 
 
@@ -217,6 +218,9 @@ def main() -> int:
     parser.add_argument("--delay", type=float, default=1.0)
     parser.add_argument("--timeout", type=float, default=10.0)
     parser.add_argument("--payload", default="ping")
+    parser.add_argument("--issuer", default="gitlab")
+    parser.add_argument("--lifetime", type=int, default=30)
+    parser.add_argument("--audience", default="gitlab-kas")
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--requests", type=int, default=50)
     args = parser.parse_args()

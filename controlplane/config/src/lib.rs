@@ -127,6 +127,8 @@ pub struct ListenersConfig {
     pub agent: Option<ListenerConfig>,
     /// Where clients call agents (present when `tunnel` is configured).
     pub external: Option<ListenerConfig>,
+    /// Where other nodes forward calls (present when `redis` is configured).
+    pub private: Option<ListenerConfig>,
 }
 
 /// Address and limits of one listener. Each worker binds its own socket to the address with
@@ -166,6 +168,11 @@ pub struct TunnelConfig {
     /// The agents allowed to connect: id and SHA-256 of their token.
     pub agents: Vec<AgentTokenConfig>,
     pub jwt: JwtConfig,
+    /// JWTs nodes sign for each other's private endpoints (required with `redis`).
+    pub private_jwt: Option<JwtConfig>,
+    /// host:port other nodes use to reach this node's private endpoint (default: its bound
+    /// address).
+    pub advertise_address: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

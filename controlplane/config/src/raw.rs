@@ -55,6 +55,7 @@ pub(crate) struct RawListeners {
     pub(crate) admin: RawListener,
     pub(crate) agent: Option<RawListener>,
     pub(crate) external: Option<RawListener>,
+    pub(crate) private: Option<RawListener>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -84,6 +85,8 @@ pub(crate) struct RawTunnel {
     pub(crate) max_message_bytes: Leaf,
     pub(crate) agents: Vec<RawAgentToken>,
     pub(crate) jwt: RawJwt,
+    pub(crate) private_jwt: Option<RawJwt>,
+    pub(crate) advertise_address: Leaf,
 }
 
 #[derive(Debug, Default, Deserialize)]

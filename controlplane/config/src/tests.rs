@@ -335,7 +335,7 @@ fn agent_section_is_read_and_checked() {
 fn redis_section_is_read_and_checked() {
     let (_dir, secret, _) = secret_dir();
     let config = load_str(
-        &format!("tunnel: {{jwt: {{secret_file: '{secret}'}}}}\nredis: {{url: 'redis://user:pw@127.0.0.1:6379', key_prefix: x}}\n"),
+        &format!("tunnel: {{jwt: {{secret_file: '{secret}'}}, private_jwt: {{secret_file: '{secret}'}}}}\nredis: {{url: 'redis://user:pw@127.0.0.1:6379', key_prefix: x}}\n"),
         "r.yaml",
     )
     .expect("valid");
@@ -351,6 +351,15 @@ fn redis_section_is_read_and_checked() {
     );
     assert_eq!(redis.gc_interval, Duration::from_secs(600));
     assert_eq!(redis.unregister_delay, Duration::from_secs(5));
+    let private = config.tunnel.unwrap().private_jwt.expect("private jwt");
+    assert_eq!(
+        (private.issuer.as_str(), private.audience.as_str()),
+        ("sluice-node", "sluice-private")
+    );
+    assert_eq!(
+        config.listeners.private.unwrap().address,
+        "127.0.0.1:8155".parse().unwrap()
+    );
 
     let errors = errors_of(&format!(
         "tunnel: {{jwt: {{secret_file: '{secret}'}}}}\nredis: {{url: 'http://x', ttl: 1m, refresh: 2m}}\n"
@@ -360,6 +369,7 @@ fn redis_section_is_read_and_checked() {
         vec![
             "redis.url: invalid Redis URL \"http://x\": expected redis://, rediss:// or redis+unix://".to_string(),
             "redis.refresh: must be shorter than redis.ttl, or entries expire between refreshes".to_string(),
+            "tunnel.private_jwt.secret_file: is required with redis: nodes sign calls to each other's private endpoints".to_string(),
         ]
     );
     let errors = errors_of("redis: {cluster: ['redis://a:1', 'redis://b:2']}\n");

@@ -9,7 +9,9 @@ use std::time::Duration;
 use serde_norway::Value;
 
 use crate::error::Errors;
-use crate::raw::{Leaf, RawAgent, RawConfig, RawListener, RawRedis, RawServerTls, RawTunnel};
+use crate::raw::{
+    Leaf, RawAgent, RawConfig, RawJwt, RawListener, RawRedis, RawServerTls, RawTunnel,
+};
 use crate::{
     AgentConfig, AgentTokenConfig, Config, DriverChoice, Endpoint, JwtConfig, ListenerConfig,
     ListenersConfig, LogFormat, LoggingConfig, PoolConfig, ReconnectConfig, RedisConfig,
@@ -72,6 +74,41 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
     if redis.is_some() && tunnel.is_none() {
         errors.push("redis", "is only used by a node with a tunnel section");
     }
+    if let (Some(_), Some(tunnel)) = (&redis, &tunnel) {
+        match &tunnel.private_jwt {
+            None => errors.push(
+                "tunnel.private_jwt.secret_file",
+                "is required with redis: nodes sign calls to each other's private endpoints",
+            ),
+            Some(private)
+                if private.issuer == tunnel.jwt.issuer
+                    && private.audience == tunnel.jwt.audience =>
+            {
+                errors.push(
+                    "tunnel.private_jwt",
+                    "needs its own issuer or audience, distinct from tunnel.jwt",
+                )
+            }
+            Some(_) => {}
+        }
+    }
+    let private_listener = match (&raw.listeners.private, &redis) {
+        (Some(raw), Some(_)) => Some(listener(raw, "listeners.private", "127.0.0.1:8155", errors)),
+        (None, Some(_)) => Some(listener(
+            &RawListener::default(),
+            "listeners.private",
+            "127.0.0.1:8155",
+            errors,
+        )),
+        (Some(_), None) => {
+            errors.push(
+                "listeners.private",
+                "is only used with a redis section (multi-node routing)",
+            );
+            None
+        }
+        (None, None) => None,
+    };
     let tunnel_listener =
         |raw: &Option<RawListener>, name: &str, default: &str, errors: &mut Errors| {
             let path = format!("listeners.{name}");
@@ -96,6 +133,7 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
         errors,
     );
     let listeners = ListenersConfig {
+        private: private_listener,
         agent: agent_listener,
         external: external_listener,
         admin: listener(
@@ -375,23 +413,6 @@ fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
             });
         }
     }
-    let jwt_path = "tunnel.jwt";
-    let (secret_file, secret) = secret_from_file(
-        &raw.jwt.secret_file,
-        &format!("{jwt_path}.secret_file"),
-        errors,
-    )
-    .unwrap_or_default();
-    if !secret.is_empty() && secret.len() < 32 {
-        errors.push(
-            format!("{jwt_path}.secret_file"),
-            format!(
-                "the secret in {} has {} bytes; HS256 needs at least 32",
-                secret_file.display(),
-                secret.len()
-            ),
-        );
-    }
     TunnelConfig {
         node_name: text(
             &raw.node_name,
@@ -413,29 +434,66 @@ fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
             errors,
         ) as usize,
         agents,
-        jwt: JwtConfig {
-            secret,
-            secret_file,
-            issuer: text(&raw.jwt.issuer, "tunnel.jwt.issuer", "gitlab", errors),
-            audience: text(
-                &raw.jwt.audience,
-                "tunnel.jwt.audience",
-                "gitlab-kas",
+        jwt: jwt(
+            &raw.jwt,
+            "tunnel.jwt",
+            ("gitlab", "gitlab-kas"),
+            Duration::from_secs(60),
+            errors,
+        ),
+        private_jwt: raw.private_jwt.as_ref().map(|raw| {
+            jwt(
+                raw,
+                "tunnel.private_jwt",
+                ("sluice-node", "sluice-private"),
+                Duration::from_secs(10),
                 errors,
+            )
+        }),
+        advertise_address: raw
+            .advertise_address
+            .as_ref()
+            .and_then(|value| scalar(value, "tunnel.advertise_address", errors)),
+    }
+}
+
+fn jwt(
+    raw: &RawJwt,
+    path: &str,
+    (issuer, audience): (&str, &str),
+    max_lifetime: Duration,
+    errors: &mut Errors,
+) -> JwtConfig {
+    let (secret_file, secret) =
+        secret_from_file(&raw.secret_file, &format!("{path}.secret_file"), errors)
+            .unwrap_or_default();
+    if !secret.is_empty() && secret.len() < 32 {
+        errors.push(
+            format!("{path}.secret_file"),
+            format!(
+                "the secret in {} has {} bytes; HS256 needs at least 32",
+                secret_file.display(),
+                secret.len()
             ),
-            leeway: duration(
-                &raw.jwt.leeway,
-                "tunnel.jwt.leeway",
-                Duration::from_secs(5),
-                errors,
-            ),
-            max_lifetime: duration(
-                &raw.jwt.max_lifetime,
-                "tunnel.jwt.max_lifetime",
-                Duration::from_secs(60),
-                errors,
-            ),
-        },
+        );
+    }
+    JwtConfig {
+        secret,
+        secret_file,
+        issuer: text(&raw.issuer, &format!("{path}.issuer"), issuer, errors),
+        audience: text(&raw.audience, &format!("{path}.audience"), audience, errors),
+        leeway: duration(
+            &raw.leeway,
+            &format!("{path}.leeway"),
+            Duration::from_secs(5),
+            errors,
+        ),
+        max_lifetime: duration(
+            &raw.max_lifetime,
+            &format!("{path}.max_lifetime"),
+            max_lifetime,
+            errors,
+        ),
     }
 }
 

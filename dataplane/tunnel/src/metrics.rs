@@ -36,8 +36,23 @@ impl MetricConstructor<PerCoreCounter> for PerCore {
     }
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    decision: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabels {
+    code: &'static str,
+}
+
+/// Routing decisions, in the order of `ROUTE_DECISIONS`.
+const ROUTE_DECISIONS: [&str; 4] = ["local", "remote", "waited", "retried"];
+
 #[derive(Debug, Clone)]
 pub struct TunnelMetrics {
+    routes: Vec<PerCoreCounter>,
+    private_requests: Vec<PerCoreCounter>,
     requests: Family<CallLabels, PerCoreCounter, PerCore>,
     auth_failures: Family<AuthLabels, Counter>,
     pub tunnels_connected: PerCoreGauge,
@@ -49,7 +64,29 @@ pub struct TunnelMetrics {
 
 impl TunnelMetrics {
     pub fn register(registry: &mut Registry, workers: usize) -> Self {
+        let route_family = Family::<DecisionLabels, PerCoreCounter, PerCore>::new_with_constructor(
+            PerCore(workers),
+        );
+        let private_family =
+            Family::<CodeLabels, PerCoreCounter, PerCore>::new_with_constructor(PerCore(workers));
         let metrics = Self {
+            routes: ROUTE_DECISIONS
+                .iter()
+                .map(|decision| {
+                    route_family
+                        .get_or_create(&DecisionLabels { decision })
+                        .clone()
+                })
+                .collect(),
+            private_requests: (0..=16u32)
+                .map(|code| {
+                    private_family
+                        .get_or_create(&CodeLabels {
+                            code: Code::from_u32(code).name(),
+                        })
+                        .clone()
+                })
+                .collect(),
             requests: Family::new_with_constructor(PerCore(workers)),
             auth_failures: Family::default(),
             tunnels_connected: PerCoreGauge::new(workers),
@@ -62,6 +99,16 @@ impl TunnelMetrics {
             "sluice_tunnel_requests",
             "Calls relayed through tunnels (and refused before), by gRPC method and status code",
             metrics.requests.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_routes",
+            "Routing decisions: local tunnel at once, remote node, local after waiting, retried",
+            route_family,
+        );
+        registry.register(
+            "sluice_tunnel_private_requests",
+            "Calls other nodes forwarded to this node's private endpoint, by gRPC status code",
+            private_family,
         );
         registry.register(
             "sluice_tunnel_auth_failures",
@@ -112,6 +159,18 @@ impl TunnelMetrics {
                 code: code.name(),
             })
             .clone()
+    }
+
+    /// Counts a routing decision ("local", "remote", "waited" or "retried").
+    pub fn route(&self, decision: &str, worker: usize) {
+        if let Some(index) = ROUTE_DECISIONS.iter().position(|known| *known == decision) {
+            self.routes[index].inc(worker);
+        }
+    }
+
+    /// Counts a call served on the private endpoint.
+    pub fn private_request(&self, code: Code, worker: usize) {
+        self.private_requests[code.as_u32() as usize].inc(worker);
     }
 
     pub fn auth_failure(&self, endpoint: &'static str, reason: &'static str) {

@@ -79,6 +79,52 @@ pub struct NodeShared {
     settings: H2Settings,
     /// Publishes which agents this node holds (multi-node); `None` without Redis.
     tracker: Option<sluice_tracker::TrackerHandle>,
+    /// Checks tokens on the private endpoint; signs tokens for other nodes' private endpoints.
+    private_jwt: Option<(JwtValidator, PrivateSigner)>,
+}
+
+/// Signs the short-lived JWTs a node presents to another node's private endpoint.
+#[derive(Clone)]
+struct PrivateSigner {
+    key: jsonwebtoken::EncodingKey,
+    issuer: String,
+    audience: String,
+}
+
+impl std::fmt::Debug for PrivateSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrivateSigner")
+            .field("issuer", &self.issuer)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Lifetime of a node-to-node token (kas uses 5 s).
+const PRIVATE_TOKEN_LIFETIME: u64 = 5;
+
+impl PrivateSigner {
+    fn token(&self) -> Option<String> {
+        #[derive(serde::Serialize)]
+        struct Claims<'a> {
+            iss: &'a str,
+            aud: &'a str,
+            iat: u64,
+            exp: u64,
+        }
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_secs();
+        let claims = Claims {
+            iss: &self.issuer,
+            aud: &self.audience,
+            iat: now,
+            exp: now + PRIVATE_TOKEN_LIFETIME,
+        };
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+            &claims,
+            &self.key,
+        )
+        .ok()
+    }
 }
 
 impl NodeShared {
@@ -116,6 +162,16 @@ impl NodeShared {
             external_tls: tls(external_listener)?,
             settings: H2Settings::default(),
             tracker,
+            private_jwt: config.private_jwt.as_ref().map(|private| {
+                (
+                    JwtValidator::new(private),
+                    PrivateSigner {
+                        key: jsonwebtoken::EncodingKey::from_secret(&private.secret),
+                        issuer: private.issuer.clone(),
+                        audience: private.audience.clone(),
+                    },
+                )
+            }),
         }))
     }
 
@@ -455,16 +511,45 @@ impl HandlerFactory for ExternalEndpoint {
     fn create(&self, _worker: &WorkerContext) -> Rc<dyn ConnectionHandler> {
         Rc::new(ExternalHandler {
             node: self.node.clone(),
+            mode: Endpoint::External,
             counters: RefCell::default(),
+            peers: RefCell::default(),
         })
     }
 }
 
-/// Per-core external endpoint state: the request counters this core has looked up.
+/// The private endpoint: other nodes forward calls here with a node JWT, naming the agent; it
+/// serves them from this node's own tunnels only and never routes further, so calls cannot loop.
+#[derive(Debug, Clone)]
+pub struct PrivateEndpoint {
+    pub node: Arc<NodeShared>,
+}
+
+impl HandlerFactory for PrivateEndpoint {
+    fn create(&self, _worker: &WorkerContext) -> Rc<dyn ConnectionHandler> {
+        Rc::new(ExternalHandler {
+            node: self.node.clone(),
+            mode: Endpoint::Private,
+            counters: RefCell::default(),
+            peers: RefCell::default(),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    External,
+    Private,
+}
+
+/// Per-core endpoint state: the request counters this core has looked up and its HTTP/2
+/// connections to other nodes' private endpoints.
 #[derive(Debug)]
 struct ExternalHandler {
     node: Arc<NodeShared>,
+    mode: Endpoint,
     counters: RefCell<HashMap<(String, Code), PerCoreCounter>>,
+    peers: RefCell<HashMap<std::net::SocketAddr, h2::client::SendRequest<Bytes>>>,
 }
 
 impl ExternalHandler {
@@ -489,9 +574,14 @@ impl ConnectionHandler for ExternalHandler {
         Box::pin(async move {
             let handler = self.clone();
             let handler_conn = conn.clone();
+            let tls = match self.mode {
+                Endpoint::External => self.node.external_tls.clone(),
+                // Private listeners speak h2c for now: keep them on a trusted network.
+                Endpoint::Private => None,
+            };
             serve_connection(
                 stream,
-                self.node.external_tls.clone(),
+                tls,
                 &self.node.settings,
                 &conn,
                 move |request, respond| {
@@ -501,7 +591,12 @@ impl ConnectionHandler for ExternalHandler {
                         let started = Instant::now();
                         let method = request.uri().path().to_string();
                         let code = handler.call(&conn, request, respond).await;
-                        handler.count(&method, code, conn.worker());
+                        match handler.mode {
+                            Endpoint::External => handler.count(&method, code, conn.worker()),
+                            Endpoint::Private => {
+                                handler.node.metrics.private_request(code, conn.worker())
+                            }
+                        }
                         handler
                             .node
                             .metrics
@@ -521,7 +616,20 @@ impl ConnectionHandler for ExternalHandler {
 enum Route {
     /// A tunnel of the agent on this node.
     Local(TunnelStreams),
+    /// Another node holds the agent: forward to its private endpoint.
+    Remote {
+        node: String,
+        address: std::net::SocketAddr,
+    },
 }
+
+/// How often a call waiting for its agent asks the tracker again, in case an arrival message
+/// was lost (Redis reconnect); pub/sub wakes it sooner.
+const ROUTE_POLL: Duration = Duration::from_secs(2);
+
+/// Forwarding to another node failed before anything reached the client: try another node.
+#[derive(Debug)]
+struct Retry(String);
 
 /// How a relay ended when it did not end with the agent's status.
 #[derive(Debug)]
@@ -540,8 +648,19 @@ impl ExternalHandler {
         mut respond: SendResponse<Bytes>,
     ) -> Code {
         let node = &self.node;
-        if let Err(error) = node.jwt.validate(request.headers()) {
-            node.metrics.auth_failure("external", error.reason());
+        let validated = match (self.mode, &node.private_jwt) {
+            (Endpoint::External, _) => node.jwt.validate(request.headers()),
+            (Endpoint::Private, Some((validator, _))) => validator.validate(request.headers()),
+            (Endpoint::Private, None) => Err(crate::auth::AuthError::InvalidToken(
+                "no private JWT configured",
+            )),
+        };
+        if let Err(error) = validated {
+            let endpoint = match self.mode {
+                Endpoint::External => "external",
+                Endpoint::Private => "private",
+            };
+            node.metrics.auth_failure(endpoint, error.reason());
             respond_status(&mut respond, Code::Unauthenticated, &error.to_string());
             return Code::Unauthenticated;
         }
@@ -592,62 +711,378 @@ impl ExternalHandler {
         let wait_until = deadline.map_or(waited + node.max_wait, |deadline| {
             deadline.min(waited + node.max_wait)
         });
-        let route = loop {
-            let acquired = monoio::select! {
-                tunnel = monoio::time::timeout_at(wait_until.into(), node.registry.acquire(agent)) => Some(tunnel),
-                _ = poll_fn(|cx| respond.poll_reset(cx)) => None,
-            };
-            let mut tunnel = match acquired {
-                None => {
+        let mut tried_nodes: Vec<String> = Vec::new();
+        loop {
+            let route = match self
+                .decide_route(
+                    agent,
+                    wait_until,
+                    deadline,
+                    &mut respond,
+                    &tried_nodes,
+                    conn.worker(),
+                )
+                .await
+            {
+                Ok(route) => route,
+                Err(code) => {
                     node.metrics
                         .wait_duration
                         .observe(conn.worker(), waited.elapsed().as_secs_f64());
-                    return Code::Cancelled;
+                    return code;
                 }
-                Some(Err(_)) => {
+            };
+            match route {
+                Route::Local(mut tunnel) => {
+                    // The remaining deadline travels with the call so the backend sees it too.
+                    metadata.retain(|entry| entry.key != "grpc-timeout");
+                    if let Some(deadline) = deadline {
+                        let remaining = deadline.saturating_duration_since(Instant::now());
+                        metadata.push(MetadataEntry {
+                            key: "grpc-timeout".to_string(),
+                            values: vec![Bytes::from(encode_timeout(remaining))],
+                        });
+                    }
+                    let info = frame(&ConnectResponse {
+                        msg: Some(connect_response::Msg::RequestInfo(RequestInfo {
+                            method_name: method.clone(),
+                            metadata: metadata.clone(),
+                        })),
+                    });
+                    // A tunnel that broke while idle fails here, before the client saw anything:
+                    // decide again.
+                    if send_data(&mut tunnel.send, info, false).await.is_err() {
+                        node.metrics.route("retried", conn.worker());
+                        continue;
+                    }
                     node.metrics
                         .wait_duration
                         .observe(conn.worker(), waited.elapsed().as_secs_f64());
+                    return self
+                        .relay(tunnel, &mut body, respond, deadline, agent, conn.worker())
+                        .await;
+                }
+                Route::Remote {
+                    node: peer,
+                    address,
+                } => {
+                    node.metrics
+                        .wait_duration
+                        .observe(conn.worker(), waited.elapsed().as_secs_f64());
+                    match self
+                        .relay_remote(address, &parts, &mut body, &mut respond, deadline, agent)
+                        .await
+                    {
+                        Ok(code) => return code,
+                        Err(Retry(why)) => {
+                            tracing::info!(agent, node = %peer, %why, "forwarding to another node failed before any reply; trying again");
+                            node.metrics.route("retried", conn.worker());
+                            tried_nodes.push(peer);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decides where a call goes: this node's tunnel if it has an idle one; otherwise (on the
+    /// external endpoint, with a tracker) a node the tracker lists; otherwise waits for a local
+    /// tunnel or an arrival anywhere (pub/sub, with a slow poll as fallback) until `wait_until`.
+    async fn decide_route(
+        &self,
+        agent: AgentId,
+        wait_until: Instant,
+        deadline: Option<Instant>,
+        respond: &mut SendResponse<Bytes>,
+        tried_nodes: &[String],
+        worker: usize,
+    ) -> Result<Route, Code> {
+        let node = &self.node;
+        let tracker = match self.mode {
+            Endpoint::External => node.tracker.as_ref(),
+            Endpoint::Private => None,
+        };
+        let mut waited = false;
+        loop {
+            // Listen first, so an arrival between the checks below and the wait is not missed.
+            let arrival = tracker.map(|tracker| tracker.arrivals.listen(agent));
+            if node.registry.has_idle(agent) {
+                if let Ok(tunnel) =
+                    monoio::time::timeout_at(wait_until.into(), node.registry.acquire(agent)).await
+                {
+                    node.metrics
+                        .route(if waited { "waited" } else { "local" }, worker);
+                    return Ok(Route::Local(tunnel));
+                }
+            }
+            if let Some(tracker) = tracker {
+                match monoio::time::timeout_at(wait_until.into(), tracker.lookup(agent)).await {
+                    Ok(Ok(entries)) => {
+                        let remote = entries
+                            .into_iter()
+                            .filter(|entry| {
+                                entry.node != node.node_name && !tried_nodes.contains(&entry.node)
+                            })
+                            .find_map(|entry| {
+                                entry
+                                    .private_address
+                                    .parse()
+                                    .ok()
+                                    .map(|address| (entry.node, address))
+                            });
+                        if let Some((peer, address)) = remote {
+                            node.metrics.route("remote", worker);
+                            return Ok(Route::Remote {
+                                node: peer,
+                                address,
+                            });
+                        }
+                    }
+                    // Redis is away: local tunnels still work; remote routing resumes with it.
+                    Ok(Err(error)) => tracing::debug!(agent, %error, "tracker lookup failed"),
+                    Err(_) => {}
+                }
+            }
+            waited = true;
+            enum Woken {
+                Local(TunnelStreams),
+                Again,
+                Reset,
+                Expired,
+            }
+            let arrival = async {
+                match arrival {
+                    Some(listener) => listener.await,
+                    None => std::future::pending().await,
+                }
+            };
+            let poll = async {
+                if tracker.is_some() {
+                    monoio::time::sleep(ROUTE_POLL).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
+            let woken = monoio::select! {
+                tunnel = node.registry.acquire(agent) => Woken::Local(tunnel),
+                _ = arrival => Woken::Again,
+                _ = poll => Woken::Again,
+                _ = poll_fn(|cx| respond.poll_reset(cx)) => Woken::Reset,
+                _ = monoio::time::sleep_until(wait_until.into()) => Woken::Expired,
+            };
+            match woken {
+                Woken::Local(tunnel) => {
+                    node.metrics.route("waited", worker);
+                    return Ok(Route::Local(tunnel));
+                }
+                Woken::Again => {}
+                Woken::Reset => return Err(Code::Cancelled),
+                Woken::Expired => {
                     let message = if deadline.is_some_and(|deadline| deadline <= wait_until) {
                         format!("deadline exceeded while waiting for a tunnel of agent {agent}")
                     } else {
+                        let scope = if tracker.is_some() {
+                            "in the cluster"
+                        } else {
+                            "on this node"
+                        };
                         format!(
-                            "agent {agent} has no free tunnel on this node after waiting {:?}",
+                            "agent {agent} has no free tunnel {scope} after waiting {:?}",
                             node.max_wait
                         )
                     };
-                    respond_status(&mut respond, Code::DeadlineExceeded, &message);
-                    return Code::DeadlineExceeded;
+                    respond_status(respond, Code::DeadlineExceeded, &message);
+                    return Err(Code::DeadlineExceeded);
                 }
-                Some(Ok(tunnel)) => tunnel,
-            };
-            // The remaining deadline travels with the call so the backend sees it too.
-            metadata.retain(|entry| entry.key != "grpc-timeout");
-            if let Some(deadline) = deadline {
-                let remaining = deadline.saturating_duration_since(Instant::now());
-                metadata.push(MetadataEntry {
-                    key: "grpc-timeout".to_string(),
-                    values: vec![Bytes::from(encode_timeout(remaining))],
-                });
             }
-            let info = frame(&ConnectResponse {
-                msg: Some(connect_response::Msg::RequestInfo(RequestInfo {
-                    method_name: method.clone(),
-                    metadata: metadata.clone(),
-                })),
-            });
-            // A tunnel that broke while idle fails here, before the client saw anything: take
-            // another one.
-            if send_data(&mut tunnel.send, info, false).await.is_ok() {
-                break Route::Local(tunnel);
+        }
+    }
+
+    /// This core's connection to another node's private endpoint.
+    async fn peer(
+        &self,
+        address: std::net::SocketAddr,
+    ) -> Result<h2::client::SendRequest<Bytes>, String> {
+        let existing = self.peers.borrow().get(&address).cloned();
+        if let Some(peer) = existing {
+            if let Ok(ready) = peer.ready().await {
+                return Ok(ready);
+            }
+            self.peers.borrow_mut().remove(&address);
+        }
+        let connection = sluice_grpc::transport::connect(address, None, &self.node.settings)
+            .await
+            .map_err(|error| error.to_string())?;
+        let ready = connection
+            .send_request
+            .clone()
+            .ready()
+            .await
+            .map_err(|error| error.to_string())?;
+        self.peers
+            .borrow_mut()
+            .insert(address, connection.send_request);
+        Ok(ready)
+    }
+
+    /// Forwards a call to another node's private endpoint and relays its answer. `Err(Retry)`
+    /// only while nothing has been sent to the client and none of its request consumed, so the
+    /// caller may try another node.
+    async fn relay_remote(
+        &self,
+        address: std::net::SocketAddr,
+        parts: &http::request::Parts,
+        client_body: &mut RecvStream,
+        respond: &mut SendResponse<Bytes>,
+        deadline: Option<Instant>,
+        agent: AgentId,
+    ) -> Result<Code, Retry> {
+        let token = self
+            .node
+            .private_jwt
+            .as_ref()
+            .and_then(|(_, signer)| signer.token())
+            .ok_or_else(|| Retry("no private JWT to sign with".to_string()))?;
+        let mut peer = self.peer(address).await.map_err(Retry)?;
+        let mut request = Request::post(format!("http://{address}{}", parts.uri.path()))
+            .body(())
+            .map_err(|error| Retry(error.to_string()))?;
+        metadata_into_headers(
+            &metadata_from_headers(&parts.headers),
+            request.headers_mut(),
+        );
+        let headers = request.headers_mut();
+        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+        headers
+            .entry(http::header::CONTENT_TYPE)
+            .or_insert(HeaderValue::from_static("application/grpc"));
+        if let Ok(value) = HeaderValue::from_str(&format!("Bearer {token}")) {
+            headers.insert(http::header::AUTHORIZATION, value);
+        }
+        headers.insert(AGENT_ID_HEADER, HeaderValue::from(agent));
+        if let Some(deadline) = deadline {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if let Ok(value) = HeaderValue::from_str(&encode_timeout(remaining)) {
+                headers.insert("grpc-timeout", value);
+            }
+        }
+        let (response, mut peer_send) = peer
+            .send_request(request, false)
+            .map_err(|error| Retry(error.to_string()))?;
+
+        // Client -> peer: DATA as it arrives (the peer's node checks the framing).
+        let up = async {
+            while let Some(chunk) = recv_data(client_body).await {
+                let chunk = chunk.map_err(|_| Fault::ClientGone)?;
+                send_data(&mut peer_send, chunk, false)
+                    .await
+                    .map_err(|error| Fault::AgentGone(format!("node {address}: {error}")))?;
+            }
+            send_data(&mut peer_send, Bytes::new(), true)
+                .await
+                .map_err(|error| Fault::AgentGone(format!("node {address}: {error}")))?;
+            Ok::<(), Fault>(())
+        };
+        let mut responder = Responder {
+            respond,
+            stream: None,
+        };
+        let down = async {
+            let response = monoio::select! {
+                response = response => response.map_err(|error| Fault::AgentGone(format!("node {address}: {error}")))?,
+                _ = responder.reset() => return Err(Fault::ClientGone),
+            };
+            let (head, mut body) = response.into_parts();
+            let trailers_only = head.headers.contains_key("grpc-status");
+            let code_of = |headers: &HeaderMap| {
+                headers
+                    .get("grpc-status")
+                    .map_or(Code::Unknown, |value| Code::from_header(value.as_bytes()))
+            };
+            let mut forwarded = Response::new(());
+            *forwarded.headers_mut() = head.headers.clone();
+            if trailers_only {
+                let _ = responder.respond.send_response(forwarded, true);
+                return Ok(code_of(&head.headers));
+            }
+            let stream = responder
+                .respond
+                .send_response(forwarded, false)
+                .map_err(|_| Fault::ClientGone)?;
+            responder.stream = Some(stream);
+            loop {
+                let next = monoio::select! {
+                    chunk = recv_data(&mut body) => Some(chunk),
+                    _ = responder.reset() => None,
+                };
+                match next {
+                    None => return Err(Fault::ClientGone),
+                    Some(None) => break,
+                    Some(Some(Ok(chunk))) => {
+                        let Some(stream) = responder.stream.as_mut() else {
+                            return Err(Fault::ClientGone);
+                        };
+                        send_data(stream, chunk, false)
+                            .await
+                            .map_err(|_| Fault::ClientGone)?;
+                    }
+                    Some(Some(Err(error))) => {
+                        return Err(Fault::AgentGone(format!("node {address}: {error}")))
+                    }
+                }
+            }
+            let trailers = poll_fn(|cx| body.poll_trailers(cx))
+                .await
+                .map_err(|error| Fault::AgentGone(format!("node {address}: {error}")))?
+                .unwrap_or_default();
+            let code = code_of(&trailers);
+            if let Some(stream) = responder.stream.as_mut() {
+                let _ = stream.send_trailers(trailers);
+            }
+            Ok(code)
+        };
+        let outcome = {
+            let both = async {
+                let mut up = std::pin::pin!(up);
+                let mut down = std::pin::pin!(down);
+                let mut up_done = false;
+                loop {
+                    monoio::select! {
+                        sent = &mut up, if !up_done => match sent {
+                            Ok(()) => up_done = true,
+                            Err(fault) => return Err(fault),
+                        },
+                        received = &mut down => return received,
+                    }
+                }
+            };
+            match deadline {
+                Some(deadline) => match monoio::time::timeout_at(deadline.into(), both).await {
+                    Ok(outcome) => outcome.map_err(Some),
+                    Err(_) => Err(None),
+                },
+                None => both.await.map_err(Some),
             }
         };
-        node.metrics
-            .wait_duration
-            .observe(conn.worker(), waited.elapsed().as_secs_f64());
-        let Route::Local(tunnel) = route;
-        self.relay(tunnel, &mut body, respond, deadline, agent, conn.worker())
-            .await
+        match outcome {
+            Ok(code) => Ok(code),
+            Err(fault) => {
+                peer_send.send_reset(h2::Reason::CANCEL);
+                let (code, message) = match fault {
+                    None => (
+                        Code::DeadlineExceeded,
+                        format!("deadline exceeded in a call to agent {agent}"),
+                    ),
+                    Some(Fault::ClientGone) => return Ok(Code::Cancelled),
+                    Some(Fault::AgentGone(why)) | Some(Fault::AgentProtocol(why)) => {
+                        (Code::Unavailable, format!("agent {agent} via {why}"))
+                    }
+                    Some(Fault::ClientProtocol(code, message)) => (code, message),
+                };
+                responder.finish(code, &message);
+                Ok(code)
+            }
+        }
     }
 
     async fn relay(
@@ -660,8 +1095,9 @@ impl ExternalHandler {
         worker: usize,
     ) -> Code {
         let limit = self.node.max_message_bytes;
+        let mut respond = respond;
         let mut responder = Responder {
-            respond,
+            respond: &mut respond,
             stream: None,
         };
         let outcome = {
@@ -742,12 +1178,12 @@ impl ExternalHandler {
 }
 
 /// The client's half of a call: headers not yet sent, or the response stream.
-struct Responder {
-    respond: SendResponse<Bytes>,
+struct Responder<'a> {
+    respond: &'a mut SendResponse<Bytes>,
     stream: Option<SendStream<Bytes>>,
 }
 
-impl Responder {
+impl Responder<'_> {
     /// Resolves when the client resets the call.
     async fn reset(&mut self) {
         match &mut self.stream {
@@ -768,7 +1204,7 @@ impl Responder {
                 status_headers(&mut trailers, code, message);
                 let _ = stream.send_trailers(trailers);
             }
-            None => respond_status(&mut self.respond, code, message),
+            None => respond_status(self.respond, code, message),
         }
     }
 }
@@ -809,7 +1245,7 @@ async fn pump_up(
 async fn pump_down(
     recv: &mut RecvStream,
     reader: &mut TunnelReader,
-    responder: &mut Responder,
+    responder: &mut Responder<'_>,
 ) -> Result<Code, Fault> {
     loop {
         let next = monoio::select! {

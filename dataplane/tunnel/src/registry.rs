@@ -165,6 +165,14 @@ impl<T> ConnectionRegistry<T> {
         }
     }
 
+    /// Whether `agent` has an idle tunnel here right now (a hint: another request may take it
+    /// first, in which case `acquire` waits as usual).
+    pub fn has_idle(&self, agent: AgentId) -> bool {
+        self.stripe(agent)
+            .get(&agent)
+            .is_some_and(|slot| !slot.idle.is_empty())
+    }
+
     /// Idle tunnels per (agent, connection), for ListConnectedAgents.
     pub fn idle_by_connection(&self) -> HashMap<(AgentId, i64), u32> {
         let mut counts = HashMap::new();

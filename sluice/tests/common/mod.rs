@@ -66,7 +66,7 @@ pub fn start_node(
     max_message_bytes: usize,
     tls: Option<&Certificates>,
 ) -> SluiceProcess {
-    start_node_on(secrets, max_wait, max_message_bytes, tls, "auto", "")
+    start_node_on(secrets, max_wait, max_message_bytes, tls, "auto", "", "")
 }
 
 /// A node on a given I/O driver (`auto`, `uring`, `legacy`).
@@ -76,6 +76,7 @@ pub fn start_node_on(
     max_message_bytes: usize,
     tls: Option<&Certificates>,
     driver: &str,
+    tunnel_extra: &str,
     extra_yaml: &str,
 ) -> SluiceProcess {
     let agents: String = secrets
@@ -90,10 +91,12 @@ pub fn start_node_on(
         .collect();
     let yaml = format!(
         "runtime: {{workers: 2, drain_timeout: 2s, driver: {driver}}}\n\
-         listeners:\n  admin: {{address: '127.0.0.1:0'}}\n  agent: {{address: '127.0.0.1:0'{tls}}}\n  external: {{address: '127.0.0.1:0'{tls}}}\n\
-         tunnel:\n  node_name: test-node\n  max_wait: {max_wait}\n  max_message_bytes: {max_message_bytes}\n  agents:\n{agents}  jwt: {{secret_file: '{}'}}\n",
+         listeners:\n  admin: {{address: '127.0.0.1:0'}}\n  agent: {{address: '127.0.0.1:0'{tls}}}\n  external: {{address: '127.0.0.1:0'{tls}}}\n{private}\
+         tunnel:\n{node_name}  max_wait: {max_wait}\n  max_message_bytes: {max_message_bytes}\n  agents:\n{agents}  jwt: {{secret_file: '{}'}}\n{tunnel_extra}",
         secrets.jwt_secret.display(),
         tls = tls_block(tls),
+        node_name = if tunnel_extra.contains("node_name:") { "" } else { "  node_name: test-node\n" },
+        private = if extra_yaml.contains("redis:") { "  private: {address: '127.0.0.1:0'}\n" } else { "" },
     ) + extra_yaml;
     let launcher = SluiceLauncher::new(BIN).unwrap();
     let config = launcher.write_file("node.yaml", &yaml).unwrap();

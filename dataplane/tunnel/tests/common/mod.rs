@@ -93,6 +93,8 @@ pub fn start_node_with(
             leeway: Duration::from_secs(5),
             max_lifetime: Duration::from_secs(60),
         },
+        private_jwt: None,
+        advertise_address: None,
     };
     let options = RuntimeOptions {
         workers: 2,

@@ -1,0 +1,160 @@
+//! Three nodes, one redis-server: calls reach an agent through whichever node holds it.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+mod common;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::{client_args, metric, start_agent, wait_for_idle_tunnels, Secrets};
+use serde_json::Value;
+use test_support::{
+    spawn_tunnel_client, tunnel_client, wait_until, GrpcBackend, RedisServer, SluiceProcess,
+};
+
+struct Cluster {
+    secrets: Secrets,
+    private_secret: std::path::PathBuf,
+    nodes: Vec<SluiceProcess>,
+    _redis: RedisServer,
+}
+
+fn cluster() -> Cluster {
+    let redis = RedisServer::start().unwrap();
+    let secrets = Secrets::new();
+    let private_secret = secrets.dir.path().join("private.secret");
+    std::fs::write(
+        &private_secret,
+        "private-node-secret-0123456789abcdef0123\n",
+    )
+    .unwrap();
+    let nodes = ["node-a", "node-b", "node-c"]
+        .iter()
+        .map(|name| {
+            let tunnel_extra = format!(
+                "  node_name: {name}\n  private_jwt: {{secret_file: '{}', issuer: sluice-node, audience: sluice-private}}\n",
+                private_secret.display()
+            );
+            let extra = format!("redis:\n  url: '{}'\n  key_prefix: multi\n  unregister_delay: 500ms\n", redis.url());
+            common::start_node_on(&secrets, "10s", 32 * 1024 * 1024, None, "auto", &tunnel_extra, &extra)
+        })
+        .collect();
+    Cluster {
+        secrets,
+        private_secret,
+        nodes,
+        _redis: redis,
+    }
+}
+
+fn private_args(node: &SluiceProcess, cluster: &Cluster, agent: i64) -> Vec<String> {
+    vec![
+        "--node".into(),
+        node.address("private").to_string(),
+        "--agent-id".into(),
+        agent.to_string(),
+        "--secret-file".into(),
+        cluster.private_secret.display().to_string(),
+        "--issuer".into(),
+        "sluice-node".into(),
+        "--audience".into(),
+        "sluice-private".into(),
+        "--lifetime".into(),
+        "5".into(),
+    ]
+}
+
+#[test]
+fn a_call_to_any_node_reaches_the_agent_on_another() {
+    let cluster = cluster();
+    let backend = GrpcBackend::start().unwrap();
+    let (a, c) = (&cluster.nodes[0], &cluster.nodes[2]);
+    let _agent = start_agent(&cluster.secrets, 7, c, backend.address, 20, None);
+    wait_for_idle_tunnels(c, 2.0);
+    let result = tunnel_client("shapes", &client_args(a, &cluster.secrets, 7));
+    assert_eq!(result["unary"], "hello", "{result}");
+    assert_eq!(result["initial_metadata"], "r-42", "{result}");
+    assert_eq!(result["trailing_metadata"], "done", "{result}");
+    assert_eq!(result["server_stream_count"], 10_000, "{result}");
+    assert_eq!(result["server_stream_in_order"], true, "{result}");
+    assert_eq!(result["bidi"], true, "{result}");
+    assert_eq!(result["big_echo"], true, "{result}");
+    assert_eq!(result["fail"]["code"], "NOT_FOUND", "{result}");
+    assert!(metric(a, "sluice_tunnel_routes_total{decision=\"remote\"}").unwrap_or(0.0) >= 1.0);
+    assert!(metric(c, "sluice_tunnel_private_requests_total{code=\"OK\"}").unwrap_or(0.0) >= 1.0);
+}
+
+#[test]
+fn a_waiting_call_is_served_promptly_when_its_agent_connects_to_another_node() {
+    let cluster = cluster();
+    let backend = GrpcBackend::start().unwrap();
+    let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let mut args = client_args(a, &cluster.secrets, 8);
+    args.extend([
+        "--timeout".into(),
+        "20".into(),
+        "--payload".into(),
+        "late".into(),
+    ]);
+    let waiting = spawn_tunnel_client("unary", &args);
+    std::thread::sleep(Duration::from_secs(1));
+    let _agent = start_agent(&cluster.secrets, 8, b, backend.address, 20, None);
+    // When node B first holds a tunnel of agent 8.
+    assert!(wait_until(Duration::from_secs(20), || metric(
+        b,
+        "sluice_tunnel_connected_tunnels"
+    )
+    .unwrap_or(0.0)
+        >= 1.0));
+    let connected_at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let output = waiting.wait_with_output().unwrap();
+    let result: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(result["code"], "OK", "{result}");
+    assert_eq!(result["reply"], "late", "{result}");
+    let served_after = result["ended_at"].as_f64().unwrap() - connected_at;
+    // The fallback poll is every 2 s: well under that means pub/sub woke the waiter.
+    assert!(
+        served_after < 0.2,
+        "served {served_after:.3} s after the agent connected"
+    );
+}
+
+#[test]
+fn private_and_external_tokens_are_not_interchangeable() {
+    let cluster = cluster();
+    let backend = GrpcBackend::start().unwrap();
+    let (a, c) = (&cluster.nodes[0], &cluster.nodes[2]);
+    let _agent = start_agent(&cluster.secrets, 7, c, backend.address, 20, None);
+    wait_for_idle_tunnels(c, 2.0);
+
+    // A node token on node C's private endpoint works (C holds the agent).
+    let direct = tunnel_client("unary", &private_args(c, &cluster, 7));
+    assert_eq!(direct["code"], "OK", "{direct}");
+    // An external token on a private endpoint is refused.
+    let mut external_on_private = client_args(c, &cluster.secrets, 7);
+    external_on_private[1] = c.address("private").to_string();
+    let refused = tunnel_client("unary", &external_on_private);
+    assert_eq!(refused["code"], "UNAUTHENTICATED", "{refused}");
+    // A node token on the external endpoint is refused.
+    let mut private_on_external = private_args(a, &cluster, 7);
+    private_on_external[1] = a.address("external").to_string();
+    let refused = tunnel_client("unary", &private_on_external);
+    assert_eq!(refused["code"], "UNAUTHENTICATED", "{refused}");
+    // A token from another secret is refused on the private endpoint.
+    let other = cluster.secrets.dir.path().join("other.secret");
+    std::fs::write(&other, "some-other-secret-0123456789abcdef012345\n").unwrap();
+    let mut wrong_secret = private_args(c, &cluster, 7);
+    wrong_secret[5] = other.display().to_string();
+    let refused = tunnel_client("unary", &wrong_secret);
+    assert_eq!(refused["code"], "UNAUTHENTICATED", "{refused}");
+    assert!(
+        metric(
+            c,
+            "sluice_tunnel_auth_failures_total{endpoint=\"private\",reason=\"bad_signature\"}"
+        )
+        .unwrap_or(0.0)
+            >= 2.0
+    );
+}
