@@ -7,14 +7,15 @@
 #   scripts/test.sh integration  integration and end-to-end tests (crates' tests/ folders)
 #
 # Data-plane tests run each case on both monoio drivers (io_uring and legacy epoll) themselves.
-# Builds go to $CARGO_TARGET_DIR, by default outside the checkout so repeated runs on one
-# machine (and CI's fresh clones) reuse artifacts.
+# Builds go to $CARGO_TARGET_DIR, by default a directory outside the checkout keyed by the
+# checkout's path: repeated runs of one checkout reuse artifacts, and two checkouts never share
+# (cargo would take one's fresh-looking artifacts for the other's).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
 tier=${1:-all}
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target-$(printf %s "$root" | sha1sum | cut -c1-12)}
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 
 log() { printf '\n== %s\n' "$*"; }

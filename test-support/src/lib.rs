@@ -19,11 +19,19 @@ pub use wait::{wait_for_tcp, wait_until};
 
 use std::path::PathBuf;
 
-/// The workspace root (where `Cargo.toml` with `[workspace]` lives).
+/// The workspace root (where `Cargo.toml` with `[workspace]` lives), found from the current
+/// directory (cargo runs tests in their package's directory). Not `env!("CARGO_MANIFEST_DIR")`:
+/// a build directory shared by several checkouts could hand one checkout's paths to another.
 pub fn workspace_root() -> PathBuf {
-    let mut dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    dir.pop();
-    dir
+    let start = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    start
+        .ancestors()
+        .find(|dir| {
+            std::fs::read_to_string(dir.join("Cargo.toml"))
+                .is_ok_and(|manifest| manifest.contains("[workspace]"))
+        })
+        .map(PathBuf::from)
+        .unwrap_or(start)
 }
 
 /// The Python interpreter of the test venv that `scripts/test.sh` creates (grpcio, PyJWT,
