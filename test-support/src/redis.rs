@@ -111,6 +111,16 @@ impl RedisServer {
         Ok(String::from_utf8_lossy(&buffer[..read]).into_owned())
     }
 
+    /// How many times the server has run `command` (from `INFO commandstats`), e.g. "hset".
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let info = self.command(&["INFO", "commandstats"]).unwrap_or_default();
+        info.lines()
+            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|calls| calls.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// `redis://127.0.0.1:PORT`
     pub fn url(&self) -> String {
         format!("redis://{}", self.address)

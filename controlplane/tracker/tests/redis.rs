@@ -37,15 +37,6 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
         .block_on(future)
 }
 
-fn commandstat(redis: &RedisServer, command: &str) -> u64 {
-    let info = redis.command(&["INFO", "commandstats"]).unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|calls| calls.parse().ok())
-        .unwrap_or(0)
-}
-
 #[test]
 fn registration_is_written_once_per_agent_and_removed_after_the_delay() {
     let redis = RedisServer::start().unwrap();
@@ -62,7 +53,7 @@ fn registration_is_written_once_per_agent_and_removed_after_the_delay() {
     assert_eq!(entries[0].node, "node-a");
     assert_eq!(entries[0].private_address, "node-a.private:8155");
     assert_eq!(
-        commandstat(&redis, "hset"),
+        redis.command_calls("hset"),
         1,
         "one write for five registrations"
     );
@@ -81,7 +72,7 @@ fn registration_is_written_once_per_agent_and_removed_after_the_delay() {
     node.register(7);
     std::thread::sleep(Duration::from_millis(700));
     assert_eq!(block_on(node.lookup(7)).unwrap().len(), 1);
-    assert_eq!(commandstat(&redis, "hdel"), 0);
+    assert_eq!(redis.command_calls("hdel"), 0);
 
     // Leaving for good removes the field after the delay.
     node.unregister(7);
@@ -90,7 +81,7 @@ fn registration_is_written_once_per_agent_and_removed_after_the_delay() {
     )
     .unwrap()
     .is_empty()));
-    assert_eq!(commandstat(&redis, "hdel"), 1);
+    assert_eq!(redis.command_calls("hdel"), 1);
 }
 
 #[test]

@@ -1041,29 +1041,7 @@ impl ExternalHandler {
             }
             Ok(code)
         };
-        let outcome = {
-            let both = async {
-                let mut up = std::pin::pin!(up);
-                let mut down = std::pin::pin!(down);
-                let mut up_done = false;
-                loop {
-                    monoio::select! {
-                        sent = &mut up, if !up_done => match sent {
-                            Ok(()) => up_done = true,
-                            Err(fault) => return Err(fault),
-                        },
-                        received = &mut down => return received,
-                    }
-                }
-            };
-            match deadline {
-                Some(deadline) => match monoio::time::timeout_at(deadline.into(), both).await {
-                    Ok(outcome) => outcome.map_err(Some),
-                    Err(_) => Err(None),
-                },
-                None => both.await.map_err(Some),
-            }
-        };
+        let outcome = run_call(up, down, deadline).await;
         match outcome {
             Ok(code) => Ok(code),
             Err(fault) => {
@@ -1103,27 +1081,7 @@ impl ExternalHandler {
         let outcome = {
             let up = pump_up(client_body, &mut tunnel.send, limit);
             let down = pump_down(&mut tunnel.recv, &mut tunnel.reader, &mut responder);
-            let both = async {
-                let mut up = std::pin::pin!(up);
-                let mut down = std::pin::pin!(down);
-                let mut up_done = false;
-                loop {
-                    monoio::select! {
-                        sent = &mut up, if !up_done => match sent {
-                            Ok(()) => up_done = true,
-                            Err(fault) => return Err(fault),
-                        },
-                        received = &mut down => return received,
-                    }
-                }
-            };
-            match deadline {
-                Some(deadline) => match monoio::time::timeout_at(deadline.into(), both).await {
-                    Ok(outcome) => outcome.map_err(Some),
-                    Err(_) => Err(None),
-                },
-                None => both.await.map_err(Some),
-            }
+            run_call(up, down, deadline).await
         };
         match outcome {
             Ok(code) => {
@@ -1206,6 +1164,37 @@ impl Responder<'_> {
             }
             None => respond_status(self.respond, code, message),
         }
+    }
+}
+
+/// Runs the request pump and the response pump of one call together. The call ends when the
+/// response pump does (a server may answer before the request ends) or when the request pump
+/// fails; `Err(None)` means the deadline passed first.
+async fn run_call<T>(
+    up: impl std::future::Future<Output = Result<(), Fault>>,
+    down: impl std::future::Future<Output = Result<T, Fault>>,
+    deadline: Option<Instant>,
+) -> Result<T, Option<Fault>> {
+    let both = async {
+        let mut up = std::pin::pin!(up);
+        let mut down = std::pin::pin!(down);
+        let mut up_done = false;
+        loop {
+            monoio::select! {
+                sent = &mut up, if !up_done => match sent {
+                    Ok(()) => up_done = true,
+                    Err(fault) => return Err(fault),
+                },
+                received = &mut down => return received,
+            }
+        }
+    };
+    match deadline {
+        Some(deadline) => match monoio::time::timeout_at(deadline.into(), both).await {
+            Ok(outcome) => outcome.map_err(Some),
+            Err(_) => Err(None),
+        },
+        None => both.await.map_err(Some),
     }
 }
 

@@ -17,15 +17,6 @@ use test_support::{wait_until, RedisServer};
 const AGENTS: i64 = 1000;
 const TUNNELS_PER_AGENT: usize = 5;
 
-fn commandstat(redis: &RedisServer, command: &str) -> u64 {
-    let info = redis.command(&["INFO", "commandstats"]).unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|calls| calls.parse().ok())
-        .unwrap_or(0)
-}
-
 /// Both ends of 1,000 connections live in this process: make sure it may hold the descriptors.
 fn raise_descriptor_limit() {
     let mut limit = libc::rlimit {
@@ -109,11 +100,11 @@ fn a_thousand_agents_with_five_tunnels_each_cost_one_write_per_agent() {
         "all tunnels parked: {}",
         node.shared.registry.idle_count()
     );
-    assert!(wait_until(Duration::from_secs(30), || commandstat(
-        &redis, "hset"
-    ) >= AGENTS as u64));
+    assert!(wait_until(Duration::from_secs(30), || redis
+        .command_calls("hset")
+        >= AGENTS as u64));
     std::thread::sleep(Duration::from_millis(500));
-    let writes = commandstat(&redis, "hset");
+    let writes = redis.command_calls("hset");
     assert_eq!(
         writes,
         AGENTS as u64,
