@@ -36,11 +36,55 @@ impl RedisServer {
         // redis-server cannot report an OS-chosen port, so pick a free one and hand it over.
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let socket = dir.path().join("redis.sock");
-        let log = dir.path().join("redis.log");
-        let child = Command::new("redis-server")
+        let child = Self::spawn(dir.path(), port, &socket)?;
+        let mut server = Self {
+            child,
+            dir,
+            address: SocketAddr::from(([127, 0, 0, 1], port)),
+            socket,
+        };
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    /// Kills the server and starts a fresh, empty one on the same port and socket (a restart
+    /// without persistence, as after a crash).
+    pub fn restart(&mut self) -> std::io::Result<()> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.socket);
+        self.child = Self::spawn(self.dir.path(), self.address.port(), &self.socket)?;
+        self.wait_ready()
+    }
+
+    /// Stops the server (until `restart`).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn wait_ready(&mut self) -> std::io::Result<()> {
+        let ready = wait_until(Duration::from_secs(10), || {
+            matches!(self.child.try_wait(), Ok(None)) && self.ping().is_ok()
+        });
+        if ready {
+            Ok(())
+        } else {
+            let log =
+                std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
+            let _ = self.child.kill();
+            Err(std::io::Error::other(format!(
+                "redis-server did not become ready: {log}"
+            )))
+        }
+    }
+
+    fn spawn(dir: &Path, port: u16, socket: &Path) -> std::io::Result<Child> {
+        let log = dir.join("redis.log");
+        Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .arg("--unixsocket")
-            .arg(&socket)
+            .arg(socket)
             .args([
                 "--unixsocketperm",
                 "700",
@@ -52,7 +96,7 @@ impl RedisServer {
                 "no",
             ])
             .arg("--dir")
-            .arg(dir.path())
+            .arg(dir)
             .arg("--logfile")
             .arg(&log)
             .stdin(Stdio::null())
@@ -63,25 +107,7 @@ impl RedisServer {
                 std::io::Error::other(format!(
                     "cannot run redis-server (apt install redis-server): {error}"
                 ))
-            })?;
-        let mut server = Self {
-            child,
-            dir,
-            address: SocketAddr::from(([127, 0, 0, 1], port)),
-            socket,
-        };
-        let ready = wait_until(Duration::from_secs(10), || {
-            matches!(server.child.try_wait(), Ok(None)) && server.ping().is_ok()
-        });
-        if ready {
-            Ok(server)
-        } else {
-            let log = std::fs::read_to_string(&log).unwrap_or_default();
-            let _ = server.child.kill();
-            Err(std::io::Error::other(format!(
-                "redis-server did not become ready: {log}"
-            )))
-        }
+            })
     }
 
     /// `PING` over the unix socket; `Ok` when the answer is `+PONG`.

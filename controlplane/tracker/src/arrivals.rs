@@ -53,10 +53,20 @@ impl Arrivals {
 /// Subscribes to the arrivals channel for the life of the tracker, re-subscribing with backoff
 /// after a Redis restart (arrivals announced while disconnected are covered by the waiters'
 /// slow poll).
-pub(crate) async fn listen(target: RedisTarget, prefix: String, arrivals: Arc<Arrivals>) {
+///
+/// Every successful (re)subscription after the first is reported on `resubscribed`: the
+/// connection to Redis was lost, Redis may have restarted empty, so the tracker re-registers
+/// everything it holds.
+pub(crate) async fn listen(
+    target: RedisTarget,
+    prefix: String,
+    arrivals: Arc<Arrivals>,
+    resubscribed: tokio::sync::mpsc::UnboundedSender<()>,
+) {
     use tokio_stream_shim::next;
     let channel = arrivals_channel(&prefix);
     let mut backoff = Duration::from_millis(100);
+    let mut first = true;
     loop {
         let subscribed = async {
             let client = target.single_client().map_err(|error| error.to_string())?;
@@ -75,6 +85,9 @@ pub(crate) async fn listen(target: RedisTarget, prefix: String, arrivals: Arc<Ar
             Ok(mut pubsub) => {
                 tracing::debug!(%channel, "subscribed to agent arrivals");
                 backoff = Duration::from_millis(100);
+                if !std::mem::take(&mut first) {
+                    let _ = resubscribed.send(());
+                }
                 let mut messages = pubsub.on_message();
                 while let Some(message) = next(&mut messages).await {
                     let payload: String = message.get_payload().unwrap_or_default();

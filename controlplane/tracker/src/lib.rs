@@ -59,6 +59,8 @@ pub struct TrackerOptions {
     pub unregister_delay: Duration,
 }
 
+type LookupResult = Result<Vec<NodeEntry>, TrackerError>;
+
 enum Command {
     Register(AgentId),
     Unregister(AgentId),
@@ -158,11 +160,16 @@ async fn run(
     mut commands: mpsc::UnboundedReceiver<Command>,
     arrivals: Arc<Arrivals>,
 ) {
-    let store = Store::new(target.clone(), options.clone(), metrics.clone());
+    let store = Arc::new(Store::new(target.clone(), options.clone(), metrics.clone()));
+    let (resubscribed_tx, mut resubscribed) = mpsc::unbounded_channel();
+    // Lookups in flight, by agent: later askers share the first one's Redis call.
+    let mut lookups: HashMap<AgentId, Vec<oneshot::Sender<LookupResult>>> = HashMap::new();
+    let (looked_up_tx, mut looked_up) = mpsc::unbounded_channel::<(AgentId, LookupResult)>();
     tokio::spawn(arrivals::listen(
         target,
         options.key_prefix.clone(),
         arrivals,
+        resubscribed_tx,
     ));
     let mut held: HashMap<AgentId, Held> = HashMap::new();
     // Agents whose registration did not reach Redis; retried on every tick.
@@ -189,7 +196,15 @@ async fn run(
                     }
                 }
                 Some(Command::Lookup(agent, reply)) => {
-                    let _ = reply.send(store.lookup(agent).await);
+                    let waiting = lookups.entry(agent).or_default();
+                    waiting.push(reply);
+                    if waiting.len() == 1 {
+                        let store = store.clone();
+                        let looked_up_tx = looked_up_tx.clone();
+                        tokio::spawn(async move {
+                            let _ = looked_up_tx.send((agent, store.lookup(agent).await));
+                        });
+                    }
                 }
                 Some(Command::Shutdown(reply)) => {
                     let agents: Vec<AgentId> = held.keys().copied().collect();
@@ -201,6 +216,20 @@ async fn run(
                 }
                 None => return,
             },
+            Some((agent, result)) = looked_up.recv() => {
+                for reply in lookups.remove(&agent).unwrap_or_default() {
+                    let _ = reply.send(result.clone());
+                }
+            }
+            Some(()) = resubscribed.recv() => {
+                // Redis was away, maybe restarted empty: write everything we hold again.
+                let agents: Vec<AgentId> = held.keys().copied().collect();
+                tracing::info!(agents = agents.len(), "redis is back; re-registering held agents");
+                if let Err(error) = store.register(&agents).await {
+                    tracing::warn!(%error, "cannot re-register agents; will retry");
+                    unwritten = agents;
+                }
+            }
             _ = tick.tick() => {
                 let now = Instant::now();
                 let leaving: Vec<AgentId> = held

@@ -204,3 +204,75 @@ fn unix_socket_acl_user_and_key_prefix_work() {
     assert!(block_on(bad.lookup(3)).is_err());
     assert!(metrics.errors.sum() >= 1);
 }
+
+#[test]
+fn concurrent_lookups_of_one_agent_share_redis_calls() {
+    let redis = RedisServer::start().unwrap();
+    let (node, _) = tracker(redis.url(), options("node-a", "t6"));
+    node.register(11);
+    assert!(wait_until(Duration::from_secs(5), || block_on(
+        node.lookup(11)
+    )
+    .unwrap()
+    .len()
+        == 1));
+    let before = redis.command_calls("hgetall");
+    let answers = block_on(async {
+        let tasks: Vec<_> = (0..50)
+            .map(|_| {
+                let node = node.clone();
+                tokio::spawn(async move { node.lookup(11).await })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for task in tasks {
+            answers.push(task.await.unwrap().unwrap());
+        }
+        answers
+    });
+    assert!(answers
+        .iter()
+        .all(|entries| entries.len() == 1 && entries[0].node == "node-a"));
+    let calls = redis.command_calls("hgetall") - before;
+    assert!(calls < 25, "50 lookups took {calls} HGETALLs");
+}
+
+#[test]
+fn after_a_redis_restart_the_tracker_registers_again() {
+    let mut redis = RedisServer::start().unwrap();
+    let (node, metrics) = tracker(redis.url(), options("node-a", "t7"));
+    node.register(21);
+    node.register(22);
+    assert!(wait_until(Duration::from_secs(5), || block_on(
+        node.lookup(22)
+    )
+    .unwrap()
+    .len()
+        == 1));
+    // Redis dies and comes back empty (no persistence).
+    redis.stop();
+    assert!(
+        block_on(node.lookup(21)).is_err(),
+        "lookups fail while redis is away, without panicking"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    redis.restart().unwrap();
+    let back = std::time::Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            block_on(node.lookup(21))
+                .map(|entries| entries.len() == 1)
+                .unwrap_or(false)
+                && block_on(node.lookup(22))
+                    .map(|entries| entries.len() == 1)
+                    .unwrap_or(false)
+        }),
+        "re-registered after the restart"
+    );
+    assert!(
+        back.elapsed() < Duration::from_secs(5),
+        "within 5 s: {:?}",
+        back.elapsed()
+    );
+    assert!(metrics.errors.sum() >= 1);
+}
