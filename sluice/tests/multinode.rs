@@ -8,18 +8,27 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use common::{client_args, metric, start_agent, wait_for_idle_tunnels, Secrets};
 use serde_json::Value;
 use test_support::{
-    spawn_tunnel_client, tunnel_client, wait_until, GrpcBackend, RedisServer, SluiceProcess,
+    spawn_tunnel_client, tunnel_client, wait_until, GrpcBackend, RedisCluster, RedisServer,
+    SluiceProcess,
 };
 
 struct Cluster {
     secrets: Secrets,
     private_secret: std::path::PathBuf,
     nodes: Vec<SluiceProcess>,
-    _redis: RedisServer,
+    _redis: Box<dyn std::any::Any>,
 }
 
 fn cluster() -> Cluster {
     let redis = RedisServer::start().unwrap();
+    let redis_yaml = format!(
+        "redis:\n  url: '{}'\n  key_prefix: multi\n  unregister_delay: 500ms\n",
+        redis.url()
+    );
+    cluster_on(Box::new(redis), &redis_yaml)
+}
+
+fn cluster_on(redis: Box<dyn std::any::Any>, redis_yaml: &str) -> Cluster {
     let secrets = Secrets::new();
     let private_secret = secrets.dir.path().join("private.secret");
     std::fs::write(
@@ -34,8 +43,7 @@ fn cluster() -> Cluster {
                 "  node_name: {name}\n  private_jwt: {{secret_file: '{}', issuer: sluice-node, audience: sluice-private}}\n",
                 private_secret.display()
             );
-            let extra = format!("redis:\n  url: '{}'\n  key_prefix: multi\n  unregister_delay: 500ms\n", redis.url());
-            common::start_node_on(&secrets, "10s", 32 * 1024 * 1024, None, "auto", &tunnel_extra, &extra)
+            common::start_node_on(&secrets, "10s", 32 * 1024 * 1024, None, "auto", &tunnel_extra, redis_yaml)
         })
         .collect();
     Cluster {
@@ -157,4 +165,39 @@ fn private_and_external_tokens_are_not_interchangeable() {
         .unwrap_or(0.0)
             >= 2.0
     );
+}
+
+#[test]
+fn routing_works_over_a_redis_cluster() {
+    let redis = RedisCluster::start().expect("a 3-master redis cluster");
+    let seeds: Vec<String> = redis.urls().iter().map(|url| format!("'{url}'")).collect();
+    let redis_yaml = format!(
+        "redis:\n  cluster: [{}]\n  key_prefix: multi\n  unregister_delay: 500ms\n",
+        seeds.join(", ")
+    );
+    let cluster = cluster_on(Box::new(redis), &redis_yaml);
+    let backend = GrpcBackend::start().unwrap();
+    let (a, b, c) = (&cluster.nodes[0], &cluster.nodes[1], &cluster.nodes[2]);
+    let _agent = start_agent(&cluster.secrets, 7, c, backend.address, 20, None);
+    wait_for_idle_tunnels(c, 2.0);
+    let result = tunnel_client("shapes", &client_args(a, &cluster.secrets, 7));
+    assert_eq!(result["unary"], "hello", "{result}");
+    assert_eq!(result["server_stream_count"], 10_000, "{result}");
+    assert_eq!(result["bidi"], true, "{result}");
+    assert_eq!(result["big_echo"], true, "{result}");
+    // And a waiting call wakes through the cluster's pub/sub.
+    let mut args = client_args(b, &cluster.secrets, 8);
+    args.extend([
+        "--timeout".into(),
+        "20".into(),
+        "--payload".into(),
+        "late".into(),
+    ]);
+    let waiting = spawn_tunnel_client("unary", &args);
+    std::thread::sleep(Duration::from_secs(1));
+    let _late = start_agent(&cluster.secrets, 8, a, backend.address, 20, None);
+    let output = waiting.wait_with_output().unwrap();
+    let result: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(result["code"], "OK", "{result}");
+    assert!(result["elapsed"].as_f64().unwrap() < 10.0, "{result}");
 }

@@ -163,3 +163,117 @@ impl Drop for RedisServer {
         let _ = self.child.wait();
     }
 }
+
+/// A Redis Cluster of three masters (no replicas) made of real `redis-server` processes and
+/// joined with `redis-cli --cluster create`, killed on drop.
+#[derive(Debug)]
+pub struct RedisCluster {
+    children: Vec<Child>,
+    _dir: tempfile::TempDir,
+    pub addresses: Vec<SocketAddr>,
+}
+
+impl RedisCluster {
+    pub fn start() -> std::io::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let mut children = Vec::new();
+        let mut addresses = Vec::new();
+        let mut attempts = 0;
+        while addresses.len() < 3 && attempts < 50 {
+            attempts += 1;
+            let index = addresses.len();
+            let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+            // The cluster bus listens on port + 10000: keep it below 65536.
+            if port > 55_000 {
+                continue;
+            }
+            let node_dir = dir.path().join(format!("node-{index}"));
+            std::fs::create_dir_all(&node_dir)?;
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args([
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                ])
+                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+                .arg("--dir")
+                .arg(&node_dir)
+                .arg("--logfile")
+                .arg(node_dir.join("redis.log"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?;
+            children.push(child);
+            addresses.push(SocketAddr::from(([127, 0, 0, 1], port)));
+        }
+        let mut cluster = Self {
+            children,
+            _dir: dir,
+            addresses,
+        };
+        if cluster.addresses.len() < 3 {
+            return Err(std::io::Error::other(
+                "could not find three ports for the cluster",
+            ));
+        }
+        let ready = wait_until(Duration::from_secs(10), || {
+            cluster
+                .addresses
+                .iter()
+                .all(|address| std::net::TcpStream::connect(address).is_ok())
+        });
+        if !ready {
+            return Err(std::io::Error::other("cluster nodes did not start"));
+        }
+        let output = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(cluster.addresses.iter().map(ToString::to_string))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()?;
+        if !output.status.success() {
+            return Err(std::io::Error::other(format!(
+                "redis-cli --cluster create failed: {}",
+                String::from_utf8_lossy(&output.stdout)
+            )));
+        }
+        let first = cluster.addresses[0].port().to_string();
+        let ok = wait_until(Duration::from_secs(20), || {
+            Command::new("redis-cli")
+                .args(["-p", &first, "cluster", "info"])
+                .output()
+                .is_ok_and(|output| {
+                    String::from_utf8_lossy(&output.stdout).contains("cluster_state:ok")
+                })
+        });
+        if !ok {
+            cluster.children.iter_mut().for_each(|child| {
+                let _ = child.kill();
+            });
+            return Err(std::io::Error::other(
+                "the cluster did not reach cluster_state:ok",
+            ));
+        }
+        Ok(cluster)
+    }
+
+    /// `redis://127.0.0.1:PORT` of every master.
+    pub fn urls(&self) -> Vec<String> {
+        self.addresses
+            .iter()
+            .map(|address| format!("redis://{address}"))
+            .collect()
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -186,11 +186,30 @@ impl Store {
         }
         let value = self.value();
         let ttl_ms = self.options.ttl.as_millis() as i64;
+        let channel = arrivals_channel(&self.options.key_prefix);
+        if self.is_cluster() {
+            // A cluster routes a transaction to one slot's master: one per agent.
+            for agent in agents {
+                let key = agent_key(&self.options.key_prefix, *agent);
+                let mut transaction = redis::pipe();
+                transaction
+                    .atomic()
+                    .hset(&key, &self.options.node_name, &value)
+                    .ignore()
+                    .pexpire(&key, ttl_ms)
+                    .ignore();
+                self.run::<()>(&transaction, true).await?;
+                let mut announce = redis::pipe();
+                announce.publish(&channel, agent.to_string()).ignore();
+                self.run::<()>(&announce, true).await?;
+            }
+            return Ok(());
+        }
         for chunk in agents.chunks(500) {
             let mut pipeline = redis::pipe();
             for agent in chunk {
                 let key = agent_key(&self.options.key_prefix, *agent);
-                // One transaction per agent: in a cluster each agent's key lives in its own slot.
+                // One transaction per agent, all pipelined in one round trip.
                 pipeline
                     .cmd("MULTI")
                     .ignore()
@@ -201,7 +220,6 @@ impl Store {
                     .cmd("EXEC")
                     .ignore();
             }
-            let channel = arrivals_channel(&self.options.key_prefix);
             for agent in chunk {
                 pipeline.publish(&channel, agent.to_string()).ignore();
             }
@@ -210,21 +228,30 @@ impl Store {
         Ok(())
     }
 
+    fn is_cluster(&self) -> bool {
+        matches!(self.target, RedisTarget::Cluster { .. })
+    }
+
     /// Removes this node's field for each agent.
     pub(crate) async fn unregister(&self, agents: &[AgentId]) -> Result<(), TrackerError> {
         if agents.is_empty() {
             return Ok(());
         }
-        let mut pipeline = redis::pipe();
-        for agent in agents {
-            pipeline
-                .hdel(
-                    agent_key(&self.options.key_prefix, *agent),
-                    &self.options.node_name,
-                )
-                .ignore();
+        // In a cluster each key may live on another master: one request per agent.
+        let per_request = if self.is_cluster() { 1 } else { 500 };
+        for chunk in agents.chunks(per_request) {
+            let mut pipeline = redis::pipe();
+            for agent in chunk {
+                pipeline
+                    .hdel(
+                        agent_key(&self.options.key_prefix, *agent),
+                        &self.options.node_name,
+                    )
+                    .ignore();
+            }
+            self.run::<()>(&pipeline, true).await?;
         }
-        self.run::<()>(&pipeline, true).await
+        Ok(())
     }
 
     /// Unexpired nodes of an agent.

@@ -276,3 +276,43 @@ fn after_a_redis_restart_the_tracker_registers_again() {
     );
     assert!(metrics.errors.sum() >= 1);
 }
+
+#[test]
+fn the_tracker_works_on_a_redis_cluster() {
+    let cluster = test_support::RedisCluster::start().expect("a 3-master redis cluster");
+    let metrics = TrackerMetrics::unregistered();
+    let node = spawn(
+        RedisTarget::Cluster {
+            urls: cluster.urls(),
+        },
+        options("node-a", "c1"),
+        metrics.clone(),
+    )
+    .unwrap();
+    let other = spawn(
+        RedisTarget::Cluster {
+            urls: cluster.urls(),
+        },
+        options("node-b", "c1"),
+        TrackerMetrics::unregistered(),
+    )
+    .unwrap();
+    for agent in 1..=30 {
+        node.register(agent);
+    }
+    let listed = wait_until(Duration::from_secs(10), || {
+        (1..=30).all(|agent| {
+            block_on(other.lookup(agent))
+                .map(|entries| entries.len() == 1)
+                .unwrap_or(false)
+        })
+    });
+    let error = block_on(other.lookup(1)).err();
+    assert!(
+        listed,
+        "every agent listed across the cluster's slots; errors: {} {error:?}",
+        metrics.errors.sum()
+    );
+    assert!(node.shutdown(Duration::from_secs(5)));
+    assert!(block_on(other.lookup(5)).unwrap().is_empty());
+}
