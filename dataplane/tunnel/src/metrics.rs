@@ -13,7 +13,7 @@ use sluice_metrics::{PerCoreCounter, PerCoreGauge, PerCoreHistogram};
 
 /// Distinct method names given their own label; later ones are counted as "other" so a caller
 /// cannot grow the metric set without bound.
-const MAX_METHOD_LABELS: usize = 100;
+pub(crate) const MAX_METHOD_LABELS: usize = 100;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {

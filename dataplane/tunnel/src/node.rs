@@ -548,20 +548,30 @@ enum Endpoint {
 struct ExternalHandler {
     node: Arc<NodeShared>,
     mode: Endpoint,
-    counters: RefCell<HashMap<(String, Code), PerCoreCounter>>,
+    /// By method, then by status code: looked up with the request's `&str` path, so a hit
+    /// allocates nothing.
+    counters: RefCell<HashMap<String, [Option<PerCoreCounter>; 17]>>,
     peers: RefCell<HashMap<std::net::SocketAddr, h2::client::SendRequest<Bytes>>>,
 }
 
 impl ExternalHandler {
     fn count(&self, method: &str, code: Code, worker: usize) {
         let mut counters = self.counters.borrow_mut();
-        if let Some(counter) = counters.get(&(method.to_string(), code)) {
+        let slot = code.as_u32() as usize;
+        if let Some(counter) = counters
+            .get(method)
+            .and_then(|by_code| by_code[slot].as_ref())
+        {
             counter.inc(worker);
             return;
         }
         let counter = self.node.metrics.requests(method, code);
         counter.inc(worker);
-        counters.insert((method.to_string(), code), counter);
+        // Method names come from clients: cache only as many as get their own metric label,
+        // so random paths cannot grow this map (they are counted under "other", uncached).
+        if counters.len() < crate::metrics::MAX_METHOD_LABELS || counters.contains_key(method) {
+            counters.entry(method.to_string()).or_default()[slot] = Some(counter);
+        }
     }
 }
 
@@ -1345,5 +1355,73 @@ impl prometheus_client::collector::Collector for NodeCollector {
             agents.metric_type(),
         )?)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::registry::Registry;
+    use sluice_config::JwtConfig;
+
+    fn node() -> Arc<NodeShared> {
+        let listener = ListenerConfig {
+            address: "127.0.0.1:0".parse().unwrap(),
+            backlog: 16,
+            max_connections_per_worker: 16,
+            header_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(1),
+            tls: None,
+        };
+        let config = TunnelConfig {
+            node_name: "n".into(),
+            max_wait: Duration::from_secs(1),
+            max_message_bytes: 1024,
+            agents: Vec::new(),
+            jwt: JwtConfig {
+                secret: vec![7; 32],
+                secret_file: "s".into(),
+                issuer: "i".into(),
+                audience: "a".into(),
+                leeway: Duration::from_secs(1),
+                max_lifetime: Duration::from_secs(10),
+            },
+            private_jwt: None,
+            advertise_address: None,
+        };
+        let metrics = TunnelMetrics::register(&mut Registry::default(), 1);
+        NodeShared::new(&config, &listener, &listener, metrics, None).unwrap()
+    }
+
+    #[test]
+    fn random_method_names_cannot_grow_the_counter_cache() {
+        let handler = ExternalHandler {
+            node: node(),
+            mode: Endpoint::External,
+            counters: RefCell::default(),
+            peers: RefCell::default(),
+        };
+        for index in 0..5_000 {
+            handler.count(
+                &format!("/random.Service/Method{index}"),
+                Code::Unauthenticated,
+                0,
+            );
+        }
+        assert!(handler.counters.borrow().len() <= crate::metrics::MAX_METHOD_LABELS);
+        // The first methods keep their own counters; the rest are counted as "other".
+        let first = handler
+            .node
+            .metrics
+            .requests("/random.Service/Method0", Code::Unauthenticated);
+        assert_eq!(first.sum(), 1);
+        let other = handler
+            .node
+            .metrics
+            .requests("/random.Service/Method4999", Code::Unauthenticated);
+        assert_eq!(
+            other.sum(),
+            5_000 - crate::metrics::MAX_METHOD_LABELS as u64
+        );
     }
 }
