@@ -150,6 +150,11 @@ fn private_and_external_tokens_are_not_interchangeable() {
     private_on_external[1] = a.address("external").to_string();
     let refused = tunnel_client("unary", &private_on_external);
     assert_eq!(refused["code"], "UNAUTHENTICATED", "{refused}");
+    // An expired node token is refused.
+    let mut expired = private_args(c, &cluster, 7);
+    expired.extend(["--lifetime".into(), "-60".into()]);
+    let refused = tunnel_client("unary", &expired);
+    assert_eq!(refused["code"], "UNAUTHENTICATED", "{refused}");
     // A token from another secret is refused on the private endpoint.
     let other = cluster.secrets.dir.path().join("other.secret");
     std::fs::write(&other, "some-other-secret-0123456789abcdef012345\n").unwrap();
@@ -200,4 +205,31 @@ fn routing_works_over_a_redis_cluster() {
     let result: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(result["code"], "OK", "{result}");
     assert!(result["elapsed"].as_f64().unwrap() < 10.0, "{result}");
+}
+
+#[test]
+fn calls_fail_over_to_another_node_when_the_holding_node_is_killed() {
+    let cluster = cluster();
+    let backend = GrpcBackend::start().unwrap();
+    let a = &cluster.nodes[0];
+    let mut nodes = cluster.nodes.iter();
+    let (_, b, c) = (
+        nodes.next().unwrap(),
+        nodes.next().unwrap(),
+        nodes.next().unwrap(),
+    );
+    // The agent keeps tunnels on B and C.
+    let _agent = common::start_agent_on(&cluster.secrets, 7, &[b, c], backend.address, 20, None);
+    wait_for_idle_tunnels(b, 2.0);
+    wait_for_idle_tunnels(c, 2.0);
+    let before = tunnel_client("unary", &client_args(a, &cluster.secrets, 7));
+    assert_eq!(before["code"], "OK", "{before}");
+    // B (listed first) dies without cleaning up: its Redis entry stays until its TTL, so A
+    // still picks B, fails to connect before any reply, and retries on C.
+    b.signal(libc::SIGKILL);
+    for _ in 0..5 {
+        let after = tunnel_client("unary", &client_args(a, &cluster.secrets, 7));
+        assert_eq!(after["code"], "OK", "{after}");
+    }
+    assert!(metric(a, "sluice_tunnel_routes_total{decision=\"retried\"}").unwrap_or(0.0) >= 1.0);
 }

@@ -116,19 +116,37 @@ pub fn start_agent(
     pool_max: usize,
     ca: Option<&Path>,
 ) -> SluiceProcess {
+    start_agent_on(secrets, agent, &[node], backend, pool_max, ca)
+}
+
+/// An agent keeping tunnels on several nodes at once.
+pub fn start_agent_on(
+    secrets: &Secrets,
+    agent: i64,
+    nodes: &[&SluiceProcess],
+    backend: SocketAddr,
+    pool_max: usize,
+    ca: Option<&Path>,
+) -> SluiceProcess {
     let scheme = if ca.is_some() { "https" } else { "http" };
-    let node_address = node.address("agent");
-    let node_url = match ca {
-        Some(_) => format!("{scheme}://localhost:{}", node_address.port()),
-        None => format!("{scheme}://{node_address}"),
-    };
+    let node_url = nodes
+        .iter()
+        .map(|node| {
+            let node_address = node.address("agent");
+            match ca {
+                Some(_) => format!("'{scheme}://localhost:{}'", node_address.port()),
+                None => format!("'{scheme}://{node_address}'"),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
     let ca_line = ca
         .map(|ca| format!("  ca_file: '{}'\n", ca.display()))
         .unwrap_or_default();
     let yaml = format!(
         "runtime: {{workers: 1, drain_timeout: 2s}}\n\
          listeners:\n  admin: {{address: '127.0.0.1:0'}}\n\
-         agent:\n  token_file: '{}'\n  nodes: ['{node_url}']\n{ca_line}  forward_to: 'http://{backend}'\n  pool: {{min_idle: 2, max: {pool_max}, grow_by: 10}}\n  reconnect: {{initial_backoff: 100ms, max_backoff: 1s}}\n",
+         agent:\n  token_file: '{}'\n  nodes: [{node_url}]\n{ca_line}  forward_to: 'http://{backend}'\n  pool: {{min_idle: 2, max: {pool_max}, grow_by: 10}}\n  reconnect: {{initial_backoff: 100ms, max_backoff: 1s}}\n",
         secrets.tokens[&agent].1.display()
     );
     let launcher = SluiceLauncher::new(BIN).unwrap();
