@@ -89,6 +89,15 @@ fn a_call_to_any_node_reaches_the_agent_on_another() {
     assert_eq!(result["fail"]["code"], "NOT_FOUND", "{result}");
     assert!(metric(a, "sluice_tunnel_routes_total{decision=\"remote\"}").unwrap_or(0.0) >= 1.0);
     assert!(metric(c, "sluice_tunnel_private_requests_total{code=\"OK\"}").unwrap_or(0.0) >= 1.0);
+    // ListConnectedAgents on A answers for the cluster and names C as the holder.
+    let listed = tunnel_client("list-agents", &client_args(a, &cluster.secrets, 7));
+    let bytes = listed["bytes"].as_str().unwrap();
+    let node_c: String = "node-c".bytes().map(|byte| format!("{byte:02x}")).collect();
+    assert!(
+        bytes.starts_with("0a") && bytes.contains("0807"),
+        "agent 7 listed: {bytes}"
+    );
+    assert!(bytes.contains(&node_c), "held by node-c: {bytes}");
 }
 
 #[test]

@@ -68,7 +68,20 @@ enum Command {
         AgentId,
         oneshot::Sender<Result<Vec<NodeEntry>, TrackerError>>,
     ),
+    ConnectionUp(ConnectionRecord),
+    ConnectionDown(AgentId, i64),
+    ListConnections(oneshot::Sender<Result<Vec<ConnectionRecord>, TrackerError>>),
     Shutdown(std::sync::mpsc::Sender<()>),
+}
+
+/// One agent connection to one node, as ListConnectedAgents reports it cluster-wide.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionRecord {
+    pub agent: AgentId,
+    pub connection_id: i64,
+    pub version: String,
+    pub node: String,
+    pub since_unix_ms: i64,
 }
 
 /// The data plane's side of the tracker: non-blocking sends, answers through oneshot channels
@@ -89,6 +102,27 @@ impl TrackerHandle {
     /// comes back).
     pub fn unregister(&self, agent: AgentId) {
         let _ = self.commands.send(Command::Unregister(agent));
+    }
+
+    /// An agent connection arrived on this node (recorded for ListConnectedAgents).
+    pub fn connection_up(&self, record: ConnectionRecord) {
+        let _ = self.commands.send(Command::ConnectionUp(record));
+    }
+
+    /// An agent connection left this node.
+    pub fn connection_down(&self, agent: AgentId, connection_id: i64) {
+        let _ = self
+            .commands
+            .send(Command::ConnectionDown(agent, connection_id));
+    }
+
+    /// Every unexpired agent connection in the cluster.
+    pub async fn list_connections(&self) -> Result<Vec<ConnectionRecord>, TrackerError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::ListConnections(reply))
+            .map_err(|_| TrackerError::Stopped)?;
+        answer.await.map_err(|_| TrackerError::Stopped)?
     }
 
     /// The nodes holding tunnels of `agent`, unexpired.
@@ -172,6 +206,7 @@ async fn run(
         resubscribed_tx,
     ));
     let mut held: HashMap<AgentId, Held> = HashMap::new();
+    let mut connections: HashMap<(AgentId, i64), ConnectionRecord> = HashMap::new();
     // Agents whose registration did not reach Redis; retried on every tick.
     let mut unwritten: Vec<AgentId> = Vec::new();
     let mut refresh = tokio::time::interval(options.refresh);
@@ -206,7 +241,30 @@ async fn run(
                         });
                     }
                 }
+                Some(Command::ConnectionUp(record)) => {
+                    if let Err(error) = store.write_connections(std::slice::from_ref(&record)).await {
+                        tracing::warn!(%error, "cannot record an agent connection in redis; the next refresh retries");
+                    }
+                    connections.insert((record.agent, record.connection_id), record);
+                }
+                Some(Command::ConnectionDown(agent, connection_id)) => {
+                    if connections.remove(&(agent, connection_id)).is_some() {
+                        if let Err(error) = store.remove_connections(&[(agent, connection_id)]).await {
+                            tracing::warn!(%error, "cannot remove an agent connection from redis; it expires by TTL");
+                        }
+                    }
+                }
+                Some(Command::ListConnections(reply)) => {
+                    let store = store.clone();
+                    tokio::spawn(async move {
+                        let _ = reply.send(store.list_connections().await);
+                    });
+                }
                 Some(Command::Shutdown(reply)) => {
+                    let keys: Vec<(AgentId, i64)> = connections.keys().copied().collect();
+                    if let Err(error) = store.remove_connections(&keys).await {
+                        tracing::warn!(%error, "cannot remove this node's connection records on shutdown");
+                    }
                     let agents: Vec<AgentId> = held.keys().copied().collect();
                     if let Err(error) = store.unregister(&agents).await {
                         tracing::warn!(%error, "cannot remove this node's entries from redis on shutdown");
@@ -223,6 +281,8 @@ async fn run(
             }
             Some(()) = resubscribed.recv() => {
                 // Redis was away, maybe restarted empty: write everything we hold again.
+                let records: Vec<ConnectionRecord> = connections.values().cloned().collect();
+                let _ = store.write_connections(&records).await;
                 let agents: Vec<AgentId> = held.keys().copied().collect();
                 tracing::info!(agents = agents.len(), "redis is back; re-registering held agents");
                 if let Err(error) = store.register(&agents).await {
@@ -258,6 +318,10 @@ async fn run(
                 }
             }
             _ = refresh.tick() => {
+                let records: Vec<ConnectionRecord> = connections.values().cloned().collect();
+                if let Err(error) = store.write_connections(&records).await {
+                    tracing::warn!(%error, "cannot refresh connection records in redis");
+                }
                 let agents: Vec<AgentId> = held.keys().copied().collect();
                 if let Err(error) = store.register(&agents).await {
                     tracing::warn!(%error, "cannot refresh agents in redis; will retry");

@@ -78,6 +78,16 @@ pub(crate) fn agent_key(prefix: &str, agent: AgentId) -> String {
     format!("{prefix}:tunnel:agent:{{{agent}}}")
 }
 
+/// Connection records of one agent: field `<node>/<connection id>`.
+pub(crate) fn connections_key(prefix: &str, agent: AgentId) -> String {
+    format!("{prefix}:tunnel:conns:{{{agent}}}")
+}
+
+/// Every agent id that has (or had) connection records, for cluster-wide listing.
+pub(crate) fn agents_index_key(prefix: &str) -> String {
+    format!("{prefix}:tunnel:agents")
+}
+
 pub(crate) fn arrivals_channel(prefix: &str) -> String {
     format!("{prefix}:tunnel:arrivals")
 }
@@ -252,6 +262,107 @@ impl Store {
             self.run::<()>(&pipeline, true).await?;
         }
         Ok(())
+    }
+
+    /// Writes connection records (HSET + PEXPIRE per agent key in one transaction, then the
+    /// agent into the index set).
+    pub(crate) async fn write_connections(
+        &self,
+        records: &[crate::ConnectionRecord],
+    ) -> Result<(), TrackerError> {
+        let ttl_ms = self.options.ttl.as_millis() as i64;
+        let expires = now_unix_ms() + self.options.ttl.as_millis() as u64;
+        let index = agents_index_key(&self.options.key_prefix);
+        for record in records {
+            let key = connections_key(&self.options.key_prefix, record.agent);
+            let field = format!("{}/{}", self.options.node_name, record.connection_id);
+            let value = format!("{expires}|{}|{}", record.since_unix_ms, record.version);
+            let mut transaction = redis::pipe();
+            transaction
+                .atomic()
+                .hset(&key, field, value)
+                .ignore()
+                .pexpire(&key, ttl_ms)
+                .ignore();
+            self.run::<()>(&transaction, true).await?;
+            let mut add = redis::pipe();
+            add.sadd(&index, record.agent).ignore();
+            self.run::<()>(&add, true).await?;
+        }
+        Ok(())
+    }
+
+    /// Removes this node's records of the given (agent, connection id) pairs.
+    pub(crate) async fn remove_connections(
+        &self,
+        connections: &[(AgentId, i64)],
+    ) -> Result<(), TrackerError> {
+        for (agent, connection_id) in connections {
+            let mut pipeline = redis::pipe();
+            pipeline
+                .hdel(
+                    connections_key(&self.options.key_prefix, *agent),
+                    format!("{}/{connection_id}", self.options.node_name),
+                )
+                .ignore();
+            self.run::<()>(&pipeline, true).await?;
+        }
+        Ok(())
+    }
+
+    /// Every unexpired connection record in the cluster; agents left with none are dropped
+    /// from the index.
+    pub(crate) async fn list_connections(
+        &self,
+    ) -> Result<Vec<crate::ConnectionRecord>, TrackerError> {
+        let index = agents_index_key(&self.options.key_prefix);
+        let mut members = redis::pipe();
+        members.smembers(&index);
+        let (agents,): (Vec<AgentId>,) = self.run(&members, false).await?;
+        let now = now_unix_ms();
+        let mut records = Vec::new();
+        for agent in agents {
+            let mut read = redis::pipe();
+            read.hgetall(connections_key(&self.options.key_prefix, agent));
+            let (fields,): (Vec<(String, String)>,) = self.run(&read, false).await?;
+            let before = records.len();
+            for (field, value) in fields {
+                let Some((node, connection)) = field.rsplit_once('/') else {
+                    continue;
+                };
+                let mut parts = value.splitn(3, '|');
+                let (Some(expires), Some(since), Some(version)) =
+                    (parts.next(), parts.next(), parts.next())
+                else {
+                    continue;
+                };
+                let (Ok(expires), Ok(since), Ok(connection_id)) = (
+                    expires.parse::<u64>(),
+                    since.parse::<i64>(),
+                    connection.parse::<i64>(),
+                ) else {
+                    continue;
+                };
+                if expires > now {
+                    records.push(crate::ConnectionRecord {
+                        agent,
+                        connection_id,
+                        version: version.to_string(),
+                        node: node.to_string(),
+                        since_unix_ms: since,
+                    });
+                }
+            }
+            if records.len() == before {
+                let mut remove = redis::pipe();
+                remove.srem(&index, agent).ignore();
+                self.run::<()>(&remove, true).await?;
+            }
+        }
+        records.sort_by(|a, b| {
+            (a.agent, &a.node, a.connection_id).cmp(&(b.agent, &b.node, b.connection_id))
+        });
+        Ok(records)
     }
 
     /// Unexpired nodes of an agent.

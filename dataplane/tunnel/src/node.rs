@@ -192,8 +192,17 @@ impl NodeShared {
                 });
             first
         };
-        if let (true, Some(tracker)) = (first, &self.tracker) {
-            tracker.register(agent);
+        if let Some(tracker) = &self.tracker {
+            if first {
+                tracker.register(agent);
+            }
+            tracker.connection_up(sluice_tracker::ConnectionRecord {
+                agent,
+                connection_id,
+                version: version.to_string(),
+                node: self.node_name.clone(),
+                since_unix_ms,
+            });
         }
     }
 
@@ -205,8 +214,11 @@ impl NodeShared {
             connections.remove(&key);
             !connections.keys().any(|(known, _)| *known == key.0)
         };
-        if let (true, Some(tracker)) = (last, &self.tracker) {
-            tracker.unregister(key.0);
+        if let Some(tracker) = &self.tracker {
+            tracker.connection_down(key.0, key.1);
+            if last {
+                tracker.unregister(key.0);
+            }
         }
     }
 
@@ -675,7 +687,7 @@ impl ExternalHandler {
             return Code::Unauthenticated;
         }
         if request.uri().path() == LIST_AGENTS_PATH {
-            return self.list_agents(respond);
+            return self.list_agents(respond).await;
         }
         let agent = match header_text(request.headers(), AGENT_ID_HEADER) {
             None => {
@@ -1132,8 +1144,58 @@ impl ExternalHandler {
         }
     }
 
-    fn list_agents(&self, mut respond: SendResponse<Bytes>) -> Code {
-        let body = self.node.list_connected_agents().encode_to_vec();
+    /// This node's connections, or with a tracker every node's (from Redis, which marks the
+    /// node holding each connection; idle tunnel counts are known for this node only).
+    async fn list_agents(&self, mut respond: SendResponse<Bytes>) -> Code {
+        let local = self.node.list_connected_agents();
+        let listing = match &self.node.tracker {
+            None => local,
+            Some(tracker) => {
+                match monoio::time::timeout(Duration::from_secs(5), tracker.list_connections())
+                    .await
+                {
+                    Ok(Ok(records)) => {
+                        let idle = self.node.registry.idle_by_connection();
+                        ListConnectedAgentsResponse {
+                            agents: records
+                                .into_iter()
+                                .map(|record| ConnectedAgent {
+                                    idle_tunnels: if record.node == self.node.node_name {
+                                        idle.get(&(record.agent, record.connection_id))
+                                            .copied()
+                                            .unwrap_or(0)
+                                    } else {
+                                        0
+                                    },
+                                    agent_id: record.agent,
+                                    connection_id: record.connection_id,
+                                    agent_version: record.version,
+                                    node: record.node,
+                                    connected_since_unix_ms: record.since_unix_ms,
+                                })
+                                .collect(),
+                        }
+                    }
+                    Ok(Err(error)) => {
+                        respond_status(
+                            &mut respond,
+                            Code::Unavailable,
+                            &format!("cannot list the cluster's agents: {error}"),
+                        );
+                        return Code::Unavailable;
+                    }
+                    Err(_) => {
+                        respond_status(
+                            &mut respond,
+                            Code::Unavailable,
+                            "cannot list the cluster's agents: redis did not answer in 5s",
+                        );
+                        return Code::Unavailable;
+                    }
+                }
+            }
+        };
+        let body = listing.encode_to_vec();
         let Ok(mut stream) = respond.send_response(grpc_headers(), false) else {
             return Code::Cancelled;
         };
