@@ -521,12 +521,7 @@ pub struct ExternalEndpoint {
 
 impl HandlerFactory for ExternalEndpoint {
     fn create(&self, _worker: &WorkerContext) -> Rc<dyn ConnectionHandler> {
-        Rc::new(ExternalHandler {
-            node: self.node.clone(),
-            mode: Endpoint::External,
-            counters: RefCell::default(),
-            peers: RefCell::default(),
-        })
+        Rc::new(ExternalHandler::new(&self.node, Endpoint::External))
     }
 }
 
@@ -539,12 +534,7 @@ pub struct PrivateEndpoint {
 
 impl HandlerFactory for PrivateEndpoint {
     fn create(&self, _worker: &WorkerContext) -> Rc<dyn ConnectionHandler> {
-        Rc::new(ExternalHandler {
-            node: self.node.clone(),
-            mode: Endpoint::Private,
-            counters: RefCell::default(),
-            peers: RefCell::default(),
-        })
+        Rc::new(ExternalHandler::new(&self.node, Endpoint::Private))
     }
 }
 
@@ -567,6 +557,15 @@ struct ExternalHandler {
 }
 
 impl ExternalHandler {
+    fn new(node: &Arc<NodeShared>, mode: Endpoint) -> Self {
+        Self {
+            node: node.clone(),
+            mode,
+            counters: RefCell::default(),
+            peers: RefCell::default(),
+        }
+    }
+
     fn count(&self, method: &str, code: Code, worker: usize) {
         let mut counters = self.counters.borrow_mut();
         let slot = code.as_u32() as usize;
@@ -1457,12 +1456,7 @@ mod tests {
 
     #[test]
     fn random_method_names_cannot_grow_the_counter_cache() {
-        let handler = ExternalHandler {
-            node: node(),
-            mode: Endpoint::External,
-            counters: RefCell::default(),
-            peers: RefCell::default(),
-        };
+        let handler = ExternalHandler::new(&node(), Endpoint::External);
         for index in 0..5_000 {
             handler.count(
                 &format!("/random.Service/Method{index}"),
