@@ -140,6 +140,13 @@ pub struct ClientConnection {
     pub driver: monoio::task::JoinHandle<()>,
 }
 
+impl ClientConnection {
+    /// A handle ready to open one stream (waits for the peer's stream limit).
+    pub async fn ready(&self) -> Result<h2::client::SendRequest<Bytes>, h2::Error> {
+        self.send_request.clone().ready().await
+    }
+}
+
 impl std::fmt::Debug for ClientConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientConnection").finish_non_exhaustive()

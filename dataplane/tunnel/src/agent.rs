@@ -485,12 +485,12 @@ impl AgentShared {
         )
         .await?;
         let ready = connection
-            .send_request
-            .clone()
             .ready()
             .await
             .map_err(|error| error.to_string())?;
         *self.backend.borrow_mut() = Some(connection.send_request);
+        // Kept so a stopping agent can wait for this connection to close (see `run`).
+        *self.backend_driver.borrow_mut() = Some(connection.driver);
         Ok(ready)
     }
 }

@@ -935,8 +935,6 @@ impl ExternalHandler {
             .await
             .map_err(|error| error.to_string())?;
         let ready = connection
-            .send_request
-            .clone()
             .ready()
             .await
             .map_err(|error| error.to_string())?;

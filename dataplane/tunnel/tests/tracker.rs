@@ -75,7 +75,7 @@ fn a_thousand_agents_with_five_tunnels_each_cost_one_write_per_agent() {
                     .await
                     .unwrap();
                 for _ in 0..TUNNELS_PER_AGENT {
-                    let mut ready = connection.send_request.clone().ready().await.unwrap();
+                    let mut ready = connection.ready().await.unwrap();
                     let request = Request::post(format!("http://node{CONNECT_PATH}"))
                         .header("content-type", "application/grpc")
                         .header("authorization", format!("Bearer {}", token_of(agent)))
