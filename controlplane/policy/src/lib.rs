@@ -1,0 +1,1 @@
+//! VM NetworkPolicy model and the pure conjunction compiler that turns it into OpenFlow flows and minimal diffs.
