@@ -140,6 +140,7 @@ fn run(mut config: Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow:
             tunnel,
             agent_listener,
             external_listener,
+            config.listeners.private.as_ref(),
             metrics,
             tracker.clone(),
         )?;

@@ -104,6 +104,7 @@ impl UpDemo {
             },
             private_jwt: None,
             advertise_address: None,
+            peer_tls: None,
         });
         config.agent = Some(AgentConfig {
             token: agent_token,

@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use common::{client_args, metric, start_agent, wait_for_idle_tunnels, Secrets};
 use serde_json::Value;
 use test_support::{
-    spawn_tunnel_client, tunnel_client, wait_until, GrpcBackend, RedisCluster, RedisServer,
-    SluiceProcess,
+    spawn_tunnel_client, tunnel_client, wait_until, Certificates, GrpcBackend, RedisCluster,
+    RedisServer, RedisTls, SluiceProcess,
 };
 
 struct Cluster {
@@ -25,10 +25,14 @@ fn cluster() -> Cluster {
         "redis:\n  url: '{}'\n  key_prefix: multi\n  unregister_delay: 500ms\n",
         redis.url()
     );
-    cluster_on(Box::new(redis), &redis_yaml)
+    cluster_on(Box::new(redis), &redis_yaml, None)
 }
 
-fn cluster_on(redis: Box<dyn std::any::Any>, redis_yaml: &str) -> Cluster {
+fn cluster_on(
+    redis: Box<dyn std::any::Any>,
+    redis_yaml: &str,
+    private_tls: Option<&Certificates>,
+) -> Cluster {
     let secrets = Secrets::new();
     let private_secret = secrets.dir.path().join("private.secret");
     std::fs::write(
@@ -43,7 +47,7 @@ fn cluster_on(redis: Box<dyn std::any::Any>, redis_yaml: &str) -> Cluster {
                 "  node_name: {name}\n  private_jwt: {{secret_file: '{}', issuer: sluice-node, audience: sluice-private}}\n",
                 private_secret.display()
             );
-            common::start_node_on(&secrets, "10s", 32 * 1024 * 1024, None, "auto", &tunnel_extra, redis_yaml)
+            common::start_node_on(&secrets, "10s", 32 * 1024 * 1024, None, "auto", &tunnel_extra, redis_yaml, private_tls)
         })
         .collect();
     Cluster {
@@ -189,7 +193,7 @@ fn routing_works_over_a_redis_cluster() {
         "redis:\n  cluster: [{}]\n  key_prefix: multi\n  unregister_delay: 500ms\n",
         seeds.join(", ")
     );
-    let cluster = cluster_on(Box::new(redis), &redis_yaml);
+    let cluster = cluster_on(Box::new(redis), &redis_yaml, None);
     let backend = GrpcBackend::start().unwrap();
     let (a, b, c) = (&cluster.nodes[0], &cluster.nodes[1], &cluster.nodes[2]);
     let _agent = start_agent(&cluster.secrets, 7, c, backend.address, 20, None);
@@ -241,4 +245,35 @@ fn calls_fail_over_to_another_node_when_the_holding_node_is_killed() {
         assert_eq!(after["code"], "OK", "{after}");
     }
     assert!(metric(a, "sluice_tunnel_routes_total{decision=\"retried\"}").unwrap_or(0.0) >= 1.0);
+}
+
+#[test]
+fn nodes_talk_to_rediss_and_to_each_other_over_mutual_tls() {
+    let certs = Certificates::generate(&[]).unwrap();
+    let redis = RedisServer::start_tls(RedisTls {
+        cert: certs.server_cert.clone(),
+        key: certs.server_key.clone(),
+        ca: certs.ca_cert.clone(),
+    })
+    .unwrap();
+    assert!(redis.url().starts_with("rediss://"), "{}", redis.url());
+    let redis_yaml = format!(
+        "redis:\n  url: '{}'\n  ca_file: '{}'\n  key_prefix: tls\n",
+        redis.url(),
+        certs.ca_cert.display()
+    );
+    let cluster = cluster_on(Box::new(redis), &redis_yaml, Some(&certs));
+    let backend = GrpcBackend::start().unwrap();
+    let (a, c) = (&cluster.nodes[0], &cluster.nodes[2]);
+    let _agent = start_agent(&cluster.secrets, 7, c, backend.address, 20, None);
+    wait_for_idle_tunnels(c, 2.0);
+    // A found C through Redis over TLS and forwarded over mutual TLS.
+    let result = tunnel_client("shapes", &client_args(a, &cluster.secrets, 7));
+    assert_eq!(result["unary"], "hello", "{result}");
+    assert_eq!(result["server_stream_count"], 10_000, "{result}");
+    assert_eq!(result["bidi"], true, "{result}");
+    assert!(metric(c, "sluice_tunnel_private_requests_total{code=\"OK\"}").unwrap_or(0.0) >= 1.0);
+    // A plain-text client cannot use the TLS private endpoint, even with a valid node token.
+    let refused = tunnel_client("unary", &private_args(c, &cluster, 7));
+    assert_eq!(refused["code"], "UNAVAILABLE", "{refused}");
 }

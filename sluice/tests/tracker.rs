@@ -19,7 +19,16 @@ fn node_with_redis(
         "  private_jwt: {{secret_file: '{}', issuer: nodes}}\n",
         secrets.jwt_secret.display()
     );
-    common::start_node_on(secrets, "5s", 1024 * 1024, None, "auto", &private, &extra)
+    common::start_node_on(
+        secrets,
+        "5s",
+        1024 * 1024,
+        None,
+        "auto",
+        &private,
+        &extra,
+        None,
+    )
 }
 
 fn field_exists(redis: &RedisServer, prefix: &str) -> bool {

@@ -25,7 +25,16 @@ fn calls_of_every_shape_cross_the_tunnel_on_legacy() {
 fn calls_of_every_shape(driver: &str) {
     let secrets = Secrets::new();
     let backend = GrpcBackend::start().expect("grpc backend");
-    let node = common::start_node_on(&secrets, "20s", 32 * 1024 * 1024, None, driver, "", "");
+    let node = common::start_node_on(
+        &secrets,
+        "20s",
+        32 * 1024 * 1024,
+        None,
+        driver,
+        "",
+        "",
+        None,
+    );
     let _agent = start_agent(&secrets, 7, &node, backend.address, 20, None);
     wait_for_idle_tunnels(&node, 2.0);
 

@@ -13,7 +13,7 @@ pub use certs::{Certificates, ClientCert};
 pub use grpc::{spawn_tunnel_client, tunnel_client, GrpcBackend};
 pub use http::{http_get, HttpResponse};
 pub use process::{SluiceLauncher, SluiceProcess};
-pub use redis::{RedisCluster, RedisServer};
+pub use redis::{RedisCluster, RedisServer, RedisTls};
 pub use seccomp::{block_io_uring_for_command, block_io_uring_in_this_thread};
 pub use wait::{wait_for_tcp, wait_until};
 

@@ -15,15 +15,35 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     pub address: SocketAddr,
     pub socket: PathBuf,
+    /// With TLS, the TCP port speaks only TLS (the unix socket stays plain for the test's own
+    /// commands).
+    tls: Option<RedisTls>,
+}
+
+/// Certificate files for a `redis-server` that serves TLS.
+#[derive(Debug, Clone)]
+pub struct RedisTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
 }
 
 impl RedisServer {
     /// Starts `redis-server` from `PATH`, retrying with another port if the chosen one was taken
     /// between choosing and binding.
     pub fn start() -> std::io::Result<Self> {
+        Self::start_with(None)
+    }
+
+    /// Starts `redis-server` with its TCP port speaking TLS only (`rediss://`).
+    pub fn start_tls(tls: RedisTls) -> std::io::Result<Self> {
+        Self::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<RedisTls>) -> std::io::Result<Self> {
         let mut last_error = None;
         for _ in 0..5 {
-            match Self::try_start() {
+            match Self::try_start(tls.clone()) {
                 Ok(server) => return Ok(server),
                 Err(error) => last_error = Some(error),
             }
@@ -31,17 +51,18 @@ impl RedisServer {
         Err(last_error.unwrap_or_else(|| std::io::Error::other("redis-server did not start")))
     }
 
-    fn try_start() -> std::io::Result<Self> {
+    fn try_start(tls: Option<RedisTls>) -> std::io::Result<Self> {
         let dir = tempfile::tempdir()?;
         // redis-server cannot report an OS-chosen port, so pick a free one and hand it over.
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let socket = dir.path().join("redis.sock");
-        let child = Self::spawn(dir.path(), port, &socket)?;
+        let child = Self::spawn(dir.path(), port, &socket, tls.as_ref())?;
         let mut server = Self {
             child,
             dir,
             address: SocketAddr::from(([127, 0, 0, 1], port)),
             socket,
+            tls,
         };
         server.wait_ready()?;
         Ok(server)
@@ -53,7 +74,12 @@ impl RedisServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.socket);
-        self.child = Self::spawn(self.dir.path(), self.address.port(), &self.socket)?;
+        self.child = Self::spawn(
+            self.dir.path(),
+            self.address.port(),
+            &self.socket,
+            self.tls.as_ref(),
+        )?;
         self.wait_ready()
     }
 
@@ -79,10 +105,32 @@ impl RedisServer {
         }
     }
 
-    fn spawn(dir: &Path, port: u16, socket: &Path) -> std::io::Result<Child> {
+    fn spawn(
+        dir: &Path,
+        port: u16,
+        socket: &Path,
+        tls: Option<&RedisTls>,
+    ) -> std::io::Result<Child> {
         let log = dir.join("redis.log");
-        Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        let mut command = Command::new("redis-server");
+        match tls {
+            None => {
+                command.args(["--port", &port.to_string()]);
+            }
+            Some(tls) => {
+                command
+                    .args(["--port", "0", "--tls-port", &port.to_string()])
+                    .arg("--tls-cert-file")
+                    .arg(&tls.cert)
+                    .arg("--tls-key-file")
+                    .arg(&tls.key)
+                    .arg("--tls-ca-cert-file")
+                    .arg(&tls.ca)
+                    .args(["--tls-auth-clients", "no"]);
+            }
+        }
+        command
+            .args(["--bind", "127.0.0.1"])
             .arg("--unixsocket")
             .arg(socket)
             .args([
@@ -147,9 +195,14 @@ impl RedisServer {
             .unwrap_or(0)
     }
 
-    /// `redis://127.0.0.1:PORT`
+    /// `redis://127.0.0.1:PORT`, or `rediss://` when the server speaks TLS.
     pub fn url(&self) -> String {
-        format!("redis://{}", self.address)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://{}", self.address)
     }
 
     pub fn dir(&self) -> &Path {

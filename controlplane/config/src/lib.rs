@@ -173,6 +173,20 @@ pub struct TunnelConfig {
     /// host:port other nodes use to reach this node's private endpoint (default: its bound
     /// address).
     pub advertise_address: Option<String>,
+    /// How this node calls other nodes' private endpoints over TLS (required when
+    /// `listeners.private.tls` is set: nodes share one layout).
+    pub peer_tls: Option<PeerTlsConfig>,
+}
+
+/// TLS client settings for node-to-node calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerTlsConfig {
+    /// CA that issued the other nodes' private-endpoint certificates.
+    pub ca_file: PathBuf,
+    /// This node's client certificate and key, for private listeners that require one.
+    pub identity: Option<(PathBuf, PathBuf)>,
+    /// Name checked against the peer's certificate; without it, the peer's IP address.
+    pub server_name: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -87,6 +87,16 @@ pub(crate) struct RawTunnel {
     pub(crate) jwt: RawJwt,
     pub(crate) private_jwt: Option<RawJwt>,
     pub(crate) advertise_address: Leaf,
+    pub(crate) peer_tls: Option<RawPeerTls>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct RawPeerTls {
+    pub(crate) ca_file: Leaf,
+    pub(crate) cert_file: Leaf,
+    pub(crate) key_file: Leaf,
+    pub(crate) server_name: Leaf,
 }
 
 #[derive(Debug, Default, Deserialize)]

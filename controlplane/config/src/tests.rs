@@ -378,3 +378,36 @@ fn redis_section_is_read_and_checked() {
         vec!["redis: is only used by a node with a tunnel section".to_string()]
     );
 }
+
+#[test]
+fn private_tls_needs_peer_tls_and_peer_tls_is_checked() {
+    let (_dir, secret, _) = secret_dir();
+    // Any readable file stands in for PEM here: only TLS set-up reads the contents.
+    let pem = &secret;
+    let base = format!(
+        "listeners: {{private: {{tls: {{cert_file: '{pem}', key_file: '{pem}'}}}}}}\nredis: {{url: 'redis://127.0.0.1:1'}}\ntunnel:\n  jwt: {{secret_file: '{secret}'}}\n  private_jwt: {{secret_file: '{secret}'}}\n"
+    );
+    assert_eq!(
+        errors_of(&base),
+        vec!["tunnel.peer_tls.ca_file: is required when listeners.private.tls is set: nodes call each other's private endpoints over TLS".to_string()]
+    );
+    let errors = errors_of(&format!(
+        "{base}  peer_tls: {{ca_file: '{pem}', cert_file: '{pem}', server_name: 'not a name!'}}\n"
+    ));
+    assert_eq!(
+        errors,
+        vec![
+            "tunnel.peer_tls.key_file: is required with cert_file".to_string(),
+            "tunnel.peer_tls.server_name: \"not a name!\" is not a valid DNS name or IP address"
+                .to_string(),
+        ]
+    );
+    let config = load_str(
+        &format!("{base}  peer_tls: {{ca_file: '{pem}', cert_file: '{pem}', key_file: '{pem}', server_name: sluice-private}}\n"),
+        "t.yaml",
+    )
+    .expect("valid");
+    let peer = config.tunnel.expect("tunnel").peer_tls.expect("peer tls");
+    assert_eq!(peer.server_name.as_deref(), Some("sluice-private"));
+    assert!(peer.identity.is_some());
+}

@@ -10,12 +10,12 @@ use serde_norway::Value;
 
 use crate::error::Errors;
 use crate::raw::{
-    Leaf, RawAgent, RawConfig, RawJwt, RawListener, RawRedis, RawServerTls, RawTunnel,
+    Leaf, RawAgent, RawConfig, RawJwt, RawListener, RawPeerTls, RawRedis, RawServerTls, RawTunnel,
 };
 use crate::{
     AgentConfig, AgentTokenConfig, Config, DriverChoice, Endpoint, JwtConfig, ListenerConfig,
-    ListenersConfig, LogFormat, LoggingConfig, PoolConfig, ReconnectConfig, RedisConfig,
-    RedisTargetConfig, RuntimeConfig, ServerTlsConfig, TunnelConfig, Workers,
+    ListenersConfig, LogFormat, LoggingConfig, PeerTlsConfig, PoolConfig, ReconnectConfig,
+    RedisConfig, RedisTargetConfig, RuntimeConfig, ServerTlsConfig, TunnelConfig, Workers,
 };
 
 const MAX_WORKERS: usize = 1024;
@@ -109,6 +109,14 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
         }
         (None, None) => None,
     };
+    if let (Some(private), Some(tunnel)) = (&private_listener, &tunnel) {
+        if private.tls.is_some() && tunnel.peer_tls.is_none() {
+            errors.push(
+                "tunnel.peer_tls.ca_file",
+                "is required when listeners.private.tls is set: nodes call each other's private endpoints over TLS",
+            );
+        }
+    }
     let tunnel_listener =
         |raw: &Option<RawListener>, name: &str, default: &str, errors: &mut Errors| {
             let path = format!("listeners.{name}");
@@ -454,7 +462,43 @@ fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
             .advertise_address
             .as_ref()
             .and_then(|value| scalar(value, "tunnel.advertise_address", errors)),
+        peer_tls: raw.peer_tls.as_ref().and_then(|raw| peer_tls(raw, errors)),
     }
+}
+
+fn peer_tls(raw: &RawPeerTls, errors: &mut Errors) -> Option<PeerTlsConfig> {
+    let ca_file = readable_file(&raw.ca_file, "tunnel.peer_tls.ca_file", true, errors);
+    let cert = readable_file(&raw.cert_file, "tunnel.peer_tls.cert_file", false, errors);
+    let key = readable_file(&raw.key_file, "tunnel.peer_tls.key_file", false, errors);
+    let identity = match (cert, key, raw.cert_file.is_some(), raw.key_file.is_some()) {
+        (Some(cert), Some(key), _, _) => Some((cert, key)),
+        (_, _, true, false) => {
+            errors.push("tunnel.peer_tls.key_file", "is required with cert_file");
+            None
+        }
+        (_, _, false, true) => {
+            errors.push("tunnel.peer_tls.cert_file", "is required with key_file");
+            None
+        }
+        _ => None,
+    };
+    let server_name = raw
+        .server_name
+        .as_ref()
+        .and_then(|value| scalar(value, "tunnel.peer_tls.server_name", errors));
+    if let Some(name) = &server_name {
+        if rustls_pki_types::ServerName::try_from(name.as_str()).is_err() {
+            errors.push(
+                "tunnel.peer_tls.server_name",
+                format!("{name:?} is not a valid DNS name or IP address"),
+            );
+        }
+    }
+    Some(PeerTlsConfig {
+        ca_file: ca_file?,
+        identity,
+        server_name,
+    })
 }
 
 fn jwt(

@@ -76,6 +76,13 @@ pub struct NodeShared {
     next_tunnel_id: AtomicU64,
     agent_tls: Option<Arc<ServerConfig>>,
     external_tls: Option<Arc<ServerConfig>>,
+    private_tls: Option<Arc<ServerConfig>>,
+    /// TLS for calls to other nodes' private endpoints, and the name their certificates must
+    /// carry (`None`: the peer's IP address).
+    peer_tls: Option<(
+        Arc<rustls::ClientConfig>,
+        Option<rustls_pki_types::ServerName<'static>>,
+    )>,
     settings: H2Settings,
     /// Publishes which agents this node holds (multi-node); `None` without Redis.
     tracker: Option<sluice_tracker::TrackerHandle>,
@@ -132,6 +139,7 @@ impl NodeShared {
         config: &TunnelConfig,
         agent_listener: &ListenerConfig,
         external_listener: &ListenerConfig,
+        private_listener: Option<&ListenerConfig>,
         metrics: TunnelMetrics,
         tracker: Option<sluice_tracker::TrackerHandle>,
     ) -> Result<Arc<Self>, sluice_grpc::tls::TlsError> {
@@ -160,6 +168,25 @@ impl NodeShared {
             next_tunnel_id: AtomicU64::new(1),
             agent_tls: tls(agent_listener)?,
             external_tls: tls(external_listener)?,
+            private_tls: match private_listener {
+                Some(listener) => tls(listener)?,
+                None => None,
+            },
+            peer_tls: match &config.peer_tls {
+                Some(peer) => {
+                    let identity = peer
+                        .identity
+                        .as_ref()
+                        .map(|(cert, key)| (cert.as_path(), key.as_path()));
+                    let client = sluice_grpc::tls::client_config(Some(&peer.ca_file), identity)?;
+                    let name = peer
+                        .server_name
+                        .as_ref()
+                        .and_then(|name| rustls_pki_types::ServerName::try_from(name.clone()).ok());
+                    Some((client, name))
+                }
+                None => None,
+            },
             settings: H2Settings::default(),
             tracker,
             private_jwt: config.private_jwt.as_ref().map(|private| {
@@ -597,8 +624,7 @@ impl ConnectionHandler for ExternalHandler {
             let handler_conn = conn.clone();
             let tls = match self.mode {
                 Endpoint::External => self.node.external_tls.clone(),
-                // Private listeners speak h2c for now: keep them on a trusted network.
-                Endpoint::Private => None,
+                Endpoint::Private => self.node.private_tls.clone(),
             };
             serve_connection(
                 stream,
@@ -931,7 +957,13 @@ impl ExternalHandler {
             }
             self.peers.borrow_mut().remove(&address);
         }
-        let connection = sluice_grpc::transport::connect(address, None, &self.node.settings)
+        let tls = self.node.peer_tls.as_ref().map(|(config, name)| {
+            let name = name
+                .clone()
+                .unwrap_or_else(|| rustls_pki_types::ServerName::IpAddress(address.ip().into()));
+            (config.clone(), name)
+        });
+        let connection = sluice_grpc::transport::connect(address, tls, &self.node.settings)
             .await
             .map_err(|error| error.to_string())?;
         let ready = connection
@@ -1447,9 +1479,10 @@ mod tests {
             },
             private_jwt: None,
             advertise_address: None,
+            peer_tls: None,
         };
         let metrics = TunnelMetrics::register(&mut Registry::default(), 1);
-        NodeShared::new(&config, &listener, &listener, metrics, None).unwrap()
+        NodeShared::new(&config, &listener, &listener, None, metrics, None).unwrap()
     }
 
     #[test]

@@ -60,16 +60,43 @@ fn tls_block(certs: Option<&Certificates>) -> String {
     }
 }
 
+/// The `tunnel.peer_tls` block for nodes whose private endpoints require TLS with client
+/// certificates: every node presents a certificate from the test CA.
+fn peer_tls(private_tls: Option<&Certificates>) -> String {
+    let Some(certs) = private_tls else {
+        return String::new();
+    };
+    let client = certs
+        .client("sluice-node", &[])
+        .expect("node client certificate");
+    format!(
+        "  peer_tls: {{ca_file: '{}', cert_file: '{}', key_file: '{}'}}\n",
+        certs.ca_cert.display(),
+        client.cert.display(),
+        client.key.display()
+    )
+}
+
 pub fn start_node(
     secrets: &Secrets,
     max_wait: &str,
     max_message_bytes: usize,
     tls: Option<&Certificates>,
 ) -> SluiceProcess {
-    start_node_on(secrets, max_wait, max_message_bytes, tls, "auto", "", "")
+    start_node_on(
+        secrets,
+        max_wait,
+        max_message_bytes,
+        tls,
+        "auto",
+        "",
+        "",
+        None,
+    )
 }
 
 /// A node on a given I/O driver (`auto`, `uring`, `legacy`).
+#[allow(clippy::too_many_arguments)] // one knob per YAML setting the tests vary
 pub fn start_node_on(
     secrets: &Secrets,
     max_wait: &str,
@@ -78,6 +105,7 @@ pub fn start_node_on(
     driver: &str,
     tunnel_extra: &str,
     extra_yaml: &str,
+    private_tls: Option<&Certificates>,
 ) -> SluiceProcess {
     let agents: String = secrets
         .tokens
@@ -96,8 +124,17 @@ pub fn start_node_on(
         secrets.jwt_secret.display(),
         tls = tls_block(tls),
         node_name = if tunnel_extra.contains("node_name:") { "" } else { "  node_name: test-node\n" },
-        private = if extra_yaml.contains("redis:") { "  private: {address: '127.0.0.1:0'}\n" } else { "" },
-    ) + extra_yaml;
+        private = match (extra_yaml.contains("redis:"), private_tls) {
+            (false, _) => String::new(),
+            (true, None) => "  private: {address: '127.0.0.1:0'}\n".to_string(),
+            (true, Some(certs)) => format!(
+                "  private: {{address: '127.0.0.1:0', tls: {{cert_file: '{}', key_file: '{}', client_ca_file: '{}'}}}}\n",
+                certs.server_cert.display(),
+                certs.server_key.display(),
+                certs.ca_cert.display()
+            ),
+        },
+    ) + &peer_tls(private_tls) + extra_yaml;
     let launcher = SluiceLauncher::new(BIN).unwrap();
     let config = launcher.write_file("node.yaml", &yaml).unwrap();
     launcher

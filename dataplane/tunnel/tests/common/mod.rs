@@ -95,6 +95,7 @@ pub fn start_node_with(
         },
         private_jwt: None,
         advertise_address: None,
+        peer_tls: None,
     };
     let options = RuntimeOptions {
         workers: 2,
@@ -113,7 +114,8 @@ pub fn start_node_with(
         .bind("external", &listener(), Placement::Workers)
         .unwrap();
     let metrics = TunnelMetrics::register(&mut Registry::default(), 2);
-    let shared = NodeShared::new(&config, &listener(), &listener(), metrics, tracker).unwrap();
+    let shared =
+        NodeShared::new(&config, &listener(), &listener(), None, metrics, tracker).unwrap();
     server.serve(
         agent,
         AgentEndpoint {
