@@ -277,3 +277,106 @@ fn nodes_talk_to_rediss_and_to_each_other_over_mutual_tls() {
     let refused = tunnel_client("unary", &private_args(c, &cluster, 7));
     assert_eq!(refused["code"], "UNAVAILABLE", "{refused}");
 }
+
+/// Seconds since the Unix epoch, as the Python client reports times.
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+#[test]
+fn a_redis_restart_under_load_spares_local_calls_and_remote_routing_recovers() {
+    let mut redis = RedisServer::start().unwrap();
+    let redis_yaml = format!(
+        "redis:\n  url: '{}'\n  key_prefix: restart\n  unregister_delay: 500ms\n",
+        redis.url()
+    );
+    // The test keeps the server itself, to stop and restart it.
+    let cluster = cluster_on(Box::new(()), &redis_yaml, None);
+    let backend = GrpcBackend::start().unwrap();
+    let (a, c) = (&cluster.nodes[0], &cluster.nodes[2]);
+    // Agent 7 on A (local to the called node), agent 8 on C (reached through Redis).
+    let _local_agent = start_agent(&cluster.secrets, 7, a, backend.address, 20, None);
+    let _remote_agent = start_agent(&cluster.secrets, 8, c, backend.address, 20, None);
+    wait_for_idle_tunnels(a, 2.0);
+    wait_for_idle_tunnels(c, 2.0);
+    let warm = tunnel_client("unary", &client_args(a, &cluster.secrets, 8));
+    assert_eq!(
+        warm["code"], "OK",
+        "remote routing works before the restart: {warm}"
+    );
+
+    let steady = |agent: i64| {
+        let mut args = client_args(a, &cluster.secrets, agent);
+        args.extend(
+            ["--duration", "16", "--timeout", "10", "--delay", "0.02"]
+                .iter()
+                .map(|arg| arg.to_string()),
+        );
+        spawn_tunnel_client("steady", &args)
+    };
+    let local = steady(7);
+    let remote = steady(8);
+    std::thread::sleep(Duration::from_secs(3));
+    let went_down = unix_now();
+    redis.stop();
+    std::thread::sleep(Duration::from_secs(3));
+    redis.restart().unwrap();
+    let came_back = unix_now();
+
+    // The holding node writes its agent again once Redis is back (it starts empty).
+    let key = "restart:tunnel:agent:{8}";
+    assert!(
+        wait_until(Duration::from_secs(5), || redis
+            .command(&["HKEYS", key])
+            .unwrap_or_default()
+            .contains("node-c")),
+        "node C re-registered agent 8 within 5 s"
+    );
+
+    let read = |child: std::process::Child| -> Value {
+        let output = child.wait_with_output().unwrap();
+        serde_json::from_slice(&output.stdout)
+            .unwrap_or_else(|error| panic!("client output: {error}: {output:?}"))
+    };
+    let local = read(local);
+    let remote = read(remote);
+    // Calls for the agent on the called node never needed Redis.
+    assert_eq!(local["failures"], serde_json::json!([]), "{local}");
+    assert!(local["calls"].as_u64().unwrap() > 50, "{local}");
+    // Remote calls: everything before the outage succeeded, and from 5 s after Redis returned
+    // on, every call succeeded again; the first success after the restart came within 5 s.
+    let failures = remote["failures"].as_array().unwrap();
+    for failure in failures {
+        let (started, ended) = (failure[0].as_f64().unwrap(), failure[1].as_f64().unwrap());
+        assert!(
+            ended >= went_down && started <= came_back + 5.0,
+            "remote call failed outside the outage window (down at {went_down}, back at {came_back}): {failure}"
+        );
+    }
+    let recovered = remote["ok_ends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_f64)
+        .find(|end| *end > came_back)
+        .expect("remote calls succeed again after the restart");
+    eprintln!(
+        "local: {} calls; remote: {} calls, {} failed, first success {:.2} s after Redis returned",
+        local["calls"],
+        remote["calls"],
+        failures.len(),
+        recovered - came_back
+    );
+    assert!(
+        recovered - came_back < 5.0,
+        "remote routing recovered {:.2} s after Redis returned",
+        recovered - came_back
+    );
+    for node in &cluster.nodes {
+        assert!(!node.stderr().contains("panicked"), "{}", node.stderr());
+    }
+    assert!(metric(a, "sluice_tracker_redis_errors_total").unwrap_or(0.0) >= 1.0);
+}

@@ -200,6 +200,29 @@ def concurrency(args):
     return asyncio.run(run())
 
 
+def steady(args):
+    """Sequential unary calls for --duration seconds: when each started and ended, and how."""
+    ch = channel(args)
+    call = ch.unary_unary("/test.Echo/Unary")
+    ok_ends, failures = [], []
+    stop_at = time.time() + args.duration
+    index = 0
+    while time.time() < stop_at:
+        payload = f"steady-{index}".encode()
+        started = time.time()
+        try:
+            reply = call(payload, metadata=metadata(args), timeout=args.timeout)
+            if reply == payload:
+                ok_ends.append(time.time())
+            else:
+                failures.append([started, time.time(), "MISMATCH", reply[:40].decode(errors="replace")])
+        except grpc.RpcError as error:
+            failures.append([started, time.time(), error.code().name, error.details()])
+        index += 1
+        time.sleep(args.delay)
+    return {"calls": index, "ok_ends": ok_ends, "failures": failures}
+
+
 def list_agents(args):
     ch = channel(args)
     md = (("authorization", f"Bearer {token(args)}"),)
@@ -223,6 +246,7 @@ def main() -> int:
     parser.add_argument("--audience", default="gitlab-kas")
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--requests", type=int, default=50)
+    parser.add_argument("--duration", type=float, default=10.0)
     args = parser.parse_args()
     checks = {
         "shapes": shapes,
@@ -233,6 +257,7 @@ def main() -> int:
         "auth-matrix": auth_matrix,
         "concurrency": concurrency,
         "list-agents": list_agents,
+        "steady": steady,
     }
     print(json.dumps(checks[args.check](args)), flush=True)
     return 0
