@@ -25,6 +25,11 @@ pub enum Command {
         /// Bind every listener to an OS-chosen free port instead of the default ports.
         #[arg(long)]
         ephemeral_ports: bool,
+        /// Run this many nodes over a private redis-server (needs `redis-server` installed):
+        /// this process is node 1, the others are child processes; the demo agent connects to
+        /// the last node, so calls to node 1 are routed through Redis to it.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=9))]
+        nodes: u8,
     },
     /// Run the daemon with a configuration file.
     Run {

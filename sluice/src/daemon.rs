@@ -152,17 +152,20 @@ fn run(mut config: Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow:
         server.serve(external_id, ExternalEndpoint { node });
     }
     // The demo's echo backend, and the agent pointed at this node.
-    if let Mode::Up(_) = &mode {
+    if let Mode::Up(demo) = &mode {
         let mut backend_listener = config.listeners.admin.clone();
         backend_listener.address.set_port(0);
         let backend = server.bind("demo-backend", &backend_listener, Placement::Workers)?;
         server.serve(backend, EchoBackend);
-        let agent_address = server
+        let local_agent_listener = server
             .addresses()
             .into_iter()
             .find(|(name, _)| name == "agent")
-            .map(|(_, address)| address)
-            .context("the demo needs the agent listener")?;
+            .map(|(_, address)| address);
+        let agent_address = demo
+            .agent_target()
+            .or(local_agent_listener)
+            .context("the demo needs an agent listener")?;
         let backend_address = server.local_addr(backend);
         if let Some(agent) = config.agent.as_mut() {
             crate::demo::UpDemo::wire_agent(agent, agent_address, backend_address);
@@ -259,11 +262,42 @@ fn print_banner(
     for (name, address) in addresses {
         let _ = writeln!(out, "  {name:<13} {address:<22} {}", describe(name));
     }
-    let _ = writeln!(
-        out,
-        "\nA demo agent (id {}) is connected to this node through its own tunnels.",
-        crate::demo::DEMO_AGENT_ID
-    );
+    match &demo.cluster {
+        None => {
+            let _ = writeln!(
+                out,
+                "\nA demo agent (id {}) is connected to this node through its own tunnels.",
+                crate::demo::DEMO_AGENT_ID
+            );
+        }
+        Some(cluster) => {
+            let _ = writeln!(
+                out,
+                "\nThis process is node-1. The other nodes run as child processes, sharing redis-server on {}:",
+                cluster.redis_socket.display()
+            );
+            for node in &cluster.nodes {
+                let listed: Vec<String> = node
+                    .addresses
+                    .iter()
+                    .map(|(name, address)| format!("{name} {address}"))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "  {:<7} {}  (log: {})",
+                    node.name,
+                    listed.join(", "),
+                    node.log.display()
+                );
+            }
+            let holder = cluster.nodes.last().map_or("?", |node| node.name.as_str());
+            let _ = writeln!(
+                out,
+                "\nThe demo agent (id {}) keeps its tunnels on {holder}; calls to node-1 below find it\nthrough Redis and go through {holder}'s private endpoint.",
+                crate::demo::DEMO_AGENT_ID
+            );
+        }
+    }
     if let Some(admin) = find("admin") {
         let _ = writeln!(out, "\nTry it:");
         let _ = writeln!(out, "  curl http://{admin}/metrics    # Prometheus metrics");

@@ -21,10 +21,14 @@ pub const DEMO_AGENT_ID: i64 = 1;
 pub struct UpDemo {
     pub dir: PathBuf,
     pub jwt_secret_file: PathBuf,
+    /// With `--nodes N` (N > 1): the other nodes and the Redis they share.
+    pub cluster: Option<crate::demo_cluster::DemoCluster>,
 }
 
 impl Drop for UpDemo {
     fn drop(&mut self) {
+        // The other nodes and Redis stop before their directory goes.
+        self.cluster = None;
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -59,6 +63,7 @@ impl UpDemo {
         let demo = UpDemo {
             jwt_secret_file: dir.join("jwt.secret"),
             dir,
+            cluster: None,
         };
         let secret = random_hex(32)?;
         std::fs::OpenOptions::new()
@@ -106,28 +111,82 @@ impl UpDemo {
             advertise_address: None,
             peer_tls: None,
         });
-        config.agent = Some(AgentConfig {
-            token: agent_token,
-            token_file: PathBuf::new(),
-            nodes: Vec::new(),
-            ca_file: None,
-            forward_to: endpoint("127.0.0.1:0"),
-            forward_ca_file: None,
-            max_message_bytes: 32 * 1024 * 1024,
-            pool: PoolConfig {
-                min_idle: 2,
-                max: 500,
-                grow_by: 10,
-                idle_timeout: std::time::Duration::from_secs(60),
-            },
-            reconnect: ReconnectConfig {
-                initial_backoff: std::time::Duration::from_secs(1),
-                max_backoff: std::time::Duration::from_secs(20),
-            },
-        });
+        config.agent = Some(demo_agent(agent_token));
         Ok((config, demo))
     }
 
+    /// The demo across several nodes: the parent process is the first node, runs the agent
+    /// and the echo backend; the other nodes are child processes sharing a private
+    /// `redis-server`. The agent connects to the last node, so a call to the first one is
+    /// routed through Redis and the last node's private endpoint.
+    pub fn prepare_cluster(
+        nodes: usize,
+        ephemeral_ports: bool,
+    ) -> anyhow::Result<(Config, UpDemo)> {
+        let (single, mut demo) = Self::prepare(ephemeral_ports)?;
+        let tunnel = single.tunnel.as_ref().context("demo tunnel section")?;
+        let agent = single.agent.clone().context("demo agent section")?;
+        let agent_token_sha256 = hex::encode(tunnel.agents[0].token_sha256);
+        let private_secret = demo.dir.join("private.secret");
+        let private_secret_text = random_hex(32)?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&private_secret)
+            .and_then(|mut file| {
+                std::io::Write::write_all(&mut file, private_secret_text.as_bytes())
+            })
+            .with_context(|| format!("cannot write {}", private_secret.display()))?;
+        let settings = crate::demo_cluster::NodeSettings {
+            jwt_secret_file: demo.jwt_secret_file.clone(),
+            private_secret_file: private_secret,
+            agent_id: DEMO_AGENT_ID,
+            agent_token_sha256,
+            ephemeral_ports,
+        };
+        let cluster = crate::demo_cluster::DemoCluster::start(&demo.dir, nodes, &settings)?;
+        let first = cluster.first_node_config();
+        let mut config = sluice_config::load_file(&first)
+            .map_err(|error| anyhow::anyhow!("{error}"))
+            .context("the first node's generated config")?;
+        config.agent = Some(agent);
+        demo.cluster = Some(cluster);
+        Ok((config, demo))
+    }
+
+    /// Where the demo agent dials: the last node of a cluster, else this process's node.
+    pub fn agent_target(&self) -> Option<std::net::SocketAddr> {
+        self.cluster
+            .as_ref()
+            .and_then(|cluster| cluster.agent_target())
+    }
+}
+
+/// The demo agent: its token in memory, nodes and backend filled in once addresses are known.
+fn demo_agent(token: String) -> AgentConfig {
+    AgentConfig {
+        token,
+        token_file: PathBuf::new(),
+        nodes: Vec::new(),
+        ca_file: None,
+        forward_to: endpoint("127.0.0.1:0"),
+        forward_ca_file: None,
+        max_message_bytes: 32 * 1024 * 1024,
+        pool: PoolConfig {
+            min_idle: 2,
+            max: 500,
+            grow_by: 10,
+            idle_timeout: std::time::Duration::from_secs(60),
+        },
+        reconnect: ReconnectConfig {
+            initial_backoff: std::time::Duration::from_secs(1),
+            max_backoff: std::time::Duration::from_secs(20),
+        },
+    }
+}
+
+impl UpDemo {
     /// Points the demo agent at the bound node and backend addresses.
     pub fn wire_agent(
         config: &mut AgentConfig,

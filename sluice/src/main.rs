@@ -3,6 +3,7 @@
 mod cli;
 mod daemon;
 mod demo;
+mod demo_cluster;
 mod logging;
 
 use std::process::ExitCode;
@@ -52,7 +53,12 @@ fn main() -> ExitCode {
         cli::Command::Up {
             runtime,
             ephemeral_ports,
-        } => match demo::UpDemo::prepare(ephemeral_ports) {
+            nodes,
+        } => match if nodes > 1 {
+            demo::UpDemo::prepare_cluster(usize::from(nodes), ephemeral_ports)
+        } else {
+            demo::UpDemo::prepare(ephemeral_ports)
+        } {
             Ok((config, demo)) => {
                 daemon::run_with(Ok(config), &runtime, addresses_file, daemon::Mode::Up(demo))
             }

@@ -202,3 +202,87 @@ fn a_busy_port_fails_start_up_with_the_listener_named() {
         process.stderr()
     );
 }
+
+#[test]
+fn up_with_three_nodes_routes_the_printed_call_through_redis_and_cleans_up() {
+    let process = SluiceLauncher::new(BIN)
+        .unwrap()
+        .args(["up", "--nodes", "3", "--ephemeral-ports"])
+        .spawn()
+        .expect("sluice up --nodes 3 starts");
+    assert!(
+        wait_until(Duration::from_secs(10), || process
+            .stdout()
+            .contains("Press Ctrl-C to stop.")),
+        "stdout: {}\nstderr: {}",
+        process.stdout(),
+        process.stderr()
+    );
+    let stdout = process.stdout();
+    assert!(stdout.contains("keeps its tunnels on node-3"), "{stdout}");
+    let node3_admin = stdout
+        .lines()
+        .find(|line| line.trim_start().starts_with("node-3"))
+        .and_then(|line| {
+            line.split(", ")
+                .find_map(|part| part.split("admin ").nth(1).map(str::to_string))
+        })
+        .expect("node-3's admin address is printed");
+    let demo_dir = stdout
+        .split_whitespace()
+        .find(|word| word.ends_with("/jwt.secret"))
+        .map(|word| std::path::PathBuf::from(word).with_file_name(""))
+        .expect("the demo directory is printed");
+
+    // The printed command calls node 1; the agent is on node 3.
+    let command = stdout
+        .lines()
+        .find(|line| line.contains("scripts/tunnel_client.py"))
+        .expect("a tunnel client command is printed")
+        .trim()
+        .to_string();
+    let words: Vec<&str> = command.split_whitespace().skip(1).collect();
+    let python = test_support::python();
+    assert!(test_support::wait_until(Duration::from_secs(15), || {
+        let output = Command::new(&python)
+            .args(&words)
+            .current_dir(test_support::workspace_root())
+            .output()
+            .expect("python");
+        String::from_utf8_lossy(&output.stdout).trim() == "hello"
+    }));
+    let (code, metrics) = curl(&format!("http://{node3_admin}/metrics"));
+    assert_eq!(code, "200");
+    assert!(
+        metrics.contains("sluice_tunnel_private_requests_total{code=\"OK\"} 1"),
+        "node 3 served the call on its private endpoint: {metrics}"
+    );
+
+    let mut process = process;
+    process.signal(libc::SIGINT);
+    let status = process
+        .wait_exit(Duration::from_secs(10))
+        .expect("exits after Ctrl-C");
+    assert_eq!(status.code(), Some(0), "stderr: {}", process.stderr());
+    // The child nodes and redis-server are gone with their directory.
+    assert!(!demo_dir.exists(), "{} removed", demo_dir.display());
+    let (code, _) = curl(&format!("http://{node3_admin}/healthz"));
+    assert_eq!(code, "000", "node 3 stopped");
+}
+
+#[test]
+fn up_with_nodes_but_no_redis_server_says_what_to_install() {
+    let mut process = SluiceLauncher::new(BIN)
+        .unwrap()
+        .args(["up", "--nodes", "2", "--ephemeral-ports"])
+        .env("PATH", "/nonexistent")
+        .spawn_unready()
+        .unwrap();
+    let status = process.wait_exit(Duration::from_secs(10)).expect("exits");
+    assert_eq!(status.code(), Some(1));
+    assert!(
+        process.stderr().contains("apt install redis-server"),
+        "{}",
+        process.stderr()
+    );
+}
