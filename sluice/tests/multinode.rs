@@ -237,14 +237,56 @@ fn calls_fail_over_to_another_node_when_the_holding_node_is_killed() {
     wait_for_idle_tunnels(c, 2.0);
     let before = tunnel_client("unary", &client_args(a, &cluster.secrets, 7));
     assert_eq!(before["code"], "OK", "{before}");
-    // B (listed first) dies without cleaning up: its Redis entry stays until its TTL, so A
-    // still picks B, fails to connect before any reply, and retries on C.
+    // B dies without cleaning up: its Redis entry stays until its TTL, so A still races B and
+    // C; B cannot be reached, C reports a ready tunnel and serves every call.
+    let served_by_c =
+        || metric(c, "sluice_tunnel_private_requests_total{code=\"OK\"}").unwrap_or(0.0);
+    let c_before = served_by_c();
     b.signal(libc::SIGKILL);
     for _ in 0..5 {
         let after = tunnel_client("unary", &client_args(a, &cluster.secrets, 7));
         assert_eq!(after["code"], "OK", "{after}");
     }
-    assert!(metric(a, "sluice_tunnel_routes_total{decision=\"retried\"}").unwrap_or(0.0) >= 1.0);
+    assert_eq!(served_by_c() - c_before, 5.0);
+}
+
+#[test]
+fn racing_nodes_serve_every_call_exactly_once() {
+    let cluster = cluster();
+    let backend = GrpcBackend::start().unwrap();
+    let (a, b, c) = (&cluster.nodes[0], &cluster.nodes[1], &cluster.nodes[2]);
+    // The agent keeps tunnels on B and C: every call to A races both.
+    let _agent = common::start_agent_on(&cluster.secrets, 7, &[b, c], backend.address, 20, None);
+    wait_for_idle_tunnels(b, 2.0);
+    wait_for_idle_tunnels(c, 2.0);
+    let served = |node: &SluiceProcess| {
+        metric(node, "sluice_tunnel_private_requests_total{code=\"OK\"}").unwrap_or(0.0)
+    };
+    let cancelled = |node: &SluiceProcess| {
+        metric(
+            node,
+            "sluice_tunnel_private_requests_total{code=\"CANCELLED\"}",
+        )
+        .unwrap_or(0.0)
+    };
+    let mut args = client_args(a, &cluster.secrets, 7);
+    args.extend(["--clients", "20", "--requests", "10"].map(String::from));
+    let result = tunnel_client("concurrency", &args);
+    assert_eq!(result["mismatches"], 0, "{result}");
+    // Exactly one node served each call; the losers were cancelled before any byte of the
+    // request reached their agent.
+    eprintln!(
+        "B served {}, C served {}; cancelled on B {}, on C {}",
+        served(b),
+        served(c),
+        cancelled(b),
+        cancelled(c)
+    );
+    assert_eq!(served(b) + served(c), 200.0, "{result}");
+    assert!(
+        cancelled(b) + cancelled(c) >= 1.0,
+        "some races were lost and cancelled"
+    );
 }
 
 #[test]

@@ -125,6 +125,17 @@ fn a_request_waits_for_its_agent_and_an_absent_agent_times_out() {
         "early".into(),
     ]);
     let early = spawn_tunnel_client("unary", &args);
+    // grpcio connects on its first call: once the external listener accepted it, the call is
+    // waiting (Python's start-up time varies too much to sleep blindly).
+    assert!(test_support::wait_until(
+        Duration::from_secs(10),
+        || metric(
+            &node,
+            "sluice_connections_accepted_total{listener=\"external\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0
+    ));
     std::thread::sleep(Duration::from_secs(2));
     let _agent = start_agent(&secrets, 7, &node, backend.address, 20, None);
     let output = early.wait_with_output().unwrap();

@@ -290,6 +290,7 @@ impl NodeShared {
 #[derive(Debug)]
 pub struct TunnelStreams {
     pub agent: AgentId,
+    connection_id: i64,
     /// Agent -> node messages.
     recv: RecvStream,
     /// Node -> agent messages.
@@ -423,6 +424,13 @@ impl ConnectionHandler for AgentEndpoint {
     }
 }
 
+/// Whether a private-endpoint call asks for readiness first (`expect: 100-continue`).
+fn expects_continue(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::EXPECT)
+        .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
 fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|value| value.to_str().ok())
 }
@@ -486,7 +494,7 @@ async fn accept_tunnel(
             return;
         }
     }
-    let Ok(mut send) = respond.send_response(grpc_headers(), false) else {
+    let Ok(send) = respond.send_response(grpc_headers(), false) else {
         return;
     };
     if announced.borrow_mut().insert((agent, connection_id)) {
@@ -498,44 +506,60 @@ async fn accept_tunnel(
         node: node.clone(),
         worker: conn.worker(),
     };
-    let tunnel_id = node.next_tunnel_id.fetch_add(1, Ordering::Relaxed);
-    let claims = node.registry.offer(agent, tunnel_id, connection_id);
+    let streams = TunnelStreams {
+        agent,
+        connection_id,
+        recv,
+        send,
+        reader,
+        _open: open,
+    };
+    hold_idle(node, streams, conn.draining()).await;
+}
 
+/// Keeps an idle tunnel in the registry until a request claims it, the agent closes it, or the
+/// worker drains. A claim whose requester already gave up (deadline, client gone, another node
+/// won a race) puts the tunnel back instead of wasting it.
+async fn hold_idle(
+    node: Arc<NodeShared>,
+    mut streams: TunnelStreams,
+    draining: impl std::future::Future<Output = ()>,
+) {
     enum Idle<C> {
         Claimed(C),
         Closed,
         Draining,
     }
-    let idle = monoio::select! {
-        claim = claims => match claim {
-            Ok(claim) => Idle::Claimed(claim),
-            Err(_) => Idle::Closed,
-        },
-        // An idle tunnel carries nothing; any event on it (end, reset, stray data) closes it.
-        _ = recv.data() => Idle::Closed,
-        _ = conn.draining() => Idle::Draining,
-    };
-    match idle {
-        Idle::Claimed(claim) => {
-            let streams = TunnelStreams {
-                agent,
-                recv,
-                send,
-                reader,
-                _open: open,
-            };
-            // If the requester gave up in the meantime the streams drop here, resetting the
-            // tunnel; the agent opens a fresh one.
-            let _ = claim.send(streams);
-        }
-        Idle::Closed => {
-            node.registry.withdraw(agent, tunnel_id);
-        }
-        Idle::Draining => {
-            node.registry.withdraw(agent, tunnel_id);
-            let mut trailers = HeaderMap::new();
-            status_headers(&mut trailers, Code::Unavailable, "node is shutting down");
-            let _ = send.send_trailers(trailers);
+    let mut draining = std::pin::pin!(draining);
+    loop {
+        let (agent, connection_id) = (streams.agent, streams.connection_id);
+        let tunnel_id = node.next_tunnel_id.fetch_add(1, Ordering::Relaxed);
+        let claims = node.registry.offer(agent, tunnel_id, connection_id);
+        let idle = monoio::select! {
+            claim = claims => match claim {
+                Ok(claim) => Idle::Claimed(claim),
+                Err(_) => Idle::Closed,
+            },
+            // An idle tunnel carries nothing; any event on it (end, reset, stray data) closes it.
+            _ = streams.recv.data() => Idle::Closed,
+            _ = &mut draining => Idle::Draining,
+        };
+        match idle {
+            Idle::Claimed(claim) => match claim.send(streams) {
+                Ok(()) => return,
+                Err(returned) => streams = returned,
+            },
+            Idle::Closed => {
+                node.registry.withdraw(agent, tunnel_id);
+                return;
+            }
+            Idle::Draining => {
+                node.registry.withdraw(agent, tunnel_id);
+                let mut trailers = HeaderMap::new();
+                status_headers(&mut trailers, Code::Unavailable, "node is shutting down");
+                let _ = streams.send.send_trailers(trailers);
+                return;
+            }
         }
     }
 }
@@ -663,20 +687,25 @@ impl ConnectionHandler for ExternalHandler {
 enum Route {
     /// A tunnel of the agent on this node.
     Local(TunnelStreams),
-    /// Another node holds the agent: forward to its private endpoint.
-    Remote {
-        node: String,
-        address: std::net::SocketAddr,
-    },
+    /// Other nodes hold the agent (name, private endpoint): race them, first ready wins.
+    Remote(Vec<(String, std::net::SocketAddr)>),
 }
+
+/// A call opened on another node's private endpoint that reported a ready tunnel.
+struct RemoteCall {
+    node: String,
+    address: std::net::SocketAddr,
+    response: h2::client::ResponseFuture,
+    send: SendStream<Bytes>,
+}
+
+/// How long a node that reported a ready tunnel (100 Continue) waits for the routing node to
+/// start the request body before it puts the tunnel back: the winner starts at once.
+const CONTINUE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How often a call waiting for its agent asks the tracker again, in case an arrival message
 /// was lost (Redis reconnect); pub/sub wakes it sooner.
 const ROUTE_POLL: Duration = Duration::from_secs(2);
-
-/// Forwarding to another node failed before anything reached the client: try another node.
-#[derive(Debug)]
-struct Retry(String);
 
 /// How a relay ended when it did not end with the agent's status.
 #[derive(Debug)]
@@ -781,6 +810,23 @@ impl ExternalHandler {
             };
             match route {
                 Route::Local(mut tunnel) => {
+                    let mut first_chunk = None;
+                    if self.mode == Endpoint::Private && expects_continue(&parts.headers) {
+                        // The routing node races several nodes: say this one has a tunnel, and
+                        // hand it back to the registry unused if another node wins.
+                        match self.confirm_ready(&mut respond, &mut body).await {
+                            Ok(chunk) => first_chunk = chunk,
+                            Err(()) => {
+                                let node = node.clone();
+                                let conn = conn.clone();
+                                monoio::spawn(async move {
+                                    hold_idle(node, tunnel, async move { conn.draining().await })
+                                        .await;
+                                });
+                                return Code::Cancelled;
+                            }
+                        }
+                    }
                     // The remaining deadline travels with the call so the backend sees it too.
                     metadata.retain(|entry| entry.key != "grpc-timeout");
                     if let Some(deadline) = deadline {
@@ -806,29 +852,67 @@ impl ExternalHandler {
                         .wait_duration
                         .observe(conn.worker(), waited.elapsed().as_secs_f64());
                     return self
-                        .relay(tunnel, &mut body, respond, deadline, agent, conn.worker())
+                        .relay(
+                            tunnel,
+                            first_chunk,
+                            &mut body,
+                            respond,
+                            deadline,
+                            agent,
+                            conn.worker(),
+                        )
                         .await;
                 }
-                Route::Remote {
-                    node: peer,
-                    address,
-                } => {
+                Route::Remote(candidates) => {
                     node.metrics
                         .wait_duration
                         .observe(conn.worker(), waited.elapsed().as_secs_f64());
-                    match self
-                        .relay_remote(address, &parts, &mut body, &mut respond, deadline, agent)
-                        .await
-                    {
-                        Ok(code) => return code,
-                        Err(Retry(why)) => {
-                            tracing::info!(agent, node = %peer, %why, "forwarding to another node failed before any reply; trying again");
-                            node.metrics.route("retried", conn.worker());
-                            tried_nodes.push(peer);
+                    let raced = monoio::select! {
+                        raced = self.race_remote(&candidates, &parts, deadline, agent) => Some(raced),
+                        _ = monoio::time::sleep_until(wait_until.into()) => None,
+                        _ = poll_fn(|cx| respond.poll_reset(cx)) => return Code::Cancelled,
+                    };
+                    match raced {
+                        Some(Ok(call)) => {
+                            return self
+                                .relay_remote(call, &mut body, &mut respond, deadline, agent)
+                                .await
                         }
+                        Some(Err(why)) => {
+                            tracing::info!(agent, %why, "no node had a ready tunnel; deciding again");
+                            node.metrics.route("retried", conn.worker());
+                            tried_nodes.extend(candidates.into_iter().map(|(name, _)| name));
+                        }
+                        // Out of time: deciding again answers DEADLINE_EXCEEDED.
+                        None => {}
                     }
                 }
             }
+        }
+    }
+
+    /// On the private endpoint: reports the tunnel it holds for the call (100 Continue) and
+    /// waits for the routing node to start the request. `Err` when the routing node chose
+    /// another node (reset) or went quiet; `Ok(None)` for a request without body.
+    async fn confirm_ready(
+        &self,
+        respond: &mut SendResponse<Bytes>,
+        body: &mut RecvStream,
+    ) -> Result<Option<Bytes>, ()> {
+        let ready = Response::builder()
+            .status(http::StatusCode::CONTINUE)
+            .body(())
+            .map_err(|_| ())?;
+        respond.send_informational(ready).map_err(|_| ())?;
+        let next = monoio::select! {
+            chunk = recv_data(body) => Some(chunk),
+            _ = poll_fn(|cx| respond.poll_reset(cx)) => None,
+            _ = monoio::time::sleep(CONTINUE_TIMEOUT) => None,
+        };
+        match next {
+            Some(None) => Ok(None),
+            Some(Some(Ok(chunk))) => Ok(Some(chunk)),
+            Some(Some(Err(_))) | None => Err(()),
         }
     }
 
@@ -865,24 +949,22 @@ impl ExternalHandler {
             if let Some(tracker) = tracker {
                 match monoio::time::timeout_at(wait_until.into(), tracker.lookup(agent)).await {
                     Ok(Ok(entries)) => {
-                        let remote = entries
+                        let candidates: Vec<(String, std::net::SocketAddr)> = entries
                             .into_iter()
                             .filter(|entry| {
                                 entry.node != node.node_name && !tried_nodes.contains(&entry.node)
                             })
-                            .find_map(|entry| {
+                            .filter_map(|entry| {
                                 entry
                                     .private_address
                                     .parse()
                                     .ok()
                                     .map(|address| (entry.node, address))
-                            });
-                        if let Some((peer, address)) = remote {
+                            })
+                            .collect();
+                        if !candidates.is_empty() {
                             node.metrics.route("remote", worker);
-                            return Ok(Route::Remote {
-                                node: peer,
-                                address,
-                            });
+                            return Ok(Route::Remote(candidates));
                         }
                     }
                     // Redis is away: local tunnels still work; remote routing resumes with it.
@@ -976,28 +1058,54 @@ impl ExternalHandler {
         Ok(ready)
     }
 
-    /// Forwards a call to another node's private endpoint and relays its answer. `Err(Retry)`
-    /// only while nothing has been sent to the client and none of its request consumed, so the
-    /// caller may try another node.
-    async fn relay_remote(
+    /// Opens the call on every candidate node at once; the first that reports a ready tunnel
+    /// (100 Continue) wins and the others are cancelled (dropping their streams resets them,
+    /// and those nodes put their tunnels back). Nothing of the client's request is consumed
+    /// before a winner exists, so the caller can still try elsewhere.
+    async fn race_remote(
         &self,
-        address: std::net::SocketAddr,
+        candidates: &[(String, std::net::SocketAddr)],
         parts: &http::request::Parts,
-        client_body: &mut RecvStream,
-        respond: &mut SendResponse<Bytes>,
         deadline: Option<Instant>,
         agent: AgentId,
-    ) -> Result<Code, Retry> {
+    ) -> Result<RemoteCall, String> {
+        use futures_util::stream::{FuturesUnordered, StreamExt};
         let token = self
             .node
             .private_jwt
             .as_ref()
             .and_then(|(_, signer)| signer.token())
-            .ok_or_else(|| Retry("no private JWT to sign with".to_string()))?;
-        let mut peer = self.peer(address).await.map_err(Retry)?;
+            .ok_or_else(|| "no private JWT to sign with".to_string())?;
+        let mut racing: FuturesUnordered<_> = candidates
+            .iter()
+            .map(|(name, address)| self.open_remote(name, *address, parts, deadline, agent, &token))
+            .collect();
+        let mut failures = Vec::new();
+        while let Some(outcome) = racing.next().await {
+            match outcome {
+                Ok(call) => return Ok(call),
+                Err(why) => failures.push(why),
+            }
+        }
+        Err(failures.join("; "))
+    }
+
+    /// Opens the call on one node's private endpoint and waits until that node holds a tunnel
+    /// for it (100 Continue) or answers without one.
+    async fn open_remote(
+        &self,
+        name: &str,
+        address: std::net::SocketAddr,
+        parts: &http::request::Parts,
+        deadline: Option<Instant>,
+        agent: AgentId,
+        token: &str,
+    ) -> Result<RemoteCall, String> {
+        let failed = |why: String| format!("node {name} ({address}): {why}");
+        let mut peer = self.peer(address).await.map_err(failed)?;
         let mut request = Request::post(format!("http://{address}{}", parts.uri.path()))
             .body(())
-            .map_err(|error| Retry(error.to_string()))?;
+            .map_err(|error| failed(error.to_string()))?;
         metadata_into_headers(
             &metadata_from_headers(&parts.headers),
             request.headers_mut(),
@@ -1007,6 +1115,10 @@ impl ExternalHandler {
         headers
             .entry(http::header::CONTENT_TYPE)
             .or_insert(HeaderValue::from_static("application/grpc"));
+        headers.insert(
+            http::header::EXPECT,
+            HeaderValue::from_static("100-continue"),
+        );
         if let Ok(value) = HeaderValue::from_str(&format!("Bearer {token}")) {
             headers.insert(http::header::AUTHORIZATION, value);
         }
@@ -1017,10 +1129,49 @@ impl ExternalHandler {
                 headers.insert("grpc-timeout", value);
             }
         }
-        let (response, mut peer_send) = peer
+        let (mut response, send) = peer
             .send_request(request, false)
-            .map_err(|error| Retry(error.to_string()))?;
+            .map_err(|error| failed(error.to_string()))?;
+        match poll_fn(|cx| response.poll_informational(cx)).await {
+            Some(Ok(info)) if info.status() == http::StatusCode::CONTINUE => Ok(RemoteCall {
+                node: name.to_string(),
+                address,
+                response,
+                send,
+            }),
+            Some(Ok(info)) => Err(failed(format!("unexpected {}", info.status()))),
+            Some(Err(error)) => Err(failed(error.to_string())),
+            // A final answer without a ready tunnel (no tunnel in time, refused, ...).
+            None => match response.await {
+                Ok(answer) => {
+                    let text = |name: &str| header_text(answer.headers(), name).unwrap_or("");
+                    Err(failed(format!(
+                        "answered {} {:?} without a tunnel",
+                        text("grpc-status"),
+                        text("grpc-message")
+                    )))
+                }
+                Err(error) => Err(failed(error.to_string())),
+            },
+        }
+    }
 
+    /// Relays a call whose node won the race: client request to it, its answer back.
+    async fn relay_remote(
+        &self,
+        call: RemoteCall,
+        client_body: &mut RecvStream,
+        respond: &mut SendResponse<Bytes>,
+        deadline: Option<Instant>,
+        agent: AgentId,
+    ) -> Code {
+        let RemoteCall {
+            node: peer_name,
+            address,
+            response,
+            send: mut peer_send,
+        } = call;
+        tracing::trace!(agent, node = %peer_name, "relaying through another node");
         // Client -> peer: DATA as it arrives (the peer's node checks the framing).
         let up = async {
             while let Some(chunk) = recv_data(client_body).await {
@@ -1094,7 +1245,7 @@ impl ExternalHandler {
         };
         let outcome = run_call(up, down, deadline).await;
         match outcome {
-            Ok(code) => Ok(code),
+            Ok(code) => code,
             Err(fault) => {
                 peer_send.send_reset(h2::Reason::CANCEL);
                 let (code, message) = match fault {
@@ -1102,21 +1253,23 @@ impl ExternalHandler {
                         Code::DeadlineExceeded,
                         format!("deadline exceeded in a call to agent {agent}"),
                     ),
-                    Some(Fault::ClientGone) => return Ok(Code::Cancelled),
+                    Some(Fault::ClientGone) => return Code::Cancelled,
                     Some(Fault::AgentGone(why)) | Some(Fault::AgentProtocol(why)) => {
                         (Code::Unavailable, format!("agent {agent} via {why}"))
                     }
                     Some(Fault::ClientProtocol(code, message)) => (code, message),
                 };
                 responder.finish(code, &message);
-                Ok(code)
+                code
             }
         }
     }
 
+    #[allow(clippy::too_many_arguments)] // one call's parts, passed down once
     async fn relay(
         &self,
         mut tunnel: TunnelStreams,
+        first_chunk: Option<Bytes>,
         client_body: &mut RecvStream,
         respond: SendResponse<Bytes>,
         deadline: Option<Instant>,
@@ -1130,7 +1283,7 @@ impl ExternalHandler {
             stream: None,
         };
         let outcome = {
-            let up = pump_up(client_body, &mut tunnel.send, limit);
+            let up = pump_up(first_chunk, client_body, &mut tunnel.send, limit);
             let down = pump_down(&mut tunnel.recv, &mut tunnel.reader, &mut responder);
             run_call(up, down, deadline).await
         };
@@ -1301,13 +1454,21 @@ async fn run_call<T>(
 
 /// Client -> agent: each gRPC message of the client becomes a tunnel Message, then CloseSend.
 async fn pump_up(
+    first_chunk: Option<Bytes>,
     client_body: &mut RecvStream,
     tunnel: &mut SendStream<Bytes>,
     limit: usize,
 ) -> Result<(), Fault> {
     let mut frames = FrameDecoder::new(limit);
-    while let Some(chunk) = recv_data(client_body).await {
-        let chunk = chunk.map_err(|_| Fault::ClientGone)?;
+    let mut first_chunk = first_chunk;
+    loop {
+        let chunk = match first_chunk.take() {
+            Some(chunk) => chunk,
+            None => match recv_data(client_body).await {
+                Some(chunk) => chunk.map_err(|_| Fault::ClientGone)?,
+                None => break,
+            },
+        };
         frames.push(chunk);
         while let Some(message) = frames
             .next_message()
