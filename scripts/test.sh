@@ -33,6 +33,11 @@ install_apt_packages() {
       missing+=("$package")
     fi
   done
+  # kubectl for the gateway tests: Debian's kubernetes-client, unless some kubectl is already
+  # installed (images with Google's kubectl package would conflict with it).
+  if ! command -v kubectl >/dev/null 2>&1; then
+    missing+=(kubernetes-client)
+  fi
   if [ ${#missing[@]} -gt 0 ]; then
     log "installing Debian packages: ${missing[*]}"
     as_root apt-get update -qq

@@ -151,6 +151,40 @@ fn run(mut config: Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow:
         }
         server.serve(external_id, ExternalEndpoint { node });
     }
+    // The Kubernetes API gateway.
+    let mut reloader = None;
+    if let (Some(gateway), Some(listener)) = (&config.gateway, &config.listeners.gateway) {
+        let metrics = sluice_gateway_proxy::GatewayMetrics::register(&mut registry, workers);
+        let loaded = sluice_gateway_proxy::Gateway::load(&gateway.clusters_dir, metrics)
+            .with_context(|| {
+                format!(
+                    "gateway.clusters_dir {}: refusing to start",
+                    gateway.clusters_dir.display()
+                )
+            })?;
+        let generation = loaded.current();
+        tracing::info!(
+            dir = %gateway.clusters_dir.display(),
+            clusters = generation.snapshot.clusters().len(),
+            "gateway clusters loaded"
+        );
+        let gateway_id = server.bind("gateway", listener, Placement::Workers)?;
+        server.serve(
+            gateway_id,
+            sluice_gateway_proxy::GatewayEndpoint {
+                gateway: loaded.clone(),
+                workers,
+            },
+        );
+        server.spawn_background(sluice_gateway_proxy::HealthChecker {
+            gateway: loaded.clone(),
+        });
+        reloader = Some(sluice_gateway_proxy::spawn_reloader(
+            loaded,
+            gateway.reload_interval,
+        )?);
+    }
+
     // The demo's echo backend, and the agent pointed at this node.
     if let Mode::Up(demo) = &mode {
         let mut backend_listener = config.listeners.admin.clone();
@@ -216,6 +250,7 @@ fn run(mut config: Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow:
             );
         }
     }
+    drop(reloader);
     tracing::info!(elapsed = ?report.elapsed, connections_cut = report.connections_cut, "stopped");
     drop(mode);
     Ok(())
@@ -257,6 +292,7 @@ fn print_banner(
         "agent" => "agents open reverse tunnels here",
         "external" => "clients call agents here (gRPC, JWT HS256, iss=gitlab aud=gitlab-kas)",
         "demo-backend" => "gRPC echo backend, reached through the tunnel of agent 1",
+        "gateway" => "Kubernetes API gateway (TLS; the host name picks the cluster)",
         _ => "",
     };
     for (name, address) in addresses {

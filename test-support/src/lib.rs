@@ -1,17 +1,25 @@
 //! Fixtures shared by Sluice's integration tests. Everything here starts real things (processes,
 //! sockets, certificates) on loopback and cleans them up on drop; nothing is a mock.
 
+mod apiserver;
 mod certs;
 mod grpc;
 mod http;
+mod netns;
+mod ovs;
 mod process;
 mod redis;
 mod seccomp;
 mod wait;
 
+pub use apiserver::{
+    ApiServer, ApiServerOptions, Caller, RecordedRequest, SubjectAccessRule, TokenUser,
+};
 pub use certs::{Certificates, ClientCert};
 pub use grpc::{spawn_tunnel_client, tunnel_client, GrpcBackend};
 pub use http::{http_get, HttpResponse};
+pub use netns::{NetNs, VethPort};
+pub use ovs::{unique_name, OvsInstance};
 pub use process::{SluiceLauncher, SluiceProcess};
 pub use redis::{RedisCluster, RedisServer, RedisTls};
 pub use seccomp::{block_io_uring_for_command, block_io_uring_in_this_thread};

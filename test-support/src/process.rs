@@ -23,6 +23,11 @@ impl SluiceLauncher {
         Ok(Self { command, dir })
     }
 
+    /// The process's private directory (removed with the process).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
     /// Writes a file into the process's directory and returns its path.
     pub fn write_file(&self, name: &str, contents: &str) -> std::io::Result<PathBuf> {
         let path = self.dir.path().join(name);

@@ -31,6 +31,17 @@ pub struct Config {
     pub agent: Option<AgentConfig>,
     /// Redis for the agent tracker (multi-node); without it a node keeps its registry to itself.
     pub redis: Option<RedisConfig>,
+    /// The Kubernetes API gateway; `None` when this process does not run it.
+    pub gateway: Option<GatewayConfig>,
+}
+
+/// Where the gateway's `UpstreamCluster` objects live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayConfig {
+    /// A directory of YAML files, each with one or more `UpstreamCluster` objects.
+    pub clusters_dir: PathBuf,
+    /// How often the directory is checked for changes (hot reload).
+    pub reload_interval: Duration,
 }
 
 /// Where Redis is and how the tracker uses it.
@@ -129,6 +140,8 @@ pub struct ListenersConfig {
     pub external: Option<ListenerConfig>,
     /// Where other nodes forward calls (present when `redis` is configured).
     pub private: Option<ListenerConfig>,
+    /// Where Kubernetes clients connect (TLS; present when `gateway` is configured).
+    pub gateway: Option<ListenerConfig>,
 }
 
 /// Address and limits of one listener. Each worker binds its own socket to the address with

@@ -18,6 +18,14 @@ pub(crate) struct RawConfig {
     pub(crate) tunnel: Option<RawTunnel>,
     pub(crate) agent: Option<RawAgent>,
     pub(crate) redis: Option<RawRedis>,
+    pub(crate) gateway: Option<RawGateway>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct RawGateway {
+    pub(crate) clusters_dir: Leaf,
+    pub(crate) reload_interval: Leaf,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -56,6 +64,7 @@ pub(crate) struct RawListeners {
     pub(crate) agent: Option<RawListener>,
     pub(crate) external: Option<RawListener>,
     pub(crate) private: Option<RawListener>,
+    pub(crate) gateway: Option<RawListener>,
 }
 
 #[derive(Debug, Default, Deserialize)]

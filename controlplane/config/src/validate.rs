@@ -10,12 +10,14 @@ use serde_norway::Value;
 
 use crate::error::Errors;
 use crate::raw::{
-    Leaf, RawAgent, RawConfig, RawJwt, RawListener, RawPeerTls, RawRedis, RawServerTls, RawTunnel,
+    Leaf, RawAgent, RawConfig, RawGateway, RawJwt, RawListener, RawPeerTls, RawRedis, RawServerTls,
+    RawTunnel,
 };
 use crate::{
-    AgentConfig, AgentTokenConfig, Config, DriverChoice, Endpoint, JwtConfig, ListenerConfig,
-    ListenersConfig, LogFormat, LoggingConfig, PeerTlsConfig, PoolConfig, ReconnectConfig,
-    RedisConfig, RedisTargetConfig, RuntimeConfig, ServerTlsConfig, TunnelConfig, Workers,
+    AgentConfig, AgentTokenConfig, Config, DriverChoice, Endpoint, GatewayConfig, JwtConfig,
+    ListenerConfig, ListenersConfig, LogFormat, LoggingConfig, PeerTlsConfig, PoolConfig,
+    ReconnectConfig, RedisConfig, RedisTargetConfig, RuntimeConfig, ServerTlsConfig, TunnelConfig,
+    Workers,
 };
 
 const MAX_WORKERS: usize = 1024;
@@ -140,7 +142,34 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
         "127.0.0.1:8151",
         errors,
     );
+    let gateway = raw.gateway.as_ref().map(|raw| gateway(raw, errors));
+    let gateway_listener = match (&raw.listeners.gateway, &gateway) {
+        (Some(raw), Some(_)) => Some(listener(raw, "listeners.gateway", "127.0.0.1:8443", errors)),
+        (None, Some(_)) => Some(listener(
+            &RawListener::default(),
+            "listeners.gateway",
+            "127.0.0.1:8443",
+            errors,
+        )),
+        (Some(_), None) => {
+            errors.push(
+                "listeners.gateway",
+                "is only used with a gateway section; add `gateway:` or remove it",
+            );
+            None
+        }
+        (None, None) => None,
+    };
+    if let Some(listener) = &gateway_listener {
+        if listener.tls.is_some() {
+            errors.push(
+                "listeners.gateway.tls",
+                "is not used: each UpstreamCluster serves its own certificate (spec.secureServing), chosen by SNI",
+            );
+        }
+    }
     let listeners = ListenersConfig {
+        gateway: gateway_listener,
         private: private_listener,
         agent: agent_listener,
         external: external_listener,
@@ -158,6 +187,45 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
         tunnel,
         agent,
         redis,
+        gateway,
+    }
+}
+
+fn gateway(raw: &RawGateway, errors: &mut Errors) -> GatewayConfig {
+    let clusters_dir = match raw
+        .clusters_dir
+        .as_ref()
+        .and_then(|value| scalar(value, "gateway.clusters_dir", errors))
+    {
+        None => {
+            errors.push(
+                "gateway.clusters_dir",
+                "is required: a directory of UpstreamCluster YAML files",
+            );
+            PathBuf::new()
+        }
+        Some(text) => {
+            let dir = PathBuf::from(&text);
+            match std::fs::read_dir(&dir) {
+                Ok(_) => dir,
+                Err(error) => {
+                    errors.push(
+                        "gateway.clusters_dir",
+                        format!("cannot read directory {text:?}: {error}"),
+                    );
+                    dir
+                }
+            }
+        }
+    };
+    GatewayConfig {
+        clusters_dir,
+        reload_interval: duration(
+            &raw.reload_interval,
+            "gateway.reload_interval",
+            Duration::from_secs(1),
+            errors,
+        ),
     }
 }
 

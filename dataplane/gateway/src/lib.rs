@@ -1,1 +1,11 @@
-//! Kubernetes API gateway: UpstreamCluster model, request info, dispatch policies, flow control, and the monoio HTTP/2 proxy.
+//! Kubernetes API gateway: UpstreamCluster model, request info, dispatch policies, flow control,
+//! and (later) the monoio HTTP/2 proxy. The modules here are the proxy's pure phases:
+//! [`cluster`] (config and compiled snapshot), [`request_info`], [`identity`], [`dispatch`],
+//! [`flow_control`] and [`status`] (the errors the gateway answers itself).
+
+pub mod cluster;
+pub mod dispatch;
+pub mod flow_control;
+pub mod identity;
+pub mod request_info;
+pub mod status;

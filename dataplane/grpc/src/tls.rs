@@ -31,7 +31,8 @@ fn file_error(path: &Path, reason: impl ToString) -> TlsError {
     }
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+/// The crypto provider every Sluice TLS config uses (ring).
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
@@ -53,7 +54,8 @@ pub fn load_private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError>
         .map_err(|error| file_error(path, format!("cannot read private key: {error}")))
 }
 
-fn root_store(path: &Path) -> Result<RootCertStore, TlsError> {
+/// The CA certificates of a PEM file, as trust roots.
+pub fn root_store(path: &Path) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
     for certificate in load_certificates(path)? {
         roots

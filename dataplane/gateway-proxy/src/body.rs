@@ -1,0 +1,114 @@
+//! Response bodies: the gateway's own (a `Status` JSON) or an upstream HTTP/2 stream relayed
+//! frame by frame, so watch events reach the client as the apiserver sends them. An upstream
+//! body holds what the request holds (its stream slot, flow-control permit, in-flight count)
+//! until its last byte is relayed or the client goes away.
+
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http_body::Frame;
+use sluice_gateway::flow_control::FlowPermit;
+
+use crate::pool::StreamSlot;
+
+/// Kept alive by a response body; counts the request as in flight until dropped.
+#[derive(Debug)]
+pub struct InFlight {
+    pub metrics: crate::metrics::GatewayMetrics,
+    pub worker: usize,
+}
+
+impl InFlight {
+    pub fn new(metrics: &crate::metrics::GatewayMetrics, worker: usize) -> Self {
+        metrics.in_flight.inc(worker);
+        Self {
+            metrics: metrics.clone(),
+            worker,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.metrics.in_flight.dec(self.worker);
+    }
+}
+
+/// What an upstream response body keeps alive (only dropped, never read).
+#[derive(Debug)]
+pub struct Held {
+    pub _slot: StreamSlot,
+    pub _permit: FlowPermit,
+    pub _in_flight: InFlight,
+}
+
+#[derive(Debug)]
+pub enum ProxyBody {
+    Full(Option<Bytes>),
+    Upstream {
+        recv: h2::RecvStream,
+        data_done: bool,
+        finished: bool,
+        _held: Held,
+    },
+}
+
+impl ProxyBody {
+    pub fn full(bytes: impl Into<Bytes>) -> Self {
+        ProxyBody::Full(Some(bytes.into()))
+    }
+}
+
+impl http_body::Body for ProxyBody {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        match self.get_mut() {
+            ProxyBody::Full(bytes) => Poll::Ready(bytes.take().map(|bytes| Ok(Frame::data(bytes)))),
+            ProxyBody::Upstream {
+                recv,
+                data_done,
+                finished,
+                ..
+            } => {
+                if *finished {
+                    return Poll::Ready(None);
+                }
+                if !*data_done {
+                    match ready!(recv.poll_data(cx)) {
+                        Some(Ok(chunk)) => {
+                            // The client side only asks for the next frame once it can take
+                            // it, so releasing here keeps end-to-end back-pressure.
+                            let _ = recv.flow_control().release_capacity(chunk.len());
+                            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+                        }
+                        Some(Err(error)) => {
+                            *finished = true;
+                            return Poll::Ready(Some(Err(error)));
+                        }
+                        None => *data_done = true,
+                    }
+                }
+                let trailers = ready!(recv.poll_trailers(cx));
+                *finished = true;
+                match trailers {
+                    Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+                    Ok(None) => Poll::Ready(None),
+                    Err(error) => Poll::Ready(Some(Err(error))),
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Full(bytes) => bytes.is_none(),
+            ProxyBody::Upstream { finished, .. } => *finished,
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! Active health checks: a background task on worker 0 asks every server of every cluster for
+//! its health path (`GET /readyz` by default) each interval, as the gateway itself, on its own
+//! connections. A server leaves rotation after `unhealthyThreshold` failures in a row and
+//! returns after `healthyThreshold` successes; cores see the change at their next pick.
+
+use std::collections::HashMap;
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{HeaderValue, Request};
+use sluice_gateway::flow_control::CoreShare;
+use sluice_runtime::{BackgroundTask, StopSignal, WorkerContext};
+
+use crate::pool::CorePool;
+use crate::state::Gateway;
+
+#[derive(Debug, Clone)]
+pub struct HealthChecker {
+    pub gateway: Arc<Gateway>,
+}
+
+#[derive(Debug, Default)]
+struct Streak {
+    successes: u32,
+    failures: u32,
+    next_check: Option<Instant>,
+}
+
+impl BackgroundTask for HealthChecker {
+    fn run(
+        &self,
+        worker: &WorkerContext,
+        stop: Arc<StopSignal>,
+    ) -> Pin<Box<dyn std::future::Future<Output = ()>>> {
+        let gateway = self.gateway.clone();
+        let worker = worker.index;
+        Box::pin(async move {
+            // Its own connections (one per server), so probes never queue behind client load.
+            let pool = CorePool::new(
+                CoreShare::SINGLE,
+                gateway.metrics.upstream_connections.clone(),
+                worker,
+            );
+            let mut streaks: HashMap<(Box<str>, Box<str>), Streak> = HashMap::new();
+            loop {
+                let round = check_due(&gateway, &pool, &mut streaks);
+                monoio::select! {
+                    _ = round => {}
+                    _ = stop.wait() => return,
+                }
+                monoio::select! {
+                    _ = monoio::time::sleep(std::time::Duration::from_millis(100)) => {}
+                    _ = stop.wait() => return,
+                }
+            }
+        })
+    }
+}
+
+async fn check_due(
+    gateway: &Gateway,
+    pool: &CorePool,
+    streaks: &mut HashMap<(Box<str>, Box<str>), Streak>,
+) {
+    let generation = gateway.current();
+    let now = Instant::now();
+    let mut due = Vec::new();
+    for (cluster_index, cluster) in generation.snapshot.clusters().iter().enumerate() {
+        for (server_index, server) in cluster.servers.iter().enumerate() {
+            if server.disabled {
+                continue;
+            }
+            let streak = streaks
+                .entry((cluster.name.clone(), server.endpoint.clone()))
+                .or_default();
+            if streak.next_check.is_none_or(|next| next <= now) {
+                streak.next_check = Some(now + cluster.health_check.interval);
+                due.push((cluster_index, server_index));
+            }
+        }
+    }
+    let probes = due.into_iter().map(|(cluster_index, server_index)| {
+        let generation = generation.clone();
+        async move {
+            let healthy = probe(pool, &generation, cluster_index, server_index).await;
+            (cluster_index, server_index, healthy)
+        }
+    });
+    for (cluster_index, server_index, outcome) in futures_util::future::join_all(probes).await {
+        let cluster = &generation.snapshot.clusters()[cluster_index];
+        let server = &cluster.servers[server_index];
+        let health = &generation.clusters[cluster_index].health[server_index];
+        let Some(streak) = streaks.get_mut(&(cluster.name.clone(), server.endpoint.clone())) else {
+            continue;
+        };
+        match &outcome {
+            Ok(()) => {
+                streak.successes += 1;
+                streak.failures = 0;
+                if streak.successes >= cluster.health_check.healthy_threshold && health.set(true) {
+                    tracing::info!(cluster = %cluster.name, server = %server.endpoint, "upstream healthy again: back in rotation");
+                }
+            }
+            Err(why) => {
+                streak.failures += 1;
+                streak.successes = 0;
+                if streak.failures >= cluster.health_check.unhealthy_threshold && health.set(false)
+                {
+                    tracing::warn!(cluster = %cluster.name, server = %server.endpoint, %why, "upstream unhealthy: out of rotation");
+                }
+            }
+        }
+    }
+}
+
+async fn probe(
+    pool: &CorePool,
+    generation: &crate::state::Generation,
+    cluster_index: usize,
+    server_index: usize,
+) -> Result<(), String> {
+    let cluster = &generation.snapshot.clusters()[cluster_index];
+    let runtime = &generation.clusters[cluster_index];
+    let server = &cluster.servers[server_index];
+    let check = async {
+        let (send, _slot) = pool
+            .stream(
+                &cluster.name,
+                server,
+                &runtime.client_tls,
+                &cluster.connection_pool,
+            )
+            .await?;
+        let mut send = send.ready().await.map_err(|error| error.to_string())?;
+        let scheme = if server.tls { "https" } else { "http" };
+        let mut request = Request::get(format!(
+            "{scheme}://{}:{}{}",
+            server.host, server.port, cluster.health_check.path
+        ))
+        .body(())
+        .map_err(|error| error.to_string())?;
+        request
+            .headers_mut()
+            .insert(http::header::ACCEPT, HeaderValue::from_static("*/*"));
+        if let Some(bearer) = &runtime.bearer {
+            request
+                .headers_mut()
+                .insert(http::header::AUTHORIZATION, bearer.clone());
+        }
+        let (response, _) = send
+            .send_request(request, true)
+            .map_err(|error| error.to_string())?;
+        let response = response.await.map_err(|error| error.to_string())?;
+        let status = response.status();
+        let mut body = response.into_body();
+        while let Some(chunk) = poll_fn(|cx| body.poll_data(cx)).await {
+            let chunk = chunk.map_err(|error| error.to_string())?;
+            let _ = body.flow_control().release_capacity(chunk.len());
+        }
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(format!("{} answered {status}", cluster.health_check.path))
+        }
+    };
+    match monoio::time::timeout(cluster.health_check.timeout, check).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(format!(
+            "no answer within {:?}",
+            cluster.health_check.timeout
+        )),
+    }
+}

@@ -1,0 +1,29 @@
+//! The Kubernetes API gateway's I/O, on the monoio data plane. The pure phases (request info,
+//! dispatch, flow control, identity, `Status` errors, the `UpstreamCluster` model) live in
+//! `sluice-gateway`; this crate runs them per request:
+//!
+//! TLS accept, SNI picks the cluster -> HTTP/1.1 or HTTP/2 (ALPN) -> request info ->
+//! authentication (client certificate, bearer token via TokenReview, anonymous) -> client
+//! impersonation checked by SubjectAccessReview -> dispatch policy -> flow control -> round robin
+//! over healthy servers -> a shared HTTP/2 upstream connection, with the user as Impersonate-*
+//! headers -> the response streamed back frame by frame.
+//!
+//! Per-core state (upstream connections, auth caches, flow-control counters, round-robin
+//! cursors) is never shared; the config snapshot is swapped atomically by the reloader thread and
+//! server health is written by the health-check task, both read lock-free per request.
+
+mod auth;
+mod body;
+mod health;
+mod metrics;
+mod pool;
+mod proxy;
+mod reload;
+mod state;
+mod tls;
+
+pub use health::HealthChecker;
+pub use metrics::GatewayMetrics;
+pub use proxy::GatewayEndpoint;
+pub use reload::{spawn_reloader, ReloaderHandle};
+pub use state::{load_generation, Gateway, GatewayLoadError, Generation};

@@ -1,0 +1,187 @@
+//! Gateway metrics. Hot-path counters are per core (`sluice-metrics`); the labelled request
+//! family is looked up once per label set per core and cached by the handler, with a bound on
+//! distinct label sets so clients cannot grow it.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::registry::Registry;
+use sluice_metrics::{PerCoreCounter, PerCoreGauge, PerCoreHistogram};
+
+/// Distinct (cluster, resource) pairs given their own label; later resources count as "other".
+const MAX_RESOURCE_LABELS: usize = 500;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    cluster: String,
+    verb: &'static str,
+    resource: String,
+    code: u16,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Debug, Clone)]
+struct PerCore(usize);
+
+impl MetricConstructor<PerCoreCounter> for PerCore {
+    fn new_metric(&self) -> PerCoreCounter {
+        PerCoreCounter::new(self.0)
+    }
+}
+
+/// Why the gateway answered a request itself, as a metric label.
+pub const REJECT_REASONS: [&str; 11] = [
+    "unknown_host",
+    "tls_handshake",
+    "bad_request",
+    "unauthorized",
+    "impersonation_forbidden",
+    "no_dispatch_policy",
+    "too_many_requests",
+    "no_healthy_upstream",
+    "authentication_unavailable",
+    "upstream_failed",
+    "internal",
+];
+
+#[derive(Debug, Clone)]
+pub struct GatewayMetrics {
+    requests: Family<RequestLabels, PerCoreCounter, PerCore>,
+    resources: Arc<Mutex<HashSet<(String, String)>>>,
+    rejected: Vec<PerCoreCounter>,
+    pub duration: PerCoreHistogram,
+    pub in_flight: PerCoreGauge,
+    pub upstream_connections: PerCoreGauge,
+    pub auth_cache_hits: PerCoreCounter,
+    pub auth_cache_misses: PerCoreCounter,
+    pub reloads_ok: Counter,
+    pub reloads_failed: Counter,
+}
+
+impl GatewayMetrics {
+    pub fn register(registry: &mut Registry, workers: usize) -> Self {
+        let rejected_family =
+            Family::<ReasonLabels, PerCoreCounter, PerCore>::new_with_constructor(PerCore(workers));
+        let auth_family =
+            Family::<ResultLabels, PerCoreCounter, PerCore>::new_with_constructor(PerCore(workers));
+        let reload_family = Family::<ResultLabels, Counter>::default();
+        // One statement per lookup: get_or_create returns a read guard, and a second lookup
+        // in the same expression would wait for it forever.
+        let auth_cache_hits = auth_family
+            .get_or_create(&ResultLabels { result: "hit" })
+            .clone();
+        let auth_cache_misses = auth_family
+            .get_or_create(&ResultLabels { result: "miss" })
+            .clone();
+        let reloads_ok = reload_family
+            .get_or_create(&ResultLabels { result: "ok" })
+            .clone();
+        let reloads_failed = reload_family
+            .get_or_create(&ResultLabels { result: "error" })
+            .clone();
+        let rejected = REJECT_REASONS
+            .iter()
+            .map(|reason| {
+                rejected_family
+                    .get_or_create(&ReasonLabels { reason })
+                    .clone()
+            })
+            .collect();
+        let metrics = Self {
+            requests: Family::new_with_constructor(PerCore(workers)),
+            resources: Arc::default(),
+            rejected,
+            duration: PerCoreHistogram::new(workers, PerCoreHistogram::latency_bounds()),
+            in_flight: PerCoreGauge::new(workers),
+            upstream_connections: PerCoreGauge::new(workers),
+            auth_cache_hits,
+            auth_cache_misses,
+            reloads_ok,
+            reloads_failed,
+        };
+        registry.register(
+            "sluice_gateway_requests",
+            "Requests through the gateway, by cluster, verb, resource and HTTP status",
+            metrics.requests.clone(),
+        );
+        registry.register(
+            "sluice_gateway_request_duration_seconds",
+            "Time from a request's arrival to its response head (whole body for short requests)",
+            metrics.duration.clone(),
+        );
+        registry.register(
+            "sluice_gateway_in_flight_requests",
+            "Requests being served now",
+            metrics.in_flight.clone(),
+        );
+        registry.register(
+            "sluice_gateway_rejected",
+            "Requests the gateway answered itself, by reason",
+            rejected_family,
+        );
+        registry.register(
+            "sluice_gateway_upstream_connections",
+            "HTTP/2 connections open to apiservers",
+            metrics.upstream_connections.clone(),
+        );
+        registry.register(
+            "sluice_gateway_auth_cache",
+            "TokenReview cache lookups, by result",
+            auth_family,
+        );
+        registry.register(
+            "sluice_gateway_config_reloads",
+            "Cluster directory reloads, by result (an error keeps the last good config)",
+            reload_family,
+        );
+        metrics
+    }
+
+    /// The counter for one label set; callers cache it per core.
+    pub fn requests(
+        &self,
+        cluster: &str,
+        verb: &'static str,
+        resource: &str,
+        code: u16,
+    ) -> PerCoreCounter {
+        let resource = {
+            let mut known = self
+                .resources
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let key = (cluster.to_string(), resource.to_string());
+            if known.contains(&key) || (known.len() < MAX_RESOURCE_LABELS && known.insert(key)) {
+                resource.to_string()
+            } else {
+                "other".to_string()
+            }
+        };
+        self.requests
+            .get_or_create(&RequestLabels {
+                cluster: cluster.to_string(),
+                verb,
+                resource,
+                code,
+            })
+            .clone()
+    }
+
+    pub fn reject(&self, reason: &str, worker: usize) {
+        if let Some(index) = REJECT_REASONS.iter().position(|known| *known == reason) {
+            self.rejected[index].inc(worker);
+        }
+    }
+}

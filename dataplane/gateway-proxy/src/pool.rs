@@ -1,0 +1,274 @@
+//! Per-core HTTP/2 connections to apiservers. Every client request of this core to one server
+//! is multiplexed onto a few long-lived connections; another opens only while all are at their
+//! stream limit (the server's MAX_CONCURRENT_STREAMS or ours, whichever is lower), up to this
+//! core's share of `maxConnectionsPerServer`. Keepalive pings find dead connections.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use monoio::net::TcpStream;
+use sluice_gateway::cluster::spec::ConnectionPool;
+use sluice_gateway::cluster::CompiledServer;
+use sluice_gateway::flow_control::CoreShare;
+
+/// Longest wait for TCP + TLS + HTTP/2 set-up of an upstream connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One upstream HTTP/2 connection.
+#[derive(Debug)]
+struct UpstreamConnection {
+    send: h2::client::SendRequest<Bytes>,
+    in_flight: Cell<u32>,
+    /// Set by the connection's driver task when the connection ends.
+    closed: Rc<Cell<bool>>,
+}
+
+/// Holds one stream slot of a connection; dropping it (when the response ends) frees the slot.
+#[derive(Debug)]
+pub struct StreamSlot {
+    connection: Rc<UpstreamConnection>,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let in_flight = &self.connection.in_flight;
+        in_flight.set(in_flight.get().saturating_sub(1));
+    }
+}
+
+/// The connections of this core to one server.
+#[derive(Debug)]
+struct ServerConnections {
+    client_tls: Arc<rustls::ClientConfig>,
+    connections: RefCell<Vec<Rc<UpstreamConnection>>>,
+    connecting: Cell<u32>,
+    connected: event_listener::Event,
+}
+
+/// This core's upstream connections, by (cluster, server endpoint).
+#[derive(Debug)]
+pub struct CorePool {
+    share: CoreShare,
+    /// Open upstream connections, this core's slot.
+    gauge: sluice_metrics::PerCoreGauge,
+    worker: usize,
+    servers: RefCell<HashMap<(Box<str>, Box<str>), Rc<ServerConnections>>>,
+}
+
+impl CorePool {
+    pub fn new(share: CoreShare, gauge: sluice_metrics::PerCoreGauge, worker: usize) -> Self {
+        Self {
+            share,
+            gauge,
+            worker,
+            servers: RefCell::default(),
+        }
+    }
+
+    /// A stream handle on a connection to `server` with a free slot, opening a connection if
+    /// this core's share allows and all are busy.
+    pub async fn stream(
+        &self,
+        cluster: &str,
+        server: &CompiledServer,
+        client_tls: &Arc<rustls::ClientConfig>,
+        settings: &ConnectionPool,
+    ) -> Result<(h2::client::SendRequest<Bytes>, StreamSlot), String> {
+        let connections = self.server(cluster, server, client_tls);
+        let max_connections = self.share.split(settings.max_connections_per_server).max(1);
+        loop {
+            let listener = connections.connected.listen();
+            {
+                let mut open = connections.connections.borrow_mut();
+                open.retain(|connection| !connection.closed.get());
+                let limit = |connection: &UpstreamConnection| {
+                    (connection.send.current_max_send_streams() as u32)
+                        .min(settings.max_concurrent_streams)
+                        .max(1)
+                };
+                let least_busy = open
+                    .iter()
+                    .min_by_key(|connection| connection.in_flight.get())
+                    .cloned();
+                if let Some(connection) = least_busy {
+                    let full = connection.in_flight.get() >= limit(&connection);
+                    let may_open =
+                        open.len() as u32 + connections.connecting.get() < max_connections;
+                    // At the limit everywhere with no room for another connection: queue on
+                    // the least busy one (h2 waits for a free stream).
+                    if !full || !may_open {
+                        connection.in_flight.set(connection.in_flight.get() + 1);
+                        return Ok((connection.send.clone(), StreamSlot { connection }));
+                    }
+                }
+                if open.len() as u32 + connections.connecting.get() >= max_connections {
+                    drop(open);
+                    // Every allowed connection is being set up: wait for one.
+                    listener.await;
+                    continue;
+                }
+            }
+            connections.connecting.set(connections.connecting.get() + 1);
+            let connected = monoio::time::timeout(
+                CONNECT_TIMEOUT,
+                connect(
+                    server,
+                    &connections.client_tls,
+                    settings,
+                    (&self.gauge, self.worker),
+                ),
+            )
+            .await;
+            connections.connecting.set(connections.connecting.get() - 1);
+            connections.connected.notify(usize::MAX);
+            match connected {
+                Ok(Ok(connection)) => connections.connections.borrow_mut().push(connection),
+                Ok(Err(error)) => return Err(error),
+                Err(_) => {
+                    return Err(format!(
+                        "no connection to {} within {CONNECT_TIMEOUT:?}",
+                        server.endpoint
+                    ))
+                }
+            }
+        }
+    }
+
+    fn server(
+        &self,
+        cluster: &str,
+        server: &CompiledServer,
+        client_tls: &Arc<rustls::ClientConfig>,
+    ) -> Rc<ServerConnections> {
+        let mut servers = self.servers.borrow_mut();
+        let key = (Box::from(cluster), server.endpoint.clone());
+        match servers.get(&key) {
+            // A reload builds new client credentials: new streams go to new connections, the
+            // old ones close once their streams (open watches, say) end.
+            Some(existing) if Arc::ptr_eq(&existing.client_tls, client_tls) => existing.clone(),
+            _ => {
+                let fresh = Rc::new(ServerConnections {
+                    client_tls: client_tls.clone(),
+                    connections: RefCell::default(),
+                    connecting: Cell::new(0),
+                    connected: event_listener::Event::new(),
+                });
+                servers.insert(key, fresh.clone());
+                fresh
+            }
+        }
+    }
+}
+
+async fn connect(
+    server: &CompiledServer,
+    client_tls: &Arc<rustls::ClientConfig>,
+    settings: &ConnectionPool,
+    (gauge, worker): (&sluice_metrics::PerCoreGauge, usize),
+) -> Result<Rc<UpstreamConnection>, String> {
+    let failed =
+        |what: &str, error: &dyn std::fmt::Display| format!("{what} {}: {error}", server.endpoint);
+    // Hostnames resolve through the system resolver; apiserver endpoints are usually IPs or
+    // /etc/hosts names, and connections are long-lived, so this is rare.
+    let stream = TcpStream::connect((server.host.as_ref(), server.port))
+        .await
+        .map_err(|error| failed("cannot connect to", &error))?;
+    let _ = stream.set_nodelay(true);
+    let io = sluice_grpc::transport::compat(stream);
+    let settings_h2 = sluice_grpc::transport::H2Settings::default();
+    let builder = {
+        let mut builder = h2::client::Builder::new();
+        builder
+            .initial_window_size(settings_h2.initial_stream_window)
+            .initial_connection_window_size(settings_h2.initial_connection_window)
+            .max_frame_size(settings_h2.max_frame_size)
+            .max_header_list_size(settings_h2.max_header_list_size)
+            .max_concurrent_reset_streams(4096);
+        builder
+    };
+    let closed = Rc::new(Cell::new(false));
+    let send = if server.tls {
+        let name = rustls_pki_types::ServerName::try_from(server.host.to_string())
+            .map_err(|error| failed("invalid server name of", &error))?;
+        let tls = tokio_rustls::TlsConnector::from(client_tls.clone())
+            .connect(name, io)
+            .await
+            .map_err(|error| failed("TLS handshake with", &error))?;
+        let (send, connection) = builder
+            .handshake::<_, Bytes>(tls)
+            .await
+            .map_err(|error| failed("HTTP/2 handshake with", &error))?;
+        drive(
+            connection,
+            closed.clone(),
+            settings,
+            server.endpoint.clone(),
+            (gauge.clone(), worker),
+        );
+        send
+    } else {
+        let (send, connection) = builder
+            .handshake::<_, Bytes>(io)
+            .await
+            .map_err(|error| failed("HTTP/2 handshake with", &error))?;
+        drive(
+            connection,
+            closed.clone(),
+            settings,
+            server.endpoint.clone(),
+            (gauge.clone(), worker),
+        );
+        send
+    };
+    Ok(Rc::new(UpstreamConnection {
+        send,
+        in_flight: Cell::new(0),
+        closed,
+    }))
+}
+
+/// Runs a connection and pings it every keepalive interval; a ping unanswered within the
+/// keepalive timeout ends it (its streams fail and new requests go elsewhere).
+fn drive<T>(
+    mut connection: h2::client::Connection<T, Bytes>,
+    closed: Rc<Cell<bool>>,
+    settings: &ConnectionPool,
+    endpoint: Box<str>,
+    (gauge, worker): (sluice_metrics::PerCoreGauge, usize),
+) where
+    T: monoio_compat::AsyncRead + monoio_compat::AsyncWrite + Unpin + 'static,
+{
+    let interval = settings.keepalive_interval;
+    let timeout = settings.keepalive_timeout;
+    let mut ping_pong = connection.ping_pong();
+    gauge.inc(worker);
+    monoio::spawn(async move {
+        let keepalive = async {
+            let Some(ping_pong) = ping_pong.as_mut() else {
+                return std::future::pending::<String>().await;
+            };
+            loop {
+                monoio::time::sleep(interval).await;
+                match monoio::time::timeout(timeout, ping_pong.ping(h2::Ping::opaque())).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(error)) => return error.to_string(),
+                    Err(_) => return format!("no PING answer within {timeout:?}"),
+                }
+            }
+        };
+        monoio::select! {
+            ended = &mut connection => {
+                if let Err(error) = ended {
+                    tracing::debug!(%endpoint, %error, "upstream connection ended");
+                }
+            }
+            why = keepalive => tracing::warn!(%endpoint, %why, "upstream connection dropped: keepalive failed"),
+        }
+        closed.set(true);
+        gauge.dec(worker);
+    });
+}

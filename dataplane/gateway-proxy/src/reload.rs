@@ -1,0 +1,79 @@
+//! Hot reload: a thread watches the cluster directory (file names, sizes and modification
+//! times, polled: no inotify dependency, and it also sees files replaced by rename) and loads it
+//! again when anything changed. A valid directory becomes the new generation on every core at
+//! once; an invalid one is logged with every error, counted, and the last good one stays.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::state::Gateway;
+
+/// Stops the reloader thread when dropped.
+#[derive(Debug)]
+pub struct ReloaderHandle {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for ReloaderHandle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|entry| {
+                    let metadata = entry.metadata().ok()?;
+                    Some((entry.path(), metadata.len(), metadata.modified().ok()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    entries.sort();
+    entries
+}
+
+/// Starts watching `gateway.dir` every `interval`.
+pub fn spawn_reloader(
+    gateway: Arc<Gateway>,
+    interval: Duration,
+) -> std::io::Result<ReloaderHandle> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread_stop = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("sluice-gateway-reload".to_string())
+        .spawn(move || {
+            let mut seen = fingerprint(&gateway.dir);
+            while !thread_stop.load(Ordering::Relaxed) {
+                std::thread::sleep(interval);
+                let now = fingerprint(&gateway.dir);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                match gateway.reload() {
+                    Ok(generation) => {
+                        gateway.metrics.reloads_ok.inc();
+                        tracing::info!(dir = %gateway.dir.display(), generation, "gateway clusters reloaded");
+                    }
+                    Err(error) => {
+                        gateway.metrics.reloads_failed.inc();
+                        tracing::error!(dir = %gateway.dir.display(), %error, "gateway reload rejected; the last good config stays");
+                    }
+                }
+            }
+        })?;
+    Ok(ReloaderHandle {
+        stop,
+        thread: Some(thread),
+    })
+}

@@ -1,0 +1,176 @@
+//! What the data plane reads per request: the current [`Generation`] (compiled clusters plus the
+//! TLS configs and credentials built from their files), swapped atomically on reload, and the
+//! health of every upstream server, which outlives generations.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use http::HeaderValue;
+use sluice_gateway::cluster::{load_dir, ConfigErrors, GatewaySnapshot};
+
+use crate::metrics::GatewayMetrics;
+
+/// Why a cluster directory could not become a generation.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayLoadError {
+    #[error("{0}")]
+    Config(#[from] ConfigErrors),
+    #[error("{file}: {reason}")]
+    Files { file: PathBuf, reason: String },
+}
+
+/// One cluster's runtime material, built from the files its spec names.
+#[derive(Debug)]
+pub struct ClusterRuntime {
+    /// Served to clients whose TLS server name is one of the cluster's hostnames.
+    pub server_tls: Arc<rustls::ServerConfig>,
+    /// How the gateway connects to the cluster's apiservers (its own identity).
+    pub client_tls: Arc<rustls::ClientConfig>,
+    /// `Authorization` the gateway sends upstream when configured with a bearer token.
+    pub bearer: Option<HeaderValue>,
+    /// One health flag per server of the cluster (same order as `servers`).
+    pub health: Box<[Arc<ServerHealth>]>,
+}
+
+/// A config generation: immutable once built.
+#[derive(Debug)]
+pub struct Generation {
+    pub number: u64,
+    pub snapshot: GatewaySnapshot,
+    pub clusters: Box<[ClusterRuntime]>,
+}
+
+/// Health of one upstream server, written by the health checker.
+#[derive(Debug)]
+pub struct ServerHealth {
+    healthy: AtomicBool,
+}
+
+impl ServerHealth {
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    pub fn set(&self, healthy: bool) -> bool {
+        self.healthy.swap(healthy, Ordering::Relaxed) != healthy
+    }
+}
+
+/// The gateway shared by every core.
+#[derive(Debug)]
+pub struct Gateway {
+    current: ArcSwap<Generation>,
+    /// Health by (cluster, endpoint), kept across reloads so a reload neither revives a dead
+    /// server nor forgets a live one.
+    health: Mutex<HashMap<(String, String), Arc<ServerHealth>>>,
+    next_generation: AtomicU64,
+    pub metrics: GatewayMetrics,
+    pub dir: PathBuf,
+}
+
+impl Gateway {
+    /// Loads `dir`; refuses to start on any error (each names its file, field and reason).
+    pub fn load(dir: &Path, metrics: GatewayMetrics) -> Result<Arc<Self>, GatewayLoadError> {
+        let health = Mutex::new(HashMap::new());
+        let first = load_generation(dir, 1, &health)?;
+        Ok(Arc::new(Self {
+            current: ArcSwap::from_pointee(first),
+            health,
+            next_generation: AtomicU64::new(2),
+            metrics,
+            dir: dir.to_path_buf(),
+        }))
+    }
+
+    /// The generation to use for one request (lock-free).
+    pub fn current(&self) -> Arc<Generation> {
+        self.current.load_full()
+    }
+
+    /// Loads the directory again; on success the new generation replaces the old one on every
+    /// core at once, on failure the old one stays.
+    pub fn reload(&self) -> Result<u64, GatewayLoadError> {
+        let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let generation = load_generation(&self.dir, number, &self.health)?;
+        self.current.store(Arc::new(generation));
+        Ok(number)
+    }
+}
+
+/// Builds a generation from a directory of `UpstreamCluster` files.
+pub fn load_generation(
+    dir: &Path,
+    number: u64,
+    health: &Mutex<HashMap<(String, String), Arc<ServerHealth>>>,
+) -> Result<Generation, GatewayLoadError> {
+    let snapshot = GatewaySnapshot::compile(load_dir(dir)?)?;
+    let mut table = health
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut clusters = Vec::with_capacity(snapshot.clusters().len());
+    for cluster in snapshot.clusters() {
+        let file_error = |reason: String| GatewayLoadError::Files {
+            file: cluster.source.clone(),
+            reason: format!("cluster {:?}: {reason}", cluster.name),
+        };
+        let server_tls = crate::tls::server_config(&cluster.serving).map_err(file_error)?;
+        let client_tls = crate::tls::client_config(&cluster.client).map_err(file_error)?;
+        let token = match (
+            &cluster.client.bearer_token,
+            &cluster.client.bearer_token_file,
+        ) {
+            (Some(token), _) => Some(token.trim().to_string()),
+            (None, Some(file)) => Some(
+                std::fs::read_to_string(file)
+                    .map_err(|error| {
+                        file_error(format!(
+                            "spec.clientConfig.bearerTokenFile {}: {error}",
+                            file.display()
+                        ))
+                    })?
+                    .trim()
+                    .to_string(),
+            ),
+            (None, None) => None,
+        };
+        let bearer = token
+            .map(|token| {
+                HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                    file_error(
+                        "spec.clientConfig: the bearer token is not a valid header value".into(),
+                    )
+                })
+            })
+            .transpose()?;
+        let health = cluster
+            .servers
+            .iter()
+            .map(|server| {
+                table
+                    .entry((cluster.name.to_string(), server.endpoint.to_string()))
+                    // New servers are presumed healthy until a check says otherwise, so a
+                    // reload never opens a window without upstreams.
+                    .or_insert_with(|| {
+                        Arc::new(ServerHealth {
+                            healthy: AtomicBool::new(true),
+                        })
+                    })
+                    .clone()
+            })
+            .collect();
+        clusters.push(ClusterRuntime {
+            server_tls,
+            client_tls,
+            bearer,
+            health,
+        });
+    }
+    Ok(Generation {
+        number,
+        snapshot,
+        clusters: clusters.into(),
+    })
+}

@@ -1,0 +1,183 @@
+//! The immutable, compiled form of all clusters that the data plane reads per request. Build it
+//! once per config change and share it behind an `Arc`; swapping that `Arc` is the whole reload.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use super::error::{ConfigError, ConfigErrors};
+use super::load::{check_unique, LoadedCluster};
+use super::spec::{Authentication, ClientConfig, ConnectionPool, HealthCheck, SecureServing};
+use crate::dispatch::DispatchMatcher;
+use crate::flow_control::{FlowControlSchema, FlowLimit};
+
+#[derive(Debug)]
+pub struct GatewaySnapshot {
+    clusters: Box<[CompiledCluster]>,
+    /// Lower-case hostname -> index into `clusters`.
+    hosts: HashMap<Box<str>, usize>,
+}
+
+#[derive(Debug)]
+pub struct CompiledCluster {
+    pub name: Box<str>,
+    pub source: PathBuf,
+    /// `metadata.name` first, then the extra hostnames.
+    pub hostnames: Box<[Box<str>]>,
+    pub servers: Box<[CompiledServer]>,
+    pub client: ClientConfig,
+    pub serving: SecureServing,
+    pub schemas: Box<[FlowControlSchema]>,
+    pub dispatch: DispatchMatcher,
+    pub health_check: HealthCheck,
+    pub connection_pool: ConnectionPool,
+    pub authentication: Authentication,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompiledServer {
+    /// As written in the config (the key of `upstreamSubset`).
+    pub endpoint: Box<str>,
+    pub uri: http::Uri,
+    pub tls: bool,
+    pub host: Box<str>,
+    pub port: u16,
+    pub disabled: bool,
+}
+
+/// Longest DNS name; longer hosts cannot be configured, so they need no lookup.
+const MAX_HOSTNAME: usize = 253;
+
+impl GatewaySnapshot {
+    /// Compiles validated clusters (as [`super::load_dir`] returns them). Checks uniqueness
+    /// again so a snapshot built from other sources is just as safe.
+    pub fn compile(clusters: Vec<LoadedCluster>) -> Result<Self, ConfigErrors> {
+        let mut errors = Vec::new();
+        check_unique(&clusters, &mut errors);
+        let mut compiled = Vec::with_capacity(clusters.len());
+        let mut hosts = HashMap::new();
+        for loaded in clusters {
+            match compile_cluster(loaded) {
+                Ok(cluster) => {
+                    for host in cluster.hostnames.iter() {
+                        hosts.insert(host.clone(), compiled.len());
+                    }
+                    compiled.push(cluster);
+                }
+                Err(error) => errors.push(error),
+            }
+        }
+        if errors.is_empty() {
+            Ok(Self {
+                clusters: compiled.into(),
+                hosts,
+            })
+        } else {
+            Err(ConfigErrors(errors))
+        }
+    }
+
+    /// The cluster serving `host` (a TLS server name or a Host header, with or without port;
+    /// compared case-insensitively). Allocates nothing.
+    pub fn cluster_for_host(&self, host: &str) -> Option<(usize, &CompiledCluster)> {
+        let host = strip_port(host);
+        let mut lower = [0u8; MAX_HOSTNAME];
+        let bytes = host.as_bytes();
+        let buffer = lower.get_mut(..bytes.len())?;
+        for (target, byte) in buffer.iter_mut().zip(bytes) {
+            *target = byte.to_ascii_lowercase();
+        }
+        let host = std::str::from_utf8(buffer).ok()?;
+        let index = *self.hosts.get(host)?;
+        Some((index, &self.clusters[index]))
+    }
+
+    pub fn clusters(&self) -> &[CompiledCluster] {
+        &self.clusters
+    }
+}
+
+/// `name:443` -> `name`, `[::1]:443` -> `::1`, `::1` stays.
+pub fn strip_port(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split_once(']').map_or(rest, |(address, _)| address);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port))
+            if !name.contains(':') && port.bytes().all(|byte| byte.is_ascii_digit()) =>
+        {
+            name
+        }
+        _ => host,
+    }
+}
+
+fn compile_cluster(loaded: LoadedCluster) -> Result<CompiledCluster, ConfigError> {
+    let LoadedCluster { source, cluster } = loaded;
+    let spec = cluster.spec;
+    let servers = spec
+        .servers
+        .iter()
+        .map(|server| {
+            let uri: http::Uri = server.endpoint.parse().map_err(|error| ConfigError {
+                file: source.clone(),
+                document: None,
+                path: "spec.servers".into(),
+                reason: format!("{:?}: {error}", server.endpoint),
+            })?;
+            let tls = uri.scheme_str() != Some("http");
+            Ok(CompiledServer {
+                endpoint: server.endpoint.as_str().into(),
+                host: uri
+                    .host()
+                    .unwrap_or_default()
+                    .trim_matches(['[', ']'])
+                    .into(),
+                port: uri.port_u16().unwrap_or(if tls { 443 } else { 80 }),
+                tls,
+                uri,
+                disabled: server.disabled,
+            })
+        })
+        .collect::<Result<Box<[_]>, ConfigError>>()?;
+    let schemas: Box<[FlowControlSchema]> = spec
+        .flow_control
+        .schemas
+        .iter()
+        .map(|schema| FlowControlSchema {
+            name: schema.name.as_str().into(),
+            limit: match (&schema.max_requests_inflight, &schema.token_bucket) {
+                (Some(inflight), _) => FlowLimit::MaxRequestsInflight { max: inflight.max },
+                (None, Some(bucket)) => FlowLimit::TokenBucket {
+                    qps: bucket.qps,
+                    burst: bucket.burst,
+                },
+                (None, None) => FlowLimit::Exempt,
+            },
+        })
+        .collect();
+    let dispatch = DispatchMatcher::compile(&spec.dispatch_policies, &spec.servers, |name| {
+        schemas.iter().position(|schema| &*schema.name == name)
+    });
+    let hostnames = std::iter::once(cluster.metadata.name.as_str())
+        .chain(
+            spec.secure_serving
+                .extra_hostnames
+                .iter()
+                .map(String::as_str),
+        )
+        .map(|host| host.to_ascii_lowercase().into())
+        .collect();
+    Ok(CompiledCluster {
+        name: cluster.metadata.name.into(),
+        source,
+        hostnames,
+        servers,
+        client: spec.client_config,
+        serving: spec.secure_serving,
+        schemas,
+        dispatch,
+        health_check: spec.health_check,
+        connection_pool: spec.connection_pool,
+        authentication: spec.authentication,
+    })
+}
