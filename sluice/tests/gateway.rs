@@ -22,6 +22,8 @@ struct Gateway {
     clusters_dir: PathBuf,
     process: SluiceProcess,
     alice: ClientCert,
+    /// The gateway's own client certificate (kept so its files outlive the test's start).
+    _gateway_identity: ClientCert,
 }
 
 /// The cluster YAML for `servers`, with `spec_extra` appended under `spec:`.
@@ -46,24 +48,36 @@ fn cluster_yaml(
 }
 
 fn start(servers: usize, spec_extra: &str) -> Gateway {
+    start_with(servers, 2, |_| spec_extra.to_string(), |options| options)
+}
+
+/// `servers` simulators, a gateway with `workers` cores, and extra `spec:` YAML built from the
+/// servers (their URLs name them in `upstreamSubset`).
+fn start_with(
+    servers: usize,
+    workers: usize,
+    spec_extra: impl FnOnce(&[ApiServer]) -> String,
+    options: impl Fn(ApiServerOptions) -> ApiServerOptions,
+) -> Gateway {
     let certs = Certificates::generate(&[HOST]).unwrap();
     let gateway_identity = certs.client("sluice-gateway", &[]).unwrap();
     let servers: Vec<ApiServer> = (0..servers)
-        .map(|_| ApiServer::start_with(ApiServerOptions::new(&certs)).unwrap())
+        .map(|_| ApiServer::start_with(options(ApiServerOptions::new(&certs))).unwrap())
         .collect();
+    let spec_extra = spec_extra(&servers);
     let launcher = SluiceLauncher::new(BIN).unwrap();
     let clusters_dir = launcher.dir().join("clusters");
     std::fs::create_dir_all(&clusters_dir).unwrap();
     std::fs::write(
         clusters_dir.join("cluster.yaml"),
-        cluster_yaml(&certs, &gateway_identity, &servers, spec_extra),
+        cluster_yaml(&certs, &gateway_identity, &servers, &spec_extra),
     )
     .unwrap();
     let config = launcher
         .write_file(
             "gateway.yaml",
             &format!(
-                "runtime: {{workers: 2, drain_timeout: 2s}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'}}\ngateway: {{clusters_dir: '{}', reload_interval: 200ms}}\n",
+                "runtime: {{workers: {workers}, drain_timeout: 2s}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'}}\ngateway: {{clusters_dir: '{}', reload_interval: 200ms}}\n",
                 clusters_dir.display()
             ),
         )
@@ -81,6 +95,7 @@ fn start(servers: usize, spec_extra: &str) -> Gateway {
         clusters_dir,
         process,
         alice,
+        _gateway_identity: gateway_identity,
     }
 }
 
@@ -219,7 +234,9 @@ fn kubectl_with_a_client_certificate_gets_creates_and_watches_as_itself() {
             }
         }
     });
-    assert!(wait_until(Duration::from_secs(10), || server.watchers("pods") >= 1));
+    assert!(wait_until(Duration::from_secs(10), || server
+        .watchers("pods")
+        >= 1));
     server.emit_pod_event("MODIFIED", "default", "web-1");
     let mut seen = Vec::new();
     // The initial list names web-1 once; the event names it again.
@@ -230,7 +247,10 @@ fn kubectl_with_a_client_certificate_gets_creates_and_watches_as_itself() {
         }
     }
     let _ = watch.kill();
-    let stderr = watch.wait_with_output().map(|output| output.stderr).unwrap_or_default();
+    let stderr = watch
+        .wait_with_output()
+        .map(|output| output.stderr)
+        .unwrap_or_default();
     assert!(
         seen.iter().filter(|line| line.contains("web-1")).count() >= 2,
         "{seen:?} {}",
@@ -391,4 +411,455 @@ fn unknown_hosts_and_untrusted_certificates_never_reach_an_apiserver() {
         "{}",
         metrics.body
     );
+}
+
+/// Runs h2load against the gateway (no SNI: it dials 127.0.0.1, which the cluster lists as a
+/// hostname) and returns its summary text.
+fn h2load(gateway: &Gateway, args: &[&str], path: &str) -> String {
+    let output = Command::new("h2load")
+        .args(args)
+        .arg(format!("{}{path}", gateway.url()))
+        .output()
+        .expect("h2load is installed (nghttp2-client)");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// `status codes: A 2xx, B 3xx, C 4xx, D 5xx` from h2load's summary.
+fn status_counts(summary: &str) -> [u64; 4] {
+    let line = summary
+        .lines()
+        .find(|line| line.starts_with("status codes:"))
+        .unwrap_or_else(|| panic!("no status line in {summary}"));
+    let numbers: Vec<u64> = line
+        .trim_start_matches("status codes:")
+        .split(',')
+        .filter_map(|part| part.split_whitespace().next()?.parse().ok())
+        .collect();
+    [numbers[0], numbers[1], numbers[2], numbers[3]]
+}
+
+#[test]
+fn five_hundred_clients_share_the_configured_upstream_connections() {
+    let gateway = start(1, "");
+    let server = &gateway.servers[0];
+    server.add_token("token-load", TokenUser::new("load", &["bench"]));
+    let summary = h2load(
+        &gateway,
+        &[
+            "-n",
+            "2000",
+            "-c",
+            "500",
+            "-m",
+            "2",
+            "-H",
+            "authorization: Bearer token-load",
+        ],
+        "/api/v1/namespaces/default/pods",
+    );
+    assert_eq!(status_counts(&summary), [2000, 0, 0, 0], "{summary}");
+    // maxConnectionsPerServer: 2 for client requests (split over two cores), plus the health
+    // checker's own connection.
+    assert!(
+        server.accepted_connections() <= 3,
+        "{} connections to the apiserver for 500 clients",
+        server.accepted_connections()
+    );
+}
+
+#[test]
+fn the_python_kubernetes_client_lists_and_watches_through_the_gateway() {
+    let gateway = start(1, "");
+    let server = &gateway.servers[0];
+    server.add_token("token-py", TokenUser::new("py", &["devs"]));
+    server.create_pod("default", "py-1");
+    // No tls-server-name: the client dials 127.0.0.1, sends no SNI, and the gateway serves the
+    // cluster that lists the address as a hostname.
+    let kubeconfig = gateway.certs.dir().join("kubeconfig-py");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: gw\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: u\n  user:\n    token: token-py\ncontexts:\n- name: gw\n  context: {{cluster: gw, user: u}}\ncurrent-context: gw\n",
+            gateway.url(),
+            gateway.certs.ca_cert.display()
+        ),
+    )
+    .unwrap();
+    let script = r#"
+import sys
+from kubernetes import client, config, watch
+config.load_kube_config(config_file=sys.argv[1])
+api = client.CoreV1Api()
+print("list", ",".join(pod.metadata.name for pod in api.list_namespaced_pod("default").items), flush=True)
+for event in watch.Watch().stream(api.list_namespaced_pod, "default", timeout_seconds=20):
+    print("event", event["type"], event["object"].metadata.name, flush=True)
+    if event["object"].metadata.name == "py-2":
+        break
+"#;
+    let mut python = Command::new(test_support::python())
+        .arg("-c")
+        .arg(script)
+        .arg(&kubeconfig)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(python.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "list py-1");
+    assert_eq!(lines.next().unwrap().unwrap(), "event ADDED py-1");
+    assert!(wait_until(Duration::from_secs(10), || server
+        .watchers("pods")
+        == 1));
+    server.emit_pod_event("ADDED", "default", "py-2");
+    assert_eq!(lines.next().unwrap().unwrap(), "event ADDED py-2");
+    assert!(python.wait().unwrap().success());
+    let watched = server
+        .requests()
+        .into_iter()
+        .find(|request| request.uri.contains("watch=true"))
+        .unwrap();
+    assert_eq!(watched.impersonate_user.as_deref(), Some("py"));
+    // The Python client speaks HTTP/1.1 to the gateway; upstream it is HTTP/2.
+    assert_eq!(format!("{:?}", watched.version), "HTTP/2.0");
+}
+
+#[test]
+fn two_dispatch_policies_route_to_two_upstream_subsets() {
+    let gateway = start_with(
+        2,
+        2,
+        |servers| {
+            format!(
+                "  dispatchPolicies:\n  - name: reads\n    upstreamSubset: ['{}']\n    rules:\n    - {{verbs: [get, list, watch], apiGroups: ['*'], resources: ['*']}}\n    - {{verbs: [get], nonResourceURLs: ['/api', '/api/*', '/apis', '/apis/*', '/healthz', '/version', '/openapi/*']}}\n  - name: writes\n    upstreamSubset: ['{}']\n    rules:\n    - {{verbs: ['*'], apiGroups: ['*'], resources: ['*']}}\n",
+                servers[0].url(),
+                servers[1].url()
+            )
+        },
+        |options| options,
+    );
+    let kubeconfig = gateway.alice_kubeconfig();
+    ok(&kubectl(&kubeconfig, &["get", "pods"]));
+    let (code, body) = gateway.alice_curl(
+        &[
+            "-X",
+            "POST",
+            "-H",
+            "content-type: application/json",
+            "--data",
+            r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"w-1"}}"#,
+        ],
+        "/api/v1/namespaces/default/pods",
+    );
+    assert!((200..300).contains(&code), "{code} {body}");
+    let pods = |server: &ApiServer| -> Vec<String> {
+        server
+            .requests()
+            .into_iter()
+            .filter(|request| request.uri.contains("/pods"))
+            .map(|request| request.method)
+            .collect()
+    };
+    assert_eq!(pods(&gateway.servers[0]), vec!["GET"]);
+    assert_eq!(pods(&gateway.servers[1]), vec!["POST"]);
+    // Not covered by any policy: refused with a Status naming the request.
+    let (code, body) = gateway.alice_curl(&[], "/metrics");
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("no dispatch policy"), "{body}");
+}
+
+#[test]
+fn a_token_bucket_admits_its_burst_and_answers_429_with_retry_after() {
+    // One core, so the bucket is not split.
+    let gateway = start_with(
+        1,
+        1,
+        |_| {
+            "  flowControl:\n    schemas:\n    - {name: reads, tokenBucket: {qps: 10, burst: 5}}\n  dispatchPolicies:\n  - name: all\n    flowControlSchemaName: reads\n    rules:\n    - {verbs: ['*'], apiGroups: ['*'], resources: ['*']}\n".to_string()
+        },
+        |options| options,
+    );
+    gateway.servers[0].add_token("token-tb", TokenUser::new("tb", &[]));
+    // 20 requests at once on one connection: the burst of 5 passes (plus at most one token
+    // refilled while they arrive), the rest is refused without queueing.
+    let summary = h2load(
+        &gateway,
+        &[
+            "-n",
+            "20",
+            "-c",
+            "1",
+            "-m",
+            "20",
+            "-H",
+            "authorization: Bearer token-tb",
+        ],
+        "/api/v1/namespaces/default/pods",
+    );
+    let [ok, _, rejected, _] = status_counts(&summary);
+    assert!((5..=6).contains(&ok), "{summary}");
+    assert_eq!(ok + rejected, 20, "{summary}");
+    let (code, body) = gateway.curl(
+        &["-H", "authorization: Bearer token-tb", "-D", "-"],
+        "/api/v1/namespaces/default/pods",
+    );
+    if code == 429 {
+        assert!(
+            body.to_ascii_lowercase().contains("retry-after: 1"),
+            "{body}"
+        );
+        assert!(body.contains("TooManyRequests"), "{body}");
+    }
+    // After a second the bucket has refilled.
+    std::thread::sleep(Duration::from_millis(1100));
+    let summary = h2load(
+        &gateway,
+        &[
+            "-n",
+            "5",
+            "-c",
+            "1",
+            "-m",
+            "5",
+            "-H",
+            "authorization: Bearer token-tb",
+        ],
+        "/api/v1/namespaces/default/pods",
+    );
+    assert_eq!(status_counts(&summary)[0], 5, "{summary}");
+}
+
+#[test]
+fn an_unready_apiserver_leaves_rotation_and_all_down_gives_503() {
+    let gateway = start(3, "");
+    gateway.servers[0].add_token("token-h", TokenUser::new("h", &[]));
+    for server in &gateway.servers[1..] {
+        server.add_token("token-h", TokenUser::new("h", &[]));
+    }
+    let pods = |server: &ApiServer| {
+        server
+            .requests()
+            .iter()
+            .filter(|request| request.uri.contains("/pods"))
+            .count()
+    };
+    gateway.servers[1].set_ready(false);
+    // One health interval (200 ms) and a probe later it is out.
+    std::thread::sleep(Duration::from_millis(700));
+    let before = pods(&gateway.servers[1]);
+    let summary = h2load(
+        &gateway,
+        &["-n", "60", "-c", "3", "-H", "authorization: Bearer token-h"],
+        "/api/v1/namespaces/default/pods",
+    );
+    assert_eq!(status_counts(&summary), [60, 0, 0, 0], "{summary}");
+    assert_eq!(
+        pods(&gateway.servers[1]),
+        before,
+        "the unready server got no requests"
+    );
+    assert!(pods(&gateway.servers[0]) > 0 && pods(&gateway.servers[2]) > 0);
+
+    for server in &gateway.servers {
+        server.set_ready(false);
+    }
+    std::thread::sleep(Duration::from_millis(700));
+    let (code, body) = gateway.curl(
+        &["-H", "authorization: Bearer token-h", "-D", "-"],
+        "/api/v1/namespaces/default/pods",
+    );
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.to_ascii_lowercase().contains("retry-after: 1"),
+        "{body}"
+    );
+    // Back in rotation when ready again.
+    gateway.servers[2].set_ready(true);
+    assert!(wait_until(Duration::from_secs(5), || {
+        gateway
+            .curl(
+                &["-H", "authorization: Bearer token-h"],
+                "/api/v1/namespaces/default/pods",
+            )
+            .0
+            == 200
+    }));
+}
+
+#[test]
+fn a_bad_reload_keeps_the_old_config_and_a_good_one_keeps_open_watches() {
+    let gateway = start(1, "");
+    let server = &gateway.servers[0];
+    server.create_pod("default", "r-1");
+    let metric = |name: &str| {
+        let metrics = test_support::http_get(gateway.process.address("admin"), "/metrics").unwrap();
+        metrics
+            .body
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // An open watch through the gateway.
+    let address = gateway.process.address("gateway");
+    let mut watch = Command::new("curl")
+        .args(["--silent", "--no-buffer", "--http2", "--max-time", "30"])
+        .arg("--cacert")
+        .arg(&gateway.certs.ca_cert)
+        .args([
+            "--cert",
+            gateway.alice.cert.to_str().unwrap(),
+            "--key",
+            gateway.alice.key.to_str().unwrap(),
+        ])
+        .args(["--resolve", &format!("{HOST}:{}:127.0.0.1", address.port())])
+        .arg(format!(
+            "https://{HOST}:{}/api/v1/namespaces/default/pods?watch=true",
+            address.port()
+        ))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (sender, received) = std::sync::mpsc::channel();
+    let stdout = watch.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = sender.send(line);
+        }
+    });
+    assert!(received
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap()
+        .contains("r-1"));
+
+    // A broken file: rejected, counted, the old config keeps serving.
+    let file = gateway.clusters_dir.join("cluster.yaml");
+    let good = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(
+        &file,
+        good.replace("kind: UpstreamCluster", "kind: UpstreamClutser"),
+    )
+    .unwrap();
+    assert!(wait_until(Duration::from_secs(5), || metric(
+        "sluice_gateway_config_reloads_total{result=\"error\"}"
+    ) >= 1.0));
+    assert_eq!(
+        gateway.alice_curl(&[], "/api/v1/namespaces/default/pods").0,
+        200
+    );
+
+    // A good change: a policy that only allows reads. It applies at once; the watch stays.
+    let reads_only = good.clone()
+        + "  dispatchPolicies:\n  - name: reads\n    rules:\n    - {verbs: [get, list, watch], apiGroups: ['*'], resources: ['*']}\n";
+    std::fs::write(&file, reads_only).unwrap();
+    assert!(wait_until(Duration::from_secs(5), || metric(
+        "sluice_gateway_config_reloads_total{result=\"ok\"}"
+    ) >= 1.0));
+    let (code, body) = gateway.alice_curl(&["-X", "DELETE"], "/api/v1/namespaces/default/pods/r-1");
+    assert_eq!(code, 403, "{body}");
+    server.emit_pod_event("MODIFIED", "default", "r-1");
+    let event = received.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(
+        event.contains("MODIFIED") && event.contains("r-1"),
+        "{event}"
+    );
+    let _ = watch.kill();
+    let _ = watch.wait();
+}
+
+#[test]
+fn max_requests_inflight_refuses_the_third_and_never_counts_watches() {
+    let gateway = start_with(
+        1,
+        1,
+        |_| {
+            "  flowControl:\n    schemas:\n    - {name: two, maxRequestsInflight: {max: 2}}\n  dispatchPolicies:\n  - name: all\n    flowControlSchemaName: two\n    rules:\n    - {verbs: ['*'], apiGroups: ['*'], resources: ['*']}\n".to_string()
+        },
+        |options| options,
+    );
+    let address = gateway.process.address("gateway");
+    let curl = |args: &[&str], path: &str| {
+        let mut command = Command::new("curl");
+        command
+            .args([
+                "--silent",
+                "--http2",
+                "--max-time",
+                "30",
+                "--output",
+                "/dev/null",
+            ])
+            .args(["--write-out", "%{http_code}"])
+            .arg("--cacert")
+            .arg(&gateway.certs.ca_cert)
+            .args([
+                "--cert",
+                gateway.alice.cert.to_str().unwrap(),
+                "--key",
+                gateway.alice.key.to_str().unwrap(),
+            ])
+            .args(["--resolve", &format!("{HOST}:{}:127.0.0.1", address.port())])
+            .args(args)
+            .arg(format!("https://{HOST}:{}{path}", address.port()))
+            .stdout(Stdio::piped());
+        command
+    };
+    // Three open watches: long-running, not counted.
+    let mut watches: Vec<_> = (0..3)
+        .map(|_| {
+            curl(&[], "/api/v1/namespaces/default/pods?watch=true")
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    assert!(wait_until(Duration::from_secs(10), || gateway.servers[0]
+        .watchers("pods")
+        == 3));
+    // Two slow uploads hold both slots: the body trickles in for several seconds.
+    let body = gateway.certs.dir().join("big.json");
+    let padding = "x".repeat(60_000);
+    std::fs::write(
+        &body,
+        format!(r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"slow","annotations":{{"pad":"{padding}"}}}}}}"#),
+    )
+    .unwrap();
+    let data = format!("@{}", body.display());
+    let mut uploads: Vec<_> = (0..2)
+        .map(|_| {
+            curl(
+                &[
+                    "-X",
+                    "POST",
+                    "-H",
+                    "content-type: application/json",
+                    "--limit-rate",
+                    "10K",
+                    "--data-binary",
+                    &data,
+                ],
+                "/api/v1/namespaces/default/pods",
+            )
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let third = curl(&[], "/api/v1/namespaces/default/pods")
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&third.stdout), "429");
+    for upload in &mut uploads {
+        let _ = upload.kill();
+        let _ = upload.wait();
+    }
+    // The slots are free again once the uploads are gone.
+    assert!(wait_until(Duration::from_secs(5), || {
+        String::from_utf8_lossy(
+            &curl(&[], "/api/v1/namespaces/default/pods")
+                .output()
+                .unwrap()
+                .stdout,
+        ) == "200"
+    }));
+    for watch in &mut watches {
+        let _ = watch.kill();
+        let _ = watch.wait();
+    }
 }

@@ -62,10 +62,9 @@ impl CoreAuth {
         generation: &Generation,
         cluster: usize,
         token: &str,
-        hits: &sluice_metrics::PerCoreCounter,
-        misses: &sluice_metrics::PerCoreCounter,
-        worker: usize,
+        (metrics, worker): (&crate::metrics::GatewayMetrics, usize),
     ) -> Result<Option<UserInfo>, String> {
+        let (hits, misses) = (&metrics.auth_cache_hits, &metrics.auth_cache_misses);
         let key = (cluster_key(generation, cluster), token.to_string());
         if let Some((verdict, expires)) = self.tokens.borrow().get(&key) {
             if *expires > Instant::now() {

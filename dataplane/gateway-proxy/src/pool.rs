@@ -49,6 +49,16 @@ struct ServerConnections {
     connected: event_listener::Event,
 }
 
+/// (cluster name, server endpoint).
+type ServerKey = (Box<str>, Box<str>);
+
+/// What a pick found.
+enum Pick {
+    Stream(h2::client::SendRequest<Bytes>, StreamSlot),
+    Connect,
+    Wait,
+}
+
 /// This core's upstream connections, by (cluster, server endpoint).
 #[derive(Debug)]
 pub struct CorePool {
@@ -56,7 +66,7 @@ pub struct CorePool {
     /// Open upstream connections, this core's slot.
     gauge: sluice_metrics::PerCoreGauge,
     worker: usize,
-    servers: RefCell<HashMap<(Box<str>, Box<str>), Rc<ServerConnections>>>,
+    servers: RefCell<HashMap<ServerKey, Rc<ServerConnections>>>,
 }
 
 impl CorePool {
@@ -82,35 +92,14 @@ impl CorePool {
         let max_connections = self.share.split(settings.max_connections_per_server).max(1);
         loop {
             let listener = connections.connected.listen();
-            {
-                let mut open = connections.connections.borrow_mut();
-                open.retain(|connection| !connection.closed.get());
-                let limit = |connection: &UpstreamConnection| {
-                    (connection.send.current_max_send_streams() as u32)
-                        .min(settings.max_concurrent_streams)
-                        .max(1)
-                };
-                let least_busy = open
-                    .iter()
-                    .min_by_key(|connection| connection.in_flight.get())
-                    .cloned();
-                if let Some(connection) = least_busy {
-                    let full = connection.in_flight.get() >= limit(&connection);
-                    let may_open =
-                        open.len() as u32 + connections.connecting.get() < max_connections;
-                    // At the limit everywhere with no room for another connection: queue on
-                    // the least busy one (h2 waits for a free stream).
-                    if !full || !may_open {
-                        connection.in_flight.set(connection.in_flight.get() + 1);
-                        return Ok((connection.send.clone(), StreamSlot { connection }));
-                    }
-                }
-                if open.len() as u32 + connections.connecting.get() >= max_connections {
-                    drop(open);
-                    // Every allowed connection is being set up: wait for one.
+            match Self::pick(&connections, settings, max_connections) {
+                Pick::Stream(send, slot) => return Ok((send, slot)),
+                // Every allowed connection is being set up: wait for one.
+                Pick::Wait => {
                     listener.await;
                     continue;
                 }
+                Pick::Connect => {}
             }
             connections.connecting.set(connections.connecting.get() + 1);
             let connected = monoio::time::timeout(
@@ -135,6 +124,36 @@ impl CorePool {
                     ))
                 }
             }
+        }
+    }
+
+    /// The least busy connection with a free stream; else whether another may be opened.
+    fn pick(
+        connections: &ServerConnections,
+        settings: &ConnectionPool,
+        max_connections: u32,
+    ) -> Pick {
+        let mut open = connections.connections.borrow_mut();
+        open.retain(|connection| !connection.closed.get());
+        let limit = |connection: &UpstreamConnection| {
+            (connection.send.current_max_send_streams() as u32)
+                .min(settings.max_concurrent_streams)
+                .max(1)
+        };
+        let may_open = open.len() as u32 + connections.connecting.get() < max_connections;
+        let least_busy = open
+            .iter()
+            .min_by_key(|connection| connection.in_flight.get())
+            .cloned();
+        match least_busy {
+            // At the limit everywhere with no room for another connection: queue on the least
+            // busy one (h2 waits for a free stream).
+            Some(connection) if connection.in_flight.get() < limit(&connection) || !may_open => {
+                connection.in_flight.set(connection.in_flight.get() + 1);
+                Pick::Stream(connection.send.clone(), StreamSlot { connection })
+            }
+            _ if may_open => Pick::Connect,
+            _ => Pick::Wait,
         }
     }
 

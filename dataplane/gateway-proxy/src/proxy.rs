@@ -68,6 +68,13 @@ impl HandlerFactory for GatewayEndpoint {
     }
 }
 
+/// Flow-control state per cluster, for the generation (number) it was built for.
+type FlowStates = Option<(u64, HashMap<Box<str>, Rc<CoreFlowControl>>)>;
+/// (cluster, policy) -> round-robin cursor.
+type Cursors = HashMap<(Box<str>, Box<str>), usize>;
+/// (cluster, verb, resource, code) -> this core's cached request counter.
+type CounterCache = HashMap<(Box<str>, &'static str, Box<str>, u16), PerCoreCounter>;
+
 /// One core's gateway state: never shared with other cores.
 struct GatewayHandler {
     gateway: Arc<Gateway>,
@@ -76,10 +83,10 @@ struct GatewayHandler {
     pool: CorePool,
     auth: CoreAuth,
     /// Flow-control state of each cluster for the generation it was built for.
-    flow: RefCell<Option<(u64, HashMap<Box<str>, Rc<CoreFlowControl>>)>>,
+    flow: RefCell<FlowStates>,
     /// Round-robin cursor per (cluster, policy).
-    round_robin: RefCell<HashMap<(Box<str>, Box<str>), usize>>,
-    counters: RefCell<HashMap<(Box<str>, &'static str, Box<str>, u16), PerCoreCounter>>,
+    round_robin: RefCell<Cursors>,
+    counters: RefCell<CounterCache>,
 }
 
 /// What is known about a client connection after its handshake.
@@ -353,9 +360,7 @@ impl GatewayHandler {
                     generation,
                     cluster,
                     token,
-                    &metrics.auth_cache_hits,
-                    &metrics.auth_cache_misses,
-                    self.worker,
+                    (metrics, self.worker),
                 )
                 .await
             {
