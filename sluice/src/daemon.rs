@@ -31,7 +31,7 @@ pub enum Mode {
     /// `sluice run --config FILE` or `sluice agent --config FILE`.
     Run,
     /// `sluice up`: the demo; also prints what started and how to try it.
-    Up(crate::demo::UpDemo),
+    Up(Box<crate::demo::UpDemo>),
 }
 
 /// Exit codes: 0 after a clean stop, 2 for an invalid configuration, 1 for any other failure.
@@ -236,6 +236,13 @@ fn run(mut config: Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow:
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     if let Mode::Up(demo) = &mode {
+        let gateway_address = addresses
+            .iter()
+            .find(|(name, _)| name == "gateway")
+            .map(|(_, address)| *address);
+        if let (Some(gateway), Some(address)) = (&demo.gateway, gateway_address) {
+            gateway.write_kubeconfig(address)?;
+        }
         print_banner(workers, &selection.driver.to_string(), &addresses, demo);
     }
 
@@ -350,6 +357,14 @@ fn print_banner(
             demo.jwt_secret_file.display()
         );
         let _ = writeln!(out, "    (calls the echo backend through the tunnel; needs grpcio and PyJWT: scripts/test.sh creates .venv)");
+    }
+    if let Some(gateway) = &demo.gateway {
+        let _ = writeln!(
+            out,
+            "  kubectl --kubeconfig {} get pods\n    (the Kubernetes API gateway in front of an apiserver simulator at {}; the user is\n    demo-user in group demo-team, forwarded upstream as Impersonate-User/Group)",
+            gateway.kubeconfig.display(),
+            gateway.simulator.address()
+        );
     }
     let _ = writeln!(out, "\nPress Ctrl-C to stop.");
     let _ = out.flush();

@@ -23,12 +23,15 @@ pub struct UpDemo {
     pub jwt_secret_file: PathBuf,
     /// With `--nodes N` (N > 1): the other nodes and the Redis they share.
     pub cluster: Option<crate::demo_cluster::DemoCluster>,
+    /// The apiserver simulator behind the gateway, and its kubeconfig.
+    pub gateway: Option<crate::demo_gateway::DemoGateway>,
 }
 
 impl Drop for UpDemo {
     fn drop(&mut self) {
-        // The other nodes and Redis stop before their directory goes.
+        // The other nodes, Redis and the simulator stop before their directory goes.
         self.cluster = None;
+        self.gateway = None;
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -64,6 +67,7 @@ impl UpDemo {
             jwt_secret_file: dir.join("jwt.secret"),
             dir,
             cluster: None,
+            gateway: None,
         };
         let secret = random_hex(32)?;
         std::fs::OpenOptions::new()
@@ -112,6 +116,21 @@ impl UpDemo {
             peer_tls: None,
         });
         config.agent = Some(demo_agent(agent_token));
+
+        // The Kubernetes API gateway in front of an apiserver simulator.
+        let gateway = crate::demo_gateway::DemoGateway::start(&demo.dir)?;
+        let mut gateway_listener = config.listeners.admin.clone();
+        gateway_listener.address = "127.0.0.1:8443".parse()?;
+        if ephemeral_ports {
+            gateway_listener.address.set_port(0);
+        }
+        config.listeners.gateway = Some(gateway_listener);
+        config.gateway = Some(sluice_config::GatewayConfig {
+            clusters_dir: gateway.clusters_dir.clone(),
+            reload_interval: std::time::Duration::from_secs(1),
+        });
+        let mut demo = demo;
+        demo.gateway = Some(gateway);
         Ok((config, demo))
     }
 
@@ -151,6 +170,9 @@ impl UpDemo {
             .map_err(|error| anyhow::anyhow!("{error}"))
             .context("the first node's generated config")?;
         config.agent = Some(agent);
+        // Node 1 (this process) also runs the demo gateway.
+        config.gateway = single.gateway.clone();
+        config.listeners.gateway = single.listeners.gateway.clone();
         demo.cluster = Some(cluster);
         Ok((config, demo))
     }

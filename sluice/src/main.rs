@@ -4,6 +4,7 @@ mod cli;
 mod daemon;
 mod demo;
 mod demo_cluster;
+mod demo_gateway;
 mod logging;
 
 use std::process::ExitCode;
@@ -59,9 +60,12 @@ fn main() -> ExitCode {
         } else {
             demo::UpDemo::prepare(ephemeral_ports)
         } {
-            Ok((config, demo)) => {
-                daemon::run_with(Ok(config), &runtime, addresses_file, daemon::Mode::Up(demo))
-            }
+            Ok((config, demo)) => daemon::run_with(
+                Ok(config),
+                &runtime,
+                addresses_file,
+                daemon::Mode::Up(Box::new(demo)),
+            ),
             Err(error) => {
                 eprintln!("sluice up: {error:#}");
                 ExitCode::FAILURE

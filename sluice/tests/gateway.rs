@@ -62,7 +62,7 @@ fn start_with(
     let certs = Certificates::generate(&[HOST]).unwrap();
     let gateway_identity = certs.client("sluice-gateway", &[]).unwrap();
     let servers: Vec<ApiServer> = (0..servers)
-        .map(|_| ApiServer::start_with(options(ApiServerOptions::new(&certs))).unwrap())
+        .map(|_| ApiServer::start_with(options(test_support::apiserver_options(&certs))).unwrap())
         .collect();
     let spec_extra = spec_extra(&servers);
     let launcher = SluiceLauncher::new(BIN).unwrap();

@@ -124,6 +124,24 @@ fn up_prints_endpoints_serves_metrics_and_stops_on_ctrl_c() {
     }));
     let (code, body) = curl(&format!("http://{admin}/readyz"));
     assert_eq!((code.as_str(), body.as_str()), ("200", "ready\n"));
+    // The printed kubectl command works as printed: through the gateway to the simulator.
+    let kubectl = stdout
+        .lines()
+        .find(|line| line.trim_start().starts_with("kubectl --kubeconfig"))
+        .expect("a kubectl command is printed")
+        .trim()
+        .to_string();
+    let words: Vec<&str> = kubectl.split_whitespace().collect();
+    let output = Command::new(words[0])
+        .args(&words[1..])
+        .output()
+        .expect("kubectl is installed");
+    let listed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        listed.contains("hello-sluice"),
+        "{listed}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 
     let mut process = process;
     let sent = Instant::now();

@@ -1,7 +1,6 @@
 //! Fixtures shared by Sluice's integration tests. Everything here starts real things (processes,
 //! sockets, certificates) on loopback and cleans them up on drop; nothing is a mock.
 
-mod apiserver;
 mod certs;
 mod grpc;
 mod http;
@@ -12,9 +11,14 @@ mod redis;
 mod seccomp;
 mod wait;
 
-pub use apiserver::{
+pub use sluice_apiserver_sim::{
     ApiServer, ApiServerOptions, Caller, RecordedRequest, SubjectAccessRule, TokenUser,
 };
+
+/// Simulator options with the server certificate and client CA of `certs`.
+pub fn apiserver_options(certs: &Certificates) -> ApiServerOptions {
+    ApiServerOptions::new(&certs.server_cert, &certs.server_key, &certs.ca_cert)
+}
 pub use certs::{Certificates, ClientCert};
 pub use grpc::{spawn_tunnel_client, tunnel_client, GrpcBackend};
 pub use http::{http_get, HttpResponse};

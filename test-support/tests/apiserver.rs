@@ -21,7 +21,7 @@ struct Fixture {
 fn fixture(options: impl FnOnce(ApiServerOptions) -> ApiServerOptions) -> Fixture {
     let certs = Certificates::generate(&[]).unwrap();
     let gateway = certs.client("sluice-gateway", &["system:masters"]).unwrap();
-    let server = ApiServer::start_with(options(ApiServerOptions::new(&certs))).unwrap();
+    let server = ApiServer::start_with(options(test_support::apiserver_options(&certs))).unwrap();
     Fixture {
         certs,
         gateway,

@@ -4,7 +4,7 @@
 //! once; an invalid one is logged with every error, counted, and the last good one stays.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -13,13 +13,14 @@ use crate::state::Gateway;
 /// Stops the reloader thread when dropped.
 #[derive(Debug)]
 pub struct ReloaderHandle {
-    stop: Arc<AtomicBool>,
+    /// Dropping it wakes the thread at once (its wait ends with "disconnected").
+    stop: Option<Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for ReloaderHandle {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop = None;
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -47,14 +48,12 @@ pub fn spawn_reloader(
     gateway: Arc<Gateway>,
     interval: Duration,
 ) -> std::io::Result<ReloaderHandle> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let thread_stop = stop.clone();
+    let (stop, stopped) = channel::<()>();
     let thread = std::thread::Builder::new()
         .name("sluice-gateway-reload".to_string())
         .spawn(move || {
             let mut seen = fingerprint(&gateway.dir);
-            while !thread_stop.load(Ordering::Relaxed) {
-                std::thread::sleep(interval);
+            while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
                 let now = fingerprint(&gateway.dir);
                 if now == seen {
                     continue;
@@ -73,7 +72,7 @@ pub fn spawn_reloader(
             }
         })?;
     Ok(ReloaderHandle {
-        stop,
+        stop: Some(stop),
         thread: Some(thread),
     })
 }

@@ -1,4 +1,5 @@
-//! A kube-apiserver **simulator** for the gateway's tests, kubectl and the perf harness. It is
+//! A kube-apiserver **simulator** for the gateway's tests, kubectl, the perf harness and the
+//! `sluice up` demo. It is
 //! not Kubernetes: it serves discovery, pods and configmaps (get, list, watch, create, delete)
 //! from memory, TokenReview and SubjectAccessReview from rules the test registers, and health
 //! endpoints. What it does for real: TLS with client-certificate or bearer-token authentication,
@@ -21,8 +22,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::Certificates;
-
 pub use api::{SubjectAccessRule, TokenUser};
 
 /// How to start an [`ApiServer`].
@@ -39,12 +38,13 @@ pub struct ApiServerOptions {
 }
 
 impl ApiServerOptions {
-    /// Server certificate and client CA from `certificates`.
-    pub fn new(certificates: &Certificates) -> Self {
+    /// The server's certificate and key, and the CA whose client certificates it accepts (all
+    /// PEM files).
+    pub fn new(server_cert: &Path, server_key: &Path, client_ca: &Path) -> Self {
         Self {
-            server_cert: certificates.server_cert.clone(),
-            server_key: certificates.server_key.clone(),
-            client_ca: certificates.ca_cert.clone(),
+            server_cert: server_cert.to_path_buf(),
+            server_key: server_key.to_path_buf(),
+            client_ca: client_ca.to_path_buf(),
             caller_tokens: HashMap::new(),
             max_concurrent_streams: None,
         }
@@ -125,12 +125,6 @@ pub struct ApiServer {
 }
 
 impl ApiServer {
-    /// Starts with the certificates' server certificate and CA (callers need a client
-    /// certificate from that CA).
-    pub fn start(certificates: &Certificates) -> std::io::Result<Self> {
-        Self::start_with(ApiServerOptions::new(certificates))
-    }
-
     pub fn start_with(options: ApiServerOptions) -> std::io::Result<Self> {
         let tls = tls_config(&options)?;
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
