@@ -457,7 +457,14 @@ fn five_hundred_clients_share_the_configured_upstream_connections() {
         ],
         "/api/v1/namespaces/default/pods",
     );
-    assert_eq!(status_counts(&summary), [2000, 0, 0, 0], "{summary}");
+    assert_eq!(
+        status_counts(&summary),
+        [2000, 0, 0, 0],
+        "{summary}\n{}",
+        gateway.process.stderr()
+    );
+    // 500 new clients with one token: one TokenReview per core, not one per client.
+    assert!(server.token_review_calls() <= 2, "{}", server.token_review_calls());
     // maxConnectionsPerServer: 2 for client requests (split over two cores), plus the health
     // checker's own connection.
     assert!(
@@ -862,4 +869,81 @@ fn max_requests_inflight_refuses_the_third_and_never_counts_watches() {
         let _ = watch.kill();
         let _ = watch.wait();
     }
+}
+
+#[test]
+fn exec_style_upgrades_get_their_own_connection_and_carry_bytes_both_ways() {
+    let gateway = start(1, "");
+    let address = gateway.process.address("gateway");
+    let script = r#"
+import socket, ssl, sys
+port, sni, ca, cert, key, extra = sys.argv[1:7]
+context = ssl.create_default_context(cafile=ca)
+context.load_cert_chain(cert, key)
+context.set_alpn_protocols(["http/1.1"])
+conn = context.wrap_socket(socket.create_connection(("127.0.0.1", int(port))), server_hostname=sni)
+conn.sendall(("POST /api/v1/namespaces/default/pods/web-1/exec?command=sh HTTP/1.1\r\nHost: " + sni
+              + "\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n" + extra + "\r\n").encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    chunk = conn.recv(4096)
+    if not chunk:
+        break
+    head += chunk
+print(head.split(b"\r\n")[0].decode(), flush=True)
+if b" 101 " in head.split(b"\r\n")[0]:
+    conn.sendall(b"ping-through-exec")
+    echoed = b""
+    while len(echoed) < 17:
+        echoed += conn.recv(4096)
+    print(echoed.decode(), flush=True)
+"#;
+    let run = |extra: &str| {
+        let output = Command::new(test_support::python())
+            .arg("-c")
+            .arg(script)
+            .arg(address.port().to_string())
+            .arg(HOST)
+            .arg(&gateway.certs.ca_cert)
+            .arg(&gateway.alice.cert)
+            .arg(&gateway.alice.key)
+            .arg(extra)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let upgraded = run("");
+    assert_eq!(
+        upgraded.lines().collect::<Vec<_>>(),
+        vec!["HTTP/1.1 101 Switching Protocols", "ping-through-exec"],
+        "{upgraded}"
+    );
+    let exec = gateway.servers[0]
+        .requests()
+        .into_iter()
+        .find(|request| request.uri.contains("/exec"))
+        .unwrap();
+    assert_eq!(exec.impersonate_user.as_deref(), Some("alice"));
+    assert_eq!(
+        exec.caller.as_ref().map(|caller| caller.name()),
+        Some("sluice-gateway")
+    );
+    assert_eq!(format!("{:?}", exec.version), "HTTP/1.1");
+    // The same checks as any request: an impersonation without permission is refused and
+    // never reaches the apiserver.
+    let refused = run("Impersonate-User: root\r\n");
+    assert_eq!(refused.trim(), "HTTP/1.1 403 Forbidden", "{refused}");
+    assert_eq!(
+        gateway.servers[0]
+            .requests()
+            .iter()
+            .filter(|request| request.uri.contains("/exec"))
+            .count(),
+        1
+    );
 }

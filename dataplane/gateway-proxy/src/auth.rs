@@ -6,6 +6,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::future::poll_fn;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -34,6 +35,24 @@ enum TokenVerdict {
 pub struct CoreAuth {
     tokens: RefCell<HashMap<(u64, String), (TokenVerdict, Instant)>>,
     access: RefCell<HashMap<(u64, String), (bool, Instant)>>,
+    /// Reviews in flight: later requests for the same token wait for the first one's answer
+    /// instead of sending their own (a burst of new clients must not become a burst of
+    /// TokenReviews).
+    pending: RefCell<HashMap<(u64, String), Rc<event_listener::Event>>>,
+}
+
+/// Wakes the requests waiting on a review, however it ends.
+struct PendingReview<'a> {
+    pending: &'a RefCell<HashMap<(u64, String), Rc<event_listener::Event>>>,
+    key: (u64, String),
+}
+
+impl Drop for PendingReview<'_> {
+    fn drop(&mut self) {
+        if let Some(event) = self.pending.borrow_mut().remove(&self.key) {
+            event.notify(usize::MAX);
+        }
+    }
 }
 
 fn insert_bounded<V>(
@@ -66,15 +85,32 @@ impl CoreAuth {
     ) -> Result<Option<UserInfo>, String> {
         let (hits, misses) = (&metrics.auth_cache_hits, &metrics.auth_cache_misses);
         let key = (cluster_key(generation, cluster), token.to_string());
-        if let Some((verdict, expires)) = self.tokens.borrow().get(&key) {
-            if *expires > Instant::now() {
-                hits.inc(worker);
-                return Ok(match verdict {
-                    TokenVerdict::User(user) => Some(user.clone()),
-                    TokenVerdict::Rejected => None,
-                });
+        let _review = loop {
+            if let Some((verdict, expires)) = self.tokens.borrow().get(&key) {
+                if *expires > Instant::now() {
+                    hits.inc(worker);
+                    return Ok(match verdict {
+                        TokenVerdict::User(user) => Some(user.clone()),
+                        TokenVerdict::Rejected => None,
+                    });
+                }
             }
-        }
+            let waiting = self.pending.borrow().get(&key).map(|event| event.listen());
+            match waiting {
+                // Another request of this core is asking: wait, then read the cache again
+                // (if that review failed, this request asks itself).
+                Some(listener) => listener.await,
+                None => {
+                    self.pending
+                        .borrow_mut()
+                        .insert(key.clone(), Rc::new(event_listener::Event::new()));
+                    break PendingReview {
+                        pending: &self.pending,
+                        key: key.clone(),
+                    };
+                }
+            }
+        };
         misses.inc(worker);
         let settings = &generation.snapshot.clusters()[cluster].authentication;
         let body = json!({

@@ -21,6 +21,7 @@ mod proxy;
 mod reload;
 mod state;
 mod tls;
+mod upgrade;
 
 pub use health::HealthChecker;
 pub use metrics::GatewayMetrics;

@@ -206,7 +206,10 @@ async fn connect(
             .initial_connection_window_size(settings_h2.initial_connection_window)
             .max_frame_size(settings_h2.max_frame_size)
             .max_header_list_size(settings_h2.max_header_list_size)
-            .max_concurrent_reset_streams(4096);
+            .max_concurrent_reset_streams(4096)
+            // Until the server's SETTINGS arrive, assume a modest stream limit rather than
+            // none, so a burst right after connecting is not refused (REFUSED_STREAM).
+            .initial_max_send_streams(100);
         builder
     };
     let closed = Rc::new(Cell::new(false));

@@ -32,6 +32,7 @@ use crate::body::{Held, InFlight, ProxyBody};
 use crate::pool::CorePool;
 use crate::state::{Gateway, Generation};
 use crate::tls::{accept, AcceptError};
+use crate::upgrade::{is_upgrade, parse_request, read_head, Rewind};
 
 /// Longest time a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -87,6 +88,16 @@ struct GatewayHandler {
     /// Round-robin cursor per (cluster, policy).
     round_robin: RefCell<Cursors>,
     counters: RefCell<CounterCache>,
+}
+
+/// A request that passed every check, with where it goes.
+struct Admitted {
+    cluster: usize,
+    /// Index into the cluster's servers.
+    server: usize,
+    /// Who the apiserver will see (impersonated).
+    user: UserInfo,
+    permit: FlowPermit,
 }
 
 /// What is known about a client connection after its handshake.
@@ -149,13 +160,14 @@ impl ConnectionHandler for GatewayHandler {
                 certificate_user,
             });
             let handler = self.clone();
+            let upgrade_client = client.clone();
             let service = hyper::service::service_fn(move |request| {
                 let handler = handler.clone();
                 let client = client.clone();
                 async move { Ok::<_, Infallible>(handler.serve(&client, request).await) }
             });
-            let io = TokioIo::new(accepted.stream);
             if http2 {
+                let io = TokioIo::new(accepted.stream);
                 let connection = hyper::server::conn::http2::Builder::new(LocalExec)
                     .max_concurrent_streams(1000)
                     .serve_connection(io, service);
@@ -166,6 +178,26 @@ impl ConnectionHandler for GatewayHandler {
                 }
                 let _ = connection.await;
             } else {
+                // Upgrades (exec, attach, port-forward) need the raw connection: read the first
+                // request head ourselves, and hand anything else to hyper with the head replayed.
+                let mut stream = accepted.stream;
+                let mut buffer = bytes::BytesMut::with_capacity(8 * 1024);
+                let head_length = monoio::select! {
+                    read = read_head(&mut stream, &mut buffer) => match read {
+                        Ok(length) => length,
+                        Err(_) => return,
+                    },
+                    _ = monoio::time::sleep(HANDSHAKE_TIMEOUT) => return,
+                    _ = conn.draining() => return,
+                };
+                if let Ok(head) = parse_request(&buffer[..head_length]) {
+                    if is_upgrade(&head.headers) {
+                        let early = buffer.split_off(head_length).freeze();
+                        self.upgrade(&upgrade_client, stream, head, early).await;
+                        return;
+                    }
+                }
+                let io = TokioIo::new(Rewind::new(buffer.freeze(), stream));
                 let connection =
                     hyper::server::conn::http1::Builder::new().serve_connection(io, service);
                 let mut connection = std::pin::pin!(connection);
@@ -379,13 +411,15 @@ impl GatewayHandler {
         }
     }
 
-    async fn forward(
+    /// Every phase before forwarding: host -> cluster, authentication, client impersonation,
+    /// dispatch, flow control, upstream pick.
+    async fn admit(
         &self,
         client: &ClientConnection,
         generation: &Arc<Generation>,
         info: &RequestInfo<'_>,
-        request: Request<Incoming>,
-    ) -> Result<Response<ProxyBody>, GatewayError> {
+        headers: &HeaderMap,
+    ) -> Result<Admitted, GatewayError> {
         // Host -> cluster: the one the TLS server name chose (if a reload removed it, the
         // connection's host is no longer served).
         let Some(cluster) = generation
@@ -403,9 +437,9 @@ impl GatewayHandler {
 
         // Authentication, then a client's own impersonation request (SubjectAccessReview).
         let authenticated = self
-            .authenticate(client, generation, cluster, request.headers())
+            .authenticate(client, generation, cluster, headers)
             .await?;
-        let user = match requested_impersonation(request.headers()) {
+        let user = match requested_impersonation(headers) {
             Err(error) => {
                 return Err(GatewayError::BadRequest {
                     reason: error.to_string(),
@@ -475,7 +509,32 @@ impl GatewayHandler {
             *cursor = cursor.wrapping_add(1);
             *cursor
         };
-        let server = &compiled.servers[candidates[turn % candidates.len()]];
+        Ok(Admitted {
+            cluster,
+            server: candidates[turn % candidates.len()],
+            user,
+            permit,
+        })
+    }
+
+    async fn forward(
+        &self,
+        client: &ClientConnection,
+        generation: &Arc<Generation>,
+        info: &RequestInfo<'_>,
+        request: Request<Incoming>,
+    ) -> Result<Response<ProxyBody>, GatewayError> {
+        let Admitted {
+            cluster,
+            server,
+            user,
+            permit,
+        } = self
+            .admit(client, generation, info, request.headers())
+            .await?;
+        let compiled = &generation.snapshot.clusters()[cluster];
+        let runtime = &generation.clusters[cluster];
+        let server = &compiled.servers[server];
         let upstream_failed = |reason: String| GatewayError::UpstreamFailed {
             server: server.endpoint.to_string(),
             reason,
@@ -546,6 +605,98 @@ impl GatewayHandler {
         copy_end_to_end(&head.headers, answer.headers_mut());
         tracing::debug!(cluster = %compiled.name, user = %user.name, verb = info.verb.as_str(), path = info.path, server = %server.endpoint, status = head.status.as_u16(), "forwarded");
         Ok(answer)
+    }
+}
+
+impl GatewayHandler {
+    /// An HTTP/1.1 upgrade: the same checks as any request, then a dedicated HTTP/1.1 TLS
+    /// connection to the apiserver (see `upgrade.rs`).
+    async fn upgrade(
+        &self,
+        client: &ClientConnection,
+        mut stream: tokio_rustls::server::TlsStream<monoio_compat::TcpStreamCompat>,
+        mut head: crate::upgrade::RequestHead,
+        early: Bytes,
+    ) {
+        use tokio::io::AsyncWriteExt;
+        let started = Instant::now();
+        let generation = self.gateway.current();
+        let path = head.uri.path().to_string();
+        let query = head.uri.query().unwrap_or("").to_string();
+        let info = RequestInfo::parse(head.method.as_str(), &path, &query);
+        let (verb, resource) = match &info {
+            Ok(info) => (info.verb.as_str(), info.resource.to_string()),
+            Err(_) => ("unknown", String::new()),
+        };
+        let _in_flight = InFlight::new(&self.gateway.metrics, self.worker);
+        let outcome: Result<u16, GatewayError> = async {
+            let info = info.map_err(|error| GatewayError::BadRequest {
+                reason: error.to_string(),
+            })?;
+            let admitted = self.admit(client, &generation, &info, &head.headers).await?;
+            let compiled = &generation.snapshot.clusters()[admitted.cluster];
+            let runtime = &generation.clusters[admitted.cluster];
+            let server = &compiled.servers[admitted.server];
+            let upstream_failed = |reason: String| GatewayError::UpstreamFailed {
+                server: server.endpoint.to_string(),
+                reason,
+            };
+            let protocol = head.headers.get(header::UPGRADE).cloned();
+            let mut headers = HeaderMap::new();
+            copy_end_to_end(&head.headers, &mut headers);
+            strip_client_identity(&mut headers);
+            write_impersonation_headers(&admitted.user, &mut headers).map_err(|error| {
+                GatewayError::BadRequest {
+                    reason: error.to_string(),
+                }
+            })?;
+            if let Some(bearer) = &runtime.bearer {
+                headers.insert(header::AUTHORIZATION, bearer.clone());
+            }
+            headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+            if let Some(protocol) = protocol {
+                headers.insert(header::UPGRADE, protocol);
+            }
+            head.headers = headers;
+            let request = crate::upgrade::upstream_head(&head, &server.host, server.port);
+            let tcp = TcpStream::connect((server.host.as_ref(), server.port))
+                .await
+                .map_err(|error| upstream_failed(error.to_string()))?;
+            let _ = tcp.set_nodelay(true);
+            let name = rustls_pki_types::ServerName::try_from(server.host.to_string())
+                .map_err(|error| upstream_failed(error.to_string()))?;
+            let mut upstream = tokio_rustls::TlsConnector::from(
+                crate::upgrade::http1_client_config(&runtime.client_tls),
+            )
+            .connect(name, sluice_grpc::transport::compat(tcp))
+            .await
+            .map_err(|error| upstream_failed(error.to_string()))?;
+            // The flow-control permit lives as long as the upgraded stream.
+            let _permit = admitted.permit;
+            tracing::debug!(cluster = %compiled.name, user = %admitted.user.name, path = %path, server = %server.endpoint, "upgrade");
+            crate::upgrade::relay(&mut stream, &mut upstream, request, early)
+                .await
+                .map_err(|error| upstream_failed(error.to_string()))
+        }
+        .await;
+        let code = match outcome {
+            Ok(status) => status,
+            Err(error) => {
+                let reason = reject_reason(&error);
+                self.gateway.metrics.reject(reason, self.worker);
+                tracing::info!(cluster = %client.cluster, path = %path, status = error.http_status().as_u16(), %error, "upgrade refused");
+                let _ = stream
+                    .write_all(&crate::upgrade::error_response(&error))
+                    .await;
+                let _ = stream.shutdown().await;
+                error.http_status().as_u16()
+            }
+        };
+        self.count(&client.cluster, verb, &resource, code);
+        self.gateway
+            .metrics
+            .duration
+            .observe(self.worker, started.elapsed().as_secs_f64());
     }
 }
 

@@ -340,7 +340,9 @@ impl Server {
         if let Some(streams) = self.max_concurrent_streams {
             builder.http2().max_concurrent_streams(streams);
         }
-        let _ = builder.serve_connection(TokioIo::new(tls), service).await;
+        let _ = builder
+            .serve_connection_with_upgrades(TokioIo::new(tls), service)
+            .await;
     }
 
     async fn handle(
@@ -395,6 +397,26 @@ impl Server {
         lock(&self.shared.requests).push(record);
         if caller.is_none() {
             return status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
+        }
+        // exec / attach / portforward: a real apiserver switches to SPDY or WebSocket here; the
+        // simulator switches to an echo of whatever the client sends, enough to prove a proxy
+        // carries the upgraded stream both ways.
+        let streaming = ["/exec", "/attach", "/portforward"]
+            .iter()
+            .any(|suffix| request.uri().path().ends_with(suffix));
+        if let (true, Some(protocol)) = (streaming, header("upgrade")) {
+            tokio::spawn(async move {
+                if let Ok(upgraded) = hyper::upgrade::on(request).await {
+                    let (mut reader, mut writer) = tokio::io::split(TokioIo::new(upgraded));
+                    let _ = tokio::io::copy(&mut reader, &mut writer).await;
+                }
+            });
+            return Response::builder()
+                .status(StatusCode::SWITCHING_PROTOCOLS)
+                .header("connection", "Upgrade")
+                .header("upgrade", protocol)
+                .body(ResponseBody::full(Bytes::new()))
+                .unwrap_or_else(|_| Response::new(ResponseBody::full(Bytes::new())));
         }
         let table = header("accept").is_some_and(|accept| accept.contains("as=Table"));
         let method = request.method().clone();
