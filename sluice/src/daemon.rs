@@ -162,6 +162,9 @@ fn run(mut config: Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow:
                     gateway.clusters_dir.display()
                 )
             })?;
+        registry.register_collector(Box::new(sluice_gateway_proxy::GatewayCollector(
+            loaded.clone(),
+        )));
         let generation = loaded.current();
         tracing::info!(
             dir = %gateway.clusters_dir.display(),

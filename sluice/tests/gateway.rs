@@ -193,16 +193,15 @@ fn ok(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-#[test]
-fn kubectl_with_a_client_certificate_gets_creates_and_watches_as_itself() {
-    let gateway = start(1, "");
+/// kubectl get, get --raw, create -f and get -w through the gateway as `user` in `groups`; the
+/// apiserver must see the gateway acting as that user.
+fn kubectl_works_as(gateway: &Gateway, kubeconfig: &PathBuf, user: &str, groups: &[&str]) {
     let server = &gateway.servers[0];
     server.create_pod("default", "web-1");
-    let kubeconfig = gateway.alice_kubeconfig();
 
-    let listed = ok(&kubectl(&kubeconfig, &["get", "pods"]));
+    let listed = ok(&kubectl(kubeconfig, &["get", "pods"]));
     assert!(listed.contains("web-1"), "{listed}");
-    let health = ok(&kubectl(&kubeconfig, &["get", "--raw", "/healthz"]));
+    let health = ok(&kubectl(kubeconfig, &["get", "--raw", "/healthz"]));
     assert_eq!(health.trim(), "ok");
     let manifest = gateway.certs.dir().join("pod.yaml");
     std::fs::write(
@@ -211,7 +210,7 @@ fn kubectl_with_a_client_certificate_gets_creates_and_watches_as_itself() {
     )
     .unwrap();
     let created = ok(&kubectl(
-        &kubeconfig,
+        kubeconfig,
         &["create", "-f", manifest.to_str().unwrap()],
     ));
     assert!(created.contains("created-1"), "{created}");
@@ -219,7 +218,7 @@ fn kubectl_with_a_client_certificate_gets_creates_and_watches_as_itself() {
     // A watch: events reach kubectl as the simulator emits them.
     let mut watch = Command::new("kubectl")
         .arg("--kubeconfig")
-        .arg(&kubeconfig)
+        .arg(kubeconfig)
         .args(["get", "pods", "-w", "-o", "name"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -272,17 +271,36 @@ fn kubectl_with_a_client_certificate_gets_creates_and_watches_as_itself() {
         );
         assert_eq!(
             request.impersonate_user.as_deref(),
-            Some("alice"),
+            Some(user),
             "{request:?}"
         );
-        assert_eq!(
-            request.impersonate_groups,
-            vec!["dev-team", "qa"],
-            "{request:?}"
-        );
+        assert_eq!(request.impersonate_groups, groups, "{request:?}");
         assert_eq!(request.authorization, None);
         assert_eq!(format!("{:?}", request.version), "HTTP/2.0");
     }
+}
+
+#[test]
+fn kubectl_with_a_client_certificate_gets_creates_and_watches_as_itself() {
+    let gateway = start(1, "");
+    kubectl_works_as(
+        &gateway,
+        &gateway.alice_kubeconfig(),
+        "alice",
+        &["dev-team", "qa"],
+    );
+}
+
+#[test]
+fn kubectl_with_a_bearer_token_gets_creates_and_watches_as_its_user() {
+    let gateway = start(1, "");
+    gateway.servers[0].add_token("token-carol", TokenUser::new("carol", &["ops", "oncall"]));
+    kubectl_works_as(
+        &gateway,
+        &gateway.token_kubeconfig("token-carol"),
+        "carol",
+        &["ops", "oncall"],
+    );
 }
 
 #[test]
@@ -464,7 +482,11 @@ fn five_hundred_clients_share_the_configured_upstream_connections() {
         gateway.process.stderr()
     );
     // 500 new clients with one token: one TokenReview per core, not one per client.
-    assert!(server.token_review_calls() <= 2, "{}", server.token_review_calls());
+    assert!(
+        server.token_review_calls() <= 2,
+        "{}",
+        server.token_review_calls()
+    );
     // maxConnectionsPerServer: 2 for client requests (split over two cores), plus the health
     // checker's own connection.
     assert!(
@@ -677,6 +699,15 @@ fn an_unready_apiserver_leaves_rotation_and_all_down_gives_503() {
     assert!(
         body.to_ascii_lowercase().contains("retry-after: 1"),
         "{body}"
+    );
+    let metrics = test_support::http_get(gateway.process.address("admin"), "/metrics").unwrap();
+    assert!(
+        metrics.body.contains(&format!(
+            "sluice_gateway_upstream_healthy{{cluster=\"{HOST}\",server=\"{}\"}} 0",
+            gateway.servers[1].url()
+        )),
+        "{}",
+        metrics.body
     );
     // Back in rotation when ready again.
     gateway.servers[2].set_ready(true);

@@ -24,7 +24,7 @@ mod tls;
 mod upgrade;
 
 pub use health::HealthChecker;
-pub use metrics::GatewayMetrics;
+pub use metrics::{GatewayCollector, GatewayMetrics};
 pub use proxy::GatewayEndpoint;
 pub use reload::{spawn_reloader, ReloaderHandle};
 pub use state::{load_generation, Gateway, GatewayLoadError, Generation};
