@@ -205,28 +205,29 @@ impl prometheus_client::collector::Collector for GatewayCollector {
         use prometheus_client::metrics::gauge::ConstGauge;
         use prometheus_client::metrics::MetricType;
         let generation = self.0.current();
-        let mut healthy = encoder.encode_descriptor(
-            "sluice_gateway_upstream_healthy",
-            "Whether an apiserver is in rotation (1) or out after failed health checks (0)",
-            None,
-            MetricType::Gauge,
-        )?;
-        for (cluster, runtime) in generation
-            .snapshot
-            .clusters()
-            .iter()
-            .zip(generation.clusters.iter())
         {
-            for (server, health) in cluster.servers.iter().zip(runtime.health.iter()) {
-                let labels = ServerLabels {
-                    cluster: cluster.name.to_string(),
-                    server: server.endpoint.to_string(),
-                };
-                ConstGauge::new(i64::from(health.is_healthy() && !server.disabled))
-                    .encode(healthy.encode_family(&labels)?)?;
+            let mut healthy = encoder.encode_descriptor(
+                "sluice_gateway_upstream_healthy",
+                "Whether an apiserver is in rotation (1) or out after failed health checks (0)",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (cluster, runtime) in generation
+                .snapshot
+                .clusters()
+                .iter()
+                .zip(generation.clusters.iter())
+            {
+                for (server, health) in cluster.servers.iter().zip(runtime.health.iter()) {
+                    let labels = ServerLabels {
+                        cluster: cluster.name.to_string(),
+                        server: server.endpoint.to_string(),
+                    };
+                    ConstGauge::new(i64::from(health.is_healthy() && !server.disabled))
+                        .encode(healthy.encode_family(&labels)?)?;
+                }
             }
         }
-        drop(healthy);
         let generation_gauge = ConstGauge::new(generation.number as i64);
         generation_gauge.encode(encoder.encode_descriptor(
             "sluice_gateway_config_generation",
