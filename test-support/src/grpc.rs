@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use crate::{python, wait_until, workspace_root};
 
-fn script(name: &str) -> PathBuf {
+/// A helper script of `test-support/python/`.
+pub fn python_script(name: &str) -> PathBuf {
     workspace_root().join("test-support/python").join(name)
 }
 
@@ -27,7 +28,7 @@ impl GrpcBackend {
         let dir = tempfile::tempdir()?;
         let cancel_file = dir.path().join("cancelled");
         let mut child = Command::new(python())
-            .arg(script("grpc_backend.py"))
+            .arg(python_script("grpc_backend.py"))
             .env("CANCEL_FILE", &cancel_file)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -68,7 +69,7 @@ impl Drop for GrpcBackend {
 /// Runs one check of `python/tunnel_client.py` and returns the JSON it printed last.
 pub fn tunnel_client(check: &str, args: &[String]) -> serde_json::Value {
     let output = Command::new(python())
-        .arg(script("tunnel_client.py"))
+        .arg(python_script("tunnel_client.py"))
         .arg(check)
         .args(args)
         .output()
@@ -87,7 +88,7 @@ pub fn tunnel_client(check: &str, args: &[String]) -> serde_json::Value {
 /// the test does something else).
 pub fn spawn_tunnel_client(check: &str, args: &[String]) -> Child {
     Command::new(python())
-        .arg(script("tunnel_client.py"))
+        .arg(python_script("tunnel_client.py"))
         .arg(check)
         .args(args)
         .stdin(Stdio::null())

@@ -20,7 +20,7 @@ pub fn apiserver_options(certs: &Certificates) -> ApiServerOptions {
     ApiServerOptions::new(&certs.server_cert, &certs.server_key, &certs.ca_cert)
 }
 pub use certs::{Certificates, ClientCert};
-pub use grpc::{spawn_tunnel_client, tunnel_client, GrpcBackend};
+pub use grpc::{python_script, spawn_tunnel_client, tunnel_client, GrpcBackend};
 pub use http::{http_get, HttpResponse};
 pub use netns::{NetNs, VethPort};
 pub use ovs::{unique_name, OvsInstance};

@@ -404,21 +404,10 @@ fn kubectl_watch_prints_emitted_events() {
 fn python_kubernetes_client_lists_and_watches() {
     let fixture = fixture(|options| options);
     fixture.server.create_pod("default", "py-1");
-    let script = r#"
-import sys
-from kubernetes import client, config, watch
-config.load_kube_config(config_file=sys.argv[1])
-api = client.CoreV1Api()
-print("list", ",".join(pod.metadata.name for pod in api.list_namespaced_pod("default").items), flush=True)
-for event in watch.Watch().stream(api.list_namespaced_pod, "default", timeout_seconds=20):
-    print("event", event["type"], event["object"].metadata.name, flush=True)
-    if event["object"].metadata.name == "py-2":
-        break
-"#;
     let mut python = Command::new(test_support::python())
-        .arg("-c")
-        .arg(script)
+        .arg(test_support::python_script("kube_list_watch.py"))
         .arg(fixture.kubeconfig())
+        .args(["default", "py-2"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();

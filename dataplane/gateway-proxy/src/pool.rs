@@ -213,6 +213,13 @@ async fn connect(
         builder
     };
     let closed = Rc::new(Cell::new(false));
+    let driving = Driving {
+        closed: closed.clone(),
+        settings,
+        endpoint: server.endpoint.clone(),
+        gauge: gauge.clone(),
+        worker,
+    };
     let send = if server.tls {
         let name = rustls_pki_types::ServerName::try_from(server.host.to_string())
             .map_err(|error| failed("invalid server name of", &error))?;
@@ -220,37 +227,45 @@ async fn connect(
             .connect(name, io)
             .await
             .map_err(|error| failed("TLS handshake with", &error))?;
-        let (send, connection) = builder
-            .handshake::<_, Bytes>(tls)
-            .await
-            .map_err(|error| failed("HTTP/2 handshake with", &error))?;
-        drive(
-            connection,
-            closed.clone(),
-            settings,
-            server.endpoint.clone(),
-            (gauge.clone(), worker),
-        );
-        send
+        handshake(&builder, tls, driving).await
     } else {
-        let (send, connection) = builder
-            .handshake::<_, Bytes>(io)
-            .await
-            .map_err(|error| failed("HTTP/2 handshake with", &error))?;
-        drive(
-            connection,
-            closed.clone(),
-            settings,
-            server.endpoint.clone(),
-            (gauge.clone(), worker),
-        );
-        send
-    };
+        handshake(&builder, io, driving).await
+    }
+    .map_err(|error| failed("HTTP/2 handshake with", &error))?;
     Ok(Rc::new(UpstreamConnection {
         send,
         in_flight: Cell::new(0),
         closed,
     }))
+}
+
+/// What a connection's driver task needs besides the connection.
+struct Driving<'a> {
+    closed: Rc<Cell<bool>>,
+    settings: &'a ConnectionPool,
+    endpoint: Box<str>,
+    gauge: sluice_metrics::PerCoreGauge,
+    worker: usize,
+}
+
+/// HTTP/2 over `io`, its driver task started.
+async fn handshake<T>(
+    builder: &h2::client::Builder,
+    io: T,
+    driving: Driving<'_>,
+) -> Result<h2::client::SendRequest<Bytes>, h2::Error>
+where
+    T: monoio_compat::AsyncRead + monoio_compat::AsyncWrite + Unpin + 'static,
+{
+    let (send, connection) = builder.handshake::<_, Bytes>(io).await?;
+    drive(
+        connection,
+        driving.closed,
+        driving.settings,
+        driving.endpoint,
+        (driving.gauge, driving.worker),
+    );
+    Ok(send)
 }
 
 /// Runs a connection and pings it every keepalive interval; a ping unanswered within the
