@@ -26,7 +26,8 @@ struct Gateway {
     _gateway_identity: ClientCert,
 }
 
-/// The cluster YAML for `servers`, with `spec_extra` appended under `spec:`.
+/// The cluster YAML for `servers`, with `spec_extra` appended under `spec:` (a `connectionPool`
+/// there replaces the default one).
 fn cluster_yaml(
     certs: &Certificates,
     gateway: &ClientCert,
@@ -37,8 +38,13 @@ fn cluster_yaml(
         .iter()
         .map(|server| format!("  - endpoint: {}\n", server.url()))
         .collect();
+    let pool = if spec_extra.contains("connectionPool:") {
+        ""
+    } else {
+        "  connectionPool: {maxConnectionsPerServer: 2}\n"
+    };
     format!(
-        "apiVersion: proxy.sluice.dev/v1alpha1\nkind: UpstreamCluster\nmetadata:\n  name: {HOST}\nspec:\n  servers:\n{endpoints}  clientConfig:\n    certFile: {gw_cert}\n    keyFile: {gw_key}\n    caFile: {ca}\n  secureServing:\n    certFile: {cert}\n    keyFile: {key}\n    clientCAFile: {ca}\n    extraHostnames: ['127.0.0.1']\n  healthCheck: {{interval: 200ms, timeout: 1s}}\n  connectionPool: {{maxConnectionsPerServer: 2}}\n{spec_extra}",
+        "apiVersion: proxy.sluice.dev/v1alpha1\nkind: UpstreamCluster\nmetadata:\n  name: {HOST}\nspec:\n  servers:\n{endpoints}  clientConfig:\n    certFile: {gw_cert}\n    keyFile: {gw_key}\n    caFile: {ca}\n  secureServing:\n    certFile: {cert}\n    keyFile: {key}\n    clientCAFile: {ca}\n    extraHostnames: ['127.0.0.1']\n  healthCheck: {{interval: 200ms, timeout: 1s}}\n{pool}{spec_extra}",
         gw_cert = gateway.cert.display(),
         gw_key = gateway.key.display(),
         ca = certs.ca_cert.display(),
@@ -966,4 +972,78 @@ if b" 101 " in head.split(b"\r\n")[0]:
             .count(),
         1
     );
+}
+
+#[test]
+fn another_upstream_connection_opens_only_when_the_streams_of_the_others_are_used_up() {
+    // The apiserver allows 2 streams per connection; one gateway core may open 3 connections.
+    let gateway = start_with(
+        1,
+        1,
+        |_| "  connectionPool: {maxConnectionsPerServer: 3}\n".to_string(),
+        |options| options.max_concurrent_streams(2),
+    );
+    let server = &gateway.servers[0];
+    let address = gateway.process.address("gateway");
+    let watch = || {
+        Command::new("curl")
+            .args([
+                "--silent",
+                "--no-buffer",
+                "--http2",
+                "--max-time",
+                "30",
+                "--output",
+                "/dev/null",
+            ])
+            .arg("--cacert")
+            .arg(&gateway.certs.ca_cert)
+            .args([
+                "--cert",
+                gateway.alice.cert.to_str().unwrap(),
+                "--key",
+                gateway.alice.key.to_str().unwrap(),
+            ])
+            .args(["--resolve", &format!("{HOST}:{}:127.0.0.1", address.port())])
+            .arg(format!(
+                "https://{HOST}:{}/api/v1/namespaces/default/pods?watch=true",
+                address.port()
+            ))
+            .spawn()
+            .unwrap()
+    };
+    // The health checker's own connection comes first.
+    assert!(wait_until(Duration::from_secs(5), || server
+        .requests()
+        .iter()
+        .any(|request| request.uri == "/readyz")));
+    let before = server.accepted_connections();
+    let mut watches = vec![watch(), watch()];
+    assert!(wait_until(Duration::from_secs(10), || server
+        .watchers("pods")
+        == 2));
+    assert_eq!(
+        server.accepted_connections() - before,
+        1,
+        "two streams fit on one connection"
+    );
+    watches.extend((0..4).map(|_| watch()));
+    assert!(
+        wait_until(Duration::from_secs(10), || server.watchers("pods") == 6),
+        "{} watchers, {} open streams on {} connections; {}",
+        server.watchers("pods"),
+        server.open_streams(),
+        server.accepted_connections() - before,
+        gateway.process.stderr()
+    );
+    assert_eq!(
+        server.accepted_connections() - before,
+        3,
+        "six streams need three connections"
+    );
+    assert!(server.max_open_streams() >= 6);
+    for mut watch in watches {
+        let _ = watch.kill();
+        let _ = watch.wait();
+    }
 }

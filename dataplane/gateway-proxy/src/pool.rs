@@ -145,14 +145,25 @@ impl CorePool {
             .iter()
             .min_by_key(|connection| connection.in_flight.get())
             .cloned();
+        tracing::trace!(
+            open = open.len(),
+            connecting = connections.connecting.get(),
+            in_flight = ?open.iter().map(|connection| (connection.in_flight.get(), limit(connection))).collect::<Vec<_>>(),
+            "upstream pick"
+        );
+        let connecting = connections.connecting.get();
         match least_busy {
-            // At the limit everywhere with no room for another connection: queue on the least
-            // busy one (h2 waits for a free stream).
-            Some(connection) if connection.in_flight.get() < limit(&connection) || !may_open => {
+            // A free stream; or every allowed connection is open and full: queue on the least
+            // busy one (h2 waits for a free stream there).
+            Some(connection)
+                if connection.in_flight.get() < limit(&connection)
+                    || (!may_open && connecting == 0) =>
+            {
                 connection.in_flight.set(connection.in_flight.get() + 1);
                 Pick::Stream(connection.send.clone(), StreamSlot { connection })
             }
-            _ if may_open => Pick::Connect,
+            // One set-up at a time, and wait for one in progress: it may well take this stream.
+            _ if may_open && connecting == 0 => Pick::Connect,
             _ => Pick::Wait,
         }
     }
@@ -258,36 +269,53 @@ where
     T: monoio_compat::AsyncRead + monoio_compat::AsyncWrite + Unpin + 'static,
 {
     let (send, connection) = builder.handshake::<_, Bytes>(io).await?;
-    drive(
+    let settled = drive(
         connection,
         driving.closed,
         driving.settings,
         driving.endpoint,
         (driving.gauge, driving.worker),
     );
+    // Use the connection only once the server's SETTINGS apply, so its stream limit is known
+    // before streams are counted against it.
+    if settled.await.is_err() {
+        return Err(h2::Error::from(h2::Reason::CONNECT_ERROR));
+    }
     Ok(send)
 }
 
 /// Runs a connection and pings it every keepalive interval; a ping unanswered within the
-/// keepalive timeout ends it (its streams fail and new requests go elsewhere).
+/// keepalive timeout ends it (its streams fail and new requests go elsewhere). The returned
+/// channel fires when the first PING is answered: a server sends its SETTINGS before that
+/// answer, so from then on the connection's limits are the server's.
 fn drive<T>(
     mut connection: h2::client::Connection<T, Bytes>,
     closed: Rc<Cell<bool>>,
     settings: &ConnectionPool,
     endpoint: Box<str>,
     (gauge, worker): (sluice_metrics::PerCoreGauge, usize),
-) where
+) -> futures_channel::oneshot::Receiver<()>
+where
     T: monoio_compat::AsyncRead + monoio_compat::AsyncWrite + Unpin + 'static,
 {
     let interval = settings.keepalive_interval;
     let timeout = settings.keepalive_timeout;
     let mut ping_pong = connection.ping_pong();
+    let (settled, settled_receiver) = futures_channel::oneshot::channel();
     gauge.inc(worker);
     monoio::spawn(async move {
         let keepalive = async {
             let Some(ping_pong) = ping_pong.as_mut() else {
+                let _ = settled.send(());
                 return std::future::pending::<String>().await;
             };
+            match monoio::time::timeout(timeout, ping_pong.ping(h2::Ping::opaque())).await {
+                Ok(Ok(_)) => {
+                    let _ = settled.send(());
+                }
+                Ok(Err(error)) => return error.to_string(),
+                Err(_) => return format!("no answer to the first PING within {timeout:?}"),
+            }
             loop {
                 monoio::time::sleep(interval).await;
                 match monoio::time::timeout(timeout, ping_pong.ping(h2::Ping::opaque())).await {
@@ -308,4 +336,5 @@ fn drive<T>(
         closed.set(true);
         gauge.dec(worker);
     });
+    settled_receiver
 }
