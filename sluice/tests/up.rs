@@ -122,6 +122,37 @@ fn up_prints_endpoints_serves_metrics_and_stops_on_ctrl_c() {
             .expect("python");
         String::from_utf8_lossy(&output.stdout).trim() == "hello"
     }));
+    // Many calls over the same connections, through the demo's own echo backend (a Sluice
+    // forwarder must not send the empty DATA frames h2 peers count and cut off after 100).
+    let external = stdout
+        .split_whitespace()
+        .skip_while(|word| *word != "--node")
+        .nth(1)
+        .expect("the client command names the node")
+        .to_string();
+    let secret = stdout
+        .split_whitespace()
+        .find(|word| word.ends_with("/jwt.secret"))
+        .expect("the client command names the secret")
+        .to_string();
+    let calls = test_support::tunnel_client(
+        "concurrency",
+        &[
+            "--node",
+            &external,
+            "--agent-id",
+            "1",
+            "--secret-file",
+            &secret,
+            "--clients",
+            "4",
+            "--requests",
+            "150",
+        ]
+        .map(String::from),
+    );
+    assert_eq!(calls["calls"], 600, "{calls}");
+    assert_eq!(calls["mismatches"], 0, "{calls}");
     let (code, body) = curl(&format!("http://{admin}/readyz"));
     assert_eq!((code.as_str(), body.as_str()), ("200", "ready\n"));
     // The printed kubectl command works as printed: through the gateway to the simulator.

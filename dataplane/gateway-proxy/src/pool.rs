@@ -220,7 +220,10 @@ async fn connect(
             .max_concurrent_reset_streams(4096)
             // Until the server's SETTINGS arrive, assume a modest stream limit rather than
             // none, so a burst right after connecting is not refused (REFUSED_STREAM).
-            .initial_max_send_streams(100);
+            .initial_max_send_streams(100)
+            // h2's default small-frame budget cuts long-lived connections (see
+            // `small_frame_budget`); many watches share one of these.
+            .data_frame_budget(sluice_grpc::transport::small_frame_budget(&settings_h2));
         builder
     };
     let closed = Rc::new(Cell::new(false));

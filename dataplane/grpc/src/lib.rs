@@ -17,7 +17,8 @@ pub mod tls;
 pub mod transport;
 
 pub use frame::{
-    encode_message, message_header, FrameDecoder, FrameError, GrpcMessage, MESSAGE_HEADER_LEN,
+    encode_message, message_header, message_pieces, FrameDecoder, FrameError, GrpcMessage,
+    MESSAGE_HEADER_LEN,
 };
 pub use status::{Code, Status};
 pub use timeout::{encode_timeout, parse_timeout, TimeoutError};

@@ -60,6 +60,14 @@ pub enum ConnectError {
     },
 }
 
+/// How many bytes of small-DATA-frame overhead a connection may have buffered before h2 calls
+/// the peer abusive (ENHANCE_YOUR_CALM). h2's default (25,600: about 100 small frames per
+/// connection) is too low for gRPC, where each of many concurrent streams may hold one small
+/// unread message while its core is busy; allow one 256-byte unit per concurrent stream.
+pub fn small_frame_budget(settings: &H2Settings) -> usize {
+    (settings.max_concurrent_streams as usize).max(100) * 256
+}
+
 /// Wraps a monoio stream for tokio-style consumers (h2, tokio-rustls).
 pub fn compat(stream: TcpStream) -> TcpStreamCompat {
     TcpStreamCompat::new_with_buffer_size(stream, 64 * 1024, 64 * 1024)
@@ -84,6 +92,7 @@ where
         .initial_connection_window_size(settings.initial_connection_window)
         .max_frame_size(settings.max_frame_size)
         .max_header_list_size(settings.max_header_list_size)
+        .data_frame_budget(small_frame_budget(settings))
         .handshake::<T, Bytes>(io)
         .await?;
     enum Next<S> {
@@ -190,6 +199,7 @@ where
         .max_frame_size(settings.max_frame_size)
         .max_header_list_size(settings.max_header_list_size)
         .max_concurrent_reset_streams(4096)
+        .data_frame_budget(small_frame_budget(settings))
         .handshake::<T, Bytes>(io)
         .await
         .map_err(|source| ConnectError::H2 { address, source })?;
@@ -212,7 +222,14 @@ pub async fn send_data(
     end_of_stream: bool,
 ) -> Result<(), h2::Error> {
     if data.is_empty() {
-        return stream.send_data(data, end_of_stream);
+        // An empty DATA frame without END_STREAM says nothing, and h2 peers close a connection
+        // after 100 of them (a forwarder relaying the empty final chunk of a stream it reads
+        // would otherwise send one per call).
+        return if end_of_stream {
+            stream.send_data(data, true)
+        } else {
+            Ok(())
+        };
     }
     while !data.is_empty() {
         stream.reserve_capacity(data.len());

@@ -19,7 +19,7 @@ use rustls::pki_types::ServerName;
 use sluice_config::{AgentConfig, Endpoint};
 use sluice_grpc::status::decode_message;
 use sluice_grpc::transport::{connect, recv_data, send_data, ClientConnection, H2Settings};
-use sluice_grpc::{message_header, Code, FrameDecoder};
+use sluice_grpc::{message_pieces, Code, FrameDecoder};
 use sluice_metrics::{PerCoreCounter, PerCoreGauge};
 use sluice_proto::tunnel::v1::{
     connect_request, connect_response, ConnectRequest, Descriptor, Error, Header, Trailer,
@@ -590,14 +590,11 @@ async fn forward(
             match reader.read_response(&mut node_recv).await {
                 Ok(Some(connect_response::Msg::Message(message))) => {
                     if backend_open {
-                        let prefix = Bytes::copy_from_slice(&message_header(
-                            message.compressed,
-                            message.data.len(),
-                        ));
-                        backend_open = send_data(&mut backend_send, prefix, false).await.is_ok()
-                            && send_data(&mut backend_send, message.data, false)
-                                .await
-                                .is_ok();
+                        let (first, rest) = message_pieces(message.compressed, message.data);
+                        backend_open = send_data(&mut backend_send, first, false).await.is_ok();
+                        if let (true, Some(rest)) = (backend_open, rest) {
+                            backend_open = send_data(&mut backend_send, rest, false).await.is_ok();
+                        }
                     }
                 }
                 Ok(Some(connect_response::Msg::CloseSend(_))) => {

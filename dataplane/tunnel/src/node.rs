@@ -24,7 +24,7 @@ use sluice_config::{ListenerConfig, TunnelConfig};
 use sluice_grpc::status::encode_message as encode_grpc_message;
 use sluice_grpc::transport::{compat, recv_data, send_data, serve, H2Settings};
 use sluice_grpc::{
-    encode_message, encode_timeout, message_header, parse_timeout, Code, FrameDecoder,
+    encode_message, encode_timeout, message_pieces, parse_timeout, Code, FrameDecoder,
 };
 use sluice_metrics::PerCoreCounter;
 use sluice_proto::agents::v1::{ConnectedAgent, ListConnectedAgentsResponse};
@@ -1539,16 +1539,15 @@ async fn pump_down(
                         "a Message before the Header".to_string(),
                     ));
                 };
-                send_data(
-                    stream,
-                    Bytes::copy_from_slice(&message_header(message.compressed, message.data.len())),
-                    false,
-                )
-                .await
-                .map_err(|_| Fault::ClientGone)?;
-                send_data(stream, message.data, false)
+                let (first, rest) = message_pieces(message.compressed, message.data);
+                send_data(stream, first, false)
                     .await
                     .map_err(|_| Fault::ClientGone)?;
+                if let Some(rest) = rest {
+                    send_data(stream, rest, false)
+                        .await
+                        .map_err(|_| Fault::ClientGone)?;
+                }
             }
             connect_request::Msg::Trailer(trailer) => {
                 let code = Code::from_u32(trailer.grpc_status);
