@@ -64,6 +64,11 @@ run_lint() {
   cargo clippy --workspace --all-targets --locked -- -D warnings
 }
 
+run_perf_smoke() {
+  log "perf harness smoke run (perf/run.sh tunnel --smoke; numbers are not measurements)"
+  SLUICE_PERF_PROFILE=dev perf/run.sh tunnel --smoke
+}
+
 case "$tier" in
   all | lint | unit | integration) ;;
   *)
@@ -94,4 +99,5 @@ case "$tier" in
     cargo test --workspace --locked
     ;;
 esac
+if [ "$tier" = all ] || [ "$tier" = integration ]; then run_perf_smoke; fi
 log "scripts/test.sh $tier: passed"

@@ -47,8 +47,44 @@ pub enum Command {
         #[command(flatten)]
         runtime: RuntimeArgs,
     },
+    /// Enforce the VM NetworkPolicies of a policy file on an Open vSwitch bridge (see
+    /// docs/VM-POLICY.md); hot reloads the file.
+    VmAgent {
+        /// The bridge to enforce on (created on the netdev datapath if missing).
+        #[arg(long, value_name = "BRIDGE")]
+        bridge: String,
+        /// Policy file (YAML, or JSON with a .json extension).
+        #[arg(long, value_name = "FILE")]
+        policies: PathBuf,
+        /// OVS run directory holding `<bridge>.mgmt` and, by default, `db.sock`.
+        #[arg(long, value_name = "DIR", default_value = "/var/run/openvswitch")]
+        ovs_rundir: PathBuf,
+        /// OVSDB socket (default: `<ovs-rundir>/db.sock`).
+        #[arg(long, value_name = "SOCKET")]
+        db_socket: Option<PathBuf>,
+        /// Admin address for /metrics, /healthz and /readyz (port 0: chosen by the OS).
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
+        admin: std::net::SocketAddr,
+        /// How often per-rule counters are read from OVS.
+        #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = humantime::parse_duration)]
+        stats_interval: std::time::Duration,
+    },
+    /// VM NetworkPolicy tools.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
     /// Validate a configuration file: print every error with its path and exit 2, or print "ok".
     CheckConfig {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Print the OpenFlow flows a policy file compiles to; exit 2 with every error on a bad file.
+    Compile {
         #[arg(value_name = "FILE")]
         file: PathBuf,
     },

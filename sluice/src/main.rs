@@ -6,6 +6,8 @@ mod demo;
 mod demo_cluster;
 mod demo_gateway;
 mod logging;
+mod policy_cmd;
+mod vm_agent;
 
 use std::process::ExitCode;
 
@@ -29,6 +31,30 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        cli::Command::Policy {
+            command: cli::PolicyCommand::Compile { file },
+        } => policy_cmd::compile(&file),
+        cli::Command::VmAgent {
+            bridge,
+            policies,
+            ovs_rundir,
+            db_socket,
+            admin,
+            stats_interval,
+        } => {
+            logging::init(&sluice_config::LoggingConfig {
+                format: sluice_config::LogFormat::Text,
+                level: "info".to_string(),
+            });
+            vm_agent::run(vm_agent::VmAgentOptions {
+                bridge,
+                policies,
+                ovs_rundir,
+                db_socket,
+                admin,
+                stats_interval,
+            })
+        }
         cli::Command::Run { config, runtime } => daemon::run_with(
             sluice_config::load_file(&config),
             &runtime,

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs one scenario of the Sluice macro benchmark and writes JSON, Markdown and SVG plots to
+# perf/results/<scenario>/ (perf/results/<scenario>-smoke/ with --smoke).
+#
+#   perf/run.sh tunnel [--smoke]   unary gRPC: direct, HAProxy, Sluice one node, Sluice two nodes
+#   perf/run.sh idle [--smoke]     10,000 idle agent tunnels on one node: RSS and CPU
+#   perf/run.sh policy [--smoke]   criterion benches of sluice-benches, lifted into a summary
+#
+# Installs the peers (haproxy, nginx-light, nghttp2-client, wrk, redis-server) when missing and
+# builds the release binaries once. SLUICE_PERF_PROFILE=dev builds the dev profile instead (the
+# test suite's smoke run reuses its own build that way; its numbers are not measurements).
+# Extra arguments go to the harness (see `sluice-perf --help`: --client-cpu, --proxy-cpu, ...).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(pwd)
+scenario=${1:-}
+case "$scenario" in
+  tunnel | idle | policy) shift ;;
+  *)
+    echo "usage: perf/run.sh tunnel|idle|policy [--smoke] [harness options]" >&2
+    exit 2
+    ;;
+esac
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target-$(printf %s "$root" | sha1sum | cut -c1-12)}
+profile=${SLUICE_PERF_PROFILE:-release}
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+missing=()
+for package in haproxy nginx-light nghttp2-client wrk redis-server; do
+  if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$package")
+  fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "perf: installing ${missing[*]}" >&2
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+out_name=$scenario
+for argument in "$@"; do
+  if [ "$argument" = --smoke ]; then out_name=$scenario-smoke; fi
+done
+
+if [ "$profile" = release ]; then
+  cargo build --release --locked -p sluice -p sluice-perf
+  bin=$CARGO_TARGET_DIR/release
+else
+  cargo build --locked -p sluice -p sluice-perf
+  bin=$CARGO_TARGET_DIR/debug
+fi
+exec "$bin/sluice-perf" "$scenario" --sluice "$bin/sluice" --workspace "$root" \
+  --out "$root/perf/results/$out_name" "$@"

@@ -1,0 +1,299 @@
+//! The load generator: h2load (nghttp2) command lines and the parsing of what it prints.
+//!
+//! h2load prints throughput and request counts but no latency percentiles, so every run also
+//! writes h2load's per-request log (`--log-file`) and the percentiles are computed from it.
+//! Parsers never panic: odd lines are skipped or reported as a typed error.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// What h2load's summary says about one run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct H2loadSummary {
+    pub duration_s: f64,
+    pub requests_per_second: f64,
+    pub total: u64,
+    pub started: u64,
+    pub done: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub errored: u64,
+    pub timeout: u64,
+    pub status_2xx: u64,
+    pub status_4xx: u64,
+    pub status_5xx: u64,
+}
+
+impl H2loadSummary {
+    /// Requests that did not complete with a 2xx answer.
+    pub fn errors(&self) -> u64 {
+        self.total.saturating_sub(self.status_2xx)
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ParseError {
+    #[error("h2load output has no `{0}` line")]
+    MissingLine(&'static str),
+    #[error("h2load line `{line}`: cannot read {what}")]
+    BadValue { line: String, what: &'static str },
+}
+
+/// Reads `1.5s`, `12.3ms` or `850us` (h2load's duration notation).
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let (number, scale) = if let Some(n) = text.strip_suffix("us") {
+        (n, 1e-6)
+    } else if let Some(n) = text.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1.0)
+    } else {
+        return None;
+    };
+    let value: f64 = number.trim().parse().ok()?;
+    if !value.is_finite() || value < 0.0 {
+        return None;
+    }
+    Duration::try_from_secs_f64(value * scale).ok()
+}
+
+/// The number before `word` in a comma-separated list such as `100 total, 99 started`.
+fn count_before(line: &str, word: &str) -> Option<u64> {
+    line.split(',').find_map(|part| {
+        let mut words = part.split_whitespace().rev();
+        let last = words.next()?;
+        let number = words.next()?;
+        (last == word).then(|| number.parse().ok()).flatten()
+    })
+}
+
+/// Parses h2load's standard output (the `finished in`, `requests:` and `status codes:` lines).
+pub fn parse_summary(output: &str) -> Result<H2loadSummary, ParseError> {
+    let mut summary = H2loadSummary::default();
+    let finished = output
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("finished in "))
+        .ok_or(ParseError::MissingLine("finished in"))?;
+    let bad = |what| ParseError::BadValue {
+        line: finished.to_string(),
+        what,
+    };
+    let mut parts = finished.split(',');
+    summary.duration_s = parts
+        .next()
+        .and_then(parse_duration)
+        .ok_or_else(|| bad("the duration"))?
+        .as_secs_f64();
+    summary.requests_per_second = parts
+        .next()
+        .and_then(|part| part.trim().strip_suffix("req/s"))
+        .and_then(|number| number.trim().parse().ok())
+        .ok_or_else(|| bad("req/s"))?;
+
+    let requests = output
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("requests:"))
+        .ok_or(ParseError::MissingLine("requests:"))?;
+    let count = |word: &'static str| {
+        count_before(requests, word).ok_or_else(|| ParseError::BadValue {
+            line: requests.to_string(),
+            what: word,
+        })
+    };
+    summary.total = count("total")?;
+    summary.started = count("started")?;
+    summary.done = count("done")?;
+    summary.succeeded = count("succeeded")?;
+    summary.failed = count("failed")?;
+    summary.errored = count("errored")?;
+    summary.timeout = count("timeout")?;
+
+    let statuses = output
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("status codes:"))
+        .ok_or(ParseError::MissingLine("status codes:"))?;
+    summary.status_2xx = count_before(statuses, "2xx").unwrap_or(0);
+    summary.status_4xx = count_before(statuses, "4xx").unwrap_or(0);
+    summary.status_5xx = count_before(statuses, "5xx").unwrap_or(0);
+    Ok(summary)
+}
+
+/// Request durations (microseconds) from h2load's `--log-file`: tab-separated start time,
+/// status, duration. Lines that do not have that shape are skipped.
+pub fn parse_log_latencies(log: &str) -> Vec<u64> {
+    log.lines()
+        .filter_map(|line| {
+            let mut columns = line.split('\t');
+            let _start = columns.next()?;
+            let status: u16 = columns.next()?.trim().parse().ok()?;
+            let micros: u64 = columns.next()?.trim().parse().ok()?;
+            (200..300).contains(&status).then_some(micros)
+        })
+        .collect()
+}
+
+/// Latency percentiles in microseconds (nearest rank).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Percentiles {
+    pub p50: u64,
+    pub p90: u64,
+    pub p99: u64,
+    pub p999: u64,
+}
+
+impl Percentiles {
+    /// `None` without samples.
+    pub fn of(mut samples: Vec<u64>) -> Option<Self> {
+        if samples.is_empty() {
+            return None;
+        }
+        samples.sort_unstable();
+        let rank = |fraction: f64| {
+            let index = ((fraction * samples.len() as f64).ceil() as usize).saturating_sub(1);
+            samples[index.min(samples.len() - 1)]
+        };
+        Some(Self {
+            p50: rank(0.50),
+            p90: rank(0.90),
+            p99: rank(0.99),
+            p999: rank(0.999),
+        })
+    }
+}
+
+/// One h2load invocation: `clients` connections with `streams` concurrent streams each.
+#[derive(Debug, Clone)]
+pub struct H2load {
+    pub url: String,
+    pub requests: u64,
+    pub clients: u32,
+    pub streams: u32,
+    pub body_file: PathBuf,
+    pub headers: Vec<String>,
+    /// CPU list for `taskset -c`.
+    pub cpu: String,
+}
+
+impl H2load {
+    pub fn command(&self, log_file: &Path) -> Command {
+        let mut command = Command::new("taskset");
+        command
+            .args(["-c", &self.cpu, "h2load"])
+            .args(["-n", &self.requests.to_string()])
+            .args(["-c", &self.clients.to_string()])
+            .args(["-m", &self.streams.to_string()])
+            .args(["-t", "1"])
+            .arg("-d")
+            .arg(&self.body_file)
+            .arg("--log-file")
+            .arg(log_file);
+        for header in &self.headers {
+            command.args(["-H", header]);
+        }
+        command.arg(&self.url);
+        command
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Captured from `h2load -n 20000 -c 10 -m 10` against the demo echo backend (nghttp2 1.52),
+    /// and from `h2load -n 20 -c 2` against a closed port.
+    const SAMPLE: &str = include_str!("../testdata/h2load.txt");
+    const SAMPLE_FAILURES: &str = include_str!("../testdata/h2load-failures.txt");
+
+    #[test]
+    fn parses_a_captured_run() {
+        let summary = parse_summary(SAMPLE).unwrap();
+        assert_eq!(summary.total, 20000);
+        assert_eq!(summary.succeeded, 20000);
+        assert_eq!(summary.status_2xx, 20000);
+        assert_eq!(summary.errors(), 0);
+        assert!(summary.requests_per_second > 1000.0);
+        assert!(summary.duration_s > 0.0 && summary.duration_s < 60.0);
+    }
+
+    #[test]
+    fn counts_failures_of_a_captured_run() {
+        let summary = parse_summary(SAMPLE_FAILURES).unwrap();
+        assert_eq!((summary.total, summary.done, summary.failed), (20, 0, 20));
+        assert_eq!(summary.errors(), 20);
+        assert_eq!(summary.requests_per_second, 0.0);
+    }
+
+    #[test]
+    fn reports_what_is_missing() {
+        assert_eq!(
+            parse_summary("starting benchmark...\n"),
+            Err(ParseError::MissingLine("finished in"))
+        );
+        let broken = "finished in 1.2 parsecs, 12 req/s, 1KB/s\n";
+        assert!(matches!(
+            parse_summary(broken),
+            Err(ParseError::BadValue { .. })
+        ));
+    }
+
+    #[test]
+    fn durations_in_each_unit() {
+        assert_eq!(parse_duration("850us"), Some(Duration::from_micros(850)));
+        assert_eq!(
+            parse_duration("12.5ms"),
+            Some(Duration::from_micros(12_500))
+        );
+        assert_eq!(parse_duration("2s"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_duration("-2s"), None);
+        assert_eq!(parse_duration("2h"), None);
+        assert_eq!(parse_duration("NaNs"), None);
+    }
+
+    #[test]
+    fn latencies_keep_successes_only() {
+        let log = "1700000000000000\t200\t120\n1700000000000100\t503\t90\ngarbage\n1\t200\tx\n1700000000000200\t200\t80\n";
+        assert_eq!(parse_log_latencies(log), vec![120, 80]);
+    }
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let samples: Vec<u64> = (1..=1000).collect();
+        let p = Percentiles::of(samples).unwrap();
+        assert_eq!((p.p50, p.p90, p.p99, p.p999), (500, 900, 990, 999));
+        assert_eq!(Percentiles::of(Vec::new()), None);
+        let one = Percentiles::of(vec![7]).unwrap();
+        assert_eq!((one.p50, one.p999), (7, 7));
+    }
+
+    proptest! {
+        #[test]
+        fn summary_parser_never_panics(text in "(?s).{0,400}") {
+            let _ = parse_summary(&text);
+        }
+
+        #[test]
+        fn summary_parser_survives_mangled_captures(cut in 0usize..2000, junk in ".{0,40}") {
+            let mut text: String = SAMPLE.chars().take(cut).collect();
+            text.push_str(&junk);
+            let _ = parse_summary(&text);
+        }
+
+        #[test]
+        fn log_parser_never_panics(text in "(?s)[0-9\\t\\n a-z-]{0,400}") {
+            let latencies = parse_log_latencies(&text);
+            prop_assert!(latencies.len() <= text.lines().count());
+        }
+
+        #[test]
+        fn percentiles_are_ordered(samples in proptest::collection::vec(0u64..1_000_000, 1..500)) {
+            let p = Percentiles::of(samples.clone()).unwrap();
+            prop_assert!(p.p50 <= p.p90 && p.p90 <= p.p99 && p.p99 <= p.p999);
+            prop_assert!(p.p999 <= *samples.iter().max().unwrap());
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! `sluice-perf`: runs one scenario of the macro benchmark (see `perf/README.md`). Normally
+//! started by `perf/run.sh SCENARIO [--smoke]`, which builds the binaries and installs the peers.
+
+mod loadgen;
+mod machine;
+mod measure;
+mod peers;
+mod plot;
+mod process;
+mod record;
+mod report;
+mod scenario;
+mod sluice;
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Scenario {
+    /// Unary gRPC through the tunnel (one and two nodes) vs HAProxy and direct.
+    Tunnel,
+    /// 10,000 idle agent tunnels on one node: RSS and CPU.
+    Idle,
+    /// Criterion benches of `sluice-benches`, lifted into a summary.
+    Policy,
+}
+
+#[derive(Debug, Parser)]
+#[command(name = "sluice-perf", about)]
+struct Cli {
+    scenario: Scenario,
+    /// The `sluice` binary under test (a release build).
+    #[arg(long, value_name = "PATH")]
+    sluice: PathBuf,
+    /// Where JSON, Markdown and plots go.
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// The workspace root (for the policy benches).
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    workspace: PathBuf,
+    /// A few seconds instead of minutes: one short run per case, to keep the harness working.
+    #[arg(long)]
+    smoke: bool,
+    /// CPU list (taskset) of the load generator.
+    #[arg(long, default_value = "1")]
+    client_cpu: String,
+    /// CPU list of the proxy side (Sluice node(s) and agent, or HAProxy).
+    #[arg(long, default_value = "0")]
+    proxy_cpu: String,
+    /// CPU list of the echo backend.
+    #[arg(long, default_value = "0")]
+    upstream_cpu: String,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    std::fs::create_dir_all(&cli.out)?;
+    let harness = scenario::Harness {
+        sluice: sluice::SluiceBinary(std::fs::canonicalize(&cli.sluice)?),
+        out: cli.out,
+        workspace: cli.workspace,
+        smoke: cli.smoke,
+        client_cpu: cli.client_cpu,
+        proxy_cpu: cli.proxy_cpu,
+        upstream_cpu: cli.upstream_cpu,
+    };
+    match cli.scenario {
+        Scenario::Tunnel => scenario::tunnel::run(&harness),
+        Scenario::Idle => scenario::idle::run(&harness),
+        Scenario::Policy => scenario::policy::run(&harness),
+    }
+}

@@ -1,0 +1,213 @@
+//! What one measured run produced (written as raw JSON) and the medians over repeated runs.
+
+use serde::Serialize;
+
+use crate::loadgen::{H2loadSummary, Percentiles};
+use crate::measure::ProcessUsage;
+
+/// One h2load run against one case, as written to `raw/*.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRecord {
+    pub scenario: String,
+    pub case: String,
+    pub clients: u32,
+    pub streams: u32,
+    pub repeat: u32,
+    pub h2load: H2loadSummary,
+    pub latency_us: Option<Percentiles>,
+    /// Calls answered with a gRPC status other than OK, where the entry proxy counts them.
+    pub grpc_errors: Option<u64>,
+    /// Every process of the proxy side (empty for direct-to-upstream).
+    pub proxy: Vec<ProcessUsage>,
+    pub proxy_cpu_us_per_request: Option<f64>,
+    pub proxy_rss_kib: u64,
+}
+
+impl RunRecord {
+    /// Calls per second answered with HTTP 2xx and (where counted) gRPC status OK: h2load's
+    /// req/s counts every answer, and a gRPC error is an HTTP 200 too.
+    pub fn ok_per_second(&self) -> f64 {
+        let total = self.h2load.total;
+        if total == 0 {
+            return 0.0;
+        }
+        let ok = self
+            .h2load
+            .status_2xx
+            .saturating_sub(self.grpc_errors.unwrap_or(0));
+        self.h2load.requests_per_second * ok as f64 / total as f64
+    }
+
+    /// Fills in the per-request CPU and total RSS from the proxy's usage.
+    pub fn with_proxy(mut self, proxy: Vec<ProcessUsage>) -> Self {
+        let served = self.h2load.done;
+        let cpu: u64 = proxy.iter().map(|usage| usage.cpu_us).sum();
+        self.proxy_cpu_us_per_request =
+            (!proxy.is_empty() && served > 0).then(|| cpu as f64 / served as f64);
+        self.proxy_rss_kib = proxy.iter().map(|usage| usage.rss_kib).sum();
+        self.proxy = proxy;
+        self
+    }
+}
+
+/// Medians over the repeats of one case at one concurrency.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CaseSummary {
+    pub case: String,
+    pub concurrency: u32,
+    pub clients: u32,
+    pub streams: u32,
+    pub runs: usize,
+    pub requests_per_second: f64,
+    pub ok_per_second: f64,
+    pub p50_us: u64,
+    pub p90_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub proxy_cpu_us_per_request: Option<f64>,
+    pub proxy_rss_kib: u64,
+    pub errors: u64,
+}
+
+fn median_f64(mut values: Vec<f64>) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    Some(values[values.len() / 2])
+}
+
+fn median_u64(mut values: Vec<u64>) -> u64 {
+    values.sort_unstable();
+    values.get(values.len() / 2).copied().unwrap_or(0)
+}
+
+/// Groups runs by (case, concurrency) in first-seen order and takes medians; RSS is the largest
+/// seen and errors are summed, so one bad repeat is not hidden.
+pub fn summarize(records: &[RunRecord]) -> Vec<CaseSummary> {
+    let mut keys: Vec<(String, u32, u32)> = Vec::new();
+    for record in records {
+        let key = (record.case.clone(), record.clients, record.streams);
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    keys.into_iter()
+        .map(|(case, clients, streams)| {
+            let runs: Vec<&RunRecord> = records
+                .iter()
+                .filter(|r| r.case == case && r.clients == clients && r.streams == streams)
+                .collect();
+            let latency = |pick: fn(&Percentiles) -> u64| {
+                median_u64(
+                    runs.iter()
+                        .filter_map(|r| r.latency_us.as_ref().map(pick))
+                        .collect(),
+                )
+            };
+            CaseSummary {
+                concurrency: clients.saturating_mul(streams),
+                clients,
+                streams,
+                runs: runs.len(),
+                requests_per_second: median_f64(
+                    runs.iter().map(|r| r.h2load.requests_per_second).collect(),
+                )
+                .unwrap_or(0.0),
+                ok_per_second: median_f64(runs.iter().map(|r| r.ok_per_second()).collect())
+                    .unwrap_or(0.0),
+                p50_us: latency(|p| p.p50),
+                p90_us: latency(|p| p.p90),
+                p99_us: latency(|p| p.p99),
+                p999_us: latency(|p| p.p999),
+                proxy_cpu_us_per_request: median_f64(
+                    runs.iter()
+                        .filter_map(|r| r.proxy_cpu_us_per_request)
+                        .collect(),
+                ),
+                proxy_rss_kib: runs.iter().map(|r| r.proxy_rss_kib).max().unwrap_or(0),
+                errors: runs
+                    .iter()
+                    .map(|r| r.h2load.errors() + r.grpc_errors.unwrap_or(0))
+                    .sum(),
+                case,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn record(case: &str, streams: u32, rps: f64, cpu_us: u64) -> RunRecord {
+        let h2load = H2loadSummary {
+            requests_per_second: rps,
+            total: 1000,
+            done: 1000,
+            succeeded: 1000,
+            status_2xx: 1000,
+            ..Default::default()
+        };
+        let proxy = if cpu_us == 0 {
+            Vec::new()
+        } else {
+            vec![ProcessUsage {
+                name: "proxy".into(),
+                pid: 1,
+                cpu_us,
+                rss_kib: 2048,
+            }]
+        };
+        RunRecord {
+            scenario: "tunnel".into(),
+            case: case.into(),
+            clients: 1,
+            streams,
+            repeat: 0,
+            h2load,
+            latency_us: Percentiles::of(vec![rps as u64]),
+            grpc_errors: Some(0),
+            proxy: Vec::new(),
+            proxy_cpu_us_per_request: None,
+            proxy_rss_kib: 0,
+        }
+        .with_proxy(proxy)
+    }
+
+    #[test]
+    fn cpu_per_request_is_total_cpu_over_requests_done() {
+        let run = record("sluice", 1, 100.0, 70_000);
+        assert_eq!(run.proxy_cpu_us_per_request, Some(70.0));
+        assert_eq!(run.proxy_rss_kib, 2048);
+        assert_eq!(record("direct", 1, 100.0, 0).proxy_cpu_us_per_request, None);
+    }
+
+    #[test]
+    fn medians_per_case_and_concurrency() {
+        let runs = vec![
+            record("a", 1, 100.0, 1000),
+            record("a", 1, 300.0, 3000),
+            record("a", 1, 200.0, 2000),
+            record("a", 10, 900.0, 1000),
+            record("b", 1, 50.0, 0),
+        ];
+        let summaries = summarize(&runs);
+        assert_eq!(summaries.len(), 3);
+        assert_eq!(summaries[0].case, "a");
+        assert_eq!(summaries[0].runs, 3);
+        assert_eq!(summaries[0].requests_per_second, 200.0);
+        assert_eq!(summaries[0].proxy_cpu_us_per_request, Some(2.0));
+        assert_eq!(summaries[0].p50_us, 200);
+        assert_eq!(summaries[1].concurrency, 10);
+        assert_eq!(summaries[2].proxy_cpu_us_per_request, None);
+        assert_eq!(summaries[2].errors, 0);
+        let mut failing = record("b", 1, 50.0, 0);
+        failing.grpc_errors = Some(3);
+        failing.h2load.status_2xx = 998;
+        assert_eq!(failing.ok_per_second(), 50.0 * 995.0 / 1000.0);
+        let summary = &summarize(&[failing])[0];
+        assert_eq!(summary.errors, 5);
+        assert_eq!(summary.requests_per_second, 50.0);
+    }
+}

@@ -1,0 +1,105 @@
+//! The Markdown summary: medians per case and concurrency with ratios against direct-to-upstream
+//! and against the peer proxy measured in the same run.
+
+use std::fmt::Write;
+
+use crate::record::CaseSummary;
+
+fn find<'a>(summaries: &'a [CaseSummary], case: &str, concurrency: u32) -> Option<&'a CaseSummary> {
+    summaries
+        .iter()
+        .find(|s| s.case == case && s.concurrency == concurrency)
+}
+
+/// `value / reference` as `0.42x`, or `-` when either is missing or the reference is zero.
+pub fn ratio(value: Option<f64>, reference: Option<f64>) -> String {
+    match (value, reference) {
+        (Some(value), Some(reference)) if reference > 0.0 => format!("{:.2}x", value / reference),
+        _ => "-".to_string(),
+    }
+}
+
+fn cpu(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"))
+}
+
+/// One table row per case and concurrency; throughput ratios against `baseline` (direct) and
+/// `peer`, CPU ratio against `peer`.
+pub fn results_table(summaries: &[CaseSummary], baseline: &str, peer: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "| case | clients x streams | req/s | OK/s | OK/s vs {baseline} | OK/s vs {peer} | p50 us | p90 us | p99 us | p99.9 us | proxy CPU us/req | CPU vs {peer} | proxy RSS MiB | errors | runs |"
+    );
+    let _ = writeln!(
+        out,
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+    );
+    for s in summaries {
+        let base = find(summaries, baseline, s.concurrency);
+        let peer_case = find(summaries, peer, s.concurrency);
+        let _ = writeln!(
+            out,
+            "| {} | {} x {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            s.case,
+            s.clients,
+            s.streams,
+            s.requests_per_second,
+            s.ok_per_second,
+            ratio(Some(s.ok_per_second), base.map(|b| b.ok_per_second)),
+            ratio(Some(s.ok_per_second), peer_case.map(|p| p.ok_per_second)),
+            s.p50_us,
+            s.p90_us,
+            s.p99_us,
+            s.p999_us,
+            cpu(s.proxy_cpu_us_per_request),
+            ratio(
+                s.proxy_cpu_us_per_request,
+                peer_case.and_then(|p| p.proxy_cpu_us_per_request)
+            ),
+            if s.proxy_rss_kib == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.1}", s.proxy_rss_kib as f64 / 1024.0)
+            },
+            s.errors,
+            s.runs,
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::summarize;
+    use crate::record::tests::record;
+
+    #[test]
+    fn ratios_against_direct_and_peer() {
+        let summaries = summarize(&[
+            record("direct", 1, 1000.0, 0),
+            record("haproxy", 1, 500.0, 10_000),
+            record("sluice", 1, 250.0, 40_000),
+        ]);
+        let table = results_table(&summaries, "direct", "haproxy");
+        let sluice = table.lines().find(|l| l.starts_with("| sluice")).unwrap();
+        let cells: Vec<&str> = sluice.split('|').map(str::trim).collect();
+        assert_eq!(cells[3], "250");
+        assert_eq!(cells[4], "250");
+        assert_eq!(cells[5], "0.25x");
+        assert_eq!(cells[6], "0.50x");
+        assert_eq!(cells[11], "40.0");
+        assert_eq!(cells[12], "4.00x");
+        let direct = table.lines().find(|l| l.starts_with("| direct")).unwrap();
+        assert!(direct.contains("| - |"), "{direct}");
+    }
+
+    #[test]
+    fn ratio_without_reference() {
+        assert_eq!(ratio(Some(1.0), None), "-");
+        assert_eq!(ratio(Some(1.0), Some(0.0)), "-");
+        assert_eq!(ratio(None, Some(1.0)), "-");
+        assert_eq!(ratio(Some(3.0), Some(2.0)), "1.50x");
+    }
+}

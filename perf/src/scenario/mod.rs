@@ -1,0 +1,45 @@
+//! The scenarios `perf/run.sh SCENARIO` runs.
+
+pub mod idle;
+pub mod policy;
+pub mod tunnel;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use crate::sluice::SluiceBinary;
+
+/// What every scenario gets from the command line.
+#[derive(Debug)]
+pub struct Harness {
+    pub sluice: SluiceBinary,
+    /// `perf/results/<scenario>` (or `<scenario>-smoke`).
+    pub out: PathBuf,
+    pub workspace: PathBuf,
+    pub smoke: bool,
+    pub client_cpu: String,
+    pub proxy_cpu: String,
+    pub upstream_cpu: String,
+}
+
+/// Writes `text` to `out/name`, creating directories.
+pub fn write_output(out: &Path, name: &str, text: &str) -> anyhow::Result<PathBuf> {
+    let path = out.join(name);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(path)
+}
+
+/// `out/work`, emptied: generated configs, secrets and process logs of this run, kept after it
+/// for a look at what happened (results are not committed).
+pub fn fresh_work_dir(out: &Path) -> anyhow::Result<PathBuf> {
+    let dir = out.join("work");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("cannot empty {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    Ok(std::fs::canonicalize(dir)?)
+}

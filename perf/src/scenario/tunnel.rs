@@ -1,0 +1,400 @@
+//! The tunnel scenario: unary gRPC calls (h2load with a prepared 5-byte message) through
+//! client -> node -> tunnel -> agent -> echo backend, on one node and across two nodes (Redis),
+//! next to direct client -> backend and HAProxy as a plain h2 hop in front of the same backend.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use super::{write_output, Harness};
+use crate::loadgen::{parse_log_latencies, parse_summary, H2load, H2loadSummary, Percentiles};
+use crate::measure::CpuMeter;
+use crate::peers::{start_haproxy, start_redis};
+use crate::process::{wait_until, Managed};
+use crate::record::{summarize, RunRecord};
+use crate::sluice::{
+    admin_get, agent_yaml, driver_of, node_yaml, tunnel_calls, NodeSpec, Pool, Secrets,
+};
+
+/// The demo echo backend's unary method.
+const METHOD: &str = "/sluice.demo.Echo/Say";
+/// One gRPC message: not compressed, 5 bytes long, "hello".
+const BODY: &[u8] = b"\x00\x00\x00\x00\x05hello";
+const AGENT_ID: i64 = 1;
+
+const DIRECT: &str = "direct";
+const HAPROXY: &str = "haproxy";
+const SLUICE_ONE_NODE: &str = "sluice-1-node";
+const SLUICE_TWO_NODES: &str = "sluice-2-nodes";
+
+/// Concurrency levels (clients, streams per client), requests per run, repeats, warm-up.
+#[derive(Debug, Clone)]
+struct Plan {
+    levels: Vec<(u32, u32)>,
+    requests: u64,
+    repeats: u32,
+    warmup: u64,
+}
+
+fn plan(smoke: bool) -> Plan {
+    if smoke {
+        Plan {
+            levels: vec![(10, 10)],
+            requests: 2_000,
+            repeats: 1,
+            warmup: 200,
+        }
+    } else {
+        Plan {
+            levels: vec![(1, 1), (10, 1), (10, 10), (50, 10)],
+            requests: 50_000,
+            repeats: 3,
+            warmup: 10_000,
+        }
+    }
+}
+
+/// One case's running processes: the URL the client calls and the proxy side to measure.
+struct CaseSetup {
+    url: String,
+    /// The admin endpoint of the node clients call, whose metrics count gRPC statuses.
+    entry_admin: Option<std::net::SocketAddr>,
+    proxy: Vec<Managed>,
+    /// Processes that must live but are not on the request path (Redis).
+    _support: Vec<Managed>,
+}
+
+fn url(address: std::net::SocketAddr) -> String {
+    format!("http://{address}{METHOD}")
+}
+
+fn set_up(
+    case: &str,
+    harness: &Harness,
+    dir: &Path,
+    secrets: &Secrets,
+    backend: std::net::SocketAddr,
+) -> anyhow::Result<CaseSetup> {
+    let cpu = &harness.proxy_cpu;
+    // Enough idle tunnels that the highest concurrency never waits for one to open.
+    let pool = Pool {
+        min_idle: 600,
+        max: 1000,
+        grow_by: 100,
+    };
+    let case_dir = dir.join(case);
+    std::fs::create_dir_all(&case_dir)?;
+    match case {
+        DIRECT => Ok(CaseSetup {
+            url: url(backend),
+            entry_admin: None,
+            proxy: Vec::new(),
+            _support: Vec::new(),
+        }),
+        HAPROXY => {
+            let haproxy = start_haproxy(&case_dir, backend, cpu)?;
+            Ok(CaseSetup {
+                url: url(haproxy.address),
+                entry_admin: None,
+                proxy: vec![haproxy.process],
+                _support: Vec::new(),
+            })
+        }
+        SLUICE_ONE_NODE => {
+            let spec = NodeSpec {
+                name: "node-1",
+                agents: &secrets.agents,
+                redis_socket: None,
+            };
+            let node =
+                harness
+                    .sluice
+                    .start(&case_dir, "node", "run", &node_yaml(&spec, secrets), cpu)?;
+            let agent_config =
+                agent_yaml(&secrets.agents[0], node.address("agent")?, backend, pool);
+            let agent = harness
+                .sluice
+                .start(&case_dir, "agent", "agent", &agent_config, cpu)?;
+            Ok(CaseSetup {
+                url: url(node.address("external")?),
+                entry_admin: Some(node.address("admin")?),
+                proxy: vec![node.process, agent.process],
+                _support: Vec::new(),
+            })
+        }
+        SLUICE_TWO_NODES => {
+            let redis = start_redis(&case_dir, cpu)?;
+            let spec = |name| NodeSpec {
+                name,
+                agents: &secrets.agents,
+                redis_socket: Some(&redis.socket),
+            };
+            let node_a = harness.sluice.start(
+                &case_dir,
+                "node-a",
+                "run",
+                &node_yaml(&spec("node-a"), secrets),
+                cpu,
+            )?;
+            let node_b = harness.sluice.start(
+                &case_dir,
+                "node-b",
+                "run",
+                &node_yaml(&spec("node-b"), secrets),
+                cpu,
+            )?;
+            // The agent holds its tunnels on node B; clients call node A, which finds the agent
+            // through Redis and forwards to node B's private endpoint.
+            let agent_config =
+                agent_yaml(&secrets.agents[0], node_b.address("agent")?, backend, pool);
+            let agent = harness
+                .sluice
+                .start(&case_dir, "agent", "agent", &agent_config, cpu)?;
+            Ok(CaseSetup {
+                url: url(node_a.address("external")?),
+                entry_admin: Some(node_a.address("admin")?),
+                proxy: vec![node_a.process, node_b.process, agent.process],
+                _support: vec![redis.process],
+            })
+        }
+        other => bail!("unknown tunnel case {other}"),
+    }
+}
+
+fn load(
+    harness: &Harness,
+    secrets: &Secrets,
+    body_file: &Path,
+    url: &str,
+    (clients, streams): (u32, u32),
+    requests: u64,
+) -> anyhow::Result<H2load> {
+    let jwt = secrets.client_jwt()?;
+    Ok(H2load {
+        url: url.to_string(),
+        requests,
+        clients,
+        streams,
+        body_file: body_file.to_path_buf(),
+        headers: vec![
+            "content-type: application/grpc".to_string(),
+            "te: trailers".to_string(),
+            format!("authorization: Bearer {jwt}"),
+            format!("sluice-agent-id: {AGENT_ID}"),
+        ],
+        cpu: harness.client_cpu.clone(),
+    })
+}
+
+/// (all, OK) tunnel calls the entry node has answered so far; `None` without a Sluice node.
+fn grpc_calls(admin: Option<std::net::SocketAddr>) -> anyhow::Result<Option<(u64, u64)>> {
+    admin
+        .map(|admin| Ok(tunnel_calls(&admin_get(admin, "/metrics")?)))
+        .transpose()
+}
+
+/// Calls that ended with a gRPC status other than OK between two readings. Without a Sluice
+/// node nothing counts them: `None`.
+fn grpc_errors(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<u64> {
+    match (before, after) {
+        (Some((all_before, ok_before)), Some((all_after, ok_after))) => Some(
+            all_after
+                .saturating_sub(all_before)
+                .saturating_sub(ok_after.saturating_sub(ok_before)),
+        ),
+        _ => None,
+    }
+}
+
+/// Runs h2load; the summary and the latency percentiles of its successful requests.
+fn run_h2load(h2load: &H2load, dir: &Path) -> anyhow::Result<(H2loadSummary, Option<Percentiles>)> {
+    let log_file = dir.join("h2load-requests.log");
+    let output = h2load
+        .command(&log_file)
+        .output()
+        .context("cannot run h2load (nghttp2-client)")?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let summary = parse_summary(&stdout).with_context(|| {
+        format!(
+            "h2load {} printed:\n{stdout}\n{}",
+            h2load.url,
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })?;
+    let log = std::fs::read_to_string(&log_file).unwrap_or_default();
+    let _ = std::fs::remove_file(&log_file);
+    Ok((summary, Percentiles::of(parse_log_latencies(&log))))
+}
+
+pub fn run(harness: &Harness) -> anyhow::Result<()> {
+    let plan = plan(harness.smoke);
+    let dir = &super::fresh_work_dir(&harness.out)?;
+    let secrets = Secrets::create(dir, 1)?;
+    let body_file = dir.join("body.bin");
+    std::fs::write(&body_file, BODY)?;
+    let raw = harness.out.join("raw");
+    let _ = std::fs::remove_dir_all(&raw);
+    std::fs::create_dir_all(&raw)?;
+
+    // The echo backend every case ends at: the demo backend of a `sluice up` process.
+    let backend_process = harness.sluice.start_demo(dir, &harness.upstream_cpu)?;
+    let backend = backend_process.address("demo-backend")?;
+    let driver = admin_get(backend_process.address("admin")?, "/metrics")
+        .ok()
+        .and_then(|metrics| driver_of(&metrics));
+
+    let mut records = Vec::new();
+    for case in [DIRECT, HAPROXY, SLUICE_ONE_NODE, SLUICE_TWO_NODES] {
+        eprintln!("tunnel: {case}");
+        let mut setup = set_up(case, harness, dir, &secrets, backend)?;
+        wait_until(
+            &format!("{case} to answer calls"),
+            Duration::from_secs(30),
+            || {
+                for process in &mut setup.proxy {
+                    process.check_alive()?;
+                }
+                let before = grpc_calls(setup.entry_admin)?;
+                let probe = load(harness, &secrets, &body_file, &setup.url, (1, 1), 20)?;
+                let (summary, _) = run_h2load(&probe, dir)?;
+                let after = grpc_calls(setup.entry_admin)?;
+                Ok(summary.status_2xx == 20 && grpc_errors(before, after).unwrap_or(0) == 0)
+            },
+        )?;
+        let warmup = load(
+            harness,
+            &secrets,
+            &body_file,
+            &setup.url,
+            (10, 10),
+            plan.warmup,
+        )?;
+        run_h2load(&warmup, dir)?;
+        let proxy: Vec<(String, u32)> = setup
+            .proxy
+            .iter()
+            .map(|p| (p.name.clone(), p.pid()))
+            .collect();
+        for &level in &plan.levels {
+            for repeat in 0..plan.repeats {
+                let h2load = load(
+                    harness,
+                    &secrets,
+                    &body_file,
+                    &setup.url,
+                    level,
+                    plan.requests,
+                )?;
+                let calls_before = grpc_calls(setup.entry_admin)?;
+                let meter = CpuMeter::start(&proxy)?;
+                let (summary, latency) = run_h2load(&h2load, dir)?;
+                let usage = meter.finish()?;
+                let calls_after = grpc_calls(setup.entry_admin)?;
+                let record = RunRecord {
+                    scenario: "tunnel".to_string(),
+                    case: case.to_string(),
+                    clients: level.0,
+                    streams: level.1,
+                    repeat,
+                    h2load: summary,
+                    latency_us: latency,
+                    grpc_errors: grpc_errors(calls_before, calls_after),
+                    proxy: Vec::new(),
+                    proxy_cpu_us_per_request: None,
+                    proxy_rss_kib: 0,
+                }
+                .with_proxy(usage);
+                eprintln!(
+                    "  {}x{} #{repeat}: {:.0} req/s, p50 {} us, proxy {} us/req, {} errors",
+                    level.0,
+                    level.1,
+                    record.h2load.requests_per_second,
+                    record.latency_us.map_or(0, |p| p.p50),
+                    record
+                        .proxy_cpu_us_per_request
+                        .map_or_else(|| "-".to_string(), |c| format!("{c:.1}")),
+                    record.h2load.errors() + record.grpc_errors.unwrap_or(0),
+                );
+                let answered = record
+                    .h2load
+                    .status_2xx
+                    .saturating_sub(record.grpc_errors.unwrap_or(0));
+                if answered == 0 {
+                    bail!(
+                        "{case}: no call succeeded; see the logs in {}",
+                        dir.display()
+                    );
+                }
+                let name = format!("raw/{case}-c{}-m{}-r{repeat}.json", level.0, level.1);
+                write_output(&harness.out, &name, &serde_json::to_string_pretty(&record)?)?;
+                records.push(record);
+            }
+        }
+    }
+    drop(backend_process);
+    report(harness, &plan, &records, driver.as_deref())
+}
+
+fn report(
+    harness: &Harness,
+    plan: &Plan,
+    records: &[RunRecord],
+    driver: Option<&str>,
+) -> anyhow::Result<()> {
+    let summaries = summarize(records);
+    write_output(
+        &harness.out,
+        "summary.json",
+        &serde_json::to_string_pretty(&summaries)?,
+    )?;
+    let machine = crate::machine::describe();
+    let mut markdown = format!(
+        "# Tunnel scenario{}\n\n{}\
+         Unary gRPC (5-byte message) with h2load; {} requests per run, {} run(s) per row (medians), \
+         warm-up {} requests. CPUs: client {}, proxy side {}, echo backend {}. \
+         Proxy CPU is utime+stime of every proxy-side process (node(s) and agent for Sluice) \
+         divided by requests done. req/s counts every answer (h2load); OK/s only calls answered with gRPC status OK \
+         (the entry node's sluice_tunnel_requests_total{{code}}; a gRPC error is an HTTP 200 as well), and the ratios use OK/s.\n\n",
+        if harness.smoke { " (smoke: not a measurement)" } else { "" },
+        machine.markdown(driver),
+        plan.requests,
+        plan.repeats,
+        plan.warmup,
+        harness.client_cpu,
+        harness.proxy_cpu,
+        harness.upstream_cpu,
+    );
+    markdown.push_str(&crate::report::results_table(&summaries, DIRECT, HAPROXY));
+    markdown.push_str("\n![throughput](throughput.svg)\n\n![p99 latency](latency-p99.svg)\n");
+    write_output(&harness.out, "summary.md", &markdown)?;
+
+    let series = |value: fn(&crate::record::CaseSummary) -> f64| -> Vec<crate::plot::Series> {
+        [DIRECT, HAPROXY, SLUICE_ONE_NODE, SLUICE_TWO_NODES]
+            .iter()
+            .map(|case| {
+                let points = summaries
+                    .iter()
+                    .filter(|s| s.case == *case)
+                    .map(|s| (f64::from(s.concurrency), value(s)))
+                    .collect();
+                (case.to_string(), points)
+            })
+            .collect()
+    };
+    crate::plot::by_concurrency(
+        &harness.out.join("throughput.svg"),
+        "Unary gRPC calls answered OK per second",
+        "OK calls/s",
+        &series(|s| s.ok_per_second),
+    )?;
+    crate::plot::by_concurrency(
+        &harness.out.join("latency-p99.svg"),
+        "Unary gRPC p99 latency",
+        "p99 latency (us)",
+        &series(|s| s.p99_us as f64),
+    )?;
+    println!("{markdown}");
+    println!("wrote {}", harness.out.display());
+    Ok(())
+}

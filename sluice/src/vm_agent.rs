@@ -1,0 +1,256 @@
+//! `sluice vm-agent`: enforces the VM NetworkPolicies of a policy file on one OVS bridge and hot
+//! reloads the file. Flows stay on the bridge when the agent stops (enforcement survives an
+//! agent restart; the next run replaces them atomically under a new cookie round).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context as _;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use sluice_ovs::{ClientConfig, OvsdbClient, OvsdbError};
+use sluice_policy_engine::{EngineConfig, EngineMetrics, PolicyEngine};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Options of one agent run (the command-line flags).
+#[derive(Debug, Clone)]
+pub struct VmAgentOptions {
+    pub bridge: String,
+    pub policies: PathBuf,
+    pub ovs_rundir: PathBuf,
+    pub db_socket: Option<PathBuf>,
+    pub admin: SocketAddr,
+    pub stats_interval: Duration,
+}
+
+/// How often the policy file's modification time is checked.
+const RELOAD_POLL: Duration = Duration::from_millis(200);
+/// Pause before retrying a replay the switch was not ready for.
+const REPLAY_RETRY: Duration = Duration::from_millis(100);
+
+pub fn run(options: VmAgentOptions) -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("sluice vm-agent: cannot start the runtime: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run_agent(options)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("sluice vm-agent: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+struct AgentMetrics {
+    reloads: Counter,
+    reload_errors: Counter,
+}
+
+async fn run_agent(options: VmAgentOptions) -> anyhow::Result<()> {
+    let engine_metrics = EngineMetrics::default();
+    let agent_metrics = AgentMetrics {
+        reloads: Counter::default(),
+        reload_errors: Counter::default(),
+    };
+    let mut registry = Registry::default();
+    engine_metrics.register(&mut registry);
+    registry.register(
+        "sluice_policy_reloads",
+        "Policy file changes realized",
+        agent_metrics.reloads.clone(),
+    );
+    registry.register(
+        "sluice_policy_reload_errors",
+        "Policy file changes refused (invalid file or refused by OVS); the last good state stays",
+        agent_metrics.reload_errors.clone(),
+    );
+    let ready = Arc::new(AtomicBool::new(false));
+    let listener = TcpListener::bind(options.admin)
+        .await
+        .with_context(|| format!("binding the admin address {}", options.admin))?;
+    let admin = listener.local_addr()?;
+    tracing::info!(%admin, "admin endpoint listening");
+    // Tests and scripts read the chosen port from here when the address ends in :0.
+    println!("admin listening on {admin}");
+    tokio::spawn(serve_admin(
+        listener,
+        Arc::new(Mutex::new(registry)),
+        ready.clone(),
+    ));
+
+    let db_socket = options
+        .db_socket
+        .clone()
+        .unwrap_or_else(|| options.ovs_rundir.join("db.sock"));
+    let mut ovsdb = OvsdbClient::connect(&db_socket, Duration::from_secs(10))
+        .await
+        .with_context(|| format!("connecting to OVSDB at {}", db_socket.display()))?;
+    match ovsdb.create_bridge(&options.bridge).await {
+        Ok(()) => tracing::info!(bridge = %options.bridge, "bridge created"),
+        Err(OvsdbError::AlreadyExists { .. }) => {}
+        Err(error) => return Err(error).context("creating the bridge"),
+    }
+
+    let mut file_stamp = stamp(&options.policies);
+    let initial = sluice_policy::load::load_file(&options.policies)
+        .map_err(|error| anyhow::anyhow!("{error}"))?;
+    let config = EngineConfig {
+        mgmt_socket: options.ovs_rundir.join(format!("{}.mgmt", options.bridge)),
+        client: ClientConfig::default(),
+        control_plane: Vec::new(),
+        stats_interval: options.stats_interval,
+    };
+    let mut engine = PolicyEngine::start(&config, initial, engine_metrics).await?;
+    let _responder = engine.spawn_reject_responder();
+    let mut connection = engine.client().connection_generation();
+    connection.borrow_and_update();
+    ready.store(true, Ordering::Release);
+
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut reload_tick = tokio::time::interval(RELOAD_POLL);
+    let mut stats_tick = tokio::time::interval(config.stats_interval);
+    let mut replay_due = false;
+    loop {
+        tokio::select! {
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+            changed = connection.changed(), if !replay_due => {
+                if changed.is_err() {
+                    anyhow::bail!("the OpenFlow client stopped");
+                }
+                replay_due = true;
+            }
+            _ = tokio::time::sleep(REPLAY_RETRY), if replay_due => {}
+            _ = reload_tick.tick() => {
+                let now = stamp(&options.policies);
+                if now != file_stamp {
+                    file_stamp = now;
+                    reload(&mut engine, &options.policies, &agent_metrics).await;
+                }
+            }
+            _ = stats_tick.tick() => {
+                if let Err(error) = engine.poll_stats().await {
+                    tracing::debug!(%error, "flow stats not read");
+                }
+            }
+        }
+        if replay_due {
+            connection.borrow_and_update();
+            match engine.replay().await {
+                Ok(_) => replay_due = false,
+                Err(error) => tracing::warn!(%error, "replay failed, retrying"),
+            }
+        }
+    }
+    tracing::info!("stopping; the flows stay on the bridge");
+    Ok(())
+}
+
+/// Modification time and length: a rewrite within the same second usually changes the length.
+fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+    let metadata = std::fs::metadata(path).ok()?;
+    Some((metadata.modified().ok()?, metadata.len()))
+}
+
+async fn reload(engine: &mut PolicyEngine, path: &Path, metrics: &AgentMetrics) {
+    let desired = match sluice_policy::load::load_file(path) {
+        Ok(desired) => desired,
+        Err(error) => {
+            metrics.reload_errors.inc();
+            for field in &error.errors {
+                tracing::error!(file = %error.origin, path = %field.path, reason = %field.reason, "policy file refused; the last good policies stay");
+            }
+            return;
+        }
+    };
+    match engine.apply_set(desired).await {
+        Ok(summary) => {
+            metrics.reloads.inc();
+            tracing::info!(
+                generation = summary.generation,
+                flow_mods = summary.flow_mods,
+                "policy file realized"
+            );
+        }
+        Err(error) => {
+            metrics.reload_errors.inc();
+            tracing::error!(file = %path.display(), %error, "policy change not realized; the last good policies stay");
+        }
+    }
+}
+
+/// `/metrics`, `/healthz`, `/readyz` over HTTP/1.1, one request per connection. A few lines
+/// on tokio rather than a server framework: three fixed GET routes scraped every few seconds.
+async fn serve_admin(
+    listener: TcpListener,
+    registry: Arc<Mutex<Registry>>,
+    ready: Arc<AtomicBool>,
+) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let registry = registry.clone();
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let mut filled = 0;
+            let path = loop {
+                let Ok(read) = stream.read(&mut buf[filled..]).await else {
+                    return;
+                };
+                if read == 0 {
+                    return;
+                }
+                filled += read;
+                let mut headers = [httparse::EMPTY_HEADER; 32];
+                let mut request = httparse::Request::new(&mut headers);
+                match request.parse(&buf[..filled]) {
+                    Ok(httparse::Status::Complete(_)) => {
+                        break request.path.unwrap_or("/").to_string()
+                    }
+                    Ok(httparse::Status::Partial) if filled < buf.len() => continue,
+                    _ => return,
+                }
+            };
+            let (status, body) = match path.as_str() {
+                "/metrics" => {
+                    let mut text = String::new();
+                    let encoded = match registry.lock() {
+                        Ok(registry) => {
+                            prometheus_client::encoding::text::encode(&mut text, &registry)
+                        }
+                        Err(_) => Err(std::fmt::Error),
+                    };
+                    match encoded {
+                        Ok(()) => ("200 OK", text),
+                        Err(_) => ("500 Internal Server Error", "encoding failed\n".to_string()),
+                    }
+                }
+                "/healthz" => ("200 OK", "ok\n".to_string()),
+                "/readyz" if ready.load(Ordering::Acquire) => ("200 OK", "ready\n".to_string()),
+                "/readyz" => ("503 Service Unavailable", "not realized yet\n".to_string()),
+                _ => ("404 Not Found", "not found\n".to_string()),
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+    }
+}
