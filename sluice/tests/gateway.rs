@@ -171,6 +171,24 @@ impl Gateway {
         self.curl(&args, path)
     }
 
+    /// curl as alice over HTTP/2 to `HOST`, for requests that run in the background or need
+    /// their own options (curl takes options after the URL too).
+    fn alice_curl_command(&self, path: &str) -> Command {
+        let port = self.process.address("gateway").port();
+        let mut command = Command::new("curl");
+        command
+            .args(["--silent", "--http2", "--max-time", "30"])
+            .arg("--cacert")
+            .arg(&self.certs.ca_cert)
+            .arg("--cert")
+            .arg(&self.alice.cert)
+            .arg("--key")
+            .arg(&self.alice.key)
+            .args(["--resolve", &format!("{HOST}:{port}:127.0.0.1")])
+            .arg(format!("https://{HOST}:{port}{path}"));
+        command
+    }
+
     fn upstream_requests(&self) -> usize {
         self.servers
             .iter()
@@ -731,22 +749,9 @@ fn a_bad_reload_keeps_the_old_config_and_a_good_one_keeps_open_watches() {
             .unwrap_or(0.0)
     };
     // An open watch through the gateway.
-    let address = gateway.process.address("gateway");
-    let mut watch = Command::new("curl")
-        .args(["--silent", "--no-buffer", "--http2", "--max-time", "30"])
-        .arg("--cacert")
-        .arg(&gateway.certs.ca_cert)
-        .args([
-            "--cert",
-            gateway.alice.cert.to_str().unwrap(),
-            "--key",
-            gateway.alice.key.to_str().unwrap(),
-        ])
-        .args(["--resolve", &format!("{HOST}:{}:127.0.0.1", address.port())])
-        .arg(format!(
-            "https://{HOST}:{}/api/v1/namespaces/default/pods?watch=true",
-            address.port()
-        ))
+    let mut watch = gateway
+        .alice_curl_command("/api/v1/namespaces/default/pods?watch=true")
+        .arg("--no-buffer")
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -807,30 +812,11 @@ fn max_requests_inflight_refuses_the_third_and_never_counts_watches() {
         },
         |options| options,
     );
-    let address = gateway.process.address("gateway");
     let curl = |args: &[&str], path: &str| {
-        let mut command = Command::new("curl");
+        let mut command = gateway.alice_curl_command(path);
         command
-            .args([
-                "--silent",
-                "--http2",
-                "--max-time",
-                "30",
-                "--output",
-                "/dev/null",
-            ])
-            .args(["--write-out", "%{http_code}"])
-            .arg("--cacert")
-            .arg(&gateway.certs.ca_cert)
-            .args([
-                "--cert",
-                gateway.alice.cert.to_str().unwrap(),
-                "--key",
-                gateway.alice.key.to_str().unwrap(),
-            ])
-            .args(["--resolve", &format!("{HOST}:{}:127.0.0.1", address.port())])
+            .args(["--output", "/dev/null", "--write-out", "%{http_code}"])
             .args(args)
-            .arg(format!("https://{HOST}:{}{path}", address.port()))
             .stdout(Stdio::piped());
         command
     };
@@ -984,31 +970,10 @@ fn another_upstream_connection_opens_only_when_the_streams_of_the_others_are_use
         |options| options.max_concurrent_streams(2),
     );
     let server = &gateway.servers[0];
-    let address = gateway.process.address("gateway");
     let watch = || {
-        Command::new("curl")
-            .args([
-                "--silent",
-                "--no-buffer",
-                "--http2",
-                "--max-time",
-                "30",
-                "--output",
-                "/dev/null",
-            ])
-            .arg("--cacert")
-            .arg(&gateway.certs.ca_cert)
-            .args([
-                "--cert",
-                gateway.alice.cert.to_str().unwrap(),
-                "--key",
-                gateway.alice.key.to_str().unwrap(),
-            ])
-            .args(["--resolve", &format!("{HOST}:{}:127.0.0.1", address.port())])
-            .arg(format!(
-                "https://{HOST}:{}/api/v1/namespaces/default/pods?watch=true",
-                address.port()
-            ))
+        gateway
+            .alice_curl_command("/api/v1/namespaces/default/pods?watch=true")
+            .args(["--no-buffer", "--output", "/dev/null"])
             .spawn()
             .unwrap()
     };
