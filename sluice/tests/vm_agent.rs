@@ -178,6 +178,17 @@ fn attach_vms(ovs: &OvsInstance) -> Vms {
         .spawn()
         .unwrap();
     let other = vm1.spawn(&["nc", "-lk", "-n", "10.0.0.1", "81"]).unwrap();
+    // Both listeners must be up before a test probes them (from vm1 itself, which does not
+    // cross the bridge or its flows).
+    for port in [80, 81] {
+        assert!(
+            test_support::wait_until(Duration::from_secs(10), || probe(
+                &vm1, "10.0.0.1", port, "1"
+            )
+            .0 == Probe::Connected),
+            "listener on port {port} did not come up"
+        );
+    }
     Vms {
         _vm1: vm1,
         vm2,
