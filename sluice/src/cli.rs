@@ -53,8 +53,9 @@ pub enum Command {
         /// The bridge to enforce on (created on the netdev datapath if missing).
         #[arg(long, value_name = "BRIDGE")]
         bridge: String,
-        /// Policy file (YAML, or JSON with a .json extension).
-        #[arg(long, value_name = "FILE")]
+        /// Policy file (YAML, or JSON with a .json extension), or a directory whose *.yaml,
+        /// *.yml and *.json files are merged.
+        #[arg(long, value_name = "FILE|DIR")]
         policies: PathBuf,
         /// OVS run directory holding `<bridge>.mgmt` and, by default, `db.sock`.
         #[arg(long, value_name = "DIR", default_value = "/var/run/openvswitch")]
@@ -83,9 +84,10 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
-    /// Print the OpenFlow flows a policy file compiles to; exit 2 with every error on a bad file.
+    /// Print the OpenFlow flows a policy file (or directory) compiles to; exit 2 with every
+    /// error on a bad file.
     Compile {
-        #[arg(value_name = "FILE")]
+        #[arg(value_name = "FILE|DIR")]
         file: PathBuf,
     },
 }

@@ -1,8 +1,9 @@
-//! `sluice vm-agent`: enforces the VM NetworkPolicies of a policy file on one OVS bridge and hot
-//! reloads the file. Flows stay on the bridge when the agent stops (enforcement survives an
+//! `sluice vm-agent`: enforces the VM NetworkPolicies of a policy file (or a directory of them)
+//! on one OVS bridge and hot reloads them. Flows stay on the bridge when the agent stops (enforcement survives an
 //! agent restart; the next run replaces them atomically under a new cookie round).
 
 use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -105,7 +106,7 @@ async fn run_agent(options: VmAgentOptions) -> anyhow::Result<()> {
     }
 
     let mut file_stamp = stamp(&options.policies);
-    let initial = sluice_policy::load::load_file(&options.policies)
+    let initial = sluice_policy::load::load_path(&options.policies)
         .map_err(|error| anyhow::anyhow!("{error}"))?;
     let config = EngineConfig {
         mgmt_socket: options.ovs_rundir.join(format!("{}.mgmt", options.bridge)),
@@ -160,19 +161,43 @@ async fn run_agent(options: VmAgentOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Modification time and length: a rewrite within the same second usually changes the length.
-fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
-    let metadata = std::fs::metadata(path).ok()?;
-    Some((metadata.modified().ok()?, metadata.len()))
+/// What a policy file looked like when last read: inode (a rename puts a new one in place),
+/// modification time and length.
+type FileStamp = (PathBuf, u64, Option<SystemTime>, u64);
+
+/// The stamps of the policy file, or of every policy file of the directory: a file that
+/// changes, appears or disappears changes the result. `None` when the path cannot be read.
+fn stamp(path: &Path) -> Option<Vec<FileStamp>> {
+    let files = if path.is_dir() {
+        sluice_policy::load::policy_files(path).ok()?
+    } else {
+        vec![path.to_path_buf()]
+    };
+    Some(
+        files
+            .into_iter()
+            .filter_map(|file| {
+                let metadata = std::fs::metadata(&file).ok()?;
+                Some((
+                    file,
+                    metadata.ino(),
+                    metadata.modified().ok(),
+                    metadata.len(),
+                ))
+            })
+            .collect(),
+    )
 }
 
 async fn reload(engine: &mut PolicyEngine, path: &Path, metrics: &AgentMetrics) {
-    let desired = match sluice_policy::load::load_file(path) {
+    let desired = match sluice_policy::load::load_path(path) {
         Ok(desired) => desired,
         Err(error) => {
             metrics.reload_errors.inc();
-            for field in &error.errors {
-                tracing::error!(file = %error.origin, path = %field.path, reason = %field.reason, "policy file refused; the last good policies stay");
+            for file in &error.files {
+                for field in &file.errors {
+                    tracing::error!(file = %file.origin, path = %field.path, reason = %field.reason, "policies refused; the last good policies stay");
+                }
             }
             return;
         }

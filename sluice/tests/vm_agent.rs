@@ -16,10 +16,13 @@ const BRIDGE: &str = "brvm";
 struct Agent {
     child: Child,
     admin: SocketAddr,
+    /// The agent's stderr (its log), printed when a test fails.
+    log: tempfile::NamedTempFile,
 }
 
 impl Agent {
     fn start(ovs: &OvsInstance, policies: &Path) -> Agent {
+        let log = tempfile::NamedTempFile::new().unwrap();
         let mut child = Command::new(BIN)
             .args(["vm-agent", "--bridge", BRIDGE, "--admin", "127.0.0.1:0"])
             .arg("--policies")
@@ -30,7 +33,7 @@ impl Agent {
             .env("RUST_LOG", "info,sluice_policy_engine=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(log.reopen().unwrap())
             .spawn()
             .unwrap();
         let mut line = String::new();
@@ -43,7 +46,7 @@ impl Agent {
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
             .parse()
             .unwrap();
-        let agent = Agent { child, admin };
+        let agent = Agent { child, admin, log };
         assert!(
             wait(Duration::from_secs(20), || agent.get("/readyz").0 == 200),
             "agent never became ready"
@@ -74,6 +77,10 @@ impl Agent {
             .and_then(|line| line.rsplit(' ').next()?.parse().ok())
     }
 
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
+    }
+
     fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -83,6 +90,9 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.kill();
+        if std::thread::panicking() {
+            eprintln!("--- agent log ---\n{}", self.log());
+        }
     }
 }
 
@@ -199,8 +209,11 @@ fn attach_vms(ovs: &OvsInstance) -> Vms {
     }
 }
 
-/// vm1 admits TCP 80 from the `clients` group and refuses (Reject) TCP 22 from vm3.
-fn web_policy(vm1_port: u32, clients: &str, extra_policies: &str) -> String {
+/// UDP port of the `stats` rule, whose counters the tests check to the packet.
+const STATS_PORT: u16 = 5000;
+
+/// vm1 admits TCP 80 and UDP 5000 from the `clients` group and refuses (Reject) TCP 22 from vm3.
+fn web_policy(vm1_port: u32, clients: &str) -> String {
     format!(
         r#"
 addressGroups:
@@ -216,7 +229,8 @@ policies:
     rules:
       - {{name: http, direction: Ingress, action: Allow, peers: {{addressGroups: [clients]}}, services: [{{protocol: TCP, port: 80}}]}}
       - {{name: ssh, direction: Ingress, action: Reject, peers: {{addressGroups: [vm3]}}, services: [{{protocol: TCP, port: 22}}]}}
-{extra_policies}"#
+      - {{name: stats, direction: Ingress, action: Allow, peers: {{addressGroups: [clients]}}, services: [{{protocol: UDP, port: {STATS_PORT}}}]}}
+"#
     )
 }
 
@@ -239,12 +253,30 @@ fn wait_generation(agent: &Agent, above: f64) -> f64 {
     seen
 }
 
+/// Sends `count` UDP datagrams of `payload` bytes from `from` to vm1's stats port, each from
+/// its own source port, so that each one is a new conntrack connection.
+fn send_datagrams(from: &NetNs, count: u16, payload: usize) {
+    let script = format!(
+        "import socket\n\
+         for port in range(41000, 41000 + {count}):\n\
+         \x20   s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         \x20   s.bind(('0.0.0.0', port))\n\
+         \x20   s.sendto(b'x' * {payload}, ('10.0.0.1', {STATS_PORT}))\n\
+         \x20   s.close()\n"
+    );
+    let output = from.exec(&["python3", "-c", &script]).unwrap();
+    assert!(output.status.success(), "{output:?}");
+}
+
+/// The agent runs from a policy directory: files appear, change, break and disappear under it.
 #[test]
 fn policies_are_enforced_with_real_packets_and_hot_reloaded() {
     let ovs = OvsInstance::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let policies = dir.path().join("policies.yaml");
-    write_policies(&policies, "policies: []\n");
+    let policies = dir.path().join("policies.d");
+    std::fs::create_dir(&policies).unwrap();
+    let web = policies.join("10-web.yaml");
+    // Starts from an empty directory: no policy.
     let agent = Agent::start(&ovs, &policies);
     let vms = attach_vms(&ovs);
 
@@ -252,7 +284,7 @@ fn policies_are_enforced_with_real_packets_and_hot_reloaded() {
     assert_eq!(probe(&vms.vm3, "10.0.0.1", 81, "2").0, Probe::Connected);
 
     let generation = agent.metric("sluice_policy_generation ").unwrap();
-    write_policies(&policies, &web_policy(vms.vm1_port, "10.0.0.2", ""));
+    write_policies(&web, &web_policy(vms.vm1_port, "10.0.0.2"));
     let generation = wait_generation(&agent, generation);
 
     assert_eq!(
@@ -284,34 +316,87 @@ fn policies_are_enforced_with_real_packets_and_hot_reloaded() {
         .unwrap();
     assert!(String::from_utf8_lossy(&exchange.stdout).contains("rc=0"));
 
-    // Per-rule counters follow real packets.
+    // Per-rule counters count exactly the packets sent. Each datagram comes from its own source
+    // port, so each is conntrack state +new and reaches the rule's conj_id flow once (later
+    // packets of a connection, and vm1's ICMP port-unreachable answers, are +est/+rel and pass
+    // in the conntrack table before any rule). Flow stats count whole Ethernet frames:
+    // 14 (Ethernet) + 20 (IPv4) + 8 (UDP) + payload, no VLAN tag, above the 60-byte minimum.
+    const DATAGRAMS: u16 = 25;
+    const PAYLOAD: usize = 100;
+    let packets =
+        r#"sluice_policy_rule_packets_total{policy="web",rule="stats",direction="Ingress"}"#;
+    let bytes = r#"sluice_policy_rule_bytes_total{policy="web",rule="stats",direction="Ingress"}"#;
+    assert_eq!(
+        agent.metric(packets),
+        Some(0.0),
+        "{}",
+        agent.get("/metrics").1
+    );
+    send_datagrams(&vms.vm2, DATAGRAMS, PAYLOAD);
     assert!(
         wait(Duration::from_secs(5), || agent
+            .metric(packets)
+            .unwrap_or(0.0)
+            >= f64::from(DATAGRAMS)),
+        "rule counter did not count the datagrams: {}",
+        agent.get("/metrics").1
+    );
+    // Two more stats intervals (300 ms): a counter counting anything else would move on.
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(agent.metric(packets), Some(f64::from(DATAGRAMS)));
+    assert_eq!(
+        agent.metric(bytes),
+        Some(f64::from(DATAGRAMS) * (14 + 20 + 8 + PAYLOAD) as f64)
+    );
+    // vm3 is not in the clients group: its datagrams never reach the rule.
+    send_datagrams(&vms.vm3, 5, PAYLOAD);
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(agent.metric(packets), Some(f64::from(DATAGRAMS)));
+    assert!(
+        agent
             .metric(
                 r#"sluice_policy_rule_packets_total{policy="web",rule="http",direction="Ingress"}"#
             )
             .unwrap_or(0.0)
-            >= 2.0),
-        "rule counter did not count the SYNs: {}",
-        agent.get("/metrics").1
+            >= 2.0,
+        "rule counter did not count the SYNs"
     );
 
-    // A malformed file is refused, counted, and the running policy stays.
-    std::fs::write(&policies, "policies: [{name: broken, priority: nope}]\n").unwrap();
+    // A bad file next to a good one: the whole directory is refused, the error names the file,
+    // the path inside it and the reason, and the running policy stays.
+    let broken = policies.join("90-broken.yaml");
+    std::fs::write(
+        &broken,
+        "policies: [{name: web, priority: 7, appliedTo: [vm1]}]\n",
+    )
+    .unwrap();
     assert!(wait(Duration::from_secs(5), || agent
         .metric("sluice_policy_reload_errors_total")
         .unwrap_or(0.0)
         >= 1.0));
+    let log = agent.log();
+    let reported = log.lines().find(|line| line.contains("policies refused"));
+    let reported = reported.unwrap_or_else(|| panic!("no refusal logged:\n{log}"));
+    for part in [
+        broken.display().to_string(),
+        "policies[0].name".to_string(),
+        format!("is already defined in {}", web.display()),
+    ] {
+        assert!(reported.contains(&part), "{part:?} missing in {reported:?}");
+    }
     assert_eq!(probe(&vms.vm2, "10.0.0.1", 80, "2").0, Probe::Connected);
+    std::fs::remove_file(&broken).unwrap();
 
-    // Priority: a higher-priority Drop wins over the Allow.
-    let deny = r#"  - name: deny-http
-    priority: 5
-    appliedTo: [vm1]
-    rules:
-      - {direction: Ingress, action: Drop, peers: {addressGroups: [clients]}, services: [{protocol: TCP, port: 80}]}
-"#;
-    write_policies(&policies, &web_policy(vms.vm1_port, "10.0.0.2", deny));
+    // Priority: a higher-priority Drop, in a file of its own that appears, wins over the Allow;
+    // it uses groups defined in the other file.
+    let deny = policies.join("50-deny.json");
+    write_policies(
+        &deny,
+        r#"{"policies": [{"name": "deny-http", "priority": 5, "appliedTo": ["vm1"],
+            "rules": [{"direction": "Ingress", "action": "Drop",
+                       "peers": {"addressGroups": ["clients"]},
+                       "services": [{"protocol": "TCP", "port": 80}]}]}]}"#,
+    );
     let generation = wait_generation(&agent, generation);
     assert_eq!(
         probe(&vms.vm2, "10.0.0.1", 80, "1").0,
@@ -319,8 +404,9 @@ fn policies_are_enforced_with_real_packets_and_hot_reloaded() {
         "Drop overrides"
     );
 
-    // Back to the web policy, with one connection kept open across adding vm3 to the group.
-    write_policies(&policies, &web_policy(vms.vm1_port, "10.0.0.2", ""));
+    // The file disappears: back to the web policy alone, with one connection kept open across
+    // adding vm3 to the group.
+    std::fs::remove_file(&deny).unwrap();
     let generation = wait_generation(&agent, generation);
     let mut session = Command::new("ip")
         .args([
@@ -338,10 +424,7 @@ fn policies_are_enforced_with_real_packets_and_hot_reloaded() {
         .unwrap();
     let mut session_in = session.stdin.take().unwrap();
     writeln!(session_in, "before").unwrap();
-    write_policies(
-        &policies,
-        &web_policy(vms.vm1_port, "10.0.0.2, 10.0.0.3", ""),
-    );
+    write_policies(&web, &web_policy(vms.vm1_port, "10.0.0.2, 10.0.0.3"));
     let generation = wait_generation(&agent, generation);
     writeln!(session_in, "after-update").unwrap();
     assert!(
@@ -365,8 +448,8 @@ fn policies_are_enforced_with_real_packets_and_hot_reloaded() {
     let _ = session.kill();
     let _ = session.wait();
 
-    // Deleting the policy restores the default (everything passes).
-    write_policies(&policies, "policies: []\n");
+    // Deleting the last file restores the default (everything passes).
+    std::fs::remove_file(&web).unwrap();
     wait_generation(&agent, generation);
     assert_eq!(probe(&vms.vm3, "10.0.0.1", 81, "2").0, Probe::Connected);
 }
@@ -435,7 +518,7 @@ fn agent_kill_and_ovs_restart_never_open_forbidden_traffic_and_leave_no_stale_fl
     let mut agent = Agent::start(&ovs, &policies);
     let vms = attach_vms(&ovs);
     let generation = agent.metric("sluice_policy_generation ").unwrap();
-    write_policies(&policies, &web_policy(vms.vm1_port, "10.0.0.2", ""));
+    write_policies(&policies, &web_policy(vms.vm1_port, "10.0.0.2"));
     wait_generation(&agent, generation);
     assert_eq!(probe(&vms.vm2, "10.0.0.1", 80, "2").0, Probe::Connected);
     assert_eq!(rounds_on_bridge(&ovs), [1].into());

@@ -27,6 +27,7 @@
 //! Validation returns every problem with its path, e.g.
 //! `policies.yaml: policies[2].rules[0].services[1].port: 70000 is not a valid port`.
 
+mod dir;
 mod raw;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -42,6 +43,8 @@ use crate::model::{
     Protocol, Rule, RuleAction, Service, VmInterface,
 };
 use raw::{RawDocument, RawPolicy, RawRule, RawService};
+
+pub use dir::{is_policy_file_name, load_dir, load_path, policy_files, PolicySourceError};
 
 /// One thing wrong with a document: where (`policies[0].rules[1].action`) and why.
 #[derive(Debug, Clone, PartialEq, Eq)]

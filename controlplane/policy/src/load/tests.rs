@@ -250,3 +250,103 @@ appliedToGroups:
         ["p.yaml: appliedToGroups[1].members[1].ofport: OpenFlow port 1 already belongs to interface \"e0\""]
     );
 }
+
+fn write(dir: &Path, name: &str, text: &str) {
+    std::fs::write(dir.join(name), text).expect("write policy file");
+}
+
+#[test]
+fn a_directory_merges_its_policy_files_across_references() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    write(
+        dir.path(),
+        "10-groups.yaml",
+        "addressGroups: [{name: clients, members: [10.0.0.2]}]\n\
+         appliedToGroups: [{name: vm1, members: [{name: e1, ofport: 1}]}]\n",
+    );
+    write(
+        dir.path(),
+        "20-web.json",
+        r#"{"policies": [{"name": "web", "priority": 1, "appliedTo": ["vm1"],
+            "rules": [{"direction": "Ingress", "action": "Allow",
+                       "peers": {"addressGroups": ["clients"]}}]}]}"#,
+    );
+    write(
+        dir.path(),
+        "30-db.yml",
+        "policies: [{name: db, priority: 2, appliedTo: [vm1], rules: []}]\n",
+    );
+    // Not policy files: other extensions, hidden files, directories.
+    write(dir.path(), "README.md", "not: [a, policy\n");
+    write(dir.path(), ".40-swap.yaml", "policies: [{{{\n");
+    std::fs::create_dir(dir.path().join("sub.yaml")).expect("mkdir");
+    let set = load_path(dir.path()).expect("valid directory");
+    assert_eq!(
+        set.policies.keys().collect::<Vec<_>>(),
+        ["db", "web"],
+        "policies of both files"
+    );
+    assert!(set.address_groups.contains_key("clients"));
+    let empty = tempfile::tempdir().expect("temp dir");
+    assert!(load_dir(empty.path())
+        .expect("empty is valid")
+        .policies
+        .is_empty());
+}
+
+#[test]
+fn directory_errors_name_the_file_and_the_path_inside_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let groups = "appliedToGroups: [{name: vm1, members: [{name: e1, ofport: 1}]}]\n";
+    write(dir.path(), "a.yaml", groups);
+    write(
+        dir.path(),
+        "b.yaml",
+        "policies:\n  - {name: ok, priority: 1, appliedTo: [vm1]}\n  - {name: bad, priority: 2000, appliedTo: [vm1]}\n",
+    );
+    write(
+        dir.path(),
+        "c.yaml",
+        "appliedToGroups: [{name: vm1, members: []}]\npolicies: [{name: ok, priority: 3, appliedTo: [vm1]}]\n",
+    );
+    let error = load_dir(dir.path()).expect_err("invalid directory");
+    let (a, b, c) = (
+        dir.path().join("a.yaml").display().to_string(),
+        dir.path().join("b.yaml").display().to_string(),
+        dir.path().join("c.yaml").display().to_string(),
+    );
+    let lines: Vec<String> = error.to_string().lines().map(String::from).collect();
+    assert_eq!(
+        lines,
+        [
+            format!("{b}: policies[1].priority: 2000 is out of range 0..=999 (lower number = higher precedence)"),
+            format!("{c}: appliedToGroups[0].name: applied-to group \"vm1\" is already defined in {a}"),
+            format!("{c}: policies[0].name: policy \"ok\" is already defined in {b}"),
+        ]
+    );
+    assert_eq!(error.error_count(), 3);
+    assert_eq!(error.files.len(), 2, "grouped by file");
+}
+
+#[test]
+fn a_broken_file_in_a_directory_is_reported_alone_with_its_parse_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    write(dir.path(), "a.yaml", "policies: []\n");
+    write(dir.path(), "b.json", "{\"policies\": [}");
+    let error = load_path(dir.path()).expect_err("broken json");
+    assert_eq!(error.files.len(), 1);
+    assert!(error.files[0].origin.ends_with("b.json"), "{error}");
+    let missing = dir.path().join("nope");
+    let error = load_path(&missing).expect_err("missing path");
+    assert!(error.to_string().contains("cannot read file"), "{error}");
+}
+
+#[test]
+fn policy_file_names() {
+    for name in ["a.yaml", "b.YML", "c.json", "x.y.yaml"] {
+        assert!(is_policy_file_name(name), "{name}");
+    }
+    for name in [".a.yaml", "a.yaml.tmp", "yaml", "a.txt", "..data"] {
+        assert!(!is_policy_file_name(name), "{name}");
+    }
+}
