@@ -594,3 +594,120 @@ fn agent_kill_and_ovs_restart_never_open_forbidden_traffic_and_leave_no_stale_fl
     );
     assert!(agent.metric("sluice_policy_replays_total").unwrap_or(0.0) >= 1.0);
 }
+
+/// Reject over IPv6: the agent answers TCP with a RST and other protocols with ICMPv6
+/// destination unreachable, which the sender's own stack accepts (checksums, quoting).
+#[test]
+fn ipv6_reject_answers_with_reset_and_icmpv6_unreachable() {
+    let ovs = OvsInstance::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies.yaml");
+    write_policies(&policies, "policies: []\n");
+    let agent = Agent::start(&ovs, &policies);
+    let (vm1, vm3) = (NetNs::new("vmd").unwrap(), NetNs::new("vme").unwrap());
+    let vm1_port = vm1.attach_veth(&ovs, BRIDGE, "10.0.1.1/24").unwrap().ofport;
+    vm3.attach_veth(&ovs, BRIDGE, "10.0.1.3/24").unwrap();
+    // nodad: usable at once instead of after duplicate address detection (about a second).
+    vm1.run(&["ip", "addr", "add", "fd00::1/64", "dev", "eth0", "nodad"])
+        .unwrap();
+    vm3.run(&["ip", "addr", "add", "fd00::3/64", "dev", "eth0", "nodad"])
+        .unwrap();
+    // Listeners behind the Reject rules: a reply from vm1 itself would prove the packet passed.
+    let mut listeners = [
+        vm1.spawn(&["nc", "-6", "-lk", "-n", "fd00::1", "22"])
+            .unwrap(),
+        vm1.spawn(&["nc", "-6", "-u", "-lk", "-n", "fd00::1", "53"])
+            .unwrap(),
+    ];
+    assert!(
+        test_support::wait_until(Duration::from_secs(10), || probe(&vm3, "fd00::1", 22, "1")
+            .0
+            == Probe::Connected),
+        "IPv6 listener unreachable before the policy"
+    );
+
+    let generation = agent.metric("sluice_policy_generation ").unwrap();
+    write_policies(
+        &policies,
+        &format!(
+            r#"
+addressGroups:
+  - {{name: vm3, members: ["fd00::3"]}}
+appliedToGroups:
+  - name: vm1
+    members: [{{name: vm1-eth0, ofport: {vm1_port}, ips: ["fd00::1"]}}]
+policies:
+  - name: closed
+    priority: 1
+    appliedTo: [vm1]
+    rules:
+      - {{name: ssh, direction: Ingress, action: Reject, peers: {{addressGroups: [vm3]}}, services: [{{protocol: TCP, port: 22}}]}}
+      - {{name: dns, direction: Ingress, action: Reject, peers: {{addressGroups: [vm3]}}, services: [{{protocol: UDP, port: 53}}]}}
+      - {{name: ping, direction: Ingress, action: Reject, peers: {{addressGroups: [vm3]}}, services: [{{protocol: ICMP}}]}}
+"#
+        ),
+    );
+    wait_generation(&agent, generation);
+
+    let (outcome, took) = probe(&vm3, "fd00::1", 22, "3");
+    assert_eq!(outcome, Probe::Refused, "TCP gets a RST over IPv6");
+    assert!(took < Duration::from_millis(1500), "refusal took {took:?}");
+
+    // A connected UDP socket reports an ICMPv6 port unreachable as ECONNREFUSED.
+    let udp = vm3
+        .exec(&[
+            "python3",
+            "-c",
+            "import socket\n\
+             s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n\
+             s.settimeout(3)\n\
+             s.connect(('fd00::1', 53))\n\
+             s.send(b'query')\n\
+             try:\n\
+             \x20   s.recv(100)\n\
+             \x20   print('answered')\n\
+             except ConnectionRefusedError:\n\
+             \x20   print('refused')\n\
+             except socket.timeout:\n\
+             \x20   print('timeout')\n",
+        ])
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&udp.stdout).trim(),
+        "refused",
+        "{udp:?}"
+    );
+
+    let ping = vm3
+        .exec(&["ping", "-6", "-n", "-c", "1", "-W", "3", "fd00::1"])
+        .unwrap();
+    let ping_text = String::from_utf8_lossy(&ping.stdout);
+    assert!(
+        ping_text.contains("Administratively prohibited"),
+        "{ping_text}"
+    );
+
+    assert!(
+        wait(Duration::from_secs(3), || {
+            let (_, metrics) = agent.get("/metrics");
+            let value = |kind: &str| {
+                metrics
+                    .lines()
+                    .find(|line| {
+                        line.starts_with(&format!(
+                            "sluice_policy_reject_replies_total{{kind=\"{kind}\"}}"
+                        ))
+                    })
+                    .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            value("tcp_reset") >= 1.0 && value("icmp_unreachable") >= 2.0
+        }),
+        "reject replies not counted: {}",
+        agent.get("/metrics").1
+    );
+    for listener in &mut listeners {
+        let _ = listener.kill();
+        let _ = listener.wait();
+    }
+}
