@@ -116,6 +116,9 @@ async fn run_agent(options: VmAgentOptions) -> anyhow::Result<()> {
     };
     let mut engine = PolicyEngine::start(&config, initial, engine_metrics).await?;
     let _responder = engine.spawn_reject_responder();
+    let mut ovsdb = Some(ovsdb);
+    // Set when our flows are on the switch but `flow-restore-wait` may still hold it back.
+    let mut restore_wait_due = !clear_flow_restore_wait(&mut ovsdb, &db_socket).await;
     let mut connection = engine.client().connection_generation();
     connection.borrow_and_update();
     ready.store(true, Ordering::Release);
@@ -137,6 +140,9 @@ async fn run_agent(options: VmAgentOptions) -> anyhow::Result<()> {
             }
             _ = tokio::time::sleep(REPLAY_RETRY), if replay_due => {}
             _ = reload_tick.tick() => {
+                if restore_wait_due {
+                    restore_wait_due = !clear_flow_restore_wait(&mut ovsdb, &db_socket).await;
+                }
                 let now = stamp(&options.policies);
                 if now != file_stamp {
                     file_stamp = now;
@@ -152,13 +158,46 @@ async fn run_agent(options: VmAgentOptions) -> anyhow::Result<()> {
         if replay_due {
             connection.borrow_and_update();
             match engine.replay().await {
-                Ok(_) => replay_due = false,
+                Ok(_) => {
+                    replay_due = false;
+                    restore_wait_due = !clear_flow_restore_wait(&mut ovsdb, &db_socket).await;
+                }
                 Err(error) => tracing::warn!(%error, "replay failed, retrying"),
             }
         }
     }
     tracing::info!("stopping; the flows stay on the bridge");
     Ok(())
+}
+
+/// Clears `other_config:flow-restore-wait` once the agent's flows are on the switch (see
+/// [`OvsdbClient::clear_flow_restore_wait`]); reconnects to OVSDB when needed. Returns false when
+/// it could not tell or clear (retried later), logged.
+async fn clear_flow_restore_wait(ovsdb: &mut Option<OvsdbClient>, db_socket: &Path) -> bool {
+    if ovsdb.is_none() {
+        match OvsdbClient::connect(db_socket, Duration::from_secs(2)).await {
+            Ok(client) => *ovsdb = Some(client),
+            Err(error) => {
+                tracing::warn!(%error, "OVSDB unreachable; flow-restore-wait not checked");
+                return false;
+            }
+        }
+    }
+    let Some(client) = ovsdb.as_mut() else {
+        return false;
+    };
+    match client.clear_flow_restore_wait().await {
+        Ok(true) => {
+            tracing::info!("flows restored: cleared other_config:flow-restore-wait");
+            true
+        }
+        Ok(false) => true,
+        Err(error) => {
+            tracing::warn!(%error, "flow-restore-wait not checked; retrying");
+            *ovsdb = None;
+            false
+        }
+    }
 }
 
 /// What a policy file looked like when last read: inode (a rename puts a new one in place),

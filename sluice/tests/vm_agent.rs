@@ -498,6 +498,81 @@ impl Prober {
     }
 }
 
+/// Connects to vm1's port 80 from a namespace every ~5 ms (50 ms timeout per attempt, a new
+/// socket each time) until stopped, and reports the longest time between two successful
+/// connects: how long allowed traffic was cut, to about a probe's length.
+struct GapProber {
+    child: Child,
+    stop: std::path::PathBuf,
+}
+
+impl GapProber {
+    const SCRIPT: &'static str = "\
+import os, socket, sys, time
+stop = sys.argv[1]
+last_ok = None
+gap = 0.0
+failed = probes = 0
+while not os.path.exists(stop):
+    started = time.monotonic()
+    s = socket.socket()
+    s.settimeout(0.05)
+    try:
+        s.connect(('10.0.0.1', 80))
+        if last_ok is not None:
+            gap = max(gap, started - last_ok)
+        last_ok = started
+    except OSError:
+        failed += 1
+    finally:
+        s.close()
+    probes += 1
+    time.sleep(0.005)
+print(f'{gap:.3f} {failed} {probes}')
+";
+
+    fn start(from: &NetNs, dir: &Path) -> GapProber {
+        let stop = dir.join("gap-prober.stop");
+        let _ = std::fs::remove_file(&stop);
+        let child = Command::new("ip")
+            .args(["netns", "exec", from.name(), "python3", "-c", Self::SCRIPT])
+            .arg(&stop)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        GapProber { child, stop }
+    }
+
+    /// The longest gap, failed probes, all probes.
+    fn finish(mut self) -> (Duration, u32, u32) {
+        std::fs::write(&self.stop, "").unwrap();
+        let mut text = String::new();
+        self.child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        let _ = self.child.wait();
+        let mut fields = text.split_whitespace();
+        let mut next = || {
+            fields
+                .next()
+                .unwrap_or_else(|| panic!("prober said {text:?}"))
+        };
+        let gap = Duration::from_secs_f64(next().parse().unwrap());
+        (gap, next().parse().unwrap(), next().parse().unwrap())
+    }
+}
+
+impl Drop for GapProber {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn rounds_on_bridge(ovs: &OvsInstance) -> std::collections::BTreeSet<u64> {
     ovs.ovs_ofctl(&["-O", "OpenFlow14", "dump-flows", BRIDGE])
         .unwrap()
@@ -558,11 +633,12 @@ fn agent_kill_and_ovs_restart_never_open_forbidden_traffic_and_leave_no_stale_fl
 
     // Restart ovs-vswitchd: the userspace datapath loses every flow; fail mode secure keeps the
     // bridge closed until the agent replays. Measure that closed window.
-    let allowed = Prober::start(&vms.vm2, 80, "1");
+    let allowed = GapProber::start(&vms.vm2, dir.path());
     let forbidden = Prober::start(&vms.vm3, 81, "1");
     std::thread::sleep(Duration::from_millis(300));
     let restarted = Instant::now();
     ovs.restart_vswitchd().unwrap();
+    let switch_back = restarted.elapsed();
     assert!(
         wait(Duration::from_secs(10), || probe(
             &vms.vm2, "10.0.0.1", 80, "1"
@@ -571,7 +647,7 @@ fn agent_kill_and_ovs_restart_never_open_forbidden_traffic_and_leave_no_stale_fl
         "allowed traffic never came back after the OVS restart"
     );
     std::thread::sleep(Duration::from_millis(300));
-    let allowed_outcomes = allowed.finish();
+    let (closed, failed, probes) = allowed.finish();
     let forbidden_outcomes = forbidden.finish();
     assert!(
         forbidden_outcomes
@@ -579,13 +655,54 @@ fn agent_kill_and_ovs_restart_never_open_forbidden_traffic_and_leave_no_stale_fl
             .all(|(_, outcome)| *outcome != Probe::Connected),
         "forbidden traffic passed across the OVS restart: {forbidden_outcomes:?}"
     );
-    let last_failure = allowed_outcomes
-        .iter()
-        .filter(|(_, outcome)| *outcome != Probe::Connected)
-        .map(|(at, _)| *at)
-        .max();
-    let closed = last_failure.map_or(Duration::ZERO, |at| at.saturating_duration_since(restarted));
-    println!("closed window after an OVS restart (until the replay): about {closed:?}");
+    println!(
+        "OVS restart: ovs-vswitchd accepted OpenFlow again after {switch_back:?}; allowed \
+         traffic closed for {closed:?} (longest gap between successful connects; {failed} of \
+         {probes} probes failed)"
+    );
+    assert!(
+        failed > 0,
+        "the restart cut nothing: the probe cannot see the window"
+    );
+    assert!(closed < Duration::from_secs(5), "replay took {closed:?}");
+    // A restart the way `ovs-ctl restart` does it: other_config:flow-restore-wait=true first.
+    // The new ovs-vswitchd forwards nothing, flows or not, until the key is cleared: the agent
+    // clears it once its replay is in.
+    ovs.ovs_vsctl(&[
+        "set",
+        "Open_vSwitch",
+        ".",
+        "other_config:flow-restore-wait=true",
+    ])
+    .unwrap();
+    let allowed = GapProber::start(&vms.vm2, dir.path());
+    let forbidden = Prober::start(&vms.vm3, 81, "1");
+    std::thread::sleep(Duration::from_millis(300));
+    ovs.restart_vswitchd().unwrap();
+    assert!(
+        wait(Duration::from_secs(10), || probe(
+            &vms.vm2, "10.0.0.1", 80, "1"
+        )
+        .0 == Probe::Connected),
+        "allowed traffic never came back after a flow-restore-wait restart"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let (closed, _, _) = allowed.finish();
+    let forbidden_outcomes = forbidden.finish();
+    assert!(
+        forbidden_outcomes
+            .iter()
+            .all(|(_, outcome)| *outcome != Probe::Connected),
+        "forbidden traffic passed across the flow-restore-wait restart: {forbidden_outcomes:?}"
+    );
+    let other_config = ovs
+        .ovs_vsctl(&["get", "Open_vSwitch", ".", "other_config"])
+        .unwrap();
+    assert!(
+        !other_config.contains("flow-restore-wait"),
+        "the agent left {other_config}"
+    );
+    println!("OVS restart with flow-restore-wait: allowed traffic closed for {closed:?}");
     assert!(closed < Duration::from_secs(5), "replay took {closed:?}");
     assert_eq!(
         rounds_on_bridge(&ovs),

@@ -783,6 +783,12 @@ async fn read_loop(
     lost.notify_one();
 }
 
+/// First pause after a failed reconnection attempt. A restarted ovs-vswitchd listens again within
+/// a few hundred milliseconds and, in fail mode secure, forwards nothing until the replay: every
+/// millisecond between its socket appearing and our next attempt is traffic cut. An attempt on a
+/// unix socket that is not there yet costs microseconds, so start small and grow gently (x1.5).
+const FIRST_RECONNECT_BACKOFF: Duration = Duration::from_millis(10);
+
 /// Re-establishes the connection after each loss, with exponential backoff, until the client is
 /// dropped.
 async fn supervise(shared: Weak<Shared>, lost: Arc<Notify>, closed: Arc<Notify>) {
@@ -792,7 +798,7 @@ async fn supervise(shared: Weak<Shared>, lost: Arc<Notify>, closed: Arc<Notify>)
             _ = lost.notified() => {}
             _ = closed.notified() => return,
         }
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = FIRST_RECONNECT_BACKOFF;
         loop {
             let Some(strong) = shared.upgrade() else {
                 return;
@@ -808,7 +814,7 @@ async fn supervise(shared: Weak<Shared>, lost: Arc<Notify>, closed: Arc<Notify>)
                     let max = strong.config.max_reconnect_backoff;
                     drop(strong);
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(max);
+                    backoff = (backoff * 3 / 2).min(max);
                 }
             }
         }

@@ -313,6 +313,41 @@ impl OvsdbClient {
             .await
     }
 
+    /// Removes `other_config:flow-restore-wait` when it is `true`; returns whether it was.
+    ///
+    /// Whoever restarts ovs-vswitchd the way `ovs-ctl restart` does sets it first: the new
+    /// process then forwards nothing (and, with the kernel datapath, leaves the old datapath
+    /// flows alone) until the flows are restored and the key is cleared. The agent restores its
+    /// flows by replaying them, so it clears the key afterwards (as Antrea's agent does).
+    pub async fn clear_flow_restore_wait(&mut self) -> Result<bool, OvsdbError> {
+        let results = self
+            .transact(
+                "read other_config",
+                vec![json!({"op": "select", "table": "Open_vSwitch", "where": [], "columns": ["other_config"]})],
+            )
+            .await?;
+        let waiting = results
+            .first()
+            .and_then(|r| r["rows"].get(0))
+            .and_then(|row| row["other_config"].get(1))
+            .and_then(Value::as_array)
+            .is_some_and(|pairs| {
+                pairs.iter().any(|pair| {
+                    pair.get(0).and_then(Value::as_str) == Some("flow-restore-wait")
+                        && pair.get(1).and_then(Value::as_str) == Some("true")
+                })
+            });
+        if waiting {
+            self.transact(
+                "clear other_config:flow-restore-wait",
+                vec![json!({"op": "mutate", "table": "Open_vSwitch", "where": [],
+                    "mutations": [["other_config", "delete", ["set", ["flow-restore-wait"]]]]})],
+            )
+            .await?;
+        }
+        Ok(waiting)
+    }
+
     /// Deletes bridge `name` (its ports go with it).
     pub async fn delete_bridge(&mut self, name: &str) -> Result<(), OvsdbError> {
         let uuid = self

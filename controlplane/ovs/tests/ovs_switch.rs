@@ -65,13 +65,36 @@ fn dump_flows(ovs: &OvsInstance, bridge: &str) -> Vec<String> {
     lines
 }
 
-/// Feeds `flows`' Display text to `ovs-ofctl --bundle add-flows` and returns how long it took.
-fn ofctl_bundle_add(ovs: &OvsInstance, bridge: &str, flows: &[Flow]) -> Duration {
+/// CPU time ovs-vswitchd's main thread (which handles OpenFlow) has used so far
+/// (`/proc/PID/schedstat`, nanoseconds on CPU).
+fn main_thread_cpu(pid: u32) -> Duration {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).unwrap();
+    Duration::from_nanos(text.split(' ').next().unwrap().parse().unwrap())
+}
+
+/// User plus system CPU time of this process's reaped children so far.
+fn children_cpu() -> Duration {
+    // SAFETY: getrusage(2) writes into the zeroed struct we own and reads nothing else.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage);
+        usage
+    };
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// Feeds `flows`' Display text to `ovs-ofctl --bundle add-flows`; returns how long it took and
+/// the CPU time ovs-ofctl itself used.
+fn ofctl_bundle_add(ovs: &OvsInstance, bridge: &str, flows: &[Flow]) -> (Duration, Duration) {
     let mut text = String::with_capacity(flows.len() * 100);
     for flow in flows {
         text.push_str(&flow.to_string());
         text.push('\n');
     }
+    let cpu = children_cpu();
     let started = Instant::now();
     let mut child = ovs
         .ovs_ofctl_command()
@@ -94,7 +117,7 @@ fn ofctl_bundle_add(ovs: &OvsInstance, bridge: &str, flows: &[Flow]) -> Duration
         "ovs-ofctl add-flows: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    elapsed
+    (elapsed, children_cpu() - cpu)
 }
 
 fn ip_match() -> Match {
@@ -618,23 +641,42 @@ fn ten_thousand_flows_in_one_bundle_beat_ovs_ofctl() {
         ovsdb(&ovs).await.create_bridge(&theirs).await.unwrap();
         let flows = ten_thousand_flows();
 
+        let vswitchd = ovs.vswitchd_pid().unwrap();
+        let encode_started = Instant::now();
+        let encoded = sluice_ovs::encode_flow_mods(&flows).unwrap();
+        let encode = encode_started.elapsed();
+        println!(
+            "encoding 10000 bundle-add flow mods ({} bytes): {encode:?}",
+            encoded.len()
+        );
+
         // Best of five rounds each (after one warm-up round), alternating who goes first, on a
         // machine shared with compilers: single timings are noisy.
         let (mut native_best, mut ofctl_best) = (Duration::MAX, Duration::MAX);
         for round in 0..6 {
             let native = async {
+                let cpu = main_thread_cpu(vswitchd);
                 let started = Instant::now();
                 client.add_flows(&flows).await.unwrap();
-                started.elapsed()
+                (started.elapsed(), main_thread_cpu(vswitchd) - cpu)
             };
-            let (native, ofctl) = if round % 2 == 0 {
+            let ofctl = || {
+                let cpu = main_thread_cpu(vswitchd);
+                let (took, own_cpu) = ofctl_bundle_add(&ovs, &theirs, &flows);
+                (took, main_thread_cpu(vswitchd) - cpu, own_cpu)
+            };
+            let ((native, native_switch), (ofctl, ofctl_switch, ofctl_cpu)) = if round % 2 == 0 {
                 let native = native.await;
-                (native, ofctl_bundle_add(&ovs, &theirs, &flows))
+                (native, ofctl())
             } else {
-                let ofctl = ofctl_bundle_add(&ovs, &theirs, &flows);
+                let ofctl = ofctl();
                 (native.await, ofctl)
             };
-            println!("round {round}: native {native:?}, ovs-ofctl {ofctl:?}");
+            println!(
+                "round {round}: native {native:?} (ovs-vswitchd main thread on CPU \
+                 {native_switch:?}), ovs-ofctl {ofctl:?} (ovs-vswitchd {ofctl_switch:?}, \
+                 ovs-ofctl itself {ofctl_cpu:?})"
+            );
             if round > 0 {
                 native_best = native_best.min(native);
                 ofctl_best = ofctl_best.min(ofctl);
