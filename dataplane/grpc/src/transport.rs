@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
-use http::Request;
+use http::{HeaderMap, Request};
 use monoio::net::TcpStream;
 use monoio_compat::{AsyncRead, AsyncWrite, TcpStreamCompat};
 use rustls::pki_types::ServerName;
@@ -261,4 +261,31 @@ pub async fn recv_data(stream: &mut RecvStream) -> Option<Result<Bytes, h2::Erro
         let _ = stream.flow_control().release_capacity(bytes.len());
     }
     Some(chunk)
+}
+
+/// [`recv_data`] without waiting: `None` if no DATA (or end of stream) has arrived yet. Lets a
+/// forwarder gather what already arrived into one outgoing frame before it waits.
+pub async fn recv_data_now(stream: &mut RecvStream) -> Option<Option<Result<Bytes, h2::Error>>> {
+    let polled = poll_fn(|cx| std::task::Poll::Ready(stream.poll_data(cx))).await;
+    match polled {
+        std::task::Poll::Pending => None,
+        std::task::Poll::Ready(chunk) => {
+            if let Some(Ok(bytes)) = &chunk {
+                let _ = stream.flow_control().release_capacity(bytes.len());
+            }
+            Some(chunk)
+        }
+    }
+}
+
+/// The trailers of a stream whose DATA has ended, without waiting: `None` if they have not
+/// arrived yet.
+pub async fn recv_trailers_now(
+    stream: &mut RecvStream,
+) -> Option<Result<Option<HeaderMap>, h2::Error>> {
+    let polled = poll_fn(|cx| std::task::Poll::Ready(stream.poll_trailers(cx))).await;
+    match polled {
+        std::task::Poll::Pending => None,
+        std::task::Poll::Ready(trailers) => Some(trailers),
+    }
 }

@@ -9,17 +9,20 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use event_listener::Event;
 use h2::client::SendRequest;
 use h2::{RecvStream, SendStream};
 use http::{HeaderMap, HeaderValue, Request};
 use prometheus_client::registry::Registry;
+use prost::Message as _;
 use rustls::pki_types::ServerName;
 use sluice_config::{AgentConfig, Endpoint};
 use sluice_grpc::status::decode_message;
-use sluice_grpc::transport::{connect, recv_data, send_data, ClientConnection, H2Settings};
-use sluice_grpc::{message_pieces, Code, FrameDecoder};
+use sluice_grpc::transport::{
+    connect, recv_data, recv_data_now, recv_trailers_now, send_data, ClientConnection, H2Settings,
+};
+use sluice_grpc::{message_header, message_pieces, Code, FrameDecoder, MESSAGE_HEADER_LEN};
 use sluice_metrics::{PerCoreCounter, PerCoreGauge};
 use sluice_proto::tunnel::v1::{
     connect_request, connect_response, ConnectRequest, Descriptor, Error, Header, Trailer,
@@ -27,7 +30,9 @@ use sluice_proto::tunnel::v1::{
 use sluice_runtime::{BackgroundTask, StopSignal, WorkerContext};
 
 use crate::node::{AGENT_VERSION_HEADER, CONNECTION_ID_HEADER, CONNECT_PATH};
-use crate::wire::{data_frame, frame, metadata_from_headers, metadata_into_headers, TunnelReader};
+use crate::wire::{
+    data_frame, frame, metadata_from_headers, metadata_into_headers, ReadError, TunnelReader,
+};
 
 /// Agent metrics (the agent runs its tunnels on one worker).
 #[derive(Debug, Clone)]
@@ -419,6 +424,7 @@ async fn run_tunnel(
         msg: Some(connect_request::Msg::Descriptor(Descriptor {
             services: Vec::new(),
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            reusable: true,
         })),
     });
     if let Err(error) = send_data(&mut send, descriptor, false).await {
@@ -439,31 +445,39 @@ async fn run_tunnel(
     }
     let mut recv = response.into_body();
     let mut reader = TunnelReader::new(config.max_message_bytes);
-
-    let first = {
-        let _idle = IdleMark::new(pool, &agent.task.metrics);
-        monoio::select! {
-            message = reader.read_response(&mut recv) => Some(message),
-            _ = monoio::time::sleep(config.pool.idle_timeout) => None,
-            _ = stop.wait() => None,
-        }
-    };
-    let info = match first {
-        // Idle too long (or stopping): close this tunnel; the pool keeps its minimum.
-        None => {
-            send.send_reset(h2::Reason::CANCEL);
+    // One call at a time; after a clean one the node puts this tunnel back in its registry and
+    // the next RequestInfo comes down the same stream.
+    loop {
+        let next = {
+            let _idle = IdleMark::new(pool, &agent.task.metrics);
+            monoio::select! {
+                message = reader.read_response(&mut recv) => Some(message),
+                _ = monoio::time::sleep(config.pool.idle_timeout) => None,
+                _ = stop.wait() => None,
+            }
+        };
+        let info = match next {
+            // Idle too long (or stopping): close this tunnel; the pool keeps its minimum.
+            None => {
+                send.send_reset(h2::Reason::CANCEL);
+                return TunnelEnd::Closed;
+            }
+            Some(Ok(Some(connect_response::Msg::RequestInfo(info)))) => info,
+            // The node ended the tunnel (a node that does not reuse tunnels, or draining).
+            Some(Ok(None)) => {
+                end_tunnel(&mut send);
+                return TunnelEnd::Closed;
+            }
+            Some(Ok(Some(_))) => {
+                return TunnelEnd::Broken("the node sent a message before RequestInfo".to_string())
+            }
+            Some(Err(why)) => return TunnelEnd::Broken(why.to_string()),
+        };
+        agent.task.metrics.requests.inc(0);
+        if !forward(agent, info, &mut recv, &mut reader, &mut send).await {
             return TunnelEnd::Closed;
         }
-        Some(Ok(Some(connect_response::Msg::RequestInfo(info)))) => info,
-        Some(Ok(None)) => return TunnelEnd::Closed,
-        Some(Ok(Some(_))) => {
-            return TunnelEnd::Broken("the node sent a message before RequestInfo".to_string())
-        }
-        Some(Err(why)) => return TunnelEnd::Broken(why.to_string()),
-    };
-    agent.task.metrics.requests.inc(0);
-    forward(agent, info, recv, reader, send).await;
-    TunnelEnd::Closed
+    }
 }
 
 impl AgentShared {
@@ -507,21 +521,60 @@ fn end_tunnel(send: &mut SendStream<Bytes>) {
     let _ = send.send_data(Bytes::new(), true);
 }
 
-/// Relays one call between the tunnel and the backend.
+/// Agent -> node messages gathered into one DATA frame until the agent would wait for the
+/// backend: a unary answer (Header, Message, Trailer) arrives together and leaves as one frame.
+struct Batch<'a> {
+    out: BytesMut,
+    send: &'a mut SendStream<Bytes>,
+}
+
+impl Batch<'_> {
+    fn push(&mut self, message: connect_request::Msg) {
+        let message = ConnectRequest { msg: Some(message) };
+        let length = message.encoded_len();
+        self.out.reserve(MESSAGE_HEADER_LEN + length);
+        self.out.put_slice(&message_header(false, length));
+        // Encoding into a buffer with enough capacity cannot fail.
+        let _ = message.encode(&mut self.out);
+    }
+
+    /// A backend message; large ones go out as their own slices, uncopied.
+    async fn push_message(&mut self, pieces: Vec<Bytes>) -> Result<(), h2::Error> {
+        if let [piece] = pieces.as_slice() {
+            self.out.extend_from_slice(piece);
+            return Ok(());
+        }
+        self.flush().await?;
+        for piece in pieces {
+            send_data(self.send, piece, false).await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), h2::Error> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        send_data(self.send, self.out.split().freeze(), false).await
+    }
+}
+
+/// Relays one call between the tunnel and the backend. Returns whether the tunnel can carry
+/// another call: the node sent CloseSend, the agent sent its Trailer, nothing went wrong.
 async fn forward(
     agent: &AgentShared,
     info: sluice_proto::tunnel::v1::RequestInfo,
-    mut node_recv: RecvStream,
-    mut reader: TunnelReader,
-    mut node_send: SendStream<Bytes>,
-) {
+    node_recv: &mut RecvStream,
+    reader: &mut TunnelReader,
+    node_send: &mut SendStream<Bytes>,
+) -> bool {
     let config = &agent.task.config;
     let backend = match agent.backend().await {
         Ok(backend) => backend,
         Err(why) => {
             agent.task.metrics.backend_errors.inc(0);
             let _ = send_frame(
-                &mut node_send,
+                node_send,
                 connect_request::Msg::Error(Error {
                     grpc_status: Code::Unavailable.as_u32(),
                     message: format!(
@@ -530,8 +583,9 @@ async fn forward(
                     ),
                 }),
             );
-            end_tunnel(&mut node_send);
-            return;
+            end_tunnel(node_send);
+            await_node_close(node_recv).await;
+            return false;
         }
     };
     let mut request = Request::post(format!(
@@ -566,19 +620,20 @@ async fn forward(
         Err(error) => {
             agent.task.metrics.backend_errors.inc(0);
             let _ = send_frame(
-                &mut node_send,
+                node_send,
                 connect_request::Msg::Error(Error {
                     grpc_status: Code::Unavailable.as_u32(),
                     message: format!("backend {}: {error}", config.forward_to.url),
                 }),
             );
-            end_tunnel(&mut node_send);
-            await_node_close(&mut node_recv).await;
-            return;
+            end_tunnel(node_send);
+            await_node_close(node_recv).await;
+            return false;
         }
     };
 
     let limit = config.max_message_bytes;
+    let mut close_send_seen = false;
     // Node -> backend: Message* then CloseSend; after that, keep listening to the tunnel so a
     // reset from the node (the client cancelled, or its deadline passed) cancels the backend call.
     let up = async {
@@ -586,21 +641,41 @@ async fn forward(
         // server replies as soon as it has the message); from then on the rest of the request
         // has nowhere to go and is dropped, while the response still flows down.
         let mut backend_open = true;
+        let mut read_ahead = None;
         loop {
-            match reader.read_response(&mut node_recv).await {
+            let next = match read_ahead.take() {
+                Some(next) => next,
+                None => reader.read_response(node_recv).await,
+            };
+            match next {
                 Ok(Some(connect_response::Msg::Message(message))) => {
+                    // A unary request's message and CloseSend arrive together: the message's
+                    // frame then ends the backend stream too.
+                    let following = reader.next_response().map_err(ReadError::Protocol);
+                    let closes = matches!(following, Ok(Some(connect_response::Msg::CloseSend(_))));
+                    if !closes && !matches!(following, Ok(None)) {
+                        read_ahead = Some(following);
+                    }
                     if backend_open {
                         let (first, rest) = message_pieces(message.compressed, message.data);
-                        backend_open = send_data(&mut backend_send, first, false).await.is_ok();
+                        backend_open =
+                            send_data(&mut backend_send, first, closes && rest.is_none())
+                                .await
+                                .is_ok();
                         if let (true, Some(rest)) = (backend_open, rest) {
-                            backend_open = send_data(&mut backend_send, rest, false).await.is_ok();
+                            backend_open = send_data(&mut backend_send, rest, closes).await.is_ok();
                         }
+                    }
+                    if closes {
+                        close_send_seen = true;
+                        break;
                     }
                 }
                 Ok(Some(connect_response::Msg::CloseSend(_))) => {
                     if backend_open {
                         let _ = send_data(&mut backend_send, Bytes::new(), true).await;
                     }
+                    close_send_seen = true;
                     break;
                 }
                 Ok(Some(connect_response::Msg::RequestInfo(_))) => {
@@ -611,64 +686,71 @@ async fn forward(
                 Err(why) => return Err(format!("the node reset the tunnel: {why}")),
             }
         }
-        loop {
-            match recv_data(&mut node_recv).await {
-                Some(Ok(_)) => {}
-                Some(Err(why)) => {
-                    return Err::<(), String>(format!("the node reset the tunnel: {why}"))
-                }
-                // The node finished its side: the call is over; the backend side ends by itself.
-                None => std::future::pending::<()>().await,
-            }
+        // The node sends nothing more for this call: the next message would be the next call's
+        // RequestInfo, which comes only after this call's Trailer (when this future is no
+        // longer polled). A reset means the client cancelled.
+        match reader.read_response(node_recv).await {
+            Ok(Some(_)) => Err("the node sent a message after CloseSend".to_string()),
+            // The node finished its side: the call is over; the backend side ends by itself.
+            Ok(None) => std::future::pending().await,
+            Err(why) => Err(format!("the node reset the tunnel: {why}")),
         }
     };
-    // Backend -> node: Header, Message*, Trailer.
+    // Backend -> node: Header, Message*, Trailer, gathered into as few DATA frames as the
+    // backend's pace allows.
     let down = async {
         let response = response
             .await
             .map_err(|error| format!("backend: {error}"))?;
         let (parts, mut body) = response.into_parts();
+        let mut batch = Batch {
+            out: BytesMut::new(),
+            send: &mut *node_send,
+        };
         if parts.headers.contains_key("grpc-status") {
             // Trailers-only response.
-            let trailer = trailer_from(&parts.headers);
-            send_frame(&mut node_send, connect_request::Msg::Trailer(trailer))
-                .map_err(|e| e.to_string())?;
-            return Ok::<(), String>(());
+            batch.push(connect_request::Msg::Trailer(trailer_from(&parts.headers)));
+            return batch.flush().await.map_err(|e| e.to_string());
         }
-        send_frame(
-            &mut node_send,
-            connect_request::Msg::Header(Header {
-                metadata: metadata_from_headers(&parts.headers),
-            }),
-        )
-        .map_err(|e| e.to_string())?;
+        batch.push(connect_request::Msg::Header(Header {
+            metadata: metadata_from_headers(&parts.headers),
+        }));
         let mut frames = FrameDecoder::new(limit);
-        while let Some(chunk) = recv_data(&mut body).await {
+        loop {
+            let chunk = match recv_data_now(&mut body).await {
+                Some(chunk) => chunk,
+                None => {
+                    batch.flush().await.map_err(|e| e.to_string())?;
+                    recv_data(&mut body).await
+                }
+            };
+            let Some(chunk) = chunk else { break };
             frames.push(chunk.map_err(|error| format!("backend: {error}"))?);
             while let Some(message) = frames
                 .next_message()
                 .map_err(|error| format!("backend: {error}"))?
             {
-                for piece in data_frame(message.data, message.compressed, true) {
-                    send_data(&mut node_send, piece, false)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                }
+                batch
+                    .push_message(data_frame(message.data, message.compressed, true))
+                    .await
+                    .map_err(|e| e.to_string())?;
             }
         }
         frames
             .finish()
             .map_err(|error| format!("backend: {error}"))?;
-        let trailers = poll_fn(|cx| body.poll_trailers(cx))
-            .await
+        let trailers = match recv_trailers_now(&mut body).await {
+            Some(trailers) => trailers,
+            None => {
+                batch.flush().await.map_err(|e| e.to_string())?;
+                poll_fn(|cx| body.poll_trailers(cx)).await
+            }
+        };
+        let trailers = trailers
             .map_err(|error| format!("backend: {error}"))?
             .unwrap_or_default();
-        send_frame(
-            &mut node_send,
-            connect_request::Msg::Trailer(trailer_from(&trailers)),
-        )
-        .map_err(|e| e.to_string())?;
-        Ok(())
+        batch.push(connect_request::Msg::Trailer(trailer_from(&trailers)));
+        batch.flush().await.map_err(|e| e.to_string())
     };
     let outcome = {
         monoio::select! {
@@ -677,24 +759,29 @@ async fn forward(
         }
     };
     match outcome {
+        // The node puts the tunnel back in its registry once it has both our Trailer and its
+        // own CloseSend behind it; otherwise it ends the tunnel.
+        Ok(()) if close_send_seen => true,
         Ok(()) => {
-            end_tunnel(&mut node_send);
-            await_node_close(&mut node_recv).await;
+            end_tunnel(node_send);
+            await_node_close(node_recv).await;
+            false
         }
         Err(why) => {
             tracing::debug!(method = %info.method_name, %why, "call ended early; cancelling both sides");
             backend_send.send_reset(h2::Reason::CANCEL);
             if !why.starts_with("the node") {
                 let _ = send_frame(
-                    &mut node_send,
+                    node_send,
                     connect_request::Msg::Error(Error {
                         grpc_status: Code::Unavailable.as_u32(),
                         message: why,
                     }),
                 );
-                end_tunnel(&mut node_send);
-                await_node_close(&mut node_recv).await;
+                end_tunnel(node_send);
+                await_node_close(node_recv).await;
             }
+            false
         }
     }
 }

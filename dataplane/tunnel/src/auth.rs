@@ -143,7 +143,11 @@ impl JwtValidator {
     /// Checks signature, algorithm, issuer, audience, exp, nbf, iat (not in the future) and that
     /// the token's lifetime (`exp - iat`) is short.
     pub fn validate(&self, headers: &HeaderMap) -> Result<(), AuthError> {
-        let token = bearer_token(headers)?;
+        self.validate_token(bearer_token(headers)?).map(|_| ())
+    }
+
+    /// [`Self::validate`] on a bare token; returns its `exp`.
+    pub fn validate_token(&self, token: &str) -> Result<u64, AuthError> {
         let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(
             |error| match error.kind() {
                 ErrorKind::InvalidSignature => AuthError::BadSignature,
@@ -170,7 +174,73 @@ impl JwtValidator {
         if data.claims.exp.saturating_sub(data.claims.iat) > self.max_lifetime.as_secs() {
             return Err(AuthError::TooLongLived(self.max_lifetime));
         }
+        Ok(data.claims.exp)
+    }
+}
+
+/// Tokens one core has fully verified, with their expiry, so a client that sends the same JWT
+/// on many calls (a connection's worth) pays for one signature check, as Envoy's `jwt_authn`
+/// cache does. Only expiry can change a verified token's verdict (signature, issuer, audience,
+/// lifetime and not-before/issued-at already held), so a hit re-checks expiry alone.
+#[derive(Debug)]
+pub struct VerifiedTokens {
+    tokens: HashMap<Box<str>, u64>,
+    /// Tokens kept at most; beyond it expired ones are dropped, then all.
+    capacity: usize,
+}
+
+impl VerifiedTokens {
+    const CAPACITY: usize = 1024;
+    /// Longer tokens are verified every time rather than kept.
+    const MAX_TOKEN_LEN: usize = 2048;
+
+    pub fn new() -> Self {
+        Self::with_capacity(Self::CAPACITY)
+    }
+
+    fn with_capacity(capacity: usize) -> Self {
+        Self {
+            tokens: HashMap::new(),
+            capacity,
+        }
+    }
+
+    /// [`JwtValidator::validate`], answered from this cache when the token was verified before.
+    pub fn validate(
+        &mut self,
+        validator: &JwtValidator,
+        headers: &HeaderMap,
+    ) -> Result<(), AuthError> {
+        let token = bearer_token(headers)?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let live = |exp: u64| exp.saturating_add(validator.leeway.as_secs()) >= now;
+        if let Some(&exp) = self.tokens.get(token) {
+            if live(exp) {
+                return Ok(());
+            }
+            self.tokens.remove(token);
+            return Err(AuthError::Expired);
+        }
+        let exp = validator.validate_token(token)?;
+        if token.len() <= Self::MAX_TOKEN_LEN {
+            if self.tokens.len() >= self.capacity {
+                self.tokens.retain(|_, exp| live(*exp));
+                if self.tokens.len() >= self.capacity {
+                    self.tokens.clear();
+                }
+            }
+            self.tokens.insert(token.into(), exp);
+        }
         Ok(())
+    }
+}
+
+impl Default for VerifiedTokens {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -236,6 +306,59 @@ mod tests {
             validator.validate(&headers(&format!("Bearer {good}"))),
             Ok(())
         );
+    }
+
+    #[test]
+    fn the_cache_answers_like_the_validator_and_rechecks_expiry() {
+        let validator = JwtValidator::new(&config());
+        let mut cache = VerifiedTokens::new();
+        let n = now();
+        let good = headers(&format!(
+            "Bearer {}",
+            token(SECRET, "gitlab", "gitlab-kas", n, n + 30)
+        ));
+        assert_eq!(cache.validate(&validator, &good), Ok(()));
+        assert_eq!(cache.tokens.len(), 1);
+        assert_eq!(cache.validate(&validator, &good), Ok(()), "a hit");
+        // A bad token is never kept, and refused every time with its reason.
+        let forged = headers(&format!(
+            "Bearer {}",
+            token(
+                b"another-secret-another-secret-xx",
+                "gitlab",
+                "gitlab-kas",
+                n,
+                n + 30
+            )
+        ));
+        for _ in 0..2 {
+            assert_eq!(
+                cache.validate(&validator, &forged),
+                Err(AuthError::BadSignature)
+            );
+        }
+        assert_eq!(cache.tokens.len(), 1);
+        // An entry past its expiry (plus leeway) is refused and dropped.
+        let token_text = cache.tokens.keys().next().unwrap().clone();
+        cache.tokens.insert(token_text, n - 10);
+        assert_eq!(cache.validate(&validator, &good), Err(AuthError::Expired));
+        assert!(cache.tokens.is_empty());
+    }
+
+    #[test]
+    fn the_cache_stays_bounded() {
+        let validator = JwtValidator::new(&config());
+        let mut cache = VerifiedTokens::with_capacity(100);
+        let n = now();
+        for i in 0..300 {
+            // Distinct tokens: distinct (issued-at, expiry) pairs within the allowed lifetime.
+            let text = token(SECRET, "gitlab", "gitlab-kas", n - i % 50, n + 1 + i / 50);
+            assert_eq!(
+                cache.validate(&validator, &headers(&format!("Bearer {text}"))),
+                Ok(())
+            );
+            assert!(cache.tokens.len() <= 100);
+        }
     }
 
     #[test]

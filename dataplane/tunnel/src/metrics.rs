@@ -59,6 +59,7 @@ pub struct TunnelMetrics {
     pub request_duration: PerCoreHistogram,
     pub wait_duration: PerCoreHistogram,
     pub protocol_errors: PerCoreCounter,
+    pub tunnels_reused: PerCoreCounter,
     methods: Arc<Mutex<HashSet<String>>>,
 }
 
@@ -93,6 +94,7 @@ impl TunnelMetrics {
             request_duration: PerCoreHistogram::new(workers, PerCoreHistogram::latency_bounds()),
             wait_duration: PerCoreHistogram::new(workers, PerCoreHistogram::latency_bounds()),
             protocol_errors: PerCoreCounter::new(workers),
+            tunnels_reused: PerCoreCounter::new(workers),
             methods: Arc::default(),
         };
         registry.register(
@@ -134,6 +136,11 @@ impl TunnelMetrics {
             "sluice_tunnel_protocol_errors",
             "Malformed frames or messages from agents or clients",
             metrics.protocol_errors.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_tunnels_reused",
+            "Tunnels put back in the registry after a clean call (agents that declare reusable)",
+            metrics.tunnels_reused.clone(),
         );
         metrics
     }

@@ -22,7 +22,7 @@ use prost::Message as _;
 use rustls::ServerConfig;
 use sluice_config::{ListenerConfig, TunnelConfig};
 use sluice_grpc::status::encode_message as encode_grpc_message;
-use sluice_grpc::transport::{compat, recv_data, send_data, serve, H2Settings};
+use sluice_grpc::transport::{compat, recv_data, recv_data_now, send_data, serve, H2Settings};
 use sluice_grpc::{
     encode_message, encode_timeout, message_pieces, parse_timeout, Code, FrameDecoder,
 };
@@ -35,7 +35,7 @@ use sluice_runtime::{
     ConnectionContext, ConnectionHandler, HandlerFactory, TcpStream, WorkerContext,
 };
 
-use crate::auth::{AgentTokens, JwtValidator};
+use crate::auth::{AgentTokens, JwtValidator, VerifiedTokens};
 use crate::metrics::TunnelMetrics;
 use crate::registry::{AgentId, ConnectionRegistry};
 use crate::wire::{
@@ -297,6 +297,8 @@ pub struct TunnelStreams {
     send: SendStream<Bytes>,
     /// Bytes already read from `recv`.
     reader: TunnelReader,
+    /// The agent takes further calls on this tunnel after a clean one (its Descriptor says so).
+    reusable: bool,
     _open: OpenTunnel,
 }
 
@@ -468,8 +470,8 @@ async fn accept_tunnel(
     let mut recv = request.into_body();
     let mut reader = TunnelReader::new(node.max_message_bytes);
     let first = monoio::time::timeout(DESCRIPTOR_TIMEOUT, reader.read_request(&mut recv)).await;
-    match first {
-        Ok(Ok(Some(connect_request::Msg::Descriptor(_)))) => {}
+    let reusable = match first {
+        Ok(Ok(Some(connect_request::Msg::Descriptor(descriptor)))) => descriptor.reusable,
         Ok(Ok(Some(_))) => {
             node.metrics.protocol_errors.inc(conn.worker());
             respond_status(
@@ -493,7 +495,7 @@ async fn accept_tunnel(
             );
             return;
         }
-    }
+    };
     let Ok(send) = respond.send_response(grpc_headers(), false) else {
         return;
     };
@@ -512,6 +514,7 @@ async fn accept_tunnel(
         recv,
         send,
         reader,
+        reusable,
         _open: open,
     };
     hold_idle(node, streams, conn.draining()).await;
@@ -605,7 +608,20 @@ struct ExternalHandler {
     /// allocates nothing.
     counters: RefCell<HashMap<String, [Option<PerCoreCounter>; 17]>>,
     peers: RefCell<HashMap<std::net::SocketAddr, h2::client::SendRequest<Bytes>>>,
+    /// Per agent: when the tracker was last asked and the other nodes it listed.
+    remote_listings: RefCell<HashMap<AgentId, RemoteListing>>,
+    /// Client JWTs this core has verified.
+    verified_tokens: RefCell<VerifiedTokens>,
 }
+
+type RemoteListing = (Instant, Vec<(String, std::net::SocketAddr)>);
+
+/// How long a core reuses the tracker's listing of an agent's nodes. Agents' Redis entries live
+/// for minutes and are refreshed well before they expire; a second is short enough that a new
+/// node holding the agent is seen at once (an arrival wakes waiting calls anyway).
+const REMOTE_LISTING_TTL: Duration = Duration::from_secs(1);
+/// Listings kept per core at most.
+const MAX_REMOTE_LISTINGS: usize = 4096;
 
 impl ExternalHandler {
     fn new(node: &Arc<NodeShared>, mode: Endpoint) -> Self {
@@ -614,6 +630,8 @@ impl ExternalHandler {
             mode,
             counters: RefCell::default(),
             peers: RefCell::default(),
+            remote_listings: RefCell::default(),
+            verified_tokens: RefCell::default(),
         }
     }
 
@@ -725,7 +743,10 @@ impl ExternalHandler {
     ) -> Code {
         let node = &self.node;
         let validated = match (self.mode, &node.private_jwt) {
-            (Endpoint::External, _) => node.jwt.validate(request.headers()),
+            (Endpoint::External, _) => self
+                .verified_tokens
+                .borrow_mut()
+                .validate(&node.jwt, request.headers()),
             (Endpoint::Private, Some((validator, _))) => validator.validate(request.headers()),
             (Endpoint::Private, None) => Err(crate::auth::AuthError::InvalidToken(
                 "no private JWT configured",
@@ -788,6 +809,9 @@ impl ExternalHandler {
             deadline.min(waited + node.max_wait)
         });
         let mut tried_nodes: Vec<String> = Vec::new();
+        // Request body chunks read before a tunnel took the call, and whether the body ended.
+        let mut early: Vec<Bytes> = Vec::new();
+        let mut body_ended = false;
         loop {
             let route = match self
                 .decide_route(
@@ -810,12 +834,11 @@ impl ExternalHandler {
             };
             match route {
                 Route::Local(mut tunnel) => {
-                    let mut first_chunk = None;
                     if self.mode == Endpoint::Private && expects_continue(&parts.headers) {
                         // The routing node races several nodes: say this one has a tunnel, and
                         // hand it back to the registry unused if another node wins.
                         match self.confirm_ready(&mut respond, &mut body).await {
-                            Ok(chunk) => first_chunk = chunk,
+                            Ok(chunk) => early.extend(chunk),
                             Err(()) => {
                                 let node = node.clone();
                                 let conn = conn.clone();
@@ -842,25 +865,40 @@ impl ExternalHandler {
                             metadata: metadata.clone(),
                         })),
                     });
+                    // A unary request usually arrived whole with its headers: then RequestInfo,
+                    // its messages and CloseSend go down the tunnel as one DATA frame.
+                    if !body_ended {
+                        match take_ready_chunks(&mut body, &mut early).await {
+                            Ok(ended) => body_ended = ended,
+                            Err(_) => return Code::Cancelled,
+                        }
+                    }
+                    let whole = body_ended
+                        .then(|| whole_request(info.clone(), &early, node.max_message_bytes))
+                        .flatten();
+                    let request_sent = whole.is_some();
                     // A tunnel that broke while idle fails here, before the client saw anything:
-                    // decide again.
-                    if send_data(&mut tunnel.send, info, false).await.is_err() {
+                    // decide again (the body read so far is kept for the next tunnel).
+                    if send_data(&mut tunnel.send, whole.unwrap_or(info), false)
+                        .await
+                        .is_err()
+                    {
                         node.metrics.route("retried", conn.worker());
                         continue;
                     }
                     node.metrics
                         .wait_duration
                         .observe(conn.worker(), waited.elapsed().as_secs_f64());
+                    let up = Upload {
+                        early: if request_sent {
+                            Vec::new()
+                        } else {
+                            std::mem::take(&mut early)
+                        },
+                        sent: request_sent,
+                    };
                     return self
-                        .relay(
-                            tunnel,
-                            first_chunk,
-                            &mut body,
-                            respond,
-                            deadline,
-                            agent,
-                            conn.worker(),
-                        )
+                        .relay(tunnel, up, &mut body, respond, deadline, agent, conn)
                         .await;
                 }
                 Route::Remote(candidates) => {
@@ -947,29 +985,20 @@ impl ExternalHandler {
                 }
             }
             if let Some(tracker) = tracker {
-                match monoio::time::timeout_at(wait_until.into(), tracker.lookup(agent)).await {
-                    Ok(Ok(entries)) => {
-                        let candidates: Vec<(String, std::net::SocketAddr)> = entries
-                            .into_iter()
-                            .filter(|entry| {
-                                entry.node != node.node_name && !tried_nodes.contains(&entry.node)
-                            })
-                            .filter_map(|entry| {
-                                entry
-                                    .private_address
-                                    .parse()
-                                    .ok()
-                                    .map(|address| (entry.node, address))
-                            })
-                            .collect();
-                        if !candidates.is_empty() {
-                            node.metrics.route("remote", worker);
-                            return Ok(Route::Remote(candidates));
-                        }
-                    }
-                    // Redis is away: local tunnels still work; remote routing resumes with it.
-                    Ok(Err(error)) => tracing::debug!(agent, %error, "tracker lookup failed"),
-                    Err(_) => {}
+                let candidates: Vec<(String, std::net::SocketAddr)> = self
+                    .remote_nodes(
+                        tracker,
+                        agent,
+                        wait_until,
+                        waited || !tried_nodes.is_empty(),
+                    )
+                    .await
+                    .into_iter()
+                    .filter(|(name, _)| !tried_nodes.contains(name))
+                    .collect();
+                if !candidates.is_empty() {
+                    node.metrics.route("remote", worker);
+                    return Ok(Route::Remote(candidates));
                 }
             }
             waited = true;
@@ -1025,6 +1054,64 @@ impl ExternalHandler {
                 }
             }
         }
+    }
+
+    /// The other nodes the tracker lists for `agent` (name, private endpoint). A listing is
+    /// kept on this core for `REMOTE_LISTING_TTL`, so a stream of calls for one agent does not
+    /// wait on Redis per call; `fresh` (a retry after a failed race, or a wake-up) asks Redis
+    /// again. A stale listing costs at most one failed race, after which the call looks up
+    /// afresh. An empty listing is never kept.
+    async fn remote_nodes(
+        &self,
+        tracker: &sluice_tracker::TrackerHandle,
+        agent: AgentId,
+        wait_until: Instant,
+        fresh: bool,
+    ) -> Vec<(String, std::net::SocketAddr)> {
+        let now = Instant::now();
+        if !fresh {
+            if let Some((fetched, nodes)) = self.remote_listings.borrow().get(&agent) {
+                if now.duration_since(*fetched) < REMOTE_LISTING_TTL {
+                    return nodes.clone();
+                }
+            }
+        }
+        let entries = match monoio::time::timeout_at(wait_until.into(), tracker.lookup(agent)).await
+        {
+            Ok(Ok(entries)) => entries,
+            // Redis is away: local tunnels still work; remote routing resumes with it.
+            Ok(Err(error)) => {
+                tracing::debug!(agent, %error, "tracker lookup failed");
+                return Vec::new();
+            }
+            Err(_) => return Vec::new(),
+        };
+        let nodes: Vec<(String, std::net::SocketAddr)> = entries
+            .into_iter()
+            .filter(|entry| entry.node != self.node.node_name)
+            .filter_map(|entry| {
+                entry
+                    .private_address
+                    .parse()
+                    .ok()
+                    .map(|address| (entry.node, address))
+            })
+            .collect();
+        if nodes.is_empty() {
+            // Not kept: the agent's arrival on another node must be seen by the next call.
+            self.remote_listings.borrow_mut().remove(&agent);
+            return nodes;
+        }
+        let mut listings = self.remote_listings.borrow_mut();
+        // Agent ids come from clients: bound the cache (expired entries first, then all).
+        if listings.len() >= MAX_REMOTE_LISTINGS {
+            listings.retain(|_, (fetched, _)| now.duration_since(*fetched) < REMOTE_LISTING_TTL);
+            if listings.len() >= MAX_REMOTE_LISTINGS {
+                listings.clear();
+            }
+        }
+        listings.insert(agent, (now, nodes.clone()));
+        nodes
     }
 
     /// This core's connection to another node's private endpoint.
@@ -1245,7 +1332,7 @@ impl ExternalHandler {
         };
         let outcome = run_call(up, down, deadline).await;
         match outcome {
-            Ok(code) => code,
+            Ok((code, _)) => code,
             Err(fault) => {
                 peer_send.send_reset(h2::Reason::CANCEL);
                 let (code, message) = match fault {
@@ -1269,13 +1356,14 @@ impl ExternalHandler {
     async fn relay(
         &self,
         mut tunnel: TunnelStreams,
-        first_chunk: Option<Bytes>,
+        up: Upload,
         client_body: &mut RecvStream,
         respond: SendResponse<Bytes>,
         deadline: Option<Instant>,
         agent: AgentId,
-        worker: usize,
+        conn: &ConnectionContext,
     ) -> Code {
+        let worker = conn.worker();
         let limit = self.node.max_message_bytes;
         let mut respond = respond;
         let mut responder = Responder {
@@ -1283,16 +1371,31 @@ impl ExternalHandler {
             stream: None,
         };
         let outcome = {
-            let up = pump_up(first_chunk, client_body, &mut tunnel.send, limit);
+            let up = pump_up(up, client_body, &mut tunnel.send, limit);
             let down = pump_down(&mut tunnel.recv, &mut tunnel.reader, &mut responder);
             run_call(up, down, deadline).await
         };
         match outcome {
-            Ok(code) => {
-                // Close the tunnel's Connect call properly; the agent opens a fresh tunnel.
-                let mut trailers = HeaderMap::new();
-                status_headers(&mut trailers, Code::Ok, "");
-                let _ = tunnel.send.send_trailers(trailers);
+            Ok(((code, ended_with_trailer), up_finished)) => {
+                if tunnel.reusable
+                    && ended_with_trailer
+                    && up_finished
+                    && tunnel.reader.buffered() == 0
+                {
+                    // Both sides finished cleanly: the agent waits for the next RequestInfo on
+                    // this stream, so the tunnel goes back to the registry instead of closing.
+                    self.node.metrics.tunnels_reused.inc(worker);
+                    let node = self.node.clone();
+                    let conn = conn.clone();
+                    monoio::spawn(async move {
+                        hold_idle(node, tunnel, async move { conn.draining().await }).await;
+                    });
+                } else {
+                    // Close the tunnel's Connect call properly; the agent opens a fresh tunnel.
+                    let mut trailers = HeaderMap::new();
+                    status_headers(&mut trailers, Code::Ok, "");
+                    let _ = tunnel.send.send_trailers(trailers);
+                }
                 code
             }
             Err(fault) => {
@@ -1423,12 +1526,13 @@ impl Responder<'_> {
 
 /// Runs the request pump and the response pump of one call together. The call ends when the
 /// response pump does (a server may answer before the request ends) or when the request pump
-/// fails; `Err(None)` means the deadline passed first.
+/// fails; `Err(None)` means the deadline passed first. `Ok` carries whether the request pump had
+/// finished too.
 async fn run_call<T>(
     up: impl std::future::Future<Output = Result<(), Fault>>,
     down: impl std::future::Future<Output = Result<T, Fault>>,
     deadline: Option<Instant>,
-) -> Result<T, Option<Fault>> {
+) -> Result<(T, bool), Option<Fault>> {
     let both = async {
         let mut up = std::pin::pin!(up);
         let mut down = std::pin::pin!(down);
@@ -1439,7 +1543,16 @@ async fn run_call<T>(
                     Ok(()) => up_done = true,
                     Err(fault) => return Err(fault),
                 },
-                received = &mut down => return received,
+                received = &mut down => {
+                    // The request pump may be finished without having been polled since (a
+                    // request sent whole before the relay started): ask it once more.
+                    if !up_done {
+                        let polled =
+                            poll_fn(|cx| std::task::Poll::Ready(up.as_mut().poll(cx))).await;
+                        up_done = matches!(polled, std::task::Poll::Ready(Ok(())));
+                    }
+                    return received.map(|value| (value, up_done));
+                }
             }
         }
     };
@@ -1452,17 +1565,73 @@ async fn run_call<T>(
     }
 }
 
+/// What of the client's request went down the tunnel before the relay started.
+struct Upload {
+    /// Body chunks read early, not yet sent.
+    early: Vec<Bytes>,
+    /// The whole request (messages and CloseSend) went out with the RequestInfo.
+    sent: bool,
+}
+
+/// Reads the request body chunks that already arrived, without waiting; returns whether the
+/// body ended.
+async fn take_ready_chunks(body: &mut RecvStream, chunks: &mut Vec<Bytes>) -> Result<bool, Fault> {
+    // A request too big to copy into one frame is streamed by the pump instead.
+    while chunks.iter().map(Bytes::len).sum::<usize>() <= WHOLE_REQUEST_LIMIT {
+        match recv_data_now(body).await {
+            Some(Some(Ok(chunk))) => chunks.push(chunk),
+            Some(Some(Err(_))) => return Err(Fault::ClientGone),
+            Some(None) => return Ok(true),
+            None => return Ok(false),
+        }
+    }
+    Ok(false)
+}
+
+/// Requests up to this size (all messages) are copied into the RequestInfo's DATA frame.
+const WHOLE_REQUEST_LIMIT: usize = 16 * 1024;
+
+/// `info` followed by every message of a complete request body and CloseSend, as one buffer;
+/// `None` if the body is not well-formed gRPC framing (the pump then reports it the usual way)
+/// or too big to copy.
+fn whole_request(info: Bytes, chunks: &[Bytes], limit: usize) -> Option<Bytes> {
+    let size: usize = chunks.iter().map(Bytes::len).sum();
+    if size > WHOLE_REQUEST_LIMIT {
+        return None;
+    }
+    let close = frame(&ConnectResponse {
+        msg: Some(connect_response::Msg::CloseSend(CloseSend {})),
+    });
+    let mut out = bytes::BytesMut::with_capacity(info.len() + size + 16 + close.len());
+    out.extend_from_slice(&info);
+    let mut frames = FrameDecoder::new(limit);
+    for chunk in chunks {
+        frames.push(chunk.clone());
+    }
+    while let Some(message) = frames.next_message().ok()? {
+        for piece in data_frame(message.data, message.compressed, false) {
+            out.extend_from_slice(&piece);
+        }
+    }
+    frames.finish().ok()?;
+    out.extend_from_slice(&close);
+    Some(out.freeze())
+}
+
 /// Client -> agent: each gRPC message of the client becomes a tunnel Message, then CloseSend.
 async fn pump_up(
-    first_chunk: Option<Bytes>,
+    up: Upload,
     client_body: &mut RecvStream,
     tunnel: &mut SendStream<Bytes>,
     limit: usize,
 ) -> Result<(), Fault> {
+    if up.sent {
+        return Ok(());
+    }
+    let mut early = up.early.into_iter();
     let mut frames = FrameDecoder::new(limit);
-    let mut first_chunk = first_chunk;
     loop {
-        let chunk = match first_chunk.take() {
+        let chunk = match early.next() {
             Some(chunk) => chunk,
             None => match recv_data(client_body).await {
                 Some(chunk) => chunk.map_err(|_| Fault::ClientGone)?,
@@ -1493,11 +1662,12 @@ async fn pump_up(
 }
 
 /// Agent -> client: Header, Message*, then Trailer or Error; returns the call's status code.
+/// Returns the call's status code and whether the agent ended it with a Trailer (not an Error).
 async fn pump_down(
     recv: &mut RecvStream,
     reader: &mut TunnelReader,
     responder: &mut Responder<'_>,
-) -> Result<Code, Fault> {
+) -> Result<(Code, bool), Fault> {
     loop {
         let next = monoio::select! {
             message = reader.read_request(recv) => Some(message),
@@ -1564,12 +1734,12 @@ async fn pump_down(
                         let _ = responder.respond.send_response(response, true);
                     }
                 }
-                return Ok(code);
+                return Ok((code, true));
             }
             connect_request::Msg::Error(error) => {
                 let code = Code::from_u32(error.grpc_status);
                 responder.finish(code, &error.message);
-                return Ok(code);
+                return Ok((code, false));
             }
             connect_request::Msg::Descriptor(_) => {
                 return Err(Fault::AgentProtocol(

@@ -116,6 +116,11 @@ impl TunnelReader {
         Ok(self.frames.finish()?)
     }
 
+    /// Bytes received but not yet returned as messages.
+    pub fn buffered(&self) -> usize {
+        self.frames.buffered()
+    }
+
     /// Reads the next agent -> node message from `recv`, pulling DATA frames as needed.
     /// `Ok(None)`: the peer ended the stream cleanly.
     pub async fn read_request(

@@ -1,0 +1,174 @@
+//! Tunnel reuse on the wire: an agent that declares `reusable` gets the next call on the same
+//! Connect stream after a clean call; one that does not (a kas-style agent), or a call that ends
+//! with an Error, gets its tunnel closed by the node.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use common::*;
+use h2::{RecvStream, SendStream};
+use sluice_grpc::encode_message;
+use sluice_grpc::transport::recv_data;
+use sluice_proto::tunnel::v1::{
+    connect_request, connect_response, ConnectRequest, Descriptor, Error, Header, Message, Trailer,
+};
+use sluice_runtime::Driver;
+use sluice_tunnel::wire::{frame, TunnelReader};
+
+fn descriptor_reusable(reusable: bool) -> Bytes {
+    frame(&ConnectRequest {
+        msg: Some(connect_request::Msg::Descriptor(Descriptor {
+            reusable,
+            ..Descriptor::default()
+        })),
+    })
+}
+
+fn agent_frame(message: connect_request::Msg) -> Bytes {
+    frame(&ConnectRequest { msg: Some(message) })
+}
+
+/// Reads one call from the fake agent's side of the tunnel: RequestInfo, the messages, CloseSend.
+/// Returns the method and the messages' payloads.
+async fn read_call(recv: &mut RecvStream, reader: &mut TunnelReader) -> (String, Vec<Bytes>) {
+    let first = next_message(recv, reader).await;
+    let Some(connect_response::Msg::RequestInfo(info)) = first else {
+        panic!("a call starts with RequestInfo, got {first:?}");
+    };
+    let mut messages = Vec::new();
+    loop {
+        match next_message(recv, reader).await {
+            Some(connect_response::Msg::Message(message)) => messages.push(message.data),
+            Some(connect_response::Msg::CloseSend(_)) => return (info.method_name, messages),
+            other => panic!("expected Message or CloseSend, got {other:?}"),
+        }
+    }
+}
+
+async fn next_message(
+    recv: &mut RecvStream,
+    reader: &mut TunnelReader,
+) -> Option<connect_response::Msg> {
+    monoio::time::timeout(Duration::from_secs(10), reader.read_response(recv))
+        .await
+        .expect("the node sends the call within 10s")
+        .expect("a readable tunnel")
+}
+
+/// Answers a call as a unary backend would, all in one DATA frame.
+fn answer(send: &mut SendStream<Bytes>, payload: &[u8]) {
+    let mut out = BytesMut::new();
+    out.extend_from_slice(&agent_frame(
+        connect_request::Msg::Header(Header::default()),
+    ));
+    out.extend_from_slice(&agent_frame(connect_request::Msg::Message(Message {
+        data: encode_message(false, payload),
+        compressed: false,
+    })));
+    out.extend_from_slice(&agent_frame(connect_request::Msg::Trailer(Trailer {
+        grpc_status: 0,
+        ..Trailer::default()
+    })));
+    send.send_data(out.freeze(), false).unwrap();
+}
+
+/// Whether the node ends the tunnel (end of stream or reset) within `within`.
+async fn node_ends_tunnel(recv: &mut RecvStream, within: Duration) -> bool {
+    monoio::time::timeout(within, async {
+        if let Some(Ok(chunk)) = recv_data(recv).await {
+            panic!("unexpected data after the call: {chunk:?}");
+        }
+    })
+    .await
+    .is_ok()
+}
+
+#[test]
+fn a_reusable_tunnel_carries_call_after_call_on_one_stream() {
+    for driver in [Driver::IoUring, Driver::Legacy] {
+        let node = start_node(driver);
+        block_on(async {
+            let (mut recv, mut send, refused) =
+                fake_tunnel(node.agent, descriptor_reusable(true)).await;
+            assert_eq!(refused, None, "{driver}");
+            let mut reader = TunnelReader::new(LIMIT);
+            for round in 0..3u8 {
+                let payload = vec![b'a' + round; 3];
+                let call = monoio::spawn(raw_call(
+                    node.external,
+                    "/test.Echo/Unary",
+                    vec![encode_message(false, &payload)],
+                ));
+                let (method, messages) = read_call(&mut recv, &mut reader).await;
+                assert_eq!(method, "/test.Echo/Unary", "{driver} round {round}");
+                assert_eq!(
+                    messages,
+                    vec![encode_message(false, &payload).slice(5..)],
+                    "{driver} round {round}"
+                );
+                answer(&mut send, b"pong");
+                let (status, message) = call.await;
+                assert_eq!(status, "0", "{driver} round {round}: {message}");
+            }
+        });
+        assert_eq!(
+            node.shared.metrics.tunnels_reused.sum(),
+            3,
+            "{driver}: every clean call put the tunnel back"
+        );
+        still_serves(&node);
+    }
+}
+
+#[test]
+fn a_one_shot_agent_or_a_failed_call_gets_its_tunnel_closed() {
+    for driver in [Driver::IoUring, Driver::Legacy] {
+        let node = start_node(driver);
+        block_on(async {
+            // A kas-style agent (no `reusable`): the node closes the tunnel after the call.
+            let (mut recv, mut send, _) = fake_tunnel(node.agent, descriptor_reusable(false)).await;
+            let mut reader = TunnelReader::new(LIMIT);
+            let call = monoio::spawn(raw_call(
+                node.external,
+                "/test.Echo/Unary",
+                vec![encode_message(false, b"x")],
+            ));
+            read_call(&mut recv, &mut reader).await;
+            answer(&mut send, b"y");
+            assert_eq!(call.await.0, "0", "{driver}");
+            assert!(
+                node_ends_tunnel(&mut recv, Duration::from_secs(5)).await,
+                "{driver}: a one-shot tunnel is closed after its call"
+            );
+
+            // A reusable agent whose call ends with an Error: not reused either.
+            let (mut recv, mut send, _) = fake_tunnel(node.agent, descriptor_reusable(true)).await;
+            let mut reader = TunnelReader::new(LIMIT);
+            let call = monoio::spawn(raw_call(
+                node.external,
+                "/test.Echo/Unary",
+                vec![encode_message(false, b"x")],
+            ));
+            read_call(&mut recv, &mut reader).await;
+            send.send_data(
+                agent_frame(connect_request::Msg::Error(Error {
+                    grpc_status: 14,
+                    message: "backend down".to_string(),
+                })),
+                false,
+            )
+            .unwrap();
+            let (status, message) = call.await;
+            assert_eq!(status, "14", "{driver}: {message}");
+            assert!(
+                node_ends_tunnel(&mut recv, Duration::from_secs(5)).await,
+                "{driver}: a tunnel whose call failed is closed"
+            );
+        });
+        assert_eq!(node.shared.metrics.tunnels_reused.sum(), 0, "{driver}");
+        still_serves(&node);
+    }
+}
