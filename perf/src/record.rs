@@ -33,10 +33,7 @@ impl RunRecord {
         if total == 0 {
             return 0.0;
         }
-        let ok = self
-            .h2load
-            .status_2xx
-            .saturating_sub(self.grpc_errors.unwrap_or(0));
+        let ok = total.saturating_sub(self.h2load.errors() + self.grpc_errors.unwrap_or(0));
         self.h2load.requests_per_second * ok as f64 / total as f64
     }
 
@@ -220,6 +217,8 @@ pub(crate) mod tests {
         let mut failing = record("b", 1, 50.0, 0);
         failing.grpc_errors = Some(3);
         failing.h2load.status_2xx = 998;
+        failing.h2load.status_5xx = 2;
+        failing.h2load.failed = 2;
         assert_eq!(failing.ok_per_second(), 50.0 * 995.0 / 1000.0);
         let summary = &summarize(&[failing])[0];
         assert_eq!(summary.errors, 5);
