@@ -2,7 +2,8 @@
 # Runs one scenario of the Sluice macro benchmark and writes JSON, Markdown and SVG plots to
 # perf/results/<scenario>/ (perf/results/<scenario>-smoke/ with --smoke).
 #
-#   perf/run.sh tunnel [--smoke]   unary gRPC: direct, HAProxy, Sluice one node, Sluice two nodes
+#   perf/run.sh gateway [--smoke]  Kubernetes API over TLS: direct, HAProxy, nginx, Sluice gateway
+#   perf/run.sh tunnel [--smoke]   unary gRPC: direct, HAProxy, nginx, Sluice one node, two nodes
 #   perf/run.sh idle [--smoke]     10,000 idle agent tunnels on one node: RSS and CPU
 #   perf/run.sh policy [--smoke]   criterion benches of sluice-benches, lifted into a summary
 #
@@ -16,9 +17,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
 scenario=${1:-}
 case "$scenario" in
-  tunnel | idle | policy) shift ;;
+  gateway | tunnel | idle | policy) shift ;;
   *)
-    echo "usage: perf/run.sh tunnel|idle|policy [--smoke] [harness options]" >&2
+    echo "usage: perf/run.sh gateway|tunnel|idle|policy [--smoke] [harness options]" >&2
     exit 2
     ;;
 esac
@@ -47,10 +48,10 @@ for argument in "$@"; do
 done
 
 if [ "$profile" = release ]; then
-  cargo build --release --locked -p sluice -p sluice-perf
+  cargo build --release --locked -p sluice -p sluice-perf -p sluice-apiserver-sim
   bin=$CARGO_TARGET_DIR/release
 else
-  cargo build --locked -p sluice -p sluice-perf
+  cargo build --locked -p sluice -p sluice-perf -p sluice-apiserver-sim
   bin=$CARGO_TARGET_DIR/debug
 fi
 exec "$bin/sluice-perf" "$scenario" --sluice "$bin/sluice" --workspace "$root" \

@@ -65,8 +65,9 @@ run_lint() {
 }
 
 run_perf_smoke() {
-  log "perf harness smoke run (perf/run.sh tunnel --smoke; numbers are not measurements)"
+  log "perf harness smoke runs (perf/run.sh tunnel|gateway --smoke; numbers are not measurements)"
   SLUICE_PERF_PROFILE=dev perf/run.sh tunnel --smoke
+  SLUICE_PERF_PROFILE=dev perf/run.sh gateway --smoke
 }
 
 case "$tier" in

@@ -25,12 +25,17 @@ pub struct H2loadSummary {
     pub status_2xx: u64,
     pub status_4xx: u64,
     pub status_5xx: u64,
+    /// Response body bytes received (the `traffic:` line's `data`; 0 if absent).
+    pub data_bytes: u64,
 }
 
 impl H2loadSummary {
-    /// Requests that did not complete with a 2xx answer.
+    /// Requests h2load counts as failed: connection errors and timeouts (`errored`, `timeout`)
+    /// and answers with a status other than 2xx/3xx all count there. Not `total - 2xx`: in a
+    /// timed run h2load resets its request counts after the warm-up but not quite in step with
+    /// its status counts, so that difference is a few dozen either way with nothing failing.
     pub fn errors(&self) -> u64 {
-        self.total.saturating_sub(self.status_2xx)
+        self.failed
     }
 }
 
@@ -69,6 +74,15 @@ fn count_before(line: &str, word: &str) -> Option<u64> {
         let number = words.next()?;
         (last == word).then(|| number.parse().ok()).flatten()
     })
+}
+
+/// The exact byte count of `... 1001.77KB (1025814) data` in h2load's `traffic:` line.
+fn traffic_data_bytes(traffic: &str) -> Option<u64> {
+    let part = traffic
+        .split(',')
+        .find(|part| part.trim_end().ends_with(" data"))?;
+    let inner = part.split_once('(')?.1.split_once(')')?.0;
+    inner.trim().parse().ok()
 }
 
 /// Parses h2load's standard output (the `finished in`, `requests:` and `status codes:` lines).
@@ -119,6 +133,11 @@ pub fn parse_summary(output: &str) -> Result<H2loadSummary, ParseError> {
     summary.status_2xx = count_before(statuses, "2xx").unwrap_or(0);
     summary.status_4xx = count_before(statuses, "4xx").unwrap_or(0);
     summary.status_5xx = count_before(statuses, "5xx").unwrap_or(0);
+    summary.data_bytes = output
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("traffic:"))
+        .and_then(traffic_data_bytes)
+        .unwrap_or(0);
     Ok(summary)
 }
 
@@ -165,38 +184,132 @@ impl Percentiles {
     }
 }
 
+/// How long one h2load invocation runs.
+#[derive(Debug, Clone, Copy)]
+pub enum Load {
+    /// `-n`: this many requests, connection set-up included.
+    Requests(u64),
+    /// `--warm-up-time` then `-D`: h2load counts (and logs) only the requests of the main
+    /// duration, so TLS handshakes and connection set-up stay out of the figures.
+    Timed {
+        warm_up: Duration,
+        duration: Duration,
+    },
+}
+
 /// One h2load invocation: `clients` connections with `streams` concurrent streams each.
 #[derive(Debug, Clone)]
 pub struct H2load {
     pub url: String,
-    pub requests: u64,
+    pub load: Load,
     pub clients: u32,
     pub streams: u32,
-    pub body_file: PathBuf,
+    /// Request body (`-d`); without it, GET.
+    pub body_file: Option<PathBuf>,
     pub headers: Vec<String>,
+    /// HTTP/1.1 (`--h1`) instead of HTTP/2.
+    pub h1: bool,
+    /// Open loop: each client starts this many requests per second (`--rps`).
+    pub rps_per_client: Option<u32>,
     /// CPU list for `taskset -c`.
     pub cpu: String,
+}
+
+/// h2load's duration notation with millisecond precision.
+fn h2load_duration(duration: Duration) -> String {
+    format!("{}ms", duration.as_millis().max(1))
 }
 
 impl H2load {
     pub fn command(&self, log_file: &Path) -> Command {
         let mut command = Command::new("taskset");
+        command.args(["-c", &self.cpu, "h2load"]);
+        match self.load {
+            Load::Requests(requests) => {
+                command.args(["-n", &requests.to_string()]);
+            }
+            Load::Timed { warm_up, duration } => {
+                command
+                    .args(["--warm-up-time", &h2load_duration(warm_up)])
+                    .args(["-D", &h2load_duration(duration)]);
+            }
+        }
         command
-            .args(["-c", &self.cpu, "h2load"])
-            .args(["-n", &self.requests.to_string()])
             .args(["-c", &self.clients.to_string()])
             .args(["-m", &self.streams.to_string()])
-            .args(["-t", "1"])
-            .arg("-d")
-            .arg(&self.body_file)
-            .arg("--log-file")
-            .arg(log_file);
+            .args(["-t", "1"]);
+        if self.h1 {
+            command.arg("--h1");
+        }
+        if let Some(rps) = self.rps_per_client {
+            command.args(["--rps", &rps.to_string()]);
+        }
+        if let Some(body) = &self.body_file {
+            command.arg("-d").arg(body);
+        }
+        command.arg("--log-file").arg(log_file);
         for header in &self.headers {
             command.args(["-H", header]);
         }
         command.arg(&self.url);
         command
     }
+}
+
+/// What one measured h2load run produced.
+#[derive(Debug)]
+pub struct Measured {
+    pub summary: H2loadSummary,
+    /// Percentiles of the successful requests (`None` without any).
+    pub latency: Option<Percentiles>,
+    /// CPU and RSS of the processes measured, over the counted part of the run.
+    pub usage: Vec<crate::measure::ProcessUsage>,
+}
+
+/// Runs `h2load` and measures the CPU of `processes` over the part h2load counts: the whole run
+/// with [`Load::Requests`], the main duration (after the warm-up) with [`Load::Timed`].
+pub fn measure(
+    h2load: &H2load,
+    dir: &Path,
+    processes: &[(String, u32)],
+) -> anyhow::Result<Measured> {
+    use anyhow::Context;
+
+    let log_file = dir.join("h2load-requests.log");
+    let mut command = h2load.command(&log_file);
+    command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let (child, meter) = match h2load.load {
+        Load::Requests(_) => {
+            let meter = crate::measure::CpuMeter::start(processes)?;
+            (command.spawn(), meter)
+        }
+        Load::Timed { warm_up, .. } => {
+            let child = command.spawn();
+            std::thread::sleep(warm_up);
+            (child, crate::measure::CpuMeter::start(processes)?)
+        }
+    };
+    let output = child
+        .and_then(|child| child.wait_with_output())
+        .context("cannot run h2load (nghttp2-client)")?;
+    let usage = meter.finish()?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let summary = parse_summary(&stdout).with_context(|| {
+        format!(
+            "h2load {} printed:\n{stdout}\n{}",
+            h2load.url,
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })?;
+    let log = std::fs::read_to_string(&log_file).unwrap_or_default();
+    let _ = std::fs::remove_file(&log_file);
+    Ok(Measured {
+        summary,
+        latency: Percentiles::of(parse_log_latencies(&log)),
+        usage,
+    })
 }
 
 #[cfg(test)]
@@ -218,6 +331,15 @@ mod tests {
         assert_eq!(summary.errors(), 0);
         assert!(summary.requests_per_second > 1000.0);
         assert!(summary.duration_s > 0.0 && summary.duration_s < 60.0);
+        assert!(summary.data_bytes > 0);
+    }
+
+    #[test]
+    fn traffic_line_data_bytes() {
+        let line = " 95.36KB (97650) total, 531.91KB (544680) headers (space savings 0.00%), 1001.77KB (1025814) data";
+        assert_eq!(traffic_data_bytes(line), Some(1_025_814));
+        assert_eq!(traffic_data_bytes(" 1KB (10) total"), None);
+        assert_eq!(traffic_data_bytes(" 1KB (x) data"), None);
     }
 
     #[test]
@@ -258,6 +380,55 @@ mod tests {
     fn latencies_keep_successes_only() {
         let log = "1700000000000000\t200\t120\n1700000000000100\t503\t90\ngarbage\n1\t200\tx\n1700000000000200\t200\t80\n";
         assert_eq!(parse_log_latencies(log), vec![120, 80]);
+    }
+
+    fn arguments(h2load: &H2load) -> Vec<String> {
+        h2load
+            .command(Path::new("/tmp/log"))
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn command_lines_per_mode() {
+        let mut h2load = H2load {
+            url: "https://127.0.0.1:1/x".into(),
+            load: Load::Requests(100),
+            clients: 4,
+            streams: 2,
+            body_file: Some("/tmp/body".into()),
+            headers: vec!["te: trailers".into()],
+            h1: false,
+            rps_per_client: None,
+            cpu: "1".into(),
+        };
+        let args = arguments(&h2load).join(" ");
+        assert!(
+            args.starts_with("-c 1 h2load -n 100 -c 4 -m 2 -t 1 -d /tmp/body"),
+            "{args}"
+        );
+        assert!(!args.contains("--h1") && !args.contains("--rps"));
+        h2load.load = Load::Timed {
+            warm_up: Duration::from_millis(1500),
+            duration: Duration::from_secs(4),
+        };
+        h2load.h1 = true;
+        h2load.rps_per_client = Some(100);
+        h2load.body_file = None;
+        let args = arguments(&h2load).join(" ");
+        assert!(
+            args.contains("--warm-up-time 1500ms -D 4000ms") && !args.contains(" -n "),
+            "{args}"
+        );
+        assert!(
+            args.contains("--h1 --rps 100") && !args.contains(" -d "),
+            "{args}"
+        );
+        assert!(
+            args.ends_with("-H te: trailers https://127.0.0.1:1/x"),
+            "{args}"
+        );
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub fn describe() -> Machine {
         );
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map_or_else(|_| "unknown".to_string(), |text| text.trim().to_string());
-    let tools = [("h2load", "--version"), ("haproxy", "-v")]
+    let tools = [("h2load", "--version"), ("haproxy", "-v"), ("nginx", "-v")]
         .iter()
         .filter_map(|(program, flag)| first_line_of(program, &[flag]))
         .collect();

@@ -1,6 +1,7 @@
 //! `sluice-perf`: runs one scenario of the macro benchmark (see `perf/README.md`). Normally
 //! started by `perf/run.sh SCENARIO [--smoke]`, which builds the binaries and installs the peers.
 
+mod certs;
 mod loadgen;
 mod machine;
 mod measure;
@@ -18,6 +19,8 @@ use clap::{Parser, ValueEnum};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Scenario {
+    /// Kubernetes API requests over TLS through the gateway vs HAProxy, nginx and direct.
+    Gateway,
     /// Unary gRPC through the tunnel (one and two nodes) vs HAProxy and direct.
     Tunnel,
     /// 10,000 idle agent tunnels on one node: RSS and CPU.
@@ -33,6 +36,9 @@ struct Cli {
     /// The `sluice` binary under test (a release build).
     #[arg(long, value_name = "PATH")]
     sluice: PathBuf,
+    /// The `sluice-apiserver-sim` binary (default: next to `--sluice`).
+    #[arg(long, value_name = "PATH")]
+    apiserver_sim: Option<PathBuf>,
     /// Where JSON, Markdown and plots go.
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
@@ -45,10 +51,10 @@ struct Cli {
     /// CPU list (taskset) of the load generator.
     #[arg(long, default_value = "1")]
     client_cpu: String,
-    /// CPU list of the proxy side (Sluice node(s) and agent, or HAProxy).
+    /// CPU list of the proxy side (Sluice node(s) and agent, HAProxy or nginx).
     #[arg(long, default_value = "0")]
     proxy_cpu: String,
-    /// CPU list of the echo backend.
+    /// CPU list of the upstream (echo backend, apiserver simulator).
     #[arg(long, default_value = "0")]
     upstream_cpu: String,
 }
@@ -56,8 +62,15 @@ struct Cli {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     std::fs::create_dir_all(&cli.out)?;
+    let sluice = std::fs::canonicalize(&cli.sluice)?;
+    let apiserver_sim = cli.apiserver_sim.unwrap_or_else(|| {
+        sluice
+            .parent()
+            .map_or_else(PathBuf::new, |dir| dir.join("sluice-apiserver-sim"))
+    });
     let harness = scenario::Harness {
-        sluice: sluice::SluiceBinary(std::fs::canonicalize(&cli.sluice)?),
+        sluice: sluice::SluiceBinary(sluice),
+        apiserver_sim,
         out: cli.out,
         workspace: cli.workspace,
         smoke: cli.smoke,
@@ -66,6 +79,7 @@ fn main() -> anyhow::Result<()> {
         upstream_cpu: cli.upstream_cpu,
     };
     match cli.scenario {
+        Scenario::Gateway => scenario::gateway::run(&harness),
         Scenario::Tunnel => scenario::tunnel::run(&harness),
         Scenario::Idle => scenario::idle::run(&harness),
         Scenario::Policy => scenario::policy::run(&harness),

@@ -10,6 +10,8 @@ use crate::measure::ProcessUsage;
 pub struct RunRecord {
     pub scenario: String,
     pub case: String,
+    /// What was sent (`grpc unary`, `h2 get`, `h1 list`, ...); rows are compared within one.
+    pub workload: String,
     pub clients: u32,
     pub streams: u32,
     pub repeat: u32,
@@ -31,10 +33,7 @@ impl RunRecord {
         if total == 0 {
             return 0.0;
         }
-        let ok = self
-            .h2load
-            .status_2xx
-            .saturating_sub(self.grpc_errors.unwrap_or(0));
+        let ok = total.saturating_sub(self.h2load.errors() + self.grpc_errors.unwrap_or(0));
         self.h2load.requests_per_second * ok as f64 / total as f64
     }
 
@@ -54,6 +53,7 @@ impl RunRecord {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CaseSummary {
     pub case: String,
+    pub workload: String,
     pub concurrency: u32,
     pub clients: u32,
     pub streams: u32,
@@ -82,21 +82,31 @@ fn median_u64(mut values: Vec<u64>) -> u64 {
     values.get(values.len() / 2).copied().unwrap_or(0)
 }
 
-/// Groups runs by (case, concurrency) in first-seen order and takes medians; RSS is the largest
+/// Groups runs by (case, workload, concurrency) in first-seen order and takes medians; RSS is the largest
 /// seen and errors are summed, so one bad repeat is not hidden.
 pub fn summarize(records: &[RunRecord]) -> Vec<CaseSummary> {
-    let mut keys: Vec<(String, u32, u32)> = Vec::new();
+    let mut keys: Vec<(String, String, u32, u32)> = Vec::new();
     for record in records {
-        let key = (record.case.clone(), record.clients, record.streams);
+        let key = (
+            record.case.clone(),
+            record.workload.clone(),
+            record.clients,
+            record.streams,
+        );
         if !keys.contains(&key) {
             keys.push(key);
         }
     }
     keys.into_iter()
-        .map(|(case, clients, streams)| {
+        .map(|(case, workload, clients, streams)| {
             let runs: Vec<&RunRecord> = records
                 .iter()
-                .filter(|r| r.case == case && r.clients == clients && r.streams == streams)
+                .filter(|r| {
+                    r.case == case
+                        && r.workload == workload
+                        && r.clients == clients
+                        && r.streams == streams
+                })
                 .collect();
             let latency = |pick: fn(&Percentiles) -> u64| {
                 median_u64(
@@ -131,6 +141,7 @@ pub fn summarize(records: &[RunRecord]) -> Vec<CaseSummary> {
                     .map(|r| r.h2load.errors() + r.grpc_errors.unwrap_or(0))
                     .sum(),
                 case,
+                workload,
             }
         })
         .collect()
@@ -162,6 +173,7 @@ pub(crate) mod tests {
         RunRecord {
             scenario: "tunnel".into(),
             case: case.into(),
+            workload: "grpc unary".into(),
             clients: 1,
             streams,
             repeat: 0,
@@ -205,6 +217,8 @@ pub(crate) mod tests {
         let mut failing = record("b", 1, 50.0, 0);
         failing.grpc_errors = Some(3);
         failing.h2load.status_2xx = 998;
+        failing.h2load.status_5xx = 2;
+        failing.h2load.failed = 2;
         assert_eq!(failing.ok_per_second(), 50.0 * 995.0 / 1000.0);
         let summary = &summarize(&[failing])[0];
         assert_eq!(summary.errors, 5);

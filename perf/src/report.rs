@@ -5,10 +5,15 @@ use std::fmt::Write;
 
 use crate::record::CaseSummary;
 
-fn find<'a>(summaries: &'a [CaseSummary], case: &str, concurrency: u32) -> Option<&'a CaseSummary> {
-    summaries
-        .iter()
-        .find(|s| s.case == case && s.concurrency == concurrency)
+/// The row of `case` for the same workload and concurrency as `like`.
+pub fn find<'a>(
+    summaries: &'a [CaseSummary],
+    case: &str,
+    like: &CaseSummary,
+) -> Option<&'a CaseSummary> {
+    summaries.iter().find(|s| {
+        s.case == case && s.workload == like.workload && s.concurrency == like.concurrency
+    })
 }
 
 /// `value / reference` as `0.42x`, or `-` when either is missing or the reference is zero.
@@ -29,19 +34,20 @@ pub fn results_table(summaries: &[CaseSummary], baseline: &str, peer: &str) -> S
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| case | clients x streams | req/s | OK/s | OK/s vs {baseline} | OK/s vs {peer} | p50 us | p90 us | p99 us | p99.9 us | proxy CPU us/req | CPU vs {peer} | proxy RSS MiB | errors | runs |"
+        "| case | workload | clients x streams | req/s | OK/s | OK/s vs {baseline} | OK/s vs {peer} | p50 us | p90 us | p99 us | p99.9 us | proxy CPU us/req | CPU vs {peer} | proxy RSS MiB | errors | runs |"
     );
     let _ = writeln!(
         out,
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     );
     for s in summaries {
-        let base = find(summaries, baseline, s.concurrency);
-        let peer_case = find(summaries, peer, s.concurrency);
+        let base = find(summaries, baseline, s);
+        let peer_case = find(summaries, peer, s);
         let _ = writeln!(
             out,
-            "| {} | {} x {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} x {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             s.case,
+            s.workload,
             s.clients,
             s.streams,
             s.requests_per_second,
@@ -85,12 +91,13 @@ mod tests {
         let table = results_table(&summaries, "direct", "haproxy");
         let sluice = table.lines().find(|l| l.starts_with("| sluice")).unwrap();
         let cells: Vec<&str> = sluice.split('|').map(str::trim).collect();
-        assert_eq!(cells[3], "250");
+        assert_eq!(cells[2], "grpc unary");
         assert_eq!(cells[4], "250");
-        assert_eq!(cells[5], "0.25x");
-        assert_eq!(cells[6], "0.50x");
-        assert_eq!(cells[11], "40.0");
-        assert_eq!(cells[12], "4.00x");
+        assert_eq!(cells[5], "250");
+        assert_eq!(cells[6], "0.25x");
+        assert_eq!(cells[7], "0.50x");
+        assert_eq!(cells[12], "40.0");
+        assert_eq!(cells[13], "4.00x");
         let direct = table.lines().find(|l| l.starts_with("| direct")).unwrap();
         assert!(direct.contains("| - |"), "{direct}");
     }

@@ -160,6 +160,34 @@ fn callers_need_a_certificate_or_a_registered_bearer_token() {
 }
 
 #[test]
+fn repeated_lists_follow_every_change_and_records_can_be_off() {
+    let fixture = fixture(|options| options.without_request_records());
+    let names = || -> Vec<String> {
+        let (code, body) = fixture.curl(&[], "/api/v1/namespaces/default/pods");
+        assert_eq!(code, 200, "{body}");
+        json(&body)["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|pod| pod["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    fixture.server.create_pod("default", "web-1");
+    assert_eq!(names(), ["web-1"]);
+    // The second answer comes from the cache; a change must still show in the next one.
+    assert_eq!(names(), ["web-1"]);
+    fixture.server.create_pod("default", "web-2");
+    assert_eq!(names(), ["web-1", "web-2"]);
+    fixture.server.emit_pod_event("DELETED", "default", "web-1");
+    assert_eq!(names(), ["web-2"]);
+    let (code, body) = fixture.curl(&["-X", "DELETE"], "/api/v1/namespaces/default/pods/web-2");
+    assert_eq!(code, 200, "{body}");
+    assert!(names().is_empty());
+    assert!(fixture.server.requests().is_empty());
+    assert_eq!(fixture.server.requests_served(), 6);
+}
+
+#[test]
 fn readiness_can_be_flipped_and_health_stays_ok() {
     let fixture = fixture(|options| options);
     assert_eq!(fixture.curl(&[], "/readyz"), (200, "ok".into()));

@@ -1,5 +1,6 @@
 //! The scenarios `perf/run.sh SCENARIO` runs.
 
+pub mod gateway;
 pub mod idle;
 pub mod policy;
 pub mod tunnel;
@@ -14,6 +15,8 @@ use crate::sluice::SluiceBinary;
 #[derive(Debug)]
 pub struct Harness {
     pub sluice: SluiceBinary,
+    /// The `sluice-apiserver-sim` binary (gateway scenario).
+    pub apiserver_sim: PathBuf,
     /// `perf/results/<scenario>` (or `<scenario>-smoke`).
     pub out: PathBuf,
     pub workspace: PathBuf,

@@ -1,16 +1,16 @@
 //! The tunnel scenario: unary gRPC calls (h2load with a prepared 5-byte message) through
 //! client -> node -> tunnel -> agent -> echo backend, on one node and across two nodes (Redis),
-//! next to direct client -> backend and HAProxy as a plain h2 hop in front of the same backend.
+//! next to direct client -> backend and HAProxy and nginx (`grpc_pass`) as a plain h2 hop in
+//! front of the same backend.
 
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 
 use super::{write_output, Harness};
-use crate::loadgen::{parse_log_latencies, parse_summary, H2load, H2loadSummary, Percentiles};
-use crate::measure::CpuMeter;
-use crate::peers::{start_haproxy, start_redis};
+use crate::loadgen::{measure, H2load, H2loadSummary, Load, Measured, Percentiles};
+use crate::peers::{nginx_grpc_config, start_haproxy, start_nginx_with, start_redis};
 use crate::process::{wait_until, Managed};
 use crate::record::{summarize, RunRecord};
 use crate::sluice::{
@@ -25,6 +25,7 @@ const AGENT_ID: i64 = 1;
 
 const DIRECT: &str = "direct";
 const HAPROXY: &str = "haproxy";
+const NGINX: &str = "nginx";
 const SLUICE_ONE_NODE: &str = "sluice-1-node";
 const SLUICE_TWO_NODES: &str = "sluice-2-nodes";
 
@@ -101,6 +102,17 @@ fn set_up(
                 _support: Vec::new(),
             })
         }
+        NGINX => {
+            let nginx = start_nginx_with(&case_dir, cpu, |listen| {
+                nginx_grpc_config(&case_dir, listen, backend)
+            })?;
+            Ok(CaseSetup {
+                url: url(nginx.address),
+                entry_admin: None,
+                proxy: vec![nginx.process],
+                _support: Vec::new(),
+            })
+        }
         SLUICE_ONE_NODE => {
             let spec = NodeSpec {
                 name: "node-1",
@@ -173,10 +185,12 @@ fn load(
     let jwt = secrets.client_jwt()?;
     Ok(H2load {
         url: url.to_string(),
-        requests,
+        load: Load::Requests(requests),
         clients,
         streams,
-        body_file: body_file.to_path_buf(),
+        body_file: Some(body_file.to_path_buf()),
+        h1: false,
+        rps_per_client: None,
         headers: vec![
             "content-type: application/grpc".to_string(),
             "te: trailers".to_string(),
@@ -209,22 +223,8 @@ fn grpc_errors(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<
 
 /// Runs h2load; the summary and the latency percentiles of its successful requests.
 fn run_h2load(h2load: &H2load, dir: &Path) -> anyhow::Result<(H2loadSummary, Option<Percentiles>)> {
-    let log_file = dir.join("h2load-requests.log");
-    let output = h2load
-        .command(&log_file)
-        .output()
-        .context("cannot run h2load (nghttp2-client)")?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let summary = parse_summary(&stdout).with_context(|| {
-        format!(
-            "h2load {} printed:\n{stdout}\n{}",
-            h2load.url,
-            String::from_utf8_lossy(&output.stderr)
-        )
-    })?;
-    let log = std::fs::read_to_string(&log_file).unwrap_or_default();
-    let _ = std::fs::remove_file(&log_file);
-    Ok((summary, Percentiles::of(parse_log_latencies(&log))))
+    let measured = measure(h2load, dir, &[])?;
+    Ok((measured.summary, measured.latency))
 }
 
 pub fn run(harness: &Harness) -> anyhow::Result<()> {
@@ -245,7 +245,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
         .and_then(|metrics| driver_of(&metrics));
 
     let mut records = Vec::new();
-    for case in [DIRECT, HAPROXY, SLUICE_ONE_NODE, SLUICE_TWO_NODES] {
+    for case in [DIRECT, HAPROXY, NGINX, SLUICE_ONE_NODE, SLUICE_TWO_NODES] {
         eprintln!("tunnel: {case}");
         let mut setup = set_up(case, harness, dir, &secrets, backend)?;
         wait_until(
@@ -287,13 +287,16 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                     plan.requests,
                 )?;
                 let calls_before = grpc_calls(setup.entry_admin)?;
-                let meter = CpuMeter::start(&proxy)?;
-                let (summary, latency) = run_h2load(&h2load, dir)?;
-                let usage = meter.finish()?;
+                let Measured {
+                    summary,
+                    latency,
+                    usage,
+                } = measure(&h2load, dir, &proxy)?;
                 let calls_after = grpc_calls(setup.entry_admin)?;
                 let record = RunRecord {
                     scenario: "tunnel".to_string(),
                     case: case.to_string(),
+                    workload: "grpc unary".to_string(),
                     clients: level.0,
                     streams: level.1,
                     repeat,
@@ -353,7 +356,7 @@ fn report(
         "# Tunnel scenario{}\n\n{}\
          Unary gRPC (5-byte message) with h2load; {} requests per run, {} run(s) per row (medians), \
          warm-up {} requests. CPUs: client {}, proxy side {}, echo backend {}. \
-         Proxy CPU is utime+stime of every proxy-side process (node(s) and agent for Sluice) \
+         HAProxy and nginx (`grpc_pass`, one process) are plain h2 hops. Proxy CPU is utime+stime of every proxy-side process (node(s) and agent for Sluice) \
          divided by requests done. req/s counts every answer (h2load); OK/s only calls answered with gRPC status OK \
          (the entry node's sluice_tunnel_requests_total{{code}}; a gRPC error is an HTTP 200 as well), and the ratios use OK/s.\n\n",
         if harness.smoke { " (smoke: not a measurement)" } else { "" },
@@ -370,7 +373,7 @@ fn report(
     write_output(&harness.out, "summary.md", &markdown)?;
 
     let series = |value: fn(&crate::record::CaseSummary) -> f64| -> Vec<crate::plot::Series> {
-        [DIRECT, HAPROXY, SLUICE_ONE_NODE, SLUICE_TWO_NODES]
+        [DIRECT, HAPROXY, NGINX, SLUICE_ONE_NODE, SLUICE_TWO_NODES]
             .iter()
             .map(|case| {
                 let points = summaries

@@ -92,7 +92,16 @@ pub(crate) struct Store {
     watchers: Vec<Watcher>,
     pub(crate) tokens: HashMap<String, TokenUser>,
     pub(crate) access_rules: Vec<SubjectAccessRule>,
+    /// Serialized LIST answers (not Tables: their age column moves) until the next change, so
+    /// a load test's large LIST costs the simulator a copy rather than a JSON encode each time.
+    list_cache: HashMap<ListKey, Bytes>,
 }
+
+/// (resource, namespace, `metadata.name` field selector) of a LIST.
+type ListKey = (String, Option<String>, Option<String>);
+
+/// Distinct LIST queries cached at once; past it the cache starts over.
+const LIST_CACHE_LIMIT: usize = 64;
 
 impl Store {
     pub(crate) fn get(&self, resource: &str, namespace: &str, name: &str) -> Option<Value> {
@@ -108,6 +117,7 @@ impl Store {
     /// Stores `object` with a new resourceVersion and tells the watchers.
     pub(crate) fn upsert(&mut self, resource: &str, mut object: Value, event: &str) -> Value {
         self.resource_version += 1;
+        self.list_cache.clear();
         let metadata = &mut object["metadata"];
         metadata["resourceVersion"] = json!(self.resource_version.to_string());
         if metadata["uid"].is_null() {
@@ -135,6 +145,7 @@ impl Store {
         );
         let mut object = self.objects.remove(&key)?;
         self.resource_version += 1;
+        self.list_cache.clear();
         object["metadata"]["resourceVersion"] = json!(self.resource_version.to_string());
         self.notify(resource, "DELETED", &object);
         Some(object)
@@ -281,6 +292,7 @@ pub(crate) struct Server {
     pub(crate) shared: Arc<Shared>,
     pub(crate) caller_tokens: Arc<HashMap<String, String>>,
     pub(crate) max_concurrent_streams: Option<u32>,
+    pub(crate) record_requests: bool,
 }
 
 struct ConnectionGuard(Arc<Shared>);
@@ -351,6 +363,7 @@ impl Server {
         common_name: Option<String>,
     ) -> Response<ResponseBody> {
         let guard = StreamGuard::open(&self.shared);
+        self.shared.requests_served.fetch_add(1, Ordering::Relaxed);
         let headers = request.headers();
         let header = |name: &str| {
             headers
@@ -367,34 +380,9 @@ impl Server {
                 .and_then(|token| self.caller_tokens.get(token))
                 .map(|name| Caller::Token(name.clone())),
         };
-        let mut impersonate_extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (name, value) in headers {
-            if let Some(key) = name.as_str().strip_prefix("impersonate-extra-") {
-                impersonate_extra
-                    .entry(key.to_string())
-                    .or_default()
-                    .push(value.to_str().unwrap_or("").to_string());
-            }
+        if self.record_requests {
+            self.record(&request, caller.clone(), authorization);
         }
-        let record = RecordedRequest {
-            caller: caller.clone(),
-            method: request.method().to_string(),
-            uri: request
-                .uri()
-                .path_and_query()
-                .map_or_else(|| request.uri().path().to_string(), |path| path.to_string()),
-            version: request.version(),
-            impersonate_user: header("impersonate-user"),
-            impersonate_groups: headers
-                .get_all("impersonate-group")
-                .iter()
-                .map(|value| value.to_str().unwrap_or("").to_string())
-                .collect(),
-            impersonate_uid: header("impersonate-uid"),
-            impersonate_extra,
-            authorization,
-        };
-        lock(&self.shared.requests).push(record);
         if caller.is_none() {
             return status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
         }
@@ -428,6 +416,49 @@ impl Server {
         };
         self.route(&method, &path, &query, &body, table)
             .map(|body| body.with_guard(guard))
+    }
+
+    fn record(
+        &self,
+        request: &Request<Incoming>,
+        caller: Option<Caller>,
+        authorization: Option<String>,
+    ) {
+        let headers = request.headers();
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_string)
+        };
+        let mut impersonate_extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (name, value) in headers {
+            if let Some(key) = name.as_str().strip_prefix("impersonate-extra-") {
+                impersonate_extra
+                    .entry(key.to_string())
+                    .or_default()
+                    .push(value.to_str().unwrap_or("").to_string());
+            }
+        }
+        let record = RecordedRequest {
+            caller,
+            method: request.method().to_string(),
+            uri: request
+                .uri()
+                .path_and_query()
+                .map_or_else(|| request.uri().path().to_string(), |path| path.to_string()),
+            version: request.version(),
+            impersonate_user: header("impersonate-user"),
+            impersonate_groups: headers
+                .get_all("impersonate-group")
+                .iter()
+                .map(|value| value.to_str().unwrap_or("").to_string())
+                .collect(),
+            impersonate_uid: header("impersonate-uid"),
+            impersonate_extra,
+            authorization,
+        };
+        lock(&self.shared.requests).push(record);
     }
 
     fn route(
@@ -640,17 +671,34 @@ impl Server {
                 );
                 response
             }
-            ("GET", None) => {
+            ("GET", None) if table => {
                 let items = store.list(resource, namespace, selected_name.as_deref());
                 let version = store.resource_version.to_string();
-                if table {
-                    ok_json(table_of(resource, &items, &version))
-                } else {
-                    ok_json(json!({
+                ok_json(table_of(resource, &items, &version))
+            }
+            ("GET", None) => {
+                let key = (
+                    resource.to_string(),
+                    namespace.map(str::to_string),
+                    selected_name,
+                );
+                if let Some(body) = store.list_cache.get(&key) {
+                    return json_bytes(StatusCode::OK, body.clone());
+                }
+                let items = store.list(resource, namespace, key.2.as_deref());
+                let version = store.resource_version.to_string();
+                let body = Bytes::from(
+                    json!({
                         "kind": format!("{}List", kind.kind), "apiVersion": "v1",
                         "metadata": {"resourceVersion": version}, "items": items,
-                    }))
+                    })
+                    .to_string(),
+                );
+                if store.list_cache.len() >= LIST_CACHE_LIMIT {
+                    store.list_cache.clear();
                 }
+                store.list_cache.insert(key, body.clone());
+                json_bytes(StatusCode::OK, body)
             }
             ("GET", Some(name)) => match store.get(resource, namespace.unwrap_or(""), name) {
                 Some(object) if table => ok_json(table_of(
@@ -771,7 +819,11 @@ fn ok_json(value: Value) -> Response<ResponseBody> {
 }
 
 fn json_response(code: StatusCode, value: &Value) -> Response<ResponseBody> {
-    let mut response = Response::new(ResponseBody::full(value.to_string()));
+    json_bytes(code, Bytes::from(value.to_string()))
+}
+
+fn json_bytes(code: StatusCode, body: Bytes) -> Response<ResponseBody> {
+    let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() = code;
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,

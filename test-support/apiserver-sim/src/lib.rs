@@ -35,6 +35,9 @@ pub struct ApiServerOptions {
     pub caller_tokens: HashMap<String, String>,
     /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS announced to clients; `None`: hyper's default.
     pub max_concurrent_streams: Option<u32>,
+    /// Keep every request for [`ApiServer::requests`] (tests assert on them). A load test turns
+    /// this off: millions of records would grow without bound and cost the simulator time.
+    pub record_requests: bool,
 }
 
 impl ApiServerOptions {
@@ -47,6 +50,7 @@ impl ApiServerOptions {
             client_ca: client_ca.to_path_buf(),
             caller_tokens: HashMap::new(),
             max_concurrent_streams: None,
+            record_requests: true,
         }
     }
 
@@ -58,6 +62,11 @@ impl ApiServerOptions {
 
     pub fn max_concurrent_streams(mut self, streams: u32) -> Self {
         self.max_concurrent_streams = Some(streams);
+        self
+    }
+
+    pub fn without_request_records(mut self) -> Self {
+        self.record_requests = false;
         self
     }
 }
@@ -99,6 +108,7 @@ pub struct RecordedRequest {
 #[derive(Default)]
 pub(crate) struct Shared {
     pub(crate) requests: Mutex<Vec<RecordedRequest>>,
+    pub(crate) requests_served: AtomicUsize,
     pub(crate) accepted_connections: AtomicUsize,
     pub(crate) open_connections: AtomicUsize,
     pub(crate) open_streams: AtomicUsize,
@@ -139,6 +149,7 @@ impl ApiServer {
             shared: shared.clone(),
             caller_tokens: Arc::new(options.caller_tokens),
             max_concurrent_streams: options.max_concurrent_streams,
+            record_requests: options.record_requests,
         };
         let thread = std::thread::Builder::new()
             .name(format!("apiserver-sim-{}", address.port()))
@@ -225,6 +236,11 @@ impl ApiServer {
     pub fn create_pod(&self, namespace: &str, name: &str) -> serde_json::Value {
         let pod = api::new_pod(namespace, name);
         lock(&self.shared.store).upsert("pods", pod, "ADDED")
+    }
+
+    /// Requests answered since the start (counted even when records are off).
+    pub fn requests_served(&self) -> usize {
+        self.shared.requests_served.load(Ordering::SeqCst)
     }
 
     /// Sends a watch event (`ADDED`, `MODIFIED` or `DELETED`) for a pod to its watchers,

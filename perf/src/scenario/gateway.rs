@@ -1,0 +1,824 @@
+//! The gateway scenario: HTTP/2 and HTTP/1.1 TLS clients -> proxy -> one HTTP/2 TLS upstream
+//! (the apiserver simulator in its own process), next to direct client -> simulator, HAProxy
+//! (h2 over TLS to the upstream) and nginx (HTTP/1.1 keep-alive over TLS to the upstream: nginx
+//! cannot proxy to an HTTP/2 upstream).
+//!
+//! Authentication: every client sends the same bearer token. The simulator accepts it as a
+//! caller (direct, HAProxy and nginx pass it through); the Sluice gateway checks it with a
+//! TokenReview against the simulator once and then answers from its per-core cache (the real
+//! path for token clients), and forwards with its own client certificate plus
+//! `Impersonate-User`. h2load cannot present client certificates, so certificate users are not
+//! measured.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use super::{write_output, Harness};
+use crate::certs::TlsFiles;
+use crate::loadgen::{measure, H2load, Load};
+use crate::peers::{haproxy_tls_config, nginx_tls_config, start_haproxy_with, start_nginx_with};
+use crate::process::{wait_until, Managed};
+use crate::record::{summarize, CaseSummary, RunRecord};
+use crate::report::{find, ratio};
+use crate::sluice::{admin_get, driver_of, random_hex};
+
+const DIRECT: &str = "direct";
+const HAPROXY: &str = "haproxy";
+const NGINX: &str = "nginx";
+const SLUICE: &str = "sluice-gateway";
+const CASES: [&str; 4] = [DIRECT, HAPROXY, NGINX, SLUICE];
+
+/// The cluster's name (TLS server name) in the gateway's config.
+const HOST: &str = "kube.perf.test";
+/// A small GET: one pod, about 300 bytes of JSON.
+const GET_PATH: &str = "/api/v1/namespaces/default/pods/pod-00000";
+/// A LIST-like answer: every pod of namespace `perf`.
+const LIST_PATH: &str = "/api/v1/namespaces/perf/pods";
+/// Pods in namespace `perf`: about 100 KB of JSON in one LIST answer.
+const LIST_PODS: usize = 372;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    H2,
+    H1,
+}
+
+impl Protocol {
+    fn name(self) -> &'static str {
+        match self {
+            Protocol::H2 => "h2",
+            Protocol::H1 => "h1",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RequestKind {
+    Get,
+    List,
+}
+
+impl RequestKind {
+    fn name(self) -> &'static str {
+        match self {
+            RequestKind::Get => "get",
+            RequestKind::List => "list",
+        }
+    }
+
+    fn path(self) -> &'static str {
+        match self {
+            RequestKind::Get => GET_PATH,
+            RequestKind::List => LIST_PATH,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Workload {
+    protocol: Protocol,
+    request: RequestKind,
+}
+
+impl Workload {
+    fn name(self) -> String {
+        format!("{} {}", self.protocol.name(), self.request.name())
+    }
+}
+
+/// The open-loop run: `clients` connections, each starting `rps_per_client` small GETs a second.
+#[derive(Debug, Clone)]
+struct OpenLoop {
+    clients: u32,
+    rps_per_client: u32,
+    protocols: Vec<Protocol>,
+    repeats: u32,
+    duration: Duration,
+}
+
+impl OpenLoop {
+    fn rate(&self) -> u32 {
+        self.clients * self.rps_per_client
+    }
+
+    fn workload(&self, protocol: Protocol) -> String {
+        format!("{} get @{}/s", protocol.name(), self.rate())
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Plan {
+    workloads: Vec<Workload>,
+    /// Concurrent clients, each with one request in flight.
+    levels: Vec<u32>,
+    repeats: u32,
+    warm_up: Duration,
+    duration: Duration,
+    open_loop: OpenLoop,
+}
+
+fn plan(smoke: bool) -> Plan {
+    let all = [Protocol::H2, Protocol::H1]
+        .into_iter()
+        .flat_map(|protocol| {
+            [RequestKind::Get, RequestKind::List]
+                .into_iter()
+                .map(move |request| Workload { protocol, request })
+        })
+        .collect();
+    if smoke {
+        Plan {
+            workloads: vec![
+                Workload {
+                    protocol: Protocol::H2,
+                    request: RequestKind::Get,
+                },
+                Workload {
+                    protocol: Protocol::H1,
+                    request: RequestKind::List,
+                },
+            ],
+            levels: vec![8],
+            repeats: 1,
+            warm_up: Duration::from_millis(200),
+            duration: Duration::from_millis(500),
+            open_loop: OpenLoop {
+                clients: 10,
+                rps_per_client: 50,
+                protocols: vec![Protocol::H2],
+                repeats: 1,
+                duration: Duration::from_millis(500),
+            },
+        }
+    } else {
+        Plan {
+            workloads: all,
+            levels: vec![1, 64, 512],
+            repeats: 3,
+            warm_up: Duration::from_secs(1),
+            duration: Duration::from_secs(3),
+            open_loop: OpenLoop {
+                clients: 50,
+                rps_per_client: 100,
+                protocols: vec![Protocol::H2, Protocol::H1],
+                repeats: 3,
+                duration: Duration::from_secs(5),
+            },
+        }
+    }
+}
+
+/// The simulator process and its address.
+struct Simulator {
+    process: Managed,
+    address: SocketAddr,
+}
+
+fn start_simulator(
+    harness: &Harness,
+    dir: &Path,
+    tls: &TlsFiles,
+    token: &str,
+) -> anyhow::Result<Simulator> {
+    let addresses_file = dir.join("apiserver-sim.addresses.json");
+    let caller = format!("{token}=perf-user");
+    let list_pods = format!("perf={LIST_PODS}");
+    let arguments: Vec<&std::ffi::OsStr> = vec![
+        "--cert".as_ref(),
+        tls.server.cert.as_os_str(),
+        "--key".as_ref(),
+        tls.server.key.as_os_str(),
+        "--client-ca".as_ref(),
+        tls.ca.as_os_str(),
+        "--caller-token".as_ref(),
+        caller.as_ref(),
+        "--review-token".as_ref(),
+        caller.as_ref(),
+        "--pods".as_ref(),
+        "default=1".as_ref(),
+        "--pods".as_ref(),
+        list_pods.as_ref(),
+        // Above the highest concurrency, so no proxy has to queue for streams.
+        "--max-concurrent-streams".as_ref(),
+        "1000".as_ref(),
+        "--addresses-file".as_ref(),
+        addresses_file.as_os_str(),
+    ];
+    let mut process = Managed::spawn(
+        "apiserver-sim",
+        &harness.upstream_cpu,
+        dir,
+        &harness.apiserver_sim,
+        &arguments,
+    )
+    .context("the simulator binary is built by `cargo build -p sluice-apiserver-sim`")?;
+    let addresses = process.wait_for_addresses(&addresses_file, Duration::from_secs(20))?;
+    let address = crate::process::address(&addresses, "https")?;
+    Ok(Simulator { process, address })
+}
+
+fn cluster_yaml(tls: &TlsFiles, upstream: SocketAddr) -> String {
+    format!(
+        "# Generated by sluice-perf: the gateway in front of the apiserver simulator.\n\
+         apiVersion: proxy.sluice.dev/v1alpha1\n\
+         kind: UpstreamCluster\n\
+         metadata:\n  name: {HOST}\n\
+         spec:\n\
+         \x20 servers:\n  - endpoint: https://{upstream}\n\
+         \x20 clientConfig:\n    certFile: '{client_cert}'\n    keyFile: '{client_key}'\n    caFile: '{ca}'\n\
+         \x20 secureServing:\n    certFile: '{server_cert}'\n    keyFile: '{server_key}'\n    extraHostnames: ['127.0.0.1']\n\
+         \x20 connectionPool: {{connectionsPerServer: 1}}\n",
+        client_cert = tls.gateway_client.cert.display(),
+        client_key = tls.gateway_client.key.display(),
+        ca = tls.ca.display(),
+        server_cert = tls.server.cert.display(),
+        server_key = tls.server.key.display(),
+    )
+}
+
+fn gateway_yaml(clusters_dir: &Path) -> String {
+    format!(
+        "# Generated by sluice-perf.\n\
+         runtime: {{workers: 1, drain_timeout: 1s}}\n\
+         logging: {{level: warn}}\n\
+         listeners:\n\
+         \x20 admin: {{address: '127.0.0.1:0'}}\n\
+         \x20 gateway: {{address: '127.0.0.1:0'}}\n\
+         gateway: {{clusters_dir: '{}'}}\n",
+        clusters_dir.display()
+    )
+}
+
+/// One case's proxy: where clients connect and the processes to measure.
+struct CaseSetup {
+    address: SocketAddr,
+    proxy: Vec<Managed>,
+    admin: Option<SocketAddr>,
+}
+
+fn set_up(
+    case: &str,
+    harness: &Harness,
+    dir: &Path,
+    tls: &TlsFiles,
+    upstream: SocketAddr,
+) -> anyhow::Result<CaseSetup> {
+    let cpu = &harness.proxy_cpu;
+    let case_dir = dir.join(case);
+    std::fs::create_dir_all(&case_dir)?;
+    match case {
+        DIRECT => Ok(CaseSetup {
+            address: upstream,
+            proxy: Vec::new(),
+            admin: None,
+        }),
+        HAPROXY => {
+            let peer = start_haproxy_with(&case_dir, cpu, |listen| {
+                haproxy_tls_config(listen, &tls.server.combined, upstream)
+            })?;
+            Ok(CaseSetup {
+                address: peer.address,
+                proxy: vec![peer.process],
+                admin: None,
+            })
+        }
+        NGINX => {
+            let peer = start_nginx_with(&case_dir, cpu, |listen| {
+                nginx_tls_config(
+                    &case_dir,
+                    listen,
+                    &tls.server.cert,
+                    &tls.server.key,
+                    upstream,
+                )
+            })?;
+            Ok(CaseSetup {
+                address: peer.address,
+                proxy: vec![peer.process],
+                admin: None,
+            })
+        }
+        SLUICE => {
+            let clusters_dir = case_dir.join("clusters");
+            std::fs::create_dir_all(&clusters_dir)?;
+            write_output(&clusters_dir, "cluster.yaml", &cluster_yaml(tls, upstream))?;
+            let gateway = harness.sluice.start(
+                &case_dir,
+                "gateway",
+                "run",
+                &gateway_yaml(&clusters_dir),
+                cpu,
+            )?;
+            Ok(CaseSetup {
+                address: gateway.address("gateway")?,
+                admin: Some(gateway.address("admin")?),
+                proxy: vec![gateway.process],
+            })
+        }
+        other => bail!("unknown gateway case {other}"),
+    }
+}
+
+/// Body bytes of the small GET and the LIST, the same over HTTP/2 and HTTP/1.1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BodySizes {
+    get: u64,
+    list: u64,
+}
+
+/// Fetches both requests with curl over each protocol: a proxy that cut or altered a body would
+/// make its figures meaningless, so the run stops instead.
+fn body_sizes(tls: &TlsFiles, token: &str, address: SocketAddr) -> anyhow::Result<BodySizes> {
+    let size = |protocol: &str, request: RequestKind| -> anyhow::Result<u64> {
+        let output = std::process::Command::new("curl")
+            .args(["--silent", "--show-error", "--max-time", "10", protocol])
+            .arg("--cacert")
+            .arg(&tls.ca)
+            .args(["-H", &format!("Authorization: Bearer {token}")])
+            .args([
+                "--output",
+                "/dev/null",
+                "--write-out",
+                "%{http_code} %{size_download}",
+            ])
+            .arg(format!("https://{address}{}", request.path()))
+            .output()
+            .context("cannot run curl")?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        match text.split_once(' ') {
+            Some(("200", bytes)) => bytes
+                .trim()
+                .parse()
+                .with_context(|| format!("curl printed `{text}`")),
+            _ => bail!(
+                "curl {protocol} {} on {address}: `{text}` {}",
+                request.path(),
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        }
+    };
+    let get = size("--http2", RequestKind::Get)?;
+    let list = size("--http2", RequestKind::List)?;
+    for (request, expected) in [(RequestKind::Get, get), (RequestKind::List, list)] {
+        let h1 = size("--http1.1", request)?;
+        if h1 != expected {
+            bail!(
+                "{} on {address}: {expected} bytes over HTTP/2, {h1} over HTTP/1.1",
+                request.path()
+            );
+        }
+    }
+    Ok(BodySizes { get, list })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn h2load(
+    harness: &Harness,
+    token: &str,
+    address: SocketAddr,
+    protocol: Protocol,
+    request: RequestKind,
+    clients: u32,
+    load: Load,
+    rps_per_client: Option<u32>,
+) -> H2load {
+    H2load {
+        url: format!("https://{address}{}", request.path()),
+        load,
+        clients,
+        streams: 1,
+        body_file: None,
+        headers: vec![format!("authorization: Bearer {token}")],
+        h1: protocol == Protocol::H1,
+        rps_per_client,
+        cpu: harness.client_cpu.clone(),
+    }
+}
+
+pub fn run(harness: &Harness) -> anyhow::Result<()> {
+    let plan = plan(harness.smoke);
+    let dir = &super::fresh_work_dir(&harness.out)?;
+    let tls = crate::certs::generate(dir, &["127.0.0.1", "localhost", HOST])?;
+    let token = random_hex(24)?;
+    let raw = harness.out.join("raw");
+    let _ = std::fs::remove_dir_all(&raw);
+    std::fs::create_dir_all(&raw)?;
+
+    let simulator = start_simulator(harness, dir, &tls, &token)?;
+    let mut simulator_process = simulator.process;
+    let mut closed = Vec::new();
+    let mut open = Vec::new();
+    let mut driver = None;
+    let mut sizes_by_case: Vec<(&str, BodySizes)> = Vec::new();
+    for case in CASES {
+        eprintln!("gateway: {case}");
+        let mut setup = set_up(case, harness, dir, &tls, simulator.address)?;
+        wait_until(
+            &format!("{case} to answer requests"),
+            Duration::from_secs(30),
+            || {
+                simulator_process.check_alive()?;
+                for process in &mut setup.proxy {
+                    process.check_alive()?;
+                }
+                let probe = h2load(
+                    harness,
+                    &token,
+                    setup.address,
+                    Protocol::H2,
+                    RequestKind::Get,
+                    1,
+                    Load::Requests(20),
+                    None,
+                );
+                Ok(measure(&probe, dir, &[])?.summary.status_2xx == 20)
+            },
+        )?;
+        let sizes = body_sizes(&tls, &token, setup.address)?;
+        if let Some((_, direct)) = sizes_by_case.first() {
+            if sizes != *direct {
+                bail!("{case} answers {sizes:?}, the simulator itself {direct:?}");
+            }
+        }
+        sizes_by_case.push((case, sizes));
+        if let Some(admin) = setup.admin {
+            driver = admin_get(admin, "/metrics")
+                .ok()
+                .and_then(|metrics| driver_of(&metrics));
+        }
+        let proxy: Vec<(String, u32)> = setup
+            .proxy
+            .iter()
+            .map(|p| (p.name.clone(), p.pid()))
+            .collect();
+        let timed = Load::Timed {
+            warm_up: plan.warm_up,
+            duration: plan.duration,
+        };
+        let mut runs = Vec::new();
+        for workload in &plan.workloads {
+            for &clients in &plan.levels {
+                for repeat in 0..plan.repeats {
+                    runs.push((
+                        workload.name(),
+                        h2load(
+                            harness,
+                            &token,
+                            setup.address,
+                            workload.protocol,
+                            workload.request,
+                            clients,
+                            timed,
+                            None,
+                        ),
+                        repeat,
+                        false,
+                    ));
+                }
+            }
+        }
+        let open_loop = &plan.open_loop;
+        for &protocol in &open_loop.protocols {
+            for repeat in 0..open_loop.repeats {
+                runs.push((
+                    open_loop.workload(protocol),
+                    h2load(
+                        harness,
+                        &token,
+                        setup.address,
+                        protocol,
+                        RequestKind::Get,
+                        open_loop.clients,
+                        Load::Timed {
+                            warm_up: plan.warm_up,
+                            duration: open_loop.duration,
+                        },
+                        Some(open_loop.rps_per_client),
+                    ),
+                    repeat,
+                    true,
+                ));
+            }
+        }
+        for (workload, load, repeat, is_open_loop) in runs {
+            let measured = measure(&load, dir, &proxy)?;
+            let record = RunRecord {
+                scenario: "gateway".to_string(),
+                case: case.to_string(),
+                workload: workload.clone(),
+                clients: load.clients,
+                streams: load.streams,
+                repeat,
+                h2load: measured.summary,
+                latency_us: measured.latency,
+                grpc_errors: None,
+                proxy: Vec::new(),
+                proxy_cpu_us_per_request: None,
+                proxy_rss_kib: 0,
+            }
+            .with_proxy(measured.usage);
+            eprintln!(
+                "  {workload} c{} #{repeat}: {:.0} req/s, p50 {} us, p99 {} us, proxy {} us/req, {} errors",
+                load.clients,
+                record.h2load.requests_per_second,
+                record.latency_us.map_or(0, |p| p.p50),
+                record.latency_us.map_or(0, |p| p.p99),
+                record
+                    .proxy_cpu_us_per_request
+                    .map_or_else(|| "-".to_string(), |c| format!("{c:.1}")),
+                record.h2load.errors(),
+            );
+            if record.h2load.status_2xx == 0 {
+                bail!(
+                    "{case} {workload}: no request succeeded; see the logs in {}",
+                    dir.display()
+                );
+            }
+            let name = format!(
+                "raw/{case}-{}-c{}-r{repeat}.json",
+                workload.replace([' ', '@', '/'], "_"),
+                load.clients
+            );
+            write_output(&harness.out, &name, &serde_json::to_string_pretty(&record)?)?;
+            if is_open_loop {
+                open.push(record);
+            } else {
+                closed.push(record);
+            }
+        }
+        simulator_process.check_alive()?;
+    }
+    drop(simulator_process);
+    report(
+        harness,
+        &plan,
+        (&closed, &open),
+        &sizes_by_case,
+        driver.as_deref(),
+    )
+}
+
+/// What a plot shows of a row (`None`: no point).
+type Metric = fn(&CaseSummary) -> Option<f64>;
+
+/// `value - reference` in microseconds, signed.
+fn added(value: u64, reference: Option<u64>) -> String {
+    reference.map_or_else(
+        || "-".to_string(),
+        |reference| format!("{:+}", i128::from(value) - i128::from(reference)),
+    )
+}
+
+fn open_loop_table(summaries: &[CaseSummary]) -> String {
+    let mut out = String::from(
+        "| case | workload | clients | req/s | p50 us | p90 us | p99 us | p99.9 us | added p50 us vs direct | added p99 us vs direct | proxy CPU us/req | CPU vs haproxy | errors | runs |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+    );
+    for s in summaries {
+        let direct = find(summaries, DIRECT, s);
+        let haproxy = find(summaries, HAPROXY, s);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            s.case,
+            s.workload,
+            s.clients,
+            s.requests_per_second,
+            s.p50_us,
+            s.p90_us,
+            s.p99_us,
+            s.p999_us,
+            added(s.p50_us, direct.map(|d| d.p50_us)),
+            added(s.p99_us, direct.map(|d| d.p99_us)),
+            s.proxy_cpu_us_per_request
+                .map_or_else(|| "-".to_string(), |c| format!("{c:.1}")),
+            ratio(
+                s.proxy_cpu_us_per_request,
+                haproxy.and_then(|h| h.proxy_cpu_us_per_request)
+            ),
+            s.errors,
+            s.runs,
+        );
+    }
+    out
+}
+
+/// The issue's two gateway targets, from this run's medians.
+fn targets(closed: &[CaseSummary], open: &[CaseSummary]) -> String {
+    let mut out = String::from("| target | workload | measured | status |\n|---|---|---|---|\n");
+    for s in closed.iter().filter(|s| s.case == SLUICE) {
+        let haproxy = find(closed, HAPROXY, s).and_then(|h| h.proxy_cpu_us_per_request);
+        if let (Some(sluice), Some(haproxy)) = (s.proxy_cpu_us_per_request, haproxy) {
+            let _ = writeln!(
+                out,
+                "| proxy CPU/req <= 0.5x HAProxy | {} c{} | {sluice:.1} vs {haproxy:.1} us ({:.2}x) | {} |",
+                s.workload,
+                s.concurrency,
+                sluice / haproxy,
+                if sluice <= 0.5 * haproxy { "met" } else { "**missed**" }
+            );
+        }
+    }
+    for s in open.iter().filter(|s| s.case == SLUICE) {
+        if let Some(direct) = find(open, DIRECT, s) {
+            let extra = i128::from(s.p50_us) - i128::from(direct.p50_us);
+            let _ = writeln!(
+                out,
+                "| added p50 <= 100 us | {} | {extra:+} us ({} vs {} us direct) | {} |",
+                s.workload,
+                s.p50_us,
+                direct.p50_us,
+                if extra <= 100 { "met" } else { "**missed**" }
+            );
+        }
+    }
+    out
+}
+
+fn report(
+    harness: &Harness,
+    plan: &Plan,
+    (closed, open): (&[RunRecord], &[RunRecord]),
+    body_sizes: &[(&str, BodySizes)],
+    driver: Option<&str>,
+) -> anyhow::Result<()> {
+    let closed = summarize(closed);
+    let open = summarize(open);
+    write_output(
+        &harness.out,
+        "summary.json",
+        &serde_json::to_string_pretty(
+            &serde_json::json!({"closed_loop": closed, "open_loop": open}),
+        )?,
+    )?;
+    let machine = crate::machine::describe();
+    let mut markdown = format!(
+        "# Gateway scenario{}\n\n{}\
+         Clients -> proxy -> apiserver simulator (HTTP/2 over TLS, its own process). h2load over TLS, \
+         HTTP/2 (`h2`) or HTTP/1.1 (`--h1`), one request in flight per client; small GET `{GET_PATH}` and \
+         LIST `{LIST_PATH}` ({LIST_PODS} pods, see the response bytes column). Each run: {} ms warm-up \
+         (connections and TLS handshakes), then {} ms counted; {} run(s) per row (medians). Open loop: \
+         {} clients x {} req/s each = {} req/s of small GETs, {} ms counted. CPUs: client {}, proxy {}, \
+         simulator {}. HAProxy: h2 over TLS to the upstream, `http-reuse always`, one thread. \
+         nginx: one process (`master_process off`, one worker), HTTP/2 on the client side but \
+         **HTTP/1.1 keep-alive to the upstream** (nginx cannot proxy to an HTTP/2 upstream), \
+         `proxy_buffering off`. Sluice: one worker, one upstream connection; clients authenticate \
+         with a bearer token checked by TokenReview once and then cached (HAProxy and nginx pass the \
+         token through and do no authentication). Proxy CPU is utime+stime of the proxy process over \
+         the counted part of a run divided by the requests done in it.\n\n",
+        if harness.smoke { " (smoke: not a measurement)" } else { "" },
+        machine.markdown(driver),
+        plan.warm_up.as_millis(),
+        plan.duration.as_millis(),
+        plan.repeats,
+        plan.open_loop.clients,
+        plan.open_loop.rps_per_client,
+        plan.open_loop.rate(),
+        plan.open_loop.duration.as_millis(),
+        harness.client_cpu,
+        harness.proxy_cpu,
+        harness.upstream_cpu,
+    );
+    markdown.push_str("## Closed loop\n\n");
+    markdown.push_str(&crate::report::results_table(&closed, DIRECT, HAPROXY));
+    markdown.push_str("\nResponse bodies (curl through each case, HTTP/2 and HTTP/1.1 alike):\n\n");
+    for (case, sizes) in body_sizes {
+        let _ = writeln!(
+            markdown,
+            "- {case}: get {} bytes, list {} bytes",
+            sizes.get, sizes.list
+        );
+    }
+    markdown.push_str(&format!(
+        "\n## Open loop, {} req/s\n\n",
+        plan.open_loop.rate()
+    ));
+    markdown.push_str(&open_loop_table(&open));
+    markdown.push_str("\n## Against the targets of issue 7\n\n");
+    markdown.push_str(&targets(&closed, &open));
+    markdown.push('\n');
+
+    let mut plots = Vec::new();
+    for request in [RequestKind::Get, RequestKind::List] {
+        let series = |value: Metric| -> Vec<crate::plot::Series> {
+            CASES
+                .iter()
+                .flat_map(|case| [(case, Protocol::H2), (case, Protocol::H1)])
+                .filter_map(|(case, protocol)| {
+                    let workload = Workload { protocol, request }.name();
+                    let points: Vec<(f64, f64)> = closed
+                        .iter()
+                        .filter(|s| s.case == *case && s.workload == workload)
+                        .filter_map(|s| value(s).map(|v| (f64::from(s.concurrency), v)))
+                        .collect();
+                    (!points.is_empty()).then(|| (format!("{case} {}", protocol.name()), points))
+                })
+                .collect()
+        };
+        let name = request.name();
+        let charts: [(&str, &str, &str, Metric); 3] = [
+            ("throughput", "Requests per second", "req/s", |s| {
+                Some(s.requests_per_second)
+            }),
+            ("latency-p99", "p99 latency", "p99 latency (us)", |s| {
+                Some(s.p99_us as f64)
+            }),
+            (
+                "cpu",
+                "Proxy CPU per request",
+                "proxy CPU (us/request)",
+                |s| s.proxy_cpu_us_per_request,
+            ),
+        ];
+        for (prefix, title, y_label, value) in charts {
+            let file = format!("{prefix}-{name}.svg");
+            crate::plot::by_concurrency(
+                &harness.out.join(&file),
+                &format!("{title}, {name}"),
+                y_label,
+                &series(value),
+            )?;
+            plots.push(file);
+        }
+    }
+    for file in &plots {
+        let _ = writeln!(markdown, "![{file}]({file})\n");
+    }
+    write_output(&harness.out, "summary.md", &markdown)?;
+    println!("{markdown}");
+    println!("wrote {}", harness.out.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::tests::record;
+
+    #[test]
+    fn full_plan_covers_the_issue() {
+        let plan = plan(false);
+        assert_eq!(plan.levels, vec![1, 64, 512]);
+        assert_eq!(plan.workloads.len(), 4);
+        assert_eq!(plan.open_loop.rate(), 5_000);
+        assert_eq!(plan.open_loop.protocols.len(), 2);
+        let smoke = plan_smoke_duration();
+        assert!(smoke < Duration::from_secs(30), "{smoke:?}");
+    }
+
+    /// Upper bound of the smoke run's load time across all cases.
+    fn plan_smoke_duration() -> Duration {
+        let smoke = plan(true);
+        let closed = (smoke.workloads.len() * smoke.levels.len()) as u32 * smoke.repeats;
+        let open = smoke.open_loop.protocols.len() as u32 * smoke.open_loop.repeats;
+        (smoke.warm_up + smoke.duration) * closed * CASES.len() as u32
+            + (smoke.warm_up + smoke.open_loop.duration) * open * CASES.len() as u32
+    }
+
+    #[test]
+    fn cluster_config_points_at_the_simulator() {
+        let dir = tempfile::tempdir().unwrap();
+        let tls = crate::certs::generate(dir.path(), &["127.0.0.1"]).unwrap();
+        let yaml = cluster_yaml(&tls, "127.0.0.1:6443".parse().unwrap());
+        assert!(yaml.contains("- endpoint: https://127.0.0.1:6443"));
+        assert!(yaml.contains(&format!("name: {HOST}")));
+        assert!(yaml.contains("connectionsPerServer: 1"));
+        assert!(gateway_yaml(dir.path()).contains("runtime: {workers: 1"));
+    }
+
+    #[test]
+    fn targets_compare_within_one_workload() {
+        let mut runs = vec![
+            record(HAPROXY, 1, 1000.0, 20_000),
+            record(SLUICE, 1, 1000.0, 8_000),
+        ];
+        for run in &mut runs {
+            run.workload = "h2 get".into();
+        }
+        let mut other = record(HAPROXY, 1, 1000.0, 4_000);
+        other.workload = "h1 get".into();
+        runs.push(other);
+        let closed = summarize(&runs);
+        let table = targets(&closed, &[]);
+        assert!(
+            table.contains("h2 get c1 | 8.0 vs 20.0 us (0.40x) | met"),
+            "{table}"
+        );
+        assert!(!table.contains("h1 get"), "{table}");
+
+        let mut open = vec![record(DIRECT, 1, 200.0, 0), record(SLUICE, 1, 450.0, 1000)];
+        for run in &mut open {
+            run.workload = "h2 get @5000/s".into();
+        }
+        let table = targets(&[], &summarize(&open));
+        assert!(
+            table.contains("+250 us (450 vs 200 us direct) | **missed**"),
+            "{table}"
+        );
+        assert_eq!(added(90, Some(100)), "-10");
+    }
+}
