@@ -339,6 +339,58 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
     report(harness, &plan, &records, driver.as_deref())
 }
 
+/// CPU per call of the hop itself, the measure issue 7's target names: for Sluice the node
+/// processes only (the agent runs beside the backend, in the private network), for a peer the
+/// whole proxy. Medians over the repeats.
+fn hop_cpu_per_call(record: &RunRecord) -> Option<f64> {
+    let nodes: Vec<_> = record
+        .proxy
+        .iter()
+        .filter(|usage| usage.name.starts_with("node"))
+        .collect();
+    let cpu_us: u64 = if nodes.is_empty() {
+        record.proxy.iter().map(|usage| usage.cpu_us).sum()
+    } else {
+        nodes.iter().map(|usage| usage.cpu_us).sum()
+    };
+    (!record.proxy.is_empty() && record.h2load.done > 0)
+        .then(|| cpu_us as f64 / record.h2load.done as f64)
+}
+
+fn hop_cpu_table(records: &[RunRecord]) -> String {
+    let mut rows: Vec<(String, u32, u32)> = Vec::new();
+    for record in records {
+        let key = (record.case.clone(), record.clients, record.streams);
+        if !record.proxy.is_empty() && !rows.contains(&key) {
+            rows.push(key);
+        }
+    }
+    let median = |case: &str, clients: u32, streams: u32| {
+        let mut values: Vec<f64> = records
+            .iter()
+            .filter(|r| r.case == case && r.clients == clients && r.streams == streams)
+            .filter_map(hop_cpu_per_call)
+            .collect();
+        values.sort_by(f64::total_cmp);
+        values.get(values.len() / 2).copied()
+    };
+    let mut out = String::from(
+        "\nHop CPU per call (issue 7's measure: Sluice's node process(es) without the agent; \
+         HAProxy and nginx whole):\n\n| case | clients x streams | hop CPU us/call | vs haproxy |\n\
+         |---|---|--:|--:|\n",
+    );
+    for (case, clients, streams) in &rows {
+        let value = median(case, *clients, *streams);
+        let peer = median(HAPROXY, *clients, *streams);
+        out.push_str(&format!(
+            "| {case} | {clients} x {streams} | {} | {} |\n",
+            value.map_or_else(|| "-".to_string(), |v| format!("{v:.1}")),
+            crate::report::ratio(value, peer)
+        ));
+    }
+    out
+}
+
 fn report(
     harness: &Harness,
     plan: &Plan,
@@ -369,6 +421,7 @@ fn report(
         harness.upstream_cpu,
     );
     markdown.push_str(&crate::report::results_table(&summaries, DIRECT, HAPROXY));
+    markdown.push_str(&hop_cpu_table(records));
     markdown.push_str("\n![throughput](throughput.svg)\n\n![p99 latency](latency-p99.svg)\n");
     write_output(&harness.out, "summary.md", &markdown)?;
 
@@ -400,4 +453,40 @@ fn report(
     println!("{markdown}");
     println!("wrote {}", harness.out.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::ProcessUsage;
+    use crate::record::tests::record;
+
+    fn usage(name: &str, cpu_us: u64) -> ProcessUsage {
+        ProcessUsage {
+            name: name.into(),
+            pid: 1,
+            cpu_us,
+            rss_kib: 1,
+        }
+    }
+
+    #[test]
+    fn the_hop_is_the_nodes_for_sluice_and_the_whole_proxy_for_a_peer() {
+        // 1,000 calls done per record.
+        let sluice = record(SLUICE_TWO_NODES, 1, 100.0, 1).with_proxy(vec![
+            usage("node-a", 9_000),
+            usage("node-b", 6_000),
+            usage("agent", 20_000),
+        ]);
+        assert_eq!(hop_cpu_per_call(&sluice), Some(15.0));
+        let haproxy = record(HAPROXY, 1, 100.0, 10_000);
+        assert_eq!(hop_cpu_per_call(&haproxy), Some(10.0));
+        assert_eq!(hop_cpu_per_call(&record(DIRECT, 1, 100.0, 0)), None);
+        let table = hop_cpu_table(&[haproxy, sluice]);
+        assert!(
+            table.contains("| sluice-2-nodes | 1 x 1 | 15.0 | 1.50x |"),
+            "{table}"
+        );
+        assert!(!table.contains("| direct"), "{table}");
+    }
 }
