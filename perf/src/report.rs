@@ -29,23 +29,49 @@ fn cpu(value: Option<f64>) -> String {
 }
 
 /// One table row per case and concurrency; throughput ratios against `baseline` (direct) and
-/// `peer`, CPU ratio against `peer`.
-pub fn results_table(summaries: &[CaseSummary], baseline: &str, peer: &str) -> String {
+/// every peer, CPU ratios against every peer.
+pub fn results_table(summaries: &[CaseSummary], baseline: &str, peers: &[&str]) -> String {
     let mut out = String::new();
+    let ok_vs: String = peers.iter().map(|p| format!(" OK/s vs {p} |")).collect();
+    let cpu_vs: String = peers.iter().map(|p| format!(" CPU vs {p} |")).collect();
     let _ = writeln!(
         out,
-        "| case | workload | clients x streams | req/s | OK/s | OK/s vs {baseline} | OK/s vs {peer} | p50 us | p90 us | p99 us | p99.9 us | proxy CPU us/req | CPU vs {peer} | proxy RSS MiB | errors | runs |"
+        "| case | workload | clients x streams | req/s | OK/s | OK/s vs {baseline} |{ok_vs} p50 us | p90 us | p99 us | p99.9 us | proxy CPU us/req |{cpu_vs} proxy RSS MiB | errors | runs |"
     );
     let _ = writeln!(
         out,
-        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        "|---|---|---|--:|--:|--:|{}--:|--:|--:|--:|--:|{}--:|--:|--:|",
+        "--:|".repeat(peers.len()),
+        "--:|".repeat(peers.len())
     );
     for s in summaries {
         let base = find(summaries, baseline, s);
-        let peer_case = find(summaries, peer, s);
+        let peer_rows: Vec<Option<&CaseSummary>> =
+            peers.iter().map(|peer| find(summaries, peer, s)).collect();
+        let ok_ratios: String = peer_rows
+            .iter()
+            .map(|p| {
+                format!(
+                    " {} |",
+                    ratio(Some(s.ok_per_second), p.map(|p| p.ok_per_second))
+                )
+            })
+            .collect();
+        let cpu_ratios: String = peer_rows
+            .iter()
+            .map(|p| {
+                format!(
+                    " {} |",
+                    ratio(
+                        s.proxy_cpu_us_per_request,
+                        p.and_then(|p| p.proxy_cpu_us_per_request)
+                    )
+                )
+            })
+            .collect();
         let _ = writeln!(
             out,
-            "| {} | {} | {} x {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} x {} | {:.0} | {:.0} | {} |{ok_ratios} {} | {} | {} | {} | {} |{cpu_ratios} {} | {} | {} |",
             s.case,
             s.workload,
             s.clients,
@@ -53,16 +79,11 @@ pub fn results_table(summaries: &[CaseSummary], baseline: &str, peer: &str) -> S
             s.requests_per_second,
             s.ok_per_second,
             ratio(Some(s.ok_per_second), base.map(|b| b.ok_per_second)),
-            ratio(Some(s.ok_per_second), peer_case.map(|p| p.ok_per_second)),
             s.p50_us,
             s.p90_us,
             s.p99_us,
             s.p999_us,
             cpu(s.proxy_cpu_us_per_request),
-            ratio(
-                s.proxy_cpu_us_per_request,
-                peer_case.and_then(|p| p.proxy_cpu_us_per_request)
-            ),
             if s.proxy_rss_kib == 0 {
                 "-".to_string()
             } else {
@@ -86,18 +107,33 @@ mod tests {
         let summaries = summarize(&[
             record("direct", 1, 1000.0, 0),
             record("haproxy", 1, 500.0, 10_000),
+            record("nginx", 1, 125.0, 20_000),
             record("sluice", 1, 250.0, 40_000),
         ]);
-        let table = results_table(&summaries, "direct", "haproxy");
+        let table = results_table(&summaries, "direct", &["haproxy", "nginx"]);
+        let header: Vec<&str> = table
+            .lines()
+            .next()
+            .unwrap()
+            .split('|')
+            .map(str::trim)
+            .collect();
         let sluice = table.lines().find(|l| l.starts_with("| sluice")).unwrap();
         let cells: Vec<&str> = sluice.split('|').map(str::trim).collect();
-        assert_eq!(cells[2], "grpc unary");
-        assert_eq!(cells[4], "250");
-        assert_eq!(cells[5], "250");
-        assert_eq!(cells[6], "0.25x");
-        assert_eq!(cells[7], "0.50x");
-        assert_eq!(cells[12], "40.0");
-        assert_eq!(cells[13], "4.00x");
+        assert_eq!(header.len(), cells.len(), "{table}");
+        assert_eq!(
+            table.lines().nth(1).unwrap().split('|').count(),
+            cells.len()
+        );
+        let cell = |name: &str| cells[header.iter().position(|h| *h == name).unwrap()];
+        assert_eq!(cell("workload"), "grpc unary");
+        assert_eq!(cell("req/s"), "250");
+        assert_eq!(cell("OK/s vs direct"), "0.25x");
+        assert_eq!(cell("OK/s vs haproxy"), "0.50x");
+        assert_eq!(cell("OK/s vs nginx"), "2.00x");
+        assert_eq!(cell("proxy CPU us/req"), "40.0");
+        assert_eq!(cell("CPU vs haproxy"), "4.00x");
+        assert_eq!(cell("CPU vs nginx"), "2.00x");
         let direct = table.lines().find(|l| l.starts_with("| direct")).unwrap();
         assert!(direct.contains("| - |"), "{direct}");
     }

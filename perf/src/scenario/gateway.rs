@@ -684,7 +684,11 @@ fn report(
         harness.upstream_cpu,
     );
     markdown.push_str("## Closed loop\n\n");
-    markdown.push_str(&crate::report::results_table(&closed, DIRECT, HAPROXY));
+    markdown.push_str(&crate::report::results_table(
+        &closed,
+        DIRECT,
+        &[HAPROXY, NGINX],
+    ));
     markdown.push_str("\nResponse bodies (curl through each case, HTTP/2 and HTTP/1.1 alike):\n\n");
     for (case, sizes) in body_sizes {
         let _ = writeln!(

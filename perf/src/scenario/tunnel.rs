@@ -376,16 +376,16 @@ fn hop_cpu_table(records: &[RunRecord]) -> String {
     };
     let mut out = String::from(
         "\nHop CPU per call (issue 7's measure: Sluice's node process(es) without the agent; \
-         HAProxy and nginx whole):\n\n| case | clients x streams | hop CPU us/call | vs haproxy |\n\
-         |---|---|--:|--:|\n",
+         HAProxy and nginx whole):\n\n| case | clients x streams | hop CPU us/call | vs haproxy | vs nginx |\n\
+         |---|---|--:|--:|--:|\n",
     );
     for (case, clients, streams) in &rows {
         let value = median(case, *clients, *streams);
-        let peer = median(HAPROXY, *clients, *streams);
         out.push_str(&format!(
-            "| {case} | {clients} x {streams} | {} | {} |\n",
+            "| {case} | {clients} x {streams} | {} | {} | {} |\n",
             value.map_or_else(|| "-".to_string(), |v| format!("{v:.1}")),
-            crate::report::ratio(value, peer)
+            crate::report::ratio(value, median(HAPROXY, *clients, *streams)),
+            crate::report::ratio(value, median(NGINX, *clients, *streams))
         ));
     }
     out
@@ -420,7 +420,11 @@ fn report(
         harness.proxy_cpu,
         harness.upstream_cpu,
     );
-    markdown.push_str(&crate::report::results_table(&summaries, DIRECT, HAPROXY));
+    markdown.push_str(&crate::report::results_table(
+        &summaries,
+        DIRECT,
+        &[HAPROXY, NGINX],
+    ));
     markdown.push_str(&hop_cpu_table(records));
     markdown.push_str("\n![throughput](throughput.svg)\n\n![p99 latency](latency-p99.svg)\n");
     write_output(&harness.out, "summary.md", &markdown)?;
