@@ -9,20 +9,19 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use event_listener::Event;
 use h2::client::SendRequest;
 use h2::{RecvStream, SendStream};
 use http::{HeaderMap, HeaderValue, Request};
 use prometheus_client::registry::Registry;
-use prost::Message as _;
 use rustls::pki_types::ServerName;
 use sluice_config::{AgentConfig, Endpoint};
 use sluice_grpc::status::decode_message;
 use sluice_grpc::transport::{
     connect, recv_data, recv_data_now, recv_trailers_now, send_data, ClientConnection, H2Settings,
 };
-use sluice_grpc::{message_header, message_pieces, Code, FrameDecoder, MESSAGE_HEADER_LEN};
+use sluice_grpc::{message_pieces, Code, FrameDecoder};
 use sluice_metrics::{PerCoreCounter, PerCoreGauge};
 use sluice_proto::tunnel::v1::{
     connect_request, connect_response, ConnectRequest, Descriptor, Error, Header, Trailer,
@@ -31,7 +30,8 @@ use sluice_runtime::{BackgroundTask, StopSignal, WorkerContext};
 
 use crate::node::{AGENT_VERSION_HEADER, CONNECTION_ID_HEADER, CONNECT_PATH};
 use crate::wire::{
-    data_frame, frame, metadata_from_headers, metadata_into_headers, ReadError, TunnelReader,
+    data_frame, frame, frame_into, metadata_from_headers, metadata_into_headers, ReadError,
+    TunnelReader,
 };
 
 /// Agent metrics (the agent runs its tunnels on one worker).
@@ -530,12 +530,7 @@ struct Batch<'a> {
 
 impl Batch<'_> {
     fn push(&mut self, message: connect_request::Msg) {
-        let message = ConnectRequest { msg: Some(message) };
-        let length = message.encoded_len();
-        self.out.reserve(MESSAGE_HEADER_LEN + length);
-        self.out.put_slice(&message_header(false, length));
-        // Encoding into a buffer with enough capacity cannot fail.
-        let _ = message.encode(&mut self.out);
+        frame_into(&mut self.out, &ConnectRequest { msg: Some(message) });
     }
 
     /// A backend message; large ones go out as their own slices, uncopied.

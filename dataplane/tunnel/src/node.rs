@@ -39,7 +39,8 @@ use crate::auth::{AgentTokens, JwtValidator, VerifiedTokens};
 use crate::metrics::TunnelMetrics;
 use crate::registry::{AgentId, ConnectionRegistry};
 use crate::wire::{
-    data_frame, frame, metadata_from_headers, metadata_into_headers, ReadError, TunnelReader,
+    data_frame, frame, frame_into, metadata_from_headers, metadata_into_headers, ReadError,
+    TunnelReader,
 };
 
 pub const CONNECT_PATH: &str = "/sluice.tunnel.v1.ReverseTunnel/Connect";
@@ -874,7 +875,7 @@ impl ExternalHandler {
                         }
                     }
                     let whole = body_ended
-                        .then(|| whole_request(info.clone(), &early, node.max_message_bytes))
+                        .then(|| whole_request(&info, &early, node.max_message_bytes))
                         .flatten();
                     let request_sent = whole.is_some();
                     // A tunnel that broke while idle fails here, before the client saw anything:
@@ -1594,16 +1595,13 @@ const WHOLE_REQUEST_LIMIT: usize = 16 * 1024;
 /// `info` followed by every message of a complete request body and CloseSend, as one buffer;
 /// `None` if the body is not well-formed gRPC framing (the pump then reports it the usual way)
 /// or too big to copy.
-fn whole_request(info: Bytes, chunks: &[Bytes], limit: usize) -> Option<Bytes> {
+fn whole_request(info: &[u8], chunks: &[Bytes], limit: usize) -> Option<Bytes> {
     let size: usize = chunks.iter().map(Bytes::len).sum();
     if size > WHOLE_REQUEST_LIMIT {
         return None;
     }
-    let close = frame(&ConnectResponse {
-        msg: Some(connect_response::Msg::CloseSend(CloseSend {})),
-    });
-    let mut out = bytes::BytesMut::with_capacity(info.len() + size + 16 + close.len());
-    out.extend_from_slice(&info);
+    let mut out = bytes::BytesMut::with_capacity(info.len() + size + 32);
+    out.extend_from_slice(info);
     let mut frames = FrameDecoder::new(limit);
     for chunk in chunks {
         frames.push(chunk.clone());
@@ -1614,7 +1612,12 @@ fn whole_request(info: Bytes, chunks: &[Bytes], limit: usize) -> Option<Bytes> {
         }
     }
     frames.finish().ok()?;
-    out.extend_from_slice(&close);
+    frame_into(
+        &mut out,
+        &ConnectResponse {
+            msg: Some(connect_response::Msg::CloseSend(CloseSend {})),
+        },
+    );
     Some(out.freeze())
 }
 

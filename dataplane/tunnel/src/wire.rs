@@ -23,12 +23,18 @@ pub enum WireError {
 
 /// Encodes a whole message as one gRPC frame (control messages; small).
 pub fn frame<M: prost::Message>(message: &M) -> Bytes {
+    let mut out = BytesMut::new();
+    frame_into(&mut out, message);
+    out.freeze()
+}
+
+/// [`frame`], appended to `out` (several messages gathered into one DATA frame).
+pub fn frame_into<M: prost::Message>(out: &mut BytesMut, message: &M) {
     let length = message.encoded_len();
-    let mut out = BytesMut::with_capacity(MESSAGE_HEADER_LEN + length);
+    out.reserve(MESSAGE_HEADER_LEN + length);
     out.put_slice(&message_header(false, length));
     // Encoding into a buffer with enough capacity cannot fail.
-    let _ = message.encode(&mut out);
-    out.freeze()
+    let _ = message.encode(out);
 }
 
 /// Payloads up to this size are copied into one frame buffer; larger ones are sent as separate

@@ -31,6 +31,15 @@ fn agent_frame(message: connect_request::Msg) -> Bytes {
     frame(&ConnectRequest { msg: Some(message) })
 }
 
+/// A client's unary call to the node's external endpoint, running in the background.
+fn spawn_unary(node: &Node, payload: &[u8]) -> monoio::task::JoinHandle<(String, String)> {
+    monoio::spawn(raw_call(
+        node.external,
+        "/test.Echo/Unary",
+        vec![encode_message(false, payload)],
+    ))
+}
+
 /// Reads one call from the fake agent's side of the tunnel: RequestInfo, the messages, CloseSend.
 /// Returns the method and the messages' payloads.
 async fn read_call(recv: &mut RecvStream, reader: &mut TunnelReader) -> (String, Vec<Bytes>) {
@@ -97,11 +106,7 @@ fn a_reusable_tunnel_carries_call_after_call_on_one_stream() {
             let mut reader = TunnelReader::new(LIMIT);
             for round in 0..3u8 {
                 let payload = vec![b'a' + round; 3];
-                let call = monoio::spawn(raw_call(
-                    node.external,
-                    "/test.Echo/Unary",
-                    vec![encode_message(false, &payload)],
-                ));
+                let call = spawn_unary(&node, &payload);
                 let (method, messages) = read_call(&mut recv, &mut reader).await;
                 assert_eq!(method, "/test.Echo/Unary", "{driver} round {round}");
                 assert_eq!(
@@ -131,11 +136,7 @@ fn a_one_shot_agent_or_a_failed_call_gets_its_tunnel_closed() {
             // A kas-style agent (no `reusable`): the node closes the tunnel after the call.
             let (mut recv, mut send, _) = fake_tunnel(node.agent, descriptor_reusable(false)).await;
             let mut reader = TunnelReader::new(LIMIT);
-            let call = monoio::spawn(raw_call(
-                node.external,
-                "/test.Echo/Unary",
-                vec![encode_message(false, b"x")],
-            ));
+            let call = spawn_unary(&node, b"x");
             read_call(&mut recv, &mut reader).await;
             answer(&mut send, b"y");
             assert_eq!(call.await.0, "0", "{driver}");
@@ -147,11 +148,7 @@ fn a_one_shot_agent_or_a_failed_call_gets_its_tunnel_closed() {
             // A reusable agent whose call ends with an Error: not reused either.
             let (mut recv, mut send, _) = fake_tunnel(node.agent, descriptor_reusable(true)).await;
             let mut reader = TunnelReader::new(LIMIT);
-            let call = monoio::spawn(raw_call(
-                node.external,
-                "/test.Echo/Unary",
-                vec![encode_message(false, b"x")],
-            ));
+            let call = spawn_unary(&node, b"x");
             read_call(&mut recv, &mut reader).await;
             send.send_data(
                 agent_frame(connect_request::Msg::Error(Error {

@@ -365,12 +365,7 @@ impl Server {
         let guard = StreamGuard::open(&self.shared);
         self.shared.requests_served.fetch_add(1, Ordering::Relaxed);
         let headers = request.headers();
-        let header = |name: &str| {
-            headers
-                .get(name)
-                .and_then(|value| value.to_str().ok())
-                .map(str::to_string)
-        };
+        let header = |name: &str| header_text(headers, name);
         let authorization = header("authorization");
         let caller = match common_name {
             Some(name) => Some(Caller::Certificate(name)),
@@ -425,12 +420,7 @@ impl Server {
         authorization: Option<String>,
     ) {
         let headers = request.headers();
-        let header = |name: &str| {
-            headers
-                .get(name)
-                .and_then(|value| value.to_str().ok())
-                .map(str::to_string)
-        };
+        let header = |name: &str| header_text(headers, name);
         let mut impersonate_extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (name, value) in headers {
             if let Some(key) = name.as_str().strip_prefix("impersonate-extra-") {
@@ -866,4 +856,12 @@ fn object_not_found(resource: &str, name: &str) -> Response<ResponseBody> {
         "NotFound",
         &format!("{resource} \"{name}\" not found"),
     )
+}
+
+/// A header's value as text; `None` if absent or not visible ASCII.
+fn header_text(headers: &http::HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_string)
 }
