@@ -2,9 +2,8 @@
 
 mod cli;
 mod daemon;
+#[cfg(feature = "demo")]
 mod demo;
-mod demo_cluster;
-mod demo_gateway;
 mod logging;
 mod policy_cmd;
 mod vm_agent;
@@ -77,6 +76,12 @@ fn main() -> ExitCode {
             });
             daemon::run_with(loaded, &runtime, addresses_file, daemon::Mode::Run)
         }
+        #[cfg(not(feature = "demo"))]
+        cli::Command::Up { .. } => {
+            eprintln!("sluice up: this binary was built without the `demo` feature");
+            ExitCode::FAILURE
+        }
+        #[cfg(feature = "demo")]
         cli::Command::Up {
             runtime,
             ephemeral_ports,

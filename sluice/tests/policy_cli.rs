@@ -9,7 +9,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 fn compile_prints_the_flows_of_a_valid_file() {
     let fixture = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../controlplane/policy/tests/fixtures/three-vms.yaml"
+        "/../vm-datapath/policy/tests/fixtures/three-vms.yaml"
     );
     let output = Command::new(BIN)
         .args(["policy", "compile", fixture])
@@ -58,7 +58,7 @@ fn compile_refuses_a_bad_file_with_path_and_reason() {
 fn compile_takes_a_directory_as_one_policy_set() {
     let fixture = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../controlplane/policy/tests/fixtures/three-vms.yaml"
+        "/../vm-datapath/policy/tests/fixtures/three-vms.yaml"
     );
     let compile = |path: &std::path::Path| {
         Command::new(BIN)

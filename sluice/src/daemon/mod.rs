@@ -1,0 +1,188 @@
+//! Runs the daemon: config in, listeners bound, workers started, stop signal, drain, exit.
+//! Each pillar wires its listeners and background tasks in its own module.
+
+mod gateway;
+mod tunnel;
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use prometheus_client::registry::Registry;
+use sluice_admin::{AdminEndpoint, AdminMetrics, AdminOptions};
+use sluice_config::{Config, ConfigError};
+use sluice_runtime::{
+    select_driver, Lifecycle, ListenerId, Placement, RuntimeOptions, ServerBuilder, StopSignals,
+};
+
+use crate::cli::RuntimeArgs;
+
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[derive(Debug)]
+pub enum Mode {
+    /// `sluice run --config FILE` or `sluice agent --config FILE`.
+    Run,
+    /// `sluice up`: the demo; also prints what started and how to try it.
+    #[cfg(feature = "demo")]
+    Up(Box<crate::demo::UpDemo>),
+}
+
+/// Exit codes: 0 after a clean stop, 2 for an invalid configuration, 1 for any other failure.
+pub fn run_with(
+    loaded: Result<Config, ConfigError>,
+    args: &RuntimeArgs,
+    addresses_file: Option<&Path>,
+    mode: Mode,
+) -> ExitCode {
+    let mut config = match loaded {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("{error}");
+            eprintln!(
+                "refusing to start: {} configuration error(s)",
+                error.errors.len()
+            );
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(workers) = args.workers {
+        config.runtime.workers = sluice_config::Workers::Count(
+            usize::from(workers)
+                .try_into()
+                .unwrap_or(std::num::NonZeroUsize::MIN),
+        );
+    }
+    if let Some(driver) = args.driver {
+        config.runtime.driver = driver.into();
+    }
+    crate::logging::init(&config.logging);
+    match run(config, addresses_file, mode) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{error:#}");
+            eprintln!("sluice: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(
+    #[cfg_attr(not(feature = "demo"), allow(unused_mut))] mut config: Config,
+    addresses_file: Option<&Path>,
+    #[cfg_attr(not(feature = "demo"), allow(unused_variables))] mode: Mode,
+) -> anyhow::Result<()> {
+    // Caught from here on, so a stop during start-up still drains instead of killing us.
+    let signals = StopSignals::install()?;
+    let selection = select_driver(config.runtime.driver, config.runtime.uring_entries)?;
+    match &selection.fallback_reason {
+        None => tracing::info!(driver = %selection.driver, "I/O driver selected"),
+        Some(reason) => {
+            tracing::warn!(driver = %selection.driver, %reason, "io_uring cannot be set up; falling back to the legacy (epoll) driver")
+        }
+    }
+    let lifecycle = Arc::new(Lifecycle::new());
+    let workers = config.runtime.workers.resolve();
+    let options = RuntimeOptions {
+        workers,
+        driver: selection.clone(),
+        uring_entries: config.runtime.uring_entries,
+        drain_timeout: config.runtime.drain_timeout,
+    };
+    let mut server = ServerBuilder::new(options, lifecycle.clone());
+    let mut registry = Registry::default();
+    sluice_admin::register_build_info(&mut registry, VERSION, selection.driver.as_str());
+    let admin = server.bind("admin", &config.listeners.admin, Placement::Dedicated)?;
+
+    let pillars = Pillars {
+        tracker: tunnel::wire_node(&config, &mut server, &mut registry, workers)?,
+        reloader: gateway::wire(&config, &mut server, &mut registry, workers)?,
+    };
+    #[cfg(feature = "demo")]
+    if let Mode::Up(demo) = &mode {
+        demo.wire(&mut config, &mut server)?;
+    }
+    tunnel::wire_agent(&config, &mut server, &mut registry)?;
+    serve_admin(&config, &mut server, registry, admin);
+
+    let addresses = server.addresses();
+    let running = server.start()?;
+    for (name, address) in &addresses {
+        tracing::info!(listener = %name, %address, "listening");
+    }
+    tracing::info!(version = VERSION, workers, driver = %selection.driver, "ready");
+    if let Some(path) = addresses_file {
+        write_addresses(path, &addresses)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    #[cfg(feature = "demo")]
+    if let Mode::Up(demo) = &mode {
+        demo.announce(workers, &selection.driver.to_string(), &addresses)?;
+    }
+
+    let signal = signals.wait(lifecycle);
+    tracing::info!(signal, drain_timeout = ?config.runtime.drain_timeout, "stopping: no new connections, draining in-flight work");
+    let report = running.shutdown();
+    pillars.stop();
+    tracing::info!(elapsed = ?report.elapsed, connections_cut = report.connections_cut, "stopped");
+    // The demo's child processes and directory go last, after the drain.
+    #[cfg(feature = "demo")]
+    drop(mode);
+    Ok(())
+}
+
+/// What the pillars leave running beside the workers, stopped after the drain.
+struct Pillars {
+    tracker: Option<sluice_tracker::TrackerHandle>,
+    reloader: Option<sluice_gateway_proxy::ReloaderHandle>,
+}
+
+impl Pillars {
+    fn stop(self) {
+        if let Some(tracker) = &self.tracker {
+            // Remove this node's entries at once rather than leaving them to expire.
+            if !tracker.shutdown(std::time::Duration::from_secs(3)) {
+                tracing::warn!(
+                    "could not remove this node's tracker entries from redis; they expire by TTL"
+                );
+            }
+        }
+        drop(self.reloader);
+    }
+}
+
+fn serve_admin(
+    config: &Config,
+    server: &mut ServerBuilder,
+    mut registry: Registry,
+    admin: ListenerId,
+) {
+    server.register_metrics(&mut registry);
+    let admin_metrics = AdminMetrics::register(&mut registry);
+    server.serve(
+        admin,
+        AdminEndpoint::new(
+            Arc::new(registry),
+            admin_metrics,
+            AdminOptions {
+                header_timeout: config.listeners.admin.header_timeout,
+                idle_timeout: config.listeners.admin.idle_timeout,
+            },
+        ),
+    );
+}
+
+/// Written to a temporary name and renamed, so a reader never sees half a file.
+fn write_addresses(
+    path: &Path,
+    addresses: &[(String, std::net::SocketAddr)],
+) -> std::io::Result<()> {
+    let map: serde_json::Map<String, serde_json::Value> = addresses
+        .iter()
+        .map(|(name, address)| (name.clone(), serde_json::Value::String(address.to_string())))
+        .collect();
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, serde_json::to_vec_pretty(&map)?)?;
+    std::fs::rename(&temporary, path)
+}

@@ -1,0 +1,12 @@
+//! Open vSwitch I/O for Sluice's VM policy engine (tokio): the clients that speak to a switch.
+//! The flow model and the OpenFlow codec they carry are pure and live in `sluice-openflow`.
+//!
+//! - [`OpenFlowClient`]: a client on a bridge's `.mgmt` socket: atomic bundles, barrier,
+//!   flow statistics, packet-in/out, reconnection with a replay signal.
+//! - [`OvsdbClient`]: JSON-RPC to ovsdb-server for bridges and ports.
+
+pub mod client;
+pub mod ovsdb;
+
+pub use client::{ClientConfig, ClientError, OpenFlowClient};
+pub use ovsdb::{OvsdbClient, OvsdbError, PortKind};
