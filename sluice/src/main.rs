@@ -65,7 +65,7 @@ fn main() -> ExitCode {
                 if loaded.agent.is_some() {
                     Ok(loaded)
                 } else {
-                    Err(sluice_config::ConfigError {
+                    Err(sluice_config::InvalidConfig {
                         origin: config.display().to_string(),
                         errors: vec![sluice_config::FieldError::new(
                             "agent",

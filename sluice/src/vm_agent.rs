@@ -233,7 +233,7 @@ async fn reload(engine: &mut PolicyEngine, path: &Path, metrics: &AgentMetrics) 
         Ok(desired) => desired,
         Err(error) => {
             metrics.reload_errors.inc();
-            for file in &error.files {
+            for file in &error.sources {
                 for field in &file.errors {
                     tracing::error!(file = %file.origin, path = %field.path, reason = %field.reason, "policies refused; the last good policies stay");
                 }

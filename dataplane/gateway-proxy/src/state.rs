@@ -9,15 +9,15 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use http::HeaderValue;
-use sluice_gateway::cluster::{load_dir, ConfigErrors, GatewaySnapshot};
+use sluice_gateway::cluster::{load_dir, GatewaySnapshot, InvalidSources};
 
 use crate::metrics::GatewayMetrics;
 
 /// Why a cluster directory could not become a generation.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayLoadError {
-    #[error("{0}")]
-    Config(#[from] ConfigErrors),
+    #[error("{count} config error(s)\n{0}", count = .0.error_count())]
+    Config(#[from] InvalidSources),
     #[error("{file}: {reason}")]
     Files { file: PathBuf, reason: String },
 }

@@ -3,9 +3,8 @@
 //! One YAML document, read into serde types, then checked in a single pass that reports every
 //! problem with its path (`listeners.admin.address: invalid socket address "x:y"`). Unknown
 //! fields are errors. A config is used whole or not at all: callers get either a [`Config`] or a
-//! [`ConfigError`] listing everything wrong, which is what lets a reload keep the last good config.
+//! [`InvalidConfig`] listing everything wrong, which is what lets a reload keep the last good config.
 
-mod error;
 mod raw;
 mod validate;
 
@@ -14,7 +13,7 @@ use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use error::{ConfigError, FieldError};
+pub use sluice_config_error::{FieldError, InvalidConfig};
 
 /// The configuration `sluice up` runs with when given no file: loopback only.
 pub const EMBEDDED_DEFAULTS: &str = include_str!("embedded_defaults.yaml");
@@ -289,15 +288,15 @@ pub struct ReconnectConfig {
 
 impl Config {
     /// The embedded defaults, validated.
-    pub fn embedded_defaults() -> Result<Self, ConfigError> {
+    pub fn embedded_defaults() -> Result<Self, InvalidConfig> {
         load_str(EMBEDDED_DEFAULTS, "<embedded defaults>")
     }
 }
 
 /// Reads and validates a YAML file.
-pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
+pub fn load_file(path: &Path) -> Result<Config, InvalidConfig> {
     let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|error| ConfigError {
+    let text = std::fs::read_to_string(path).map_err(|error| InvalidConfig {
         origin: origin.clone(),
         errors: vec![FieldError::new("", format!("cannot read file: {error}"))],
     })?;
@@ -305,8 +304,8 @@ pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
 }
 
 /// Parses and validates YAML text; `origin` names it in error messages.
-pub fn load_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
-    let fail = |errors: Vec<FieldError>| ConfigError {
+pub fn load_str(text: &str, origin: &str) -> Result<Config, InvalidConfig> {
+    let fail = |errors: Vec<FieldError>| InvalidConfig {
         origin: origin.to_string(),
         errors,
     };
@@ -329,7 +328,7 @@ pub fn load_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
             }
         }
     };
-    let mut errors = error::Errors::default();
+    let mut errors = sluice_config_error::ErrorList::default();
     for path in unknown_fields {
         errors.push(path, "unknown field");
     }

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use serde_norway::Value;
 
-use crate::error::Errors;
 use crate::raw::{
     Leaf, RawAgent, RawConfig, RawGateway, RawJwt, RawListener, RawPeerTls, RawRedis, RawServerTls,
     RawTunnel,
@@ -19,6 +18,7 @@ use crate::{
     ReconnectConfig, RedisConfig, RedisTargetConfig, RuntimeConfig, ServerTlsConfig, TunnelConfig,
     Workers,
 };
+use sluice_config_error::ErrorList as Errors;
 
 const MAX_WORKERS: usize = 1024;
 

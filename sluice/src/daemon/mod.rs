@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use prometheus_client::registry::Registry;
 use sluice_admin::{AdminEndpoint, AdminMetrics, AdminOptions};
-use sluice_config::{Config, ConfigError};
+use sluice_config::{Config, InvalidConfig};
 use sluice_runtime::{
     select_driver, Lifecycle, ListenerId, Placement, RuntimeOptions, ServerBuilder, StopSignals,
 };
@@ -31,7 +31,7 @@ pub enum Mode {
 
 /// Exit codes: 0 after a clean stop, 2 for an invalid configuration, 1 for any other failure.
 pub fn run_with(
-    loaded: Result<Config, ConfigError>,
+    loaded: Result<Config, InvalidConfig>,
     args: &RuntimeArgs,
     addresses_file: Option<&Path>,
     mode: Mode,

@@ -31,7 +31,6 @@ mod dir;
 mod raw;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::net::IpAddr;
 use std::path::Path;
 
@@ -44,46 +43,9 @@ use crate::model::{
 };
 use raw::{RawDocument, RawPolicy, RawRule, RawService};
 
-pub use dir::{is_policy_file_name, load_dir, load_path, policy_files, PolicySourceError};
-
-/// One thing wrong with a document: where (`policies[0].rules[1].action`) and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldError {
-    /// Path of the field; empty for the document as a whole.
-    pub path: String,
-    pub reason: String,
-}
-
-impl fmt::Display for FieldError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.path.is_empty() {
-            f.write_str(&self.reason)
-        } else {
-            write!(f, "{}: {}", self.path, self.reason)
-        }
-    }
-}
-
-/// Every problem found in one document, in document order. Loading yields either a whole valid
-/// [`PolicySet`] or this; callers keep enforcing what they had.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct PolicyLoadError {
-    /// File path or a name such as `<stdin>`.
-    pub origin: String,
-    pub errors: Vec<FieldError>,
-}
-
-impl fmt::Display for PolicyLoadError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, error) in self.errors.iter().enumerate() {
-            if index > 0 {
-                f.write_str("\n")?;
-            }
-            write!(f, "{}: {error}", self.origin)?;
-        }
-        Ok(())
-    }
-}
+pub use dir::{is_policy_file_name, load_dir, load_path, policy_files};
+use sluice_config_error::ErrorList as Errors;
+pub use sluice_config_error::{FieldError, InvalidConfig, InvalidSources};
 
 /// Input syntax.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,51 +65,26 @@ impl Format {
 }
 
 /// Reads and validates a policy file; the format follows the extension.
-pub fn load_file(path: &Path) -> Result<PolicySet, PolicyLoadError> {
+pub fn load_file(path: &Path) -> Result<PolicySet, InvalidConfig> {
     let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|error| PolicyLoadError {
-        origin: origin.clone(),
-        errors: vec![FieldError {
-            path: String::new(),
-            reason: format!("cannot read file: {error}"),
-        }],
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        InvalidConfig::one(origin.clone(), "", format!("cannot read file: {error}"))
     })?;
     load_str(&text, &origin, Format::from_path(path))
 }
 
 /// Parses and validates a document; `origin` names it in errors.
-pub fn load_str(text: &str, origin: &str, format: Format) -> Result<PolicySet, PolicyLoadError> {
+pub fn load_str(text: &str, origin: &str, format: Format) -> Result<PolicySet, InvalidConfig> {
     let mut errors = Errors::default();
     let raw = match parse(text, format, &mut errors) {
         Some(raw) => raw,
-        None => return Err(errors.into_load_error(origin)),
+        None => return Err(errors.into_invalid(origin)),
     };
     let set = validate(&raw, &mut errors);
     if errors.list.is_empty() {
         Ok(set)
     } else {
-        Err(errors.into_load_error(origin))
-    }
-}
-
-#[derive(Debug, Default)]
-struct Errors {
-    list: Vec<FieldError>,
-}
-
-impl Errors {
-    fn push(&mut self, path: impl Into<String>, reason: impl Into<String>) {
-        self.list.push(FieldError {
-            path: path.into(),
-            reason: reason.into(),
-        });
-    }
-
-    fn into_load_error(self, origin: &str) -> PolicyLoadError {
-        PolicyLoadError {
-            origin: origin.to_string(),
-            errors: self.list,
-        }
+        Err(errors.into_invalid(origin))
     }
 }
 

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::error::{ConfigError, ConfigErrors};
 use super::spec::UpstreamCluster;
 use super::validate::validate;
+use sluice_config_error::{document_origin, InvalidConfig, InvalidSources};
 
 /// A valid cluster object and where it came from; its file paths are absolute (relative ones
 /// resolved against the YAML file's directory).
@@ -20,8 +20,9 @@ pub struct LoadedCluster {
 
 /// Parses and validates the objects of one YAML text; `file` names it in errors and anchors
 /// relative paths. Does not touch the file system.
-pub fn parse_clusters(text: &str, file: &Path) -> Result<Vec<LoadedCluster>, ConfigErrors> {
-    let mut errors = Vec::new();
+pub fn parse_clusters(text: &str, file: &Path) -> Result<Vec<LoadedCluster>, InvalidSources> {
+    let origin = file.display().to_string();
+    let mut errors = InvalidSources::default();
     let mut documents = Vec::new();
     for document in serde_norway::Deserializer::from_str(text) {
         match serde_norway::Value::deserialize(document) {
@@ -29,12 +30,7 @@ pub fn parse_clusters(text: &str, file: &Path) -> Result<Vec<LoadedCluster>, Con
             Ok(serde_norway::Value::Null) => {}
             Ok(value) => documents.push(value),
             Err(error) => {
-                errors.push(ConfigError {
-                    file: file.to_path_buf(),
-                    document: None,
-                    path: String::new(),
-                    reason: format!("invalid YAML: {error}"),
-                });
+                errors.push(&*origin, "", format!("invalid YAML: {error}"));
                 break;
             }
         }
@@ -42,12 +38,7 @@ pub fn parse_clusters(text: &str, file: &Path) -> Result<Vec<LoadedCluster>, Con
     let numbered = documents.len() > 1;
     let mut clusters = Vec::new();
     for (index, value) in documents.into_iter().enumerate() {
-        let error = |path: String, reason: String| ConfigError {
-            file: file.to_path_buf(),
-            document: numbered.then_some(index + 1),
-            path,
-            reason,
-        };
+        let document = document_origin(&origin, numbered.then_some(index + 1));
         match serde_path_to_error::deserialize::<_, UpstreamCluster>(value) {
             Ok(mut cluster) => {
                 let problems = validate(&cluster);
@@ -58,24 +49,22 @@ pub fn parse_clusters(text: &str, file: &Path) -> Result<Vec<LoadedCluster>, Con
                         cluster,
                     });
                 } else {
-                    errors.extend(
-                        problems
-                            .into_iter()
-                            .map(|(path, reason)| error(path, reason)),
-                    );
+                    for (path, reason) in problems {
+                        errors.push(&*document, path, reason);
+                    }
                 }
             }
             Err(failure) => {
                 let path = failure.path().to_string();
                 let path = if path == "." { String::new() } else { path };
-                errors.push(error(path, failure.into_inner().to_string()));
+                errors.push(&*document, path, failure.into_inner().to_string());
             }
         }
     }
     if errors.is_empty() {
         Ok(clusters)
     } else {
-        Err(ConfigErrors(errors))
+        Err(errors)
     }
 }
 
@@ -107,7 +96,7 @@ fn resolve_paths(cluster: &mut UpstreamCluster, file: &Path) {
 }
 
 /// Every referenced certificate, key and token file must be readable.
-fn check_files(loaded: &LoadedCluster, errors: &mut Vec<ConfigError>) {
+fn check_files(loaded: &LoadedCluster, errors: &mut InvalidSources) {
     let spec = &loaded.cluster.spec;
     let client = &spec.client_config;
     let serving = &spec.secure_serving;
@@ -129,12 +118,11 @@ fn check_files(loaded: &LoadedCluster, errors: &mut Vec<ConfigError>) {
     for (field, path) in files {
         if let Some(path) = path {
             if let Err(error) = std::fs::File::open(path) {
-                errors.push(ConfigError {
-                    file: loaded.source.clone(),
-                    document: None,
-                    path: format!("metadata.name={:?} {field}", loaded.cluster.metadata.name),
-                    reason: format!("cannot read {}: {error}", path.display()),
-                });
+                errors.push(
+                    loaded.source.display().to_string(),
+                    format!("metadata.name={:?} {field}", loaded.cluster.metadata.name),
+                    format!("cannot read {}: {error}", path.display()),
+                );
             }
         }
     }
@@ -142,17 +130,14 @@ fn check_files(loaded: &LoadedCluster, errors: &mut Vec<ConfigError>) {
 
 /// Loads every `*.yaml` / `*.yml` file of `dir` (sorted by name, not recursive). Cluster names
 /// and hostnames must be unique across all files, and referenced files must be readable.
-pub fn load_dir(dir: &Path) -> Result<Vec<LoadedCluster>, ConfigErrors> {
-    let whole_dir_error = |reason: String| {
-        ConfigErrors(vec![ConfigError {
-            file: dir.to_path_buf(),
-            document: None,
-            path: String::new(),
-            reason,
-        }])
-    };
-    let entries = std::fs::read_dir(dir)
-        .map_err(|error| whole_dir_error(format!("cannot read directory: {error}")))?;
+pub fn load_dir(dir: &Path) -> Result<Vec<LoadedCluster>, InvalidSources> {
+    let entries = std::fs::read_dir(dir).map_err(|error| {
+        InvalidSources::from(InvalidConfig::one(
+            dir.display().to_string(),
+            "",
+            format!("cannot read directory: {error}"),
+        ))
+    })?;
     let mut files: Vec<PathBuf> = entries
         .filter_map(Result::ok)
         .map(|entry| entry.path())
@@ -165,20 +150,19 @@ pub fn load_dir(dir: &Path) -> Result<Vec<LoadedCluster>, ConfigErrors> {
         .collect();
     files.sort();
 
-    let mut errors = Vec::new();
+    let mut errors = InvalidSources::default();
     let mut clusters = Vec::new();
     for file in &files {
         match std::fs::read_to_string(file) {
             Ok(text) => match parse_clusters(&text, file) {
                 Ok(parsed) => clusters.extend(parsed),
-                Err(ConfigErrors(found)) => errors.extend(found),
+                Err(found) => errors.sources.extend(found.sources),
             },
-            Err(error) => errors.push(ConfigError {
-                file: file.clone(),
-                document: None,
-                path: String::new(),
-                reason: format!("cannot read: {error}"),
-            }),
+            Err(error) => errors.push(
+                file.display().to_string(),
+                "",
+                format!("cannot read: {error}"),
+            ),
         }
     }
     check_unique(&clusters, &mut errors);
@@ -188,23 +172,22 @@ pub fn load_dir(dir: &Path) -> Result<Vec<LoadedCluster>, ConfigErrors> {
     if errors.is_empty() {
         Ok(clusters)
     } else {
-        Err(ConfigErrors(errors))
+        Err(errors)
     }
 }
 
 /// Cluster names and hostnames (name plus extra hostnames) must be unique across objects.
-pub fn check_unique(clusters: &[LoadedCluster], errors: &mut Vec<ConfigError>) {
+pub fn check_unique(clusters: &[LoadedCluster], errors: &mut InvalidSources) {
     let mut names: HashMap<&str, &Path> = HashMap::new();
     let mut hosts: HashMap<&str, (&str, &Path)> = HashMap::new();
     for loaded in clusters {
         let name = loaded.cluster.metadata.name.as_str();
         if let Some(first) = names.insert(name, &loaded.source) {
-            errors.push(ConfigError {
-                file: loaded.source.clone(),
-                document: None,
-                path: "metadata.name".into(),
-                reason: format!("cluster {name:?} is also defined in {}", first.display()),
-            });
+            errors.push(
+                loaded.source.display().to_string(),
+                "metadata.name",
+                format!("cluster {name:?} is also defined in {}", first.display()),
+            );
             continue;
         }
         let extra = &loaded.cluster.spec.secure_serving.extra_hostnames;
@@ -213,19 +196,19 @@ pub fn check_unique(clusters: &[LoadedCluster], errors: &mut Vec<ConfigError>) {
             .enumerate()
         {
             if let Some((other, file)) = hosts.insert(host, (name, &loaded.source)) {
-                errors.push(ConfigError {
-                    file: loaded.source.clone(),
-                    document: None,
-                    path: if index == 0 {
-                        "metadata.name".into()
-                    } else {
-                        format!("spec.secureServing.extraHostnames[{}]", index - 1)
-                    },
-                    reason: format!(
+                let path = if index == 0 {
+                    "metadata.name".into()
+                } else {
+                    format!("spec.secureServing.extraHostnames[{}]", index - 1)
+                };
+                errors.push(
+                    loaded.source.display().to_string(),
+                    path,
+                    format!(
                         "hostname {host:?} already belongs to cluster {other:?} ({})",
                         file.display()
                     ),
-                });
+                );
             }
         }
     }

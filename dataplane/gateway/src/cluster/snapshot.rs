@@ -4,11 +4,11 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use super::error::{ConfigError, ConfigErrors};
 use super::load::{check_unique, LoadedCluster};
 use super::spec::{Authentication, ClientConfig, ConnectionPool, HealthCheck, SecureServing};
 use crate::dispatch::DispatchMatcher;
 use crate::flow_control::{FlowControlSchema, FlowLimit};
+use sluice_config_error::{InvalidConfig, InvalidSources};
 
 #[derive(Debug)]
 pub struct GatewaySnapshot {
@@ -50,8 +50,8 @@ const MAX_HOSTNAME: usize = 253;
 impl GatewaySnapshot {
     /// Compiles validated clusters (as [`super::load_dir`] returns them). Checks uniqueness
     /// again so a snapshot built from other sources is just as safe.
-    pub fn compile(clusters: Vec<LoadedCluster>) -> Result<Self, ConfigErrors> {
-        let mut errors = Vec::new();
+    pub fn compile(clusters: Vec<LoadedCluster>) -> Result<Self, InvalidSources> {
+        let mut errors = InvalidSources::default();
         check_unique(&clusters, &mut errors);
         let mut compiled = Vec::with_capacity(clusters.len());
         let mut hosts = HashMap::new();
@@ -63,7 +63,7 @@ impl GatewaySnapshot {
                     }
                     compiled.push(cluster);
                 }
-                Err(error) => errors.push(error),
+                Err(error) => errors.sources.push(error),
             }
         }
         if errors.is_empty() {
@@ -72,7 +72,7 @@ impl GatewaySnapshot {
                 hosts,
             })
         } else {
-            Err(ConfigErrors(errors))
+            Err(errors)
         }
     }
 
@@ -111,18 +111,19 @@ pub fn strip_port(host: &str) -> &str {
     }
 }
 
-fn compile_cluster(loaded: LoadedCluster) -> Result<CompiledCluster, ConfigError> {
+fn compile_cluster(loaded: LoadedCluster) -> Result<CompiledCluster, InvalidConfig> {
     let LoadedCluster { source, cluster } = loaded;
     let spec = cluster.spec;
     let servers = spec
         .servers
         .iter()
         .map(|server| {
-            let uri: http::Uri = server.endpoint.parse().map_err(|error| ConfigError {
-                file: source.clone(),
-                document: None,
-                path: "spec.servers".into(),
-                reason: format!("{:?}: {error}", server.endpoint),
+            let uri: http::Uri = server.endpoint.parse().map_err(|error| {
+                InvalidConfig::one(
+                    source.display().to_string(),
+                    "spec.servers",
+                    format!("{:?}: {error}", server.endpoint),
+                )
             })?;
             let tls = uri.scheme_str() != Some("http");
             Ok(CompiledServer {
@@ -138,7 +139,7 @@ fn compile_cluster(loaded: LoadedCluster) -> Result<CompiledCluster, ConfigError
                 disabled: server.disabled,
             })
         })
-        .collect::<Result<Box<[_]>, ConfigError>>()?;
+        .collect::<Result<Box<[_]>, InvalidConfig>>()?;
     let schemas: Box<[FlowControlSchema]> = spec
         .flow_control
         .schemas

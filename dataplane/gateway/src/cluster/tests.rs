@@ -60,8 +60,8 @@ fn file() -> &'static Path {
     Path::new("clusters/a.yaml")
 }
 
-fn messages(errors: ConfigErrors) -> Vec<String> {
-    errors.0.iter().map(ToString::to_string).collect()
+fn messages(errors: InvalidSources) -> Vec<String> {
+    errors.lines().collect()
 }
 
 fn with(replace: &str, by: &str) -> String {

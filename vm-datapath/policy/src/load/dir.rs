@@ -7,51 +7,18 @@
 //! inside that file, as if the file had been loaded alone.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use super::raw::RawDocument;
-use super::{parse, validate, Errors, FieldError, Format, PolicyLoadError};
+use super::{parse, validate, Errors, Format, InvalidConfig, InvalidSources};
 use crate::model::PolicySet;
 
-/// Every problem of a policy source, grouped by file (in name order). Loading yields either a
-/// whole valid [`PolicySet`] or this.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct PolicySourceError {
-    pub files: Vec<PolicyLoadError>,
-}
-
-impl PolicySourceError {
-    /// Number of field errors over all files.
-    pub fn error_count(&self) -> usize {
-        self.files.iter().map(|file| file.errors.len()).sum()
-    }
-}
-
-impl fmt::Display for PolicySourceError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, file) in self.files.iter().enumerate() {
-            if index > 0 {
-                f.write_str("\n")?;
-            }
-            write!(f, "{file}")?;
-        }
-        Ok(())
-    }
-}
-
-impl From<PolicyLoadError> for PolicySourceError {
-    fn from(error: PolicyLoadError) -> Self {
-        PolicySourceError { files: vec![error] }
-    }
-}
-
 /// Loads a policy file, or every policy file of a directory.
-pub fn load_path(path: &Path) -> Result<PolicySet, PolicySourceError> {
+pub fn load_path(path: &Path) -> Result<PolicySet, InvalidSources> {
     if path.is_dir() {
         load_dir(path)
     } else {
-        super::load_file(path).map_err(PolicySourceError::from)
+        super::load_file(path).map_err(InvalidSources::from)
     }
 }
 
@@ -103,13 +70,13 @@ struct Owners {
 }
 
 /// Loads every policy file of `dir` (see the module documentation) as one set.
-pub fn load_dir(dir: &Path) -> Result<PolicySet, PolicySourceError> {
-    let files = policy_files(dir).map_err(|error| PolicyLoadError {
-        origin: dir.display().to_string(),
-        errors: vec![FieldError {
-            path: String::new(),
-            reason: format!("cannot read directory: {error}"),
-        }],
+pub fn load_dir(dir: &Path) -> Result<PolicySet, InvalidSources> {
+    let files = policy_files(dir).map_err(|error| {
+        InvalidConfig::one(
+            dir.display().to_string(),
+            "",
+            format!("cannot read directory: {error}"),
+        )
     })?;
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     let mut file_errors: Vec<Errors> = files.iter().map(|_| Errors::default()).collect();
@@ -178,19 +145,19 @@ pub fn load_dir(dir: &Path) -> Result<PolicySet, PolicySourceError> {
             None => directory_errors.push(error.path, error.reason),
         }
     }
-    let mut failed: Vec<PolicyLoadError> = file_errors
+    let mut failed: Vec<InvalidConfig> = file_errors
         .into_iter()
         .zip(&names)
         .filter(|(errors, _)| !errors.list.is_empty())
-        .map(|(errors, name)| errors.into_load_error(name))
+        .map(|(errors, name)| errors.into_invalid(name))
         .collect();
     if !directory_errors.list.is_empty() {
-        failed.push(directory_errors.into_load_error(&dir.display().to_string()));
+        failed.push(directory_errors.into_invalid(&dir.display().to_string()));
     }
     if failed.is_empty() {
         Ok(set)
     } else {
-        Err(PolicySourceError { files: failed })
+        Err(InvalidSources { sources: failed })
     }
 }
 

@@ -325,7 +325,7 @@ fn directory_errors_name_the_file_and_the_path_inside_it() {
         ]
     );
     assert_eq!(error.error_count(), 3);
-    assert_eq!(error.files.len(), 2, "grouped by file");
+    assert_eq!(error.sources.len(), 2, "grouped by file");
 }
 
 #[test]
@@ -334,8 +334,8 @@ fn a_broken_file_in_a_directory_is_reported_alone_with_its_parse_error() {
     write(dir.path(), "a.yaml", "policies: []\n");
     write(dir.path(), "b.json", "{\"policies\": [}");
     let error = load_path(dir.path()).expect_err("broken json");
-    assert_eq!(error.files.len(), 1);
-    assert!(error.files[0].origin.ends_with("b.json"), "{error}");
+    assert_eq!(error.sources.len(), 1);
+    assert!(error.sources[0].origin.ends_with("b.json"), "{error}");
     let missing = dir.path().join("nope");
     let error = load_path(&missing).expect_err("missing path");
     assert!(error.to_string().contains("cannot read file"), "{error}");
