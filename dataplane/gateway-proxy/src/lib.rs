@@ -12,19 +12,28 @@
 //! cursors) is never shared; the config snapshot is swapped atomically by the reloader thread and
 //! server health is written by the health-check task, both read lock-free per request.
 
+mod admit;
+mod answer;
 mod auth;
 mod body;
+mod connection;
+mod error;
+mod forward;
+mod handler;
+mod headers;
 mod health;
 mod metrics;
 mod pool;
-mod proxy;
 mod reload;
+mod review;
 mod state;
 mod tls;
 mod upgrade;
+mod upstream;
 
+pub use connection::GatewayEndpoint;
+pub use error::{ApiCallFailure, ClusterFileError, ProxyError, Side, UpstreamFailure};
 pub use health::HealthChecker;
 pub use metrics::{GatewayCollector, GatewayMetrics};
-pub use proxy::GatewayEndpoint;
 pub use reload::{spawn_reloader, ReloaderHandle};
-pub use state::{load_generation, Gateway, GatewayLoadError, Generation};
+pub use state::{load_generation, Gateway, Generation};

@@ -11,6 +11,8 @@ use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::registry::Registry;
 use sluice_metrics::{PerCoreCounter, PerCoreGauge, PerCoreHistogram};
 
+use crate::error::REJECT_REASONS;
+
 /// Distinct (cluster, resource) pairs given their own label; later resources count as "other".
 const MAX_RESOURCE_LABELS: usize = 500;
 
@@ -40,21 +42,6 @@ impl MetricConstructor<PerCoreCounter> for PerCore {
         PerCoreCounter::new(self.0)
     }
 }
-
-/// Why the gateway answered a request itself, as a metric label.
-pub const REJECT_REASONS: [&str; 11] = [
-    "unknown_host",
-    "tls_handshake",
-    "bad_request",
-    "unauthorized",
-    "impersonation_forbidden",
-    "no_dispatch_policy",
-    "too_many_requests",
-    "no_healthy_upstream",
-    "authentication_unavailable",
-    "upstream_failed",
-    "internal",
-];
 
 #[derive(Debug, Clone)]
 pub struct GatewayMetrics {

@@ -14,8 +14,19 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
+use sluice_gateway::request_info::RequestInfo;
 use sluice_gateway::status::GatewayError;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+use crate::admit::Admitted;
+use crate::body::InFlight;
+use crate::error::{ProxyError, UpstreamFailure};
+use crate::handler::{request_labels, ClientConnection, GatewayHandler};
+use crate::headers::upstream_headers;
+use crate::state::Generation;
+
+/// The client's side of an upgrade connection.
+type ClientStream = tokio_rustls::server::TlsStream<monoio_compat::TcpStreamCompat>;
 
 /// Largest request or response head accepted.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -142,25 +153,6 @@ pub fn upstream_head(head: &RequestHead, host: &str, port: u16) -> Vec<u8> {
     out
 }
 
-/// A gateway error as an HTTP/1.1 response that closes the connection.
-pub fn error_response(error: &GatewayError) -> Vec<u8> {
-    let body = error.status_body();
-    let status = error.http_status();
-    let mut head = format!(
-        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
-        status.as_u16(),
-        status.canonical_reason().unwrap_or(""),
-        body.len()
-    );
-    if let Some(seconds) = error.retry_after_seconds() {
-        head.push_str(&format!("retry-after: {seconds}\r\n"));
-    }
-    head.push_str("\r\n");
-    let mut out = head.into_bytes();
-    out.extend_from_slice(&body);
-    out
-}
-
 /// Relays an admitted upgrade: request head (and any early bytes) upstream, the answer back;
 /// after a 101 both directions until either ends. Any other answer is passed on and the
 /// connection closed: nothing more from the client reaches the apiserver on this connection
@@ -192,6 +184,97 @@ where
     }
     let _ = client.shutdown().await;
     Ok(status)
+}
+
+impl GatewayHandler {
+    /// An HTTP/1.1 upgrade: the same checks as any request, then a dedicated HTTP/1.1 TLS
+    /// connection to the apiserver and bytes relayed both ways; a refusal is written to the raw
+    /// connection, which then closes.
+    pub async fn upgrade(
+        &self,
+        client: &ClientConnection,
+        mut stream: ClientStream,
+        head: RequestHead,
+        early: Bytes,
+    ) {
+        let started = std::time::Instant::now();
+        let generation = self.gateway.current();
+        let method = head.method.clone();
+        let path = head.uri.path().to_string();
+        let query = head.uri.query().unwrap_or("").to_string();
+        let info = RequestInfo::parse(method.as_str(), &path, &query);
+        let labels = request_labels(&info);
+        let _in_flight = InFlight::new(&self.gateway.metrics, self.worker);
+        let outcome = match info {
+            Ok(info) => {
+                self.upgrade_admitted(client, &generation, &info, &mut stream, head, early)
+                    .await
+            }
+            Err(error) => Err(GatewayError::from(error).into()),
+        };
+        let code = match outcome {
+            Ok(status) => status,
+            Err(error) => {
+                self.refuse(&error, client, method.as_str(), &path);
+                let _ = stream.write_all(&crate::answer::http1_bytes(&error)).await;
+                let _ = stream.shutdown().await;
+                error.http_status().as_u16()
+            }
+        };
+        self.finish(&client.cluster, (labels.0, &labels.1), code, started);
+    }
+
+    /// Admission, the upstream connection and the relay; the upstream's status once relayed.
+    async fn upgrade_admitted(
+        &self,
+        client: &ClientConnection,
+        generation: &Arc<Generation>,
+        info: &RequestInfo<'_>,
+        stream: &mut ClientStream,
+        mut head: RequestHead,
+        early: Bytes,
+    ) -> Result<u16, ProxyError> {
+        let Admitted {
+            cluster,
+            server,
+            user,
+            // The flow-control permit lives as long as the upgraded stream.
+            permit: _permit,
+        } = self.admit(client, generation, info, &head.headers).await?;
+        let compiled = &generation.snapshot.clusters()[cluster];
+        let runtime = &generation.clusters[cluster];
+        let server = &compiled.servers[server];
+        let upstream_failed = |cause: UpstreamFailure| ProxyError::Upstream {
+            server: server.endpoint.clone(),
+            cause,
+        };
+        let protocol = head.headers.get(http::header::UPGRADE).cloned();
+        let mut headers = upstream_headers(&head.headers, &user, runtime.bearer.as_ref())?;
+        headers.insert(
+            http::header::CONNECTION,
+            HeaderValue::from_static("Upgrade"),
+        );
+        if let Some(protocol) = protocol {
+            headers.insert(http::header::UPGRADE, protocol);
+        }
+        head.headers = headers;
+        let request = upstream_head(&head, &server.host, server.port);
+        let tcp = monoio::net::TcpStream::connect((server.host.as_ref(), server.port))
+            .await
+            .map_err(|error| upstream_failed(UpstreamFailure::UpgradeConnect(error)))?;
+        let _ = tcp.set_nodelay(true);
+        let name = rustls_pki_types::ServerName::try_from(server.host.to_string())
+            .map_err(|error| upstream_failed(UpstreamFailure::UpgradeServerName(error)))?;
+        let mut upstream =
+            tokio_rustls::TlsConnector::from(http1_client_config(&runtime.client_tls))
+                .connect(name, sluice_grpc::transport::compat(tcp))
+                .await
+                .map_err(|error| upstream_failed(UpstreamFailure::UpgradeTls(error)))?;
+        tracing::debug!(cluster = %compiled.name, user = %user.name, path = info.path, server = %server.endpoint, "upgrade");
+        relay(stream, &mut upstream, request, early)
+            .await
+            .map_err(|error| upstream_failed(UpstreamFailure::UpgradeRelay(error)))
+    }
 }
 
 /// Serves `prefix` (bytes already read) before reading from `inner`.
@@ -291,13 +374,6 @@ mod tests {
         );
         assert!(text.contains("impersonate-user: alice\r\n"));
         assert!(text.ends_with("\r\n\r\n"));
-    }
-
-    #[test]
-    fn error_responses_close_the_connection() {
-        let text = String::from_utf8(error_response(&GatewayError::Unauthorized)).unwrap();
-        assert!(text.starts_with("HTTP/1.1 401 Unauthorized\r\n"), "{text}");
-        assert!(text.contains("connection: close\r\n"));
     }
 
     proptest! {
