@@ -54,3 +54,57 @@ pub fn http1_bytes(error: &ProxyError) -> Vec<u8> {
     out.extend_from_slice(&body);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_gateway::status::GatewayError;
+
+    fn body_bytes(response: &Response<ProxyBody>) -> &[u8] {
+        match response.body() {
+            ProxyBody::Full(Some(bytes)) => bytes,
+            other => panic!("not a full body: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_response_carries_the_status_json_and_retry_after() {
+        let error = ProxyError::from(GatewayError::NoHealthyUpstream {
+            cluster: "c".into(),
+        });
+        let response = response(&error);
+        assert_eq!(response.status(), 503);
+        assert_eq!(response.headers()["content-type"], "application/json");
+        assert_eq!(response.headers()["retry-after"], "1");
+        assert_eq!(body_bytes(&response), error.status_body());
+
+        let response = super::response(&ProxyError::from(GatewayError::Unauthorized));
+        assert_eq!(response.status(), 401);
+        assert!(!response.headers().contains_key("retry-after"));
+    }
+
+    #[test]
+    fn http1_refusals_close_the_connection() {
+        let error = ProxyError::from(GatewayError::Unauthorized);
+        let text = String::from_utf8(http1_bytes(&error)).unwrap();
+        assert!(text.starts_with("HTTP/1.1 401 Unauthorized\r\n"), "{text}");
+        assert!(text.contains("connection: close\r\n"));
+        assert!(!text.contains("retry-after"));
+        let body = String::from_utf8(error.status_body()).unwrap();
+        assert!(text.ends_with(&format!("\r\n\r\n{body}")), "{text}");
+        assert!(text.contains(&format!("content-length: {}\r\n", body.len())));
+    }
+
+    #[test]
+    fn http1_refusals_say_when_to_retry() {
+        let error = ProxyError::from(GatewayError::TooManyRequests {
+            schema: "slow".into(),
+        });
+        let text = String::from_utf8(http1_bytes(&error)).unwrap();
+        assert!(
+            text.starts_with("HTTP/1.1 429 Too Many Requests\r\n"),
+            "{text}"
+        );
+        assert!(text.contains("retry-after: 1\r\n"), "{text}");
+    }
+}

@@ -377,3 +377,6 @@ impl ApiCallFailure {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -224,3 +224,53 @@ impl prometheus_client::collector::Collector for GatewayCollector {
         )?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exported(registry: &Registry) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        text
+    }
+
+    #[test]
+    fn resources_past_the_label_bound_count_as_other() {
+        let mut registry = Registry::default();
+        let metrics = GatewayMetrics::register(&mut registry, 1);
+        for index in 0..MAX_RESOURCE_LABELS + 5 {
+            metrics
+                .requests("c", "get", &format!("r{index}"), 200)
+                .inc(0);
+        }
+        metrics.requests("c", "get", "r0", 200).inc(0);
+        let text = exported(&registry);
+        assert!(
+            text.contains(r#"cluster="c",verb="get",resource="r0",code="200"} 2"#),
+            "a known resource keeps its label"
+        );
+        assert!(text.contains(r#"resource="other",code="200"} 5"#), "{text}");
+        assert!(!text.contains(&format!("resource=\"r{MAX_RESOURCE_LABELS}\"")));
+    }
+
+    #[test]
+    fn refusals_count_under_known_reasons_only() {
+        let mut registry = Registry::default();
+        let metrics = GatewayMetrics::register(&mut registry, 1);
+        metrics.reject("unauthorized", 0);
+        metrics.reject("no_such_reason", 0);
+        let text = exported(&registry);
+        assert!(
+            text.contains(r#"sluice_gateway_rejected_total{reason="unauthorized"} 1"#),
+            "{text}"
+        );
+        assert!(!text.contains("no_such_reason"));
+        for reason in REJECT_REASONS {
+            assert!(
+                text.contains(&format!("reason=\"{reason}\"")),
+                "{reason} is exported from the start"
+            );
+        }
+    }
+}

@@ -393,3 +393,53 @@ where
     });
     settled_receiver
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(in_flight: u32, limit: u32) -> Load {
+        Load { in_flight, limit }
+    }
+
+    #[test]
+    fn the_least_busy_connection_with_a_free_stream_is_used() {
+        let open = [load(5, 10), load(2, 10), load(2, 10), load(9, 10)];
+        assert_eq!(
+            choose(&open, 0, 4),
+            Choice::Use(1),
+            "first of the least busy"
+        );
+        assert_eq!(
+            choose(&open, 1, 8),
+            Choice::Use(1),
+            "even while one is set up"
+        );
+    }
+
+    #[test]
+    fn another_connection_opens_only_when_every_open_one_is_full() {
+        let full = [load(10, 10), load(10, 10)];
+        assert_eq!(choose(&full, 0, 3), Choice::Connect);
+        assert_eq!(choose(&[], 0, 1), Choice::Connect, "the first one");
+    }
+
+    #[test]
+    fn one_set_up_at_a_time_and_the_rest_wait_for_it() {
+        let full = [load(10, 10)];
+        assert_eq!(choose(&full, 1, 3), Choice::Wait);
+        assert_eq!(choose(&[], 1, 1), Choice::Wait);
+        assert_eq!(
+            choose(&full, 1, 2),
+            Choice::Wait,
+            "at the limit with one coming: it may take this stream"
+        );
+    }
+
+    #[test]
+    fn at_the_connection_limit_requests_queue_on_the_least_busy() {
+        let full = [load(12, 10), load(11, 10)];
+        assert_eq!(choose(&full, 0, 2), Choice::Use(1));
+        assert_eq!(choose(&full, 0, 1), Choice::Use(1), "over the share too");
+    }
+}

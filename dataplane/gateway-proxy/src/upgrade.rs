@@ -376,6 +376,91 @@ mod tests {
         assert!(text.ends_with("\r\n\r\n"));
     }
 
+    #[test]
+    fn rewind_serves_the_bytes_already_read_first() {
+        use futures_util::FutureExt;
+        let mut rewound = Rewind::new(Bytes::from_static(b"GET / HTTP/1.1\r\n"), &b"rest"[..]);
+        let mut all = Vec::new();
+        rewound
+            .read_to_end(&mut all)
+            .now_or_never()
+            .expect("in-memory reads are ready")
+            .unwrap();
+        assert_eq!(all, b"GET / HTTP/1.1\r\nrest");
+    }
+
+    /// Runs `future` on a monoio runtime with timers and no sockets.
+    fn block_on<F: std::future::Future>(future: F) -> F::Output {
+        monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap()
+            .block_on(future)
+    }
+
+    #[test]
+    fn a_refused_upgrade_is_passed_on_and_the_connection_closed() {
+        let (mut client, mut client_peer) = tokio::io::duplex(64 * 1024);
+        let (mut upstream, mut server) = tokio::io::duplex(64 * 1024);
+        let status = block_on(async {
+            server
+                .write_all(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 2\r\n\r\nno")
+                .await
+                .unwrap();
+            server.shutdown().await.unwrap();
+            relay(
+                &mut client_peer,
+                &mut upstream,
+                b"POST /exec HTTP/1.1\r\n\r\n".to_vec(),
+                Bytes::from_static(b"early"),
+            )
+            .await
+            .unwrap()
+        });
+        assert_eq!(status, 403);
+        drop(client_peer);
+        drop(upstream);
+        let (to_client, to_server) = block_on(async {
+            let mut to_client = Vec::new();
+            client.read_to_end(&mut to_client).await.unwrap();
+            let mut to_server = Vec::new();
+            server.read_to_end(&mut to_server).await.unwrap();
+            (to_client, to_server)
+        });
+        assert_eq!(
+            to_client,
+            b"HTTP/1.1 403 Forbidden\r\ncontent-length: 2\r\n\r\nno"
+        );
+        assert_eq!(to_server, b"POST /exec HTTP/1.1\r\n\r\nearly");
+    }
+
+    #[test]
+    fn a_malformed_answer_is_an_error_before_anything_reaches_the_client() {
+        let (mut client, mut client_peer) = tokio::io::duplex(64 * 1024);
+        let (mut upstream, mut server) = tokio::io::duplex(64 * 1024);
+        let outcome = block_on(async {
+            server.write_all(b"garbage\r\n\r\n").await.unwrap();
+            relay(
+                &mut client_peer,
+                &mut upstream,
+                b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+                Bytes::new(),
+            )
+            .await
+        });
+        assert!(
+            matches!(outcome, Err(HeadError::Malformed(_))),
+            "{outcome:?}"
+        );
+        drop(client_peer);
+        let to_client = block_on(async {
+            let mut to_client = Vec::new();
+            client.read_to_end(&mut to_client).await.unwrap();
+            to_client
+        });
+        assert!(to_client.is_empty());
+    }
+
     proptest! {
         #[test]
         fn arbitrary_heads_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
