@@ -20,6 +20,22 @@ pub fn record(
     tracing::info!(cluster, method, path, status = error.http_status().as_u16(), side = ?error.side(), %error, "request refused");
 }
 
+/// A client connection refused before any HTTP (unknown host, failed TLS handshake): counted
+/// and logged; there is no one to answer.
+pub fn record_connection(
+    error: &ProxyError,
+    metrics: &GatewayMetrics,
+    worker: usize,
+    peer: std::net::SocketAddr,
+) {
+    metrics.reject(error.metric_label(), worker);
+    match error {
+        // Scanners and clients giving up: not worth a line each at info.
+        ProxyError::Handshake(_) => tracing::debug!(%peer, %error, "TLS handshake failed"),
+        _ => tracing::info!(%peer, %error, "TLS connection refused"),
+    }
+}
+
 /// The error as an HTTP response (hyper encodes it for HTTP/1.1 or HTTP/2).
 pub fn response(error: &ProxyError) -> Response<ProxyBody> {
     let mut response = Response::new(ProxyBody::full(error.status_body()));

@@ -17,7 +17,7 @@ use sluice_gateway::identity::user_from_certificate;
 use sluice_runtime::{ConnectionContext, ConnectionHandler, HandlerFactory, WorkerContext};
 use tokio_rustls::server::TlsStream;
 
-use crate::error::ProxyError;
+use crate::answer::record_connection;
 use crate::handler::{ClientConnection, GatewayHandler};
 use crate::state::Gateway;
 use crate::tls::accept;
@@ -101,15 +101,7 @@ impl GatewayHandler {
         let accepted = match accepted {
             Ok(accepted) => accepted,
             Err(error) => {
-                self.gateway
-                    .metrics
-                    .reject(error.metric_label(), self.worker);
-                match error {
-                    ProxyError::Handshake(_) => {
-                        tracing::debug!(peer = %conn.peer, %error, "TLS handshake failed")
-                    }
-                    _ => tracing::info!(peer = %conn.peer, %error, "TLS connection refused"),
-                }
+                record_connection(&error, &self.gateway.metrics, self.worker, conn.peer);
                 return None;
             }
         };

@@ -11,6 +11,10 @@
 //! Per-core state (upstream connections, auth caches, flow-control counters, round-robin
 //! cursors) is never shared; the config snapshot is swapped atomically by the reloader thread and
 //! server health is written by the health-check task, both read lock-free per request.
+//!
+//! Every failure is a [`ProxyError`] (which party failed, the `Status` it is answered with,
+//! whether the proxy may retry before replying); `answer.rs` is the one place that turns it into
+//! the client's answer and the metric label. The module map is in the crate's README.
 
 mod admit;
 mod answer;

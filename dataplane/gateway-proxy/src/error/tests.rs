@@ -297,3 +297,10 @@ fn reviews_are_asked_again_only_when_another_answer_could_differ() {
     })
     .retry_before_reply());
 }
+
+#[test]
+fn errors_can_travel_to_the_daemon() {
+    // `sluice` wraps start-up errors with anyhow, which needs these bounds.
+    fn bounds<T: std::error::Error + Send + Sync + 'static>() {}
+    bounds::<ProxyError>();
+}
