@@ -43,7 +43,19 @@ pub enum HeadError {
     #[error("head larger than {MAX_HEAD_BYTES} bytes")]
     TooLarge,
     #[error("malformed head: {0}")]
-    Malformed(String),
+    Syntax(#[from] httparse::Error),
+    #[error("malformed head: incomplete")]
+    Incomplete,
+    #[error("malformed head: method")]
+    Method,
+    #[error("malformed head: request target")]
+    Target,
+    #[error("malformed head: header name {0:?}")]
+    HeaderName(Box<str>),
+    #[error("malformed head: value of {0}")]
+    HeaderValue(HeaderName),
+    #[error("malformed head: status")]
+    Status,
     #[error(transparent)]
     Io(#[from] io::Error),
 }
@@ -81,23 +93,23 @@ pub fn parse_request(head: &[u8]) -> Result<RequestHead, HeadError> {
     let mut request = httparse::Request::new(&mut lines);
     match request.parse(head) {
         Ok(httparse::Status::Complete(_)) => {}
-        Ok(httparse::Status::Partial) => return Err(HeadError::Malformed("incomplete".into())),
-        Err(error) => return Err(HeadError::Malformed(error.to_string())),
+        Ok(httparse::Status::Partial) => return Err(HeadError::Incomplete),
+        Err(error) => return Err(HeadError::Syntax(error)),
     }
     let method = request
         .method
         .and_then(|method| http::Method::from_bytes(method.as_bytes()).ok())
-        .ok_or_else(|| HeadError::Malformed("method".into()))?;
+        .ok_or(HeadError::Method)?;
     let uri: http::Uri = request
         .path
         .and_then(|path| path.parse().ok())
-        .ok_or_else(|| HeadError::Malformed("request target".into()))?;
+        .ok_or(HeadError::Target)?;
     let mut headers = HeaderMap::new();
     for line in request.headers.iter() {
         let name = HeaderName::from_bytes(line.name.as_bytes())
-            .map_err(|_| HeadError::Malformed(format!("header name {:?}", line.name)))?;
+            .map_err(|_| HeadError::HeaderName(line.name.into()))?;
         let value = HeaderValue::from_bytes(line.value)
-            .map_err(|_| HeadError::Malformed(format!("value of {name}")))?;
+            .map_err(|_| HeadError::HeaderValue(name.clone()))?;
         headers.append(name, value);
     }
     Ok(RequestHead {
@@ -112,11 +124,9 @@ pub fn parse_response_status(head: &[u8]) -> Result<u16, HeadError> {
     let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut lines);
     match response.parse(head) {
-        Ok(httparse::Status::Complete(_)) => response
-            .code
-            .ok_or_else(|| HeadError::Malformed("status".into())),
-        Ok(httparse::Status::Partial) => Err(HeadError::Malformed("incomplete".into())),
-        Err(error) => Err(HeadError::Malformed(error.to_string())),
+        Ok(httparse::Status::Complete(_)) => response.code.ok_or(HeadError::Status),
+        Ok(httparse::Status::Partial) => Err(HeadError::Incomplete),
+        Err(error) => Err(HeadError::Syntax(error)),
     }
 }
 
@@ -377,6 +387,17 @@ mod tests {
     }
 
     #[test]
+    fn malformed_heads_say_what_is_wrong() {
+        let error = parse_request(b"GET / HTTP/1.1\r\nbad name: x\r\n\r\n").unwrap_err();
+        assert!(matches!(error, HeadError::Syntax(_)), "{error:?}");
+        let error = parse_request(b"GET / HTTP/1.1\r\n").unwrap_err();
+        assert!(matches!(error, HeadError::Incomplete), "{error:?}");
+        assert_eq!(error.to_string(), "malformed head: incomplete");
+        let error = parse_response_status(b"HTTP/1.1 abc\r\n\r\n").unwrap_err();
+        assert!(matches!(error, HeadError::Syntax(_)), "{error:?}");
+    }
+
+    #[test]
     fn rewind_serves_the_bytes_already_read_first() {
         use futures_util::FutureExt;
         let mut rewound = Rewind::new(Bytes::from_static(b"GET / HTTP/1.1\r\n"), &b"rest"[..]);
@@ -448,10 +469,7 @@ mod tests {
             )
             .await
         });
-        assert!(
-            matches!(outcome, Err(HeadError::Malformed(_))),
-            "{outcome:?}"
-        );
+        assert!(matches!(outcome, Err(HeadError::Syntax(_))), "{outcome:?}");
         drop(client_peer);
         let to_client = block_on(async {
             let mut to_client = Vec::new();
