@@ -31,8 +31,8 @@ pub fn record_connection(
     metrics.reject(error.metric_label(), worker);
     match error {
         // Scanners and clients giving up: not worth a line each at info.
-        ProxyError::Handshake(_) => tracing::debug!(%peer, %error, "TLS handshake failed"),
-        _ => tracing::info!(%peer, %error, "TLS connection refused"),
+        ProxyError::Handshake(_) => tracing::debug!(%peer, %error, "connection refused"),
+        _ => tracing::info!(%peer, %error, "connection refused"),
     }
 }
 

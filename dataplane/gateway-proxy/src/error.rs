@@ -112,7 +112,7 @@ pub enum UpstreamFailure {
     /// The connection could not take another stream (it closed before the request was sent).
     #[error(transparent)]
     Ready(h2::Error),
-    /// The request head could not be sent.
+    /// The request (its head, or the gateway's own request body) could not be sent.
     #[error(transparent)]
     Send(h2::Error),
     /// The request was sent; its response (head or body) failed.
