@@ -54,7 +54,10 @@ impl Workspace {
                     .and_then(|relative| relative.components().next())
                     .map(|first| first.as_os_str().to_string_lossy().into_owned())
                     .unwrap_or_default();
-                (package["name"].as_str().unwrap_or_default().to_string(), folder)
+                (
+                    package["name"].as_str().unwrap_or_default().to_string(),
+                    folder,
+                )
             })
             .collect()
     }
@@ -96,7 +99,10 @@ impl Workspace {
             if !seen.insert(next.clone()) {
                 continue;
             }
-            if self.packages().any(|package| package["name"] == next.as_str()) {
+            if self
+                .packages()
+                .any(|package| package["name"] == next.as_str())
+            {
                 for (dependency, optional) in self.normal_dependencies(&next) {
                     if !optional {
                         stack.push(dependency);
@@ -148,7 +154,10 @@ fn planes_meet_only_through_the_foundation() {
             }
         }
     }
-    assert!(violations.is_empty(), "arrows across planes: {violations:#?}");
+    assert!(
+        violations.is_empty(),
+        "arrows across planes: {violations:#?}"
+    );
 }
 
 #[test]
@@ -182,7 +191,10 @@ fn the_binary_links_the_simulator_only_for_the_demo() {
         "the simulator must be an optional dependency"
     );
     let features = &workspace.package("sluice")["features"];
-    assert_eq!(features["demo"], serde_json::json!(["dep:sluice-apiserver-sim"]));
+    assert_eq!(
+        features["demo"],
+        serde_json::json!(["dep:sluice-apiserver-sim"])
+    );
     assert!(
         !workspace.closure("sluice").contains("sluice-apiserver-sim"),
         "something else links the simulator into the binary"

@@ -1,50 +1,103 @@
 //! Authentication and impersonation checks that need the apiserver: TokenReview for bearer
 //! tokens and SubjectAccessReview for client-sent Impersonate-* headers, asked with the
-//! gateway's own identity and cached per core (no lock on the request path; each core asks at
-//! most once per TTL).
+//! gateway's own identity (see `review.rs`) and cached per core (no lock on the request path;
+//! each core asks at most once per TTL).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::future::poll_fn;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use http::{HeaderValue, Request};
-use serde_json::{json, Value};
+use sluice_gateway::cluster::spec::Authentication;
 use sluice_gateway::identity::{ImpersonationCheck, UserInfo};
 
+use crate::error::ApiCallFailure;
 use crate::pool::CorePool;
+use crate::review::{
+    access_allowed, access_review, review, token_review, token_verdict, TokenVerdict,
+    ACCESS_REVIEW_PATH, TOKEN_REVIEW_PATH,
+};
 use crate::state::Generation;
 
 /// Entries a core's cache may hold; past it, expired entries go, then everything.
 const CACHE_LIMIT: usize = 10_000;
-/// Larger review answers are refused (real ones are a few hundred bytes).
-const MAX_REVIEW_BYTES: usize = 1024 * 1024;
 /// Bearer tokens longer than this are refused without asking the apiserver.
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
 
-#[derive(Debug, Clone)]
-enum TokenVerdict {
-    User(UserInfo),
-    Rejected,
+/// (cluster, what was asked) -> the answer.
+type ReviewKey = (u64, String);
+
+/// Review answers with their expiry, bounded in size.
+#[derive(Debug)]
+struct ReviewCache<V> {
+    entries: HashMap<ReviewKey, (V, Instant)>,
+    limit: usize,
+}
+
+impl<V> Default for ReviewCache<V> {
+    fn default() -> Self {
+        Self::with_limit(CACHE_LIMIT)
+    }
+}
+
+impl<V> ReviewCache<V> {
+    fn with_limit(limit: usize) -> Self {
+        Self {
+            entries: HashMap::new(),
+            limit,
+        }
+    }
+
+    /// The answer for `key` unless it expired by `now`.
+    fn get(&self, key: &ReviewKey, now: Instant) -> Option<&V> {
+        self.entries
+            .get(key)
+            .filter(|(_, expires)| *expires > now)
+            .map(|(value, _)| value)
+    }
+
+    /// Keeps `value` until `now + ttl`. At the limit, expired entries go first; if none had
+    /// expired, everything goes (a flood of distinct tokens must not grow the cache).
+    fn insert(&mut self, key: ReviewKey, value: V, ttl: Duration, now: Instant) {
+        if self.entries.len() >= self.limit {
+            self.entries.retain(|_, (_, expires)| *expires > now);
+            if self.entries.len() >= self.limit {
+                self.entries.clear();
+            }
+        }
+        self.entries.insert(key, (value, now + ttl));
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// How long a TokenReview verdict is believed: a user for the success TTL, a rejection for the
+/// (usually much shorter) failure TTL.
+fn verdict_ttl(verdict: &TokenVerdict, settings: &Authentication) -> Duration {
+    match verdict {
+        TokenVerdict::User(_) => settings.token_review_success_ttl,
+        TokenVerdict::Rejected => settings.token_review_failure_ttl,
+    }
 }
 
 /// One core's review caches.
 #[derive(Debug, Default)]
 pub struct CoreAuth {
-    tokens: RefCell<HashMap<(u64, String), (TokenVerdict, Instant)>>,
-    access: RefCell<HashMap<(u64, String), (bool, Instant)>>,
+    tokens: RefCell<ReviewCache<TokenVerdict>>,
+    access: RefCell<ReviewCache<bool>>,
     /// Reviews in flight: later requests for the same token wait for the first one's answer
     /// instead of sending their own (a burst of new clients must not become a burst of
     /// TokenReviews).
-    pending: RefCell<HashMap<(u64, String), Rc<event_listener::Event>>>,
+    pending: RefCell<HashMap<ReviewKey, Rc<event_listener::Event>>>,
 }
 
 /// Wakes the requests waiting on a review, however it ends.
 struct PendingReview<'a> {
-    pending: &'a RefCell<HashMap<(u64, String), Rc<event_listener::Event>>>,
-    key: (u64, String),
+    pending: &'a RefCell<HashMap<ReviewKey, Rc<event_listener::Event>>>,
+    key: ReviewKey,
 }
 
 impl Drop for PendingReview<'_> {
@@ -53,22 +106,6 @@ impl Drop for PendingReview<'_> {
             event.notify(usize::MAX);
         }
     }
-}
-
-fn insert_bounded<V>(
-    map: &mut HashMap<(u64, String), (V, Instant)>,
-    key: (u64, String),
-    value: V,
-    ttl: Duration,
-) {
-    let now = Instant::now();
-    if map.len() >= CACHE_LIMIT {
-        map.retain(|_, (_, expires)| *expires > now);
-        if map.len() >= CACHE_LIMIT {
-            map.clear();
-        }
-    }
-    map.insert(key, (value, now + ttl));
 }
 
 impl CoreAuth {
@@ -82,18 +119,13 @@ impl CoreAuth {
         cluster: usize,
         token: &str,
         (metrics, worker): (&crate::metrics::GatewayMetrics, usize),
-    ) -> Result<Option<UserInfo>, String> {
+    ) -> Result<Option<UserInfo>, ApiCallFailure> {
         let (hits, misses) = (&metrics.auth_cache_hits, &metrics.auth_cache_misses);
         let key = (cluster_key(generation, cluster), token.to_string());
         let _review = loop {
-            if let Some((verdict, expires)) = self.tokens.borrow().get(&key) {
-                if *expires > Instant::now() {
-                    hits.inc(worker);
-                    return Ok(match verdict {
-                        TokenVerdict::User(user) => Some(user.clone()),
-                        TokenVerdict::Rejected => None,
-                    });
-                }
+            if let Some(verdict) = self.tokens.borrow().get(&key, Instant::now()) {
+                hits.inc(worker);
+                return Ok(verdict.clone().into_user());
             }
             let waiting = self.pending.borrow().get(&key).map(|event| event.listen());
             match waiting {
@@ -113,65 +145,21 @@ impl CoreAuth {
         };
         misses.inc(worker);
         let settings = &generation.snapshot.clusters()[cluster].authentication;
-        let body = json!({
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenReview",
-            "spec": {"token": token},
-        });
         let answer = review(
             pool,
             generation,
             cluster,
-            "/apis/authentication.k8s.io/v1/tokenreviews",
-            body,
+            TOKEN_REVIEW_PATH,
+            token_review(token),
             settings.review_timeout,
         )
         .await?;
-        let status = &answer["status"];
-        let verdict = if status["authenticated"].as_bool() == Some(true) {
-            let user = &status["user"];
-            let strings = |value: &Value| -> Vec<String> {
-                value
-                    .as_array()
-                    .map(|items| {
-                        items
-                            .iter()
-                            .filter_map(|item| item.as_str().map(str::to_string))
-                            .collect()
-                    })
-                    .unwrap_or_default()
-            };
-            let name = user["username"].as_str().unwrap_or_default().to_string();
-            if name.is_empty() {
-                TokenVerdict::Rejected
-            } else {
-                TokenVerdict::User(UserInfo {
-                    name,
-                    uid: user["uid"].as_str().unwrap_or_default().to_string(),
-                    groups: strings(&user["groups"]),
-                    extra: user["extra"]
-                        .as_object()
-                        .map(|extra| {
-                            extra
-                                .iter()
-                                .map(|(key, values)| (key.clone(), strings(values)))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                })
-            }
-        } else {
-            TokenVerdict::Rejected
-        };
-        let ttl = match verdict {
-            TokenVerdict::User(_) => settings.token_review_success_ttl,
-            TokenVerdict::Rejected => settings.token_review_failure_ttl,
-        };
-        insert_bounded(&mut self.tokens.borrow_mut(), key, verdict.clone(), ttl);
-        Ok(match verdict {
-            TokenVerdict::User(user) => Some(user),
-            TokenVerdict::Rejected => None,
-        })
+        let verdict = token_verdict(&answer);
+        let ttl = verdict_ttl(&verdict, settings);
+        self.tokens
+            .borrow_mut()
+            .insert(key, verdict.clone(), ttl, Instant::now());
+        Ok(verdict.into_user())
     }
 
     /// Whether `user` may impersonate what `check` names (SubjectAccessReview, cached).
@@ -182,162 +170,183 @@ impl CoreAuth {
         cluster: usize,
         user: &UserInfo,
         check: &ImpersonationCheck,
-    ) -> Result<bool, String> {
-        let key = (
-            cluster_key(generation, cluster),
-            format!(
-                "{}\u{0}{:?}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
-                user.name,
-                user.groups,
-                check.api_group,
-                check.resource,
-                check.subresource,
-                check.namespace,
-                check.name
-            ),
-        );
-        if let Some((allowed, expires)) = self.access.borrow().get(&key) {
-            if *expires > Instant::now() {
-                return Ok(*allowed);
-            }
+    ) -> Result<bool, ApiCallFailure> {
+        let key = (cluster_key(generation, cluster), access_key(user, check));
+        if let Some(allowed) = self.access.borrow().get(&key, Instant::now()) {
+            return Ok(*allowed);
         }
         let settings = &generation.snapshot.clusters()[cluster].authentication;
-        let mut attributes = json!({
-            "verb": "impersonate",
-            "group": check.api_group,
-            "resource": check.resource,
-            "name": check.name,
-        });
-        if !check.subresource.is_empty() {
-            attributes["subresource"] = json!(check.subresource);
-        }
-        if !check.namespace.is_empty() {
-            attributes["namespace"] = json!(check.namespace);
-        }
-        let body = json!({
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": {
-                "user": user.name,
-                "uid": user.uid,
-                "groups": user.groups,
-                "extra": user.extra,
-                "resourceAttributes": attributes,
-            },
-        });
         let answer = review(
             pool,
             generation,
             cluster,
-            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
-            body,
+            ACCESS_REVIEW_PATH,
+            access_review(user, check),
             settings.review_timeout,
         )
         .await?;
-        let allowed = answer["status"]["allowed"].as_bool() == Some(true);
-        insert_bounded(
-            &mut self.access.borrow_mut(),
+        let allowed = access_allowed(&answer);
+        self.access.borrow_mut().insert(
             key,
             allowed,
             settings.subject_access_review_ttl,
+            Instant::now(),
         );
         Ok(allowed)
     }
 }
 
+/// What a SubjectAccessReview answer depends on: the asking user and its groups, and the target.
+fn access_key(user: &UserInfo, check: &ImpersonationCheck) -> String {
+    format!(
+        "{}\u{0}{:?}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
+        user.name,
+        user.groups,
+        check.api_group,
+        check.resource,
+        check.subresource,
+        check.namespace,
+        check.name
+    )
+}
+
 /// Caches are per cluster name (stable across reloads).
 fn cluster_key(generation: &Generation, cluster: usize) -> u64 {
+    name_key(&generation.snapshot.clusters()[cluster].name)
+}
+
+fn name_key(name: &str) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    generation.snapshot.clusters()[cluster]
-        .name
-        .hash(&mut hasher);
+    name.hash(&mut hasher);
     hasher.finish()
 }
 
-/// POSTs a review object to a healthy server of the cluster as the gateway itself and returns
-/// the answer, within `timeout`.
-async fn review(
-    pool: &CorePool,
-    generation: &Generation,
-    cluster: usize,
-    path: &str,
-    body: Value,
-    timeout: Duration,
-) -> Result<Value, String> {
-    match monoio::time::timeout(timeout, post_json(pool, generation, cluster, path, body)).await {
-        Ok(answer) => answer,
-        Err(_) => Err(format!("no answer to {path} within {timeout:?}")),
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-async fn post_json(
-    pool: &CorePool,
-    generation: &Generation,
-    cluster: usize,
-    path: &str,
-    body: Value,
-) -> Result<Value, String> {
-    let compiled = &generation.snapshot.clusters()[cluster];
-    let runtime = &generation.clusters[cluster];
-    let server = compiled
-        .servers
-        .iter()
-        .zip(runtime.health.iter())
-        .find(|(server, health)| !server.disabled && health.is_healthy())
-        .map(|(server, _)| server)
-        .ok_or_else(|| "no healthy server to ask".to_string())?;
-    let (send, _slot) = pool
-        .stream(
-            &compiled.name,
-            server,
-            &runtime.client_tls,
-            &compiled.connection_pool,
-        )
-        .await?;
-    let mut send = send.ready().await.map_err(|error| error.to_string())?;
-    let scheme = if server.tls { "https" } else { "http" };
-    let mut request = Request::post(format!("{scheme}://{}:{}{path}", server.host, server.port))
-        .body(())
-        .map_err(|error| error.to_string())?;
-    let headers = request.headers_mut();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers.insert(
-        http::header::ACCEPT,
-        HeaderValue::from_static("application/json"),
-    );
-    if let Some(bearer) = &runtime.bearer {
-        headers.insert(http::header::AUTHORIZATION, bearer.clone());
+    fn key(cluster: &str, token: &str) -> ReviewKey {
+        (name_key(cluster), token.to_string())
     }
-    let payload = Bytes::from(serde_json::to_vec(&body).map_err(|error| error.to_string())?);
-    let (response, mut stream) = send
-        .send_request(request, false)
-        .map_err(|error| error.to_string())?;
-    sluice_grpc::transport::send_data(&mut stream, payload, true)
-        .await
-        .map_err(|error| error.to_string())?;
-    let response = response.await.map_err(|error| error.to_string())?;
-    let status = response.status();
-    let mut recv = response.into_body();
-    let mut collected = BytesMut::new();
-    while let Some(chunk) = poll_fn(|cx| recv.poll_data(cx)).await {
-        let chunk = chunk.map_err(|error| error.to_string())?;
-        let _ = recv.flow_control().release_capacity(chunk.len());
-        if collected.len() + chunk.len() > MAX_REVIEW_BYTES {
-            return Err(format!(
-                "{path} answered more than {MAX_REVIEW_BYTES} bytes"
-            ));
+
+    #[test]
+    fn a_cached_verdict_is_a_hit_until_it_expires() {
+        let start = Instant::now();
+        let mut cache = ReviewCache::default();
+        cache.insert(
+            key("a", "t"),
+            TokenVerdict::Rejected,
+            Duration::from_secs(5),
+            start,
+        );
+        assert_eq!(
+            cache.get(&key("a", "t"), start + Duration::from_secs(4)),
+            Some(&TokenVerdict::Rejected)
+        );
+        assert_eq!(
+            cache.get(&key("a", "t"), start + Duration::from_secs(5)),
+            None,
+            "expired at its deadline"
+        );
+        assert_eq!(cache.get(&key("a", "other"), start), None);
+    }
+
+    #[test]
+    fn one_clusters_tokens_mean_nothing_to_another() {
+        let now = Instant::now();
+        let mut cache = ReviewCache::default();
+        cache.insert(key("a", "t"), true, Duration::from_secs(60), now);
+        assert_eq!(cache.get(&key("a", "t"), now), Some(&true));
+        assert_eq!(cache.get(&key("b", "t"), now), None);
+    }
+
+    #[test]
+    fn a_user_is_believed_for_the_success_ttl_and_a_rejection_for_the_failure_ttl() {
+        let settings = Authentication {
+            token_review_success_ttl: Duration::from_secs(600),
+            token_review_failure_ttl: Duration::from_secs(10),
+            ..Authentication::default()
+        };
+        let user = TokenVerdict::User(UserInfo::new("bob", &[]));
+        assert_eq!(verdict_ttl(&user, &settings), Duration::from_secs(600));
+        assert_eq!(
+            verdict_ttl(&TokenVerdict::Rejected, &settings),
+            Duration::from_secs(10)
+        );
+
+        // Both verdicts cached at once: the rejection is gone after 10 s, the user is not.
+        let start = Instant::now();
+        let mut cache = ReviewCache::default();
+        for (token, verdict) in [("good", user.clone()), ("bad", TokenVerdict::Rejected)] {
+            let ttl = verdict_ttl(&verdict, &settings);
+            cache.insert(key("a", token), verdict, ttl, start);
         }
-        collected.extend_from_slice(&chunk);
+        let later = start + Duration::from_secs(11);
+        assert_eq!(cache.get(&key("a", "good"), later), Some(&user));
+        assert_eq!(cache.get(&key("a", "bad"), later), None);
+        assert!(cache
+            .get(&key("a", "good"), start + Duration::from_secs(600))
+            .is_none());
     }
-    if !status.is_success() {
-        return Err(format!(
-            "{path} answered {status}: {}",
-            String::from_utf8_lossy(&collected[..collected.len().min(200)])
-        ));
+
+    #[test]
+    fn at_its_limit_the_cache_drops_expired_entries_first() {
+        let start = Instant::now();
+        let mut cache = ReviewCache::with_limit(3);
+        cache.insert(key("a", "short"), false, Duration::from_secs(1), start);
+        cache.insert(key("a", "long-1"), true, Duration::from_secs(60), start);
+        cache.insert(key("a", "long-2"), true, Duration::from_secs(60), start);
+        let later = start + Duration::from_secs(2);
+        cache.insert(key("a", "new"), true, Duration::from_secs(60), later);
+        assert_eq!(cache.len(), 3, "only the expired entry made room");
+        for token in ["long-1", "long-2", "new"] {
+            assert_eq!(cache.get(&key("a", token), later), Some(&true), "{token}");
+        }
     }
-    serde_json::from_slice(&collected).map_err(|error| format!("{path}: invalid JSON: {error}"))
+
+    #[test]
+    fn at_its_limit_with_nothing_expired_the_cache_starts_over() {
+        let now = Instant::now();
+        let mut cache = ReviewCache::with_limit(3);
+        for token in ["1", "2", "3"] {
+            cache.insert(key("a", token), true, Duration::from_secs(60), now);
+        }
+        cache.insert(key("a", "4"), true, Duration::from_secs(60), now);
+        assert_eq!(cache.len(), 1);
+        assert_eq!(cache.get(&key("a", "4"), now), Some(&true));
+        assert_eq!(cache.get(&key("a", "1"), now), None);
+    }
+
+    #[test]
+    fn the_default_cache_is_bounded() {
+        let now = Instant::now();
+        let mut cache = ReviewCache::default();
+        for index in 0..CACHE_LIMIT + 10 {
+            cache.insert(
+                key("a", &index.to_string()),
+                true,
+                Duration::from_secs(60),
+                now,
+            );
+            assert!(cache.len() <= CACHE_LIMIT);
+        }
+    }
+
+    #[test]
+    fn access_answers_depend_on_user_groups_and_target() {
+        let check = |name: &str| ImpersonationCheck {
+            api_group: "",
+            resource: "users",
+            subresource: String::new(),
+            namespace: String::new(),
+            name: name.into(),
+        };
+        let alice = UserInfo::new("alice", &["devs"]);
+        let alice_admin = UserInfo::new("alice", &["devs", "admins"]);
+        let base = access_key(&alice, &check("bob"));
+        assert_eq!(base, access_key(&alice, &check("bob")));
+        assert_ne!(base, access_key(&alice_admin, &check("bob")));
+        assert_ne!(base, access_key(&alice, &check("carol")));
+    }
 }

@@ -10,10 +10,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::{HeaderValue, Request};
+use sluice_gateway::cluster::spec::HealthCheck;
 use sluice_gateway::flow_control::CoreShare;
 use sluice_runtime::{BackgroundTask, StopSignal, WorkerContext};
 
+use crate::error::{ApiCallFailure, UpstreamFailure};
 use crate::pool::CorePool;
+use crate::review::excerpt;
 use crate::state::Gateway;
 
 #[derive(Debug, Clone)]
@@ -21,11 +24,28 @@ pub struct HealthChecker {
     pub gateway: Arc<Gateway>,
 }
 
+/// One server's run of probe outcomes.
 #[derive(Debug, Default)]
 struct Streak {
     successes: u32,
     failures: u32,
     next_check: Option<Instant>,
+}
+
+impl Streak {
+    /// Counts one probe outcome; the health the server should have now, once a run of
+    /// outcomes reaches its threshold (`None`: not enough in a row to say).
+    fn record(&mut self, healthy: bool, thresholds: &HealthCheck) -> Option<bool> {
+        if healthy {
+            self.successes += 1;
+            self.failures = 0;
+            (self.successes >= thresholds.healthy_threshold).then_some(true)
+        } else {
+            self.failures += 1;
+            self.successes = 0;
+            (self.failures >= thresholds.unhealthy_threshold).then_some(false)
+        }
+    }
 }
 
 impl BackgroundTask for HealthChecker {
@@ -95,22 +115,17 @@ async fn check_due(
         let Some(streak) = streaks.get_mut(&(cluster.name.clone(), server.endpoint.clone())) else {
             continue;
         };
-        match &outcome {
-            Ok(()) => {
-                streak.successes += 1;
-                streak.failures = 0;
-                if streak.successes >= cluster.health_check.healthy_threshold && health.set(true) {
-                    tracing::info!(cluster = %cluster.name, server = %server.endpoint, "upstream healthy again: back in rotation");
-                }
+        match (
+            streak.record(outcome.is_ok(), &cluster.health_check),
+            &outcome,
+        ) {
+            (Some(true), _) if health.set(true) => {
+                tracing::info!(cluster = %cluster.name, server = %server.endpoint, "upstream healthy again: back in rotation");
             }
-            Err(why) => {
-                streak.failures += 1;
-                streak.successes = 0;
-                if streak.failures >= cluster.health_check.unhealthy_threshold && health.set(false)
-                {
-                    tracing::warn!(cluster = %cluster.name, server = %server.endpoint, %why, "upstream unhealthy: out of rotation");
-                }
+            (Some(false), Err(why)) if health.set(false) => {
+                tracing::warn!(cluster = %cluster.name, server = %server.endpoint, %why, "upstream unhealthy: out of rotation");
             }
+            _ => {}
         }
     }
 }
@@ -120,7 +135,7 @@ async fn probe(
     generation: &crate::state::Generation,
     cluster_index: usize,
     server_index: usize,
-) -> Result<(), String> {
+) -> Result<(), ApiCallFailure> {
     let cluster = &generation.snapshot.clusters()[cluster_index];
     let runtime = &generation.clusters[cluster_index];
     let server = &cluster.servers[server_index];
@@ -133,14 +148,13 @@ async fn probe(
                 &cluster.connection_pool,
             )
             .await?;
-        let mut send = send.ready().await.map_err(|error| error.to_string())?;
+        let mut send = send.ready().await.map_err(UpstreamFailure::Ready)?;
         let scheme = if server.tls { "https" } else { "http" };
         let mut request = Request::get(format!(
             "{scheme}://{}:{}{}",
             server.host, server.port, cluster.health_check.path
         ))
-        .body(())
-        .map_err(|error| error.to_string())?;
+        .body(())?;
         request
             .headers_mut()
             .insert(http::header::ACCEPT, HeaderValue::from_static("*/*"));
@@ -151,25 +165,83 @@ async fn probe(
         }
         let (response, _) = send
             .send_request(request, true)
-            .map_err(|error| error.to_string())?;
-        let response = response.await.map_err(|error| error.to_string())?;
+            .map_err(UpstreamFailure::Send)?;
+        let response = response.await.map_err(UpstreamFailure::Response)?;
         let status = response.status();
         let mut body = response.into_body();
+        // Read to the end (the stream slot frees then); keep the start for the log.
+        let mut start = Vec::new();
         while let Some(chunk) = poll_fn(|cx| body.poll_data(cx)).await {
-            let chunk = chunk.map_err(|error| error.to_string())?;
+            let chunk = chunk.map_err(UpstreamFailure::Response)?;
             let _ = body.flow_control().release_capacity(chunk.len());
+            if start.len() < 256 {
+                start.extend_from_slice(&chunk[..chunk.len().min(256 - start.len())]);
+            }
         }
         if status.is_success() {
             Ok(())
         } else {
-            Err(format!("{} answered {status}", cluster.health_check.path))
+            Err(ApiCallFailure::Status {
+                path: cluster.health_check.path.as_str().into(),
+                status,
+                excerpt: excerpt(&start),
+            })
         }
     };
     match monoio::time::timeout(cluster.health_check.timeout, check).await {
         Ok(outcome) => outcome,
-        Err(_) => Err(format!(
-            "no answer within {:?}",
-            cluster.health_check.timeout
-        )),
+        Err(_) => Err(ApiCallFailure::Timeout {
+            path: cluster.health_check.path.as_str().into(),
+            timeout: cluster.health_check.timeout,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thresholds(healthy: u32, unhealthy: u32) -> HealthCheck {
+        HealthCheck {
+            healthy_threshold: healthy,
+            unhealthy_threshold: unhealthy,
+            ..HealthCheck::default()
+        }
+    }
+
+    #[test]
+    fn a_server_leaves_rotation_after_the_unhealthy_threshold_in_a_row() {
+        let thresholds = thresholds(2, 3);
+        let mut streak = Streak::default();
+        assert_eq!(streak.record(false, &thresholds), None);
+        assert_eq!(streak.record(false, &thresholds), None);
+        assert_eq!(streak.record(false, &thresholds), Some(false));
+        assert_eq!(
+            streak.record(false, &thresholds),
+            Some(false),
+            "stays out while failing"
+        );
+    }
+
+    #[test]
+    fn a_success_breaks_a_run_of_failures() {
+        let thresholds = thresholds(2, 3);
+        let mut streak = Streak::default();
+        for _ in 0..5 {
+            assert_eq!(streak.record(false, &thresholds), None);
+            assert_eq!(streak.record(false, &thresholds), None);
+            assert_eq!(streak.record(true, &thresholds), None);
+        }
+    }
+
+    #[test]
+    fn a_server_returns_after_the_healthy_threshold_in_a_row() {
+        let thresholds = thresholds(2, 1);
+        let mut streak = Streak::default();
+        assert_eq!(streak.record(false, &thresholds), Some(false));
+        assert_eq!(streak.record(true, &thresholds), None);
+        assert_eq!(streak.record(false, &thresholds), Some(false));
+        assert_eq!(streak.record(true, &thresholds), None);
+        assert_eq!(streak.record(true, &thresholds), Some(true));
     }
 }

@@ -11,20 +11,33 @@
 //! Per-core state (upstream connections, auth caches, flow-control counters, round-robin
 //! cursors) is never shared; the config snapshot is swapped atomically by the reloader thread and
 //! server health is written by the health-check task, both read lock-free per request.
+//!
+//! Every failure is a [`ProxyError`] (which party failed, the `Status` it is answered with,
+//! whether the proxy may retry before replying); `answer.rs` is the one place that turns it into
+//! the client's answer and the metric label. The module map is in the crate's README.
 
+mod admit;
+mod answer;
 mod auth;
 mod body;
+mod connection;
+mod error;
+mod forward;
+mod handler;
+mod headers;
 mod health;
 mod metrics;
 mod pool;
-mod proxy;
 mod reload;
+mod review;
 mod state;
 mod tls;
 mod upgrade;
+mod upstream;
 
+pub use connection::GatewayEndpoint;
+pub use error::{ApiCallFailure, ClusterFileError, ProxyError, Side, UpstreamFailure};
 pub use health::HealthChecker;
 pub use metrics::{GatewayCollector, GatewayMetrics};
-pub use proxy::GatewayEndpoint;
 pub use reload::{spawn_reloader, ReloaderHandle};
-pub use state::{load_generation, Gateway, GatewayLoadError, Generation};
+pub use state::{load_generation, Gateway, Generation};

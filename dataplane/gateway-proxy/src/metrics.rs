@@ -11,6 +11,8 @@ use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::registry::Registry;
 use sluice_metrics::{PerCoreCounter, PerCoreGauge, PerCoreHistogram};
 
+use crate::error::REJECT_REASONS;
+
 /// Distinct (cluster, resource) pairs given their own label; later resources count as "other".
 const MAX_RESOURCE_LABELS: usize = 500;
 
@@ -40,21 +42,6 @@ impl MetricConstructor<PerCoreCounter> for PerCore {
         PerCoreCounter::new(self.0)
     }
 }
-
-/// Why the gateway answered a request itself, as a metric label.
-pub const REJECT_REASONS: [&str; 11] = [
-    "unknown_host",
-    "tls_handshake",
-    "bad_request",
-    "unauthorized",
-    "impersonation_forbidden",
-    "no_dispatch_policy",
-    "too_many_requests",
-    "no_healthy_upstream",
-    "authentication_unavailable",
-    "upstream_failed",
-    "internal",
-];
 
 #[derive(Debug, Clone)]
 pub struct GatewayMetrics {
@@ -235,5 +222,55 @@ impl prometheus_client::collector::Collector for GatewayCollector {
             None,
             generation_gauge.metric_type(),
         )?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exported(registry: &Registry) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        text
+    }
+
+    #[test]
+    fn resources_past_the_label_bound_count_as_other() {
+        let mut registry = Registry::default();
+        let metrics = GatewayMetrics::register(&mut registry, 1);
+        for index in 0..MAX_RESOURCE_LABELS + 5 {
+            metrics
+                .requests("c", "get", &format!("r{index}"), 200)
+                .inc(0);
+        }
+        metrics.requests("c", "get", "r0", 200).inc(0);
+        let text = exported(&registry);
+        assert!(
+            text.contains(r#"cluster="c",verb="get",resource="r0",code="200"} 2"#),
+            "a known resource keeps its label"
+        );
+        assert!(text.contains(r#"resource="other",code="200"} 5"#), "{text}");
+        assert!(!text.contains(&format!("resource=\"r{MAX_RESOURCE_LABELS}\"")));
+    }
+
+    #[test]
+    fn refusals_count_under_known_reasons_only() {
+        let mut registry = Registry::default();
+        let metrics = GatewayMetrics::register(&mut registry, 1);
+        metrics.reject("unauthorized", 0);
+        metrics.reject("no_such_reason", 0);
+        let text = exported(&registry);
+        assert!(
+            text.contains(r#"sluice_gateway_rejected_total{reason="unauthorized"} 1"#),
+            "{text}"
+        );
+        assert!(!text.contains("no_such_reason"));
+        for reason in REJECT_REASONS {
+            assert!(
+                text.contains(&format!("reason=\"{reason}\"")),
+                "{reason} is exported from the start"
+            );
+        }
     }
 }

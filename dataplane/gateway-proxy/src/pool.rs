@@ -15,6 +15,8 @@ use sluice_gateway::cluster::spec::ConnectionPool;
 use sluice_gateway::cluster::CompiledServer;
 use sluice_gateway::flow_control::CoreShare;
 
+use crate::error::UpstreamFailure;
+
 /// Longest wait for TCP + TLS + HTTP/2 set-up of an upstream connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -59,6 +61,43 @@ enum Pick {
     Wait,
 }
 
+/// An open connection's streams in use and the most it may carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Load {
+    in_flight: u32,
+    limit: u32,
+}
+
+/// Where the next stream to a server goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Choice {
+    /// The open connection at this index.
+    Use(usize),
+    /// Open another connection.
+    Connect,
+    /// Wait for the connection being set up.
+    Wait,
+}
+
+/// The least busy open connection if it has a free stream; else another connection if this
+/// core's share allows (one set-up at a time: the one in progress may well take this stream);
+/// else, when every allowed connection is open and full, queue on the least busy one (h2 waits
+/// for a free stream there).
+fn choose(open: &[Load], connecting: u32, max_connections: u32) -> Choice {
+    let may_open = open.len() as u32 + connecting < max_connections;
+    let least_busy = open
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, load)| load.in_flight);
+    match least_busy {
+        Some((index, load)) if load.in_flight < load.limit || (!may_open && connecting == 0) => {
+            Choice::Use(index)
+        }
+        _ if may_open && connecting == 0 => Choice::Connect,
+        _ => Choice::Wait,
+    }
+}
+
 /// This core's upstream connections, by (cluster, server endpoint).
 #[derive(Debug)]
 pub struct CorePool {
@@ -87,7 +126,7 @@ impl CorePool {
         server: &CompiledServer,
         client_tls: &Arc<rustls::ClientConfig>,
         settings: &ConnectionPool,
-    ) -> Result<(h2::client::SendRequest<Bytes>, StreamSlot), String> {
+    ) -> Result<(h2::client::SendRequest<Bytes>, StreamSlot), UpstreamFailure> {
         let connections = self.server(cluster, server, client_tls);
         let max_connections = self.share.split(settings.max_connections_per_server).max(1);
         loop {
@@ -118,10 +157,10 @@ impl CorePool {
                 Ok(Ok(connection)) => connections.connections.borrow_mut().push(connection),
                 Ok(Err(error)) => return Err(error),
                 Err(_) => {
-                    return Err(format!(
-                        "no connection to {} within {CONNECT_TIMEOUT:?}",
-                        server.endpoint
-                    ))
+                    return Err(UpstreamFailure::ConnectTimeout {
+                        endpoint: server.endpoint.clone(),
+                        timeout: CONNECT_TIMEOUT,
+                    })
                 }
             }
         }
@@ -135,36 +174,25 @@ impl CorePool {
     ) -> Pick {
         let mut open = connections.connections.borrow_mut();
         open.retain(|connection| !connection.closed.get());
-        let limit = |connection: &UpstreamConnection| {
-            (connection.send.current_max_send_streams() as u32)
-                .min(settings.max_concurrent_streams)
-                .max(1)
-        };
-        let may_open = open.len() as u32 + connections.connecting.get() < max_connections;
-        let least_busy = open
+        let loads: Vec<Load> = open
             .iter()
-            .min_by_key(|connection| connection.in_flight.get())
-            .cloned();
-        tracing::trace!(
-            open = open.len(),
-            connecting = connections.connecting.get(),
-            in_flight = ?open.iter().map(|connection| (connection.in_flight.get(), limit(connection))).collect::<Vec<_>>(),
-            "upstream pick"
-        );
+            .map(|connection| Load {
+                in_flight: connection.in_flight.get(),
+                limit: (connection.send.current_max_send_streams() as u32)
+                    .min(settings.max_concurrent_streams)
+                    .max(1),
+            })
+            .collect();
         let connecting = connections.connecting.get();
-        match least_busy {
-            // A free stream; or every allowed connection is open and full: queue on the least
-            // busy one (h2 waits for a free stream there).
-            Some(connection)
-                if connection.in_flight.get() < limit(&connection)
-                    || (!may_open && connecting == 0) =>
-            {
+        tracing::trace!(open = open.len(), connecting, ?loads, "upstream pick");
+        match choose(&loads, connecting, max_connections) {
+            Choice::Use(index) => {
+                let connection = open[index].clone();
                 connection.in_flight.set(connection.in_flight.get() + 1);
                 Pick::Stream(connection.send.clone(), StreamSlot { connection })
             }
-            // One set-up at a time, and wait for one in progress: it may well take this stream.
-            _ if may_open && connecting == 0 => Pick::Connect,
-            _ => Pick::Wait,
+            Choice::Connect => Pick::Connect,
+            Choice::Wait => Pick::Wait,
         }
     }
 
@@ -199,14 +227,16 @@ async fn connect(
     client_tls: &Arc<rustls::ClientConfig>,
     settings: &ConnectionPool,
     (gauge, worker): (&sluice_metrics::PerCoreGauge, usize),
-) -> Result<Rc<UpstreamConnection>, String> {
-    let failed =
-        |what: &str, error: &dyn std::fmt::Display| format!("{what} {}: {error}", server.endpoint);
+) -> Result<Rc<UpstreamConnection>, UpstreamFailure> {
+    let endpoint = || server.endpoint.clone();
     // Hostnames resolve through the system resolver; apiserver endpoints are usually IPs or
     // /etc/hosts names, and connections are long-lived, so this is rare.
     let stream = TcpStream::connect((server.host.as_ref(), server.port))
         .await
-        .map_err(|error| failed("cannot connect to", &error))?;
+        .map_err(|source| UpstreamFailure::Connect {
+            endpoint: endpoint(),
+            source,
+        })?;
     let _ = stream.set_nodelay(true);
     let io = sluice_grpc::transport::compat(stream);
     let settings_h2 = sluice_grpc::transport::H2Settings::default();
@@ -235,17 +265,28 @@ async fn connect(
         worker,
     };
     let send = if server.tls {
-        let name = rustls_pki_types::ServerName::try_from(server.host.to_string())
-            .map_err(|error| failed("invalid server name of", &error))?;
+        let name =
+            rustls_pki_types::ServerName::try_from(server.host.to_string()).map_err(|source| {
+                UpstreamFailure::ServerName {
+                    endpoint: endpoint(),
+                    source,
+                }
+            })?;
         let tls = tokio_rustls::TlsConnector::from(client_tls.clone())
             .connect(name, io)
             .await
-            .map_err(|error| failed("TLS handshake with", &error))?;
+            .map_err(|source| UpstreamFailure::Tls {
+                endpoint: endpoint(),
+                source,
+            })?;
         handshake(&builder, tls, driving).await
     } else {
         handshake(&builder, io, driving).await
     }
-    .map_err(|error| failed("HTTP/2 handshake with", &error))?;
+    .map_err(|source| UpstreamFailure::Http2Handshake {
+        endpoint: endpoint(),
+        source,
+    })?;
     Ok(Rc::new(UpstreamConnection {
         send,
         in_flight: Cell::new(0),
@@ -287,6 +328,17 @@ where
     Ok(send)
 }
 
+/// Why keepalive gave a connection up.
+#[derive(Debug, thiserror::Error)]
+enum KeepaliveFailure {
+    #[error(transparent)]
+    Ping(h2::Error),
+    #[error("no answer to the first PING within {0:?}")]
+    FirstPingTimeout(Duration),
+    #[error("no PING answer within {0:?}")]
+    PingTimeout(Duration),
+}
+
 /// Runs a connection and pings it every keepalive interval; a ping unanswered within the
 /// keepalive timeout ends it (its streams fail and new requests go elsewhere). The returned
 /// channel fires when the first PING is answered: a server sends its SETTINGS before that
@@ -310,21 +362,21 @@ where
         let keepalive = async {
             let Some(ping_pong) = ping_pong.as_mut() else {
                 let _ = settled.send(());
-                return std::future::pending::<String>().await;
+                return std::future::pending::<KeepaliveFailure>().await;
             };
             match monoio::time::timeout(timeout, ping_pong.ping(h2::Ping::opaque())).await {
                 Ok(Ok(_)) => {
                     let _ = settled.send(());
                 }
-                Ok(Err(error)) => return error.to_string(),
-                Err(_) => return format!("no answer to the first PING within {timeout:?}"),
+                Ok(Err(error)) => return KeepaliveFailure::Ping(error),
+                Err(_) => return KeepaliveFailure::FirstPingTimeout(timeout),
             }
             loop {
                 monoio::time::sleep(interval).await;
                 match monoio::time::timeout(timeout, ping_pong.ping(h2::Ping::opaque())).await {
                     Ok(Ok(_)) => {}
-                    Ok(Err(error)) => return error.to_string(),
-                    Err(_) => return format!("no PING answer within {timeout:?}"),
+                    Ok(Err(error)) => return KeepaliveFailure::Ping(error),
+                    Err(_) => return KeepaliveFailure::PingTimeout(timeout),
                 }
             }
         };
@@ -340,4 +392,54 @@ where
         gauge.dec(worker);
     });
     settled_receiver
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(in_flight: u32, limit: u32) -> Load {
+        Load { in_flight, limit }
+    }
+
+    #[test]
+    fn the_least_busy_connection_with_a_free_stream_is_used() {
+        let open = [load(5, 10), load(2, 10), load(2, 10), load(9, 10)];
+        assert_eq!(
+            choose(&open, 0, 4),
+            Choice::Use(1),
+            "first of the least busy"
+        );
+        assert_eq!(
+            choose(&open, 1, 8),
+            Choice::Use(1),
+            "even while one is set up"
+        );
+    }
+
+    #[test]
+    fn another_connection_opens_only_when_every_open_one_is_full() {
+        let full = [load(10, 10), load(10, 10)];
+        assert_eq!(choose(&full, 0, 3), Choice::Connect);
+        assert_eq!(choose(&[], 0, 1), Choice::Connect, "the first one");
+    }
+
+    #[test]
+    fn one_set_up_at_a_time_and_the_rest_wait_for_it() {
+        let full = [load(10, 10)];
+        assert_eq!(choose(&full, 1, 3), Choice::Wait);
+        assert_eq!(choose(&[], 1, 1), Choice::Wait);
+        assert_eq!(
+            choose(&full, 1, 2),
+            Choice::Wait,
+            "at the limit with one coming: it may take this stream"
+        );
+    }
+
+    #[test]
+    fn at_the_connection_limit_requests_queue_on_the_least_busy() {
+        let full = [load(12, 10), load(11, 10)];
+        assert_eq!(choose(&full, 0, 2), Choice::Use(1));
+        assert_eq!(choose(&full, 0, 1), Choice::Use(1), "over the share too");
+    }
 }

@@ -9,18 +9,10 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use http::HeaderValue;
-use sluice_gateway::cluster::{load_dir, GatewaySnapshot, InvalidSources};
+use sluice_gateway::cluster::{load_dir, GatewaySnapshot};
 
+use crate::error::{ClusterFileError, ProxyError};
 use crate::metrics::GatewayMetrics;
-
-/// Why a cluster directory could not become a generation.
-#[derive(Debug, thiserror::Error)]
-pub enum GatewayLoadError {
-    #[error("{count} config error(s)\n{0}", count = .0.error_count())]
-    Config(#[from] InvalidSources),
-    #[error("{file}: {reason}")]
-    Files { file: PathBuf, reason: String },
-}
 
 /// One cluster's runtime material, built from the files its spec names.
 #[derive(Debug)]
@@ -50,6 +42,12 @@ pub struct ServerHealth {
 }
 
 impl ServerHealth {
+    pub fn new(healthy: bool) -> Self {
+        Self {
+            healthy: AtomicBool::new(healthy),
+        }
+    }
+
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
     }
@@ -73,7 +71,7 @@ pub struct Gateway {
 
 impl Gateway {
     /// Loads `dir`; refuses to start on any error (each names its file, field and reason).
-    pub fn load(dir: &Path, metrics: GatewayMetrics) -> Result<Arc<Self>, GatewayLoadError> {
+    pub fn load(dir: &Path, metrics: GatewayMetrics) -> Result<Arc<Self>, ProxyError> {
         let health = Mutex::new(HashMap::new());
         let first = load_generation(dir, 1, &health)?;
         Ok(Arc::new(Self {
@@ -92,7 +90,7 @@ impl Gateway {
 
     /// Loads the directory again; on success the new generation replaces the old one on every
     /// core at once, on failure the old one stays.
-    pub fn reload(&self) -> Result<u64, GatewayLoadError> {
+    pub fn reload(&self) -> Result<u64, ProxyError> {
         let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let generation = load_generation(&self.dir, number, &self.health)?;
         self.current.store(Arc::new(generation));
@@ -105,16 +103,17 @@ pub fn load_generation(
     dir: &Path,
     number: u64,
     health: &Mutex<HashMap<(String, String), Arc<ServerHealth>>>,
-) -> Result<Generation, GatewayLoadError> {
+) -> Result<Generation, ProxyError> {
     let snapshot = GatewaySnapshot::compile(load_dir(dir)?)?;
     let mut table = health
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut clusters = Vec::with_capacity(snapshot.clusters().len());
     for cluster in snapshot.clusters() {
-        let file_error = |reason: String| GatewayLoadError::Files {
+        let file_error = |cause: ClusterFileError| ProxyError::ClusterFiles {
             file: cluster.source.clone(),
-            reason: format!("cluster {:?}: {reason}", cluster.name),
+            cluster: cluster.name.clone(),
+            cause,
         };
         let server_tls = crate::tls::server_config(&cluster.serving).map_err(file_error)?;
         let client_tls = crate::tls::client_config(&cluster.client).map_err(file_error)?;
@@ -125,11 +124,11 @@ pub fn load_generation(
             (Some(token), _) => Some(token.trim().to_string()),
             (None, Some(file)) => Some(
                 std::fs::read_to_string(file)
-                    .map_err(|error| {
-                        file_error(format!(
-                            "spec.clientConfig.bearerTokenFile {}: {error}",
-                            file.display()
-                        ))
+                    .map_err(|source| {
+                        file_error(ClusterFileError::BearerTokenFile {
+                            path: file.clone(),
+                            source,
+                        })
                     })?
                     .trim()
                     .to_string(),
@@ -138,11 +137,8 @@ pub fn load_generation(
         };
         let bearer = token
             .map(|token| {
-                HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
-                    file_error(
-                        "spec.clientConfig: the bearer token is not a valid header value".into(),
-                    )
-                })
+                HeaderValue::from_str(&format!("Bearer {token}"))
+                    .map_err(|_| file_error(ClusterFileError::BearerToken))
             })
             .transpose()?;
         let health = cluster
@@ -153,11 +149,7 @@ pub fn load_generation(
                     .entry((cluster.name.to_string(), server.endpoint.to_string()))
                     // New servers are presumed healthy until a check says otherwise, so a
                     // reload never opens a window without upstreams.
-                    .or_insert_with(|| {
-                        Arc::new(ServerHealth {
-                            healthy: AtomicBool::new(true),
-                        })
-                    })
+                    .or_insert_with(|| Arc::new(ServerHealth::new(true)))
                     .clone()
             })
             .collect();

@@ -14,8 +14,19 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
+use sluice_gateway::request_info::RequestInfo;
 use sluice_gateway::status::GatewayError;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+use crate::admit::Admitted;
+use crate::body::InFlight;
+use crate::error::{ProxyError, UpstreamFailure};
+use crate::handler::{request_labels, ClientConnection, GatewayHandler};
+use crate::headers::upstream_headers;
+use crate::state::Generation;
+
+/// The client's side of an upgrade connection.
+type ClientStream = tokio_rustls::server::TlsStream<monoio_compat::TcpStreamCompat>;
 
 /// Largest request or response head accepted.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -26,13 +37,25 @@ const REFUSAL_DRAIN: Duration = Duration::from_secs(2);
 
 /// Why a head could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum HeadError {
+pub enum UpgradeHeadError {
     #[error("connection closed before a complete head")]
     Closed,
     #[error("head larger than {MAX_HEAD_BYTES} bytes")]
     TooLarge,
     #[error("malformed head: {0}")]
-    Malformed(String),
+    Syntax(#[from] httparse::Error),
+    #[error("malformed head: incomplete")]
+    Incomplete,
+    #[error("malformed head: method")]
+    Method,
+    #[error("malformed head: request target")]
+    Target,
+    #[error("malformed head: header name {0:?}")]
+    HeaderName(Box<str>),
+    #[error("malformed head: value of {0}")]
+    HeaderValue(HeaderName),
+    #[error("malformed head: status")]
+    Status,
     #[error(transparent)]
     Io(#[from] io::Error),
 }
@@ -41,17 +64,17 @@ pub enum HeadError {
 pub async fn read_head<S: AsyncRead + Unpin>(
     io: &mut S,
     buffer: &mut BytesMut,
-) -> Result<usize, HeadError> {
+) -> Result<usize, UpgradeHeadError> {
     loop {
         if let Some(end) = buffer.windows(4).position(|window| window == b"\r\n\r\n") {
             return Ok(end + 4);
         }
         if buffer.len() >= MAX_HEAD_BYTES {
-            return Err(HeadError::TooLarge);
+            return Err(UpgradeHeadError::TooLarge);
         }
         buffer.reserve(8 * 1024);
         if io.read_buf(buffer).await? == 0 {
-            return Err(HeadError::Closed);
+            return Err(UpgradeHeadError::Closed);
         }
     }
 }
@@ -65,28 +88,28 @@ pub struct RequestHead {
 }
 
 /// Parses a complete request head (from [`read_head`]).
-pub fn parse_request(head: &[u8]) -> Result<RequestHead, HeadError> {
+pub fn parse_request(head: &[u8]) -> Result<RequestHead, UpgradeHeadError> {
     let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut lines);
     match request.parse(head) {
         Ok(httparse::Status::Complete(_)) => {}
-        Ok(httparse::Status::Partial) => return Err(HeadError::Malformed("incomplete".into())),
-        Err(error) => return Err(HeadError::Malformed(error.to_string())),
+        Ok(httparse::Status::Partial) => return Err(UpgradeHeadError::Incomplete),
+        Err(error) => return Err(UpgradeHeadError::Syntax(error)),
     }
     let method = request
         .method
         .and_then(|method| http::Method::from_bytes(method.as_bytes()).ok())
-        .ok_or_else(|| HeadError::Malformed("method".into()))?;
+        .ok_or(UpgradeHeadError::Method)?;
     let uri: http::Uri = request
         .path
         .and_then(|path| path.parse().ok())
-        .ok_or_else(|| HeadError::Malformed("request target".into()))?;
+        .ok_or(UpgradeHeadError::Target)?;
     let mut headers = HeaderMap::new();
     for line in request.headers.iter() {
         let name = HeaderName::from_bytes(line.name.as_bytes())
-            .map_err(|_| HeadError::Malformed(format!("header name {:?}", line.name)))?;
+            .map_err(|_| UpgradeHeadError::HeaderName(line.name.into()))?;
         let value = HeaderValue::from_bytes(line.value)
-            .map_err(|_| HeadError::Malformed(format!("value of {name}")))?;
+            .map_err(|_| UpgradeHeadError::HeaderValue(name.clone()))?;
         headers.append(name, value);
     }
     Ok(RequestHead {
@@ -97,15 +120,13 @@ pub fn parse_request(head: &[u8]) -> Result<RequestHead, HeadError> {
 }
 
 /// The status of a complete response head.
-pub fn parse_response_status(head: &[u8]) -> Result<u16, HeadError> {
+pub fn parse_response_status(head: &[u8]) -> Result<u16, UpgradeHeadError> {
     let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut lines);
     match response.parse(head) {
-        Ok(httparse::Status::Complete(_)) => response
-            .code
-            .ok_or_else(|| HeadError::Malformed("status".into())),
-        Ok(httparse::Status::Partial) => Err(HeadError::Malformed("incomplete".into())),
-        Err(error) => Err(HeadError::Malformed(error.to_string())),
+        Ok(httparse::Status::Complete(_)) => response.code.ok_or(UpgradeHeadError::Status),
+        Ok(httparse::Status::Partial) => Err(UpgradeHeadError::Incomplete),
+        Err(error) => Err(UpgradeHeadError::Syntax(error)),
     }
 }
 
@@ -142,25 +163,6 @@ pub fn upstream_head(head: &RequestHead, host: &str, port: u16) -> Vec<u8> {
     out
 }
 
-/// A gateway error as an HTTP/1.1 response that closes the connection.
-pub fn error_response(error: &GatewayError) -> Vec<u8> {
-    let body = error.status_body();
-    let status = error.http_status();
-    let mut head = format!(
-        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
-        status.as_u16(),
-        status.canonical_reason().unwrap_or(""),
-        body.len()
-    );
-    if let Some(seconds) = error.retry_after_seconds() {
-        head.push_str(&format!("retry-after: {seconds}\r\n"));
-    }
-    head.push_str("\r\n");
-    let mut out = head.into_bytes();
-    out.extend_from_slice(&body);
-    out
-}
-
 /// Relays an admitted upgrade: request head (and any early bytes) upstream, the answer back;
 /// after a 101 both directions until either ends. Any other answer is passed on and the
 /// connection closed: nothing more from the client reaches the apiserver on this connection
@@ -170,7 +172,7 @@ pub async fn relay<C, U>(
     upstream: &mut U,
     head: Vec<u8>,
     early: Bytes,
-) -> Result<u16, HeadError>
+) -> Result<u16, UpgradeHeadError>
 where
     C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
@@ -192,6 +194,97 @@ where
     }
     let _ = client.shutdown().await;
     Ok(status)
+}
+
+impl GatewayHandler {
+    /// An HTTP/1.1 upgrade: the same checks as any request, then a dedicated HTTP/1.1 TLS
+    /// connection to the apiserver and bytes relayed both ways; a refusal is written to the raw
+    /// connection, which then closes.
+    pub async fn upgrade(
+        &self,
+        client: &ClientConnection,
+        mut stream: ClientStream,
+        head: RequestHead,
+        early: Bytes,
+    ) {
+        let started = std::time::Instant::now();
+        let generation = self.gateway.current();
+        let method = head.method.clone();
+        let path = head.uri.path().to_string();
+        let query = head.uri.query().unwrap_or("").to_string();
+        let info = RequestInfo::parse(method.as_str(), &path, &query);
+        let labels = request_labels(&info);
+        let _in_flight = InFlight::new(&self.gateway.metrics, self.worker);
+        let outcome = match info {
+            Ok(info) => {
+                self.upgrade_admitted(client, &generation, &info, &mut stream, head, early)
+                    .await
+            }
+            Err(error) => Err(GatewayError::from(error).into()),
+        };
+        let code = match outcome {
+            Ok(status) => status,
+            Err(error) => {
+                self.refuse(&error, client, method.as_str(), &path);
+                let _ = stream.write_all(&crate::answer::http1_bytes(&error)).await;
+                let _ = stream.shutdown().await;
+                error.http_status().as_u16()
+            }
+        };
+        self.finish(&client.cluster, (labels.0, &labels.1), code, started);
+    }
+
+    /// Admission, the upstream connection and the relay; the upstream's status once relayed.
+    async fn upgrade_admitted(
+        &self,
+        client: &ClientConnection,
+        generation: &Arc<Generation>,
+        info: &RequestInfo<'_>,
+        stream: &mut ClientStream,
+        mut head: RequestHead,
+        early: Bytes,
+    ) -> Result<u16, ProxyError> {
+        let Admitted {
+            cluster,
+            server,
+            user,
+            // The flow-control permit lives as long as the upgraded stream.
+            permit: _permit,
+        } = self.admit(client, generation, info, &head.headers).await?;
+        let compiled = &generation.snapshot.clusters()[cluster];
+        let runtime = &generation.clusters[cluster];
+        let server = &compiled.servers[server];
+        let upstream_failed = |cause: UpstreamFailure| ProxyError::Upstream {
+            server: server.endpoint.clone(),
+            cause,
+        };
+        let protocol = head.headers.get(http::header::UPGRADE).cloned();
+        let mut headers = upstream_headers(&head.headers, &user, runtime.bearer.as_ref())?;
+        headers.insert(
+            http::header::CONNECTION,
+            HeaderValue::from_static("Upgrade"),
+        );
+        if let Some(protocol) = protocol {
+            headers.insert(http::header::UPGRADE, protocol);
+        }
+        head.headers = headers;
+        let request = upstream_head(&head, &server.host, server.port);
+        let tcp = monoio::net::TcpStream::connect((server.host.as_ref(), server.port))
+            .await
+            .map_err(|error| upstream_failed(UpstreamFailure::UpgradeConnect(error)))?;
+        let _ = tcp.set_nodelay(true);
+        let name = rustls_pki_types::ServerName::try_from(server.host.to_string())
+            .map_err(|error| upstream_failed(UpstreamFailure::UpgradeServerName(error)))?;
+        let mut upstream =
+            tokio_rustls::TlsConnector::from(http1_client_config(&runtime.client_tls))
+                .connect(name, sluice_grpc::transport::compat(tcp))
+                .await
+                .map_err(|error| upstream_failed(UpstreamFailure::UpgradeTls(error)))?;
+        tracing::debug!(cluster = %compiled.name, user = %user.name, path = info.path, server = %server.endpoint, "upgrade");
+        relay(stream, &mut upstream, request, early)
+            .await
+            .map_err(|error| upstream_failed(UpstreamFailure::UpgradeRelay(error)))
+    }
 }
 
 /// Serves `prefix` (bytes already read) before reading from `inner`.
@@ -294,10 +387,99 @@ mod tests {
     }
 
     #[test]
-    fn error_responses_close_the_connection() {
-        let text = String::from_utf8(error_response(&GatewayError::Unauthorized)).unwrap();
-        assert!(text.starts_with("HTTP/1.1 401 Unauthorized\r\n"), "{text}");
-        assert!(text.contains("connection: close\r\n"));
+    fn malformed_heads_say_what_is_wrong() {
+        let error = parse_request(b"GET / HTTP/1.1\r\nbad name: x\r\n\r\n").unwrap_err();
+        assert!(matches!(error, UpgradeHeadError::Syntax(_)), "{error:?}");
+        let error = parse_request(b"GET / HTTP/1.1\r\n").unwrap_err();
+        assert!(matches!(error, UpgradeHeadError::Incomplete), "{error:?}");
+        assert_eq!(error.to_string(), "malformed head: incomplete");
+        let error = parse_response_status(b"HTTP/1.1 abc\r\n\r\n").unwrap_err();
+        assert!(matches!(error, UpgradeHeadError::Syntax(_)), "{error:?}");
+    }
+
+    #[test]
+    fn rewind_serves_the_bytes_already_read_first() {
+        use futures_util::FutureExt;
+        let mut rewound = Rewind::new(Bytes::from_static(b"GET / HTTP/1.1\r\n"), &b"rest"[..]);
+        let mut all = Vec::new();
+        rewound
+            .read_to_end(&mut all)
+            .now_or_never()
+            .expect("in-memory reads are ready")
+            .unwrap();
+        assert_eq!(all, b"GET / HTTP/1.1\r\nrest");
+    }
+
+    /// Runs `future` on a monoio runtime with timers and no sockets.
+    fn block_on<F: std::future::Future>(future: F) -> F::Output {
+        monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap()
+            .block_on(future)
+    }
+
+    #[test]
+    fn a_refused_upgrade_is_passed_on_and_the_connection_closed() {
+        let (mut client, mut client_peer) = tokio::io::duplex(64 * 1024);
+        let (mut upstream, mut server) = tokio::io::duplex(64 * 1024);
+        let status = block_on(async {
+            server
+                .write_all(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 2\r\n\r\nno")
+                .await
+                .unwrap();
+            server.shutdown().await.unwrap();
+            relay(
+                &mut client_peer,
+                &mut upstream,
+                b"POST /exec HTTP/1.1\r\n\r\n".to_vec(),
+                Bytes::from_static(b"early"),
+            )
+            .await
+            .unwrap()
+        });
+        assert_eq!(status, 403);
+        drop(client_peer);
+        drop(upstream);
+        let (to_client, to_server) = block_on(async {
+            let mut to_client = Vec::new();
+            client.read_to_end(&mut to_client).await.unwrap();
+            let mut to_server = Vec::new();
+            server.read_to_end(&mut to_server).await.unwrap();
+            (to_client, to_server)
+        });
+        assert_eq!(
+            to_client,
+            b"HTTP/1.1 403 Forbidden\r\ncontent-length: 2\r\n\r\nno"
+        );
+        assert_eq!(to_server, b"POST /exec HTTP/1.1\r\n\r\nearly");
+    }
+
+    #[test]
+    fn a_malformed_answer_is_an_error_before_anything_reaches_the_client() {
+        let (mut client, mut client_peer) = tokio::io::duplex(64 * 1024);
+        let (mut upstream, mut server) = tokio::io::duplex(64 * 1024);
+        let outcome = block_on(async {
+            server.write_all(b"garbage\r\n\r\n").await.unwrap();
+            relay(
+                &mut client_peer,
+                &mut upstream,
+                b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+                Bytes::new(),
+            )
+            .await
+        });
+        assert!(
+            matches!(outcome, Err(UpgradeHeadError::Syntax(_))),
+            "{outcome:?}"
+        );
+        drop(client_peer);
+        let to_client = block_on(async {
+            let mut to_client = Vec::new();
+            client.read_to_end(&mut to_client).await.unwrap();
+            to_client
+        });
+        assert!(to_client.is_empty());
     }
 
     proptest! {

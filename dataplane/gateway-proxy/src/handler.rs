@@ -1,0 +1,195 @@
+//! One core's gateway: its per-core state (upstream connections, auth caches, flow-control
+//! counters, round-robin cursors, request counters), never shared with other cores, and the
+//! request pipeline read top-down:
+//!
+//! request info -> admit (`admit.rs`: cluster, authentication, impersonation, dispatch, flow
+//! control, upstream pick) -> forward (`forward.rs`) -> answer; a refusal from any phase is
+//! answered in one place (`answer.rs`).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use sluice_gateway::flow_control::{CoreFlowControl, CoreShare};
+use sluice_gateway::identity::UserInfo;
+use sluice_gateway::request_info::{RequestInfo, RequestInfoError};
+use sluice_gateway::status::GatewayError;
+use sluice_metrics::PerCoreCounter;
+
+use crate::auth::CoreAuth;
+use crate::body::ProxyBody;
+use crate::error::ProxyError;
+use crate::pool::CorePool;
+use crate::state::{Gateway, Generation};
+use crate::upstream::RoundRobin;
+
+/// Request-counter label sets a core caches; more are looked up each time.
+const COUNTER_CACHE_LIMIT: usize = 2_000;
+
+/// Flow-control state per cluster, for the generation (number) it was built for.
+type FlowStates = Option<(u64, HashMap<Box<str>, Rc<CoreFlowControl>>)>;
+/// (cluster, verb, resource, code) -> this core's cached request counter.
+type CounterCache = HashMap<(Box<str>, &'static str, Box<str>, u16), PerCoreCounter>;
+
+/// One core's gateway state: never shared with other cores.
+pub struct GatewayHandler {
+    pub gateway: Arc<Gateway>,
+    pub worker: usize,
+    pub share: CoreShare,
+    pub pool: CorePool,
+    pub auth: CoreAuth,
+    /// Flow-control state of each cluster for the generation it was built for.
+    flow: RefCell<FlowStates>,
+    /// Round-robin cursor per (cluster, policy).
+    pub round_robin: RefCell<RoundRobin>,
+    counters: RefCell<CounterCache>,
+}
+
+/// What is known about a client connection after its handshake.
+pub struct ClientConnection {
+    pub cluster: Box<str>,
+    /// From a client certificate the cluster's client CA verified.
+    pub certificate_user: Option<UserInfo>,
+}
+
+/// The verb and resource labels of a request (`unknown` when its path did not parse).
+pub fn request_labels(info: &Result<RequestInfo<'_>, RequestInfoError>) -> (&'static str, String) {
+    match info {
+        Ok(info) => (info.verb.as_str(), info.resource.to_string()),
+        Err(_) => ("unknown", String::new()),
+    }
+}
+
+impl GatewayHandler {
+    pub fn new(gateway: Arc<Gateway>, worker: usize, share: CoreShare) -> Self {
+        let pool = CorePool::new(share, gateway.metrics.upstream_connections.clone(), worker);
+        Self {
+            gateway,
+            worker,
+            share,
+            pool,
+            auth: CoreAuth::default(),
+            flow: RefCell::new(None),
+            round_robin: RefCell::default(),
+            counters: RefCell::default(),
+        }
+    }
+
+    /// One request, start to finish.
+    pub async fn serve(
+        &self,
+        client: &ClientConnection,
+        request: Request<Incoming>,
+    ) -> Response<ProxyBody> {
+        let started = Instant::now();
+        let generation = self.gateway.current();
+        let method = request.method().clone();
+        let path = request.uri().path().to_string();
+        let query = request.uri().query().unwrap_or("").to_string();
+        let info = RequestInfo::parse(method.as_str(), &path, &query);
+        let (verb, resource) = request_labels(&info);
+        let outcome = match info {
+            Ok(info) => self.proxy(client, &generation, &info, request).await,
+            Err(error) => Err(GatewayError::from(error).into()),
+        };
+        let response = outcome.unwrap_or_else(|error| {
+            self.refuse(&error, client, method.as_str(), &path);
+            crate::answer::response(&error)
+        });
+        self.finish(
+            &client.cluster,
+            (verb, &resource),
+            response.status().as_u16(),
+            started,
+        );
+        response
+    }
+
+    /// The phases of a request that may end it with an error.
+    async fn proxy(
+        &self,
+        client: &ClientConnection,
+        generation: &Arc<Generation>,
+        info: &RequestInfo<'_>,
+        request: Request<Incoming>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let admitted = self
+            .admit(client, generation, info, request.headers())
+            .await?;
+        self.forward(generation, admitted, info, request).await
+    }
+
+    /// Counts and logs a refusal (the client's answer is built by the caller from the same
+    /// error, see `answer.rs`).
+    pub fn refuse(&self, error: &ProxyError, client: &ClientConnection, method: &str, path: &str) {
+        crate::answer::record(
+            error,
+            &self.gateway.metrics,
+            self.worker,
+            (&client.cluster, method, path),
+        );
+    }
+
+    /// Request count by (cluster, verb, resource, code) and the duration.
+    pub fn finish(
+        &self,
+        cluster: &str,
+        (verb, resource): (&'static str, &str),
+        code: u16,
+        started: Instant,
+    ) {
+        self.count(cluster, verb, resource, code);
+        self.gateway
+            .metrics
+            .duration
+            .observe(self.worker, started.elapsed().as_secs_f64());
+    }
+
+    fn count(&self, cluster: &str, verb: &'static str, resource: &str, code: u16) {
+        let mut counters = self.counters.borrow_mut();
+        let key = (Box::from(cluster), verb, Box::from(resource), code);
+        if let Some(counter) = counters.get(&key) {
+            counter.inc(self.worker);
+            return;
+        }
+        let counter = self.gateway.metrics.requests(cluster, verb, resource, code);
+        counter.inc(self.worker);
+        if counters.len() < COUNTER_CACHE_LIMIT {
+            counters.insert(key, counter);
+        }
+    }
+
+    /// This core's flow-control state for `cluster` in `generation` (rebuilt once per reload,
+    /// carrying in-flight counts of unchanged schemas over).
+    pub fn flow_control(&self, generation: &Generation, cluster: usize) -> Rc<CoreFlowControl> {
+        let compiled = &generation.snapshot.clusters()[cluster];
+        let mut flow = self.flow.borrow_mut();
+        let stale = flow
+            .as_ref()
+            .is_none_or(|(number, _)| *number != generation.number);
+        if stale {
+            let previous = flow.take().map(|(_, states)| states).unwrap_or_default();
+            let states = generation
+                .snapshot
+                .clusters()
+                .iter()
+                .map(|cluster| {
+                    let state = CoreFlowControl::new(
+                        &cluster.schemas,
+                        self.share,
+                        previous.get(&cluster.name).map(|state| state.as_ref()),
+                    );
+                    (cluster.name.clone(), Rc::new(state))
+                })
+                .collect();
+            *flow = Some((generation.number, states));
+        }
+        flow.as_ref()
+            .and_then(|(_, states)| states.get(&compiled.name).cloned())
+            .unwrap_or_else(|| Rc::new(CoreFlowControl::new(&compiled.schemas, self.share, None)))
+    }
+}

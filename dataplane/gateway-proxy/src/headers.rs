@@ -1,0 +1,193 @@
+//! The headers a request carries upstream: the client's end-to-end headers without its own
+//! identity, plus who the gateway says the user is (Impersonate-*) and the gateway's own
+//! credentials. Plain functions, shared by forwarding and upgrades.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::Request;
+use sluice_gateway::cluster::CompiledServer;
+use sluice_gateway::identity::{strip_client_identity, write_impersonation_headers, UserInfo};
+use sluice_gateway::status::GatewayError;
+
+/// Hop-by-hop headers (RFC 9110 7.6.1) and `host` (HTTP/2 carries it as :authority).
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "host"
+    )
+}
+
+/// Appends every end-to-end header of `from` to `to`.
+pub fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
+    for (name, value) in from {
+        if !is_hop_by_hop(name) {
+            to.append(name.clone(), value.clone());
+        }
+    }
+}
+
+/// The client's bearer token (`Authorization: Bearer <token>`, scheme in any case), if any.
+pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|token| !token.is_empty())
+}
+
+/// The headers sent upstream for a client request: its end-to-end headers, its identity
+/// (credentials, Impersonate-*) replaced by `user` as Impersonate-* headers, and the gateway's
+/// own `Authorization` when it has a bearer token.
+pub fn upstream_headers(
+    client: &HeaderMap,
+    user: &UserInfo,
+    bearer: Option<&HeaderValue>,
+) -> Result<HeaderMap, GatewayError> {
+    let mut headers = HeaderMap::new();
+    copy_end_to_end(client, &mut headers);
+    strip_client_identity(&mut headers);
+    write_impersonation_headers(user, &mut headers)?;
+    if let Some(bearer) = bearer {
+        headers.insert(header::AUTHORIZATION, bearer.clone());
+    }
+    Ok(headers)
+}
+
+/// The request head sent to `server` on an HTTP/2 stream: same method, path and query.
+pub fn upstream_request(
+    parts: &Parts,
+    server: &CompiledServer,
+    headers: HeaderMap,
+) -> Result<Request<()>, GatewayError> {
+    let scheme = if server.tls { "https" } else { "http" };
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |path_and_query| path_and_query.as_str());
+    let mut request = Request::builder()
+        .method(parts.method.clone())
+        .uri(format!(
+            "{scheme}://{}:{}{path_and_query}",
+            server.host, server.port
+        ))
+        .body(())
+        .map_err(|error| GatewayError::BadRequest {
+            reason: error.to_string(),
+        })?;
+    *request.headers_mut() = headers;
+    Ok(request)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client_headers() -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("host", "gateway:443"),
+            ("connection", "keep-alive"),
+            ("te", "trailers"),
+            ("authorization", "Bearer client-token"),
+            ("impersonate-user", "root"),
+            ("impersonate-group", "system:masters"),
+            ("accept", "application/json"),
+            ("x-custom", "a"),
+            ("x-custom", "b"),
+        ] {
+            headers.append(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        headers
+    }
+
+    #[test]
+    fn upstream_headers_replace_the_clients_identity_with_the_user() {
+        let user = UserInfo::new("alice", &["devs", "ops"]);
+        let bearer = HeaderValue::from_static("Bearer gateway-token");
+        let headers = upstream_headers(&client_headers(), &user, Some(&bearer)).unwrap();
+        assert_eq!(headers["authorization"], "Bearer gateway-token");
+        assert_eq!(headers["impersonate-user"], "alice");
+        let groups: Vec<_> = headers.get_all("impersonate-group").iter().collect();
+        assert_eq!(groups, ["devs", "ops"]);
+        for hop in ["host", "connection", "te"] {
+            assert!(!headers.contains_key(hop), "{hop}");
+        }
+        assert_eq!(headers["accept"], "application/json");
+        let custom: Vec<_> = headers.get_all("x-custom").iter().collect();
+        assert_eq!(custom, ["a", "b"], "repeated headers keep every value");
+    }
+
+    #[test]
+    fn without_its_own_token_the_gateway_sends_no_authorization() {
+        let user = UserInfo::new("alice", &[]);
+        let headers = upstream_headers(&client_headers(), &user, None).unwrap();
+        assert!(!headers.contains_key("authorization"));
+        assert!(!headers.contains_key("impersonate-group"));
+    }
+
+    #[test]
+    fn a_user_that_cannot_be_a_header_is_a_bad_request() {
+        let user = UserInfo::new("bad\nname", &[]);
+        let error = upstream_headers(&HeaderMap::new(), &user, None).unwrap_err();
+        assert_eq!(error.http_status(), 400);
+    }
+
+    #[test]
+    fn bearer_tokens_need_the_scheme_and_a_value() {
+        let with = |value: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::AUTHORIZATION, HeaderValue::from_static(value));
+            headers
+        };
+        assert_eq!(bearer_token(&with("Bearer abc")), Some("abc"));
+        assert_eq!(bearer_token(&with("bearer  abc ")), Some("abc"));
+        assert_eq!(bearer_token(&with("Basic abc")), None);
+        assert_eq!(bearer_token(&with("Bearer ")), None);
+        assert_eq!(bearer_token(&with("Bearer")), None);
+        assert_eq!(bearer_token(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn the_upstream_request_keeps_method_path_and_query() {
+        let (parts, ()) = Request::post("/api/v1/namespaces/a/pods?dryRun=All")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let server = CompiledServer {
+            endpoint: "https://10.0.0.1:6443".into(),
+            uri: "https://10.0.0.1:6443".parse().unwrap(),
+            tls: true,
+            host: "10.0.0.1".into(),
+            port: 6443,
+            disabled: false,
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert("impersonate-user", HeaderValue::from_static("alice"));
+        let request = upstream_request(&parts, &server, headers).unwrap();
+        assert_eq!(request.method(), "POST");
+        assert_eq!(
+            request.uri(),
+            "https://10.0.0.1:6443/api/v1/namespaces/a/pods?dryRun=All"
+        );
+        assert_eq!(request.headers()["impersonate-user"], "alice");
+        let plain = CompiledServer {
+            tls: false,
+            ..server
+        };
+        let request = upstream_request(&parts, &plain, HeaderMap::new()).unwrap();
+        assert_eq!(request.uri().scheme_str(), Some("http"));
+    }
+}
