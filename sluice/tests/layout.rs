@@ -22,8 +22,11 @@ impl Workspace {
             .parent()
             .expect("the binary crate sits in the workspace")
             .to_path_buf();
+        // Resolved for this platform only: the lock file's other-platform packages need not be
+        // downloaded, so this works offline on a machine that has built the workspace.
         let output = Command::new(env!("CARGO"))
             .args(["metadata", "--format-version", "1", "--locked", "--offline"])
+            .args(["--filter-platform", &host_triple()])
             .current_dir(&root)
             .output()
             .expect("cargo metadata runs");
@@ -112,6 +115,11 @@ impl Workspace {
         }
         seen
     }
+}
+
+/// Sluice runs on Linux only (io_uring), built for the machine's own architecture.
+fn host_triple() -> String {
+    format!("{}-unknown-linux-gnu", std::env::consts::ARCH)
 }
 
 /// Which planes a plane's crates may depend on (besides their own).
