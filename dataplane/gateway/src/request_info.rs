@@ -323,7 +323,7 @@ impl<'a> ListQuery<'a> {
         let selector = field_selector.map(decode_query_component);
         let parsed = selector.as_ref().map(|selector| exact_name(selector));
         match parsed {
-            Some(Err(())) => Self {
+            Some(Err(MalformedSelector)) => Self {
                 // ListOptions decoding failed: the apiserver then only looks for a watch value
                 // other than "false"/"0" and sets no name.
                 watch: watch_value.is_some_and(|value| {
@@ -371,10 +371,14 @@ fn decode_query_component(raw: &str) -> Cow<'_, str> {
     percent_decode_str(raw).decode_utf8_lossy()
 }
 
+/// A field selector the apiserver's `fields.ParseSelector` would refuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MalformedSelector;
+
 /// Parses a field selector like `fields.ParseSelector` and returns where the value of a
 /// `metadata.name=` / `metadata.name==` term is (still escaped), `Ok(None)` when there is none,
 /// `Err` when the selector is malformed.
-fn exact_name(selector: &str) -> Result<Option<std::ops::Range<usize>>, ()> {
+fn exact_name(selector: &str) -> Result<Option<std::ops::Range<usize>>, MalformedSelector> {
     if selector.is_empty() {
         return Ok(None);
     }
@@ -382,7 +386,7 @@ fn exact_name(selector: &str) -> Result<Option<std::ops::Range<usize>>, ()> {
     let mut start = 0;
     for end in term_ends(selector) {
         let term = &selector[start..end];
-        let (field, operator, value_start) = split_term(term).ok_or(())?;
+        let (field, operator, value_start) = split_term(term).ok_or(MalformedSelector)?;
         validate_escapes(&term[value_start..])?;
         if found.is_none() && field == "metadata.name" && operator != "!=" {
             found = Some(start + value_start..end);
@@ -435,22 +439,22 @@ fn split_term(term: &str) -> Option<(&str, &'static str, usize)> {
     None
 }
 
-fn validate_escapes(value: &str) -> Result<(), ()> {
+fn validate_escapes(value: &str) -> Result<(), MalformedSelector> {
     let mut escaped = false;
     for character in value.chars() {
         if escaped {
             if !matches!(character, '\\' | ',' | '=') {
-                return Err(());
+                return Err(MalformedSelector);
             }
             escaped = false;
         } else if character == '\\' {
             escaped = true;
         } else if matches!(character, ',' | '=') {
-            return Err(());
+            return Err(MalformedSelector);
         }
     }
     if escaped {
-        Err(())
+        Err(MalformedSelector)
     } else {
         Ok(())
     }
