@@ -142,7 +142,9 @@ fn run(mut config: Config, addresses_file: Option<&Path>, mode: Mode) -> anyhow:
             external_listener,
             config.listeners.private.as_ref(),
             metrics,
-            tracker.clone(),
+            tracker
+                .clone()
+                .map(|tracker| Arc::new(tracker) as Arc<dyn sluice_locator::AgentLocator>),
         )?;
         registry.register_collector(Box::new(NodeCollector(node.clone())));
         server.serve(agent_id, AgentEndpoint { node: node.clone() });

@@ -11,7 +11,7 @@ use http::Request;
 use sluice_grpc::transport::{connect, H2Settings};
 use sluice_runtime::Driver;
 use sluice_tracker::{RedisTarget, TrackerMetrics, TrackerOptions};
-use sluice_tunnel::node::CONNECT_PATH;
+use sluice_tunnel::protocol::CONNECT_PATH;
 use test_support::{wait_until, RedisServer};
 
 const AGENTS: i64 = 1000;
@@ -59,7 +59,7 @@ fn a_thousand_agents_with_five_tunnels_each_cost_one_write_per_agent() {
     let node = start_node_with(
         Driver::IoUring,
         agent_tokens(&agents),
-        Some(tracker.clone()),
+        Some(std::sync::Arc::new(tracker.clone())),
     );
     let address = node.agent;
 
