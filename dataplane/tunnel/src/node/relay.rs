@@ -266,3 +266,78 @@ async fn run_call<T>(
         None => both.await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::time::Duration;
+
+    use super::super::test_node::run;
+    use super::*;
+
+    #[test]
+    fn relay_failures_name_the_agent_and_keep_their_code() {
+        let gone = in_call_to(7, TunnelError::new(ErrorKind::AgentGone, "stream reset"));
+        assert_eq!(gone.code(), Code::Unavailable);
+        assert_eq!(
+            gone.message(),
+            "agent 7 went away in the middle of the call: stream reset"
+        );
+        let broke = in_call_to(
+            7,
+            TunnelError::new(ErrorKind::AgentProtocol, "a second Header"),
+        );
+        assert_eq!(broke.code(), Code::Internal);
+        assert_eq!(
+            broke.message(),
+            "agent 7 broke the tunnel protocol: a second Header"
+        );
+        let via = in_call_to(
+            7,
+            TunnelError::new(ErrorKind::PeerGone, "node 10.0.0.2:2: reset"),
+        );
+        assert_eq!(via.message(), "agent 7 via node 10.0.0.2:2: reset");
+        let late = in_call_to(7, TunnelError::new(ErrorKind::DeadlineExceeded, ""));
+        assert_eq!(late.code(), Code::DeadlineExceeded);
+        assert_eq!(late.message(), "deadline exceeded in a call to agent 7");
+        let framing = TunnelError::new(ErrorKind::ClientProtocol, "request: too big")
+            .with_code(Code::ResourceExhausted);
+        assert_eq!(
+            in_call_to(7, framing.clone()),
+            framing,
+            "client errors stay as they are"
+        );
+    }
+
+    #[test]
+    fn a_call_ends_with_the_response_even_if_the_request_is_still_open() {
+        run(async {
+            let up = std::future::pending::<Result<(), TunnelError>>();
+            let down = async { Ok::<_, TunnelError>(Code::Ok) };
+            let (code, up_finished) = run_call(up, down, None).await.unwrap();
+            assert_eq!(code, Code::Ok);
+            assert!(!up_finished);
+            let up = async { Ok::<(), TunnelError>(()) };
+            let down = async { Ok::<_, TunnelError>(Code::NotFound) };
+            assert_eq!(
+                run_call(up, down, None).await.unwrap(),
+                (Code::NotFound, true)
+            );
+        });
+    }
+
+    #[test]
+    fn a_failed_request_or_a_passed_deadline_ends_the_call() {
+        run(async {
+            let up = async { Err::<(), _>(TunnelError::client_gone()) };
+            let down = std::future::pending::<Result<Code, TunnelError>>();
+            let error = run_call(up, down, None).await.unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::ClientGone);
+            let up = std::future::pending::<Result<(), TunnelError>>();
+            let down = std::future::pending::<Result<Code, TunnelError>>();
+            let deadline = Instant::now() + Duration::from_millis(20);
+            let error = run_call(up, down, Some(deadline)).await.unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::DeadlineExceeded);
+        });
+    }
+}

@@ -328,3 +328,80 @@ fn peer_request(
     }
     Ok(request)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use sluice_locator::memory::MemoryCluster;
+
+    use super::super::test_node::{node, run};
+    use super::*;
+
+    fn routing(cluster: &Arc<MemoryCluster>) -> RemoteRouting {
+        let locator: Arc<dyn AgentLocator> = cluster.locator("n", "10.0.0.1:1");
+        RemoteRouting::new(&node(Some(locator))).unwrap()
+    }
+
+    #[test]
+    fn a_node_without_a_locator_does_not_route_to_others() {
+        assert!(RemoteRouting::new(&node(None)).is_none());
+    }
+
+    #[test]
+    fn a_listing_is_reused_within_its_ttl_unless_a_fresh_one_is_asked_for() {
+        let cluster = MemoryCluster::new();
+        let routing = routing(&cluster);
+        let (b, c) = (
+            cluster.locator("b", "10.0.0.2:2"),
+            cluster.locator("c", "10.0.0.3:3"),
+        );
+        b.register(9);
+        run(async {
+            let until = Instant::now() + Duration::from_secs(1);
+            let first = routing.remote_nodes(9, until, false).await.unwrap();
+            assert_eq!(
+                first,
+                vec![("b".to_string(), "10.0.0.2:2".parse().unwrap())]
+            );
+            c.register(9);
+            let cached = routing.remote_nodes(9, until, false).await.unwrap();
+            assert_eq!(cached, first, "the core's cached listing");
+            let fresh = routing.remote_nodes(9, until, true).await.unwrap();
+            assert_eq!(fresh.len(), 2, "a fresh lookup sees the new node");
+        });
+    }
+
+    #[test]
+    fn an_empty_listing_is_not_kept() {
+        let cluster = MemoryCluster::new();
+        let routing = routing(&cluster);
+        let b = cluster.locator("b", "10.0.0.2:2");
+        run(async {
+            let until = Instant::now() + Duration::from_secs(1);
+            assert!(routing
+                .remote_nodes(9, until, false)
+                .await
+                .unwrap()
+                .is_empty());
+            b.register(9);
+            let listed = routing.remote_nodes(9, until, false).await.unwrap();
+            assert_eq!(
+                listed.len(),
+                1,
+                "the agent's arrival is seen by the next call"
+            );
+        });
+    }
+
+    #[test]
+    fn a_failing_locator_is_an_error_not_an_empty_listing() {
+        let cluster = MemoryCluster::new();
+        let routing = routing(&cluster);
+        cluster.set_failing(Some("redis is away"));
+        run(async {
+            let until = Instant::now() + Duration::from_secs(1);
+            let error = routing.remote_nodes(9, until, false).await.unwrap_err();
+            assert_eq!(error, LocatorError::Store("redis is away".into()));
+        });
+    }
+}
