@@ -1,6 +1,6 @@
 //! The agent (after agentk): dials out to nodes, keeps a pool of idle tunnels on each
-//! ([`pool`]), serves one call at a time per tunnel ([`tunnel`]), and forwards every tunnelled
-//! call to the local gRPC backend ([`forward`]), any method, any streaming shape.
+//! (`pool`), serves one call at a time per tunnel (`tunnel`), and forwards every tunnelled
+//! call to the local gRPC backend (`forward`), any method, any streaming shape.
 
 mod forward;
 mod metrics;

@@ -2,11 +2,11 @@
 //!
 //! Agents park `Connect` streams on the agent endpoint ([`endpoints::agent`]); each becomes an
 //! idle tunnel in the [`ConnectionRegistry`], held by the task that owns its stream
-//! ([`tunnel`]). Clients call agents on the external endpoint ([`endpoints::external`]); other
+//! (`tunnel`). Clients call agents on the external endpoint ([`endpoints::external`]); other
 //! nodes forward calls to the private endpoint ([`endpoints::private`]). A call reads top-down:
-//! authenticate, parse the call ([`call`]), route ([`route`] decides, [`router`] does the I/O),
-//! relay through a local tunnel ([`relay`]) or another node ([`remote`]), answer ([`answer`]).
-//! [`bookkeeping`] tracks agent connections for ListConnectedAgents and the agent locator.
+//! authenticate, parse the call (`call`), route ([`route`] decides, `router` does the I/O),
+//! relay through a local tunnel or another node (`relay`, `remote`), answer (`answer`).
+//! `bookkeeping` tracks agent connections for ListConnectedAgents and the agent locator.
 
 mod answer;
 mod bookkeeping;

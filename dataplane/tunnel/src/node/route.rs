@@ -1,6 +1,6 @@
 //! Where a call goes, decided as a plain function over plain data.
 //!
-//! [`RouteState::next_step`] takes what the driver ([`super::router`]) observed and returns what
+//! [`RouteState::next_step`] takes what the driver (`router`) observed and returns what
 //! to do next: claim this node's idle tunnel, ask the locator, race other nodes, wait, or give up
 //! with an error. It reads no clock (the driver passes `now`) and touches no socket, so every
 //! branch is tested below without I/O.

@@ -1,6 +1,6 @@
-//! The I/O around [`route`](super::route): carries out each step (registry claims, locator
+//! The I/O around `route`: carries out each step (registry claims, locator
 //! lookups, races, waits for tunnels and arrivals, timers, the client's reset) and feeds what
-//! happened back to [`RouteState::next_step`]. It decides nothing itself.
+//! happened back to `RouteState::next_step`. It decides nothing itself.
 
 use std::time::Instant;
 
