@@ -7,6 +7,7 @@
 //! from its own tokio thread while monoio cores wait.
 
 mod arrivals;
+#[cfg(any(test, feature = "memory"))]
 pub mod memory;
 
 use std::fmt::Debug;
