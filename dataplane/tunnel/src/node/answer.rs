@@ -37,6 +37,18 @@ pub(super) fn respond_status(respond: &mut SendResponse<Bytes>, code: Code, mess
     let _ = respond.send_response(response, true);
 }
 
+/// Something that resolves when the client resets its call: the responder, or in tests a
+/// client that never does.
+pub(super) trait ClientReset {
+    fn reset(&mut self) -> impl std::future::Future<Output = ()>;
+}
+
+impl ClientReset for Responder {
+    fn reset(&mut self) -> impl std::future::Future<Output = ()> {
+        Responder::reset(self)
+    }
+}
+
 /// The client's half of a call: headers not yet sent, or the response stream.
 pub(super) struct Responder {
     pub(super) respond: SendResponse<Bytes>,

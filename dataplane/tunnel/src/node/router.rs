@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use sluice_locator::EventListener;
 
-use super::answer::Responder;
+use super::answer::ClientReset;
 use super::remote::{RemoteCall, RemoteRouting};
 use super::route::{RouteEvent, RouteState, RouteStep};
 use super::tunnel::TunnelStreams;
@@ -40,7 +40,7 @@ impl Router<'_> {
         &self,
         state: &mut RouteState,
         mut step: RouteStep,
-        responder: &mut Responder,
+        client: &mut impl ClientReset,
     ) -> Result<Route, TunnelError> {
         let metrics = &self.node.metrics;
         let mut arrival = None;
@@ -72,7 +72,7 @@ impl Router<'_> {
                     metrics
                         .wait_duration
                         .observe(self.worker, state.waited_for(Instant::now()));
-                    match self.race(&candidates, until, responder).await {
+                    match self.race(&candidates, until, client).await {
                         Ok(call) => return Ok(Route::Remote(call)),
                         Err(event) => {
                             step = state.next_step(event.event(&candidates), Instant::now());
@@ -81,7 +81,7 @@ impl Router<'_> {
                     }
                 }
                 RouteStep::Wait { until, poll } => {
-                    match self.wait(until, poll, arrival.take(), responder).await {
+                    match self.wait(until, poll, arrival.take(), client).await {
                         Ok(tunnel) => return Ok(self.local(state, tunnel)),
                         Err(event) => event,
                     }
@@ -115,7 +115,7 @@ impl Router<'_> {
         &self,
         candidates: &[super::route::Peer],
         until: Instant,
-        responder: &mut Responder,
+        client: &mut impl ClientReset,
     ) -> Result<RemoteCall, RaceEnd> {
         let Some(remote) = self.remote else {
             return Err(RaceEnd::Lost);
@@ -123,7 +123,7 @@ impl Router<'_> {
         let raced = monoio::select! {
             raced = remote.race(candidates, self.parts, self.deadline, self.agent) => raced,
             _ = monoio::time::sleep_until(until.into()) => return Err(RaceEnd::Expired),
-            _ = responder.reset() => return Err(RaceEnd::Reset),
+            _ = client.reset() => return Err(RaceEnd::Reset),
         };
         raced.map_err(|error| {
             tracing::info!(agent = self.agent, %error, "no node had a ready tunnel; deciding again");
@@ -137,7 +137,7 @@ impl Router<'_> {
         until: Instant,
         poll: Option<std::time::Duration>,
         arrival: Option<EventListener>,
-        responder: &mut Responder,
+        client: &mut impl ClientReset,
     ) -> Result<TunnelStreams, RouteEvent<'static>> {
         let arrival = async {
             match arrival {
@@ -155,7 +155,7 @@ impl Router<'_> {
             tunnel = self.node.registry.acquire(self.agent) => Ok(tunnel),
             _ = arrival => Err(RouteEvent::Woken),
             _ = poll => Err(RouteEvent::Woken),
-            _ = responder.reset() => Err(RouteEvent::ClientReset),
+            _ = client.reset() => Err(RouteEvent::ClientReset),
             _ = monoio::time::sleep_until(until.into()) => Err(RouteEvent::Expired),
         }
     }
@@ -175,5 +175,100 @@ impl RaceEnd {
             RaceEnd::Expired => RouteEvent::Expired,
             RaceEnd::Reset => RouteEvent::ClientReset,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use sluice_locator::memory::MemoryCluster;
+    use sluice_locator::AgentLocator;
+
+    use super::super::test_node::{node, run};
+    use super::*;
+    use crate::error::ErrorKind;
+
+    /// A client that never resets its call.
+    struct Patient;
+
+    impl ClientReset for Patient {
+        async fn reset(&mut self) {
+            std::future::pending::<()>().await
+        }
+    }
+
+    struct Reset;
+
+    impl ClientReset for Reset {
+        async fn reset(&mut self) {}
+    }
+
+    fn parts() -> http::request::Parts {
+        http::Request::new(()).into_parts().0
+    }
+
+    #[test]
+    fn an_arrival_elsewhere_wakes_a_waiting_call_before_the_poll() {
+        let cluster = MemoryCluster::new();
+        let locator: Arc<dyn AgentLocator> = cluster.locator("n", "10.0.0.1:1");
+        let node = node(Some(locator));
+        let remote = RemoteRouting::new(&node).unwrap();
+        let parts = parts();
+        let router = Router {
+            node: &node,
+            remote: Some(&remote),
+            agent: 5,
+            deadline: None,
+            parts: &parts,
+            worker: 0,
+        };
+        let other = cluster.locator("b", "10.0.0.2:2");
+        let started = Instant::now();
+        // The test node's max_wait (1 s) ends before the locator poll (2 s): only the arrival
+        // can make the call look up the agent again.
+        let mut state = RouteState::new(5, None, node.max_wait, true, started);
+        let mut client = Patient;
+        let error = run(async {
+            let arrive = async {
+                monoio::time::sleep(Duration::from_millis(50)).await;
+                other.register(5);
+                std::future::pending::<()>().await
+            };
+            monoio::select! {
+                routed = router.route(&mut state, RouteStep::Look { retried: false }, &mut client) => routed,
+                _ = arrive => unreachable!(),
+            }
+        })
+        .err()
+        .unwrap();
+        // The arrival led to a race with node b, which failed (this node cannot sign node
+        // tokens), so the call was routed again and waited out its max_wait.
+        assert_eq!(node.metrics.routes("remote"), 1);
+        assert_eq!(node.metrics.routes("retried"), 1);
+        assert_eq!(error.kind(), ErrorKind::NoTunnel);
+        assert!(started.elapsed() >= node.max_wait);
+    }
+
+    #[test]
+    fn a_client_reset_ends_the_wait_at_once() {
+        let node = node(None);
+        let parts = parts();
+        let router = Router {
+            node: &node,
+            remote: None,
+            agent: 5,
+            deadline: None,
+            parts: &parts,
+            worker: 0,
+        };
+        let mut state = RouteState::new(5, None, node.max_wait, false, Instant::now());
+        let step = state.start();
+        let error = run(router.route(&mut state, step, &mut Reset))
+            .err()
+            .unwrap();
+        assert_eq!(error.kind(), ErrorKind::ClientGone);
     }
 }
