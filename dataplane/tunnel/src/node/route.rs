@@ -43,7 +43,7 @@ pub enum RouteEvent<'a> {
     /// Claiming the idle tunnel took until the end of the wait (another call took it).
     ClaimTimedOut,
     /// The locator listed these other nodes (this node left out).
-    Located(&'a [Peer]),
+    Located(Vec<Peer>),
     /// The locator did not answer; local tunnels still work.
     LocatorFailed,
     /// An arrival of the agent, or the poll interval passed.
@@ -140,12 +140,8 @@ impl RouteState {
             RouteEvent::Looked { idle_here: false } | RouteEvent::ClaimTimedOut => {
                 self.locate_or_wait(now)
             }
-            RouteEvent::Located(peers) => {
-                let candidates: Vec<Peer> = peers
-                    .iter()
-                    .filter(|(name, _)| !self.tried.contains(name))
-                    .cloned()
-                    .collect();
+            RouteEvent::Located(mut candidates) => {
+                candidates.retain(|(name, _)| !self.tried.contains(name));
                 if candidates.is_empty() {
                     self.wait(now)
                 } else {

@@ -58,7 +58,7 @@ fn remote_hit_races_every_listed_node() {
     let mut state = cluster_call(now);
     state.next_step(RouteEvent::Looked { idle_here: false }, now);
     let peers = [peer("b", 1), peer("c", 2)];
-    let step = state.next_step(RouteEvent::Located(&peers), now);
+    let step = state.next_step(RouteEvent::Located(peers.to_vec()), now);
     assert_eq!(
         step,
         RouteStep::Race {
@@ -73,7 +73,7 @@ fn all_candidates_failing_routes_again_afresh_without_them() {
     let now = Instant::now();
     let mut state = cluster_call(now);
     let peers = [peer("b", 1), peer("c", 2)];
-    state.next_step(RouteEvent::Located(&peers), now);
+    state.next_step(RouteEvent::Located(peers.to_vec()), now);
     let step = state.next_step(RouteEvent::RaceLost(&peers), now);
     assert_eq!(step, RouteStep::Look { retried: true });
     let step = state.next_step(RouteEvent::Looked { idle_here: false }, now);
@@ -87,7 +87,7 @@ fn all_candidates_failing_routes_again_afresh_without_them() {
     );
     // The same nodes listed again are not raced again: the call waits for an arrival.
     let later = now + Duration::from_millis(10);
-    let step = state.next_step(RouteEvent::Located(&peers), later);
+    let step = state.next_step(RouteEvent::Located(peers.to_vec()), later);
     assert_eq!(
         step,
         RouteStep::Wait {
@@ -97,7 +97,7 @@ fn all_candidates_failing_routes_again_afresh_without_them() {
     );
     // A node not tried yet is raced.
     let more = [peer("b", 1), peer("d", 3)];
-    let step = state.next_step(RouteEvent::Located(&more), later);
+    let step = state.next_step(RouteEvent::Located(more.to_vec()), later);
     assert_eq!(
         step,
         RouteStep::Race {
@@ -195,7 +195,7 @@ fn an_arrival_wakes_the_wait_and_the_next_lookup_is_fresh() {
     let now = Instant::now();
     let mut state = cluster_call(now);
     state.next_step(RouteEvent::Looked { idle_here: false }, now);
-    let step = state.next_step(RouteEvent::Located(&[]), now);
+    let step = state.next_step(RouteEvent::Located(Vec::new()), now);
     assert_eq!(
         step,
         RouteStep::Wait {

@@ -102,7 +102,7 @@ impl Router<'_> {
             return state.next_step(RouteEvent::LocatorFailed, Instant::now());
         };
         match remote.remote_nodes(self.agent, until, fresh).await {
-            Ok(peers) => state.next_step(RouteEvent::Located(&peers), Instant::now()),
+            Ok(peers) => state.next_step(RouteEvent::Located(peers), Instant::now()),
             // The locator is away: local tunnels still work; remote routing resumes with it.
             Err(error) => {
                 tracing::debug!(agent = self.agent, %error, "agent lookup failed");
