@@ -107,6 +107,8 @@ impl ExternalHandler {
         conn.request_served();
     }
 
+    /// The call's phases up to its answer: authenticate, parse, route and relay. A failure
+    /// comes back as the error `serve` answers with.
     async fn call(
         &self,
         conn: &ConnectionContext,

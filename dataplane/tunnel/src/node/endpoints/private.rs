@@ -93,6 +93,8 @@ impl PrivateEndpoint {
         conn.request_served();
     }
 
+    /// The call's phases up to its answer: authenticate the node, parse, serve from a local
+    /// tunnel. A failure comes back as the error `serve` answers with.
     async fn call(
         &self,
         conn: &ConnectionContext,
