@@ -1,54 +1,13 @@
-//! Agent arrivals heard on the Redis pub/sub channel, fanned out to waiting data-plane tasks.
+//! Agent arrivals heard on the Redis pub/sub channel, fanned out to waiting data-plane tasks
+//! through [`Arrivals`].
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use event_listener::{Event, EventListener};
+use sluice_locator::Arrivals;
 
 use crate::store::arrivals_channel;
 use crate::{AgentId, RedisTarget};
-
-/// Waiters for agents, woken when any node announces the agent's arrival. Listeners are
-/// `event-listener` futures, which monoio tasks await across threads.
-#[derive(Debug, Default)]
-pub struct Arrivals {
-    events: Mutex<HashMap<AgentId, Arc<Event>>>,
-    heard: std::sync::atomic::AtomicU64,
-}
-
-impl Arrivals {
-    /// A listener that fires at the next arrival of `agent` (anywhere in the cluster). Create it
-    /// before checking for a tunnel, so an arrival between the check and the wait is not missed.
-    pub fn listen(&self, agent: AgentId) -> EventListener {
-        let mut events = self
-            .events
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        events.entry(agent).or_default().listen()
-    }
-
-    /// Wakes every waiter of `agent`.
-    pub fn notify(&self, agent: AgentId) {
-        self.heard
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let event = {
-            let mut events = self
-                .events
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            events.remove(&agent)
-        };
-        if let Some(event) = event {
-            event.notify(usize::MAX);
-        }
-    }
-
-    /// Arrival messages heard so far.
-    pub fn heard(&self) -> u64 {
-        self.heard.load(std::sync::atomic::Ordering::Relaxed)
-    }
-}
 
 /// Subscribes to the arrivals channel for the life of the tracker, re-subscribing with backoff
 /// after a Redis restart (arrivals announced while disconnected are covered by the waiters'
@@ -69,16 +28,10 @@ pub(crate) async fn listen(
     let mut first = true;
     loop {
         let subscribed = async {
-            let client = target.single_client().map_err(|error| error.to_string())?;
-            let mut pubsub = client
-                .get_async_pubsub()
-                .await
-                .map_err(|error| error.to_string())?;
-            pubsub
-                .subscribe(&channel)
-                .await
-                .map_err(|error| error.to_string())?;
-            Ok::<_, String>(pubsub)
+            let client = target.single_client()?;
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, crate::TrackerError>(pubsub)
         }
         .await;
         match subscribed {

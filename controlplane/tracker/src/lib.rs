@@ -20,13 +20,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures_channel::oneshot;
 use tokio::sync::mpsc;
 
-pub use arrivals::Arrivals;
 pub use metrics::TrackerMetrics;
+pub use sluice_locator::{AgentId, Arrivals, ConnectionRecord, NodeEntry};
+use sluice_locator::{AgentLocator, Answer, EventListener, LocatorError};
+pub use store::RedisTarget;
 use store::Store;
-pub use store::{NodeEntry, RedisTarget};
-
-/// Agent ids, as in the tunnel.
-pub type AgentId = i64;
 
 /// Why the tracker could not do something.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -37,6 +35,15 @@ pub enum TrackerError {
     Stopped,
     #[error("cannot start the tracker thread: {0}")]
     Thread(String),
+}
+
+impl From<TrackerError> for LocatorError {
+    fn from(error: TrackerError) -> Self {
+        match error {
+            TrackerError::Stopped => LocatorError::Stopped,
+            other => LocatorError::Store(other.to_string()),
+        }
+    }
 }
 
 impl From<redis::RedisError> for TrackerError {
@@ -60,28 +67,19 @@ pub struct TrackerOptions {
 }
 
 type LookupResult = Result<Vec<NodeEntry>, TrackerError>;
+type LookupReply = oneshot::Sender<Result<Vec<NodeEntry>, LocatorError>>;
 
 enum Command {
     Register(AgentId),
     Unregister(AgentId),
     Lookup(
         AgentId,
-        oneshot::Sender<Result<Vec<NodeEntry>, TrackerError>>,
+        oneshot::Sender<Result<Vec<NodeEntry>, LocatorError>>,
     ),
     ConnectionUp(ConnectionRecord),
     ConnectionDown(AgentId, i64),
-    ListConnections(oneshot::Sender<Result<Vec<ConnectionRecord>, TrackerError>>),
+    ListConnections(oneshot::Sender<Result<Vec<ConnectionRecord>, LocatorError>>),
     Shutdown(std::sync::mpsc::Sender<()>),
-}
-
-/// One agent connection to one node, as ListConnectedAgents reports it cluster-wide.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnectionRecord {
-    pub agent: AgentId,
-    pub connection_id: i64,
-    pub version: String,
-    pub node: String,
-    pub since_unix_ms: i64,
 }
 
 /// The data plane's side of the tracker: non-blocking sends, answers through oneshot channels
@@ -117,21 +115,13 @@ impl TrackerHandle {
     }
 
     /// Every unexpired agent connection in the cluster.
-    pub async fn list_connections(&self) -> Result<Vec<ConnectionRecord>, TrackerError> {
-        let (reply, answer) = oneshot::channel();
-        self.commands
-            .send(Command::ListConnections(reply))
-            .map_err(|_| TrackerError::Stopped)?;
-        answer.await.map_err(|_| TrackerError::Stopped)?
+    pub async fn list_connections(&self) -> Result<Vec<ConnectionRecord>, LocatorError> {
+        AgentLocator::list_connections(self).await
     }
 
     /// The nodes holding tunnels of `agent`, unexpired.
-    pub async fn lookup(&self, agent: AgentId) -> Result<Vec<NodeEntry>, TrackerError> {
-        let (reply, answer) = oneshot::channel();
-        self.commands
-            .send(Command::Lookup(agent, reply))
-            .map_err(|_| TrackerError::Stopped)?;
-        answer.await.map_err(|_| TrackerError::Stopped)?
+    pub async fn lookup(&self, agent: AgentId) -> Result<Vec<NodeEntry>, LocatorError> {
+        AgentLocator::lookup(self, agent).await
     }
 
     /// Removes everything this node wrote and stops the tracker (graceful shutdown).
@@ -139,6 +129,43 @@ impl TrackerHandle {
     pub fn shutdown(&self, timeout: Duration) -> bool {
         let (reply, done) = std::sync::mpsc::channel();
         self.commands.send(Command::Shutdown(reply)).is_ok() && done.recv_timeout(timeout).is_ok()
+    }
+}
+
+/// The tracker as the tunnel node sees it: answers come from the tracker thread through oneshot
+/// channels, so a monoio core awaits them without a tokio runtime.
+impl AgentLocator for TrackerHandle {
+    fn register(&self, agent: AgentId) {
+        TrackerHandle::register(self, agent);
+    }
+
+    fn unregister(&self, agent: AgentId) {
+        TrackerHandle::unregister(self, agent);
+    }
+
+    fn connection_up(&self, record: ConnectionRecord) {
+        TrackerHandle::connection_up(self, record);
+    }
+
+    fn connection_down(&self, agent: AgentId, connection_id: i64) {
+        TrackerHandle::connection_down(self, agent, connection_id);
+    }
+
+    fn lookup(&self, agent: AgentId) -> Answer<Vec<NodeEntry>> {
+        let (reply, answer) = Answer::channel();
+        // A refused send drops the reply, which the answer reads as `Stopped`.
+        let _ = self.commands.send(Command::Lookup(agent, reply));
+        answer
+    }
+
+    fn list_connections(&self) -> Answer<Vec<ConnectionRecord>> {
+        let (reply, answer) = Answer::channel();
+        let _ = self.commands.send(Command::ListConnections(reply));
+        answer
+    }
+
+    fn listen(&self, agent: AgentId) -> EventListener {
+        self.arrivals.listen(agent)
     }
 }
 
@@ -197,7 +224,7 @@ async fn run(
     let store = Arc::new(Store::new(target.clone(), options.clone(), metrics.clone()));
     let (resubscribed_tx, mut resubscribed) = mpsc::unbounded_channel();
     // Lookups in flight, by agent: later askers share the first one's Redis call.
-    let mut lookups: HashMap<AgentId, Vec<oneshot::Sender<LookupResult>>> = HashMap::new();
+    let mut lookups: HashMap<AgentId, Vec<LookupReply>> = HashMap::new();
     let (looked_up_tx, mut looked_up) = mpsc::unbounded_channel::<(AgentId, LookupResult)>();
     tokio::spawn(arrivals::listen(
         target,
@@ -257,7 +284,7 @@ async fn run(
                 Some(Command::ListConnections(reply)) => {
                     let store = store.clone();
                     tokio::spawn(async move {
-                        let _ = reply.send(store.list_connections().await);
+                        let _ = reply.send(store.list_connections().await.map_err(LocatorError::from));
                     });
                 }
                 Some(Command::Shutdown(reply)) => {
@@ -276,7 +303,7 @@ async fn run(
             },
             Some((agent, result)) = looked_up.recv() => {
                 for reply in lookups.remove(&agent).unwrap_or_default() {
-                    let _ = reply.send(result.clone());
+                    let _ = reply.send(result.clone().map_err(LocatorError::from));
                 }
             }
             Some(()) = resubscribed.recv() => {

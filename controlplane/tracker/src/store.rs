@@ -8,7 +8,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::Pipeline;
 use tokio::sync::Mutex;
 
-use crate::{now_unix_ms, AgentId, TrackerError, TrackerMetrics, TrackerOptions};
+use crate::{now_unix_ms, AgentId, NodeEntry, TrackerError, TrackerMetrics, TrackerOptions};
 
 /// Where Redis is.
 #[derive(Debug, Clone)]
@@ -49,15 +49,6 @@ impl RedisTarget {
             )?),
         }
     }
-}
-
-/// One node holding tunnels of an agent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeEntry {
-    pub node: String,
-    /// The node's private endpoint.
-    pub private_address: String,
-    pub expires_at_unix_ms: u64,
 }
 
 enum Connection {

@@ -175,6 +175,14 @@ impl TunnelMetrics {
         }
     }
 
+    /// Routing decisions of one kind counted so far (tests and diagnostics).
+    pub fn routes(&self, decision: &str) -> u64 {
+        ROUTE_DECISIONS
+            .iter()
+            .position(|known| *known == decision)
+            .map_or(0, |index| self.routes[index].sum())
+    }
+
     /// Counts a call served on the private endpoint.
     pub fn private_request(&self, code: Code, worker: usize) {
         self.private_requests[code.as_u32() as usize].inc(worker);

@@ -13,8 +13,7 @@ use std::sync::Mutex;
 
 use futures_channel::oneshot;
 
-/// Agent ids are positive 64-bit integers, as in kas.
-pub type AgentId = i64;
+pub use sluice_locator::AgentId;
 
 const STRIPES: usize = 256;
 

@@ -166,21 +166,14 @@ impl TunnelReader {
 }
 
 /// Why reading the tunnel stopped.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReadError {
     /// The peer sent bytes that are not tunnel messages.
+    #[error("{0}")]
     Protocol(WireError),
     /// The stream or connection failed (reset, connection lost).
+    #[error("{0}")]
     Gone(String),
-}
-
-impl std::fmt::Display for ReadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ReadError::Protocol(error) => error.fmt(f),
-            ReadError::Gone(why) => f.write_str(why),
-        }
-    }
 }
 
 fn decode_next<M: prost::Message + Default, T>(

@@ -1,8 +1,11 @@
 //! The tunnel pillar: the node (agent, external and private endpoints, the Redis tracker) and
 //! the agent role.
 
+use std::sync::Arc;
+
 use prometheus_client::registry::Registry;
 use sluice_config::{Config, RedisConfig, RedisTargetConfig, TunnelConfig};
+use sluice_locator::AgentLocator;
 use sluice_runtime::{Placement, ServerBuilder};
 use sluice_tracker::{RedisTarget, TrackerHandle, TrackerMetrics, TrackerOptions};
 use sluice_tunnel::agent::{AgentMetrics, AgentTask};
@@ -49,7 +52,9 @@ pub fn wire_node(
         external_listener,
         config.listeners.private.as_ref(),
         metrics,
-        tracker.clone(),
+        tracker
+            .clone()
+            .map(|tracker| Arc::new(tracker) as Arc<dyn AgentLocator>),
     )?;
     registry.register_collector(Box::new(NodeCollector(node.clone())));
     server.serve(agent_id, AgentEndpoint { node: node.clone() });

@@ -17,9 +17,8 @@ use sluice_runtime::{
     Driver, DriverSelection, Lifecycle, Placement, RunningServer, RuntimeOptions, ServerBuilder,
 };
 use sluice_tunnel::metrics::TunnelMetrics;
-use sluice_tunnel::node::{
-    AgentEndpoint, ExternalEndpoint, NodeShared, CONNECT_PATH, LIST_AGENTS_PATH,
-};
+use sluice_tunnel::node::{AgentEndpoint, ExternalEndpoint, NodeShared};
+use sluice_tunnel::protocol::{CONNECT_PATH, LIST_AGENTS_PATH};
 use sluice_tunnel::wire::frame;
 
 pub const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
@@ -78,7 +77,7 @@ pub fn agent_tokens(agents: &[i64]) -> Vec<AgentTokenConfig> {
 pub fn start_node_with(
     driver: Driver,
     agents: Vec<AgentTokenConfig>,
-    tracker: Option<sluice_tracker::TrackerHandle>,
+    tracker: Option<Arc<dyn sluice_locator::AgentLocator>>,
 ) -> Node {
     let config = TunnelConfig {
         node_name: "malformed".into(),

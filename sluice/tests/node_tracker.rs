@@ -1,7 +1,10 @@
 //! The node publishes the agents it holds through the tracker into a real redis-server: one
-//! write per agent, not per tunnel.
+//! write per agent, not per tunnel. The tunnel (data plane) and the tracker (control plane) meet
+//! only here, where the binary wires them, so this test lives with the binary and borrows the
+//! tunnel crate's in-process node harness.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
+#[path = "../../dataplane/tunnel/tests/common/mod.rs"]
 mod common;
 
 use std::time::Duration;
@@ -11,7 +14,7 @@ use http::Request;
 use sluice_grpc::transport::{connect, H2Settings};
 use sluice_runtime::Driver;
 use sluice_tracker::{RedisTarget, TrackerMetrics, TrackerOptions};
-use sluice_tunnel::node::CONNECT_PATH;
+use sluice_tunnel::protocol::CONNECT_PATH;
 use test_support::{wait_until, RedisServer};
 
 const AGENTS: i64 = 1000;
@@ -59,7 +62,7 @@ fn a_thousand_agents_with_five_tunnels_each_cost_one_write_per_agent() {
     let node = start_node_with(
         Driver::IoUring,
         agent_tokens(&agents),
-        Some(tracker.clone()),
+        Some(std::sync::Arc::new(tracker.clone())),
     );
     let address = node.agent;
 

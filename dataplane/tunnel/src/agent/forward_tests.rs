@@ -1,0 +1,106 @@
+#![allow(clippy::unwrap_used)]
+
+use sluice_proto::tunnel::v1::{CloseSend, Message, MetadataEntry};
+
+use super::*;
+
+fn info(metadata: Vec<MetadataEntry>) -> RequestInfo {
+    RequestInfo {
+        method_name: "/echo.Echo/Say".into(),
+        metadata,
+    }
+}
+
+fn backend() -> Endpoint {
+    Endpoint {
+        url: "http://127.0.0.1:9000".into(),
+        host: "127.0.0.1".into(),
+        port: 9000,
+        tls: false,
+    }
+}
+
+#[test]
+fn a_clean_call_keeps_the_tunnel_only_after_the_node_closed_its_side() {
+    assert_eq!(call_end(Ok(()), true), CallEnd::Reuse);
+    assert_eq!(call_end(Ok(()), false), CallEnd::EndTunnel);
+}
+
+#[test]
+fn the_node_is_told_why_a_call_failed_unless_it_ended_the_call_itself() {
+    let backend = TunnelError::new(ErrorKind::BackendUnavailable, "backend: refused");
+    assert_eq!(
+        call_end(Err(backend.clone()), false),
+        CallEnd::Answer(backend)
+    );
+    let reset = TunnelError::new(ErrorKind::NodeGone, "the node closed the tunnel");
+    assert_eq!(call_end(Err(reset), true), CallEnd::Drop);
+    let confused = TunnelError::new(ErrorKind::NodeProtocol, "a second RequestInfo");
+    assert_eq!(call_end(Err(confused), false), CallEnd::Drop);
+}
+
+#[test]
+fn request_messages_are_classified_by_variant() {
+    let message = connect_response::Msg::Message(Message {
+        data: Bytes::from_static(b"hi"),
+        compressed: false,
+    });
+    assert!(matches!(
+        classify_request(Ok(Some(message))),
+        Ok(FromNode::Message(message)) if message.data == "hi"
+    ));
+    assert!(matches!(
+        classify_request(Ok(Some(connect_response::Msg::CloseSend(CloseSend {})))),
+        Ok(FromNode::CloseSend)
+    ));
+    let second = classify_request(Ok(Some(connect_response::Msg::RequestInfo(info(
+        Vec::new(),
+    )))));
+    assert_eq!(second.unwrap_err().kind(), ErrorKind::NodeProtocol);
+    let closed = classify_request(Ok(None)).unwrap_err();
+    assert_eq!(closed.kind(), ErrorKind::NodeGone);
+    assert_eq!(closed.side(), Side::Node);
+    let reset = classify_request(Err(ReadError::Gone("stream reset".into()))).unwrap_err();
+    assert_eq!(reset.kind(), ErrorKind::NodeGone);
+}
+
+#[test]
+fn the_backend_request_carries_the_method_metadata_and_deadline() {
+    let request = backend_request(
+        &info(vec![
+            MetadataEntry {
+                key: "x-trace".into(),
+                values: vec![Bytes::from_static(b"abc")],
+            },
+            MetadataEntry {
+                key: GRPC_TIMEOUT.into(),
+                values: vec![Bytes::from_static(b"1500m")],
+            },
+        ]),
+        &backend(),
+    );
+    assert_eq!(request.uri(), "http://127.0.0.1:9000/echo.Echo/Say");
+    let headers = request.headers();
+    assert_eq!(headers["x-trace"], "abc");
+    assert_eq!(headers[GRPC_TIMEOUT], "1500m");
+    assert_eq!(headers[http::header::TE], "trailers");
+    assert_eq!(headers[http::header::CONTENT_TYPE], "application/grpc");
+}
+
+#[test]
+fn a_trailer_carries_status_message_and_the_other_trailers() {
+    let mut headers = HeaderMap::new();
+    headers.insert("grpc-status", HeaderValue::from_static("5"));
+    headers.insert("grpc-message", HeaderValue::from_static("not%20found"));
+    headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+    headers.insert("x-extra", HeaderValue::from_static("1"));
+    let trailer = trailer_from(&headers);
+    assert_eq!(trailer.grpc_status, Code::NotFound.as_u32());
+    assert_eq!(trailer.grpc_message, "not found");
+    assert_eq!(trailer.metadata.len(), 1);
+    assert_eq!(trailer.metadata[0].key, "x-extra");
+    assert_eq!(
+        trailer_from(&HeaderMap::new()).grpc_status,
+        Code::Unknown.as_u32()
+    );
+}

@@ -1,0 +1,59 @@
+//! The agent's metrics (the agent runs its tunnels on one worker).
+
+use prometheus_client::registry::Registry;
+use sluice_metrics::{PerCoreCounter, PerCoreGauge};
+
+/// Agent metrics.
+#[derive(Debug, Clone)]
+pub struct AgentMetrics {
+    pub tunnels_open: PerCoreGauge,
+    pub tunnels_idle: PerCoreGauge,
+    pub nodes_connected: PerCoreGauge,
+    pub requests: PerCoreCounter,
+    pub backend_errors: PerCoreCounter,
+    pub connect_failures: PerCoreCounter,
+}
+
+impl AgentMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            tunnels_open: PerCoreGauge::new(1),
+            tunnels_idle: PerCoreGauge::new(1),
+            nodes_connected: PerCoreGauge::new(1),
+            requests: PerCoreCounter::new(1),
+            backend_errors: PerCoreCounter::new(1),
+            connect_failures: PerCoreCounter::new(1),
+        };
+        registry.register(
+            "sluice_agent_tunnels_open",
+            "Tunnels open to nodes",
+            metrics.tunnels_open.clone(),
+        );
+        registry.register(
+            "sluice_agent_tunnels_idle",
+            "Tunnels waiting on nodes for a call",
+            metrics.tunnels_idle.clone(),
+        );
+        registry.register(
+            "sluice_agent_nodes_connected",
+            "Nodes this agent has a live connection to",
+            metrics.nodes_connected.clone(),
+        );
+        registry.register(
+            "sluice_agent_requests",
+            "Calls forwarded to the backend",
+            metrics.requests.clone(),
+        );
+        registry.register(
+            "sluice_agent_backend_errors",
+            "Calls that could not reach the backend",
+            metrics.backend_errors.clone(),
+        );
+        registry.register(
+            "sluice_agent_connect_failures",
+            "Failed attempts to connect to a node (each followed by a backoff)",
+            metrics.connect_failures.clone(),
+        );
+        metrics
+    }
+}

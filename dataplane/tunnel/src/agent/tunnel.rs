@@ -1,0 +1,242 @@
+//! One tunnel of the pool: open a `Connect` stream, send the Descriptor, then serve calls one at
+//! a time until the tunnel idles out, the node ends it, or something breaks.
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use h2::client::{ResponseFuture, SendRequest};
+use h2::{RecvStream, SendStream};
+use http::Request;
+use sluice_grpc::status::decode_message;
+use sluice_grpc::transport::send_data;
+use sluice_grpc::Code;
+use sluice_proto::tunnel::v1::{
+    connect_request, connect_response, ConnectRequest, Descriptor, RequestInfo,
+};
+use sluice_runtime::StopSignal;
+
+use super::forward::forward;
+use super::metrics::AgentMetrics;
+use super::pool::Pool;
+use super::AgentShared;
+use crate::error::{ErrorKind, TunnelError};
+use crate::protocol::{AGENT_VERSION_HEADER, CONNECTION_ID_HEADER, CONNECT_PATH};
+use crate::wire::{frame, ReadError, TunnelReader};
+
+/// How a tunnel ended.
+#[derive(Debug)]
+pub(super) enum TunnelEnd {
+    /// The node refused the tunnel (bad token...): no point retrying at once.
+    Refused(TunnelError),
+    /// The connection or stream failed.
+    Broken(TunnelError),
+    /// Idle timeout, or the node closed it: normal.
+    Closed,
+}
+
+/// What an idle tunnel does with what came from the node.
+#[derive(Debug)]
+pub(super) enum IdleNext {
+    /// A call: forward it.
+    Call(RequestInfo),
+    /// Idle too long, or stopping: reset the stream (the pool keeps its minimum).
+    Expire,
+    /// The node ended the tunnel (a node that does not reuse tunnels, or draining): end ours.
+    End,
+    /// Anything else breaks the tunnel.
+    Break(TunnelError),
+}
+
+/// Classifies what an idle tunnel received; `None`: the idle timeout or a stop came first.
+pub(super) fn classify_idle(
+    next: Option<Result<Option<connect_response::Msg>, ReadError>>,
+) -> IdleNext {
+    match next {
+        None => IdleNext::Expire,
+        Some(Ok(Some(connect_response::Msg::RequestInfo(info)))) => IdleNext::Call(info),
+        Some(Ok(None)) => IdleNext::End,
+        Some(Ok(Some(_))) => IdleNext::Break(TunnelError::new(
+            ErrorKind::NodeProtocol,
+            "the node sent a message before RequestInfo",
+        )),
+        Some(Err(ReadError::Protocol(error))) => {
+            IdleNext::Break(TunnelError::new(ErrorKind::NodeProtocol, error.to_string()))
+        }
+        Some(Err(ReadError::Gone(why))) => {
+            IdleNext::Break(TunnelError::new(ErrorKind::NodeGone, why))
+        }
+    }
+}
+
+/// Runs one tunnel and keeps the pool's counts.
+pub(super) async fn tunnel(
+    agent: Rc<AgentShared>,
+    pool: Rc<Pool>,
+    send_request: SendRequest<Bytes>,
+    connection_id: i64,
+    stop: Arc<StopSignal>,
+) {
+    let metrics = agent.task.metrics.clone();
+    metrics.tunnels_open.inc(0);
+    let end = run_tunnel(&agent, &pool, send_request, connection_id, &stop).await;
+    metrics.tunnels_open.dec(0);
+    pool.open.set(pool.open.get().saturating_sub(1));
+    match end {
+        TunnelEnd::Refused(why) => {
+            *pool.refused.borrow_mut() = Some(why);
+        }
+        TunnelEnd::Broken(why) => tracing::debug!(%why, "tunnel ended"),
+        TunnelEnd::Closed => {}
+    }
+    pool.changed.notify(usize::MAX);
+}
+
+/// Marks a tunnel idle for as long as it lives.
+struct IdleMark<'a> {
+    pool: &'a Pool,
+    metrics: &'a AgentMetrics,
+}
+
+impl<'a> IdleMark<'a> {
+    fn new(pool: &'a Pool, metrics: &'a AgentMetrics) -> Self {
+        pool.idle.set(pool.idle.get() + 1);
+        metrics.tunnels_idle.inc(0);
+        pool.changed.notify(usize::MAX);
+        Self { pool, metrics }
+    }
+}
+
+impl Drop for IdleMark<'_> {
+    fn drop(&mut self) {
+        self.pool.idle.set(self.pool.idle.get().saturating_sub(1));
+        self.metrics.tunnels_idle.dec(0);
+        self.pool.changed.notify(usize::MAX);
+    }
+}
+
+fn broken(error: impl ToString) -> TunnelEnd {
+    TunnelEnd::Broken(TunnelError::new(ErrorKind::NodeGone, error.to_string()))
+}
+
+async fn run_tunnel(
+    agent: &AgentShared,
+    pool: &Pool,
+    send_request: SendRequest<Bytes>,
+    connection_id: i64,
+    stop: &StopSignal,
+) -> TunnelEnd {
+    let config = &agent.task.config;
+    let (mut recv, mut send) = match open(agent, send_request, connection_id).await {
+        Ok(streams) => streams,
+        Err(end) => return end,
+    };
+    let mut reader = TunnelReader::new(config.max_message_bytes);
+    // One call at a time; after a clean one the node puts this tunnel back in its registry and
+    // the next RequestInfo comes down the same stream.
+    loop {
+        let next = {
+            let _idle = IdleMark::new(pool, &agent.task.metrics);
+            monoio::select! {
+                message = reader.read_response(&mut recv) => Some(message),
+                _ = monoio::time::sleep(config.pool.idle_timeout) => None,
+                _ = stop.wait() => None,
+            }
+        };
+        let info = match classify_idle(next) {
+            IdleNext::Call(info) => info,
+            IdleNext::Expire => {
+                send.send_reset(h2::Reason::CANCEL);
+                return TunnelEnd::Closed;
+            }
+            IdleNext::End => {
+                super::forward::end_tunnel(&mut send);
+                return TunnelEnd::Closed;
+            }
+            IdleNext::Break(error) => return TunnelEnd::Broken(error),
+        };
+        agent.task.metrics.requests.inc(0);
+        if !forward(agent, info, &mut recv, &mut reader, &mut send).await {
+            return TunnelEnd::Closed;
+        }
+    }
+}
+
+/// Opens the Connect stream and sends the Descriptor; the node accepts (headers) or refuses
+/// (trailers-only with a status).
+async fn open(
+    agent: &AgentShared,
+    send_request: SendRequest<Bytes>,
+    connection_id: i64,
+) -> Result<(RecvStream, SendStream<Bytes>), TunnelEnd> {
+    let mut ready = send_request.ready().await.map_err(broken)?;
+    let request = Request::post(format!("http://sluice{CONNECT_PATH}"))
+        .header(http::header::CONTENT_TYPE, "application/grpc")
+        .header(http::header::TE, "trailers")
+        .header(
+            http::header::AUTHORIZATION,
+            format!("Bearer {}", agent.task.config.token),
+        )
+        .header(CONNECTION_ID_HEADER, connection_id.to_string())
+        .header(AGENT_VERSION_HEADER, env!("CARGO_PKG_VERSION"))
+        .body(())
+        .map_err(|_| {
+            TunnelEnd::Refused(TunnelError::new(
+                ErrorKind::Unauthenticated,
+                "the agent token is not a valid header value",
+            ))
+        })?;
+    let (response, mut send) = ready.send_request(request, false).map_err(broken)?;
+    let descriptor = frame(&ConnectRequest {
+        msg: Some(connect_request::Msg::Descriptor(Descriptor {
+            services: Vec::new(),
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            reusable: true,
+        })),
+    });
+    send_data(&mut send, descriptor, false)
+        .await
+        .map_err(broken)?;
+    Ok((accepted(response).await?, send))
+}
+
+/// The node's answer to a Connect: the stream to read calls from, or why it refused.
+async fn accepted(response: ResponseFuture) -> Result<RecvStream, TunnelEnd> {
+    let response = response.await.map_err(broken)?;
+    if let Some(status) = response.headers().get("grpc-status") {
+        let code = Code::from_header(status.as_bytes());
+        let message = response
+            .headers()
+            .get("grpc-message")
+            .map(|value| decode_message(value.as_bytes()))
+            .unwrap_or_default();
+        let refusal = TunnelError::new(ErrorKind::Unauthenticated, format!("{code}: {message}"));
+        return Err(TunnelEnd::Refused(refusal.with_code(code)));
+    }
+    Ok(response.into_body())
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_proto::tunnel::v1::CloseSend;
+
+    use super::*;
+
+    #[test]
+    fn an_idle_tunnel_forwards_calls_and_ends_on_everything_else() {
+        let info = RequestInfo {
+            method_name: "/a.B/C".into(),
+            metadata: Vec::new(),
+        };
+        let call = classify_idle(Some(Ok(Some(connect_response::Msg::RequestInfo(info)))));
+        assert!(matches!(call, IdleNext::Call(info) if info.method_name == "/a.B/C"));
+        assert!(matches!(classify_idle(None), IdleNext::Expire));
+        assert!(matches!(classify_idle(Some(Ok(None))), IdleNext::End));
+        let stray = classify_idle(Some(Ok(Some(connect_response::Msg::CloseSend(
+            CloseSend {},
+        )))));
+        assert!(matches!(stray, IdleNext::Break(error) if error.kind() == ErrorKind::NodeProtocol));
+        let gone = classify_idle(Some(Err(ReadError::Gone("reset".into()))));
+        assert!(matches!(gone, IdleNext::Break(error) if error.kind() == ErrorKind::NodeGone));
+    }
+}

@@ -1,0 +1,111 @@
+//! The client's half of a call, and the one place a failed call is answered.
+
+use std::future::poll_fn;
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::SendStream;
+use http::{HeaderMap, HeaderValue, Response};
+use sluice_grpc::status::encode_message as encode_grpc_message;
+use sluice_grpc::Code;
+
+use crate::error::{ErrorKind, TunnelError};
+use crate::metrics::TunnelMetrics;
+
+pub(super) fn grpc_headers() -> Response<()> {
+    let mut response = Response::new(());
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    response
+}
+
+pub(super) fn status_headers(headers: &mut HeaderMap, code: Code, message: &str) {
+    headers.insert("grpc-status", HeaderValue::from_static(code.header_value()));
+    if !message.is_empty() {
+        if let Ok(value) = HeaderValue::from_str(&encode_grpc_message(message)) {
+            headers.insert("grpc-message", value);
+        }
+    }
+}
+
+/// Ends a call that has sent nothing yet with a trailers-only response.
+pub(super) fn respond_status(respond: &mut SendResponse<Bytes>, code: Code, message: &str) {
+    let mut response = grpc_headers();
+    status_headers(response.headers_mut(), code, message);
+    let _ = respond.send_response(response, true);
+}
+
+/// Something that resolves when the client resets its call: the responder, or in tests a
+/// client that never does.
+pub(super) trait ClientReset {
+    fn reset(&mut self) -> impl std::future::Future<Output = ()>;
+}
+
+impl ClientReset for Responder {
+    fn reset(&mut self) -> impl std::future::Future<Output = ()> {
+        Responder::reset(self)
+    }
+}
+
+/// The client's half of a call: headers not yet sent, or the response stream.
+pub(super) struct Responder {
+    pub(super) respond: SendResponse<Bytes>,
+    pub(super) stream: Option<SendStream<Bytes>>,
+}
+
+impl Responder {
+    pub(super) fn new(respond: SendResponse<Bytes>) -> Self {
+        Self {
+            respond,
+            stream: None,
+        }
+    }
+
+    /// Whether anything of the answer went to the client (then the call cannot be retried).
+    pub(super) fn replied(&self) -> bool {
+        self.stream.is_some()
+    }
+
+    /// Resolves when the client resets the call.
+    pub(super) async fn reset(&mut self) {
+        match &mut self.stream {
+            Some(stream) => {
+                let _ = poll_fn(|cx| stream.poll_reset(cx)).await;
+            }
+            None => {
+                let _ = poll_fn(|cx| self.respond.poll_reset(cx)).await;
+            }
+        }
+    }
+
+    /// Ends the call with a status: as trailers if headers went out, else trailers-only.
+    pub(super) fn finish(&mut self, code: Code, message: &str) {
+        match &mut self.stream {
+            Some(stream) => {
+                let mut trailers = HeaderMap::new();
+                status_headers(&mut trailers, code, message);
+                let _ = stream.send_trailers(trailers);
+            }
+            None => respond_status(&mut self.respond, code, message),
+        }
+    }
+
+    /// Answers a failed call: the error's code and message (nothing when the client is gone),
+    /// counting protocol violations. Returns the code the call is counted under.
+    pub(super) fn fail(
+        &mut self,
+        error: &TunnelError,
+        metrics: &TunnelMetrics,
+        worker: usize,
+    ) -> Code {
+        if error.kind().is_protocol_violation() {
+            metrics.protocol_errors.inc(worker);
+        }
+        if error.kind() != ErrorKind::ClientGone {
+            self.finish(error.code(), error.message());
+        }
+        error.code()
+    }
+}

@@ -1,0 +1,173 @@
+//! The agent endpoint: agents authenticate, open `Connect` streams, send their Descriptor, and
+//! each stream waits in the registry as an idle tunnel.
+
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::RecvStream;
+use http::Request;
+use sluice_proto::tunnel::v1::connect_request;
+use sluice_runtime::{
+    ConnectionContext, ConnectionHandler, HandlerFactory, TcpStream, WorkerContext,
+};
+
+use super::super::answer::{grpc_headers, Responder};
+use super::super::call::header_text;
+use super::super::tunnel::{hold_idle, OpenTunnel, TunnelStreams};
+use super::super::NodeShared;
+use super::{refused, serve_connection, settle};
+use crate::error::{ErrorKind, TunnelError};
+use crate::protocol::{AGENT_VERSION_HEADER, CONNECTION_ID_HEADER, CONNECT_PATH};
+use crate::registry::AgentId;
+use crate::wire::{ReadError, TunnelReader};
+
+/// How long an agent has to send its Descriptor after opening a tunnel.
+const DESCRIPTOR_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The agent connections (agent id, connection id) one TCP connection announced.
+type Announced = Rc<RefCell<HashSet<(AgentId, i64)>>>;
+
+/// The agent endpoint's handler factory.
+#[derive(Debug, Clone)]
+pub struct AgentEndpoint {
+    pub node: Arc<NodeShared>,
+}
+
+impl HandlerFactory for AgentEndpoint {
+    fn create(&self, _worker: &WorkerContext) -> Rc<dyn ConnectionHandler> {
+        Rc::new(self.clone())
+    }
+}
+
+impl ConnectionHandler for AgentEndpoint {
+    fn handle(
+        self: Rc<Self>,
+        stream: TcpStream,
+        conn: ConnectionContext,
+    ) -> Pin<Box<dyn std::future::Future<Output = ()>>> {
+        Box::pin(async move {
+            let announced: Announced = Rc::default();
+            let node = self.node.clone();
+            let handler_conn = conn.clone();
+            let handler_announced = announced.clone();
+            serve_connection(
+                stream,
+                self.node.agent_tls.clone(),
+                &self.node.settings,
+                &conn,
+                move |request, respond| {
+                    accept_tunnel(
+                        node.clone(),
+                        handler_conn.clone(),
+                        handler_announced.clone(),
+                        request,
+                        respond,
+                    )
+                },
+            )
+            .await;
+            for key in announced.borrow().iter() {
+                self.node.forget_connection(*key);
+            }
+        })
+    }
+}
+
+/// One `Connect` stream: authenticate the agent, read its Descriptor, accept the stream, and
+/// hold it idle.
+async fn accept_tunnel(
+    node: Arc<NodeShared>,
+    conn: ConnectionContext,
+    announced: Announced,
+    request: Request<RecvStream>,
+    respond: SendResponse<Bytes>,
+) {
+    let mut responder = Responder::new(respond);
+    let opened = open_tunnel(&node, &conn, &announced, request, &mut responder).await;
+    match opened {
+        Ok(streams) => hold_idle(node, streams, conn.draining()).await,
+        Err(error) => {
+            settle(Err(error), &mut responder, &node, conn.worker());
+        }
+    }
+}
+
+async fn open_tunnel(
+    node: &NodeShared,
+    conn: &ConnectionContext,
+    announced: &Announced,
+    request: Request<RecvStream>,
+    responder: &mut Responder,
+) -> Result<TunnelStreams, TunnelError> {
+    if request.uri().path() != CONNECT_PATH {
+        return Err(TunnelError::new(
+            ErrorKind::Unimplemented,
+            format!("the agent endpoint serves only {CONNECT_PATH}"),
+        ));
+    }
+    let agent = node
+        .tokens
+        .authenticate(request.headers())
+        .map_err(|error| {
+            tracing::info!(peer = %conn.peer, reason = error.reason(), "agent refused");
+            refused(&node.metrics, "agent", &error)
+        })?;
+    let headers = request.headers();
+    let connection_id = header_text(headers, CONNECTION_ID_HEADER)
+        .and_then(|text| text.parse::<i64>().ok())
+        .unwrap_or(0);
+    let version = header_text(headers, AGENT_VERSION_HEADER)
+        .unwrap_or("")
+        .to_string();
+    let mut recv = request.into_body();
+    let mut reader = TunnelReader::new(node.max_message_bytes);
+    let reusable = read_descriptor(&mut reader, &mut recv).await?;
+    let send = responder
+        .respond
+        .send_response(grpc_headers(), false)
+        .map_err(|_| TunnelError::client_gone())?;
+    if announced.borrow_mut().insert((agent, connection_id)) {
+        node.remember_connection(agent, connection_id, &version);
+        tracing::info!(agent, connection_id, %version, peer = %conn.peer, "agent connected");
+    }
+    Ok(TunnelStreams {
+        agent,
+        connection_id,
+        recv,
+        send,
+        reader,
+        reusable,
+        _open: OpenTunnel::new(&node.metrics.tunnels_connected, conn.worker()),
+    })
+}
+
+/// The agent's Descriptor, which must open every tunnel; returns whether the tunnel is
+/// reusable. An agent that went away is `ClientGone` (the agent is this endpoint's client).
+async fn read_descriptor(
+    reader: &mut TunnelReader,
+    recv: &mut RecvStream,
+) -> Result<bool, TunnelError> {
+    let first = monoio::time::timeout(DESCRIPTOR_TIMEOUT, reader.read_request(recv)).await;
+    match first {
+        Ok(Ok(Some(connect_request::Msg::Descriptor(descriptor)))) => Ok(descriptor.reusable),
+        Ok(Ok(Some(_))) => Err(TunnelError::new(
+            ErrorKind::ClientProtocol,
+            "a tunnel must start with a Descriptor",
+        )),
+        Ok(Ok(None)) | Ok(Err(ReadError::Gone(_))) => Err(TunnelError::client_gone()),
+        Ok(Err(ReadError::Protocol(error))) => Err(TunnelError::new(
+            ErrorKind::ClientProtocol,
+            error.to_string(),
+        )),
+        Err(_) => Err(TunnelError::new(
+            ErrorKind::DeadlineExceeded,
+            "no Descriptor within 10s",
+        )),
+    }
+}

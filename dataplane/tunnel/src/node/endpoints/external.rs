@@ -1,0 +1,270 @@
+//! The external endpoint: clients call agents here with a JWT and `sluice-agent-id`. A call
+//! reads top-down: authenticate, parse, route (local tunnel, or another node found by the
+//! locator), relay, answer.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::RecvStream;
+use http::Request;
+use sluice_grpc::Code;
+use sluice_metrics::PerCoreCounter;
+use sluice_runtime::{
+    ConnectionContext, ConnectionHandler, HandlerFactory, TcpStream, WorkerContext,
+};
+
+use super::super::answer::Responder;
+use super::super::call::{parse_call, CallTarget};
+use super::super::pumps::CallBody;
+use super::super::relay::{relay_local, relay_remote, start_local, CallHead};
+use super::super::remote::RemoteRouting;
+use super::super::route::{RouteEvent, RouteState};
+use super::super::router::{Route, Router};
+use super::super::NodeShared;
+use super::{list_agents, refused, serve_connection, settle};
+use crate::auth::VerifiedTokens;
+use crate::error::TunnelError;
+use crate::protocol::LIST_AGENTS_PATH;
+use crate::wire::metadata_from_headers;
+
+/// The external endpoint's handler factory.
+#[derive(Debug, Clone)]
+pub struct ExternalEndpoint {
+    pub node: Arc<NodeShared>,
+}
+
+impl HandlerFactory for ExternalEndpoint {
+    fn create(&self, _worker: &WorkerContext) -> Rc<dyn ConnectionHandler> {
+        Rc::new(ExternalHandler::new(&self.node))
+    }
+}
+
+/// Per-core state: request counters this core has looked up, verified client tokens, and the
+/// way to other nodes.
+#[derive(Debug)]
+pub(in crate::node) struct ExternalHandler {
+    node: Arc<NodeShared>,
+    /// By method, then by status code: looked up with the request's `&str` path, so a hit
+    /// allocates nothing.
+    counters: RefCell<HashMap<String, [Option<PerCoreCounter>; 17]>>,
+    /// Client JWTs this core has verified.
+    verified_tokens: RefCell<VerifiedTokens>,
+    remote: Option<RemoteRouting>,
+}
+
+impl ExternalHandler {
+    pub(in crate::node) fn new(node: &Arc<NodeShared>) -> Self {
+        Self {
+            node: node.clone(),
+            counters: RefCell::default(),
+            verified_tokens: RefCell::default(),
+            remote: RemoteRouting::new(node),
+        }
+    }
+
+    pub(in crate::node) fn count(&self, method: &str, code: Code, worker: usize) {
+        let mut counters = self.counters.borrow_mut();
+        let slot = code.as_u32() as usize;
+        if let Some(counter) = counters
+            .get(method)
+            .and_then(|by_code| by_code[slot].as_ref())
+        {
+            counter.inc(worker);
+            return;
+        }
+        let counter = self.node.metrics.requests(method, code);
+        counter.inc(worker);
+        // Method names come from clients: cache only as many as get their own metric label,
+        // so random paths cannot grow this map (they are counted under "other", uncached).
+        if counters.len() < crate::metrics::MAX_METHOD_LABELS || counters.contains_key(method) {
+            counters.entry(method.to_string()).or_default()[slot] = Some(counter);
+        }
+    }
+
+    /// One call, counted by method and code.
+    async fn serve(
+        &self,
+        conn: ConnectionContext,
+        request: Request<RecvStream>,
+        respond: SendResponse<Bytes>,
+    ) {
+        let started = Instant::now();
+        let method = request.uri().path().to_string();
+        let mut responder = Responder::new(respond);
+        let outcome = self.call(&conn, &method, request, &mut responder).await;
+        let code = settle(outcome, &mut responder, &self.node, conn.worker());
+        self.count(&method, code, conn.worker());
+        self.node
+            .metrics
+            .request_duration
+            .observe(conn.worker(), started.elapsed().as_secs_f64());
+        conn.request_served();
+    }
+
+    /// The call's phases up to its answer: authenticate, parse, route and relay. A failure
+    /// comes back as the error `serve` answers with.
+    async fn call(
+        &self,
+        conn: &ConnectionContext,
+        method: &str,
+        request: Request<RecvStream>,
+        responder: &mut Responder,
+    ) -> Result<Code, TunnelError> {
+        let node = &*self.node;
+        self.verified_tokens
+            .borrow_mut()
+            .validate(&node.jwt, request.headers())
+            .map_err(|error| refused(&node.metrics, "external", &error))?;
+        if method == LIST_AGENTS_PATH {
+            return list_agents(node, responder).await;
+        }
+        let target = parse_call(request.headers(), Instant::now())?;
+        self.route_and_relay(conn, method, target, request, responder)
+            .await
+    }
+
+    /// Routes the call (a local tunnel, or another node) and relays it; a tunnel that broke
+    /// before the call used it sends the call back to routing.
+    async fn route_and_relay(
+        &self,
+        conn: &ConnectionContext,
+        method: &str,
+        target: CallTarget,
+        request: Request<RecvStream>,
+        responder: &mut Responder,
+    ) -> Result<Code, TunnelError> {
+        let node = &*self.node;
+        let (parts, body) = request.into_parts();
+        let metadata = metadata_from_headers(&parts.headers);
+        let head = CallHead {
+            method,
+            metadata: &metadata,
+            deadline: target.deadline,
+        };
+        let mut body = CallBody {
+            body,
+            early: Vec::new(),
+            ended: false,
+        };
+        let router = Router {
+            node,
+            remote: self.remote.as_ref(),
+            agent: target.agent,
+            deadline: target.deadline,
+            parts: &parts,
+            worker: conn.worker(),
+        };
+        let cluster = self.remote.is_some();
+        let mut state = RouteState::new(
+            target.agent,
+            target.deadline,
+            node.max_wait,
+            cluster,
+            Instant::now(),
+        );
+        let mut step = state.start();
+        loop {
+            let route = router
+                .route(&mut state, step, responder)
+                .await
+                .inspect_err(|_| {
+                    node.metrics
+                        .wait_duration
+                        .observe(conn.worker(), state.waited_for(Instant::now()));
+                })?;
+            let mut tunnel = match route {
+                Route::Local(tunnel) => tunnel,
+                Route::Remote(call) => {
+                    return relay_remote(
+                        call,
+                        &mut body.body,
+                        responder,
+                        target.deadline,
+                        target.agent,
+                    )
+                    .await
+                }
+            };
+            match start_local(node, &mut tunnel, &head, &mut body).await {
+                Ok(up) => {
+                    node.metrics
+                        .wait_duration
+                        .observe(conn.worker(), state.waited_for(Instant::now()));
+                    let call = (&mut body.body, &mut *responder);
+                    return relay_local(&self.node, tunnel, up, call, target.deadline, conn).await;
+                }
+                Err(error) => {
+                    let failed = RouteEvent::Failed {
+                        error,
+                        replied: responder.replied(),
+                    };
+                    step = state.next_step(failed, Instant::now());
+                }
+            }
+        }
+    }
+}
+
+impl ConnectionHandler for ExternalHandler {
+    fn handle(
+        self: Rc<Self>,
+        stream: TcpStream,
+        conn: ConnectionContext,
+    ) -> Pin<Box<dyn std::future::Future<Output = ()>>> {
+        Box::pin(async move {
+            let handler = self.clone();
+            let handler_conn = conn.clone();
+            serve_connection(
+                stream,
+                self.node.external_tls.clone(),
+                &self.node.settings,
+                &conn,
+                move |request, respond| {
+                    let handler = handler.clone();
+                    let conn = handler_conn.clone();
+                    async move { handler.serve(conn, request, respond).await }
+                },
+            )
+            .await;
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::test_node::node;
+    use super::*;
+
+    #[test]
+    fn random_method_names_cannot_grow_the_counter_cache() {
+        let handler = ExternalHandler::new(&node(None));
+        for index in 0..5_000 {
+            handler.count(
+                &format!("/random.Service/Method{index}"),
+                Code::Unauthenticated,
+                0,
+            );
+        }
+        assert!(handler.counters.borrow().len() <= crate::metrics::MAX_METHOD_LABELS);
+        // The first methods keep their own counters; the rest are counted as "other".
+        let first = handler
+            .node
+            .metrics
+            .requests("/random.Service/Method0", Code::Unauthenticated);
+        assert_eq!(first.sum(), 1);
+        let other = handler
+            .node
+            .metrics
+            .requests("/random.Service/Method4999", Code::Unauthenticated);
+        assert_eq!(
+            other.sum(),
+            5_000 - crate::metrics::MAX_METHOD_LABELS as u64
+        );
+    }
+}

@@ -1,0 +1,167 @@
+//! The node side of the tunnel.
+//!
+//! Agents park `Connect` streams on the agent endpoint ([`endpoints::agent`]); each becomes an
+//! idle tunnel in the [`ConnectionRegistry`], held by the task that owns its stream
+//! (`tunnel`). Clients call agents on the external endpoint ([`endpoints::external`]); other
+//! nodes forward calls to the private endpoint ([`endpoints::private`]). A call reads top-down:
+//! authenticate, parse the call (`call`), route ([`route`] decides, `router` does the I/O),
+//! relay through a local tunnel or another node (`relay`, `remote`), answer (`answer`).
+//! `bookkeeping` tracks agent connections for ListConnectedAgents and the agent locator.
+
+mod answer;
+mod bookkeeping;
+mod call;
+mod collector;
+pub mod endpoints;
+mod pumps;
+mod relay;
+mod remote;
+pub mod route;
+mod router;
+mod tunnel;
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rustls::ServerConfig;
+use sluice_config::{ListenerConfig, TunnelConfig};
+use sluice_grpc::transport::H2Settings;
+use sluice_locator::AgentLocator;
+
+use crate::auth::{AgentTokens, JwtValidator};
+use crate::metrics::TunnelMetrics;
+use crate::registry::{AgentId, ConnectionRegistry};
+
+pub use collector::NodeCollector;
+pub use endpoints::{AgentEndpoint, ExternalEndpoint, PrivateEndpoint};
+pub use tunnel::TunnelStreams;
+
+use bookkeeping::ConnectionInfo;
+use remote::{PeerTls, PrivateSigner};
+
+/// State shared by every core of a node.
+#[derive(Debug)]
+pub struct NodeShared {
+    pub registry: ConnectionRegistry<TunnelStreams>,
+    connections: Mutex<HashMap<(AgentId, i64), ConnectionInfo>>,
+    tokens: AgentTokens,
+    jwt: JwtValidator,
+    pub node_name: String,
+    pub max_wait: Duration,
+    pub max_message_bytes: usize,
+    pub metrics: TunnelMetrics,
+    next_tunnel_id: AtomicU64,
+    agent_tls: Option<Arc<ServerConfig>>,
+    external_tls: Option<Arc<ServerConfig>>,
+    private_tls: Option<Arc<ServerConfig>>,
+    /// TLS for calls to other nodes' private endpoints.
+    peer_tls: Option<PeerTls>,
+    settings: H2Settings,
+    /// Publishes which agents this node holds and finds the others (multi-node); `None`
+    /// without Redis.
+    locator: Option<Arc<dyn AgentLocator>>,
+    /// Checks tokens on the private endpoint; signs tokens for other nodes' private endpoints.
+    private_jwt: Option<(JwtValidator, PrivateSigner)>,
+}
+
+fn server_tls(
+    listener: &ListenerConfig,
+) -> Result<Option<Arc<ServerConfig>>, sluice_grpc::tls::TlsError> {
+    listener
+        .tls
+        .as_ref()
+        .map(|tls| {
+            sluice_grpc::tls::server_config(
+                &tls.cert_file,
+                &tls.key_file,
+                tls.client_ca_file.as_deref(),
+            )
+        })
+        .transpose()
+}
+
+impl NodeShared {
+    pub fn new(
+        config: &TunnelConfig,
+        agent_listener: &ListenerConfig,
+        external_listener: &ListenerConfig,
+        private_listener: Option<&ListenerConfig>,
+        metrics: TunnelMetrics,
+        locator: Option<Arc<dyn AgentLocator>>,
+    ) -> Result<Arc<Self>, sluice_grpc::tls::TlsError> {
+        Ok(Arc::new(Self {
+            registry: ConnectionRegistry::new(),
+            connections: Mutex::default(),
+            tokens: AgentTokens::new(&config.agents),
+            jwt: JwtValidator::new(&config.jwt),
+            node_name: config.node_name.clone(),
+            max_wait: config.max_wait,
+            max_message_bytes: config.max_message_bytes,
+            metrics,
+            next_tunnel_id: AtomicU64::new(1),
+            agent_tls: server_tls(agent_listener)?,
+            external_tls: server_tls(external_listener)?,
+            private_tls: match private_listener {
+                Some(listener) => server_tls(listener)?,
+                None => None,
+            },
+            peer_tls: config.peer_tls.as_ref().map(PeerTls::new).transpose()?,
+            settings: H2Settings::default(),
+            locator,
+            private_jwt: config
+                .private_jwt
+                .as_ref()
+                .map(|private| (JwtValidator::new(private), PrivateSigner::new(private))),
+        }))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_node {
+    use super::*;
+    use prometheus_client::registry::Registry;
+    use sluice_config::JwtConfig;
+
+    #[allow(clippy::unwrap_used)]
+    pub(crate) fn node(locator: Option<Arc<dyn AgentLocator>>) -> Arc<NodeShared> {
+        let listener = ListenerConfig {
+            address: "127.0.0.1:0".parse().unwrap(),
+            backlog: 16,
+            max_connections_per_worker: 16,
+            header_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(1),
+            tls: None,
+        };
+        let config = TunnelConfig {
+            node_name: "n".into(),
+            max_wait: Duration::from_secs(1),
+            max_message_bytes: 1024,
+            agents: Vec::new(),
+            jwt: JwtConfig {
+                secret: vec![7; 32],
+                secret_file: "s".into(),
+                issuer: "i".into(),
+                audience: "a".into(),
+                leeway: Duration::from_secs(1),
+                max_lifetime: Duration::from_secs(10),
+            },
+            private_jwt: None,
+            advertise_address: None,
+            peer_tls: None,
+        };
+        let metrics = TunnelMetrics::register(&mut Registry::default(), 1);
+        NodeShared::new(&config, &listener, &listener, None, metrics, locator).unwrap()
+    }
+
+    /// Runs a future on a legacy-driver runtime with timers, as a worker core would.
+    #[allow(clippy::unwrap_used)]
+    pub(crate) fn run<F: std::future::Future>(future: F) -> F::Output {
+        monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap()
+            .block_on(future)
+    }
+}

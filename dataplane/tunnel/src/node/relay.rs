@@ -1,0 +1,343 @@
+//! Relaying a routed call: down a local tunnel, or through the node that won the race. Errors
+//! come back as [`TunnelError`]s for the endpoint to answer.
+
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use h2::RecvStream;
+use http::{HeaderMap, Response};
+use sluice_grpc::transport::{recv_data, send_data};
+use sluice_grpc::{encode_timeout, Code};
+use sluice_proto::tunnel::v1::{connect_response, ConnectResponse, MetadataEntry, RequestInfo};
+use sluice_runtime::ConnectionContext;
+
+use super::answer::{status_headers, Responder};
+use super::pumps::{pump_down, pump_up, take_ready_chunks, whole_request, CallBody, Upload};
+use super::remote::RemoteCall;
+use super::tunnel::{give_back, TunnelStreams};
+use super::NodeShared;
+use crate::error::{ErrorKind, TunnelError};
+use crate::protocol::GRPC_TIMEOUT;
+use crate::registry::AgentId;
+use crate::wire::frame;
+
+/// What a call sends down a tunnel first.
+pub(super) struct CallHead<'a> {
+    pub(super) method: &'a str,
+    /// The client's metadata, hop headers left out.
+    pub(super) metadata: &'a [MetadataEntry],
+    pub(super) deadline: Option<Instant>,
+}
+
+/// Sends the call's RequestInfo (with the request itself when it already arrived whole) down
+/// a tunnel. A tunnel that broke while idle fails here with `StaleTunnel`, before the client
+/// saw anything; the body read so far stays in `body` for the next tunnel.
+pub(super) async fn start_local(
+    node: &NodeShared,
+    tunnel: &mut TunnelStreams,
+    head: &CallHead<'_>,
+    body: &mut CallBody,
+) -> Result<Upload, TunnelError> {
+    let mut metadata = Vec::with_capacity(head.metadata.len() + 1);
+    metadata.extend_from_slice(head.metadata);
+    // The remaining deadline travels with the call so the backend sees it too.
+    if let Some(deadline) = head.deadline {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        metadata.push(MetadataEntry {
+            key: GRPC_TIMEOUT.to_string(),
+            values: vec![Bytes::from(encode_timeout(remaining))],
+        });
+    }
+    let info = frame(&ConnectResponse {
+        msg: Some(connect_response::Msg::RequestInfo(RequestInfo {
+            method_name: head.method.to_string(),
+            metadata,
+        })),
+    });
+    // A unary request usually arrived whole with its headers: then RequestInfo, its messages
+    // and CloseSend go down the tunnel as one DATA frame.
+    if !body.ended {
+        take_ready_chunks(body).await?;
+    }
+    let whole = body
+        .ended
+        .then(|| whole_request(&info, &body.early, node.max_message_bytes))
+        .flatten();
+    let sent = whole.is_some();
+    send_data(&mut tunnel.send, whole.unwrap_or(info), false)
+        .await
+        .map_err(|error| TunnelError::new(ErrorKind::StaleTunnel, error.to_string()))?;
+    let early = if sent {
+        Vec::new()
+    } else {
+        std::mem::take(&mut body.early)
+    };
+    Ok(Upload { early, sent })
+}
+
+/// Relays a started call through a local tunnel until the agent's status; a tunnel that
+/// finished cleanly goes back to the registry for the next call.
+pub(super) async fn relay_local(
+    node: &Arc<NodeShared>,
+    mut tunnel: TunnelStreams,
+    up: Upload,
+    call: (&mut RecvStream, &mut Responder),
+    deadline: Option<Instant>,
+    conn: &ConnectionContext,
+) -> Result<Code, TunnelError> {
+    let (client_body, responder) = call;
+    let agent = tunnel.agent;
+    let outcome = {
+        let up = pump_up(up, client_body, &mut tunnel.send, node.max_message_bytes);
+        let down = pump_down(&mut tunnel.recv, &mut tunnel.reader, responder);
+        run_call(up, down, deadline).await
+    };
+    match outcome {
+        Ok(((code, ended_with_trailer), up_finished)) => {
+            if tunnel.reusable && ended_with_trailer && up_finished && tunnel.reader.buffered() == 0
+            {
+                // Both sides finished cleanly: the agent waits for the next RequestInfo on this
+                // stream, so the tunnel goes back to the registry instead of closing.
+                node.metrics.tunnels_reused.inc(conn.worker());
+                give_back(node, tunnel, conn);
+            } else {
+                // Close the tunnel's Connect call properly; the agent opens a fresh tunnel.
+                let mut trailers = HeaderMap::new();
+                status_headers(&mut trailers, Code::Ok, "");
+                let _ = tunnel.send.send_trailers(trailers);
+            }
+            Ok(code)
+        }
+        Err(error) => {
+            // Whatever went wrong, the agent's side of this call is cancelled.
+            tunnel.send.send_reset(h2::Reason::CANCEL);
+            Err(in_call_to(agent, error))
+        }
+    }
+}
+
+/// Relays a call whose node won the race: client request to it, its answer back.
+pub(super) async fn relay_remote(
+    call: RemoteCall,
+    client_body: &mut RecvStream,
+    responder: &mut Responder,
+    deadline: Option<Instant>,
+    agent: AgentId,
+) -> Result<Code, TunnelError> {
+    let RemoteCall {
+        node: peer_name,
+        address,
+        response,
+        send: mut peer_send,
+    } = call;
+    tracing::trace!(agent, node = %peer_name, "relaying through another node");
+    let peer_gone = move |error: h2::Error| {
+        TunnelError::new(ErrorKind::PeerGone, format!("node {address}: {error}"))
+    };
+    // Client -> peer: DATA as it arrives (the peer's node checks the framing).
+    let up = async {
+        while let Some(chunk) = recv_data(client_body).await {
+            let chunk = chunk.map_err(|_| TunnelError::client_gone())?;
+            send_data(&mut peer_send, chunk, false)
+                .await
+                .map_err(peer_gone)?;
+        }
+        send_data(&mut peer_send, Bytes::new(), true)
+            .await
+            .map_err(peer_gone)
+    };
+    let down = pass_remote_answer(response, responder, peer_gone);
+    match run_call(up, down, deadline).await {
+        Ok((code, _)) => Ok(code),
+        Err(error) => {
+            peer_send.send_reset(h2::Reason::CANCEL);
+            Err(in_call_to(agent, error))
+        }
+    }
+}
+
+/// The answering node's response, headers to trailers, to the client.
+async fn pass_remote_answer(
+    response: h2::client::ResponseFuture,
+    responder: &mut Responder,
+    peer_gone: impl Fn(h2::Error) -> TunnelError,
+) -> Result<Code, TunnelError> {
+    let response = monoio::select! {
+        response = response => response.map_err(&peer_gone)?,
+        _ = responder.reset() => return Err(TunnelError::client_gone()),
+    };
+    let (head, mut body) = response.into_parts();
+    let code_of = |headers: &HeaderMap| {
+        headers
+            .get("grpc-status")
+            .map_or(Code::Unknown, |value| Code::from_header(value.as_bytes()))
+    };
+    let trailers_only = head.headers.contains_key("grpc-status");
+    let mut forwarded = Response::new(());
+    *forwarded.headers_mut() = head.headers.clone();
+    if trailers_only {
+        let _ = responder.respond.send_response(forwarded, true);
+        return Ok(code_of(&head.headers));
+    }
+    let stream = responder
+        .respond
+        .send_response(forwarded, false)
+        .map_err(|_| TunnelError::client_gone())?;
+    let stream = responder.stream.insert(stream);
+    loop {
+        let next = monoio::select! {
+            chunk = recv_data(&mut body) => Some(chunk),
+            _ = poll_fn(|cx| stream.poll_reset(cx)) => None,
+        };
+        match next {
+            None => return Err(TunnelError::client_gone()),
+            Some(None) => break,
+            Some(Some(Ok(chunk))) => send_data(stream, chunk, false)
+                .await
+                .map_err(|_| TunnelError::client_gone())?,
+            Some(Some(Err(error))) => return Err(peer_gone(error)),
+        }
+    }
+    let trailers = poll_fn(|cx| body.poll_trailers(cx))
+        .await
+        .map_err(&peer_gone)?
+        .unwrap_or_default();
+    let code = code_of(&trailers);
+    let _ = stream.send_trailers(trailers);
+    Ok(code)
+}
+
+/// Names the agent in the message of a call that failed while relaying.
+fn in_call_to(agent: AgentId, error: TunnelError) -> TunnelError {
+    let code = error.code();
+    let message = match error.kind() {
+        ErrorKind::DeadlineExceeded => format!("deadline exceeded in a call to agent {agent}"),
+        ErrorKind::AgentGone => format!(
+            "agent {agent} went away in the middle of the call: {}",
+            error.message()
+        ),
+        ErrorKind::AgentProtocol => format!(
+            "agent {agent} broke the tunnel protocol: {}",
+            error.message()
+        ),
+        ErrorKind::PeerGone => format!("agent {agent} via {}", error.message()),
+        _ => return error,
+    };
+    TunnelError::new(error.kind(), message).with_code(code)
+}
+
+/// Runs the request pump and the response pump of one call together. The call ends when the
+/// response pump does (a server may answer before the request ends) or when the request pump
+/// fails, or at the deadline. `Ok` carries whether the request pump had finished too.
+async fn run_call<T>(
+    up: impl std::future::Future<Output = Result<(), TunnelError>>,
+    down: impl std::future::Future<Output = Result<T, TunnelError>>,
+    deadline: Option<Instant>,
+) -> Result<(T, bool), TunnelError> {
+    let both = async {
+        let mut up = std::pin::pin!(up);
+        let mut down = std::pin::pin!(down);
+        let mut up_done = false;
+        loop {
+            monoio::select! {
+                sent = &mut up, if !up_done => match sent {
+                    Ok(()) => up_done = true,
+                    Err(error) => return Err(error),
+                },
+                received = &mut down => {
+                    // The request pump may be finished without having been polled since (a
+                    // request sent whole before the relay started): ask it once more.
+                    if !up_done {
+                        let polled =
+                            poll_fn(|cx| std::task::Poll::Ready(up.as_mut().poll(cx))).await;
+                        up_done = matches!(polled, std::task::Poll::Ready(Ok(())));
+                    }
+                    return received.map(|value| (value, up_done));
+                }
+            }
+        }
+    };
+    match deadline {
+        Some(deadline) => monoio::time::timeout_at(deadline.into(), both)
+            .await
+            .unwrap_or_else(|_| Err(TunnelError::new(ErrorKind::DeadlineExceeded, ""))),
+        None => both.await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::time::Duration;
+
+    use super::super::test_node::run;
+    use super::*;
+
+    #[test]
+    fn relay_failures_name_the_agent_and_keep_their_code() {
+        let gone = in_call_to(7, TunnelError::new(ErrorKind::AgentGone, "stream reset"));
+        assert_eq!(gone.code(), Code::Unavailable);
+        assert_eq!(
+            gone.message(),
+            "agent 7 went away in the middle of the call: stream reset"
+        );
+        let broke = in_call_to(
+            7,
+            TunnelError::new(ErrorKind::AgentProtocol, "a second Header"),
+        );
+        assert_eq!(broke.code(), Code::Internal);
+        assert_eq!(
+            broke.message(),
+            "agent 7 broke the tunnel protocol: a second Header"
+        );
+        let via = in_call_to(
+            7,
+            TunnelError::new(ErrorKind::PeerGone, "node 10.0.0.2:2: reset"),
+        );
+        assert_eq!(via.message(), "agent 7 via node 10.0.0.2:2: reset");
+        let late = in_call_to(7, TunnelError::new(ErrorKind::DeadlineExceeded, ""));
+        assert_eq!(late.code(), Code::DeadlineExceeded);
+        assert_eq!(late.message(), "deadline exceeded in a call to agent 7");
+        let framing = TunnelError::new(ErrorKind::ClientProtocol, "request: too big")
+            .with_code(Code::ResourceExhausted);
+        assert_eq!(
+            in_call_to(7, framing.clone()),
+            framing,
+            "client errors stay as they are"
+        );
+    }
+
+    #[test]
+    fn a_call_ends_with_the_response_even_if_the_request_is_still_open() {
+        run(async {
+            let up = std::future::pending::<Result<(), TunnelError>>();
+            let down = async { Ok::<_, TunnelError>(Code::Ok) };
+            let (code, up_finished) = run_call(up, down, None).await.unwrap();
+            assert_eq!(code, Code::Ok);
+            assert!(!up_finished);
+            let up = async { Ok::<(), TunnelError>(()) };
+            let down = async { Ok::<_, TunnelError>(Code::NotFound) };
+            assert_eq!(
+                run_call(up, down, None).await.unwrap(),
+                (Code::NotFound, true)
+            );
+        });
+    }
+
+    #[test]
+    fn a_failed_request_or_a_passed_deadline_ends_the_call() {
+        run(async {
+            let up = async { Err::<(), _>(TunnelError::client_gone()) };
+            let down = std::future::pending::<Result<Code, TunnelError>>();
+            let error = run_call(up, down, None).await.unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::ClientGone);
+            let up = std::future::pending::<Result<(), TunnelError>>();
+            let down = std::future::pending::<Result<Code, TunnelError>>();
+            let deadline = Instant::now() + Duration::from_millis(20);
+            let error = run_call(up, down, Some(deadline)).await.unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::DeadlineExceeded);
+        });
+    }
+}

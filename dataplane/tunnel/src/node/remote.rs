@@ -1,0 +1,407 @@
+//! Reaching other nodes: the locator's listings (cached per core), this core's HTTP/2
+//! connections to other nodes' private endpoints, and the race that picks the first node with a
+//! ready tunnel.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use h2::client::{ResponseFuture, SendRequest};
+use h2::SendStream;
+use http::{HeaderValue, Request};
+use rustls_pki_types::ServerName;
+use sluice_config::{JwtConfig, PeerTlsConfig};
+use sluice_grpc::encode_timeout;
+use sluice_locator::{AgentLocator, LocatorError};
+
+use super::call::header_text;
+use super::route::{peers_of, Peer};
+use super::NodeShared;
+use crate::error::{ErrorKind, TunnelError};
+use crate::protocol::{AGENT_ID_HEADER, GRPC_TIMEOUT};
+use crate::registry::AgentId;
+use crate::wire::{metadata_from_headers, metadata_into_headers};
+
+/// TLS for calls to other nodes' private endpoints, and the name their certificates must carry
+/// (`None`: the peer's IP address).
+#[derive(Debug)]
+pub(super) struct PeerTls {
+    client: Arc<rustls::ClientConfig>,
+    name: Option<ServerName<'static>>,
+}
+
+impl PeerTls {
+    pub(super) fn new(peer: &PeerTlsConfig) -> Result<Self, sluice_grpc::tls::TlsError> {
+        let identity = peer
+            .identity
+            .as_ref()
+            .map(|(cert, key)| (cert.as_path(), key.as_path()));
+        let client = sluice_grpc::tls::client_config(Some(&peer.ca_file), identity)?;
+        let name = peer
+            .server_name
+            .as_ref()
+            .and_then(|name| ServerName::try_from(name.clone()).ok());
+        Ok(Self { client, name })
+    }
+}
+
+/// Signs the short-lived JWTs a node presents to another node's private endpoint.
+#[derive(Clone)]
+pub(super) struct PrivateSigner {
+    key: jsonwebtoken::EncodingKey,
+    issuer: String,
+    audience: String,
+}
+
+impl std::fmt::Debug for PrivateSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrivateSigner")
+            .field("issuer", &self.issuer)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Lifetime of a node-to-node token (kas uses 5 s).
+const PRIVATE_TOKEN_LIFETIME: u64 = 5;
+
+impl PrivateSigner {
+    pub(super) fn new(config: &JwtConfig) -> Self {
+        Self {
+            key: jsonwebtoken::EncodingKey::from_secret(&config.secret),
+            issuer: config.issuer.clone(),
+            audience: config.audience.clone(),
+        }
+    }
+
+    fn token(&self) -> Option<String> {
+        #[derive(serde::Serialize)]
+        struct Claims<'a> {
+            iss: &'a str,
+            aud: &'a str,
+            iat: u64,
+            exp: u64,
+        }
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_secs();
+        let claims = Claims {
+            iss: &self.issuer,
+            aud: &self.audience,
+            iat: now,
+            exp: now + PRIVATE_TOKEN_LIFETIME,
+        };
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+            &claims,
+            &self.key,
+        )
+        .ok()
+    }
+}
+
+/// A call opened on another node's private endpoint that reported a ready tunnel.
+pub(super) struct RemoteCall {
+    pub(super) node: String,
+    pub(super) address: SocketAddr,
+    pub(super) response: ResponseFuture,
+    pub(super) send: SendStream<Bytes>,
+}
+
+/// How long a core reuses the locator's listing of an agent's nodes. Agents' Redis entries live
+/// for minutes and are refreshed well before they expire; a second is short enough that a new
+/// node holding the agent is seen at once (an arrival wakes waiting calls anyway).
+const REMOTE_LISTING_TTL: Duration = Duration::from_secs(1);
+/// Listings kept per core at most.
+const MAX_REMOTE_LISTINGS: usize = 4096;
+
+/// One core's way to other nodes.
+#[derive(Debug)]
+pub(super) struct RemoteRouting {
+    node: Arc<NodeShared>,
+    pub(super) locator: Arc<dyn AgentLocator>,
+    peers: RefCell<HashMap<SocketAddr, SendRequest<Bytes>>>,
+    /// Per agent: when the locator was last asked and the other nodes it listed.
+    listings: RefCell<HashMap<AgentId, (Instant, Vec<Peer>)>>,
+}
+
+impl RemoteRouting {
+    pub(super) fn new(node: &Arc<NodeShared>) -> Option<Self> {
+        let locator = node.locator.clone()?;
+        Some(Self {
+            node: node.clone(),
+            locator,
+            peers: RefCell::default(),
+            listings: RefCell::default(),
+        })
+    }
+
+    /// The other nodes the locator lists for `agent`. A listing is kept on this core for
+    /// `REMOTE_LISTING_TTL`, so a stream of calls for one agent does not wait on Redis per
+    /// call; `fresh` (a retry after a failed race, or a wake-up) asks again. A stale listing
+    /// costs at most one failed race. An empty listing is never kept: the agent's arrival on
+    /// another node must be seen by the next call.
+    pub(super) async fn remote_nodes(
+        &self,
+        agent: AgentId,
+        until: Instant,
+        fresh: bool,
+    ) -> Result<Vec<Peer>, LocatorError> {
+        let now = Instant::now();
+        if !fresh {
+            if let Some((fetched, nodes)) = self.listings.borrow().get(&agent) {
+                if now.duration_since(*fetched) < REMOTE_LISTING_TTL {
+                    return Ok(nodes.clone());
+                }
+            }
+        }
+        let entries = monoio::time::timeout_at(until.into(), self.locator.lookup(agent))
+            .await
+            .map_err(|_| LocatorError::Store("no answer before the call's wait ended".into()))??;
+        let nodes = peers_of(entries, &self.node.node_name);
+        let mut listings = self.listings.borrow_mut();
+        if nodes.is_empty() {
+            listings.remove(&agent);
+            return Ok(nodes);
+        }
+        // Agent ids come from clients: bound the cache (expired entries first, then all).
+        if listings.len() >= MAX_REMOTE_LISTINGS {
+            listings.retain(|_, (fetched, _)| now.duration_since(*fetched) < REMOTE_LISTING_TTL);
+            if listings.len() >= MAX_REMOTE_LISTINGS {
+                listings.clear();
+            }
+        }
+        listings.insert(agent, (now, nodes.clone()));
+        Ok(nodes)
+    }
+
+    /// This core's connection to another node's private endpoint.
+    async fn peer(&self, address: SocketAddr) -> Result<SendRequest<Bytes>, PeerFailure> {
+        let existing = self.peers.borrow().get(&address).cloned();
+        if let Some(peer) = existing {
+            if let Ok(ready) = peer.ready().await {
+                return Ok(ready);
+            }
+            self.peers.borrow_mut().remove(&address);
+        }
+        let tls = self.node.peer_tls.as_ref().map(|tls| {
+            let name = tls
+                .name
+                .clone()
+                .unwrap_or_else(|| ServerName::IpAddress(address.ip().into()));
+            (tls.client.clone(), name)
+        });
+        let connection = sluice_grpc::transport::connect(address, tls, &self.node.settings).await?;
+        let ready = connection.ready().await?;
+        self.peers
+            .borrow_mut()
+            .insert(address, connection.send_request);
+        Ok(ready)
+    }
+
+    /// Opens the call on every candidate node at once; the first that reports a ready tunnel
+    /// (100 Continue) wins and the others are cancelled (dropping their streams resets them,
+    /// and those nodes put their tunnels back). Nothing of the client's request is consumed
+    /// before a winner exists, so the caller can still try elsewhere.
+    pub(super) async fn race(
+        &self,
+        candidates: &[Peer],
+        parts: &http::request::Parts,
+        deadline: Option<Instant>,
+        agent: AgentId,
+    ) -> Result<RemoteCall, TunnelError> {
+        use futures_util::stream::{FuturesUnordered, StreamExt};
+        let token = self
+            .node
+            .private_jwt
+            .as_ref()
+            .and_then(|(_, signer)| signer.token())
+            .ok_or_else(|| {
+                TunnelError::new(ErrorKind::PeerUnavailable, "no private JWT to sign with")
+            })?;
+        let token = token.as_str();
+        let mut racing: FuturesUnordered<_> = candidates
+            .iter()
+            .map(|(name, address)| async move {
+                self.open(*address, parts, deadline, agent, token)
+                    .await
+                    .map(|(response, send)| RemoteCall {
+                        node: name.clone(),
+                        address: *address,
+                        response,
+                        send,
+                    })
+                    .map_err(|why| format!("node {name} ({address}): {why}"))
+            })
+            .collect();
+        let mut failures = Vec::new();
+        while let Some(outcome) = racing.next().await {
+            match outcome {
+                Ok(call) => return Ok(call),
+                Err(why) => failures.push(why),
+            }
+        }
+        Err(TunnelError::new(
+            ErrorKind::PeerUnavailable,
+            failures.join("; "),
+        ))
+    }
+
+    /// Opens the call on one node's private endpoint and waits until that node holds a tunnel
+    /// for it (100 Continue) or answers without one.
+    async fn open(
+        &self,
+        address: SocketAddr,
+        parts: &http::request::Parts,
+        deadline: Option<Instant>,
+        agent: AgentId,
+        token: &str,
+    ) -> Result<(ResponseFuture, SendStream<Bytes>), PeerFailure> {
+        let mut peer = self.peer(address).await?;
+        let request = peer_request(address, parts, deadline, agent, token)?;
+        let (mut response, send) = peer.send_request(request, false)?;
+        match poll_fn(|cx| response.poll_informational(cx)).await {
+            Some(Ok(info)) if info.status() == http::StatusCode::CONTINUE => Ok((response, send)),
+            Some(Ok(info)) => Err(PeerFailure::Unexpected(info.status())),
+            Some(Err(error)) => Err(error.into()),
+            // A final answer without a ready tunnel (no tunnel in time, refused, ...).
+            None => {
+                let answer = response.await?;
+                let text = |name: &str| header_text(answer.headers(), name).unwrap_or("");
+                Err(PeerFailure::Answered(
+                    text("grpc-status").to_string(),
+                    text("grpc-message").to_string(),
+                ))
+            }
+        }
+    }
+}
+
+/// Why one node of a race did not take the call (reported in the race's error message).
+#[derive(Debug, thiserror::Error)]
+enum PeerFailure {
+    #[error("{0}")]
+    H2(#[from] h2::Error),
+    #[error("{0}")]
+    Http(#[from] http::Error),
+    #[error("{0}")]
+    Connect(#[from] sluice_grpc::transport::ConnectError),
+    #[error("unexpected {0}")]
+    Unexpected(http::StatusCode),
+    #[error("answered {0} {1:?} without a tunnel")]
+    Answered(String, String),
+}
+
+/// The call as forwarded to another node: the client's metadata, the node's token, the agent,
+/// the remaining deadline, and a request for readiness first.
+fn peer_request(
+    address: SocketAddr,
+    parts: &http::request::Parts,
+    deadline: Option<Instant>,
+    agent: AgentId,
+    token: &str,
+) -> Result<Request<()>, http::Error> {
+    let mut request = Request::post(format!("http://{address}{}", parts.uri.path())).body(())?;
+    metadata_into_headers(
+        &metadata_from_headers(&parts.headers),
+        request.headers_mut(),
+    );
+    let headers = request.headers_mut();
+    headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+    headers
+        .entry(http::header::CONTENT_TYPE)
+        .or_insert(HeaderValue::from_static("application/grpc"));
+    headers.insert(
+        http::header::EXPECT,
+        HeaderValue::from_static("100-continue"),
+    );
+    if let Ok(value) = HeaderValue::from_str(&format!("Bearer {token}")) {
+        headers.insert(http::header::AUTHORIZATION, value);
+    }
+    headers.insert(AGENT_ID_HEADER, HeaderValue::from(agent));
+    if let Some(deadline) = deadline {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if let Ok(value) = HeaderValue::from_str(&encode_timeout(remaining)) {
+            headers.insert(GRPC_TIMEOUT, value);
+        }
+    }
+    Ok(request)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use sluice_locator::memory::MemoryCluster;
+
+    use super::super::test_node::{node, run};
+    use super::*;
+
+    fn routing(cluster: &Arc<MemoryCluster>) -> RemoteRouting {
+        let locator: Arc<dyn AgentLocator> = cluster.locator("n", "10.0.0.1:1");
+        RemoteRouting::new(&node(Some(locator))).unwrap()
+    }
+
+    #[test]
+    fn a_node_without_a_locator_does_not_route_to_others() {
+        assert!(RemoteRouting::new(&node(None)).is_none());
+    }
+
+    #[test]
+    fn a_listing_is_reused_within_its_ttl_unless_a_fresh_one_is_asked_for() {
+        let cluster = MemoryCluster::new();
+        let routing = routing(&cluster);
+        let (b, c) = (
+            cluster.locator("b", "10.0.0.2:2"),
+            cluster.locator("c", "10.0.0.3:3"),
+        );
+        b.register(9);
+        run(async {
+            let until = Instant::now() + Duration::from_secs(1);
+            let first = routing.remote_nodes(9, until, false).await.unwrap();
+            assert_eq!(
+                first,
+                vec![("b".to_string(), "10.0.0.2:2".parse().unwrap())]
+            );
+            c.register(9);
+            let cached = routing.remote_nodes(9, until, false).await.unwrap();
+            assert_eq!(cached, first, "the core's cached listing");
+            let fresh = routing.remote_nodes(9, until, true).await.unwrap();
+            assert_eq!(fresh.len(), 2, "a fresh lookup sees the new node");
+        });
+    }
+
+    #[test]
+    fn an_empty_listing_is_not_kept() {
+        let cluster = MemoryCluster::new();
+        let routing = routing(&cluster);
+        let b = cluster.locator("b", "10.0.0.2:2");
+        run(async {
+            let until = Instant::now() + Duration::from_secs(1);
+            assert!(routing
+                .remote_nodes(9, until, false)
+                .await
+                .unwrap()
+                .is_empty());
+            b.register(9);
+            let listed = routing.remote_nodes(9, until, false).await.unwrap();
+            assert_eq!(
+                listed.len(),
+                1,
+                "the agent's arrival is seen by the next call"
+            );
+        });
+    }
+
+    #[test]
+    fn a_failing_locator_is_an_error_not_an_empty_listing() {
+        let cluster = MemoryCluster::new();
+        let routing = routing(&cluster);
+        cluster.set_failing(Some("redis is away"));
+        run(async {
+            let until = Instant::now() + Duration::from_secs(1);
+            let error = routing.remote_nodes(9, until, false).await.unwrap_err();
+            assert_eq!(error, LocatorError::Store("redis is away".into()));
+        });
+    }
+}

@@ -1,0 +1,244 @@
+//! Where a call goes, decided as a plain function over plain data.
+//!
+//! [`RouteState::next_step`] takes what the driver (`router`) observed and returns what
+//! to do next: claim this node's idle tunnel, ask the locator, race other nodes, wait, or give up
+//! with an error. It reads no clock (the driver passes `now`) and touches no socket, so every
+//! branch is tested below without I/O.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use crate::error::{ErrorKind, TunnelError};
+use crate::registry::AgentId;
+
+/// How often a call waiting for its agent asks the locator again, in case an arrival message
+/// was lost (Redis reconnect); pub/sub wakes it sooner.
+pub const ROUTE_POLL: Duration = Duration::from_secs(2);
+
+/// Another node holding the agent: its name and private endpoint.
+pub type Peer = (String, SocketAddr);
+
+/// One call's routing so far.
+#[derive(Debug, Clone)]
+pub struct RouteState {
+    agent: AgentId,
+    arrived: Instant,
+    deadline: Option<Instant>,
+    /// The earlier of the deadline and the node's `max_wait` from the call's arrival.
+    wait_until: Instant,
+    max_wait: Duration,
+    /// Whether other nodes may hold the agent (a locator, on the external endpoint).
+    cluster: bool,
+    /// Whether the call has waited for a tunnel (counted as "waited", asks the locator afresh).
+    waited: bool,
+    /// Nodes whose race this call lost; not asked again.
+    tried: Vec<String>,
+}
+
+/// What the driver observed since the last step.
+#[derive(Debug)]
+pub enum RouteEvent<'a> {
+    /// The registry was looked at: whether this node holds an idle tunnel of the agent.
+    Looked { idle_here: bool },
+    /// Claiming the idle tunnel took until the end of the wait (another call took it).
+    ClaimTimedOut,
+    /// The locator listed these other nodes (this node left out).
+    Located(Vec<Peer>),
+    /// The locator did not answer; local tunnels still work.
+    LocatorFailed,
+    /// An arrival of the agent, or the poll interval passed.
+    Woken,
+    /// The wait (or a race) reached `wait_until`.
+    Expired,
+    /// The client reset the call.
+    ClientReset,
+    /// The race among these nodes found none with a ready tunnel.
+    RaceLost(&'a [Peer]),
+    /// Starting the call failed; `replied`: whether the client already got part of an answer.
+    Failed { error: TunnelError, replied: bool },
+}
+
+/// What the driver does next.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RouteStep {
+    /// Look at the registry (arm the arrival listener first) and report `Looked`;
+    /// `retried`: the call is routed again after a failure.
+    Look { retried: bool },
+    /// Claim this node's idle tunnel, waiting at most until `until`.
+    ClaimLocal { until: Instant },
+    /// Ask the locator which other nodes hold the agent; `fresh`: not from the core's cache.
+    Locate { fresh: bool, until: Instant },
+    /// Open the call on every candidate at once; the first with a ready tunnel wins.
+    Race {
+        candidates: Vec<Peer>,
+        until: Instant,
+    },
+    /// Wait for a local tunnel or an arrival until `until`; with `poll`, wake after that long
+    /// to ask the locator again.
+    Wait {
+        until: Instant,
+        poll: Option<Duration>,
+    },
+    /// Answer the client with this error.
+    GiveUp(TunnelError),
+}
+
+impl RouteState {
+    /// A call for `agent` arriving at `now`.
+    pub fn new(
+        agent: AgentId,
+        deadline: Option<Instant>,
+        max_wait: Duration,
+        cluster: bool,
+        now: Instant,
+    ) -> Self {
+        let wait_until = deadline.map_or(now + max_wait, |deadline| deadline.min(now + max_wait));
+        Self {
+            agent,
+            arrived: now,
+            deadline,
+            wait_until,
+            max_wait,
+            cluster,
+            waited: false,
+            tried: Vec::new(),
+        }
+    }
+
+    /// The first step of every call.
+    pub fn start(&self) -> RouteStep {
+        RouteStep::Look { retried: false }
+    }
+
+    pub fn wait_until(&self) -> Instant {
+        self.wait_until
+    }
+
+    /// Seconds since the call arrived (the wait-duration metric).
+    pub fn waited_for(&self, now: Instant) -> f64 {
+        now.saturating_duration_since(self.arrived).as_secs_f64()
+    }
+
+    /// The route metric a local tunnel counts under.
+    pub fn local_label(&self) -> &'static str {
+        if self.waited {
+            "waited"
+        } else {
+            "local"
+        }
+    }
+
+    /// Decides the next step from the last observation.
+    pub fn next_step(&mut self, event: RouteEvent<'_>, now: Instant) -> RouteStep {
+        match event {
+            RouteEvent::Looked { idle_here: true } => RouteStep::ClaimLocal {
+                until: self.wait_until,
+            },
+            RouteEvent::Looked { idle_here: false } if now >= self.wait_until => {
+                RouteStep::GiveUp(self.expired())
+            }
+            RouteEvent::Looked { idle_here: false } | RouteEvent::ClaimTimedOut => {
+                self.locate_or_wait(now)
+            }
+            RouteEvent::Located(mut candidates) => {
+                candidates.retain(|(name, _)| !self.tried.contains(name));
+                if candidates.is_empty() {
+                    self.wait(now)
+                } else {
+                    RouteStep::Race {
+                        candidates,
+                        until: self.wait_until,
+                    }
+                }
+            }
+            RouteEvent::LocatorFailed => self.wait(now),
+            RouteEvent::Woken => RouteStep::Look { retried: false },
+            RouteEvent::Expired => RouteStep::GiveUp(self.expired()),
+            RouteEvent::ClientReset => RouteStep::GiveUp(TunnelError::client_gone()),
+            RouteEvent::RaceLost(peers) => {
+                self.tried
+                    .extend(peers.iter().map(|(name, _)| name.clone()));
+                RouteStep::Look { retried: true }
+            }
+            RouteEvent::Failed { error, replied } => {
+                if error.retry_before_reply() && !replied {
+                    RouteStep::Look { retried: true }
+                } else {
+                    RouteStep::GiveUp(error)
+                }
+            }
+        }
+    }
+
+    fn locate_or_wait(&mut self, now: Instant) -> RouteStep {
+        if now >= self.wait_until {
+            return RouteStep::GiveUp(self.expired());
+        }
+        if self.cluster {
+            RouteStep::Locate {
+                fresh: self.waited || !self.tried.is_empty(),
+                until: self.wait_until,
+            }
+        } else {
+            self.wait(now)
+        }
+    }
+
+    fn wait(&mut self, now: Instant) -> RouteStep {
+        if now >= self.wait_until {
+            return RouteStep::GiveUp(self.expired());
+        }
+        self.waited = true;
+        RouteStep::Wait {
+            until: self.wait_until,
+            poll: self.cluster.then_some(ROUTE_POLL),
+        }
+    }
+
+    /// The error of a call whose wait ended: its own deadline, or the node's `max_wait`,
+    /// whichever came first (both are DEADLINE_EXCEEDED; the message says which).
+    fn expired(&self) -> TunnelError {
+        let agent = self.agent;
+        if self
+            .deadline
+            .is_some_and(|deadline| deadline <= self.wait_until)
+        {
+            return TunnelError::new(
+                ErrorKind::DeadlineExceeded,
+                format!("deadline exceeded while waiting for a tunnel of agent {agent}"),
+            );
+        }
+        let scope = if self.cluster {
+            "in the cluster"
+        } else {
+            "on this node"
+        };
+        TunnelError::new(
+            ErrorKind::NoTunnel,
+            format!(
+                "agent {agent} has no free tunnel {scope} after waiting {:?}",
+                self.max_wait
+            ),
+        )
+    }
+}
+
+/// The other nodes a locator listed, as race candidates: this node and unparsable addresses
+/// left out.
+pub fn peers_of(entries: Vec<sluice_locator::NodeEntry>, this_node: &str) -> Vec<Peer> {
+    entries
+        .into_iter()
+        .filter(|entry| entry.node != this_node)
+        .filter_map(|entry| {
+            entry
+                .private_address
+                .parse()
+                .ok()
+                .map(|address| (entry.node, address))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[path = "route_tests.rs"]
+mod tests;

@@ -1,0 +1,273 @@
+#![allow(clippy::unwrap_used)]
+
+use sluice_grpc::Code;
+use sluice_locator::NodeEntry;
+
+use super::*;
+
+const AGENT: AgentId = 7;
+const MAX_WAIT: Duration = Duration::from_secs(5);
+
+fn peer(name: &str, port: u16) -> Peer {
+    (name.to_string(), SocketAddr::from(([10, 0, 0, 1], port)))
+}
+
+fn cluster_call(now: Instant) -> RouteState {
+    RouteState::new(AGENT, None, MAX_WAIT, true, now)
+}
+
+fn give_up(step: RouteStep) -> TunnelError {
+    match step {
+        RouteStep::GiveUp(error) => error,
+        other => panic!("expected to give up, got {other:?}"),
+    }
+}
+
+#[test]
+fn local_hit_claims_the_idle_tunnel_and_counts_as_local() {
+    let now = Instant::now();
+    let mut state = RouteState::new(AGENT, None, MAX_WAIT, false, now);
+    assert_eq!(state.start(), RouteStep::Look { retried: false });
+    let step = state.next_step(RouteEvent::Looked { idle_here: true }, now);
+    assert_eq!(
+        step,
+        RouteStep::ClaimLocal {
+            until: now + MAX_WAIT
+        }
+    );
+    assert_eq!(state.local_label(), "local");
+}
+
+#[test]
+fn without_a_local_tunnel_a_cluster_node_asks_the_locator_from_its_cache_first() {
+    let now = Instant::now();
+    let mut state = cluster_call(now);
+    let step = state.next_step(RouteEvent::Looked { idle_here: false }, now);
+    assert_eq!(
+        step,
+        RouteStep::Locate {
+            fresh: false,
+            until: now + MAX_WAIT
+        }
+    );
+}
+
+#[test]
+fn remote_hit_races_every_listed_node() {
+    let now = Instant::now();
+    let mut state = cluster_call(now);
+    state.next_step(RouteEvent::Looked { idle_here: false }, now);
+    let peers = [peer("b", 1), peer("c", 2)];
+    let step = state.next_step(RouteEvent::Located(peers.to_vec()), now);
+    assert_eq!(
+        step,
+        RouteStep::Race {
+            candidates: peers.to_vec(),
+            until: now + MAX_WAIT
+        }
+    );
+}
+
+#[test]
+fn all_candidates_failing_routes_again_afresh_without_them() {
+    let now = Instant::now();
+    let mut state = cluster_call(now);
+    let peers = [peer("b", 1), peer("c", 2)];
+    state.next_step(RouteEvent::Located(peers.to_vec()), now);
+    let step = state.next_step(RouteEvent::RaceLost(&peers), now);
+    assert_eq!(step, RouteStep::Look { retried: true });
+    let step = state.next_step(RouteEvent::Looked { idle_here: false }, now);
+    assert_eq!(
+        step,
+        RouteStep::Locate {
+            fresh: true,
+            until: now + MAX_WAIT
+        },
+        "a lost race bypasses the cached listing"
+    );
+    // The same nodes listed again are not raced again: the call waits for an arrival.
+    let later = now + Duration::from_millis(10);
+    let step = state.next_step(RouteEvent::Located(peers.to_vec()), later);
+    assert_eq!(
+        step,
+        RouteStep::Wait {
+            until: now + MAX_WAIT,
+            poll: Some(ROUTE_POLL)
+        }
+    );
+    // A node not tried yet is raced.
+    let more = [peer("b", 1), peer("d", 3)];
+    let step = state.next_step(RouteEvent::Located(more.to_vec()), later);
+    assert_eq!(
+        step,
+        RouteStep::Race {
+            candidates: vec![peer("d", 3)],
+            until: now + MAX_WAIT
+        }
+    );
+}
+
+#[test]
+fn a_failure_before_any_reply_is_retried_only_when_its_kind_allows() {
+    let now = Instant::now();
+    let mut state = RouteState::new(AGENT, None, MAX_WAIT, false, now);
+    let stale = TunnelError::new(ErrorKind::StaleTunnel, "tunnel broke while idle");
+    let step = state.next_step(
+        RouteEvent::Failed {
+            error: stale.clone(),
+            replied: false,
+        },
+        now,
+    );
+    assert_eq!(step, RouteStep::Look { retried: true });
+    // After part of the answer went out, the same failure is final.
+    let error = give_up(state.next_step(
+        RouteEvent::Failed {
+            error: stale,
+            replied: true,
+        },
+        now,
+    ));
+    assert_eq!(error.kind(), ErrorKind::StaleTunnel);
+    // A kind that does not allow a retry is final even before any reply.
+    let gone = TunnelError::new(ErrorKind::AgentGone, "agent went away");
+    let error = give_up(state.next_step(
+        RouteEvent::Failed {
+            error: gone,
+            replied: false,
+        },
+        now,
+    ));
+    assert_eq!(error.code(), Code::Unavailable);
+}
+
+#[test]
+fn max_wait_bounds_the_wait_when_it_ends_before_the_deadline() {
+    let now = Instant::now();
+    let deadline = now + Duration::from_secs(60);
+    let mut state = RouteState::new(AGENT, Some(deadline), MAX_WAIT, false, now);
+    assert_eq!(state.wait_until(), now + MAX_WAIT);
+    let step = state.next_step(RouteEvent::Looked { idle_here: false }, now);
+    assert_eq!(
+        step,
+        RouteStep::Wait {
+            until: now + MAX_WAIT,
+            poll: None
+        }
+    );
+    let error = give_up(state.next_step(RouteEvent::Expired, now + MAX_WAIT));
+    assert_eq!(error.kind(), ErrorKind::NoTunnel);
+    assert_eq!(error.code(), Code::DeadlineExceeded);
+    assert_eq!(
+        error.message(),
+        "agent 7 has no free tunnel on this node after waiting 5s"
+    );
+}
+
+#[test]
+fn the_deadline_bounds_the_wait_when_it_comes_first() {
+    let now = Instant::now();
+    let deadline = now + Duration::from_millis(300);
+    let mut state = RouteState::new(AGENT, Some(deadline), MAX_WAIT, true, now);
+    assert_eq!(state.wait_until(), deadline);
+    let error = give_up(state.next_step(RouteEvent::Expired, deadline));
+    assert_eq!(error.kind(), ErrorKind::DeadlineExceeded);
+    assert_eq!(error.code(), Code::DeadlineExceeded);
+    assert_eq!(
+        error.message(),
+        "deadline exceeded while waiting for a tunnel of agent 7"
+    );
+}
+
+#[test]
+fn a_cluster_call_out_of_time_names_the_cluster() {
+    let now = Instant::now();
+    let mut state = cluster_call(now);
+    let error = give_up(state.next_step(RouteEvent::Looked { idle_here: false }, now + MAX_WAIT));
+    assert_eq!(
+        error.message(),
+        "agent 7 has no free tunnel in the cluster after waiting 5s"
+    );
+}
+
+#[test]
+fn an_arrival_wakes_the_wait_and_the_next_lookup_is_fresh() {
+    let now = Instant::now();
+    let mut state = cluster_call(now);
+    state.next_step(RouteEvent::Looked { idle_here: false }, now);
+    let step = state.next_step(RouteEvent::Located(Vec::new()), now);
+    assert_eq!(
+        step,
+        RouteStep::Wait {
+            until: now + MAX_WAIT,
+            poll: Some(ROUTE_POLL)
+        }
+    );
+    let later = now + Duration::from_millis(50);
+    assert_eq!(
+        state.next_step(RouteEvent::Woken, later),
+        RouteStep::Look { retried: false }
+    );
+    // The agent arrived on this node: its tunnel counts as "waited".
+    assert!(matches!(
+        state.next_step(RouteEvent::Looked { idle_here: true }, later),
+        RouteStep::ClaimLocal { .. }
+    ));
+    assert_eq!(state.local_label(), "waited");
+    // Or it arrived elsewhere: the locator is asked afresh.
+    assert_eq!(
+        state.next_step(RouteEvent::Looked { idle_here: false }, later),
+        RouteStep::Locate {
+            fresh: true,
+            until: now + MAX_WAIT
+        }
+    );
+}
+
+#[test]
+fn a_locator_failure_falls_back_to_waiting_for_local_tunnels() {
+    let now = Instant::now();
+    let mut state = cluster_call(now);
+    assert!(matches!(
+        state.next_step(RouteEvent::LocatorFailed, now),
+        RouteStep::Wait { .. }
+    ));
+}
+
+#[test]
+fn a_claim_that_timed_out_gives_up_at_the_end_of_the_wait() {
+    let now = Instant::now();
+    let mut state = RouteState::new(AGENT, None, MAX_WAIT, false, now);
+    let error = give_up(state.next_step(RouteEvent::ClaimTimedOut, now + MAX_WAIT));
+    assert_eq!(error.code(), Code::DeadlineExceeded);
+}
+
+#[test]
+fn a_client_reset_gives_up_without_an_answer() {
+    let now = Instant::now();
+    let mut state = cluster_call(now);
+    let error = give_up(state.next_step(RouteEvent::ClientReset, now));
+    assert_eq!(error.kind(), ErrorKind::ClientGone);
+    assert_eq!(error.code(), Code::Cancelled);
+}
+
+#[test]
+fn the_locator_listing_leaves_out_this_node_and_bad_addresses() {
+    let entry = |node: &str, address: &str| NodeEntry {
+        node: node.to_string(),
+        private_address: address.to_string(),
+        expires_at_unix_ms: 0,
+    };
+    let peers = peers_of(
+        vec![
+            entry("n", "10.0.0.1:1"),
+            entry("b", "10.0.0.2:2"),
+            entry("c", "not an address"),
+        ],
+        "n",
+    );
+    assert_eq!(
+        peers,
+        vec![("b".to_string(), "10.0.0.2:2".parse().unwrap())]
+    );
+}

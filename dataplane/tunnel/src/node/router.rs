@@ -1,0 +1,274 @@
+//! The I/O around `route`: carries out each step (registry claims, locator
+//! lookups, races, waits for tunnels and arrivals, timers, the client's reset) and feeds what
+//! happened back to `RouteState::next_step`. It decides nothing itself.
+
+use std::time::Instant;
+
+use sluice_locator::EventListener;
+
+use super::answer::ClientReset;
+use super::remote::{RemoteCall, RemoteRouting};
+use super::route::{RouteEvent, RouteState, RouteStep};
+use super::tunnel::TunnelStreams;
+use super::NodeShared;
+use crate::error::TunnelError;
+use crate::registry::AgentId;
+
+/// Where a routed call goes.
+pub(super) enum Route {
+    /// A tunnel of the agent on this node.
+    Local(TunnelStreams),
+    /// Another node reported a ready tunnel and holds the call open.
+    Remote(RemoteCall),
+}
+
+/// One call's routing I/O.
+pub(super) struct Router<'a> {
+    pub(super) node: &'a NodeShared,
+    /// Other nodes, on the external endpoint of a node with a locator.
+    pub(super) remote: Option<&'a RemoteRouting>,
+    pub(super) agent: AgentId,
+    pub(super) deadline: Option<Instant>,
+    /// The client's request head, forwarded to other nodes.
+    pub(super) parts: &'a http::request::Parts,
+    pub(super) worker: usize,
+}
+
+impl Router<'_> {
+    /// Carries out `step` and the steps after it until the call has a route or gives up.
+    pub(super) async fn route(
+        &self,
+        state: &mut RouteState,
+        mut step: RouteStep,
+        client: &mut impl ClientReset,
+    ) -> Result<Route, TunnelError> {
+        let metrics = &self.node.metrics;
+        let mut arrival = None;
+        loop {
+            let event = match step {
+                RouteStep::Look { retried } => {
+                    if retried {
+                        metrics.route("retried", self.worker);
+                    }
+                    // Listen first, so an arrival between this look and a wait is not missed.
+                    arrival = self.remote.map(|remote| remote.locator.listen(self.agent));
+                    RouteEvent::Looked {
+                        idle_here: self.node.registry.has_idle(self.agent),
+                    }
+                }
+                RouteStep::ClaimLocal { until } => {
+                    let claim = self.node.registry.acquire(self.agent);
+                    match monoio::time::timeout_at(until.into(), claim).await {
+                        Ok(tunnel) => return Ok(self.local(state, tunnel)),
+                        Err(_) => RouteEvent::ClaimTimedOut,
+                    }
+                }
+                RouteStep::Locate { fresh, until } => {
+                    step = self.locate(state, fresh, until).await;
+                    continue;
+                }
+                RouteStep::Race { candidates, until } => {
+                    metrics.route("remote", self.worker);
+                    metrics
+                        .wait_duration
+                        .observe(self.worker, state.waited_for(Instant::now()));
+                    match self.race(&candidates, until, client).await {
+                        Ok(call) => return Ok(Route::Remote(call)),
+                        Err(event) => {
+                            step = state.next_step(event.event(&candidates), Instant::now());
+                            continue;
+                        }
+                    }
+                }
+                RouteStep::Wait { until, poll } => {
+                    match self.wait(until, poll, arrival.take(), client).await {
+                        Ok(tunnel) => return Ok(self.local(state, tunnel)),
+                        Err(event) => event,
+                    }
+                }
+                RouteStep::GiveUp(error) => return Err(error),
+            };
+            step = state.next_step(event, Instant::now());
+        }
+    }
+
+    fn local(&self, state: &RouteState, tunnel: TunnelStreams) -> Route {
+        self.node.metrics.route(state.local_label(), self.worker);
+        Route::Local(tunnel)
+    }
+
+    async fn locate(&self, state: &mut RouteState, fresh: bool, until: Instant) -> RouteStep {
+        let Some(remote) = self.remote else {
+            return state.next_step(RouteEvent::LocatorFailed, Instant::now());
+        };
+        match remote.remote_nodes(self.agent, until, fresh).await {
+            Ok(peers) => state.next_step(RouteEvent::Located(peers), Instant::now()),
+            // The locator is away: local tunnels still work; remote routing resumes with it.
+            Err(error) => {
+                tracing::debug!(agent = self.agent, %error, "agent lookup failed");
+                state.next_step(RouteEvent::LocatorFailed, Instant::now())
+            }
+        }
+    }
+
+    async fn race(
+        &self,
+        candidates: &[super::route::Peer],
+        until: Instant,
+        client: &mut impl ClientReset,
+    ) -> Result<RemoteCall, RaceEnd> {
+        let Some(remote) = self.remote else {
+            return Err(RaceEnd::Lost);
+        };
+        let raced = monoio::select! {
+            raced = remote.race(candidates, self.parts, self.deadline, self.agent) => raced,
+            _ = monoio::time::sleep_until(until.into()) => return Err(RaceEnd::Expired),
+            _ = client.reset() => return Err(RaceEnd::Reset),
+        };
+        raced.map_err(|error| {
+            tracing::info!(agent = self.agent, %error, "no node had a ready tunnel; deciding again");
+            RaceEnd::Lost
+        })
+    }
+
+    /// Waits for a tunnel of the agent here; `Err` with what ended the wait otherwise.
+    async fn wait(
+        &self,
+        until: Instant,
+        poll: Option<std::time::Duration>,
+        arrival: Option<EventListener>,
+        client: &mut impl ClientReset,
+    ) -> Result<TunnelStreams, RouteEvent<'static>> {
+        let arrival = async {
+            match arrival {
+                Some(listener) => listener.await,
+                None => std::future::pending().await,
+            }
+        };
+        let poll = async {
+            match poll {
+                Some(every) => monoio::time::sleep(every).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        monoio::select! {
+            tunnel = self.node.registry.acquire(self.agent) => Ok(tunnel),
+            _ = arrival => Err(RouteEvent::Woken),
+            _ = poll => Err(RouteEvent::Woken),
+            _ = client.reset() => Err(RouteEvent::ClientReset),
+            _ = monoio::time::sleep_until(until.into()) => Err(RouteEvent::Expired),
+        }
+    }
+}
+
+/// How a race ended without a winner.
+enum RaceEnd {
+    Lost,
+    Expired,
+    Reset,
+}
+
+impl RaceEnd {
+    fn event(self, candidates: &[super::route::Peer]) -> RouteEvent<'_> {
+        match self {
+            RaceEnd::Lost => RouteEvent::RaceLost(candidates),
+            RaceEnd::Expired => RouteEvent::Expired,
+            RaceEnd::Reset => RouteEvent::ClientReset,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use sluice_locator::memory::MemoryCluster;
+    use sluice_locator::AgentLocator;
+
+    use super::super::test_node::{node, run};
+    use super::*;
+    use crate::error::ErrorKind;
+
+    /// A client that never resets its call.
+    struct Patient;
+
+    impl ClientReset for Patient {
+        async fn reset(&mut self) {
+            std::future::pending::<()>().await
+        }
+    }
+
+    struct Reset;
+
+    impl ClientReset for Reset {
+        async fn reset(&mut self) {}
+    }
+
+    fn parts() -> http::request::Parts {
+        http::Request::new(()).into_parts().0
+    }
+
+    #[test]
+    fn an_arrival_elsewhere_wakes_a_waiting_call_before_the_poll() {
+        let cluster = MemoryCluster::new();
+        let locator: Arc<dyn AgentLocator> = cluster.locator("n", "10.0.0.1:1");
+        let node = node(Some(locator));
+        let remote = RemoteRouting::new(&node).unwrap();
+        let parts = parts();
+        let router = Router {
+            node: &node,
+            remote: Some(&remote),
+            agent: 5,
+            deadline: None,
+            parts: &parts,
+            worker: 0,
+        };
+        let other = cluster.locator("b", "10.0.0.2:2");
+        let started = Instant::now();
+        // The test node's max_wait (1 s) ends before the locator poll (2 s): only the arrival
+        // can make the call look up the agent again.
+        let mut state = RouteState::new(5, None, node.max_wait, true, started);
+        let mut client = Patient;
+        let error = run(async {
+            let arrive = async {
+                monoio::time::sleep(Duration::from_millis(50)).await;
+                other.register(5);
+                std::future::pending::<()>().await
+            };
+            monoio::select! {
+                routed = router.route(&mut state, RouteStep::Look { retried: false }, &mut client) => routed,
+                _ = arrive => unreachable!(),
+            }
+        })
+        .err()
+        .unwrap();
+        // The arrival led to a race with node b, which failed (this node cannot sign node
+        // tokens), so the call was routed again and waited out its max_wait.
+        assert_eq!(node.metrics.routes("remote"), 1);
+        assert_eq!(node.metrics.routes("retried"), 1);
+        assert_eq!(error.kind(), ErrorKind::NoTunnel);
+        assert!(started.elapsed() >= node.max_wait);
+    }
+
+    #[test]
+    fn a_client_reset_ends_the_wait_at_once() {
+        let node = node(None);
+        let parts = parts();
+        let router = Router {
+            node: &node,
+            remote: None,
+            agent: 5,
+            deadline: None,
+            parts: &parts,
+            worker: 0,
+        };
+        let mut state = RouteState::new(5, None, node.max_wait, false, Instant::now());
+        let step = state.start();
+        let error = run(router.route(&mut state, step, &mut Reset))
+            .err()
+            .unwrap();
+        assert_eq!(error.kind(), ErrorKind::ClientGone);
+    }
+}
