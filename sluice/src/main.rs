@@ -60,22 +60,12 @@ fn main() -> ExitCode {
             addresses_file,
             daemon::Mode::Run,
         ),
-        cli::Command::Agent { config, runtime } => {
-            let loaded = sluice_config::load_file(&config).and_then(|loaded| {
-                if loaded.agent.is_some() {
-                    Ok(loaded)
-                } else {
-                    Err(sluice_config::InvalidConfig {
-                        origin: config.display().to_string(),
-                        errors: vec![sluice_config::FieldError::new(
-                            "agent",
-                            "`sluice agent` needs an agent section",
-                        )],
-                    })
-                }
-            });
-            daemon::run_with(loaded, &runtime, addresses_file, daemon::Mode::Run)
-        }
+        cli::Command::Agent { config, runtime } => daemon::run_with(
+            load_agent_config(&config),
+            &runtime,
+            addresses_file,
+            daemon::Mode::Run,
+        ),
         #[cfg(not(feature = "demo"))]
         cli::Command::Up { .. } => {
             eprintln!("sluice up: this binary was built without the `demo` feature");
@@ -102,5 +92,21 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+    }
+}
+
+/// `sluice agent` refuses a config without an `agent` section.
+fn load_agent_config(
+    path: &std::path::Path,
+) -> Result<sluice_config::Config, sluice_config::InvalidConfig> {
+    let loaded = sluice_config::load_file(path)?;
+    if loaded.agent.is_some() {
+        Ok(loaded)
+    } else {
+        Err(sluice_config::InvalidConfig::one(
+            path.display().to_string(),
+            "agent",
+            "`sluice agent` needs an agent section",
+        ))
     }
 }

@@ -34,6 +34,38 @@ pub fn print_banner(
     for (name, address) in addresses {
         let _ = writeln!(out, "  {name:<13} {address:<22} {}", describe(name));
     }
+    describe_agent(&mut out, demo);
+    if let Some(admin) = find("admin") {
+        let _ = writeln!(out, "\nTry it:");
+        let _ = writeln!(out, "  curl http://{admin}/metrics    # Prometheus metrics");
+        let _ = writeln!(
+            out,
+            "  curl http://{admin}/readyz     # 200 when ready, 503 while draining"
+        );
+    }
+    if let Some(external) = find("external") {
+        let _ = writeln!(
+            out,
+            "  .venv/bin/python scripts/tunnel_client.py --node {external} --agent-id {} --jwt-secret-file {} hello",
+            DEMO_AGENT_ID,
+            demo.jwt_secret_file.display()
+        );
+        let _ = writeln!(out, "    (calls the echo backend through the tunnel; needs grpcio and PyJWT: scripts/test.sh creates .venv)");
+    }
+    if let Some(gateway) = &demo.gateway {
+        let _ = writeln!(
+            out,
+            "  kubectl --kubeconfig {} get pods\n    (the Kubernetes API gateway in front of an apiserver simulator at {}; the user is\n    demo-user in group demo-team, forwarded upstream as Impersonate-User/Group)",
+            gateway.kubeconfig.display(),
+            gateway.simulator.address()
+        );
+    }
+    let _ = writeln!(out, "\nPress Ctrl-C to stop.");
+    let _ = out.flush();
+}
+
+/// Where the demo agent keeps its tunnels: this node, or the last node of a cluster.
+fn describe_agent(out: &mut impl Write, demo: &UpDemo) {
     match &demo.cluster {
         None => {
             let _ = writeln!(
@@ -70,31 +102,4 @@ pub fn print_banner(
             );
         }
     }
-    if let Some(admin) = find("admin") {
-        let _ = writeln!(out, "\nTry it:");
-        let _ = writeln!(out, "  curl http://{admin}/metrics    # Prometheus metrics");
-        let _ = writeln!(
-            out,
-            "  curl http://{admin}/readyz     # 200 when ready, 503 while draining"
-        );
-    }
-    if let Some(external) = find("external") {
-        let _ = writeln!(
-            out,
-            "  .venv/bin/python scripts/tunnel_client.py --node {external} --agent-id {} --jwt-secret-file {} hello",
-            DEMO_AGENT_ID,
-            demo.jwt_secret_file.display()
-        );
-        let _ = writeln!(out, "    (calls the echo backend through the tunnel; needs grpcio and PyJWT: scripts/test.sh creates .venv)");
-    }
-    if let Some(gateway) = &demo.gateway {
-        let _ = writeln!(
-            out,
-            "  kubectl --kubeconfig {} get pods\n    (the Kubernetes API gateway in front of an apiserver simulator at {}; the user is\n    demo-user in group demo-team, forwarded upstream as Impersonate-User/Group)",
-            gateway.kubeconfig.display(),
-            gateway.simulator.address()
-        );
-    }
-    let _ = writeln!(out, "\nPress Ctrl-C to stop.");
-    let _ = out.flush();
 }
