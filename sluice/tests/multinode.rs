@@ -451,7 +451,8 @@ fn a_redis_restart_under_load_spares_local_calls_and_remote_routing_recovers(dri
     redis.restart().unwrap();
     let came_back = unix_now();
 
-    // The holding node writes its agent again once Redis is back (it starts empty).
+    // The holding node writes its agent again once Redis is back (it starts empty), within the
+    // same 5 s recovery bound as below.
     let key = "restart:tunnel:agent:{8}";
     assert!(
         wait_until(Duration::from_secs(5), || redis
@@ -473,6 +474,8 @@ fn a_redis_restart_under_load_spares_local_calls_and_remote_routing_recovers(dri
     assert!(local["calls"].as_u64().unwrap() > 50, "{local}");
     // Remote calls: everything before the outage succeeded, and from 5 s after Redis returned
     // on, every call succeeded again; the first success after the restart came within 5 s.
+    // The 5 s bounds are the behaviour (recovery by reconnecting at once, not at the 4-minute
+    // refresh or the 5-minute TTL); the tracker reconnects within about a second.
     let failures = remote["failures"].as_array().unwrap();
     for failure in failures {
         let (started, ended) = (failure[0].as_f64().unwrap(), failure[1].as_f64().unwrap());
