@@ -1,4 +1,5 @@
 //! The admin endpoint over real sockets: routes, statuses, limits, keep-alive, metrics.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod common;
 
