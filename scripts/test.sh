@@ -66,8 +66,12 @@ run_lint() {
 
 run_perf_smoke() {
   log "perf harness smoke runs (perf/run.sh tunnel|gateway --smoke; numbers are not measurements)"
+  # A smoke run passes only if every case left its results and no call failed (perf/check-smoke),
+  # not merely because the harness exited 0.
   SLUICE_PERF_PROFILE=dev perf/run.sh tunnel --smoke
+  perf/check-smoke tunnel direct haproxy nginx sluice-1-node sluice-2-nodes
   SLUICE_PERF_PROFILE=dev perf/run.sh gateway --smoke
+  perf/check-smoke gateway direct haproxy nginx sluice-gateway
 }
 
 case "$tier" in

@@ -8,11 +8,30 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use test_support::{
-    wait_until, ApiServer, ApiServerOptions, Certificates, ClientCert, SluiceLauncher,
-    SluiceProcess, SubjectAccessRule, TokenUser,
+    on_both_drivers, wait_until, ApiServer, ApiServerOptions, Certificates, ClientCert,
+    SluiceLauncher, SluiceProcess, SubjectAccessRule, TokenUser,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+// Every case runs once per monoio driver.
+on_both_drivers!(
+    kubectl_with_a_client_certificate_gets_creates_and_watches_as_itself,
+    kubectl_with_a_bearer_token_gets_creates_and_watches_as_its_user,
+    a_bearer_token_is_reviewed_once_and_cached,
+    client_impersonation_needs_a_subject_access_review,
+    unknown_hosts_and_untrusted_certificates_never_reach_an_apiserver,
+    five_hundred_clients_share_the_configured_upstream_connections,
+    the_python_kubernetes_client_lists_and_watches_through_the_gateway,
+    two_dispatch_policies_route_to_two_upstream_subsets,
+    a_token_bucket_admits_its_burst_and_answers_429_with_retry_after,
+    an_unready_apiserver_leaves_rotation_and_all_down_gives_503,
+    a_bad_reload_keeps_the_old_config_and_a_good_one_keeps_open_watches,
+    max_requests_inflight_refuses_the_third_and_never_counts_watches,
+    exec_style_upgrades_get_their_own_connection_and_carry_bytes_both_ways,
+    another_upstream_connection_opens_only_when_the_streams_of_the_others_are_used_up,
+);
+
 /// The cluster's name: clients reach it with this TLS server name.
 const HOST: &str = "kube.sluice.test";
 
@@ -43,8 +62,13 @@ fn cluster_yaml(
     } else {
         "  connectionPool: {maxConnectionsPerServer: 2}\n"
     };
+    let health = if spec_extra.contains("healthCheck:") {
+        ""
+    } else {
+        "  healthCheck: {interval: 200ms, timeout: 1s}\n"
+    };
     format!(
-        "apiVersion: proxy.sluice.dev/v1alpha1\nkind: UpstreamCluster\nmetadata:\n  name: {HOST}\nspec:\n  servers:\n{endpoints}  clientConfig:\n    certFile: {gw_cert}\n    keyFile: {gw_key}\n    caFile: {ca}\n  secureServing:\n    certFile: {cert}\n    keyFile: {key}\n    clientCAFile: {ca}\n    extraHostnames: ['127.0.0.1']\n  healthCheck: {{interval: 200ms, timeout: 1s}}\n{pool}{spec_extra}",
+        "apiVersion: proxy.sluice.dev/v1alpha1\nkind: UpstreamCluster\nmetadata:\n  name: {HOST}\nspec:\n  servers:\n{endpoints}  clientConfig:\n    certFile: {gw_cert}\n    keyFile: {gw_key}\n    caFile: {ca}\n  secureServing:\n    certFile: {cert}\n    keyFile: {key}\n    clientCAFile: {ca}\n    extraHostnames: ['127.0.0.1']\n{health}{pool}{spec_extra}",
         gw_cert = gateway.cert.display(),
         gw_key = gateway.key.display(),
         ca = certs.ca_cert.display(),
@@ -53,13 +77,20 @@ fn cluster_yaml(
     )
 }
 
-fn start(servers: usize, spec_extra: &str) -> Gateway {
-    start_with(servers, 2, |_| spec_extra.to_string(), |options| options)
+fn start(driver: &str, servers: usize, spec_extra: &str) -> Gateway {
+    start_with(
+        driver,
+        servers,
+        2,
+        |_| spec_extra.to_string(),
+        |options| options,
+    )
 }
 
-/// `servers` simulators, a gateway with `workers` cores, and extra `spec:` YAML built from the
-/// servers (their URLs name them in `upstreamSubset`).
+/// `servers` simulators, a gateway with `workers` cores on the monoio `driver`, and extra
+/// `spec:` YAML built from the servers (their URLs name them in `upstreamSubset`).
 fn start_with(
+    driver: &str,
     servers: usize,
     workers: usize,
     spec_extra: impl FnOnce(&[ApiServer]) -> String,
@@ -83,7 +114,7 @@ fn start_with(
         .write_file(
             "gateway.yaml",
             &format!(
-                "runtime: {{workers: {workers}, drain_timeout: 2s}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'}}\ngateway: {{clusters_dir: '{}', reload_interval: 200ms}}\n",
+                "runtime: {{workers: {workers}, drain_timeout: 2s, driver: {driver}}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'}}\ngateway: {{clusters_dir: '{}', reload_interval: 200ms}}\n",
                 clusters_dir.display()
             ),
         )
@@ -94,6 +125,10 @@ fn start_with(
         .arg(config)
         .spawn()
         .expect("gateway starts");
+    let metrics = test_support::http_get(process.address("admin"), "/metrics")
+        .unwrap()
+        .body;
+    test_support::assert_driver(&metrics, driver);
     let alice = certs.client("alice", &["dev-team", "qa"]).unwrap();
     Gateway {
         certs,
@@ -304,9 +339,8 @@ fn kubectl_works_as(gateway: &Gateway, kubeconfig: &PathBuf, user: &str, groups:
     }
 }
 
-#[test]
-fn kubectl_with_a_client_certificate_gets_creates_and_watches_as_itself() {
-    let gateway = start(1, "");
+fn kubectl_with_a_client_certificate_gets_creates_and_watches_as_itself(driver: &str) {
+    let gateway = start(driver, 1, "");
     kubectl_works_as(
         &gateway,
         &gateway.alice_kubeconfig(),
@@ -315,9 +349,8 @@ fn kubectl_with_a_client_certificate_gets_creates_and_watches_as_itself() {
     );
 }
 
-#[test]
-fn kubectl_with_a_bearer_token_gets_creates_and_watches_as_its_user() {
-    let gateway = start(1, "");
+fn kubectl_with_a_bearer_token_gets_creates_and_watches_as_its_user(driver: &str) {
+    let gateway = start(driver, 1, "");
     gateway.servers[0].add_token("token-carol", TokenUser::new("carol", &["ops", "oncall"]));
     kubectl_works_as(
         &gateway,
@@ -327,9 +360,8 @@ fn kubectl_with_a_bearer_token_gets_creates_and_watches_as_its_user() {
     );
 }
 
-#[test]
-fn a_bearer_token_is_reviewed_once_and_cached() {
-    let gateway = start(1, "");
+fn a_bearer_token_is_reviewed_once_and_cached(driver: &str) {
+    let gateway = start(driver, 1, "");
     let server = &gateway.servers[0];
     server.add_token("token-bob", TokenUser::new("bob", &["ops"]));
     let kubeconfig = gateway.token_kubeconfig("token-bob");
@@ -363,18 +395,20 @@ fn a_bearer_token_is_reviewed_once_and_cached() {
     );
     assert_eq!(code, 401, "{body}");
     assert!(body.contains("\"kind\":\"Status\""), "{body}");
-    let after: Vec<_> = server.requests().into_iter().skip(before).collect();
-    assert!(
-        after
-            .iter()
-            .all(|request| request.uri.contains("tokenreviews")),
-        "{after:?}"
-    );
+    // The health checker's own probes (`/readyz`, every 200 ms) run meanwhile: apart from them,
+    // exactly one review of the rejected token and nothing else.
+    let after: Vec<_> = server
+        .requests()
+        .into_iter()
+        .skip(before)
+        .filter(|request| request.uri != "/readyz")
+        .collect();
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert!(after[0].uri.contains("tokenreviews"), "{after:?}");
 }
 
-#[test]
-fn client_impersonation_needs_a_subject_access_review() {
-    let gateway = start(1, "");
+fn client_impersonation_needs_a_subject_access_review(driver: &str) {
+    let gateway = start(driver, 1, "");
     let server = &gateway.servers[0];
     let (code, body) = gateway.alice_curl(
         &["-H", "Impersonate-User: carol"],
@@ -404,11 +438,89 @@ fn client_impersonation_needs_a_subject_access_review() {
         .unwrap();
     assert_eq!(last.impersonate_user.as_deref(), Some("dave"));
     assert!(server.subject_access_review_calls() >= 2);
+
+    // Groups, extras and the uid are enforced the same way, each on its own: with the user
+    // allowed, one unallowed group, extra value or uid refuses the whole request, and nothing
+    // reaches the apiserver. Fresh names each time (denials are cached briefly per core).
+    let pods_seen = || {
+        server
+            .requests()
+            .iter()
+            .filter(|request| request.uri.contains("/pods"))
+            .count()
+    };
+    for (user, header, kind) in [
+        ("erin", "Impersonate-Group: admins", "group"),
+        ("frank", "Impersonate-Extra-Scopes: write", "userextra"),
+        ("grace", "Impersonate-Uid: u-0", "uid"),
+    ] {
+        server.allow(SubjectAccessRule::impersonate("alice", "users", user));
+        let before = pods_seen();
+        let user_header = format!("Impersonate-User: {user}");
+        let (code, body) = gateway.alice_curl(
+            &["-H", &user_header, "-H", header],
+            "/api/v1/namespaces/default/pods",
+        );
+        assert_eq!(code, 403, "{header}: {body}");
+        assert!(body.contains("cannot impersonate"), "{header}: {body}");
+        assert!(
+            body.contains(&format!("cannot impersonate {kind}")),
+            "{header}: {body}"
+        );
+        assert_eq!(pods_seen(), before, "{header} reached the apiserver");
+    }
+
+    // All granted: the apiserver sees exactly the requested identity, from the gateway.
+    server.allow(SubjectAccessRule::impersonate("alice", "users", "heidi"));
+    server.allow(SubjectAccessRule::impersonate(
+        "alice", "groups", "auditors",
+    ));
+    server.allow(SubjectAccessRule::impersonate("alice", "groups", "readers"));
+    server.allow(SubjectAccessRule::impersonate(
+        "alice",
+        "userextras",
+        "read",
+    ));
+    server.allow(SubjectAccessRule::impersonate("alice", "uids", "u-77"));
+    let (code, body) = gateway.alice_curl(
+        &[
+            "-H",
+            "Impersonate-User: heidi",
+            "-H",
+            "Impersonate-Group: auditors",
+            "-H",
+            "Impersonate-Group: readers",
+            "-H",
+            "Impersonate-Extra-Scopes: read",
+            "-H",
+            "Impersonate-Uid: u-77",
+        ],
+        "/api/v1/namespaces/default/pods",
+    );
+    assert_eq!(code, 200, "{body}");
+    let last = server
+        .requests()
+        .into_iter()
+        .rev()
+        .find(|request| request.uri.contains("/pods"))
+        .unwrap();
+    assert_eq!(
+        last.caller.as_ref().map(|caller| caller.name()),
+        Some("sluice-gateway")
+    );
+    assert_eq!(last.impersonate_user.as_deref(), Some("heidi"), "{last:?}");
+    assert_eq!(last.impersonate_groups, ["auditors", "readers"], "{last:?}");
+    assert_eq!(last.impersonate_uid.as_deref(), Some("u-77"), "{last:?}");
+    assert_eq!(
+        last.impersonate_extra,
+        [("scopes".to_string(), vec!["read".to_string()])].into(),
+        "{last:?}"
+    );
+    assert_eq!(last.authorization, None);
 }
 
-#[test]
-fn unknown_hosts_and_untrusted_certificates_never_reach_an_apiserver() {
-    let gateway = start(1, "");
+fn unknown_hosts_and_untrusted_certificates_never_reach_an_apiserver(driver: &str) {
+    let gateway = start(driver, 1, "");
     let address = gateway.process.address("gateway");
     // A TLS server name no cluster serves: the handshake is refused.
     let output = Command::new("curl")
@@ -455,6 +567,38 @@ fn unknown_hosts_and_untrusted_certificates_never_reach_an_apiserver() {
     );
 }
 
+/// `count` GETs of `path` one after another in one curl process (one HTTP/2 connection), as
+/// `HOST`: each answer's status and its head and body.
+fn curl_sequence(
+    gateway: &Gateway,
+    extra: &[&str],
+    path: &str,
+    count: usize,
+) -> Vec<(u16, String)> {
+    let port = gateway.process.address("gateway").port();
+    let url = format!("https://{HOST}:{port}{path}");
+    let output = Command::new("curl")
+        .args(["--silent", "--http2", "--max-time", "10", "--include"])
+        .arg("--cacert")
+        .arg(&gateway.certs.ca_cert)
+        .args(["--resolve", &format!("{HOST}:{port}:127.0.0.1")])
+        .args(["--write-out", "\n@@status %{http_code}@@\n"])
+        .args(extra)
+        .args(std::iter::repeat_n(url.as_str(), count))
+        .output()
+        .expect("curl is installed");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let answers: Vec<(u16, String)> = text
+        .split("@@\n")
+        .filter_map(|part| {
+            let (answer, code) = part.rsplit_once("\n@@status ")?;
+            Some((code.trim().parse().unwrap_or(0), answer.to_string()))
+        })
+        .collect();
+    assert_eq!(answers.len(), count, "{text}");
+    answers
+}
+
 /// Runs h2load against the gateway (no SNI: it dials 127.0.0.1, which the cluster lists as a
 /// hostname) and returns its summary text.
 fn h2load(gateway: &Gateway, args: &[&str], path: &str) -> String {
@@ -480,11 +624,31 @@ fn status_counts(summary: &str) -> [u64; 4] {
     [numbers[0], numbers[1], numbers[2], numbers[3]]
 }
 
-#[test]
-fn five_hundred_clients_share_the_configured_upstream_connections() {
-    let gateway = start(1, "");
+fn five_hundred_clients_share_the_configured_upstream_connections(driver: &str) {
+    // The health checker probes from worker 0, which 500 TLS handshakes keep busy: on a loaded
+    // 2-core machine (this case runs on both drivers at once) a probe can miss the default 1 s
+    // here and take the only server out of rotation (503s). The case is about connection
+    // sharing, so its probes get time; the health tests keep the tight settings.
+    let gateway = start(
+        driver,
+        1,
+        "  healthCheck: {interval: 200ms, timeout: 10s, unhealthyThreshold: 3}\n",
+    );
     let server = &gateway.servers[0];
     server.add_token("token-load", TokenUser::new("load", &["bench"]));
+    // The health checker's connection, counted apart: before any client request, once it has
+    // probed a few times on it, it is the only one the apiserver has accepted.
+    assert!(wait_until(Duration::from_secs(10), || server
+        .requests()
+        .iter()
+        .filter(|request| request.uri == "/readyz")
+        .count()
+        >= 3));
+    let health_checker = server.accepted_connections();
+    assert_eq!(
+        health_checker, 1,
+        "the health checker probes on one connection of its own"
+    );
     let summary = h2load(
         &gateway,
         &[
@@ -511,18 +675,17 @@ fn five_hundred_clients_share_the_configured_upstream_connections() {
         "{}",
         server.token_review_calls()
     );
-    // maxConnectionsPerServer: 2 for client requests (split over two cores), plus the health
-    // checker's own connection.
+    // maxConnectionsPerServer: 2 for client requests (split over two cores); the health
+    // checker's connection was counted before the load.
+    let for_clients = server.accepted_connections() - health_checker;
     assert!(
-        server.accepted_connections() <= 3,
-        "{} connections to the apiserver for 500 clients",
-        server.accepted_connections()
+        (1..=2).contains(&for_clients),
+        "{for_clients} connections to the apiserver for 500 clients"
     );
 }
 
-#[test]
-fn the_python_kubernetes_client_lists_and_watches_through_the_gateway() {
-    let gateway = start(1, "");
+fn the_python_kubernetes_client_lists_and_watches_through_the_gateway(driver: &str) {
+    let gateway = start(driver, 1, "");
     let server = &gateway.servers[0];
     server.add_token("token-py", TokenUser::new("py", &["devs"]));
     server.create_pod("default", "py-1");
@@ -564,9 +727,9 @@ fn the_python_kubernetes_client_lists_and_watches_through_the_gateway() {
     assert_eq!(format!("{:?}", watched.version), "HTTP/2.0");
 }
 
-#[test]
-fn two_dispatch_policies_route_to_two_upstream_subsets() {
+fn two_dispatch_policies_route_to_two_upstream_subsets(driver: &str) {
     let gateway = start_with(
+        driver,
         2,
         2,
         |servers| {
@@ -608,18 +771,41 @@ fn two_dispatch_policies_route_to_two_upstream_subsets() {
     assert!(body.contains("no dispatch policy"), "{body}");
 }
 
-#[test]
-fn a_token_bucket_admits_its_burst_and_answers_429_with_retry_after() {
+fn a_token_bucket_admits_its_burst_and_answers_429_with_retry_after(driver: &str) {
     // One core, so the bucket is not split.
     let gateway = start_with(
+        driver,
         1,
         1,
         |_| {
-            "  flowControl:\n    schemas:\n    - {name: reads, tokenBucket: {qps: 10, burst: 5}}\n  dispatchPolicies:\n  - name: all\n    flowControlSchemaName: reads\n    rules:\n    - {verbs: ['*'], apiGroups: ['*'], resources: ['*']}\n".to_string()
+            "  flowControl:\n    schemas:\n    - {name: reads, tokenBucket: {qps: 10, burst: 5}}\n    - {name: slow, tokenBucket: {qps: 1, burst: 5}}\n  dispatchPolicies:\n  - name: configmaps\n    flowControlSchemaName: slow\n    rules:\n    - {verbs: ['*'], apiGroups: ['*'], resources: [configmaps]}\n  - name: all\n    flowControlSchemaName: reads\n    rules:\n    - {verbs: ['*'], apiGroups: ['*'], resources: ['*']}\n".to_string()
         },
         |options| options,
     );
     gateway.servers[0].add_token("token-tb", TokenUser::new("tb", &[]));
+    // The 429 itself, deterministically: a bucket of 5 that refills one token per second, and 8
+    // requests one after another on one connection (curl, one process). They take a few
+    // milliseconds; a token needs 1 s to come back, so the last three always find it empty.
+    let answers = curl_sequence(
+        &gateway,
+        &["-H", "authorization: Bearer token-tb"],
+        "/api/v1/namespaces/default/configmaps",
+        8,
+    );
+    let codes: Vec<u16> = answers.iter().map(|(code, _)| *code).collect();
+    assert_eq!(
+        codes,
+        [200, 200, 200, 200, 200, 429, 429, 429],
+        "{answers:?}"
+    );
+    for (_, text) in &answers[5..] {
+        assert!(
+            text.to_ascii_lowercase().contains("retry-after: 1\r\n"),
+            "{text}"
+        );
+        assert!(text.contains("TooManyRequests"), "{text}");
+    }
+
     // 20 requests at once on one connection: the burst of 5 passes (plus at most one token
     // refilled while they arrive), the rest is refused without queueing.
     let summary = h2load(
@@ -639,18 +825,8 @@ fn a_token_bucket_admits_its_burst_and_answers_429_with_retry_after() {
     let [ok, _, rejected, _] = status_counts(&summary);
     assert!((5..=6).contains(&ok), "{summary}");
     assert_eq!(ok + rejected, 20, "{summary}");
-    let (code, body) = gateway.curl(
-        &["-H", "authorization: Bearer token-tb", "-D", "-"],
-        "/api/v1/namespaces/default/pods",
-    );
-    if code == 429 {
-        assert!(
-            body.to_ascii_lowercase().contains("retry-after: 1"),
-            "{body}"
-        );
-        assert!(body.contains("TooManyRequests"), "{body}");
-    }
-    // After a second the bucket has refilled.
+    // After a second the bucket has refilled: the bound is the behaviour (10 qps refill 5
+    // tokens in 0.5 s; 1.1 s leaves a margin and cannot refill more than the burst).
     std::thread::sleep(Duration::from_millis(1100));
     let summary = h2load(
         &gateway,
@@ -669,9 +845,8 @@ fn a_token_bucket_admits_its_burst_and_answers_429_with_retry_after() {
     assert_eq!(status_counts(&summary)[0], 5, "{summary}");
 }
 
-#[test]
-fn an_unready_apiserver_leaves_rotation_and_all_down_gives_503() {
-    let gateway = start(3, "");
+fn an_unready_apiserver_leaves_rotation_and_all_down_gives_503(driver: &str) {
+    let gateway = start(driver, 3, "");
     gateway.servers[0].add_token("token-h", TokenUser::new("h", &[]));
     for server in &gateway.servers[1..] {
         server.add_token("token-h", TokenUser::new("h", &[]));
@@ -683,9 +858,33 @@ fn an_unready_apiserver_leaves_rotation_and_all_down_gives_503() {
             .filter(|request| request.uri.contains("/pods"))
             .count()
     };
+    let healthy = |server: &ApiServer| {
+        let metrics = test_support::http_get(gateway.process.address("admin"), "/metrics")
+            .unwrap()
+            .body;
+        let series = format!(
+            "sluice_gateway_upstream_healthy{{cluster=\"{HOST}\",server=\"{}\"}} ",
+            server.url()
+        );
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(&series))
+            .map(|value| value.trim() == "1")
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || gateway
+            .servers
+            .iter()
+            .all(|server| healthy(server) == Some(true))),
+        "the servers never became healthy"
+    );
     gateway.servers[1].set_ready(false);
-    // One health interval (200 ms) and a probe later it is out.
-    std::thread::sleep(Duration::from_millis(700));
+    // Out of rotation once the health checker marked it unhealthy.
+    assert!(
+        wait_until(Duration::from_secs(10), || healthy(&gateway.servers[1])
+            == Some(false)),
+        "the unready server stayed in rotation"
+    );
     let before = pods(&gateway.servers[1]);
     let summary = h2load(
         &gateway,
@@ -703,7 +902,13 @@ fn an_unready_apiserver_leaves_rotation_and_all_down_gives_503() {
     for server in &gateway.servers {
         server.set_ready(false);
     }
-    std::thread::sleep(Duration::from_millis(700));
+    assert!(
+        wait_until(Duration::from_secs(10), || gateway
+            .servers
+            .iter()
+            .all(|server| healthy(server) == Some(false))),
+        "some server stayed in rotation"
+    );
     let (code, body) = gateway.curl(
         &["-H", "authorization: Bearer token-h", "-D", "-"],
         "/api/v1/namespaces/default/pods",
@@ -735,9 +940,8 @@ fn an_unready_apiserver_leaves_rotation_and_all_down_gives_503() {
     }));
 }
 
-#[test]
-fn a_bad_reload_keeps_the_old_config_and_a_good_one_keeps_open_watches() {
-    let gateway = start(1, "");
+fn a_bad_reload_keeps_the_old_config_and_a_good_one_keeps_open_watches(driver: &str) {
+    let gateway = start(driver, 1, "");
     let server = &gateway.servers[0];
     server.create_pod("default", "r-1");
     let metric = |name: &str| {
@@ -802,9 +1006,9 @@ fn a_bad_reload_keeps_the_old_config_and_a_good_one_keeps_open_watches() {
     let _ = watch.wait();
 }
 
-#[test]
-fn max_requests_inflight_refuses_the_third_and_never_counts_watches() {
+fn max_requests_inflight_refuses_the_third_and_never_counts_watches(driver: &str) {
     let gateway = start_with(
+        driver,
         1,
         1,
         |_| {
@@ -859,7 +1063,15 @@ fn max_requests_inflight_refuses_the_third_and_never_counts_watches() {
             .unwrap()
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(1500));
+    // Both uploads hold their slots once the apiserver has their streams open (the gateway
+    // streams a request body upstream as it arrives), next to the three watches.
+    assert!(
+        wait_until(Duration::from_secs(10), || gateway.servers[0]
+            .open_streams()
+            >= 5),
+        "{} streams open upstream",
+        gateway.servers[0].open_streams()
+    );
     let third = curl(&[], "/api/v1/namespaces/default/pods")
         .output()
         .unwrap();
@@ -883,9 +1095,8 @@ fn max_requests_inflight_refuses_the_third_and_never_counts_watches() {
     }
 }
 
-#[test]
-fn exec_style_upgrades_get_their_own_connection_and_carry_bytes_both_ways() {
-    let gateway = start(1, "");
+fn exec_style_upgrades_get_their_own_connection_and_carry_bytes_both_ways(driver: &str) {
+    let gateway = start(driver, 1, "");
     let address = gateway.process.address("gateway");
     let script = r#"
 import socket, ssl, sys
@@ -960,10 +1171,10 @@ if b" 101 " in head.split(b"\r\n")[0]:
     );
 }
 
-#[test]
-fn another_upstream_connection_opens_only_when_the_streams_of_the_others_are_used_up() {
+fn another_upstream_connection_opens_only_when_the_streams_of_the_others_are_used_up(driver: &str) {
     // The apiserver allows 2 streams per connection; one gateway core may open 3 connections.
     let gateway = start_with(
+        driver,
         1,
         1,
         |_| "  connectionPool: {maxConnectionsPerServer: 3}\n".to_string(),

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{metric, start_agent, wait_for_idle_tunnels, Secrets};
-use test_support::{wait_until, GrpcBackend, RedisServer};
+use test_support::{on_both_drivers, wait_until, GrpcBackend, RedisServer};
 
 fn node_with_redis(
     secrets: &Secrets,
@@ -24,7 +24,7 @@ fn node_with_redis(
         "5s",
         1024 * 1024,
         None,
-        "auto",
+        &secrets.driver,
         &private,
         &extra,
         None,
@@ -42,10 +42,12 @@ fn field_exists(redis: &RedisServer, prefix: &str) -> bool {
         .starts_with(":1")
 }
 
-#[test]
-fn a_graceful_stop_removes_the_nodes_entries_and_a_kill_leaves_them_to_expire() {
+// Runs once per monoio driver (the node and its agent share it).
+on_both_drivers!(a_graceful_stop_removes_the_nodes_entries_and_a_kill_leaves_them_to_expire);
+
+fn a_graceful_stop_removes_the_nodes_entries_and_a_kill_leaves_them_to_expire(driver: &str) {
     let redis = RedisServer::start().unwrap();
-    let secrets = Secrets::new();
+    let secrets = Secrets::on(driver);
     let backend = GrpcBackend::start().unwrap();
 
     let mut node = node_with_redis(&secrets, &redis, "graceful");

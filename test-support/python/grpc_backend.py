@@ -2,7 +2,8 @@
 """A real grpcio server used as the backend behind `sluice agent` in integration tests.
 
 Methods take and return raw bytes (no protobuf), so any payload works:
-  /test.Echo/Unary         echo; copies x-* request metadata to initial metadata; trailer x-trailer
+  /test.Echo/Unary         echo; copies x-* request metadata to initial metadata; trailer x-trailer;
+                           counted as one line in CALLS_FILE
   /test.Echo/ServerStream  request b"N[:SIZE[:DELAY_MS]]": N messages (b"msg-i" or SIZE bytes)
   /test.Echo/ClientStream  returns b"COUNT:TOTAL_BYTES" of the request stream
   /test.Echo/Bidi          echoes every message as it arrives
@@ -21,10 +22,16 @@ from concurrent import futures
 import grpc
 
 CANCEL_FILE = os.environ.get("CANCEL_FILE", "")
+# Every Unary call that reaches this backend appends one line here (tests count them).
+CALLS_FILE = os.environ.get("CALLS_FILE", "")
+CALLS_LOCK = threading.Lock()
 MAX = 64 * 1024 * 1024
 
 
 def unary(request, context):
+    if CALLS_FILE:
+        with CALLS_LOCK, open(CALLS_FILE, "a") as handle:
+            handle.write("unary\n")
     context.send_initial_metadata([(k, v) for k, v in context.invocation_metadata() if k.startswith("x-")])
     context.set_trailing_metadata([("x-trailer", "done")])
     return request

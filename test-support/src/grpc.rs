@@ -21,15 +21,18 @@ pub struct GrpcBackend {
     pub address: SocketAddr,
     _dir: tempfile::TempDir,
     cancel_file: PathBuf,
+    calls_file: PathBuf,
 }
 
 impl GrpcBackend {
     pub fn start() -> std::io::Result<Self> {
         let dir = tempfile::tempdir()?;
         let cancel_file = dir.path().join("cancelled");
+        let calls_file = dir.path().join("calls");
         let mut child = Command::new(python())
             .arg(python_script("grpc_backend.py"))
             .env("CANCEL_FILE", &cancel_file)
+            .env("CALLS_FILE", &calls_file)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -50,7 +53,15 @@ impl GrpcBackend {
             address: SocketAddr::from(([127, 0, 0, 1], port)),
             _dir: dir,
             cancel_file,
+            calls_file,
         })
+    }
+
+    /// How many `/test.Echo/Unary` calls reached this backend so far.
+    pub fn unary_calls(&self) -> usize {
+        std::fs::read_to_string(&self.calls_file)
+            .map(|text| text.lines().count())
+            .unwrap_or(0)
     }
 
     /// Whether a `/test.Echo/Hang` call saw its cancellation (within `timeout`).

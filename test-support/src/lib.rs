@@ -29,6 +29,47 @@ pub use redis::{RedisCluster, RedisServer, RedisTls};
 pub use seccomp::{block_io_uring_for_command, block_io_uring_in_this_thread};
 pub use wait::{wait_for_tcp, wait_until};
 
+/// The monoio drivers every data-plane case runs on, by their config names.
+pub const DRIVERS: [&str; 2] = ["uring", "legacy"];
+
+/// Runs each named test body, a `fn(driver: &str)`, once per monoio driver: for `fn calls(driver)`
+/// it defines the tests `calls::io_uring` and `calls::legacy` (a module and a function may share
+/// a name). One body, two processes' worth of fixtures: the cases stay independent, so a failure
+/// names its driver.
+#[macro_export]
+macro_rules! on_both_drivers {
+    ($($name:ident),+ $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn io_uring() {
+                super::$name("uring")
+            }
+            #[test]
+            fn legacy() {
+                super::$name("legacy")
+            }
+        }
+    )+};
+}
+
+/// Asserts that a Sluice process's `/metrics` text says it runs on `driver` (`uring` or
+/// `legacy`): a case meant for one driver must not silently run on the other.
+pub fn assert_driver(metrics: &str, driver: &str) {
+    // The metric names the driver as the runtime does: `io_uring` for the config's `uring`.
+    let label = if driver == "uring" {
+        "io_uring"
+    } else {
+        driver
+    };
+    let series = format!("driver=\"{label}\"}} 1");
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line.starts_with("sluice_build_info{") && line.ends_with(&series)),
+        "the process does not run on the {driver} driver:\n{metrics}"
+    );
+}
+
 use std::path::PathBuf;
 
 /// The workspace root (where `Cargo.toml` with `[workspace]` lives), found from the current

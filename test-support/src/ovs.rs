@@ -23,15 +23,18 @@ pub struct OvsInstance {
     vswitchd: Option<Child>,
 }
 
-/// A network device name (at most 15 bytes) unique to this process and call: `prefix` (at most
-/// 5 bytes are kept) plus the process id and a counter.
+/// A network device or namespace name (at most 15 bytes, Linux's interface name limit) unique
+/// to this process and call: `prefix` (at most 5 bytes are kept), the process id in 6 hex
+/// digits (Linux pids stay below 2^22 = 0x400000) and a counter in 3. Fixed widths, so two
+/// processes never make the same name (with variable widths, pid 0x1a + call 2 and pid 0x1 +
+/// call 0xa2 both gave "…1a2"); concurrent test processes have distinct pids.
 pub fn unique_name(prefix: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let prefix: String = prefix.chars().take(5).collect();
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     format!(
-        "{prefix}{:x}{:x}",
-        std::process::id() % 0x10_0000,
+        "{prefix}{:06x}{:03x}",
+        std::process::id() % 0x100_0000,
         n % 0x1000
     )
 }

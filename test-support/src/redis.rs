@@ -9,6 +9,11 @@ use crate::wait_until;
 
 /// A real `redis-server` for one test: no persistence, loopback TCP on a free port plus a unix
 /// socket, killed and its directory removed on drop.
+///
+/// The unix socket lives in the test's own directory, so nothing can take it from the test:
+/// clients that speak unix sockets (Sluice's tracker does) should use [`RedisServer::unix_url`].
+/// The TCP port is chosen free and then handed to redis-server, which another process may take
+/// in between: start-up is retried with a new port when redis-server cannot bind it.
 #[derive(Debug)]
 pub struct RedisServer {
     child: Child,
@@ -42,7 +47,9 @@ impl RedisServer {
 
     fn start_with(tls: Option<RedisTls>) -> std::io::Result<Self> {
         let mut last_error = None;
-        for _ in 0..5 {
+        // A port taken between choosing and binding makes redis-server exit at once (seen by
+        // `wait_ready`): choose another.
+        for _ in 0..10 {
             match Self::try_start(tls.clone()) {
                 Ok(server) => return Ok(server),
                 Err(error) => last_error = Some(error),
@@ -90,10 +97,12 @@ impl RedisServer {
     }
 
     fn wait_ready(&mut self) -> std::io::Result<()> {
+        let mut exited = false;
         let ready = wait_until(Duration::from_secs(10), || {
-            matches!(self.child.try_wait(), Ok(None)) && self.ping().is_ok()
+            exited = !matches!(self.child.try_wait(), Ok(None));
+            exited || self.ping().is_ok()
         });
-        if ready {
+        if ready && !exited {
             Ok(())
         } else {
             let log =
@@ -175,24 +184,20 @@ impl RedisServer {
     pub fn command(&self, args: &[&str]) -> std::io::Result<String> {
         let mut stream = UnixStream::connect(&self.socket)?;
         stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        let mut request = format!("*{}\r\n", args.len());
-        for arg in args {
-            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
-        }
-        stream.write_all(request.as_bytes())?;
-        let mut buffer = [0u8; 64 * 1024];
-        let read = stream.read(&mut buffer)?;
-        Ok(String::from_utf8_lossy(&buffer[..read]).into_owned())
+        stream.write_all(resp_request(args).as_bytes())?;
+        read_reply(&mut stream)
     }
 
     /// How many times the server has run `command` (from `INFO commandstats`), e.g. "hset".
     pub fn command_calls(&self, command: &str) -> u64 {
         let info = self.command(&["INFO", "commandstats"]).unwrap_or_default();
-        info.lines()
-            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|calls| calls.parse().ok())
-            .unwrap_or(0)
+        command_calls_in(&info, command)
+    }
+
+    /// `redis+unix:///path/to/redis.sock`: the server's own socket, which no other process can
+    /// take between start and use (plain text, also for a TLS server).
+    pub fn unix_url(&self) -> String {
+        format!("redis+unix://{}", self.socket.display())
     }
 
     /// `redis://127.0.0.1:PORT`, or `rediss://` when the server speaks TLS.
@@ -219,6 +224,10 @@ impl Drop for RedisServer {
 
 /// A Redis Cluster of three masters (no replicas) made of real `redis-server` processes and
 /// joined with `redis-cli --cluster create`, killed on drop.
+///
+/// Each node needs a client port and a cluster bus port; both are chosen free and handed to
+/// redis-server (`cluster-port`), which another process may take in between: a node that
+/// cannot bind exits at once and is started again on new ports.
 #[derive(Debug)]
 pub struct RedisCluster {
     children: Vec<Child>,
@@ -226,60 +235,39 @@ pub struct RedisCluster {
     pub addresses: Vec<SocketAddr>,
 }
 
+/// Two distinct free loopback ports (chosen by the OS, released before use).
+fn two_free_ports() -> std::io::Result<(u16, u16)> {
+    let first = TcpListener::bind("127.0.0.1:0")?;
+    let second = TcpListener::bind("127.0.0.1:0")?;
+    Ok((first.local_addr()?.port(), second.local_addr()?.port()))
+}
+
 impl RedisCluster {
     pub fn start() -> std::io::Result<Self> {
         let dir = tempfile::tempdir()?;
-        let mut children = Vec::new();
-        let mut addresses = Vec::new();
-        let mut attempts = 0;
-        while addresses.len() < 3 && attempts < 50 {
-            attempts += 1;
-            let index = addresses.len();
-            let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-            // The cluster bus listens on port + 10000: keep it below 65536.
-            if port > 55_000 {
-                continue;
-            }
-            let node_dir = dir.path().join(format!("node-{index}"));
-            std::fs::create_dir_all(&node_dir)?;
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args([
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                ])
-                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-                .arg("--dir")
-                .arg(&node_dir)
-                .arg("--logfile")
-                .arg(node_dir.join("redis.log"))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()?;
-            children.push(child);
-            addresses.push(SocketAddr::from(([127, 0, 0, 1], port)));
-        }
         let mut cluster = Self {
-            children,
+            children: Vec::new(),
             _dir: dir,
-            addresses,
+            addresses: Vec::new(),
         };
-        if cluster.addresses.len() < 3 {
-            return Err(std::io::Error::other(
-                "could not find three ports for the cluster",
-            ));
-        }
-        let ready = wait_until(Duration::from_secs(10), || {
-            cluster
-                .addresses
-                .iter()
-                .all(|address| std::net::TcpStream::connect(address).is_ok())
-        });
-        if !ready {
-            return Err(std::io::Error::other("cluster nodes did not start"));
+        for index in 0..3 {
+            let node_dir = cluster._dir.path().join(format!("node-{index}"));
+            std::fs::create_dir_all(&node_dir)?;
+            let mut last_error = None;
+            for _ in 0..10 {
+                match Self::start_node(&node_dir) {
+                    Ok((child, address)) => {
+                        cluster.children.push(child);
+                        cluster.addresses.push(address);
+                        last_error = None;
+                        break;
+                    }
+                    Err(error) => last_error = Some(error),
+                }
+            }
+            if let Some(error) = last_error {
+                return Err(error);
+            }
         }
         let output = Command::new("redis-cli")
             .arg("--cluster")
@@ -293,24 +281,63 @@ impl RedisCluster {
                 String::from_utf8_lossy(&output.stdout)
             )));
         }
-        let first = cluster.addresses[0].port().to_string();
         let ok = wait_until(Duration::from_secs(20), || {
-            Command::new("redis-cli")
-                .args(["-p", &first, "cluster", "info"])
-                .output()
-                .is_ok_and(|output| {
-                    String::from_utf8_lossy(&output.stdout).contains("cluster_state:ok")
-                })
+            cluster.addresses.iter().all(|address| {
+                resp_command(*address, &["CLUSTER", "INFO"])
+                    .is_ok_and(|info| info.contains("cluster_state:ok"))
+            })
         });
         if !ok {
-            cluster.children.iter_mut().for_each(|child| {
-                let _ = child.kill();
-            });
             return Err(std::io::Error::other(
                 "the cluster did not reach cluster_state:ok",
             ));
         }
         Ok(cluster)
+    }
+
+    /// Starts one cluster node on fresh ports and waits until it answers as itself (its
+    /// `process_id`, not some other server that took the port). Fails when it exits (a port
+    /// was taken) or never answers.
+    fn start_node(node_dir: &Path) -> std::io::Result<(Child, SocketAddr)> {
+        let (port, bus_port) = two_free_ports()?;
+        let _ = std::fs::remove_file(node_dir.join("nodes.conf"));
+        let mut child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-port",
+                &bus_port.to_string(),
+            ])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(node_dir)
+            .arg("--logfile")
+            .arg(node_dir.join("redis.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let address = SocketAddr::from(([127, 0, 0, 1], port));
+        let own = format!("process_id:{}", child.id());
+        let mut exited = false;
+        let ready = wait_until(Duration::from_secs(10), || {
+            exited = !matches!(child.try_wait(), Ok(None));
+            exited
+                || resp_command(address, &["INFO", "server"]).is_ok_and(|info| info.contains(&own))
+        });
+        if ready && !exited {
+            Ok((child, address))
+        } else {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = std::fs::read_to_string(node_dir.join("redis.log")).unwrap_or_default();
+            Err(std::io::Error::other(format!(
+                "redis cluster node did not start on {port}/{bus_port}: {log}"
+            )))
+        }
     }
 
     /// `redis://127.0.0.1:PORT` of every master.
@@ -319,6 +346,18 @@ impl RedisCluster {
             .iter()
             .map(|address| format!("redis://{address}"))
             .collect()
+    }
+
+    /// How many times the masters together have run `command` (from `INFO commandstats`),
+    /// e.g. "hgetall".
+    pub fn command_calls(&self, command: &str) -> u64 {
+        self.addresses
+            .iter()
+            .map(|address| {
+                let info = resp_command(*address, &["INFO", "commandstats"]).unwrap_or_default();
+                command_calls_in(&info, command)
+            })
+            .sum()
     }
 }
 
@@ -329,4 +368,57 @@ impl Drop for RedisCluster {
             let _ = child.wait();
         }
     }
+}
+
+/// `calls=` of `cmdstat_<command>` in `INFO commandstats` text.
+fn command_calls_in(info: &str, command: &str) -> u64 {
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0)
+}
+
+/// One command over TCP (RESP array of bulk strings); the raw reply text.
+fn resp_command(address: SocketAddr, args: &[&str]) -> std::io::Result<String> {
+    let mut stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(resp_request(args).as_bytes())?;
+    read_reply(&mut stream)
+}
+
+fn resp_request(args: &[&str]) -> String {
+    let mut request = format!("*{}\r\n", args.len());
+    for arg in args {
+        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    request
+}
+
+/// Reads one reply: a bulk string is read to its announced length (INFO replies can span
+/// several reads), anything else is one read.
+fn read_reply(stream: &mut impl Read) -> std::io::Result<String> {
+    let mut reply = Vec::new();
+    let mut buffer = [0u8; 64 * 1024];
+    loop {
+        let read = stream.read(&mut buffer)?;
+        if read == 0 {
+            break;
+        }
+        reply.extend_from_slice(&buffer[..read]);
+        let text = String::from_utf8_lossy(&reply);
+        let Some(header_end) = text.find("\r\n") else {
+            continue;
+        };
+        let complete = match text.strip_prefix('$') {
+            Some(length) => length[..header_end - 1]
+                .parse::<usize>()
+                .map_or(true, |length| reply.len() >= header_end + 2 + length + 2),
+            None => true,
+        };
+        if complete {
+            break;
+        }
+    }
+    Ok(String::from_utf8_lossy(&reply).into_owned())
 }

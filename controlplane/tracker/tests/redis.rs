@@ -70,6 +70,8 @@ fn registration_is_written_once_per_agent_and_removed_after_the_delay() {
     // Leaving and coming back within the delay writes nothing.
     node.unregister(7);
     node.register(7);
+    // A check that nothing happens cannot wait for an event: the bound is the behaviour (the
+    // 500 ms unregister delay), with 200 ms of margin for the delayed removal to have run.
     std::thread::sleep(Duration::from_millis(700));
     assert_eq!(block_on(node.lookup(7)).unwrap().len(), 1);
     assert_eq!(redis.command_calls("hdel"), 0);
@@ -103,6 +105,8 @@ fn two_nodes_see_each_other_and_arrivals_wake_waiters_at_once() {
             .expect("arrival heard")
     });
     let waited = started.elapsed();
+    // The bound is the behaviour (pub/sub, not a poll); a publish and its delivery take a few
+    // milliseconds, 200 ms is the margin.
     assert!(
         waited < Duration::from_millis(200),
         "woken by pub/sub in {waited:?}"
@@ -240,7 +244,8 @@ fn concurrent_lookups_of_one_agent_share_redis_calls() {
 #[test]
 fn after_a_redis_restart_the_tracker_registers_again() {
     let mut redis = RedisServer::start().unwrap();
-    let (node, metrics) = tracker(redis.url(), options("node-a", "t7"));
+    // Over the unix socket: a restart on the same TCP port could find the port taken.
+    let (node, metrics) = tracker(redis.unix_url(), options("node-a", "t7"));
     node.register(21);
     node.register(22);
     assert!(wait_until(Duration::from_secs(5), || block_on(
@@ -255,6 +260,7 @@ fn after_a_redis_restart_the_tracker_registers_again() {
         block_on(node.lookup(21)).is_err(),
         "lookups fail while redis is away, without panicking"
     );
+    // Not a synchronisation: the scenario is an outage of half a second.
     std::thread::sleep(Duration::from_millis(500));
     redis.restart().unwrap();
     let back = std::time::Instant::now();
@@ -269,6 +275,8 @@ fn after_a_redis_restart_the_tracker_registers_again() {
         }),
         "re-registered after the restart"
     );
+    // The bound is the behaviour (the tracker reconnects and re-registers by itself, not at its
+    // next 4-minute refresh); its reconnect backoff is well under it.
     assert!(
         back.elapsed() < Duration::from_secs(5),
         "within 5 s: {:?}",

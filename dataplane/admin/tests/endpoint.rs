@@ -1,4 +1,5 @@
 //! The admin endpoint over real sockets: routes, statuses, limits, keep-alive, metrics.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod common;
 
@@ -95,35 +96,40 @@ fn routes_answer_with_the_right_statuses_on_each_driver() {
 }
 
 #[test]
-fn bad_requests_get_clear_statuses_and_are_counted() {
-    let harness = start(
-        sluice_runtime::Driver::IoUring,
-        Duration::ZERO,
-        default_options(),
-    );
+fn bad_requests_get_clear_statuses_and_are_counted_on_each_driver() {
+    for driver in DRIVERS {
+        bad_requests_get_clear_statuses_and_are_counted(driver);
+    }
+}
+
+fn bad_requests_get_clear_statuses_and_are_counted(driver: sluice_runtime::Driver) {
+    let harness = start(driver, Duration::ZERO, default_options());
     let admin = harness.admin;
 
     let post = raw_exchange(
         admin,
         b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
     );
-    assert!(post.starts_with("HTTP/1.1 413 "), "{post}");
+    assert!(post.starts_with("HTTP/1.1 413 "), "{driver}: {post}");
     let delete = raw_exchange(
         admin,
         b"DELETE /metrics HTTP/1.1\r\nConnection: close\r\n\r\n",
     );
     assert!(
         delete.starts_with("HTTP/1.1 405 ") && delete.contains("Allow: GET, HEAD"),
-        "{delete}"
+        "{driver}: {delete}"
     );
     let garbage = raw_exchange(
         admin,
         b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03\r\n\r\n",
     );
-    assert!(garbage.starts_with("HTTP/1.1 400 "), "{garbage}");
+    assert!(garbage.starts_with("HTTP/1.1 400 "), "{driver}: {garbage}");
     let huge = format!("GET /{} HTTP/1.1\r\n", "a".repeat(20_000));
     let too_large = raw_exchange(admin, huge.as_bytes());
-    assert!(too_large.starts_with("HTTP/1.1 431 "), "{too_large}");
+    assert!(
+        too_large.starts_with("HTTP/1.1 431 "),
+        "{driver}: {too_large}"
+    );
     let head = raw_exchange(
         admin,
         b"HEAD /healthz HTTP/1.1\r\nConnection: close\r\n\r\n",
@@ -132,7 +138,7 @@ fn bad_requests_get_clear_statuses_and_are_counted() {
         head.starts_with("HTTP/1.1 200 ")
             && head.contains("Content-Length: 3")
             && head.ends_with("\r\n\r\n"),
-        "{head:?}"
+        "{driver}: {head:?}"
     );
 
     let text = http_get(admin, "/metrics").unwrap().body;
@@ -146,19 +152,25 @@ fn bad_requests_get_clear_statuses_and_are_counted() {
         assert_eq!(
             metric_value(&text, &series),
             Some(count),
-            "{series} in {text}"
+            "{driver}: {series} in {text}"
         );
     }
     harness.running.shutdown();
 }
 
 #[test]
-fn keep_alive_serves_pipelined_requests_and_slow_heads_time_out() {
+fn keep_alive_serves_pipelined_requests_and_slow_heads_time_out_on_each_driver() {
+    for driver in DRIVERS {
+        keep_alive_serves_pipelined_requests_and_slow_heads_time_out(driver);
+    }
+}
+
+fn keep_alive_serves_pipelined_requests_and_slow_heads_time_out(driver: sluice_runtime::Driver) {
     let options = AdminOptions {
         header_timeout: Duration::from_millis(300),
         idle_timeout: Duration::from_millis(500),
     };
-    let harness = start(sluice_runtime::Driver::Legacy, Duration::ZERO, options);
+    let harness = start(driver, Duration::ZERO, options);
     let admin = harness.admin;
 
     let pipelined = raw_exchange(
@@ -168,16 +180,16 @@ fn keep_alive_serves_pipelined_requests_and_slow_heads_time_out() {
     assert_eq!(
         pipelined.matches("HTTP/1.1 200 OK").count(),
         2,
-        "{pipelined}"
+        "{driver}: {pipelined}"
     );
     assert!(
         pipelined.contains("Connection: keep-alive") && pipelined.ends_with("ready\n"),
-        "{pipelined}"
+        "{driver}: {pipelined}"
     );
 
     // A head that never completes gets 408 after the header timeout.
     let slow = raw_exchange(admin, b"GET /healthz HTTP/1.1\r\nX-Slow: ");
-    assert!(slow.starts_with("HTTP/1.1 408 "), "{slow}");
+    assert!(slow.starts_with("HTTP/1.1 408 "), "{driver}: {slow}");
 
     // An idle kept-alive connection is closed after the idle timeout.
     let mut idle = TcpStream::connect(admin).unwrap();
@@ -187,9 +199,11 @@ fn keep_alive_serves_pipelined_requests_and_slow_heads_time_out() {
     let started = std::time::Instant::now();
     idle.read_to_end(&mut reply).unwrap();
     assert!(String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 200 "));
+    // The bound is the behaviour: the 500 ms idle timeout closes it, not the client's 5 s
+    // read timeout; 3.5 s of margin.
     assert!(
         started.elapsed() < Duration::from_secs(4),
-        "closed by the idle timeout, not the client"
+        "{driver}: closed by the idle timeout, not the client"
     );
     harness.running.shutdown();
 }

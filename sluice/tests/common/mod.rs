@@ -16,10 +16,17 @@ pub struct Secrets {
     pub dir: tempfile::TempDir,
     pub jwt_secret: PathBuf,
     pub tokens: BTreeMap<i64, (String, PathBuf)>,
+    /// The monoio driver (`auto`, `uring`, `legacy`) every node and agent of this test runs on.
+    pub driver: String,
 }
 
 impl Secrets {
     pub fn new() -> Self {
+        Self::on("auto")
+    }
+
+    /// Secrets for a test whose nodes and agents all run on `driver`.
+    pub fn on(driver: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let jwt_secret = dir.path().join("jwt.secret");
         std::fs::write(&jwt_secret, "test-secret-0123456789abcdef0123456789\n").unwrap();
@@ -41,6 +48,7 @@ impl Secrets {
             dir,
             jwt_secret,
             tokens,
+            driver: driver.to_string(),
         }
     }
 
@@ -88,7 +96,7 @@ pub fn start_node(
         max_wait,
         max_message_bytes,
         tls,
-        "auto",
+        &secrets.driver,
         "",
         "",
         None,
@@ -137,12 +145,24 @@ pub fn start_node_on(
     ) + &peer_tls(private_tls) + extra_yaml;
     let launcher = SluiceLauncher::new(BIN).unwrap();
     let config = launcher.write_file("node.yaml", &yaml).unwrap();
-    launcher
+    let node = launcher
         .arg("run")
         .arg("--config")
         .arg(config)
         .spawn()
-        .expect("node starts")
+        .expect("node starts");
+    if driver != "auto" {
+        assert_driver(&node, driver);
+    }
+    node
+}
+
+/// Asserts that the process runs on `driver` (its `sluice_build_info` series).
+pub fn assert_driver(process: &SluiceProcess, driver: &str) {
+    let metrics = http_get(process.address("admin"), "/metrics")
+        .expect("metrics")
+        .body;
+    test_support::assert_driver(&metrics, driver);
 }
 
 pub fn start_agent(
@@ -181,19 +201,24 @@ pub fn start_agent_on(
         .map(|ca| format!("  ca_file: '{}'\n", ca.display()))
         .unwrap_or_default();
     let yaml = format!(
-        "runtime: {{workers: 1, drain_timeout: 2s}}\n\
+        "runtime: {{workers: 1, drain_timeout: 2s, driver: {driver}}}\n\
          listeners:\n  admin: {{address: '127.0.0.1:0'}}\n\
          agent:\n  token_file: '{}'\n  nodes: [{node_url}]\n{ca_line}  forward_to: 'http://{backend}'\n  pool: {{min_idle: 2, max: {pool_max}, grow_by: 10}}\n  reconnect: {{initial_backoff: 100ms, max_backoff: 1s}}\n",
-        secrets.tokens[&agent].1.display()
+        secrets.tokens[&agent].1.display(),
+        driver = secrets.driver,
     );
     let launcher = SluiceLauncher::new(BIN).unwrap();
     let config = launcher.write_file("agent.yaml", &yaml).unwrap();
-    launcher
+    let agent = launcher
         .arg("agent")
         .arg("--config")
         .arg(config)
         .spawn()
-        .expect("agent starts")
+        .expect("agent starts");
+    if secrets.driver != "auto" {
+        assert_driver(&agent, &secrets.driver);
+    }
+    agent
 }
 
 /// The value of one metric series on a process's admin endpoint.
