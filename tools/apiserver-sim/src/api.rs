@@ -447,6 +447,11 @@ impl Server {
             impersonate_uid: header("impersonate-uid"),
             impersonate_extra,
             authorization,
+            x_remote: headers
+                .iter()
+                .filter(|(name, _)| name.as_str().starts_with("x-remote-"))
+                .map(|(name, value)| format!("{name}: {}", value.to_str().unwrap_or("")))
+                .collect(),
         };
         lock(&self.shared.requests).push(record);
     }

@@ -102,6 +102,8 @@ pub struct RecordedRequest {
     /// Keys as sent after `Impersonate-Extra-` (lower case, still percent-encoded).
     pub impersonate_extra: BTreeMap<String, Vec<String>>,
     pub authorization: Option<String>,
+    /// `X-Remote-*` headers (request-header authentication), as `name: value`, lower case.
+    pub x_remote: Vec<String>,
 }
 
 /// Counters and records shared by the server tasks and the test.
