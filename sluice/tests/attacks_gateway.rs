@@ -441,6 +441,61 @@ fn random_bearer_tokens_cannot_amplify_into_token_reviews() {
     assert_eq!(gateway.server().token_review_calls(), reviews_now);
 }
 
+/// Finding 7: against a slow authentication backend, new tokens beyond the per-core bound of
+/// reviews in flight are answered 429 at once instead of piling up reviews; clients with a
+/// certificate are served meanwhile.
+#[test]
+fn token_reviews_in_flight_are_bounded_per_core() {
+    let gateway = start("  authentication: {maxConcurrentTokenReviews: 1}\n", |_| {});
+    gateway
+        .server()
+        .set_token_review_delay(Duration::from_millis(1500));
+    let reviews_before = gateway.server().token_review_calls();
+    let answers: Vec<(u16, String)> = std::thread::scope(|scope| {
+        let flood: Vec<_> = (0..10)
+            .map(|index| {
+                let gateway = &gateway;
+                scope.spawn(move || {
+                    gateway.raw_request(
+                        false,
+                        &format!("GET /api/v1/namespaces/default/pods HTTP/1.1\r\nHost: {HOST}\r\nAuthorization: Bearer slow-{index}\r\nConnection: close\r\n\r\n"),
+                    )
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        gateway.assert_alice_is_served();
+        flood
+            .into_iter()
+            .map(|thread| thread.join().unwrap())
+            .collect()
+    });
+    let reviews = gateway.server().token_review_calls() - reviews_before;
+    assert!(
+        reviews <= 2,
+        "{reviews} TokenReviews in flight at once on two cores"
+    );
+    let busy: Vec<&(u16, String)> = answers
+        .iter()
+        .filter(|(status, _)| *status == 429)
+        .collect();
+    assert!(busy.len() >= 8, "{answers:?}");
+    assert_eq!(
+        status_reason(&busy[0].1),
+        "TooManyRequests",
+        "{}",
+        busy[0].1
+    );
+    assert!(busy[0].1.contains("retry-after: 1"), "{}", busy[0].1);
+    assert!(
+        answers
+            .iter()
+            .all(|(status, _)| *status == 429 || *status == 401),
+        "{answers:?}"
+    );
+    assert!(gateway.rejected("token_reviews_busy") >= 8.0);
+}
+
 /// Finding 10: `X-Remote-*` headers (the apiserver's request-header authentication) from a
 /// client never reach the apiserver; a secret file readable by others is warned about once.
 #[test]

@@ -409,6 +409,10 @@ impl Server {
             Ok(collected) => collected.to_bytes(),
             Err(_) => Bytes::new(),
         };
+        let review_delay = self.shared.token_review_delay_ms.load(Ordering::SeqCst);
+        if review_delay > 0 && path.ends_with("/tokenreviews") {
+            tokio::time::sleep(Duration::from_millis(review_delay)).await;
+        }
         self.route(&method, &path, &query, &body, table)
             .map(|body| body.with_guard(guard))
     }
