@@ -111,12 +111,11 @@ impl GatewayHandler {
                 .user_for_token(
                     &self.pool,
                     generation,
-                    cluster,
+                    (cluster, client.peer),
                     token,
                     (metrics, self.worker),
                 )
-                .await
-                .map_err(|cause| auth_unavailable(&compiled.name, cause))?;
+                .await?;
             return user.ok_or(GatewayError::Unauthorized.into());
         }
         if compiled.authentication.allow_anonymous {

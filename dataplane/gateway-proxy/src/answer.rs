@@ -2,6 +2,8 @@
 //! HTTP response on a served connection or as raw HTTP/1.1 on an upgrade connection) and what the
 //! metrics and logs record.
 
+use std::time::{Duration, Instant};
+
 use http::header::{self, HeaderValue};
 use http::Response;
 
@@ -9,15 +11,85 @@ use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::metrics::GatewayMetrics;
 
-/// A refusal, counted under its reason and logged once.
+/// Refusal log lines a core writes per second; past it they are counted, not written.
+pub const REFUSAL_LOGS_PER_SECOND: u32 = 10;
+/// Bytes of a client's path a refusal log line shows.
+const LOGGED_PATH_BYTES: usize = 200;
+
+/// A per-core budget of refusal log lines: refusals are the client's to multiply, the log is
+/// not.
+#[derive(Debug)]
+pub struct LogBudget {
+    window: Instant,
+    written: u32,
+    suppressed: u64,
+}
+
+impl Default for LogBudget {
+    fn default() -> Self {
+        Self {
+            window: Instant::now(),
+            written: 0,
+            suppressed: 0,
+        }
+    }
+}
+
+/// What to do with one refusal's log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogDecision {
+    /// Write it; `suppressed` lines were dropped since the last one written.
+    Write {
+        suppressed: u64,
+    },
+    Suppress,
+}
+
+impl LogBudget {
+    pub fn decide(&mut self, now: Instant) -> LogDecision {
+        if now.saturating_duration_since(self.window) >= Duration::from_secs(1) {
+            self.window = now;
+            self.written = 0;
+        }
+        if self.written >= REFUSAL_LOGS_PER_SECOND {
+            self.suppressed += 1;
+            return LogDecision::Suppress;
+        }
+        self.written += 1;
+        LogDecision::Write {
+            suppressed: std::mem::take(&mut self.suppressed),
+        }
+    }
+}
+
+/// At most `LOGGED_PATH_BYTES` of a path, cut at a character boundary.
+pub fn loggable_path(path: &str) -> &str {
+    if path.len() <= LOGGED_PATH_BYTES {
+        return path;
+    }
+    let mut end = LOGGED_PATH_BYTES;
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    &path[..end]
+}
+
+/// A refusal, counted under its reason, and logged within the core's log budget (the lines
+/// past it are counted in `sluice_gateway_refusal_logs_suppressed_total`).
 pub fn record(
     error: &ProxyError,
     metrics: &GatewayMetrics,
-    worker: usize,
+    (worker, budget): (usize, &mut LogBudget),
     (cluster, method, path): (&str, &str, &str),
 ) {
     metrics.reject(error.metric_label(), worker);
-    tracing::info!(cluster, method, path, status = error.http_status().as_u16(), side = ?error.side(), %error, "request refused");
+    match budget.decide(Instant::now()) {
+        LogDecision::Write { suppressed } => {
+            let path = loggable_path(path);
+            tracing::info!(cluster, method, path, status = error.http_status().as_u16(), side = ?error.side(), %error, suppressed_since_last = suppressed, "request refused");
+        }
+        LogDecision::Suppress => metrics.refusal_logs_suppressed.inc(worker),
+    }
 }
 
 /// A client connection refused before any HTTP (unknown host, failed TLS handshake): counted
@@ -97,6 +169,35 @@ mod tests {
         let response = super::response(&ProxyError::from(GatewayError::Unauthorized));
         assert_eq!(response.status(), 401);
         assert!(!response.headers().contains_key("retry-after"));
+    }
+
+    #[test]
+    fn refusal_logs_are_limited_per_second() {
+        let start = Instant::now();
+        let mut budget = LogBudget {
+            window: start,
+            written: 0,
+            suppressed: 0,
+        };
+        for _ in 0..REFUSAL_LOGS_PER_SECOND {
+            assert_eq!(budget.decide(start), LogDecision::Write { suppressed: 0 });
+        }
+        for _ in 0..5 {
+            assert_eq!(budget.decide(start), LogDecision::Suppress);
+        }
+        assert_eq!(
+            budget.decide(start + Duration::from_secs(1)),
+            LogDecision::Write { suppressed: 5 },
+            "the next line says how many were dropped"
+        );
+    }
+
+    #[test]
+    fn logged_paths_are_cut() {
+        assert_eq!(loggable_path("/api/v1/pods"), "/api/v1/pods");
+        let long = format!("/{}", "é".repeat(300));
+        let cut = loggable_path(&long);
+        assert!(cut.len() <= LOGGED_PATH_BYTES && long.starts_with(cut));
     }
 
     #[test]

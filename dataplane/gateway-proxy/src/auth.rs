@@ -3,15 +3,18 @@
 //! gateway's own identity (see `review.rs`) and cached per core (no lock on the request path;
 //! each core asks at most once per TTL).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use sluice_gateway::cluster::spec::Authentication;
 use sluice_gateway::identity::{ImpersonationCheck, UserInfo};
 
-use crate::error::ApiCallFailure;
+use sluice_gateway::status::GatewayError;
+
+use crate::error::{ApiCallFailure, ProxyError};
 use crate::pool::CorePool;
 use crate::review::{
     access_allowed, access_review, review, token_review, token_verdict, TokenVerdict,
@@ -19,58 +22,151 @@ use crate::review::{
 };
 use crate::state::Generation;
 
-/// Entries a core's cache may hold; past it, expired entries go, then everything.
+/// Entries each segment of a core's cache may hold (see [`ReviewCache`]).
 const CACHE_LIMIT: usize = 10_000;
+/// Source addresses a core tracks rejected tokens for; past it, the full allowances go first.
+const FAILURE_SOURCES_LIMIT: usize = 10_000;
 /// Bearer tokens longer than this are refused without asking the apiserver.
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
 
 /// (cluster, what was asked) -> the answer.
 type ReviewKey = (u64, String);
 
-/// Review answers with their expiry, bounded in size.
+/// Whether a cached answer is one worth keeping under pressure: a user, an allowed check.
+pub trait Verdict {
+    fn is_good(&self) -> bool;
+}
+
+impl Verdict for TokenVerdict {
+    fn is_good(&self) -> bool {
+        matches!(self, TokenVerdict::User(_))
+    }
+}
+
+impl Verdict for bool {
+    fn is_good(&self) -> bool {
+        *self
+    }
+}
+
+/// Review answers with their expiry, bounded in size and segmented: good answers (users,
+/// allowed checks) and bad ones (rejected tokens: anyone can make those up) have their own
+/// room, so a flood of made-up tokens only ever evicts other rejections.
 #[derive(Debug)]
 struct ReviewCache<V> {
-    entries: HashMap<ReviewKey, (V, Instant)>,
+    good: HashMap<ReviewKey, (V, Instant)>,
+    bad: HashMap<ReviewKey, (V, Instant)>,
     limit: usize,
 }
 
-impl<V> Default for ReviewCache<V> {
+impl<V: Verdict> Default for ReviewCache<V> {
     fn default() -> Self {
         Self::with_limit(CACHE_LIMIT)
     }
 }
 
-impl<V> ReviewCache<V> {
+impl<V: Verdict> ReviewCache<V> {
     fn with_limit(limit: usize) -> Self {
         Self {
-            entries: HashMap::new(),
-            limit,
+            good: HashMap::new(),
+            bad: HashMap::new(),
+            limit: limit.max(1),
         }
     }
 
     /// The answer for `key` unless it expired by `now`.
     fn get(&self, key: &ReviewKey, now: Instant) -> Option<&V> {
-        self.entries
+        self.good
             .get(key)
+            .or_else(|| self.bad.get(key))
             .filter(|(_, expires)| *expires > now)
             .map(|(value, _)| value)
     }
 
-    /// Keeps `value` until `now + ttl`. At the limit, expired entries go first; if none had
-    /// expired, everything goes (a flood of distinct tokens must not grow the cache).
+    /// Keeps `value` until `now + ttl` in its segment. At the segment's limit, expired entries
+    /// go first; then a good answer evicts the good entry closest to expiry, and a bad answer
+    /// empties the bad segment (cheap, and only rejections are lost).
     fn insert(&mut self, key: ReviewKey, value: V, ttl: Duration, now: Instant) {
-        if self.entries.len() >= self.limit {
-            self.entries.retain(|_, (_, expires)| *expires > now);
-            if self.entries.len() >= self.limit {
-                self.entries.clear();
+        let good = value.is_good();
+        // One key lives in one segment: a token whose verdict changed moves.
+        if good {
+            self.bad.remove(&key);
+        } else {
+            self.good.remove(&key);
+        }
+        let segment = if good { &mut self.good } else { &mut self.bad };
+        if segment.len() >= self.limit && !segment.contains_key(&key) {
+            segment.retain(|_, (_, expires)| *expires > now);
+            if segment.len() >= self.limit {
+                if good {
+                    let soonest = segment
+                        .iter()
+                        .min_by_key(|(_, (_, expires))| *expires)
+                        .map(|(key, _)| key.clone());
+                    if let Some(soonest) = soonest {
+                        segment.remove(&soonest);
+                    }
+                } else {
+                    segment.clear();
+                }
             }
         }
-        self.entries.insert(key, (value, now + ttl));
+        segment.insert(key, (value, now + ttl));
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.entries.len()
+        self.good.len() + self.bad.len()
+    }
+}
+
+/// Per source address, how many more rejected tokens it may have reviewed (a token bucket:
+/// `burst` at most, refilled at `per_minute`).
+#[derive(Debug, Default)]
+pub struct FailureLimiter {
+    sources: HashMap<IpAddr, (f64, Instant)>,
+}
+
+impl FailureLimiter {
+    /// The allowance of `source` at `now`.
+    fn level(&self, source: IpAddr, (burst, per_minute): (u32, u32), now: Instant) -> f64 {
+        let burst = f64::from(burst);
+        self.sources.get(&source).map_or(burst, |(level, updated)| {
+            let refill = now.saturating_duration_since(*updated).as_secs_f64()
+                * f64::from(per_minute)
+                / 60.0;
+            (level + refill).min(burst)
+        })
+    }
+
+    /// `None` when `source` may have one more unknown token reviewed; otherwise the seconds
+    /// until it may.
+    pub fn check(&self, source: IpAddr, limits: (u32, u32), now: Instant) -> Option<u32> {
+        let level = self.level(source, limits, now);
+        if level >= 1.0 {
+            return None;
+        }
+        let per_second = f64::from(limits.1.max(1)) / 60.0;
+        Some(((1.0 - level) / per_second).ceil().max(1.0) as u32)
+    }
+
+    /// One rejected token of `source`.
+    pub fn record_failure(&mut self, source: IpAddr, limits: (u32, u32), now: Instant) {
+        let level = self.level(source, limits, now);
+        if self.sources.len() >= FAILURE_SOURCES_LIMIT && !self.sources.contains_key(&source) {
+            // Forget the sources whose allowance is full again; then, if need be, everyone.
+            let burst = f64::from(limits.0);
+            self.sources.retain(|_, (level, updated)| {
+                let refill = now.saturating_duration_since(*updated).as_secs_f64()
+                    * f64::from(limits.1)
+                    / 60.0;
+                *level + refill < burst
+            });
+            if self.sources.len() >= FAILURE_SOURCES_LIMIT {
+                self.sources.clear();
+            }
+        }
+        self.sources.insert(source, ((level - 1.0).max(0.0), now));
     }
 }
 
@@ -92,6 +188,19 @@ pub struct CoreAuth {
     /// instead of sending their own (a burst of new clients must not become a burst of
     /// TokenReviews).
     pending: RefCell<HashMap<ReviewKey, Rc<event_listener::Event>>>,
+    /// TokenReviews in flight on this core.
+    reviewing: Rc<Cell<u32>>,
+    /// Rejected tokens per source address.
+    failures: RefCell<FailureLimiter>,
+}
+
+/// Counts a TokenReview in flight for as long as it lives.
+struct ReviewSlot(Rc<Cell<u32>>);
+
+impl Drop for ReviewSlot {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
 }
 
 /// Wakes the requests waiting on a review, however it ends.
@@ -111,16 +220,24 @@ impl Drop for PendingReview<'_> {
 impl CoreAuth {
     /// The user a bearer token stands for (`None`: the apiserver rejected it), asking the
     /// cluster's apiserver with TokenReview on a cache miss. `cluster` keys the cache: one
-    /// cluster's tokens mean nothing to another.
+    /// cluster's tokens mean nothing to another. A miss is refused with 429 instead of
+    /// reviewed when `source` had too many tokens rejected lately, or when this core already
+    /// has the cluster's maximum of reviews in flight.
     pub async fn user_for_token(
         &self,
         pool: &CorePool,
         generation: &Generation,
-        cluster: usize,
+        (cluster, source): (usize, IpAddr),
         token: &str,
         (metrics, worker): (&crate::metrics::GatewayMetrics, usize),
-    ) -> Result<Option<UserInfo>, ApiCallFailure> {
+    ) -> Result<Option<UserInfo>, ProxyError> {
         let (hits, misses) = (&metrics.auth_cache_hits, &metrics.auth_cache_misses);
+        let compiled = &generation.snapshot.clusters()[cluster];
+        let settings = &compiled.authentication;
+        let limits = (
+            settings.failed_token_review_burst,
+            settings.failed_token_reviews_per_minute,
+        );
         let key = (cluster_key(generation, cluster), token.to_string());
         let _review = loop {
             if let Some(verdict) = self.tokens.borrow().get(&key, Instant::now()) {
@@ -133,6 +250,19 @@ impl CoreAuth {
                 // (if that review failed, this request asks itself).
                 Some(listener) => listener.await,
                 None => {
+                    if let Some(retry_after) =
+                        self.failures.borrow().check(source, limits, Instant::now())
+                    {
+                        return Err(
+                            GatewayError::AuthenticationFailuresLimited { retry_after }.into()
+                        );
+                    }
+                    if self.reviewing.get() >= settings.max_concurrent_token_reviews.max(1) {
+                        return Err(GatewayError::TokenReviewsBusy {
+                            cluster: compiled.name.to_string(),
+                        }
+                        .into());
+                    }
                     self.pending
                         .borrow_mut()
                         .insert(key.clone(), Rc::new(event_listener::Event::new()));
@@ -143,8 +273,9 @@ impl CoreAuth {
                 }
             }
         };
+        self.reviewing.set(self.reviewing.get() + 1);
+        let _slot = ReviewSlot(self.reviewing.clone());
         misses.inc(worker);
-        let settings = &generation.snapshot.clusters()[cluster].authentication;
         let answer = review(
             pool,
             generation,
@@ -153,9 +284,18 @@ impl CoreAuth {
             token_review(token),
             settings.review_timeout,
         )
-        .await?;
+        .await
+        .map_err(|cause| ProxyError::AuthUnavailable {
+            cluster: compiled.name.clone(),
+            cause,
+        })?;
         let verdict = token_verdict(&answer);
         let ttl = verdict_ttl(&verdict, settings);
+        if !verdict.is_good() {
+            self.failures
+                .borrow_mut()
+                .record_failure(source, limits, Instant::now());
+        }
         self.tokens
             .borrow_mut()
             .insert(key, verdict.clone(), ttl, Instant::now());
@@ -294,7 +434,7 @@ mod tests {
     fn at_its_limit_the_cache_drops_expired_entries_first() {
         let start = Instant::now();
         let mut cache = ReviewCache::with_limit(3);
-        cache.insert(key("a", "short"), false, Duration::from_secs(1), start);
+        cache.insert(key("a", "short"), true, Duration::from_secs(1), start);
         cache.insert(key("a", "long-1"), true, Duration::from_secs(60), start);
         cache.insert(key("a", "long-2"), true, Duration::from_secs(60), start);
         let later = start + Duration::from_secs(2);
@@ -306,16 +446,85 @@ mod tests {
     }
 
     #[test]
-    fn at_its_limit_with_nothing_expired_the_cache_starts_over() {
+    fn at_its_limit_with_nothing_expired_a_user_evicts_the_one_closest_to_expiry() {
         let now = Instant::now();
         let mut cache = ReviewCache::with_limit(3);
-        for token in ["1", "2", "3"] {
-            cache.insert(key("a", token), true, Duration::from_secs(60), now);
+        for (token, seconds) in [("1", 60), ("2", 30), ("3", 90)] {
+            cache.insert(key("a", token), true, Duration::from_secs(seconds), now);
         }
         cache.insert(key("a", "4"), true, Duration::from_secs(60), now);
-        assert_eq!(cache.len(), 1);
+        assert_eq!(cache.len(), 3);
         assert_eq!(cache.get(&key("a", "4"), now), Some(&true));
+        assert_eq!(cache.get(&key("a", "2"), now), None, "closest to expiry");
+        assert_eq!(cache.get(&key("a", "1"), now), Some(&true));
+    }
+
+    #[test]
+    fn at_its_limit_rejections_start_over_among_themselves() {
+        let now = Instant::now();
+        let mut cache = ReviewCache::with_limit(3);
+        cache.insert(key("a", "good"), true, Duration::from_secs(60), now);
+        for token in ["1", "2", "3", "4"] {
+            cache.insert(key("a", token), false, Duration::from_secs(60), now);
+        }
+        assert_eq!(cache.get(&key("a", "4"), now), Some(&false));
         assert_eq!(cache.get(&key("a", "1"), now), None);
+        assert_eq!(cache.get(&key("a", "good"), now), Some(&true));
+        // A token whose verdict changes lives in one segment only.
+        cache.insert(key("a", "4"), true, Duration::from_secs(60), now);
+        assert_eq!(cache.get(&key("a", "4"), now), Some(&true));
+        assert_eq!(cache.bad.len(), 0);
+    }
+
+    #[test]
+    fn a_source_with_too_many_rejected_tokens_waits_for_its_allowance() {
+        let start = Instant::now();
+        let source: IpAddr = "192.0.2.7".parse().unwrap();
+        let other: IpAddr = "192.0.2.8".parse().unwrap();
+        let limits = (3, 60); // three at once, one more per second
+        let mut limiter = FailureLimiter::default();
+        for _ in 0..3 {
+            assert_eq!(limiter.check(source, limits, start), None);
+            limiter.record_failure(source, limits, start);
+        }
+        assert_eq!(limiter.check(source, limits, start), Some(1));
+        assert_eq!(limiter.check(other, limits, start), None, "per source");
+        let later = start + Duration::from_millis(1_100);
+        assert_eq!(limiter.check(source, limits, later), None, "refilled");
+        limiter.record_failure(source, limits, later);
+        assert!(limiter.check(source, limits, later).is_some());
+    }
+
+    #[test]
+    fn the_failure_limiter_is_bounded() {
+        let now = Instant::now();
+        let mut limiter = FailureLimiter::default();
+        for index in 0..FAILURE_SOURCES_LIMIT as u32 + 10 {
+            limiter.record_failure(IpAddr::from(index.to_be_bytes()), (10, 60), now);
+            assert!(limiter.sources.len() <= FAILURE_SOURCES_LIMIT);
+        }
+    }
+
+    #[test]
+    fn a_flood_of_rejected_tokens_never_evicts_a_users_verdict() {
+        let now = Instant::now();
+        let mut cache = ReviewCache::with_limit(4);
+        let alice = TokenVerdict::User(UserInfo::new("alice", &[]));
+        cache.insert(
+            key("a", "good"),
+            alice.clone(),
+            Duration::from_secs(600),
+            now,
+        );
+        for index in 0..100 {
+            cache.insert(
+                key("a", &format!("random-{index}")),
+                TokenVerdict::Rejected,
+                Duration::from_secs(10),
+                now,
+            );
+        }
+        assert_eq!(cache.get(&key("a", "good"), now), Some(&alice));
     }
 
     #[test]

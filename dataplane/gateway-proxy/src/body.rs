@@ -50,7 +50,8 @@ pub enum ProxyBody {
         recv: h2::RecvStream,
         data_done: bool,
         finished: bool,
-        _held: Held,
+        /// Boxed: the response enum stays small for the common full bodies.
+        _held: Box<Held>,
     },
 }
 

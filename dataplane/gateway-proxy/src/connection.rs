@@ -115,6 +115,7 @@ impl GatewayHandler {
             cluster: accepted.generation.snapshot.clusters()[accepted.cluster]
                 .name
                 .clone(),
+            peer: conn.peer.ip(),
             certificate_user,
         });
         Some((accepted.stream, client, http2))

@@ -193,7 +193,7 @@ pub enum ClusterFileError {
 
 /// The label values of `sluice_gateway_rejected_total{reason}`, one per way the gateway answers
 /// a client itself (see [`ProxyError::metric_label`]).
-pub const REJECT_REASONS: [&str; 11] = [
+pub const REJECT_REASONS: [&str; 13] = [
     "unknown_host",
     "tls_handshake",
     "bad_request",
@@ -201,6 +201,8 @@ pub const REJECT_REASONS: [&str; 11] = [
     "impersonation_forbidden",
     "no_dispatch_policy",
     "too_many_requests",
+    "token_reviews_busy",
+    "authentication_failures_limited",
     "no_healthy_upstream",
     "authentication_unavailable",
     "upstream_failed",
@@ -217,7 +219,9 @@ impl ProxyError {
                 | GatewayError::Unauthorized
                 | GatewayError::ImpersonationForbidden { .. }
                 | GatewayError::NoDispatchPolicy { .. }
-                | GatewayError::TooManyRequests { .. } => Side::Client,
+                | GatewayError::TooManyRequests { .. }
+                | GatewayError::TokenReviewsBusy { .. }
+                | GatewayError::AuthenticationFailuresLimited { .. } => Side::Client,
                 GatewayError::AuthenticationUnavailable { .. } => Side::Auth,
                 GatewayError::NoHealthyUpstream { .. } | GatewayError::UpstreamFailed { .. } => {
                     Side::Upstream
@@ -284,6 +288,27 @@ impl ProxyError {
         }
     }
 
+    /// Whether the refusal came before the client was authenticated (so nothing it chose may
+    /// become a metric label): its connection, its path, its credentials, or the reviews
+    /// judging them.
+    pub fn before_authentication(&self) -> bool {
+        match self {
+            ProxyError::Refused(refusal) => matches!(
+                refusal,
+                GatewayError::UnknownHost { .. }
+                    | GatewayError::BadRequest { .. }
+                    | GatewayError::Unauthorized
+                    | GatewayError::TokenReviewsBusy { .. }
+                    | GatewayError::AuthenticationFailuresLimited { .. }
+                    | GatewayError::AuthenticationUnavailable { .. }
+            ),
+            ProxyError::Handshake(_) | ProxyError::AuthUnavailable { .. } => true,
+            ProxyError::Upstream { .. }
+            | ProxyError::Config(_)
+            | ProxyError::ClusterFiles { .. } => false,
+        }
+    }
+
     /// The `reason` label of `sluice_gateway_rejected_total` (one of [`REJECT_REASONS`]).
     pub fn metric_label(&self) -> &'static str {
         match self {
@@ -294,6 +319,10 @@ impl ProxyError {
                 GatewayError::ImpersonationForbidden { .. } => "impersonation_forbidden",
                 GatewayError::NoDispatchPolicy { .. } => "no_dispatch_policy",
                 GatewayError::TooManyRequests { .. } => "too_many_requests",
+                GatewayError::TokenReviewsBusy { .. } => "token_reviews_busy",
+                GatewayError::AuthenticationFailuresLimited { .. } => {
+                    "authentication_failures_limited"
+                }
                 GatewayError::NoHealthyUpstream { .. } => "no_healthy_upstream",
                 GatewayError::AuthenticationUnavailable { .. } => "authentication_unavailable",
                 GatewayError::UpstreamFailed { .. } => "upstream_failed",

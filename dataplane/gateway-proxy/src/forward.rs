@@ -71,11 +71,11 @@ impl GatewayHandler {
             recv,
             data_done: false,
             finished: false,
-            _held: Held {
+            _held: Box::new(Held {
                 _slot: slot,
                 _permit: permit,
                 _in_flight: InFlight::new(&self.gateway.metrics, self.worker),
-            },
+            }),
         });
         *answer.status_mut() = head.status;
         copy_end_to_end(&head.headers, answer.headers_mut());

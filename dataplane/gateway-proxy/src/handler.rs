@@ -6,6 +6,7 @@
 //! control, upstream pick) -> forward (`forward.rs`) -> answer; a refusal from any phase is
 //! answered in one place (`answer.rs`).
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -16,7 +17,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use sluice_gateway::flow_control::{CoreFlowControl, CoreShare};
 use sluice_gateway::identity::UserInfo;
-use sluice_gateway::request_info::{RequestInfo, RequestInfoError};
+use sluice_gateway::request_info::{decode_path, PathError, RequestInfo};
 use sluice_gateway::status::GatewayError;
 use sluice_metrics::PerCoreCounter;
 
@@ -47,20 +48,52 @@ pub struct GatewayHandler {
     /// Round-robin cursor per (cluster, policy).
     pub round_robin: RefCell<RoundRobin>,
     counters: RefCell<CounterCache>,
+    /// This core's budget of refusal log lines.
+    refusal_logs: RefCell<crate::answer::LogBudget>,
 }
 
 /// What is known about a client connection after its handshake.
 pub struct ClientConnection {
     pub cluster: Box<str>,
+    /// The client's address (rejected bearer tokens are limited per address).
+    pub peer: std::net::IpAddr,
     /// From a client certificate the cluster's client CA verified.
     pub certificate_user: Option<UserInfo>,
 }
 
+/// A request's info, decided on its decoded path (as the apiserver will see it); a path that
+/// does not decode to exactly one path, or that the apiserver cannot interpret, is a 400.
+pub fn request_info<'a>(
+    method: &str,
+    decoded: &'a Result<String, PathError>,
+    query: &'a str,
+) -> Result<RequestInfo<'a>, GatewayError> {
+    let path = decoded
+        .as_ref()
+        .map_err(|error| GatewayError::from(*error))?;
+    RequestInfo::parse(method, path, query).map_err(GatewayError::from)
+}
+
+/// The decoded path of a raw one (see [`request_info`]).
+pub fn decoded_path(raw: &str) -> Result<String, PathError> {
+    decode_path(raw).map(Cow::into_owned)
+}
+
 /// The verb and resource labels of a request (`unknown` when its path did not parse).
-pub fn request_labels(info: &Result<RequestInfo<'_>, RequestInfoError>) -> (&'static str, String) {
+pub fn request_labels(info: &Result<RequestInfo<'_>, GatewayError>) -> (&'static str, String) {
     match info {
         Ok(info) => (info.verb.as_str(), info.resource.to_string()),
         Err(_) => ("unknown", String::new()),
+    }
+}
+
+/// The `resource` label of a request: empty when it was refused before its client was
+/// authenticated (nobody may grow the label set without credentials), else a bounded name (see
+/// [`crate::metrics::bounded_resource_label`]).
+pub fn resource_label<'a>(resource: &'a str, refusal: Option<&ProxyError>) -> &'a str {
+    match refusal {
+        Some(error) if error.before_authentication() => "",
+        _ => crate::metrics::bounded_resource_label(resource),
     }
 }
 
@@ -76,6 +109,7 @@ impl GatewayHandler {
             flow: RefCell::new(None),
             round_robin: RefCell::default(),
             counters: RefCell::default(),
+            refusal_logs: RefCell::default(),
         }
     }
 
@@ -90,19 +124,21 @@ impl GatewayHandler {
         let method = request.method().clone();
         let path = request.uri().path().to_string();
         let query = request.uri().query().unwrap_or("").to_string();
-        let info = RequestInfo::parse(method.as_str(), &path, &query);
+        let decoded = decoded_path(&path);
+        let info = request_info(method.as_str(), &decoded, &query);
         let (verb, resource) = request_labels(&info);
         let outcome = match info {
             Ok(info) => self.proxy(client, &generation, &info, request).await,
-            Err(error) => Err(GatewayError::from(error).into()),
+            Err(error) => Err(error.into()),
         };
+        let resource = resource_label(&resource, outcome.as_ref().err());
         let response = outcome.unwrap_or_else(|error| {
             self.refuse(&error, client, method.as_str(), &path);
             crate::answer::response(&error)
         });
         self.finish(
             &client.cluster,
-            (verb, &resource),
+            (verb, resource),
             response.status().as_u16(),
             started,
         );
@@ -129,7 +165,7 @@ impl GatewayHandler {
         crate::answer::record(
             error,
             &self.gateway.metrics,
-            self.worker,
+            (self.worker, &mut self.refusal_logs.borrow_mut()),
             (&client.cluster, method, path),
         );
     }
@@ -191,5 +227,26 @@ impl GatewayHandler {
         flow.as_ref()
             .and_then(|(_, states)| states.get(&compiled.name).cloned())
             .unwrap_or_else(|| Rc::new(CoreFlowControl::new(&compiled.schemas, self.share, None)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_authenticated_requests_name_their_resource() {
+        let unauthorized = ProxyError::from(GatewayError::Unauthorized);
+        assert_eq!(resource_label("pods", Some(&unauthorized)), "");
+        let bad_path = ProxyError::from(GatewayError::BadRequest { reason: "x".into() });
+        assert_eq!(resource_label("pods", Some(&bad_path)), "");
+        let forbidden = ProxyError::from(GatewayError::NoDispatchPolicy {
+            cluster: "c".into(),
+            verb: "get",
+            path: "/api/v1/pods".into(),
+        });
+        assert_eq!(resource_label("pods", Some(&forbidden)), "pods");
+        assert_eq!(resource_label("pods", None), "pods");
+        assert_eq!(resource_label(&"x".repeat(100), None), "other");
     }
 }

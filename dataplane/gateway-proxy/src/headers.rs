@@ -56,11 +56,29 @@ pub fn upstream_headers(
     let mut headers = HeaderMap::new();
     copy_end_to_end(client, &mut headers);
     strip_client_identity(&mut headers);
+    strip_request_header_authentication(&mut headers);
     write_impersonation_headers(user, &mut headers)?;
     if let Some(bearer) = bearer {
-        headers.insert(header::AUTHORIZATION, bearer.clone());
+        let mut bearer = bearer.clone();
+        // Never HPACK-indexed: the gateway's credential stays out of the dynamic table.
+        bearer.set_sensitive(true);
+        headers.insert(header::AUTHORIZATION, bearer);
     }
     Ok(headers)
+}
+
+/// Removes `X-Remote-*` (`X-Remote-User`, `X-Remote-Group`, `X-Remote-Extra-*`...): the
+/// apiserver's request-header authentication reads them from an authenticating proxy, so a
+/// client must never be able to set them through the gateway.
+pub fn strip_request_header_authentication(headers: &mut HeaderMap) {
+    let names: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| name.as_str().starts_with("x-remote-"))
+        .cloned()
+        .collect();
+    for name in names {
+        headers.remove(name);
+    }
 }
 
 /// The request head sent to `server` on an HTTP/2 stream: same method, path and query.
@@ -128,6 +146,36 @@ mod tests {
         assert_eq!(headers["accept"], "application/json");
         let custom: Vec<_> = headers.get_all("x-custom").iter().collect();
         assert_eq!(custom, ["a", "b"], "repeated headers keep every value");
+    }
+
+    #[test]
+    fn request_header_authentication_headers_from_clients_never_go_upstream() {
+        let mut client = client_headers();
+        for (name, value) in [
+            ("x-remote-user", "system:admin"),
+            ("X-Remote-Group", "system:masters"),
+            ("x-remote-extra-scopes", "all"),
+            ("x-remote-uid", "0"),
+        ] {
+            client.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_static(value),
+            );
+        }
+        let user = UserInfo::new("alice", &[]);
+        let headers = upstream_headers(&client, &user, None).unwrap();
+        for (name, _) in &headers {
+            assert!(!name.as_str().starts_with("x-remote-"), "{name} forwarded");
+        }
+        assert_eq!(headers["x-custom"], "a", "other x- headers stay");
+    }
+
+    #[test]
+    fn the_gateways_bearer_is_never_indexed() {
+        let user = UserInfo::new("alice", &[]);
+        let bearer = HeaderValue::from_static("Bearer gateway-token");
+        let headers = upstream_headers(&client_headers(), &user, Some(&bearer)).unwrap();
+        assert!(headers["authorization"].is_sensitive());
     }
 
     #[test]

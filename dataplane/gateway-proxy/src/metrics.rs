@@ -15,6 +15,23 @@ use crate::error::REJECT_REASONS;
 
 /// Distinct (cluster, resource) pairs given their own label; later resources count as "other".
 const MAX_RESOURCE_LABELS: usize = 500;
+/// Longest resource label: a Kubernetes resource (plural) is a DNS label.
+pub const MAX_RESOURCE_LABEL_BYTES: usize = 63;
+
+/// The `resource` label for a resource name: itself when it could be a Kubernetes resource
+/// (a DNS label: at most 63 of `a-z0-9-.`), `other` otherwise. Callers label only after
+/// authentication (see `handler::resource_label`).
+pub fn bounded_resource_label(resource: &str) -> &str {
+    let plausible = resource.len() <= MAX_RESOURCE_LABEL_BYTES
+        && resource
+            .bytes()
+            .all(|byte| matches!(byte, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.'));
+    if plausible {
+        resource
+    } else {
+        "other"
+    }
+}
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -53,6 +70,8 @@ pub struct GatewayMetrics {
     pub upstream_connections: PerCoreGauge,
     pub auth_cache_hits: PerCoreCounter,
     pub auth_cache_misses: PerCoreCounter,
+    pub refusal_logs_suppressed: PerCoreCounter,
+    pub upgrade_early_dropped: PerCoreCounter,
     pub reloads_ok: Counter,
     pub reloads_failed: Counter,
 }
@@ -95,6 +114,8 @@ impl GatewayMetrics {
             upstream_connections: PerCoreGauge::new(workers),
             auth_cache_hits,
             auth_cache_misses,
+            refusal_logs_suppressed: PerCoreCounter::new(workers),
+            upgrade_early_dropped: PerCoreCounter::new(workers),
             reloads_ok,
             reloads_failed,
         };
@@ -117,6 +138,16 @@ impl GatewayMetrics {
             "sluice_gateway_rejected",
             "Requests the gateway answered itself, by reason",
             rejected_family,
+        );
+        registry.register(
+            "sluice_gateway_refusal_logs_suppressed",
+            "Refusal log lines not written because a core wrote its limit for the second",
+            metrics.refusal_logs_suppressed.clone(),
+        );
+        registry.register(
+            "sluice_gateway_upgrade_early_bytes_dropped",
+            "Upgrade requests whose bytes sent behind the head were dropped because the apiserver did not switch protocols",
+            metrics.upgrade_early_dropped.clone(),
         );
         registry.register(
             "sluice_gateway_upstream_connections",
@@ -252,6 +283,19 @@ mod tests {
         );
         assert!(text.contains(r#"resource="other",code="200"} 5"#), "{text}");
         assert!(!text.contains(&format!("resource=\"r{MAX_RESOURCE_LABELS}\"")));
+    }
+
+    #[test]
+    fn resource_labels_are_short_kubernetes_names_or_other() {
+        assert_eq!(bounded_resource_label("pods"), "pods");
+        assert_eq!(
+            bounded_resource_label("widgets.example.com"),
+            "widgets.example.com"
+        );
+        assert_eq!(bounded_resource_label(""), "");
+        assert_eq!(bounded_resource_label(&"a".repeat(64)), "other");
+        assert_eq!(bounded_resource_label("Pods"), "other");
+        assert_eq!(bounded_resource_label("p\"o"), "other");
     }
 
     #[test]

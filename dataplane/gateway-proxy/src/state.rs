@@ -115,6 +115,16 @@ pub fn load_generation(
             cluster: cluster.name.clone(),
             cause,
         };
+        for secret in [
+            Some(&cluster.serving.key_file),
+            cluster.client.key_file.as_ref(),
+            cluster.client.bearer_token_file.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            warn_if_exposed(secret);
+        }
         let server_tls = crate::tls::server_config(&cluster.serving).map_err(file_error)?;
         let client_tls = crate::tls::client_config(&cluster.client).map_err(file_error)?;
         let token = match (
@@ -137,8 +147,11 @@ pub fn load_generation(
         };
         let bearer = token
             .map(|token| {
-                HeaderValue::from_str(&format!("Bearer {token}"))
-                    .map_err(|_| file_error(ClusterFileError::BearerToken))
+                let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
+                    .map_err(|_| file_error(ClusterFileError::BearerToken))?;
+                // Never HPACK-indexed upstream, never printed by Debug.
+                value.set_sensitive(true);
+                Ok::<_, ProxyError>(value)
             })
             .transpose()?;
         let health = cluster
@@ -165,4 +178,48 @@ pub fn load_generation(
         snapshot,
         clusters: clusters.into(),
     })
+}
+
+/// The permission bits of a secret file that let its group or others read it (`None`: private).
+pub fn exposed_bits(mode: u32) -> Option<u32> {
+    let exposed = mode & 0o044;
+    (exposed != 0).then_some(mode & 0o777)
+}
+
+/// Warns once per file and mode when a secret file (a private key, a bearer token file) is
+/// readable by its group or by others. The file is still used: refusing would take the gateway
+/// down on a reload; the warning names the file and its mode so it can be fixed.
+fn warn_if_exposed(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    static WARNED: Mutex<Option<std::collections::HashSet<(std::path::PathBuf, u32)>>> =
+        Mutex::new(None);
+    let Ok(metadata) = std::fs::metadata(path) else {
+        return; // loading it reports the error
+    };
+    let Some(mode) = exposed_bits(metadata.permissions().mode()) else {
+        return;
+    };
+    let mut warned = WARNED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if warned
+        .get_or_insert_with(Default::default)
+        .insert((path.to_path_buf(), mode))
+    {
+        tracing::warn!(file = %path.display(), mode = format_args!("{mode:04o}"), "secret file is readable by its group or others; chmod 600 it");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_files_readable_by_group_or_others_are_flagged() {
+        assert_eq!(exposed_bits(0o100600), None);
+        assert_eq!(exposed_bits(0o400), None);
+        assert_eq!(exposed_bits(0o100640), Some(0o640));
+        assert_eq!(exposed_bits(0o604), Some(0o604));
+        assert_eq!(exposed_bits(0o644), Some(0o644));
+    }
 }

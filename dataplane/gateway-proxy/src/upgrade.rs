@@ -15,13 +15,14 @@ use std::time::Duration;
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use sluice_gateway::request_info::RequestInfo;
-use sluice_gateway::status::GatewayError;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::admit::Admitted;
 use crate::body::InFlight;
 use crate::error::{ProxyError, UpstreamFailure};
-use crate::handler::{request_labels, ClientConnection, GatewayHandler};
+use crate::handler::{
+    decoded_path, request_info, request_labels, ClientConnection, GatewayHandler,
+};
 use crate::headers::upstream_headers;
 use crate::state::Generation;
 
@@ -163,10 +164,11 @@ pub fn upstream_head(head: &RequestHead, host: &str, port: u16) -> Vec<u8> {
     out
 }
 
-/// Relays an admitted upgrade: request head (and any early bytes) upstream, the answer back;
-/// after a 101 both directions until either ends. Any other answer is passed on and the
-/// connection closed: nothing more from the client reaches the apiserver on this connection
-/// without the checks a request gets.
+/// Relays an admitted upgrade: the request head upstream, the answer back. Only after a 101 do
+/// the client's bytes flow (first those it sent behind its head, `early`), both directions until
+/// either ends. Any other answer is passed on and the connection closed: the client's bytes
+/// never reach the apiserver on a connection it would read as HTTP/1.1 requests (a second
+/// request smuggled behind the first would run with the gateway's identity, unchecked).
 pub async fn relay<C, U>(
     client: &mut C,
     upstream: &mut U,
@@ -178,9 +180,6 @@ where
     U: AsyncRead + AsyncWrite + Unpin,
 {
     upstream.write_all(&head).await?;
-    if !early.is_empty() {
-        upstream.write_all(&early).await?;
-    }
     upstream.flush().await?;
     let mut answer = BytesMut::with_capacity(4096);
     let head_length = read_head(upstream, &mut answer).await?;
@@ -188,7 +187,11 @@ where
     client.write_all(&answer).await?;
     client.flush().await?;
     if status == 101 {
-        let _ = tokio::io::copy_bidirectional(client, upstream).await;
+        let early_sent = early.is_empty()
+            || (upstream.write_all(&early).await.is_ok() && upstream.flush().await.is_ok());
+        if early_sent {
+            let _ = tokio::io::copy_bidirectional(client, upstream).await;
+        }
     } else {
         let _ = monoio::time::timeout(REFUSAL_DRAIN, tokio::io::copy(upstream, client)).await;
     }
@@ -212,7 +215,8 @@ impl GatewayHandler {
         let method = head.method.clone();
         let path = head.uri.path().to_string();
         let query = head.uri.query().unwrap_or("").to_string();
-        let info = RequestInfo::parse(method.as_str(), &path, &query);
+        let decoded = decoded_path(&path);
+        let info = request_info(method.as_str(), &decoded, &query);
         let labels = request_labels(&info);
         let _in_flight = InFlight::new(&self.gateway.metrics, self.worker);
         let outcome = match info {
@@ -220,8 +224,9 @@ impl GatewayHandler {
                 self.upgrade_admitted(client, &generation, &info, &mut stream, head, early)
                     .await
             }
-            Err(error) => Err(GatewayError::from(error).into()),
+            Err(error) => Err(error.into()),
         };
+        let resource = crate::handler::resource_label(&labels.1, outcome.as_ref().err());
         let code = match outcome {
             Ok(status) => status,
             Err(error) => {
@@ -231,7 +236,7 @@ impl GatewayHandler {
                 error.http_status().as_u16()
             }
         };
-        self.finish(&client.cluster, (labels.0, &labels.1), code, started);
+        self.finish(&client.cluster, (labels.0, resource), code, started);
     }
 
     /// Admission, the upstream connection and the relay; the upstream's status once relayed.
@@ -281,9 +286,16 @@ impl GatewayHandler {
                 .await
                 .map_err(|error| upstream_failed(UpstreamFailure::UpgradeTls(error)))?;
         tracing::debug!(cluster = %compiled.name, user = %user.name, path = info.path, server = %server.endpoint, "upgrade");
-        relay(stream, &mut upstream, request, early)
+        let had_early = !early.is_empty();
+        let status = relay(stream, &mut upstream, request, early)
             .await
-            .map_err(|error| upstream_failed(UpstreamFailure::UpgradeRelay(error)))
+            .map_err(|error| upstream_failed(UpstreamFailure::UpgradeRelay(error)))?;
+        if had_early && status != 101 {
+            // Bytes behind an upgrade the apiserver refused: dropped, never sent (a request
+            // smuggled behind the first would otherwise run unchecked).
+            self.gateway.metrics.upgrade_early_dropped.inc(self.worker);
+        }
+        Ok(status)
     }
 }
 
@@ -452,7 +464,56 @@ mod tests {
             to_client,
             b"HTTP/1.1 403 Forbidden\r\ncontent-length: 2\r\n\r\nno"
         );
-        assert_eq!(to_server, b"POST /exec HTTP/1.1\r\n\r\nearly");
+        assert_eq!(
+            to_server, b"POST /exec HTTP/1.1\r\n\r\n",
+            "the client's early bytes (a smuggled request) never reach the apiserver"
+        );
+    }
+
+    #[test]
+    fn early_bytes_go_upstream_only_after_the_101() {
+        let (mut client, mut client_peer) = tokio::io::duplex(64 * 1024);
+        let (mut upstream, mut server) = tokio::io::duplex(64 * 1024);
+        let (status, seen_before_answer) = block_on(async {
+            let server_side = async {
+                // Everything the gateway wrote before the apiserver answers.
+                let mut head = BytesMut::new();
+                let length = read_head(&mut server, &mut head).await.unwrap();
+                assert_eq!(length, head.len(), "nothing but the head before the answer");
+                server
+                    .write_all(b"HTTP/1.1 101 Switching Protocols\r\n\r\n")
+                    .await
+                    .unwrap();
+                let mut early = [0u8; 5];
+                server.read_exact(&mut early).await.unwrap();
+                assert_eq!(&early, b"early");
+                server.shutdown().await.unwrap();
+                head
+            };
+            let relay_side = async {
+                let status = relay(
+                    &mut client_peer,
+                    &mut upstream,
+                    b"POST /exec HTTP/1.1\r\n\r\n".to_vec(),
+                    Bytes::from_static(b"early"),
+                )
+                .await
+                .unwrap();
+                drop(client_peer);
+                status
+            };
+            let client_side = async {
+                client.shutdown().await.unwrap();
+                let mut all = Vec::new();
+                client.read_to_end(&mut all).await.unwrap();
+                all
+            };
+            let (head, status, _) =
+                futures_util::future::join3(server_side, relay_side, client_side).await;
+            (status, head)
+        });
+        assert_eq!(status, 101);
+        assert_eq!(&seen_before_answer[..], b"POST /exec HTTP/1.1\r\n\r\n");
     }
 
     #[test]

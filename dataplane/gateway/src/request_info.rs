@@ -9,7 +9,8 @@
 //! - The apiserver decodes the whole `ListOptions` and, when any parameter is malformed, falls back
 //!   to "list, no name". Here only `watch` and `fieldSelector` are looked at; a malformed
 //!   `limit=abc` does not change the verb (the apiserver rejects such a request anyway).
-//! - The path must already be percent-decoded, as Go's `URL.Path` is: [`decode_path`] does that.
+//! - The path must already be percent-decoded, as Go's `URL.Path` is: [`decode_path`] does that,
+//!   and refuses paths that do not decode to exactly one path ([`PathError`]).
 
 use std::borrow::Cow;
 
@@ -258,10 +259,68 @@ fn non_resource_verb(method: &str) -> Verb {
     }
 }
 
-/// Percent-decodes a raw request path the way Go fills `URL.Path`; borrows when there is nothing
-/// to decode. Invalid UTF-8 after decoding is replaced (such a path matches no rule anyway).
-pub fn decode_path(raw: &str) -> Cow<'_, str> {
-    percent_decode_str(raw).decode_utf8_lossy()
+/// Why a raw request path cannot be decoded into exactly one path the apiserver would see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    #[error("the path does not start with '/'")]
+    NotAbsolute,
+    #[error("the path has a malformed percent escape")]
+    MalformedEscape,
+    #[error("the path has an encoded '/' (%2F), which cannot be routed unambiguously")]
+    EncodedSlash,
+    #[error("the path has a NUL or control character")]
+    ControlCharacter,
+    #[error("the path does not decode to UTF-8")]
+    InvalidUtf8,
+    #[error("the path has a '.' or '..' segment")]
+    DotSegment,
+}
+
+/// Percent-decodes a raw request path the way Go fills `URL.Path`, so routing and flow control
+/// decide on the path the apiserver will see; borrows when there is nothing to decode.
+///
+/// Refuses what could be read two ways: an encoded `/` (a segment boundary to one reader, a
+/// name character to another), `.` and `..` segments (a client or proxy may resolve them),
+/// control characters (NUL included), malformed escapes and invalid UTF-8.
+pub fn decode_path(raw: &str) -> Result<Cow<'_, str>, PathError> {
+    if !raw.starts_with('/') {
+        return Err(PathError::NotAbsolute);
+    }
+    let bytes = raw.as_bytes();
+    let mut index = 0;
+    while index < bytes.len() {
+        let byte = match bytes[index] {
+            b'%' => {
+                let hex = bytes
+                    .get(index + 1..index + 3)
+                    .and_then(|hex| std::str::from_utf8(hex).ok())
+                    .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+                    .ok_or(PathError::MalformedEscape)?;
+                if hex == b'/' {
+                    return Err(PathError::EncodedSlash);
+                }
+                index += 3;
+                hex
+            }
+            byte => {
+                index += 1;
+                byte
+            }
+        };
+        if byte < 0x20 || byte == 0x7f {
+            return Err(PathError::ControlCharacter);
+        }
+    }
+    let decoded = percent_decode_str(raw)
+        .decode_utf8()
+        .map_err(|_| PathError::InvalidUtf8)?;
+    if decoded
+        .split('/')
+        .any(|segment| segment == "." || segment == "..")
+    {
+        return Err(PathError::DotSegment);
+    }
+    Ok(decoded)
 }
 
 /// The steps of `strings.Split(strings.Trim(path, "/"), "/")`, walked without collecting them.

@@ -38,6 +38,14 @@ pub enum GatewayError {
     /// shared with the compiled config, so rejecting under overload allocates nothing.
     #[error("too many requests: flow control schema {schema:?} is at its limit, retry later")]
     TooManyRequests { schema: Arc<str> },
+    /// This core already has as many TokenReviews in flight as the cluster allows: a new bearer
+    /// token waits for a retry instead of amplifying into one more review.
+    #[error("too many bearer tokens are being reviewed for cluster {cluster:?}, retry later")]
+    TokenReviewsBusy { cluster: String },
+    /// The client's address had too many bearer tokens rejected lately; its unknown tokens are
+    /// not reviewed until its allowance refills.
+    #[error("too many rejected bearer tokens from this address, retry in {retry_after}s")]
+    AuthenticationFailuresLimited { retry_after: u32 },
     /// Every server of the matched upstream subset is down or disabled.
     #[error("no healthy upstream server for cluster {cluster:?}")]
     NoHealthyUpstream { cluster: String },
@@ -64,7 +72,9 @@ impl GatewayError {
             GatewayError::ImpersonationForbidden { .. } | GatewayError::NoDispatchPolicy { .. } => {
                 StatusCode::FORBIDDEN
             }
-            GatewayError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            GatewayError::TooManyRequests { .. }
+            | GatewayError::TokenReviewsBusy { .. }
+            | GatewayError::AuthenticationFailuresLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::NoHealthyUpstream { .. }
             | GatewayError::AuthenticationUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
@@ -81,7 +91,9 @@ impl GatewayError {
             GatewayError::ImpersonationForbidden { .. } | GatewayError::NoDispatchPolicy { .. } => {
                 "Forbidden"
             }
-            GatewayError::TooManyRequests { .. } => "TooManyRequests",
+            GatewayError::TooManyRequests { .. }
+            | GatewayError::TokenReviewsBusy { .. }
+            | GatewayError::AuthenticationFailuresLimited { .. } => "TooManyRequests",
             GatewayError::NoHealthyUpstream { .. }
             | GatewayError::AuthenticationUnavailable { .. }
             | GatewayError::UpstreamFailed { .. } => "ServiceUnavailable",
@@ -93,9 +105,11 @@ impl GatewayError {
     pub fn retry_after_seconds(&self) -> Option<u32> {
         match self {
             GatewayError::TooManyRequests { .. }
+            | GatewayError::TokenReviewsBusy { .. }
             | GatewayError::NoHealthyUpstream { .. }
             | GatewayError::AuthenticationUnavailable { .. }
             | GatewayError::UpstreamFailed { .. } => Some(RETRY_AFTER_SECONDS),
+            GatewayError::AuthenticationFailuresLimited { retry_after } => Some(*retry_after),
             _ => None,
         }
     }
@@ -130,6 +144,15 @@ impl From<crate::request_info::RequestInfoError> for GatewayError {
     /// kube-apiserver answers 500 here; the path is the client's mistake, so the gateway says
     /// 400.
     fn from(error: crate::request_info::RequestInfoError) -> Self {
+        GatewayError::BadRequest {
+            reason: error.to_string(),
+        }
+    }
+}
+
+impl From<crate::request_info::PathError> for GatewayError {
+    /// A path that does not decode to exactly one path: 400, naming what is wrong with it.
+    fn from(error: crate::request_info::PathError) -> Self {
         GatewayError::BadRequest {
             reason: error.to_string(),
         }

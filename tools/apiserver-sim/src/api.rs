@@ -409,6 +409,10 @@ impl Server {
             Ok(collected) => collected.to_bytes(),
             Err(_) => Bytes::new(),
         };
+        let review_delay = self.shared.token_review_delay_ms.load(Ordering::SeqCst);
+        if review_delay > 0 && path.ends_with("/tokenreviews") {
+            tokio::time::sleep(Duration::from_millis(review_delay)).await;
+        }
         self.route(&method, &path, &query, &body, table)
             .map(|body| body.with_guard(guard))
     }
@@ -447,6 +451,11 @@ impl Server {
             impersonate_uid: header("impersonate-uid"),
             impersonate_extra,
             authorization,
+            x_remote: headers
+                .iter()
+                .filter(|(name, _)| name.as_str().starts_with("x-remote-"))
+                .map(|(name, value)| format!("{name}: {}", value.to_str().unwrap_or("")))
+                .collect(),
         };
         lock(&self.shared.requests).push(record);
     }

@@ -102,6 +102,8 @@ pub struct RecordedRequest {
     /// Keys as sent after `Impersonate-Extra-` (lower case, still percent-encoded).
     pub impersonate_extra: BTreeMap<String, Vec<String>>,
     pub authorization: Option<String>,
+    /// `X-Remote-*` headers (request-header authentication), as `name: value`, lower case.
+    pub x_remote: Vec<String>,
 }
 
 /// Counters and records shared by the server tasks and the test.
@@ -115,6 +117,8 @@ pub(crate) struct Shared {
     pub(crate) max_open_streams: AtomicUsize,
     pub(crate) not_ready: AtomicBool,
     pub(crate) token_reviews: AtomicUsize,
+    /// Milliseconds each TokenReview takes before it answers (a slow authenticator).
+    pub(crate) token_review_delay_ms: std::sync::atomic::AtomicU64,
     pub(crate) subject_access_reviews: AtomicUsize,
     pub(crate) store: Mutex<api::Store>,
 }
@@ -222,6 +226,13 @@ impl ApiServer {
     /// A permission the SubjectAccessReview endpoint grants.
     pub fn allow(&self, rule: SubjectAccessRule) {
         lock(&self.shared.store).access_rules.push(rule);
+    }
+
+    /// Every later TokenReview answers only after `delay` (a slow authentication backend).
+    pub fn set_token_review_delay(&self, delay: std::time::Duration) {
+        self.shared
+            .token_review_delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
     }
 
     pub fn token_review_calls(&self) -> usize {

@@ -254,6 +254,14 @@ pub struct Authentication {
     /// For TokenReview and SubjectAccessReview calls.
     #[serde(deserialize_with = "duration")]
     pub review_timeout: Duration,
+    /// TokenReviews one core may have in flight; a new token past it is answered 429 with
+    /// Retry-After instead of becoming one more review (sluice addition).
+    pub max_concurrent_token_reviews: u32,
+    /// Rejected bearer tokens one source IP may have reviewed at once per core before its
+    /// further unknown tokens are answered 429 without a review (sluice addition).
+    pub failed_token_review_burst: u32,
+    /// How fast that allowance refills, per minute (sluice addition).
+    pub failed_token_reviews_per_minute: u32,
 }
 
 impl Default for Authentication {
@@ -264,6 +272,9 @@ impl Default for Authentication {
             token_review_failure_ttl: Duration::from_secs(10),
             subject_access_review_ttl: Duration::from_secs(60),
             review_timeout: Duration::from_secs(2),
+            max_concurrent_token_reviews: 32,
+            failed_token_review_burst: 10,
+            failed_token_reviews_per_minute: 60,
         }
     }
 }

@@ -602,11 +602,51 @@ fn long_running_requests_are_detected_like_kubernetes() {
 
 #[test]
 fn decode_path_borrows_unless_encoded() {
-    assert!(matches!(decode_path("/api/v1/pods"), Cow::Borrowed(_)));
+    assert!(matches!(decode_path("/api/v1/pods"), Ok(Cow::Borrowed(_))));
     assert_eq!(
-        decode_path("/api/v1/namespaces/a%2Fb/pods"),
-        "/api/v1/namespaces/a/b/pods"
+        decode_path("/api/v1/namespaces/x/%73ecrets").unwrap(),
+        "/api/v1/namespaces/x/secrets"
     );
+    assert_eq!(
+        decode_path("/api/v1/namespaces/caf%C3%A9").unwrap(),
+        "/api/v1/namespaces/café"
+    );
+}
+
+#[test]
+fn an_encoded_resource_is_routed_as_the_apiserver_decodes_it() {
+    let decoded = decode_path("/api/v1/namespaces/x/%73ecrets/%61").unwrap();
+    let info = parse("GET", &decoded);
+    assert_eq!(info.resource, "secrets");
+    assert_eq!(info.name, "a");
+    assert_eq!(info.namespace, "x");
+}
+
+#[test]
+fn paths_that_decode_two_ways_are_refused() {
+    for (raw, error) in [
+        ("/api/v1/namespaces/a%2Fb/pods", PathError::EncodedSlash),
+        ("/api/v1/namespaces/a%2fb/pods", PathError::EncodedSlash),
+        ("/api/v1/namespaces/%ff/pods", PathError::InvalidUtf8),
+        ("/api/v1/namespaces/%C3/pods", PathError::InvalidUtf8),
+        ("/api/v1/namespaces/x/../secrets", PathError::DotSegment),
+        ("/api/v1/namespaces/x/%2e%2E/secrets", PathError::DotSegment),
+        ("/api/v1/./pods", PathError::DotSegment),
+        ("/api/v1/namespaces/x/pods/..", PathError::DotSegment),
+        ("/api/v1/pods%00", PathError::ControlCharacter),
+        ("/api/v1/pods%0a", PathError::ControlCharacter),
+        ("/api/v1/pods%7F", PathError::ControlCharacter),
+        ("/api/v1/pods%", PathError::MalformedEscape),
+        ("/api/v1/pods%4", PathError::MalformedEscape),
+        ("/api/v1/pods%zz", PathError::MalformedEscape),
+        ("api/v1/pods", PathError::NotAbsolute),
+    ] {
+        assert_eq!(decode_path(raw), Err(error), "{raw}");
+    }
+    // Dots inside a name are names, not segments.
+    assert!(decode_path("/api/v1/namespaces/x/configmaps/a..b").is_ok());
+    assert!(decode_path("/apis/apps/v1/namespaces/x/deployments/.hidden").is_ok());
+    assert!(PathError::EncodedSlash.to_string().contains("%2F"));
 }
 
 #[test]
@@ -636,9 +676,12 @@ proptest! {
         method in "(GET|POST|PUT|PATCH|DELETE|HEAD)",
     ) {
         let path = format!("/{}", steps.join("/"));
-        let decoded = decode_path(&path);
+        let Ok(decoded) = decode_path(&path) else {
+            return Ok(());
+        };
         if let Ok(info) = RequestInfo::parse(&method, &decoded, &query) {
             prop_assert!(info.path == decoded.as_ref());
+            prop_assert!(!info.path.split('/').any(|step| step == ".." || step == "."));
             if info.is_resource_request {
                 prop_assert!(info.api_prefix == "api" || info.api_prefix == "apis");
             }
