@@ -45,26 +45,10 @@ const COPY_LIMIT: usize = 16 * 1024;
 /// with `request_side == true`, as `ConnectRequest { message: ... }`), returning the pieces to
 /// send in order. The payload bytes are those the sender framed, not re-encoded.
 pub fn data_frame(data: Bytes, compressed: bool, request_side: bool) -> Vec<Bytes> {
-    // Message { data = 1 (bytes), compressed = 2 (bool) }
-    let data_key_len = 1 + varint_len(data.len() as u64);
-    let compressed_len = if compressed { 2 } else { 0 };
-    let inner_len = data_key_len + data.len() + compressed_len;
-    // Outer oneof field: ConnectResponse.message = 2, ConnectRequest.message = 3 (wire type 2).
-    let outer_tag: u8 = if request_side {
-        (3 << 3) | 2
-    } else {
-        (2 << 3) | 2
-    };
-    let body_len = 1 + varint_len(inner_len as u64) + inner_len;
-    let mut head =
-        BytesMut::with_capacity(MESSAGE_HEADER_LEN + body_len - data.len() - compressed_len);
-    head.put_slice(&message_header(false, body_len));
-    head.put_u8(outer_tag);
-    put_varint(&mut head, inner_len as u64);
-    head.put_u8((1 << 3) | 2);
-    put_varint(&mut head, data.len() as u64);
-    let tail: &[u8] = if compressed { &[(2 << 3), 1] } else { &[] };
+    let mut head = data_frame_head(data.len(), compressed, request_side);
+    let tail = data_frame_tail(compressed);
     if data.len() <= COPY_LIMIT {
+        head.reserve(data.len() + tail.len());
         head.put_slice(&data);
         head.put_slice(tail);
         vec![head.freeze()]
@@ -72,6 +56,38 @@ pub fn data_frame(data: Bytes, compressed: bool, request_side: bool) -> Vec<Byte
         vec![head.freeze(), data, Bytes::from_static(&[(2 << 3), 1])]
     } else {
         vec![head.freeze(), data]
+    }
+}
+
+/// What [`data_frame`] puts before a payload of `size` bytes: with [`data_frame_tail`] after
+/// the payload, a message can be forwarded as its bytes arrive instead of whole.
+pub fn data_frame_head(size: usize, compressed: bool, request_side: bool) -> BytesMut {
+    // Message { data = 1 (bytes), compressed = 2 (bool) }
+    let data_key_len = 1 + varint_len(size as u64);
+    let compressed_len = if compressed { 2 } else { 0 };
+    let inner_len = data_key_len + size + compressed_len;
+    // Outer oneof field: ConnectResponse.message = 2, ConnectRequest.message = 3 (wire type 2).
+    let outer_tag: u8 = if request_side {
+        (3 << 3) | 2
+    } else {
+        (2 << 3) | 2
+    };
+    let body_len = 1 + varint_len(inner_len as u64) + inner_len;
+    let mut head = BytesMut::with_capacity(MESSAGE_HEADER_LEN + body_len - size - compressed_len);
+    head.put_slice(&message_header(false, body_len));
+    head.put_u8(outer_tag);
+    put_varint(&mut head, inner_len as u64);
+    head.put_u8((1 << 3) | 2);
+    put_varint(&mut head, size as u64);
+    head
+}
+
+/// What [`data_frame`] puts after the payload.
+pub fn data_frame_tail(compressed: bool) -> &'static [u8] {
+    if compressed {
+        &[(2 << 3), 1]
+    } else {
+        &[]
     }
 }
 
@@ -231,9 +247,49 @@ pub fn metadata_from_headers(headers: &HeaderMap) -> Vec<MetadataEntry> {
     entries
 }
 
+/// Most metadata values one call's headers (or trailers) may carry through a tunnel, from a
+/// client or an agent. Far above what gRPC peers send (a few dozen), far below what makes
+/// `HeaderMap` panic (it cannot hold more than 24,576 distinct names).
+pub const MAX_METADATA_ENTRIES: usize = 512;
+
+/// Most bytes of metadata names and values one call's headers (or trailers) may carry through a
+/// tunnel: the same as the HTTP/2 header list a node accepts from clients (64 KiB).
+pub const MAX_METADATA_BYTES: usize = 64 * 1024;
+
+/// Metadata over [`MAX_METADATA_ENTRIES`] or [`MAX_METADATA_BYTES`]; refused, never forwarded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("metadata too large: {entries} entries and {bytes} bytes exceed the limit of {MAX_METADATA_ENTRIES} entries and {MAX_METADATA_BYTES} bytes")]
+pub struct MetadataTooLarge {
+    pub entries: usize,
+    pub bytes: usize,
+}
+
+/// Checks metadata against [`MAX_METADATA_ENTRIES`] and [`MAX_METADATA_BYTES`], counting
+/// without allocating (a hostile peer's metadata may be millions of entries).
+pub fn check_metadata(entries: &[MetadataEntry]) -> Result<(), MetadataTooLarge> {
+    let (mut count, mut bytes) = (0usize, 0usize);
+    for entry in entries {
+        count += entry.values.len().max(1);
+        bytes += entry.key.len() * entry.values.len().max(1)
+            + entry.values.iter().map(Bytes::len).sum::<usize>();
+    }
+    if count > MAX_METADATA_ENTRIES || bytes > MAX_METADATA_BYTES {
+        return Err(MetadataTooLarge {
+            entries: count,
+            bytes,
+        });
+    }
+    Ok(())
+}
+
 /// Adds tunnel metadata to headers. Entries that are not valid HTTP/2 headers, or are hop
-/// headers, are skipped and counted in the return value.
-pub fn metadata_into_headers(entries: &[MetadataEntry], headers: &mut HeaderMap) -> usize {
+/// headers, are skipped and counted in the return value. Metadata over the limits
+/// ([`check_metadata`]) is refused whole and nothing is added.
+pub fn metadata_into_headers(
+    entries: &[MetadataEntry],
+    headers: &mut HeaderMap,
+) -> Result<usize, MetadataTooLarge> {
+    check_metadata(entries)?;
     let mut skipped = 0;
     for entry in entries {
         let Ok(name) = HeaderName::from_bytes(entry.key.as_bytes()) else {
@@ -253,7 +309,7 @@ pub fn metadata_into_headers(entries: &[MetadataEntry], headers: &mut HeaderMap)
             }
         }
     }
-    skipped
+    Ok(skipped)
 }
 
 #[cfg(test)]
@@ -331,13 +387,39 @@ mod tests {
         let keys: Vec<&str> = entries.iter().map(|entry| entry.key.as_str()).collect();
         assert_eq!(keys, vec!["x-trace", "trace-bin"]);
         let mut back = HeaderMap::new();
-        assert_eq!(metadata_into_headers(&entries, &mut back), 0);
+        assert_eq!(metadata_into_headers(&entries, &mut back), Ok(0));
         assert_eq!(back.get_all("x-trace").iter().count(), 2);
         let bad = [MetadataEntry {
             key: "bad key".into(),
             values: vec![Bytes::from_static(b"v")],
         }];
-        assert_eq!(metadata_into_headers(&bad, &mut back), 1);
+        assert_eq!(metadata_into_headers(&bad, &mut back), Ok(1));
+    }
+
+    #[test]
+    fn metadata_over_the_limits_is_refused_without_touching_the_headers() {
+        // 30,000 distinct names made HeaderMap::append panic (its capacity is 24,576 names).
+        let many: Vec<MetadataEntry> = (0..30_000)
+            .map(|index| MetadataEntry {
+                key: format!("x-k{index}"),
+                values: vec![Bytes::from_static(b"v")],
+            })
+            .collect();
+        let mut headers = HeaderMap::new();
+        let refused = metadata_into_headers(&many, &mut headers).unwrap_err();
+        assert_eq!(refused.entries, 30_000);
+        assert!(
+            refused.to_string().contains("limit of 512 entries"),
+            "{refused}"
+        );
+        assert!(headers.is_empty());
+        let big = [MetadataEntry {
+            key: "x-big".into(),
+            values: vec![Bytes::from(vec![b'a'; MAX_METADATA_BYTES + 1])],
+        }];
+        assert!(metadata_into_headers(&big, &mut headers).is_err());
+        let at_limit: Vec<MetadataEntry> = many[..MAX_METADATA_ENTRIES].to_vec();
+        assert_eq!(metadata_into_headers(&at_limit, &mut headers), Ok(0));
     }
 
     #[test]

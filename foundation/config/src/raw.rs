@@ -97,6 +97,7 @@ pub(crate) struct RawTunnel {
     pub(crate) private_jwt: Option<RawJwt>,
     pub(crate) advertise_address: Leaf,
     pub(crate) peer_tls: Option<RawPeerTls>,
+    pub(crate) peer_allowlist: Vec<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]

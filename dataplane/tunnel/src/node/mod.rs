@@ -20,7 +20,6 @@ pub mod route;
 mod router;
 mod tunnel;
 
-use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,20 +31,19 @@ use sluice_locator::AgentLocator;
 
 use crate::auth::{AgentTokens, JwtValidator};
 use crate::metrics::TunnelMetrics;
-use crate::registry::{AgentId, ConnectionRegistry};
+use crate::registry::ConnectionRegistry;
 
 pub use collector::NodeCollector;
 pub use endpoints::{AgentEndpoint, ExternalEndpoint, PrivateEndpoint};
 pub use tunnel::TunnelStreams;
 
-use bookkeeping::ConnectionInfo;
 use remote::{PeerTls, PrivateSigner};
 
 /// State shared by every core of a node.
 #[derive(Debug)]
 pub struct NodeShared {
     pub registry: ConnectionRegistry<TunnelStreams>,
-    connections: Mutex<HashMap<(AgentId, i64), ConnectionInfo>>,
+    connections: Mutex<bookkeeping::Connections>,
     tokens: AgentTokens,
     jwt: JwtValidator,
     pub node_name: String,
@@ -58,6 +56,8 @@ pub struct NodeShared {
     private_tls: Option<Arc<ServerConfig>>,
     /// TLS for calls to other nodes' private endpoints.
     peer_tls: Option<PeerTls>,
+    /// Networks other nodes' advertised addresses must lie in (empty: any).
+    peer_allowlist: Vec<sluice_config::IpNetwork>,
     settings: H2Settings,
     /// Publishes which agents this node holds and finds the others (multi-node); `None`
     /// without Redis.
@@ -108,6 +108,7 @@ impl NodeShared {
                 None => None,
             },
             peer_tls: config.peer_tls.as_ref().map(PeerTls::new).transpose()?,
+            peer_allowlist: config.peer_allowlist.clone(),
             settings: H2Settings::default(),
             locator,
             private_jwt: config
@@ -150,6 +151,7 @@ pub(crate) mod test_node {
             private_jwt: None,
             advertise_address: None,
             peer_tls: None,
+            peer_allowlist: Vec::new(),
         };
         let metrics = TunnelMetrics::register(&mut Registry::default(), 1);
         NodeShared::new(&config, &listener, &listener, None, metrics, locator).unwrap()
