@@ -121,6 +121,7 @@ impl UpDemo {
             private_jwt: None,
             advertise_address: None,
             peer_tls: None,
+            peer_allowlist: Vec::new(),
         });
         config.agent = Some(demo_agent(agent_token));
 
