@@ -11,7 +11,7 @@ use bytes::Bytes;
 use common::{
     agent_tokens, block_on, descriptor, fake_tunnel, jwt, start_node_limited, still_serves, Node,
 };
-use http::{Request, Uri};
+use http::Request;
 use sluice_grpc::encode_message;
 use sluice_grpc::transport::{connect, recv_data, H2Settings};
 use sluice_proto::tunnel::v1::{connect_request, ConnectRequest, Header, MetadataEntry};
@@ -36,16 +36,7 @@ async fn call_with(
 ) -> (String, String) {
     let connection = connect(node, None, &H2Settings::default()).await.unwrap();
     let mut ready = connection.send_request.ready().await.unwrap();
-    let uri = Uri::from_parts({
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(http::uri::Scheme::HTTP);
-        parts.authority = Some("node".parse().unwrap());
-        parts.path_and_query =
-            Some(http::uri::PathAndQuery::from_maybe_shared(path.to_string()).unwrap());
-        parts
-    })
-    .unwrap();
-    let mut request = Request::post(uri)
+    let mut request = Request::post(format!("http://node{path}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
         .header("authorization", format!("Bearer {}", jwt()))
@@ -379,6 +370,53 @@ fn a_client_announcing_large_messages_on_many_streams_cannot_pin_node_memory() {
         assert!(
             grown_kib < 128 * 1024,
             "{driver}: the process grew by {grown_kib} KiB while 24 streams trickled"
+        );
+        every_worker_still_serves(&node);
+    }
+}
+
+#[test]
+fn an_unauthenticated_caller_cannot_put_its_path_in_a_metric_label() {
+    for driver in DRIVERS {
+        let node = node(driver);
+        let path = format!("/{}", "x".repeat(10_000));
+        let (status, _) = block_on(async {
+            let connection = connect(node.external, None, &H2Settings::default())
+                .await
+                .unwrap();
+            let mut ready = connection.send_request.ready().await.unwrap();
+            let request = Request::post(format!("http://node{path}"))
+                .header("content-type", "application/grpc")
+                .header("authorization", "Bearer not-a-jwt")
+                .header("sluice-agent-id", "7")
+                .body(())
+                .unwrap();
+            let (response, _) = ready.send_request(request, true).unwrap();
+            let response = response.await.unwrap();
+            let status = response
+                .headers()
+                .get("grpc-status")
+                .map(|value| value.to_str().unwrap().to_string());
+            (status, ())
+        });
+        assert_eq!(status.as_deref(), Some("16"), "{driver}: UNAUTHENTICATED");
+        let metrics = &node.shared.metrics;
+        assert_eq!(
+            metrics
+                .requests(
+                    sluice_tunnel::metrics::UNAUTHENTICATED_METHOD,
+                    sluice_grpc::Code::Unauthenticated
+                )
+                .sum(),
+            1,
+            "{driver}: counted under the fixed label"
+        );
+        assert_eq!(
+            metrics
+                .requests(&path, sluice_grpc::Code::Unauthenticated)
+                .sum(),
+            0,
+            "{driver}: never under the caller's path"
         );
         every_worker_still_serves(&node);
     }
