@@ -69,6 +69,7 @@ pub struct TunnelMetrics {
     auth_failures: Family<AuthLabels, Counter>,
     metadata_refused: Family<FromLabels, Counter>,
     peers_refused: Counter,
+    buffer_refused: Counter,
     pub tunnels_connected: PerCoreGauge,
     pub request_duration: PerCoreHistogram,
     pub wait_duration: PerCoreHistogram,
@@ -106,6 +107,7 @@ impl TunnelMetrics {
             auth_failures: Family::default(),
             metadata_refused: Family::default(),
             peers_refused: Counter::default(),
+            buffer_refused: Counter::default(),
             tunnels_connected: PerCoreGauge::new(workers),
             request_duration: PerCoreHistogram::new(workers, PerCoreHistogram::latency_bounds()),
             wait_duration: PerCoreHistogram::new(workers, PerCoreHistogram::latency_bounds()),
@@ -142,6 +144,11 @@ impl TunnelMetrics {
             "sluice_tunnel_peer_addresses_refused",
             "Other nodes' advertised addresses (from Redis) not dialled because they are outside tunnel.peer_allowlist",
             metrics.peers_refused.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_buffer_refused",
+            "Calls refused because the node's buffer for partly received agent messages (tunnel.max_buffered_bytes) was full",
+            metrics.buffer_refused.clone(),
         );
         registry.register(
             "sluice_tunnel_connected_tunnels",
@@ -223,6 +230,11 @@ impl TunnelMetrics {
         self.metadata_refused
             .get_or_create(&FromLabels { from })
             .inc();
+    }
+
+    /// Counts a call refused because the node-wide buffer budget was exhausted.
+    pub fn buffer_refused(&self) {
+        self.buffer_refused.inc();
     }
 
     /// Counts an advertised peer address outside `tunnel.peer_allowlist`.

@@ -19,6 +19,42 @@ pub enum WireError {
     Decode(String),
     #[error("empty tunnel message")]
     Empty,
+    #[error("the node's buffer for partly received messages ({limit} bytes, tunnel.max_buffered_bytes) is full")]
+    OverBudget { limit: usize },
+}
+
+/// Bytes of partly received tunnel messages held across a whole node, against
+/// `tunnel.max_buffered_bytes`: many agent streams each trickling a large message cannot add
+/// up to more.
+#[derive(Debug)]
+pub struct BufferBudget {
+    used: std::sync::atomic::AtomicUsize,
+    limit: usize,
+}
+
+impl BufferBudget {
+    pub fn new(limit: usize) -> Self {
+        Self {
+            used: std::sync::atomic::AtomicUsize::new(0),
+            limit,
+        }
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> usize {
+        self.used.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn add(&self, bytes: usize) -> usize {
+        self.used
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed)
+            + bytes
+    }
+
+    fn sub(&self, bytes: usize) {
+        self.used
+            .fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Encodes a whole message as one gRPC frame (control messages; small).
@@ -112,6 +148,8 @@ fn put_varint(out: &mut BytesMut, mut value: u64) {
 #[derive(Debug)]
 pub struct TunnelReader {
     frames: FrameDecoder,
+    /// The node-wide budget the buffered bytes are charged to, and how many are charged.
+    budget: Option<(std::sync::Arc<BufferBudget>, usize)>,
 }
 
 impl TunnelReader {
@@ -119,7 +157,38 @@ impl TunnelReader {
     pub fn new(max_message: usize) -> Self {
         Self {
             frames: FrameDecoder::new(max_message.saturating_add(64)),
+            budget: None,
         }
+    }
+
+    /// A reader whose buffered bytes count against `budget`; reading fails with
+    /// [`WireError::OverBudget`] when the budget is exhausted.
+    pub fn with_budget(max_message: usize, budget: std::sync::Arc<BufferBudget>) -> Self {
+        Self {
+            frames: FrameDecoder::new(max_message.saturating_add(64)),
+            budget: Some((budget, 0)),
+        }
+    }
+
+    /// Brings the budget in line with what is buffered now; an error if it is exceeded.
+    fn charge(&mut self) -> Result<(), WireError> {
+        let buffered = self.frames.buffered();
+        let Some((budget, charged)) = self.budget.as_mut() else {
+            return Ok(());
+        };
+        if buffered >= *charged {
+            let used = budget.add(buffered - *charged);
+            *charged = buffered;
+            if used > budget.limit {
+                return Err(WireError::OverBudget {
+                    limit: budget.limit,
+                });
+            }
+        } else {
+            budget.sub(*charged - buffered);
+            *charged = buffered;
+        }
+        Ok(())
     }
 
     pub fn push(&mut self, chunk: Bytes) {
@@ -166,17 +235,30 @@ impl TunnelReader {
         next: fn(&mut Self) -> Result<Option<T>, WireError>,
     ) -> Result<Option<T>, ReadError> {
         loop {
-            if let Some(message) = next(self).map_err(ReadError::Protocol)? {
+            let message = next(self).map_err(ReadError::Protocol)?;
+            self.charge().map_err(ReadError::Protocol)?;
+            if let Some(message) = message {
                 return Ok(Some(message));
             }
             match recv_data(recv).await {
-                Some(Ok(chunk)) => self.push(chunk),
+                Some(Ok(chunk)) => {
+                    self.push(chunk);
+                    self.charge().map_err(ReadError::Protocol)?;
+                }
                 Some(Err(error)) => return Err(ReadError::Gone(error.to_string())),
                 None => {
                     self.finish().map_err(ReadError::Protocol)?;
                     return Ok(None);
                 }
             }
+        }
+    }
+}
+
+impl Drop for TunnelReader {
+    fn drop(&mut self) {
+        if let Some((budget, charged)) = &self.budget {
+            budget.sub(*charged);
         }
     }
 }
@@ -420,6 +502,28 @@ mod tests {
         assert!(metadata_into_headers(&big, &mut headers).is_err());
         let at_limit: Vec<MetadataEntry> = many[..MAX_METADATA_ENTRIES].to_vec();
         assert_eq!(metadata_into_headers(&at_limit, &mut headers), Ok(0));
+    }
+
+    #[test]
+    fn partly_received_messages_count_against_the_node_budget() {
+        let budget = std::sync::Arc::new(BufferBudget::new(1000));
+        let mut first = TunnelReader::with_budget(1 << 20, budget.clone());
+        let mut second = TunnelReader::with_budget(1 << 20, budget.clone());
+        // Each announces a 4 KiB message and sends 600 bytes of it.
+        for reader in [&mut first, &mut second] {
+            reader.push(Bytes::copy_from_slice(&message_header(false, 4096)));
+            reader.push(Bytes::from(vec![0u8; 600]));
+        }
+        assert_eq!(first.charge(), Ok(()));
+        assert_eq!(
+            second.charge(),
+            Err(WireError::OverBudget { limit: 1000 }),
+            "1,210 bytes held node-wide"
+        );
+        drop(second);
+        assert_eq!(budget.used(), 605);
+        drop(first);
+        assert_eq!(budget.used(), 0, "dropped readers give their bytes back");
     }
 
     #[test]

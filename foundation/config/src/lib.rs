@@ -209,6 +209,9 @@ pub struct TunnelConfig {
     pub max_wait: Duration,
     /// Largest gRPC message accepted in either direction.
     pub max_message_bytes: usize,
+    /// Most bytes of partly received agent messages the whole node holds at once; a call that
+    /// would go beyond is refused RESOURCE_EXHAUSTED.
+    pub max_buffered_bytes: usize,
     /// The agents allowed to connect: id and SHA-256 of their token.
     pub agents: Vec<AgentTokenConfig>,
     pub jwt: JwtConfig,

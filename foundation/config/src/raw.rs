@@ -92,6 +92,7 @@ pub(crate) struct RawTunnel {
     pub(crate) node_name: Leaf,
     pub(crate) max_wait: Leaf,
     pub(crate) max_message_bytes: Leaf,
+    pub(crate) max_buffered_bytes: Leaf,
     pub(crate) agents: Vec<RawAgentToken>,
     pub(crate) jwt: RawJwt,
     pub(crate) private_jwt: Option<RawJwt>,

@@ -432,6 +432,7 @@ fn node_name_default() -> String {
 
 const DEFAULT_MAX_MESSAGE_BYTES: u64 = 32 * 1024 * 1024;
 const MAX_MESSAGE_BYTES_LIMIT: u64 = 1024 * 1024 * 1024;
+const DEFAULT_MAX_BUFFERED_BYTES: u64 = 256 * 1024 * 1024;
 
 fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
     let mut agents = Vec::with_capacity(raw.agents.len());
@@ -510,6 +511,13 @@ fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
             "tunnel.max_message_bytes",
             DEFAULT_MAX_MESSAGE_BYTES,
             (1024, MAX_MESSAGE_BYTES_LIMIT),
+            errors,
+        ) as usize,
+        max_buffered_bytes: unsigned(
+            &raw.max_buffered_bytes,
+            "tunnel.max_buffered_bytes",
+            DEFAULT_MAX_BUFFERED_BYTES,
+            (1024 * 1024, 1 << 40),
             errors,
         ) as usize,
         agents,

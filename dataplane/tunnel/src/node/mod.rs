@@ -32,6 +32,7 @@ use sluice_locator::AgentLocator;
 use crate::auth::{AgentTokens, JwtValidator};
 use crate::metrics::TunnelMetrics;
 use crate::registry::ConnectionRegistry;
+use crate::wire::BufferBudget;
 
 pub use collector::NodeCollector;
 pub use endpoints::{AgentEndpoint, ExternalEndpoint, PrivateEndpoint};
@@ -49,6 +50,8 @@ pub struct NodeShared {
     pub node_name: String,
     pub max_wait: Duration,
     pub max_message_bytes: usize,
+    /// Bytes of partly received agent messages held node-wide (`tunnel.max_buffered_bytes`).
+    pub buffer_budget: Arc<BufferBudget>,
     pub metrics: TunnelMetrics,
     next_tunnel_id: AtomicU64,
     agent_tls: Option<Arc<ServerConfig>>,
@@ -99,6 +102,7 @@ impl NodeShared {
             node_name: config.node_name.clone(),
             max_wait: config.max_wait,
             max_message_bytes: config.max_message_bytes,
+            buffer_budget: Arc::new(BufferBudget::new(config.max_buffered_bytes)),
             metrics,
             next_tunnel_id: AtomicU64::new(1),
             agent_tls: server_tls(agent_listener)?,
@@ -139,6 +143,7 @@ pub(crate) mod test_node {
             node_name: "n".into(),
             max_wait: Duration::from_secs(1),
             max_message_bytes: 1024,
+            max_buffered_bytes: 1 << 20,
             agents: Vec::new(),
             jwt: JwtConfig {
                 secret: vec![7; 32],

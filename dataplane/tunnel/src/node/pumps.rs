@@ -13,7 +13,7 @@ use crate::error::{ErrorKind, TunnelError};
 use crate::metrics::TunnelMetrics;
 use crate::wire::{
     data_frame, data_frame_head, data_frame_tail, frame, frame_into, metadata_into_headers,
-    MetadataTooLarge, ReadError, TunnelReader,
+    MetadataTooLarge, ReadError, TunnelReader, WireError,
 };
 
 /// Requests up to this size (all messages) are copied into the RequestInfo's DATA frame.
@@ -247,6 +247,13 @@ pub(super) async fn pump_down(
         let message = match next {
             None => return Err(TunnelError::client_gone()),
             Some(Err(ReadError::Gone(why))) => return Err(agent_gone(why)),
+            Some(Err(ReadError::Protocol(error @ WireError::OverBudget { .. }))) => {
+                metrics.buffer_refused();
+                return Err(
+                    TunnelError::new(ErrorKind::AgentProtocol, error.to_string())
+                        .with_code(Code::ResourceExhausted),
+                );
+            }
             Some(Err(ReadError::Protocol(error))) => return Err(agent_protocol(error)),
             Some(Ok(None)) => return Err(agent_gone("the tunnel closed before the call ended")),
             Some(Ok(Some(message))) => message,

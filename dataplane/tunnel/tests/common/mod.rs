@@ -93,6 +93,7 @@ pub fn start_node_limited(
         node_name: "malformed".into(),
         max_wait: Duration::from_secs(5),
         max_message_bytes,
+        max_buffered_bytes: 256 * 1024 * 1024,
         agents,
         jwt: JwtConfig {
             secret: SECRET.to_vec(),
