@@ -237,6 +237,11 @@ impl TunnelMetrics {
         self.buffer_refused.inc();
     }
 
+    /// Calls refused for the buffer budget so far (tests and diagnostics).
+    pub fn buffer_refusals(&self) -> u64 {
+        self.buffer_refused.get()
+    }
+
     /// Counts an advertised peer address outside `tunnel.peer_allowlist`.
     pub fn peer_refused(&self) {
         self.peers_refused.inc();

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{
-    agent_tokens, block_on, descriptor, fake_tunnel, jwt, start_node_limited, still_serves, Node,
+    agent_tokens, block_on, descriptor, fake_tunnel, jwt, start_node_buffered, start_node_limited,
+    still_serves, Node,
 };
 use http::Request;
 use sluice_grpc::encode_message;
@@ -417,6 +418,81 @@ fn an_unauthenticated_caller_cannot_put_its_path_in_a_metric_label() {
                 .sum(),
             0,
             "{driver}: never under the caller's path"
+        );
+        every_worker_still_serves(&node);
+    }
+}
+
+#[test]
+fn agents_trickling_large_messages_cannot_exceed_the_node_buffer_budget() {
+    use sluice_proto::tunnel::v1::Message;
+    for driver in DRIVERS {
+        // A 1 MiB node-wide budget; each hostile tunnel announces a 3 MiB message and sends
+        // 768 KiB of it: the second call takes the node past its budget.
+        let node = start_node_buffered(driver, agent_tokens(&[7]), None, BIG_LIMIT, 1 << 20);
+        let external = node.external;
+        let statuses = block_on(async {
+            let mut statuses = Vec::new();
+            let mut held = Vec::new();
+            for _ in 0..2 {
+                let (mut agent_recv, mut agent_send, refused) =
+                    fake_tunnel(node.agent, descriptor()).await;
+                assert_eq!(refused, None);
+                let call = monoio::spawn(async move {
+                    call_with(external, "/test.Echo/Download", "7", &[]).await
+                });
+                let first = recv_data(&mut agent_recv).await;
+                assert!(
+                    matches!(first, Some(Ok(_))),
+                    "{driver}: the call reached the agent"
+                );
+                agent_send
+                    .send_data(
+                        frame(&ConnectRequest {
+                            msg: Some(connect_request::Msg::Header(Header::default())),
+                        }),
+                        false,
+                    )
+                    .unwrap();
+                // The whole frame of a 3 MiB Message, cut after 768 KiB.
+                let message = frame(&ConnectRequest {
+                    msg: Some(connect_request::Msg::Message(Message {
+                        data: Bytes::from(vec![0u8; 3 << 20]),
+                        compressed: false,
+                    })),
+                });
+                let part = message.slice(..768 * 1024);
+                sluice_grpc::transport::send_data(&mut agent_send, part, false)
+                    .await
+                    .unwrap();
+                held.push((agent_recv, agent_send, call));
+            }
+            // The second call is over the budget: refused at once. The first waits for the
+            // rest of its message; end it by dropping its agent.
+            let (_, _, second) = held.pop().unwrap();
+            statuses.push(
+                monoio::time::timeout(Duration::from_secs(10), second)
+                    .await
+                    .expect("the over-budget call is answered"),
+            );
+            drop(held);
+            // Let the fake agents' connections close (their drivers run on this runtime).
+            monoio::time::sleep(Duration::from_millis(300)).await;
+            statuses
+        });
+        let (status, message) = &statuses[0];
+        assert_eq!(status, "8", "{driver}: {message}");
+        assert!(
+            message.contains("tunnel.max_buffered_bytes"),
+            "{driver}: {message}"
+        );
+        assert_eq!(node.shared.metrics.buffer_refusals(), 1, "{driver}");
+        assert!(
+            test_support::wait_until(Duration::from_secs(5), || {
+                node.shared.buffer_budget.used() == 0
+            }),
+            "{driver}: {} bytes still charged after the calls ended",
+            node.shared.buffer_budget.used()
         );
         every_worker_still_serves(&node);
     }

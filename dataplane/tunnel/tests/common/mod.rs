@@ -89,11 +89,28 @@ pub fn start_node_limited(
     tracker: Option<Arc<dyn sluice_locator::AgentLocator>>,
     max_message_bytes: usize,
 ) -> Node {
+    start_node_buffered(
+        driver,
+        agents,
+        tracker,
+        max_message_bytes,
+        256 * 1024 * 1024,
+    )
+}
+
+/// [`start_node_limited`] with a node-wide budget for partly received agent messages.
+pub fn start_node_buffered(
+    driver: Driver,
+    agents: Vec<AgentTokenConfig>,
+    tracker: Option<Arc<dyn sluice_locator::AgentLocator>>,
+    max_message_bytes: usize,
+    max_buffered_bytes: usize,
+) -> Node {
     let config = TunnelConfig {
         node_name: "malformed".into(),
         max_wait: Duration::from_secs(5),
         max_message_bytes,
-        max_buffered_bytes: 256 * 1024 * 1024,
+        max_buffered_bytes,
         agents,
         jwt: JwtConfig {
             secret: SECRET.to_vec(),
