@@ -266,11 +266,20 @@ fn every_bad_credential_is_refused_and_counted(driver: &str) {
             "{series} counted"
         );
     }
+    // Refused before authentication: counted, but the client's method never becomes a label.
     let unauthenticated = metric(
+        &node,
+        "sluice_tunnel_requests_total{method=\"unauthenticated\",code=\"UNAUTHENTICATED\"}",
+    );
+    assert!(unauthenticated.unwrap_or(0.0) >= 7.0, "{unauthenticated:?}");
+    let labelled = metric(
         &node,
         "sluice_tunnel_requests_total{method=\"/test.Echo/Unary\",code=\"UNAUTHENTICATED\"}",
     );
-    assert!(unauthenticated.unwrap_or(0.0) >= 7.0, "{unauthenticated:?}");
+    assert_eq!(
+        labelled, None,
+        "an unauthenticated caller's method became a label"
+    );
 
     // An agent with a token the node does not know is refused and counted on the agent endpoint.
     let impostor_secrets = Secrets::on(driver);

@@ -53,7 +53,7 @@ struct LocalExec;
 
 impl<F: Future + 'static> hyper::rt::Executor<F> for LocalExec {
     fn execute(&self, future: F) {
-        monoio::spawn(future);
+        sluice_runtime::spawn_contained("gateway-hyper-task", future);
     }
 }
 

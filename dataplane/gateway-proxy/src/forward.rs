@@ -61,7 +61,7 @@ impl GatewayHandler {
             .send_request(upstream, empty)
             .map_err(|error| upstream_failed(UpstreamFailure::Send(error)))?;
         if !empty {
-            monoio::spawn(pump_request(body, stream));
+            sluice_runtime::spawn_contained("gateway-request-pump", pump_request(body, stream));
         }
         let response = response
             .await

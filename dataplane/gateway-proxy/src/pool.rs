@@ -358,7 +358,7 @@ where
     let mut ping_pong = connection.ping_pong();
     let (settled, settled_receiver) = futures_channel::oneshot::channel();
     gauge.inc(worker);
-    monoio::spawn(async move {
+    sluice_runtime::spawn_contained("gateway-keepalive", async move {
         let keepalive = async {
             let Some(ping_pong) = ping_pong.as_mut() else {
                 let _ = settled.send(());

@@ -13,6 +13,7 @@ use http::{HeaderMap, Request};
 use monoio::net::TcpStream;
 use monoio_compat::{AsyncRead, AsyncWrite, TcpStreamCompat};
 use rustls::pki_types::ServerName;
+use sluice_runtime::spawn_contained;
 
 /// HTTP/2 settings of one connection.
 #[derive(Debug, Clone)]
@@ -118,7 +119,9 @@ where
                 connection.graceful_shutdown();
             }
             Next::Stream(Some(Ok((request, respond)))) => {
-                monoio::spawn(handler(request, respond));
+                // Each stream's task is contained: a bug (or a peer that finds one) ends that
+                // stream, counted in sluice_task_panics_total{task="grpc-stream"}, not the worker.
+                spawn_contained("grpc-stream", handler(request, respond));
             }
             Next::Stream(Some(Err(error))) if is_peer_gone(&error) => return Ok(()),
             Next::Stream(Some(Err(error))) => return Err(error),
@@ -148,7 +151,7 @@ pub struct ClientConnection {
     pub send_request: h2::client::SendRequest<Bytes>,
     /// The task driving the connection's I/O; it ends when the connection does (peer gone, or
     /// every `SendRequest` and stream dropped), which is how owners notice a lost connection.
-    pub driver: monoio::task::JoinHandle<()>,
+    pub driver: monoio::task::JoinHandle<Option<()>>,
 }
 
 impl ClientConnection {
@@ -205,7 +208,7 @@ where
         .handshake::<T, Bytes>(io)
         .await
         .map_err(|source| ConnectError::H2 { address, source })?;
-    let driver = monoio::spawn(async move {
+    let driver = spawn_contained("grpc-client-connection", async move {
         if let Err(error) = connection.await {
             tracing::debug!(%address, %error, "HTTP/2 client connection ended");
         }
@@ -261,6 +264,21 @@ pub async fn recv_data(stream: &mut RecvStream) -> Option<Result<Bytes, h2::Erro
         let _ = stream.flow_control().release_capacity(bytes.len());
     }
     Some(chunk)
+}
+
+/// Receives the next DATA chunk and keeps its flow-control credit: the caller returns it with
+/// [`release`] once the bytes were passed on. A forwarder that does so buffers at most what
+/// the windows it advertised allow, and a slow receiver slows the sender (backpressure end to
+/// end) instead of the bytes piling up in the forwarder.
+pub async fn recv_data_held(stream: &mut RecvStream) -> Option<Result<Bytes, h2::Error>> {
+    stream.data().await
+}
+
+/// Returns `bytes` of flow-control credit of chunks taken with [`recv_data_held`].
+pub fn release(stream: &mut RecvStream, bytes: usize) {
+    if bytes > 0 {
+        let _ = stream.flow_control().release_capacity(bytes);
+    }
 }
 
 /// [`recv_data`] without waiting: `None` if no DATA (or end of stream) has arrived yet. Lets a

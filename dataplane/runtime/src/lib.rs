@@ -19,6 +19,7 @@ mod listener;
 mod server;
 mod signals;
 mod stats;
+mod task;
 mod worker;
 
 pub use driver::{select_driver, Driver, DriverSelection};
@@ -31,6 +32,7 @@ pub use listener::{ListenerId, Placement};
 pub use server::{RunningServer, RuntimeOptions, ServerBuilder, ShutdownReport};
 pub use signals::StopSignals;
 pub use stats::ListenerStats;
+pub use task::{contain, panic_message, spawn_contained, task_panics, task_panics_of};
 
 /// Re-exported so handlers name the same stream type the runtime accepts.
 pub use monoio::net::TcpStream;

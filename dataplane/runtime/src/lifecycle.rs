@@ -14,6 +14,8 @@ pub enum Phase {
     Draining,
     /// Workers have exited.
     Stopped,
+    /// A worker thread died: the process is stopping and must be restarted.
+    Failed,
 }
 
 impl Phase {
@@ -22,7 +24,8 @@ impl Phase {
             0 => Phase::Starting,
             1 => Phase::Ready,
             2 => Phase::Draining,
-            _ => Phase::Stopped,
+            3 => Phase::Stopped,
+            _ => Phase::Failed,
         }
     }
 
@@ -32,6 +35,7 @@ impl Phase {
             Phase::Ready => "ready",
             Phase::Draining => "draining",
             Phase::Stopped => "stopped",
+            Phase::Failed => "failed",
         }
     }
 }
@@ -60,6 +64,18 @@ impl StopSignal {
         self.fired.load(Ordering::SeqCst)
     }
 
+    /// Blocks the calling (non-runtime) thread until the signal has fired.
+    pub fn wait_blocking(&self) {
+        use event_listener::Listener;
+        while !self.is_fired() {
+            let listener = self.event.listen();
+            if self.is_fired() {
+                return;
+            }
+            listener.wait();
+        }
+    }
+
     /// Resolves once the signal has fired.
     pub async fn wait(&self) {
         loop {
@@ -84,6 +100,8 @@ pub struct Lifecycle {
     pub drain: Arc<StopSignal>,
     /// Fired by a second stop signal: cut what is left without waiting for the drain deadline.
     pub abort: Arc<StopSignal>,
+    /// Fired when a worker thread died ([`Lifecycle::fail`]): the process stops.
+    pub failed: Arc<StopSignal>,
 }
 
 impl Lifecycle {
@@ -100,13 +118,36 @@ impl Lifecycle {
     }
 
     pub(crate) fn set_phase(&self, phase: Phase) {
-        let value = match phase {
+        // A failed process stays failed: `/readyz` keeps answering 503 "failed" while it drains.
+        if self.has_failed() {
+            return;
+        }
+        self.phase.store(Self::phase_value(phase), Ordering::SeqCst);
+    }
+
+    fn phase_value(phase: Phase) -> u8 {
+        match phase {
             Phase::Starting => 0,
             Phase::Ready => 1,
             Phase::Draining => 2,
             Phase::Stopped => 3,
-        };
-        self.phase.store(value, Ordering::SeqCst);
+            Phase::Failed => 4,
+        }
+    }
+
+    /// A worker thread died (a panic outside any contained task): readiness flips to "failed"
+    /// (503) and `failed` fires, which stops the process ([`crate::StopSignals::wait`] returns)
+    /// so a supervisor restarts it; a half-dead process never keeps serving.
+    pub fn fail(&self, reason: &str) {
+        tracing::error!(reason, "worker failed; the process stops");
+        self.phase
+            .store(Self::phase_value(Phase::Failed), Ordering::SeqCst);
+        self.failed.fire();
+    }
+
+    /// Whether a worker died ([`Lifecycle::fail`]).
+    pub fn has_failed(&self) -> bool {
+        self.failed.is_fired()
     }
 }
 

@@ -193,9 +193,30 @@ impl ServerBuilder {
                 drain_timeout,
                 started: started_tx.clone(),
             };
+            let failure = lifecycle.clone();
+            let started = spec.started.clone();
+            let thread = name.clone();
             std::thread::Builder::new()
                 .name(name.clone())
-                .spawn(move || worker::run(spec))
+                .spawn(move || {
+                    // A panic outside any contained task kills the worker's runtime: the
+                    // process fails (readiness 503, stop) instead of serving half-dead.
+                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        worker::run(spec)
+                    })) {
+                        Ok(cut) => cut,
+                        Err(payload) => {
+                            let reason = format!(
+                                "worker thread {thread} panicked: {}",
+                                crate::task::panic_message(payload.as_ref())
+                            );
+                            crate::task::count_panic("worker");
+                            failure.fail(&reason);
+                            let _ = started.send((thread, Err(reason)));
+                            0
+                        }
+                    }
+                })
                 .map_err(|source| RuntimeError::Spawn { name, source })
         };
         for (index, listeners) in per_worker.into_iter().enumerate() {

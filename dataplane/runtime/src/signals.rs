@@ -19,10 +19,27 @@ impl StopSignals {
             .map_err(RuntimeError::Signals)
     }
 
-    /// Blocks until the first stop signal; returns its name. A second signal later fires
-    /// `lifecycle.abort`, cutting the drain short (as a second Ctrl-C does in most daemons).
+    /// Blocks until the first stop signal, or until a worker thread died (`lifecycle.failed`,
+    /// see [`Lifecycle::fail`]); returns its name ("worker failure" for the latter). A second
+    /// signal later fires `lifecycle.abort`, cutting the drain short (as a second Ctrl-C does in
+    /// most daemons).
     pub fn wait(mut self, lifecycle: Arc<Lifecycle>) -> &'static str {
-        let first = self.signals.forever().next().unwrap_or(SIGTERM);
+        let handle = self.signals.handle();
+        let failed = lifecycle.failed.clone();
+        let watcher = std::thread::Builder::new()
+            .name("sluice-failure".to_string())
+            .spawn(move || {
+                failed.wait_blocking();
+                handle.close();
+            });
+        if let Err(error) = watcher {
+            tracing::warn!(%error, "cannot watch for worker failures");
+        }
+        let first = self.signals.forever().next();
+        if first.is_none() && lifecycle.has_failed() {
+            return "worker failure";
+        }
+        let first = first.unwrap_or(SIGTERM);
         let spawned = std::thread::Builder::new()
             .name("sluice-signals".to_string())
             .spawn(move || {

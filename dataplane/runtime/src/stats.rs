@@ -123,6 +123,16 @@ impl Collector for RuntimeCollector {
             "Connection handlers that panicked; the connection was closed, the worker kept running",
             |stats| stats.panics.sum(),
         )?;
+        let mut panics = encoder.encode_descriptor(
+            "sluice_task_panics",
+            "Spawned tasks that panicked, by task kind (connection, grpc-stream, tunnel, ...); the task ended, the worker kept running (kind \"worker\": a worker thread died and the process failed)",
+            None,
+            ConstCounter::new(0u64).metric_type(),
+        )?;
+        for (task, count) in crate::task::task_panics() {
+            let labels = [("task", task)];
+            ConstCounter::new(count).encode(panics.encode_family(&labels.as_slice())?)?;
+        }
         self.encode_per_worker(
             &mut encoder,
             "sluice_worker_connections_accepted",

@@ -14,6 +14,7 @@ use monoio::net::TcpListener;
 
 use crate::driver::build_runtime;
 use crate::handler::ListenerShared;
+use crate::task::{contain, panic_message, spawn_contained};
 use crate::{
     ConnectionContext, Driver, HandlerFactory, Lifecycle, ListenerStats, StopSignal, WorkerContext,
 };
@@ -151,19 +152,29 @@ async fn serve(spec: WorkerSpec) -> usize {
             stop: spec.stop.clone(),
         });
         let handler = listener.factory.create(&worker);
-        accept_loops.push(monoio::spawn(accept_loop(
-            socket,
-            handler,
-            shared,
-            open.clone(),
-            cut_signal.clone(),
-            listener.max_connections,
-        )));
+        accept_loops.push(spawn_essential(
+            "accept-loop",
+            spec.lifecycle.clone(),
+            accept_loop(
+                socket,
+                handler,
+                shared,
+                open.clone(),
+                cut_signal.clone(),
+                listener.max_connections,
+            ),
+        ));
     }
     let background: Vec<_> = spec
         .background
         .iter()
-        .map(|task| monoio::spawn(task.run(&worker, spec.stop.clone())))
+        .map(|task| {
+            spawn_essential(
+                "background",
+                spec.lifecycle.clone(),
+                task.run(&worker, spec.stop.clone()),
+            )
+        })
         .collect();
     let _ = spec.started.send((spec.thread_name.clone(), Ok(())));
     spec.stop.wait().await;
@@ -239,15 +250,26 @@ async fn accept_loop(
                     peer,
                     shared: shared.clone(),
                 };
-                let served = handler.clone().handle(stream, conn);
+                // A handler that panics before it returns its future is contained as well.
+                let served = match std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    handler.clone().handle(stream, conn)
+                })) {
+                    Ok(served) => served,
+                    Err(payload) => {
+                        shared.stats.panics.inc(worker);
+                        tracing::error!(listener = %shared.name, %peer, panic = %panic_message(payload.as_ref()), "connection handler panicked; connection closed");
+                        drop(guard);
+                        continue;
+                    }
+                };
                 let cut = cut.clone();
-                monoio::spawn(async move {
+                spawn_contained("connection", async move {
                     let guard = guard;
                     monoio::select! {
                         outcome = AssertUnwindSafe(served).catch_unwind() => {
-                            if outcome.is_err() {
+                            if let Err(payload) = outcome {
                                 guard.shared.stats.panics.inc(guard.shared.worker);
-                                tracing::error!(listener = %guard.shared.name, %peer, "connection handler panicked; connection closed");
+                                tracing::error!(listener = %guard.shared.name, %peer, panic = %panic_message(payload.as_ref()), "connection handler panicked; connection closed");
                             }
                         }
                         _ = cut.wait() => {}
@@ -269,6 +291,21 @@ async fn accept_loop(
     }
     drop(socket);
     tracing::debug!(listener = %shared.name, worker, "listener closed");
+}
+
+/// Spawns one of the worker's own tasks (accept loops, background tasks): its panic is caught
+/// and counted like any task's, but a worker without it is half-dead, so the process fails
+/// ([`Lifecycle::fail`]: `/readyz` answers 503 and the process stops).
+fn spawn_essential(
+    task: &'static str,
+    lifecycle: Arc<Lifecycle>,
+    future: impl std::future::Future<Output = ()> + 'static,
+) -> monoio::task::JoinHandle<Option<()>> {
+    spawn_contained(task, async move {
+        if contain(task, future).await.is_none() {
+            lifecycle.fail(&format!("a worker's {task} task panicked"));
+        }
+    })
 }
 
 fn is_resource_exhaustion(errno: i32) -> bool {

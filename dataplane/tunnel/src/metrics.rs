@@ -15,10 +15,22 @@ use sluice_metrics::{PerCoreCounter, PerCoreGauge, PerCoreHistogram};
 /// cannot grow the metric set without bound.
 pub(crate) const MAX_METHOD_LABELS: usize = 100;
 
+/// Longest method name given its own label (longer ones are counted as "other").
+pub(crate) const MAX_METHOD_LABEL_LEN: usize = 128;
+
+/// The method label of calls refused before their caller was authenticated: the path is the
+/// caller's text and is not used as a label until the caller has proved who it is.
+pub const UNAUTHENTICATED_METHOD: &str = "unauthenticated";
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {
     method: String,
     code: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FromLabels {
+    from: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -55,6 +67,9 @@ pub struct TunnelMetrics {
     private_requests: Vec<PerCoreCounter>,
     requests: Family<CallLabels, PerCoreCounter, PerCore>,
     auth_failures: Family<AuthLabels, Counter>,
+    metadata_refused: Family<FromLabels, Counter>,
+    peers_refused: Counter,
+    buffer_refused: Counter,
     pub tunnels_connected: PerCoreGauge,
     pub request_duration: PerCoreHistogram,
     pub wait_duration: PerCoreHistogram,
@@ -90,6 +105,9 @@ impl TunnelMetrics {
                 .collect(),
             requests: Family::new_with_constructor(PerCore(workers)),
             auth_failures: Family::default(),
+            metadata_refused: Family::default(),
+            peers_refused: Counter::default(),
+            buffer_refused: Counter::default(),
             tunnels_connected: PerCoreGauge::new(workers),
             request_duration: PerCoreHistogram::new(workers, PerCoreHistogram::latency_bounds()),
             wait_duration: PerCoreHistogram::new(workers, PerCoreHistogram::latency_bounds()),
@@ -116,6 +134,21 @@ impl TunnelMetrics {
             "sluice_tunnel_auth_failures",
             "Refused credentials, by endpoint (agent, external) and reason",
             metrics.auth_failures.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_metadata_refused",
+            "Calls refused because headers or trailers exceeded the metadata limits, by who sent them (client, agent)",
+            metrics.metadata_refused.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_peer_addresses_refused",
+            "Other nodes' advertised addresses (from Redis) not dialled because they are outside tunnel.peer_allowlist",
+            metrics.peers_refused.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_buffer_refused",
+            "Calls refused because the node's buffer for partly received agent messages (tunnel.max_buffered_bytes) was full",
+            metrics.buffer_refused.clone(),
         );
         registry.register(
             "sluice_tunnel_connected_tunnels",
@@ -152,8 +185,12 @@ impl TunnelMetrics {
                 .methods
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if methods.contains(method)
-                || (methods.len() < MAX_METHOD_LABELS && methods.insert(method.to_string()))
+            if method == UNAUTHENTICATED_METHOD
+                || methods.contains(method)
+                || (method.len() <= MAX_METHOD_LABEL_LEN
+                    && method.starts_with('/')
+                    && methods.len() < MAX_METHOD_LABELS
+                    && methods.insert(method.to_string()))
             {
                 method.to_string()
             } else {
@@ -186,6 +223,40 @@ impl TunnelMetrics {
     /// Counts a call served on the private endpoint.
     pub fn private_request(&self, code: Code, worker: usize) {
         self.private_requests[code.as_u32() as usize].inc(worker);
+    }
+
+    /// Counts metadata refused for exceeding the limits; `from` is "client" or "agent".
+    pub fn metadata_refused(&self, from: &'static str) {
+        self.metadata_refused
+            .get_or_create(&FromLabels { from })
+            .inc();
+    }
+
+    /// Counts a call refused because the node-wide buffer budget was exhausted.
+    pub fn buffer_refused(&self) {
+        self.buffer_refused.inc();
+    }
+
+    /// Calls refused for the buffer budget so far (tests and diagnostics).
+    pub fn buffer_refusals(&self) -> u64 {
+        self.buffer_refused.get()
+    }
+
+    /// Counts an advertised peer address outside `tunnel.peer_allowlist`.
+    pub fn peer_refused(&self) {
+        self.peers_refused.inc();
+    }
+
+    /// Peer addresses refused so far (tests and diagnostics).
+    pub fn peers_refused(&self) -> u64 {
+        self.peers_refused.get()
+    }
+
+    /// Metadata refusals counted so far from one side (tests and diagnostics).
+    pub fn metadata_refusals(&self, from: &'static str) -> u64 {
+        self.metadata_refused
+            .get_or_create(&FromLabels { from })
+            .get()
     }
 
     pub fn auth_failure(&self, endpoint: &'static str, reason: &'static str) {

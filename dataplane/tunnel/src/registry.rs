@@ -126,8 +126,35 @@ impl<T> ConnectionRegistry<T> {
         removed
     }
 
+    /// Agents with a slot (idle tunnels or waiting requests) right now. Slots are reclaimed
+    /// when they empty, so waiting for agents that never connect leaves nothing behind.
+    pub fn tracked_agents(&self) -> usize {
+        self.stripes
+            .iter()
+            .map(|stripe| {
+                stripe
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .len()
+            })
+            .sum()
+    }
+
+    /// Drops the waiters of `agent` that gave up, and its slot once it holds nothing.
+    fn reclaim(&self, agent: AgentId) {
+        let mut stripe = self.stripe(agent);
+        if let Some(slot) = stripe.get_mut(&agent) {
+            slot.waiters.retain(|waiter| !waiter.is_canceled());
+            if slot.idle.is_empty() && slot.waiters.is_empty() {
+                stripe.remove(&agent);
+            }
+        }
+    }
+
     /// Takes a tunnel of `agent`, waiting as long as the caller's future is polled (callers
-    /// bound it with their deadline; dropping the future withdraws the wait).
+    /// bound it with their deadline; dropping the future withdraws the wait and reclaims the
+    /// agent's slot if nothing else is in it: agent ids come from clients, so a slot left
+    /// behind per id would be a leak anyone can grow).
     pub async fn acquire(&self, agent: AgentId) -> T {
         loop {
             let offered = {
@@ -136,6 +163,9 @@ impl<T> ConnectionRegistry<T> {
                 match slot.idle.pop_front() {
                     Some(tunnel) => {
                         self.idle.fetch_sub(1, Ordering::Relaxed);
+                        if slot.idle.is_empty() && slot.waiters.is_empty() {
+                            stripe.remove(&agent);
+                        }
                         Offered::Now(tunnel)
                     }
                     None => {
@@ -148,11 +178,22 @@ impl<T> ConnectionRegistry<T> {
             };
             let tunnel = match offered {
                 Offered::Now(tunnel) => tunnel,
-                Offered::Later(waiter) => match waiter.await {
-                    Ok(tunnel) => tunnel,
-                    // The registry never drops a waiter's sender without sending; be robust anyway.
-                    Err(_) => continue,
-                },
+                Offered::Later(waiter) => {
+                    let mut waiting = Waiting {
+                        registry: self,
+                        agent,
+                        receiver: Some(waiter),
+                    };
+                    let Some(receiver) = waiting.receiver.as_mut() else {
+                        continue;
+                    };
+                    match receiver.await {
+                        Ok(tunnel) => tunnel,
+                        // The registry never drops a waiter's sender without sending; be robust
+                        // anyway.
+                        Err(_) => continue,
+                    }
+                }
             };
             let (reply_tx, reply_rx) = oneshot::channel();
             if tunnel.claims.send(reply_tx).is_err() {
@@ -189,6 +230,22 @@ impl<T> ConnectionRegistry<T> {
     }
 }
 
+/// A request waiting in an agent's slot; when it ends (served, or dropped at its deadline) the
+/// slot is reclaimed if nothing else is in it.
+struct Waiting<'a, T> {
+    registry: &'a ConnectionRegistry<T>,
+    agent: AgentId,
+    receiver: Option<oneshot::Receiver<IdleTunnel<T>>>,
+}
+
+impl<T> Drop for Waiting<'_, T> {
+    fn drop(&mut self) {
+        // Dropped first so the registry sees this waiter as gone.
+        drop(self.receiver.take());
+        self.registry.reclaim(self.agent);
+    }
+}
+
 enum Offered<T> {
     Now(IdleTunnel<T>),
     Later(oneshot::Receiver<IdleTunnel<T>>),
@@ -221,6 +278,32 @@ mod tests {
                 }
             })
         })
+    }
+
+    #[test]
+    fn waiting_for_agents_that_never_connect_leaves_no_slot_behind() {
+        let registry = ConnectionRegistry::<u64>::new();
+        block_on(async {
+            for agent in 1..=2_000 {
+                let waited =
+                    monoio::time::timeout(Duration::from_micros(10), registry.acquire(agent)).await;
+                assert!(waited.is_err());
+            }
+        });
+        assert_eq!(
+            registry.tracked_agents(),
+            0,
+            "every expired wait reclaimed its slot"
+        );
+        // A tunnel taken at once leaves no empty slot either.
+        let owner = serve_claim(registry_offer(&registry), 5);
+        assert_eq!(block_on(registry.acquire(3)), 5);
+        assert!(owner.join().unwrap());
+        assert_eq!(registry.tracked_agents(), 0);
+    }
+
+    fn registry_offer(registry: &ConnectionRegistry<u64>) -> Claims<u64> {
+        registry.offer(3, 1, 1)
     }
 
     #[test]

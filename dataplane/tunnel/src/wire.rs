@@ -19,6 +19,42 @@ pub enum WireError {
     Decode(String),
     #[error("empty tunnel message")]
     Empty,
+    #[error("the node's buffer for partly received messages ({limit} bytes, tunnel.max_buffered_bytes) is full")]
+    OverBudget { limit: usize },
+}
+
+/// Bytes of partly received tunnel messages held across a whole node, against
+/// `tunnel.max_buffered_bytes`: many agent streams each trickling a large message cannot add
+/// up to more.
+#[derive(Debug)]
+pub struct BufferBudget {
+    used: std::sync::atomic::AtomicUsize,
+    limit: usize,
+}
+
+impl BufferBudget {
+    pub fn new(limit: usize) -> Self {
+        Self {
+            used: std::sync::atomic::AtomicUsize::new(0),
+            limit,
+        }
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> usize {
+        self.used.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn add(&self, bytes: usize) -> usize {
+        self.used
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed)
+            + bytes
+    }
+
+    fn sub(&self, bytes: usize) {
+        self.used
+            .fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Encodes a whole message as one gRPC frame (control messages; small).
@@ -45,26 +81,10 @@ const COPY_LIMIT: usize = 16 * 1024;
 /// with `request_side == true`, as `ConnectRequest { message: ... }`), returning the pieces to
 /// send in order. The payload bytes are those the sender framed, not re-encoded.
 pub fn data_frame(data: Bytes, compressed: bool, request_side: bool) -> Vec<Bytes> {
-    // Message { data = 1 (bytes), compressed = 2 (bool) }
-    let data_key_len = 1 + varint_len(data.len() as u64);
-    let compressed_len = if compressed { 2 } else { 0 };
-    let inner_len = data_key_len + data.len() + compressed_len;
-    // Outer oneof field: ConnectResponse.message = 2, ConnectRequest.message = 3 (wire type 2).
-    let outer_tag: u8 = if request_side {
-        (3 << 3) | 2
-    } else {
-        (2 << 3) | 2
-    };
-    let body_len = 1 + varint_len(inner_len as u64) + inner_len;
-    let mut head =
-        BytesMut::with_capacity(MESSAGE_HEADER_LEN + body_len - data.len() - compressed_len);
-    head.put_slice(&message_header(false, body_len));
-    head.put_u8(outer_tag);
-    put_varint(&mut head, inner_len as u64);
-    head.put_u8((1 << 3) | 2);
-    put_varint(&mut head, data.len() as u64);
-    let tail: &[u8] = if compressed { &[(2 << 3), 1] } else { &[] };
+    let mut head = data_frame_head(data.len(), compressed, request_side);
+    let tail = data_frame_tail(compressed);
     if data.len() <= COPY_LIMIT {
+        head.reserve(data.len() + tail.len());
         head.put_slice(&data);
         head.put_slice(tail);
         vec![head.freeze()]
@@ -72,6 +92,38 @@ pub fn data_frame(data: Bytes, compressed: bool, request_side: bool) -> Vec<Byte
         vec![head.freeze(), data, Bytes::from_static(&[(2 << 3), 1])]
     } else {
         vec![head.freeze(), data]
+    }
+}
+
+/// What [`data_frame`] puts before a payload of `size` bytes: with [`data_frame_tail`] after
+/// the payload, a message can be forwarded as its bytes arrive instead of whole.
+pub fn data_frame_head(size: usize, compressed: bool, request_side: bool) -> BytesMut {
+    // Message { data = 1 (bytes), compressed = 2 (bool) }
+    let data_key_len = 1 + varint_len(size as u64);
+    let compressed_len = if compressed { 2 } else { 0 };
+    let inner_len = data_key_len + size + compressed_len;
+    // Outer oneof field: ConnectResponse.message = 2, ConnectRequest.message = 3 (wire type 2).
+    let outer_tag: u8 = if request_side {
+        (3 << 3) | 2
+    } else {
+        (2 << 3) | 2
+    };
+    let body_len = 1 + varint_len(inner_len as u64) + inner_len;
+    let mut head = BytesMut::with_capacity(MESSAGE_HEADER_LEN + body_len - size - compressed_len);
+    head.put_slice(&message_header(false, body_len));
+    head.put_u8(outer_tag);
+    put_varint(&mut head, inner_len as u64);
+    head.put_u8((1 << 3) | 2);
+    put_varint(&mut head, size as u64);
+    head
+}
+
+/// What [`data_frame`] puts after the payload.
+pub fn data_frame_tail(compressed: bool) -> &'static [u8] {
+    if compressed {
+        &[(2 << 3), 1]
+    } else {
+        &[]
     }
 }
 
@@ -96,6 +148,8 @@ fn put_varint(out: &mut BytesMut, mut value: u64) {
 #[derive(Debug)]
 pub struct TunnelReader {
     frames: FrameDecoder,
+    /// The node-wide budget the buffered bytes are charged to, and how many are charged.
+    budget: Option<(std::sync::Arc<BufferBudget>, usize)>,
 }
 
 impl TunnelReader {
@@ -103,7 +157,38 @@ impl TunnelReader {
     pub fn new(max_message: usize) -> Self {
         Self {
             frames: FrameDecoder::new(max_message.saturating_add(64)),
+            budget: None,
         }
+    }
+
+    /// A reader whose buffered bytes count against `budget`; reading fails with
+    /// [`WireError::OverBudget`] when the budget is exhausted.
+    pub fn with_budget(max_message: usize, budget: std::sync::Arc<BufferBudget>) -> Self {
+        Self {
+            frames: FrameDecoder::new(max_message.saturating_add(64)),
+            budget: Some((budget, 0)),
+        }
+    }
+
+    /// Brings the budget in line with what is buffered now; an error if it is exceeded.
+    fn charge(&mut self) -> Result<(), WireError> {
+        let buffered = self.frames.buffered();
+        let Some((budget, charged)) = self.budget.as_mut() else {
+            return Ok(());
+        };
+        if buffered >= *charged {
+            let used = budget.add(buffered - *charged);
+            *charged = buffered;
+            if used > budget.limit {
+                return Err(WireError::OverBudget {
+                    limit: budget.limit,
+                });
+            }
+        } else {
+            budget.sub(*charged - buffered);
+            *charged = buffered;
+        }
+        Ok(())
     }
 
     pub fn push(&mut self, chunk: Bytes) {
@@ -150,17 +235,30 @@ impl TunnelReader {
         next: fn(&mut Self) -> Result<Option<T>, WireError>,
     ) -> Result<Option<T>, ReadError> {
         loop {
-            if let Some(message) = next(self).map_err(ReadError::Protocol)? {
+            let message = next(self).map_err(ReadError::Protocol)?;
+            self.charge().map_err(ReadError::Protocol)?;
+            if let Some(message) = message {
                 return Ok(Some(message));
             }
             match recv_data(recv).await {
-                Some(Ok(chunk)) => self.push(chunk),
+                Some(Ok(chunk)) => {
+                    self.push(chunk);
+                    self.charge().map_err(ReadError::Protocol)?;
+                }
                 Some(Err(error)) => return Err(ReadError::Gone(error.to_string())),
                 None => {
                     self.finish().map_err(ReadError::Protocol)?;
                     return Ok(None);
                 }
             }
+        }
+    }
+}
+
+impl Drop for TunnelReader {
+    fn drop(&mut self) {
+        if let Some((budget, charged)) = &self.budget {
+            budget.sub(*charged);
         }
     }
 }
@@ -231,9 +329,49 @@ pub fn metadata_from_headers(headers: &HeaderMap) -> Vec<MetadataEntry> {
     entries
 }
 
+/// Most metadata values one call's headers (or trailers) may carry through a tunnel, from a
+/// client or an agent. Far above what gRPC peers send (a few dozen), far below what makes
+/// `HeaderMap` panic (it cannot hold more than 24,576 distinct names).
+pub const MAX_METADATA_ENTRIES: usize = 512;
+
+/// Most bytes of metadata names and values one call's headers (or trailers) may carry through a
+/// tunnel: the same as the HTTP/2 header list a node accepts from clients (64 KiB).
+pub const MAX_METADATA_BYTES: usize = 64 * 1024;
+
+/// Metadata over [`MAX_METADATA_ENTRIES`] or [`MAX_METADATA_BYTES`]; refused, never forwarded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("metadata too large: {entries} entries and {bytes} bytes exceed the limit of {MAX_METADATA_ENTRIES} entries and {MAX_METADATA_BYTES} bytes")]
+pub struct MetadataTooLarge {
+    pub entries: usize,
+    pub bytes: usize,
+}
+
+/// Checks metadata against [`MAX_METADATA_ENTRIES`] and [`MAX_METADATA_BYTES`], counting
+/// without allocating (a hostile peer's metadata may be millions of entries).
+pub fn check_metadata(entries: &[MetadataEntry]) -> Result<(), MetadataTooLarge> {
+    let (mut count, mut bytes) = (0usize, 0usize);
+    for entry in entries {
+        count += entry.values.len().max(1);
+        bytes += entry.key.len() * entry.values.len().max(1)
+            + entry.values.iter().map(Bytes::len).sum::<usize>();
+    }
+    if count > MAX_METADATA_ENTRIES || bytes > MAX_METADATA_BYTES {
+        return Err(MetadataTooLarge {
+            entries: count,
+            bytes,
+        });
+    }
+    Ok(())
+}
+
 /// Adds tunnel metadata to headers. Entries that are not valid HTTP/2 headers, or are hop
-/// headers, are skipped and counted in the return value.
-pub fn metadata_into_headers(entries: &[MetadataEntry], headers: &mut HeaderMap) -> usize {
+/// headers, are skipped and counted in the return value. Metadata over the limits
+/// ([`check_metadata`]) is refused whole and nothing is added.
+pub fn metadata_into_headers(
+    entries: &[MetadataEntry],
+    headers: &mut HeaderMap,
+) -> Result<usize, MetadataTooLarge> {
+    check_metadata(entries)?;
     let mut skipped = 0;
     for entry in entries {
         let Ok(name) = HeaderName::from_bytes(entry.key.as_bytes()) else {
@@ -253,7 +391,7 @@ pub fn metadata_into_headers(entries: &[MetadataEntry], headers: &mut HeaderMap)
             }
         }
     }
-    skipped
+    Ok(skipped)
 }
 
 #[cfg(test)]
@@ -331,13 +469,61 @@ mod tests {
         let keys: Vec<&str> = entries.iter().map(|entry| entry.key.as_str()).collect();
         assert_eq!(keys, vec!["x-trace", "trace-bin"]);
         let mut back = HeaderMap::new();
-        assert_eq!(metadata_into_headers(&entries, &mut back), 0);
+        assert_eq!(metadata_into_headers(&entries, &mut back), Ok(0));
         assert_eq!(back.get_all("x-trace").iter().count(), 2);
         let bad = [MetadataEntry {
             key: "bad key".into(),
             values: vec![Bytes::from_static(b"v")],
         }];
-        assert_eq!(metadata_into_headers(&bad, &mut back), 1);
+        assert_eq!(metadata_into_headers(&bad, &mut back), Ok(1));
+    }
+
+    #[test]
+    fn metadata_over_the_limits_is_refused_without_touching_the_headers() {
+        // 30,000 distinct names made HeaderMap::append panic (its capacity is 24,576 names).
+        let many: Vec<MetadataEntry> = (0..30_000)
+            .map(|index| MetadataEntry {
+                key: format!("x-k{index}"),
+                values: vec![Bytes::from_static(b"v")],
+            })
+            .collect();
+        let mut headers = HeaderMap::new();
+        let refused = metadata_into_headers(&many, &mut headers).unwrap_err();
+        assert_eq!(refused.entries, 30_000);
+        assert!(
+            refused.to_string().contains("limit of 512 entries"),
+            "{refused}"
+        );
+        assert!(headers.is_empty());
+        let big = [MetadataEntry {
+            key: "x-big".into(),
+            values: vec![Bytes::from(vec![b'a'; MAX_METADATA_BYTES + 1])],
+        }];
+        assert!(metadata_into_headers(&big, &mut headers).is_err());
+        let at_limit: Vec<MetadataEntry> = many[..MAX_METADATA_ENTRIES].to_vec();
+        assert_eq!(metadata_into_headers(&at_limit, &mut headers), Ok(0));
+    }
+
+    #[test]
+    fn partly_received_messages_count_against_the_node_budget() {
+        let budget = std::sync::Arc::new(BufferBudget::new(1000));
+        let mut first = TunnelReader::with_budget(1 << 20, budget.clone());
+        let mut second = TunnelReader::with_budget(1 << 20, budget.clone());
+        // Each announces a 4 KiB message and sends 600 bytes of it.
+        for reader in [&mut first, &mut second] {
+            reader.push(Bytes::copy_from_slice(&message_header(false, 4096)));
+            reader.push(Bytes::from(vec![0u8; 600]));
+        }
+        assert_eq!(first.charge(), Ok(()));
+        assert_eq!(
+            second.charge(),
+            Err(WireError::OverBudget { limit: 1000 }),
+            "1,210 bytes held node-wide"
+        );
+        drop(second);
+        assert_eq!(budget.used(), 605);
+        drop(first);
+        assert_eq!(budget.used(), 0, "dropped readers give their bytes back");
     }
 
     #[test]

@@ -55,12 +55,44 @@ pub struct RedisConfig {
     pub unregister_delay: Duration,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum RedisTargetConfig {
     /// `redis://`, `rediss://` (TLS) or `redis+unix://` (socket), with optional user:password.
     Url(String),
     /// Redis Cluster seed nodes.
     Cluster(Vec<String>),
+}
+
+/// Shown with passwords redacted: a config dump or error must not leak Redis credentials.
+impl std::fmt::Debug for RedisTargetConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RedisTargetConfig::Url(url) => f.debug_tuple("Url").field(&redact_url(url)).finish(),
+            RedisTargetConfig::Cluster(urls) => f
+                .debug_tuple("Cluster")
+                .field(&urls.iter().map(|url| redact_url(url)).collect::<Vec<_>>())
+                .finish(),
+        }
+    }
+}
+
+/// A URL with the password of its user info replaced by `***` (`redis://user:***@host:6379`),
+/// for errors and logs. Text that is not a URL with user info is returned as it is.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return url.to_string();
+    };
+    let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+    if user.len() == userinfo.len() && !userinfo.is_empty() {
+        // `redis://secret@host`: the lone user info is the password (AUTH with no user name).
+        return format!("{scheme}://***@{host}{tail}");
+    }
+    format!("{scheme}://{user}:***@{host}{tail}")
 }
 
 /// How the thread-per-core data plane runs.
@@ -177,6 +209,9 @@ pub struct TunnelConfig {
     pub max_wait: Duration,
     /// Largest gRPC message accepted in either direction.
     pub max_message_bytes: usize,
+    /// Most bytes of partly received agent messages the whole node holds at once; a call that
+    /// would go beyond is refused RESOURCE_EXHAUSTED.
+    pub max_buffered_bytes: usize,
     /// The agents allowed to connect: id and SHA-256 of their token.
     pub agents: Vec<AgentTokenConfig>,
     pub jwt: JwtConfig,
@@ -188,6 +223,57 @@ pub struct TunnelConfig {
     /// How this node calls other nodes' private endpoints over TLS (required when
     /// `listeners.private.tls` is set: nodes share one layout).
     pub peer_tls: Option<PeerTlsConfig>,
+    /// Networks other nodes' advertised private addresses (read from Redis) must lie in before
+    /// this node dials them with its private JWT; empty: any address.
+    pub peer_allowlist: Vec<IpNetwork>,
+}
+
+/// An IP network in CIDR notation (`10.0.0.0/8`, `fd00::/8`; a bare address is a /32 or /128).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpNetwork {
+    pub address: std::net::IpAddr,
+    pub prefix: u8,
+}
+
+impl IpNetwork {
+    /// Parses `address/prefix` or a bare address.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (address, prefix) = match text.trim().split_once('/') {
+            Some((address, prefix)) => (address, Some(prefix)),
+            None => (text.trim(), None),
+        };
+        let address: std::net::IpAddr = address.parse().ok()?;
+        let bits = if address.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(prefix) => prefix.parse::<u8>().ok().filter(|prefix| *prefix <= bits)?,
+            None => bits,
+        };
+        Some(Self { address, prefix })
+    }
+
+    /// Whether `ip` lies in this network (IPv4-mapped IPv6 addresses count as IPv4).
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr;
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        match (self.address, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
 }
 
 /// TLS client settings for node-to-node calls.

@@ -92,11 +92,13 @@ pub(crate) struct RawTunnel {
     pub(crate) node_name: Leaf,
     pub(crate) max_wait: Leaf,
     pub(crate) max_message_bytes: Leaf,
+    pub(crate) max_buffered_bytes: Leaf,
     pub(crate) agents: Vec<RawAgentToken>,
     pub(crate) jwt: RawJwt,
     pub(crate) private_jwt: Option<RawJwt>,
     pub(crate) advertise_address: Leaf,
     pub(crate) peer_tls: Option<RawPeerTls>,
+    pub(crate) peer_allowlist: Vec<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -411,3 +411,43 @@ fn private_tls_needs_peer_tls_and_peer_tls_is_checked() {
     assert_eq!(peer.server_name.as_deref(), Some("sluice-private"));
     assert!(peer.identity.is_some());
 }
+
+#[test]
+fn a_redis_password_never_appears_in_errors_or_debug_output() {
+    let errors = errors_of("redis: {url: 'http://user:hunter2@redis.example:6379/0'}\n");
+    assert!(
+        errors
+            .iter()
+            .any(|error| error.contains("http://user:***@redis.example:6379/0")),
+        "{errors:?}"
+    );
+    assert!(
+        errors.iter().all(|error| !error.contains("hunter2")),
+        "{errors:?}"
+    );
+    assert_eq!(crate::redact_url("redis://:pw@h:1"), "redis://:***@h:1");
+    assert_eq!(crate::redact_url("redis://pw@h:1/2"), "redis://***@h:1/2");
+    assert_eq!(crate::redact_url("redis://h:1"), "redis://h:1");
+    let target = crate::RedisTargetConfig::Cluster(vec!["redis://u:hunter2@a:1".into()]);
+    assert!(!format!("{target:?}").contains("hunter2"));
+}
+
+#[test]
+fn peer_allowlist_networks_are_parsed_and_checked() {
+    let network = crate::IpNetwork::parse("10.0.0.0/8").unwrap();
+    assert!(network.contains("10.200.0.1".parse().unwrap()));
+    assert!(!network.contains("11.0.0.1".parse().unwrap()));
+    assert_eq!(crate::IpNetwork::parse("10.0.0.1").unwrap().prefix, 32);
+    assert!(crate::IpNetwork::parse("::/0")
+        .unwrap()
+        .contains("2001:db8::1".parse().unwrap()));
+    assert!(crate::IpNetwork::parse("10.0.0.0/33").is_none());
+    assert!(crate::IpNetwork::parse("example.com/8").is_none());
+    let errors = errors_of("tunnel: {peer_allowlist: ['10.0.0.0/8', 'nonsense']}\n");
+    assert!(
+        errors.iter().any(
+            |error| error.starts_with("tunnel.peer_allowlist[1]: invalid network \"nonsense\"")
+        ),
+        "{errors:?}"
+    );
+}

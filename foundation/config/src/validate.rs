@@ -13,10 +13,10 @@ use crate::raw::{
     RawTunnel,
 };
 use crate::{
-    AgentConfig, AgentTokenConfig, Config, DriverChoice, Endpoint, GatewayConfig, JwtConfig,
-    ListenerConfig, ListenersConfig, LogFormat, LoggingConfig, PeerTlsConfig, PoolConfig,
-    ReconnectConfig, RedisConfig, RedisTargetConfig, RuntimeConfig, ServerTlsConfig, TunnelConfig,
-    Workers,
+    AgentConfig, AgentTokenConfig, Config, DriverChoice, Endpoint, GatewayConfig, IpNetwork,
+    JwtConfig, ListenerConfig, ListenersConfig, LogFormat, LoggingConfig, PeerTlsConfig,
+    PoolConfig, ReconnectConfig, RedisConfig, RedisTargetConfig, RuntimeConfig, ServerTlsConfig,
+    TunnelConfig, Workers,
 };
 use sluice_config_error::ErrorList as Errors;
 
@@ -237,7 +237,10 @@ fn redis_url(value: &Value, path: &str, errors: &mut Errors) -> Option<String> {
     } else {
         errors.push(
             path,
-            format!("invalid Redis URL {text:?}: expected redis://, rediss:// or redis+unix://"),
+            format!(
+                "invalid Redis URL {:?}: expected redis://, rediss:// or redis+unix://",
+                crate::redact_url(&text)
+            ),
         );
         None
     }
@@ -429,6 +432,7 @@ fn node_name_default() -> String {
 
 const DEFAULT_MAX_MESSAGE_BYTES: u64 = 32 * 1024 * 1024;
 const MAX_MESSAGE_BYTES_LIMIT: u64 = 1024 * 1024 * 1024;
+const DEFAULT_MAX_BUFFERED_BYTES: u64 = 256 * 1024 * 1024;
 
 fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
     let mut agents = Vec::with_capacity(raw.agents.len());
@@ -509,6 +513,13 @@ fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
             (1024, MAX_MESSAGE_BYTES_LIMIT),
             errors,
         ) as usize,
+        max_buffered_bytes: unsigned(
+            &raw.max_buffered_bytes,
+            "tunnel.max_buffered_bytes",
+            DEFAULT_MAX_BUFFERED_BYTES,
+            (1024 * 1024, 1 << 40),
+            errors,
+        ) as usize,
         agents,
         jwt: jwt(
             &raw.jwt,
@@ -531,6 +542,25 @@ fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
             .as_ref()
             .and_then(|value| scalar(value, "tunnel.advertise_address", errors)),
         peer_tls: raw.peer_tls.as_ref().and_then(|raw| peer_tls(raw, errors)),
+        peer_allowlist: raw
+            .peer_allowlist
+            .iter()
+            .enumerate()
+            .filter_map(|(index, value)| {
+                let path = format!("tunnel.peer_allowlist[{index}]");
+                let text = scalar(value, &path, errors)?;
+                let network = IpNetwork::parse(&text);
+                if network.is_none() {
+                    errors.push(
+                        &path,
+                        format!(
+                            "invalid network {text:?}: expected CIDR notation such as 10.0.0.0/8"
+                        ),
+                    );
+                }
+                network
+            })
+            .collect(),
     }
 }
 

@@ -121,7 +121,7 @@ fn run(
         demo.announce(workers, &selection.driver.to_string(), &addresses)?;
     }
 
-    let signal = signals.wait(lifecycle);
+    let signal = signals.wait(lifecycle.clone());
     tracing::info!(signal, drain_timeout = ?config.runtime.drain_timeout, "stopping: no new connections, draining in-flight work");
     let report = running.shutdown();
     pillars.stop();
@@ -129,6 +129,10 @@ fn run(
     // The demo's child processes and directory go last, after the drain.
     #[cfg(feature = "demo")]
     drop(mode);
+    if lifecycle.has_failed() {
+        // A worker thread died: exit non-zero so the supervisor restarts the process.
+        anyhow::bail!("a worker thread died; stopped so the process can be restarted");
+    }
     Ok(())
 }
 

@@ -106,6 +106,7 @@ impl UpDemo {
             node_name: "sluice-up".to_string(),
             max_wait: std::time::Duration::from_secs(20),
             max_message_bytes: 32 * 1024 * 1024,
+            max_buffered_bytes: 256 * 1024 * 1024,
             agents: vec![AgentTokenConfig {
                 id: DEMO_AGENT_ID,
                 token_sha256: Sha256::digest(agent_token.as_bytes()).into(),
@@ -121,6 +122,7 @@ impl UpDemo {
             private_jwt: None,
             advertise_address: None,
             peer_tls: None,
+            peer_allowlist: Vec::new(),
         });
         config.agent = Some(demo_agent(agent_token));
 

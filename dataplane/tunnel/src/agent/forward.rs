@@ -109,7 +109,8 @@ pub(super) fn backend_request(info: &RequestInfo, backend: &Endpoint) -> Request
     ))
     .body(())
     .unwrap_or_default();
-    metadata_into_headers(&info.metadata, request.headers_mut());
+    // Metadata over the limits is refused by the node; should a node send more, none is passed.
+    let _ = metadata_into_headers(&info.metadata, request.headers_mut());
     let headers = request.headers_mut();
     headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
     headers
@@ -133,6 +134,14 @@ async fn open_backend_call(
     info: &RequestInfo,
 ) -> Result<(ResponseFuture, SendStream<Bytes>), TunnelError> {
     let backend = &agent.task.config.forward_to;
+    // The method is appended to the backend's authority: one without a leading '/' would
+    // choose another authority (`@elsewhere:443/x`). Nodes refuse such calls; so does the agent.
+    if !info.method_name.starts_with('/') {
+        return Err(TunnelError::new(
+            ErrorKind::Unimplemented,
+            "malformed method: a gRPC :path starts with '/' (/package.Service/Method)",
+        ));
+    }
     let mut connection = agent.backend().await.map_err(|why| {
         let message = format!("the agent cannot reach its backend {}: {why}", backend.url);
         TunnelError::new(ErrorKind::BackendUnavailable, message)

@@ -104,3 +104,11 @@ fn a_trailer_carries_status_message_and_the_other_trailers() {
         Code::Unknown.as_u32()
     );
 }
+
+#[test]
+fn a_method_without_a_leading_slash_cannot_choose_the_backend_authority() {
+    // What the agent would dial if it built the URI from such a method: shown so the guard in
+    // `open_backend_call` has a reason.
+    let uri: http::Uri = "http://127.0.0.1:9000@evil.example:443/x".parse().unwrap();
+    assert_eq!(uri.host(), Some("evil.example"));
+}

@@ -82,7 +82,7 @@ impl BackgroundTask for AgentTask {
                 .map(|(index, node)| {
                     let node_loop =
                         pool::node_loop(shared.clone(), node.clone(), index, stop.clone());
-                    monoio::spawn(node_loop)
+                    sluice_runtime::spawn_contained("agent-node-loop", node_loop)
                 })
                 .collect();
             for node_loop in loops {
@@ -103,7 +103,7 @@ struct AgentShared {
     task: AgentTask,
     /// One HTTP/2 connection to the backend, shared by all calls, re-dialled when it dies.
     backend: RefCell<Option<SendRequest<Bytes>>>,
-    backend_driver: RefCell<Option<monoio::task::JoinHandle<()>>>,
+    backend_driver: RefCell<Option<monoio::task::JoinHandle<Option<()>>>>,
     settings: H2Settings,
 }
 

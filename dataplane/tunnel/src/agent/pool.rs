@@ -137,13 +137,16 @@ async fn run_pool(
         }
         for _ in 0..tunnels_to_open(pool.idle.get(), pool.open.get(), pool_config) {
             pool.open.set(pool.open.get() + 1);
-            monoio::spawn(tunnel(
-                agent.clone(),
-                pool.clone(),
-                send_request.clone(),
-                connection_id,
-                stop.clone(),
-            ));
+            sluice_runtime::spawn_contained(
+                "agent-tunnel",
+                tunnel(
+                    agent.clone(),
+                    pool.clone(),
+                    send_request.clone(),
+                    connection_id,
+                    stop.clone(),
+                ),
+            );
         }
         let changed = pool.changed.listen();
         monoio::select! {

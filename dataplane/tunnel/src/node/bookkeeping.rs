@@ -1,7 +1,7 @@
 //! Which agent connections this node holds: for ListConnectedAgents, the connected-agents gauge,
 //! and the agent locator (told once per agent, not per tunnel).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::MutexGuard;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -19,6 +19,10 @@ pub(super) struct ConnectionInfo {
     since_unix_ms: i64,
 }
 
+/// Agent connections by agent, then by the agent-chosen connection id: indexed, so an agent
+/// with many connections costs a lookup under the shared lock, not a scan of every connection.
+pub(super) type Connections = HashMap<AgentId, HashMap<i64, ConnectionInfo>>;
+
 /// How long ListConnectedAgents waits for the locator's cluster-wide listing.
 const LIST_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -31,13 +35,12 @@ impl NodeShared {
             .map_or(0, |elapsed| elapsed.as_millis() as i64);
         let first = {
             let mut connections = self.lock_connections();
-            let first = !connections.keys().any(|(known, _)| *known == agent);
-            connections
-                .entry((agent, connection_id))
-                .or_insert(ConnectionInfo {
-                    version: version.to_string(),
-                    since_unix_ms,
-                });
+            let of_agent = connections.entry(agent).or_default();
+            let first = of_agent.is_empty();
+            of_agent.entry(connection_id).or_insert(ConnectionInfo {
+                version: version.to_string(),
+                since_unix_ms,
+            });
             first
         };
         if let Some(locator) = &self.locator {
@@ -59,8 +62,17 @@ impl NodeShared {
     pub(super) fn forget_connection(&self, key: (AgentId, i64)) {
         let last = {
             let mut connections = self.lock_connections();
-            connections.remove(&key);
-            !connections.keys().any(|(known, _)| *known == key.0)
+            match connections.get_mut(&key.0) {
+                Some(of_agent) => {
+                    of_agent.remove(&key.1);
+                    let last = of_agent.is_empty();
+                    if last {
+                        connections.remove(&key.0);
+                    }
+                    last
+                }
+                None => true,
+            }
         };
         if let Some(locator) = &self.locator {
             locator.connection_down(key.0, key.1);
@@ -70,7 +82,7 @@ impl NodeShared {
         }
     }
 
-    fn lock_connections(&self) -> MutexGuard<'_, HashMap<(AgentId, i64), ConnectionInfo>> {
+    fn lock_connections(&self) -> MutexGuard<'_, Connections> {
         self.connections
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -78,11 +90,7 @@ impl NodeShared {
 
     /// Agents with at least one connection to this node.
     pub fn connected_agents(&self) -> usize {
-        self.lock_connections()
-            .keys()
-            .map(|(agent, _)| *agent)
-            .collect::<HashSet<_>>()
-            .len()
+        self.lock_connections().len()
     }
 
     /// What ListConnectedAgents answers for this node.
@@ -91,7 +99,12 @@ impl NodeShared {
         let mut agents: Vec<ConnectedAgent> = self
             .lock_connections()
             .iter()
-            .map(|((agent, connection), info)| ConnectedAgent {
+            .flat_map(|(agent, of_agent)| {
+                of_agent
+                    .iter()
+                    .map(move |(connection, info)| (agent, connection, info))
+            })
+            .map(|(agent, connection, info)| ConnectedAgent {
                 agent_id: *agent,
                 connection_id: *connection,
                 agent_version: info.version.clone(),

@@ -20,7 +20,6 @@ pub mod route;
 mod router;
 mod tunnel;
 
-use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,25 +31,27 @@ use sluice_locator::AgentLocator;
 
 use crate::auth::{AgentTokens, JwtValidator};
 use crate::metrics::TunnelMetrics;
-use crate::registry::{AgentId, ConnectionRegistry};
+use crate::registry::ConnectionRegistry;
+use crate::wire::BufferBudget;
 
 pub use collector::NodeCollector;
 pub use endpoints::{AgentEndpoint, ExternalEndpoint, PrivateEndpoint};
 pub use tunnel::TunnelStreams;
 
-use bookkeeping::ConnectionInfo;
 use remote::{PeerTls, PrivateSigner};
 
 /// State shared by every core of a node.
 #[derive(Debug)]
 pub struct NodeShared {
     pub registry: ConnectionRegistry<TunnelStreams>,
-    connections: Mutex<HashMap<(AgentId, i64), ConnectionInfo>>,
+    connections: Mutex<bookkeeping::Connections>,
     tokens: AgentTokens,
     jwt: JwtValidator,
     pub node_name: String,
     pub max_wait: Duration,
     pub max_message_bytes: usize,
+    /// Bytes of partly received agent messages held node-wide (`tunnel.max_buffered_bytes`).
+    pub buffer_budget: Arc<BufferBudget>,
     pub metrics: TunnelMetrics,
     next_tunnel_id: AtomicU64,
     agent_tls: Option<Arc<ServerConfig>>,
@@ -58,6 +59,8 @@ pub struct NodeShared {
     private_tls: Option<Arc<ServerConfig>>,
     /// TLS for calls to other nodes' private endpoints.
     peer_tls: Option<PeerTls>,
+    /// Networks other nodes' advertised addresses must lie in (empty: any).
+    peer_allowlist: Vec<sluice_config::IpNetwork>,
     settings: H2Settings,
     /// Publishes which agents this node holds and finds the others (multi-node); `None`
     /// without Redis.
@@ -99,6 +102,7 @@ impl NodeShared {
             node_name: config.node_name.clone(),
             max_wait: config.max_wait,
             max_message_bytes: config.max_message_bytes,
+            buffer_budget: Arc::new(BufferBudget::new(config.max_buffered_bytes)),
             metrics,
             next_tunnel_id: AtomicU64::new(1),
             agent_tls: server_tls(agent_listener)?,
@@ -108,6 +112,7 @@ impl NodeShared {
                 None => None,
             },
             peer_tls: config.peer_tls.as_ref().map(PeerTls::new).transpose()?,
+            peer_allowlist: config.peer_allowlist.clone(),
             settings: H2Settings::default(),
             locator,
             private_jwt: config
@@ -138,6 +143,7 @@ pub(crate) mod test_node {
             node_name: "n".into(),
             max_wait: Duration::from_secs(1),
             max_message_bytes: 1024,
+            max_buffered_bytes: 1 << 20,
             agents: Vec::new(),
             jwt: JwtConfig {
                 secret: vec![7; 32],
@@ -150,6 +156,7 @@ pub(crate) mod test_node {
             private_jwt: None,
             advertise_address: None,
             peer_tls: None,
+            peer_allowlist: Vec::new(),
         };
         let metrics = TunnelMetrics::register(&mut Registry::default(), 1);
         NodeShared::new(&config, &listener, &listener, None, metrics, locator).unwrap()

@@ -4,13 +4,17 @@
 use bytes::Bytes;
 use h2::{RecvStream, SendStream};
 use http::{HeaderMap, HeaderValue, Response};
-use sluice_grpc::transport::{recv_data, recv_data_now, send_data};
-use sluice_grpc::{message_pieces, Code, FrameDecoder};
+use sluice_grpc::transport::{recv_data_held, recv_data_now, release, send_data};
+use sluice_grpc::{message_pieces, Code, FrameDecoder, FrameError, MESSAGE_HEADER_LEN};
 use sluice_proto::tunnel::v1::{connect_request, connect_response, CloseSend, ConnectResponse};
 
 use super::answer::{grpc_headers, status_headers, Responder};
 use crate::error::{ErrorKind, TunnelError};
-use crate::wire::{data_frame, frame, frame_into, metadata_into_headers, ReadError, TunnelReader};
+use crate::metrics::TunnelMetrics;
+use crate::wire::{
+    data_frame, data_frame_head, data_frame_tail, frame, frame_into, metadata_into_headers,
+    MetadataTooLarge, ReadError, TunnelReader, WireError,
+};
 
 /// Requests up to this size (all messages) are copied into the RequestInfo's DATA frame.
 const WHOLE_REQUEST_LIMIT: usize = 16 * 1024;
@@ -39,6 +43,14 @@ fn agent_gone(why: impl ToString) -> TunnelError {
 
 fn agent_protocol(why: impl ToString) -> TunnelError {
     TunnelError::new(ErrorKind::AgentProtocol, why.to_string())
+}
+
+/// An agent's Header or Trailer with more metadata than a node forwards: counted, and the
+/// client gets RESOURCE_EXHAUSTED naming the limit.
+fn agent_metadata(metrics: &TunnelMetrics, error: &MetadataTooLarge) -> TunnelError {
+    metrics.metadata_refused("agent");
+    TunnelError::new(ErrorKind::AgentProtocol, format!("agent response {error}"))
+        .with_code(Code::ResourceExhausted)
 }
 
 fn client_protocol(error: &sluice_grpc::FrameError) -> TunnelError {
@@ -92,6 +104,11 @@ pub(super) fn whole_request(info: &[u8], chunks: &[Bytes], limit: usize) -> Opti
 }
 
 /// Client -> agent: each gRPC message of the client becomes a tunnel Message, then CloseSend.
+///
+/// A message is forwarded as its bytes arrive (the tunnel Message's size is known from the
+/// gRPC prefix), and the client's flow-control credit is returned only once its bytes went
+/// down the tunnel: a client announcing a large message and trickling its bytes pins at most
+/// the windows the node advertised, never the message (backpressure end to end).
 pub(super) async fn pump_up(
     up: Upload,
     client_body: &mut RecvStream,
@@ -102,30 +119,116 @@ pub(super) async fn pump_up(
         return Ok(());
     }
     let mut early = up.early.into_iter();
-    let mut frames = FrameDecoder::new(limit);
+    let mut messages = MessageStream::new(limit);
     loop {
-        let chunk = match early.next() {
-            Some(chunk) => chunk,
-            None => match recv_data(client_body).await {
-                Some(chunk) => chunk.map_err(|_| TunnelError::client_gone())?,
+        // Chunks read early had their credit returned already (at most 16 KiB).
+        let (chunk, held) = match early.next() {
+            Some(chunk) => (chunk, 0),
+            None => match recv_data_held(client_body).await {
+                Some(chunk) => {
+                    let chunk = chunk.map_err(|_| TunnelError::client_gone())?;
+                    let size = chunk.len();
+                    (chunk, size)
+                }
                 None => break,
             },
         };
-        frames.push(chunk);
-        while let Some(message) = frames
-            .next_message()
+        for piece in messages
+            .push(chunk)
             .map_err(|error| client_protocol(&error))?
         {
-            for piece in data_frame(message.data, message.compressed, false) {
-                send_data(tunnel, piece, false).await.map_err(agent_gone)?;
-            }
+            send_data(tunnel, piece, false).await.map_err(agent_gone)?;
         }
+        release(client_body, held);
     }
-    frames.finish().map_err(|error| client_protocol(&error))?;
+    messages.finish().map_err(|error| client_protocol(&error))?;
     let close = frame(&ConnectResponse {
         msg: Some(connect_response::Msg::CloseSend(CloseSend {})),
     });
     send_data(tunnel, close, false).await.map_err(agent_gone)
+}
+
+/// Turns a client's gRPC byte stream into tunnel Message pieces as the bytes arrive: a message
+/// wholly inside a chunk goes as one frame (as [`data_frame`] builds it), one split across
+/// chunks goes as its head, then each part as it arrives, then its tail.
+struct MessageStream {
+    limit: usize,
+    /// The gRPC prefix of the next message, while incomplete.
+    prefix: Vec<u8>,
+    /// The message being forwarded: its payload bytes still to come, and its compressed flag.
+    open: Option<(usize, bool)>,
+}
+
+impl MessageStream {
+    fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            prefix: Vec::with_capacity(MESSAGE_HEADER_LEN),
+            open: None,
+        }
+    }
+
+    /// The pieces to send for `chunk`, in order.
+    fn push(&mut self, mut chunk: Bytes) -> Result<Vec<Bytes>, FrameError> {
+        let mut out = Vec::new();
+        while !chunk.is_empty() {
+            if let Some((remaining, compressed)) = self.open {
+                let part = chunk.split_to(remaining.min(chunk.len()));
+                let remaining = remaining - part.len();
+                out.push(part);
+                self.open = (remaining > 0).then_some((remaining, compressed));
+                if remaining == 0 {
+                    let tail = data_frame_tail(compressed);
+                    if !tail.is_empty() {
+                        out.push(Bytes::from_static(tail));
+                    }
+                }
+                continue;
+            }
+            let wanted = MESSAGE_HEADER_LEN - self.prefix.len();
+            let taken = chunk.split_to(wanted.min(chunk.len()));
+            self.prefix.extend_from_slice(&taken);
+            if self.prefix.len() < MESSAGE_HEADER_LEN {
+                break;
+            }
+            let compressed = match self.prefix[0] {
+                0 => false,
+                1 => true,
+                flag => return Err(FrameError::BadFlag(flag)),
+            };
+            let size = u32::from_be_bytes([
+                self.prefix[1],
+                self.prefix[2],
+                self.prefix[3],
+                self.prefix[4],
+            ]) as usize;
+            self.prefix.clear();
+            if size > self.limit {
+                return Err(FrameError::TooLarge {
+                    size,
+                    limit: self.limit,
+                });
+            }
+            if size <= chunk.len() {
+                // The whole message is here: one frame, as before.
+                out.extend(data_frame(chunk.split_to(size), compressed, false));
+                continue;
+            }
+            out.push(data_frame_head(size, compressed, false).freeze());
+            self.open = Some((size, compressed));
+        }
+        Ok(out)
+    }
+
+    /// At end of stream: an error if a message is incomplete.
+    fn finish(&self) -> Result<(), FrameError> {
+        let buffered = self.prefix.len() + self.open.map_or(0, |_| 1);
+        if buffered == 0 {
+            Ok(())
+        } else {
+            Err(FrameError::Truncated { buffered })
+        }
+    }
 }
 
 /// Agent -> client: Header, Message*, then Trailer or Error. Returns the call's status code
@@ -134,6 +237,7 @@ pub(super) async fn pump_down(
     recv: &mut RecvStream,
     reader: &mut TunnelReader,
     responder: &mut Responder,
+    metrics: &TunnelMetrics,
 ) -> Result<(Code, bool), TunnelError> {
     loop {
         let next = monoio::select! {
@@ -143,11 +247,18 @@ pub(super) async fn pump_down(
         let message = match next {
             None => return Err(TunnelError::client_gone()),
             Some(Err(ReadError::Gone(why))) => return Err(agent_gone(why)),
+            Some(Err(ReadError::Protocol(error @ WireError::OverBudget { .. }))) => {
+                metrics.buffer_refused();
+                return Err(
+                    TunnelError::new(ErrorKind::AgentProtocol, error.to_string())
+                        .with_code(Code::ResourceExhausted),
+                );
+            }
             Some(Err(ReadError::Protocol(error))) => return Err(agent_protocol(error)),
             Some(Ok(None)) => return Err(agent_gone("the tunnel closed before the call ended")),
             Some(Ok(Some(message))) => message,
         };
-        if let Some(end) = pass_down(message, responder).await? {
+        if let Some(end) = pass_down(message, responder, metrics).await? {
             return Ok(end);
         }
     }
@@ -157,6 +268,7 @@ pub(super) async fn pump_down(
 async fn pass_down(
     message: connect_request::Msg,
     responder: &mut Responder,
+    metrics: &TunnelMetrics,
 ) -> Result<Option<(Code, bool)>, TunnelError> {
     match message {
         connect_request::Msg::Header(header) => {
@@ -164,7 +276,8 @@ async fn pass_down(
                 return Err(agent_protocol("a second Header"));
             }
             let mut response = Response::new(());
-            metadata_into_headers(&header.metadata, response.headers_mut());
+            metadata_into_headers(&header.metadata, response.headers_mut())
+                .map_err(|error| agent_metadata(metrics, &error))?;
             response
                 .headers_mut()
                 .entry(http::header::CONTENT_TYPE)
@@ -191,7 +304,8 @@ async fn pass_down(
         connect_request::Msg::Trailer(trailer) => {
             let code = Code::from_u32(trailer.grpc_status);
             let mut trailers = HeaderMap::new();
-            metadata_into_headers(&trailer.metadata, &mut trailers);
+            metadata_into_headers(&trailer.metadata, &mut trailers)
+                .map_err(|error| agent_metadata(metrics, &error))?;
             status_headers(&mut trailers, code, &trailer.grpc_message);
             match responder.stream.as_mut() {
                 Some(stream) => {
@@ -214,5 +328,76 @@ async fn pass_down(
         connect_request::Msg::Descriptor(_) => {
             Err(agent_protocol("a Descriptor in the middle of a call"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn joined(pieces: &[Bytes]) -> Vec<u8> {
+        pieces
+            .iter()
+            .flat_map(|piece| piece.iter().copied())
+            .collect()
+    }
+
+    #[test]
+    fn messages_forwarded_as_they_arrive_are_the_frames_of_whole_messages() {
+        let messages = [
+            (vec![1u8; 3], false),
+            (vec![2u8; 40_000], true),
+            (Vec::new(), false),
+            (vec![3u8; 700], true),
+        ];
+        let mut stream = Vec::new();
+        let mut expected = Vec::new();
+        for (data, compressed) in &messages {
+            stream.extend_from_slice(&sluice_grpc::message_header(*compressed, data.len()));
+            stream.extend_from_slice(data);
+            expected.extend(joined(&data_frame(
+                Bytes::from(data.clone()),
+                *compressed,
+                false,
+            )));
+        }
+        for chunk_size in [1, 2, 5, 7, 1000, 16 * 1024, stream.len()] {
+            let mut forward = MessageStream::new(1 << 20);
+            let mut out = Vec::new();
+            for chunk in stream.chunks(chunk_size) {
+                out.extend(joined(
+                    &forward.push(Bytes::copy_from_slice(chunk)).unwrap(),
+                ));
+            }
+            forward.finish().unwrap();
+            assert_eq!(out, expected, "chunks of {chunk_size}");
+        }
+    }
+
+    #[test]
+    fn a_message_over_the_limit_is_refused_at_its_prefix_and_truncation_is_an_error() {
+        let mut forward = MessageStream::new(16);
+        let refused = forward.push(Bytes::copy_from_slice(&sluice_grpc::message_header(
+            false, 17,
+        )));
+        assert_eq!(
+            refused,
+            Err(FrameError::TooLarge {
+                size: 17,
+                limit: 16
+            })
+        );
+        let mut forward = MessageStream::new(16);
+        forward
+            .push(Bytes::copy_from_slice(&sluice_grpc::message_header(
+                false, 10,
+            )))
+            .unwrap();
+        forward.push(Bytes::from_static(b"abc")).unwrap();
+        assert!(matches!(
+            forward.finish(),
+            Err(FrameError::Truncated { .. })
+        ));
     }
 }

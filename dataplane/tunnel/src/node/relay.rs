@@ -8,7 +8,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use h2::RecvStream;
 use http::{HeaderMap, Response};
-use sluice_grpc::transport::{recv_data, send_data};
+use sluice_grpc::transport::{recv_data, recv_data_held, release, send_data};
 use sluice_grpc::{encode_timeout, Code};
 use sluice_proto::tunnel::v1::{connect_response, ConnectResponse, MetadataEntry, RequestInfo};
 use sluice_runtime::ConnectionContext;
@@ -91,7 +91,12 @@ pub(super) async fn relay_local(
     let agent = tunnel.agent;
     let outcome = {
         let up = pump_up(up, client_body, &mut tunnel.send, node.max_message_bytes);
-        let down = pump_down(&mut tunnel.recv, &mut tunnel.reader, responder);
+        let down = pump_down(
+            &mut tunnel.recv,
+            &mut tunnel.reader,
+            responder,
+            &node.metrics,
+        );
         run_call(up, down, deadline).await
     };
     match outcome {
@@ -138,11 +143,14 @@ pub(super) async fn relay_remote(
     };
     // Client -> peer: DATA as it arrives (the peer's node checks the framing).
     let up = async {
-        while let Some(chunk) = recv_data(client_body).await {
+        // Credit goes back to the client only once its bytes went on to the peer node.
+        while let Some(chunk) = recv_data_held(client_body).await {
             let chunk = chunk.map_err(|_| TunnelError::client_gone())?;
+            let size = chunk.len();
             send_data(&mut peer_send, chunk, false)
                 .await
                 .map_err(peer_gone)?;
+            release(client_body, size);
         }
         send_data(&mut peer_send, Bytes::new(), true)
             .await

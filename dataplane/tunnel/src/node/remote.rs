@@ -178,6 +178,12 @@ impl RemoteRouting {
 
     /// This core's connection to another node's private endpoint.
     async fn peer(&self, address: SocketAddr) -> Result<SendRequest<Bytes>, PeerFailure> {
+        // Addresses come from Redis: whoever can write there could point this node (and the
+        // private JWT it presents) anywhere, so they must lie in `tunnel.peer_allowlist`.
+        if !peer_allowed(&self.node.peer_allowlist, address) {
+            self.node.metrics.peer_refused();
+            return Err(PeerFailure::NotAllowed(address));
+        }
         let existing = self.peers.borrow().get(&address).cloned();
         if let Some(peer) = existing {
             if let Ok(ready) = peer.ready().await {
@@ -291,6 +297,17 @@ enum PeerFailure {
     Unexpected(http::StatusCode),
     #[error("answered {0} {1:?} without a tunnel")]
     Answered(String, String),
+    #[error("advertised address {0} is outside tunnel.peer_allowlist; not dialled")]
+    NotAllowed(SocketAddr),
+}
+
+/// Whether an advertised peer address may be dialled: inside one of the allow-list's networks,
+/// or any address when the list is empty.
+fn peer_allowed(allowlist: &[sluice_config::IpNetwork], address: SocketAddr) -> bool {
+    allowlist.is_empty()
+        || allowlist
+            .iter()
+            .any(|network| network.contains(address.ip()))
 }
 
 /// The call as forwarded to another node: the client's metadata, the node's token, the agent,
@@ -303,7 +320,8 @@ fn peer_request(
     token: &str,
 ) -> Result<Request<()>, http::Error> {
     let mut request = Request::post(format!("http://{address}{}", parts.uri.path())).body(())?;
-    metadata_into_headers(
+    // The client's metadata passed `check_metadata` when the call arrived.
+    let _ = metadata_into_headers(
         &metadata_from_headers(&parts.headers),
         request.headers_mut(),
     );
@@ -403,5 +421,27 @@ mod tests {
             let error = routing.remote_nodes(9, until, false).await.unwrap_err();
             assert_eq!(error, LocatorError::Store("redis is away".into()));
         });
+    }
+
+    #[test]
+    fn advertised_addresses_outside_the_allowlist_are_not_dialled() {
+        let allowlist = [
+            sluice_config::IpNetwork::parse("10.0.0.0/8").unwrap(),
+            sluice_config::IpNetwork::parse("fd00::/8").unwrap(),
+        ];
+        let allowed = |text: &str| peer_allowed(&allowlist, text.parse().unwrap());
+        assert!(allowed("10.1.2.3:8155"));
+        assert!(allowed("[fd00::1]:8155"));
+        assert!(
+            allowed("[::ffff:10.0.0.9]:8155"),
+            "IPv4-mapped counts as IPv4"
+        );
+        assert!(!allowed("169.254.169.254:80"), "the cloud metadata service");
+        assert!(!allowed("127.0.0.1:6443"));
+        assert!(!allowed("11.0.0.1:8155"));
+        assert!(
+            peer_allowed(&[], "192.0.2.1:1".parse().unwrap()),
+            "empty: any"
+        );
     }
 }

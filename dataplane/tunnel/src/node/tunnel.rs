@@ -111,7 +111,7 @@ pub(super) fn give_back(
 ) {
     let node = node.clone();
     let conn = conn.clone();
-    monoio::spawn(async move {
+    sluice_runtime::spawn_contained("tunnel-idle", async move {
         hold_idle(node, tunnel, async move { conn.draining().await }).await;
     });
 }

@@ -79,10 +79,38 @@ pub fn start_node_with(
     agents: Vec<AgentTokenConfig>,
     tracker: Option<Arc<dyn sluice_locator::AgentLocator>>,
 ) -> Node {
+    start_node_limited(driver, agents, tracker, LIMIT)
+}
+
+/// A node whose largest message is `max_message_bytes` (in both directions).
+pub fn start_node_limited(
+    driver: Driver,
+    agents: Vec<AgentTokenConfig>,
+    tracker: Option<Arc<dyn sluice_locator::AgentLocator>>,
+    max_message_bytes: usize,
+) -> Node {
+    start_node_buffered(
+        driver,
+        agents,
+        tracker,
+        max_message_bytes,
+        256 * 1024 * 1024,
+    )
+}
+
+/// [`start_node_limited`] with a node-wide budget for partly received agent messages.
+pub fn start_node_buffered(
+    driver: Driver,
+    agents: Vec<AgentTokenConfig>,
+    tracker: Option<Arc<dyn sluice_locator::AgentLocator>>,
+    max_message_bytes: usize,
+    max_buffered_bytes: usize,
+) -> Node {
     let config = TunnelConfig {
         node_name: "malformed".into(),
         max_wait: Duration::from_secs(5),
-        max_message_bytes: LIMIT,
+        max_message_bytes,
+        max_buffered_bytes,
         agents,
         jwt: JwtConfig {
             secret: SECRET.to_vec(),
@@ -95,6 +123,7 @@ pub fn start_node_with(
         private_jwt: None,
         advertise_address: None,
         peer_tls: None,
+        peer_allowlist: Vec::new(),
     };
     let options = RuntimeOptions {
         workers: 2,

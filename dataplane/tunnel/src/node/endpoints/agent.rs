@@ -126,7 +126,7 @@ async fn open_tunnel(
         .unwrap_or("")
         .to_string();
     let mut recv = request.into_body();
-    let mut reader = TunnelReader::new(node.max_message_bytes);
+    let mut reader = TunnelReader::with_budget(node.max_message_bytes, node.buffer_budget.clone());
     let reusable = read_descriptor(&mut reader, &mut recv).await?;
     let send = responder
         .respond

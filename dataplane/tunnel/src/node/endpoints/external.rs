@@ -27,7 +27,7 @@ use super::super::remote::RemoteRouting;
 use super::super::route::{RouteEvent, RouteState};
 use super::super::router::{Route, Router};
 use super::super::NodeShared;
-use super::{list_agents, refused, serve_connection, settle};
+use super::{check_client_metadata, check_method, list_agents, refused, serve_connection, settle};
 use crate::auth::VerifiedTokens;
 use crate::error::TunnelError;
 use crate::protocol::LIST_AGENTS_PATH;
@@ -97,9 +97,19 @@ impl ExternalHandler {
         let started = Instant::now();
         let method = request.uri().path().to_string();
         let mut responder = Responder::new(respond);
-        let outcome = self.call(&conn, &method, request, &mut responder).await;
+        let mut authenticated = false;
+        let outcome = self
+            .call(&conn, &method, request, &mut responder, &mut authenticated)
+            .await;
         let code = settle(outcome, &mut responder, &self.node, conn.worker());
-        self.count(&method, code, conn.worker());
+        // The method is the caller's text: it becomes a label only once the caller proved who
+        // it is (and then bounded, see `TunnelMetrics::requests`).
+        let label = if authenticated {
+            method.as_str()
+        } else {
+            crate::metrics::UNAUTHENTICATED_METHOD
+        };
+        self.count(label, code, conn.worker());
         self.node
             .metrics
             .request_duration
@@ -115,12 +125,15 @@ impl ExternalHandler {
         method: &str,
         request: Request<RecvStream>,
         responder: &mut Responder,
+        authenticated: &mut bool,
     ) -> Result<Code, TunnelError> {
         let node = &*self.node;
         self.verified_tokens
             .borrow_mut()
             .validate(&node.jwt, request.headers())
             .map_err(|error| refused(&node.metrics, "external", &error))?;
+        *authenticated = true;
+        check_method(method)?;
         if method == LIST_AGENTS_PATH {
             return list_agents(node, responder).await;
         }
@@ -142,6 +155,7 @@ impl ExternalHandler {
         let node = &*self.node;
         let (parts, body) = request.into_parts();
         let metadata = metadata_from_headers(&parts.headers);
+        check_client_metadata(node, &metadata)?;
         let head = CallHead {
             method,
             metadata: &metadata,

@@ -71,6 +71,33 @@ async fn serve_connection<H, F>(
     }
 }
 
+/// A client's metadata over the limits a node forwards (`wire::check_metadata`): counted, and
+/// answered RESOURCE_EXHAUSTED naming the limit.
+fn check_client_metadata(
+    node: &NodeShared,
+    metadata: &[sluice_proto::tunnel::v1::MetadataEntry],
+) -> Result<(), TunnelError> {
+    crate::wire::check_metadata(metadata).map_err(|error| {
+        node.metrics.metadata_refused("client");
+        TunnelError::new(ErrorKind::BadRequest, format!("request {error}"))
+            .with_code(Code::ResourceExhausted)
+    })
+}
+
+/// A gRPC method is `/package.Service/Method`. A `:path` that does not start with `/` (say
+/// `@evil.example:443/x`) would become the authority of the URI the agent builds for its
+/// backend, letting the caller pick where the agent connects: refused UNIMPLEMENTED, as a
+/// gRPC server answers a method it does not serve.
+fn check_method(method: &str) -> Result<(), TunnelError> {
+    if method.starts_with('/') {
+        return Ok(());
+    }
+    Err(TunnelError::new(
+        ErrorKind::Unimplemented,
+        "malformed method: a gRPC :path starts with '/' (/package.Service/Method)",
+    ))
+}
+
 /// A refused credential: counted by endpoint and reason, answered UNAUTHENTICATED.
 fn refused(metrics: &TunnelMetrics, endpoint: &'static str, error: &AuthError) -> TunnelError {
     metrics.auth_failure(endpoint, error.reason());

@@ -27,7 +27,7 @@ use super::super::route::{RouteEvent, RouteState};
 use super::super::router::{Route, Router};
 use super::super::tunnel::give_back;
 use super::super::NodeShared;
-use super::{list_agents, refused, serve_connection, settle};
+use super::{check_client_metadata, check_method, list_agents, refused, serve_connection, settle};
 use crate::auth::AuthError;
 use crate::error::TunnelError;
 use crate::protocol::LIST_AGENTS_PATH;
@@ -107,6 +107,7 @@ impl PrivateEndpoint {
             None => Err(AuthError::InvalidToken("no private JWT configured")),
         };
         validated.map_err(|error| refused(&node.metrics, "private", &error))?;
+        check_method(request.uri().path())?;
         if request.uri().path() == LIST_AGENTS_PATH {
             return list_agents(node, responder).await;
         }
@@ -126,6 +127,7 @@ impl PrivateEndpoint {
         let node = &*self.node;
         let (parts, body) = request.into_parts();
         let metadata = metadata_from_headers(&parts.headers);
+        check_client_metadata(node, &metadata)?;
         let head = CallHead {
             method: parts.uri.path(),
             metadata: &metadata,
