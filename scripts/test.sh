@@ -101,7 +101,7 @@ case "$tier" in
   all)
     run_lint
     log "all tests"
-    cargo test --workspace --locked
+    cargo test --workspace --locked --no-fail-fast
     ;;
 esac
 if [ "$tier" = all ] || [ "$tier" = integration ]; then run_perf_smoke; fi
