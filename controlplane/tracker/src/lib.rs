@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 pub use arrivals::Arrivals;
 pub use metrics::TrackerMetrics;
 use store::Store;
-pub use store::{NodeEntry, RedisTarget};
+pub use store::{parse_entry, NodeEntry, RedisTarget};
 
 /// Agent ids, as in the tunnel.
 pub type AgentId = i64;
