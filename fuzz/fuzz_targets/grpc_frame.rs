@@ -40,7 +40,7 @@ fuzz_target!(|data: &[u8]| {
         .map(|at| input.slice(at..(at + step).min(input.len())))
         .collect();
     let (messages, error, buffered) = decode(&chunks);
-    let whole = decode(&[input.clone()]);
+    let whole = decode(std::slice::from_ref(&input));
     assert_eq!(messages, whole.0, "chunking changed the messages");
     assert_eq!(error, whole.1, "chunking changed the error");
 
