@@ -4,6 +4,7 @@
 #   scripts/fuzz.sh                  every target, 600 s each
 #   scripts/fuzz.sh all 5            smoke: every target for 5 s (what CI runs)
 #   scripts/fuzz.sh openflow 3600    one target for an hour
+#   scripts/fuzz.sh openflow 0       one target until it crashes (libFuzzer: 0 = no time limit)
 #   scripts/fuzz.sh list             the target names
 #
 # Prints, per target, the executions, coverage and corpus size at the end, and any crash; exits
