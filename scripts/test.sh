@@ -5,6 +5,7 @@
 #   scripts/test.sh lint       cargo fmt --check and clippy -D warnings
 #   scripts/test.sh unit       unit tests only (beside the code, no sockets to real services)
 #   scripts/test.sh integration  integration and end-to-end tests (crates' tests/ folders)
+#   scripts/test.sh fuzz       fuzz smoke: every fuzz target (fuzz/) for $SLUICE_FUZZ_SECONDS (5) s
 #
 # Data-plane tests run each case on both monoio drivers (io_uring and legacy epoll) themselves.
 # Builds go to $CARGO_TARGET_DIR, by default a directory outside the checkout keyed by the
@@ -64,6 +65,12 @@ run_lint() {
   cargo clippy --workspace --all-targets --locked -- -D warnings
 }
 
+run_fuzz_smoke() {
+  # Its own instrumented build (separate workspace and target directory): a few minutes cold.
+  log "fuzz smoke (scripts/fuzz.sh all ${SLUICE_FUZZ_SECONDS:-5})"
+  scripts/fuzz.sh all "${SLUICE_FUZZ_SECONDS:-5}"
+}
+
 run_perf_smoke() {
   log "perf harness smoke runs (perf/run.sh tunnel|gateway --smoke; numbers are not measurements)"
   # A smoke run passes only if every case left its results and no call failed (perf/check-smoke),
@@ -75,14 +82,14 @@ run_perf_smoke() {
 }
 
 case "$tier" in
-  all | lint | unit | integration) ;;
+  all | lint | unit | integration | fuzz) ;;
   *)
-    echo "usage: scripts/test.sh [all|lint|unit|integration]" >&2
+    echo "usage: scripts/test.sh [all|lint|unit|integration|fuzz]" >&2
     exit 2
     ;;
 esac
 
-if [ "$tier" != lint ]; then
+if [ "$tier" != lint ] && [ "$tier" != fuzz ]; then
   install_apt_packages
   install_python_venv
   export SLUICE_PYTHON="$root/.venv/bin/python"
@@ -105,4 +112,5 @@ case "$tier" in
     ;;
 esac
 if [ "$tier" = all ] || [ "$tier" = integration ]; then run_perf_smoke; fi
+if [ "$tier" = all ] || [ "$tier" = fuzz ]; then run_fuzz_smoke; fi
 log "scripts/test.sh $tier: passed"

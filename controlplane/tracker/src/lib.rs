@@ -23,8 +23,8 @@ use tokio::sync::mpsc;
 pub use metrics::TrackerMetrics;
 pub use sluice_locator::{AgentId, Arrivals, ConnectionRecord, NodeEntry};
 use sluice_locator::{AgentLocator, Answer, EventListener, LocatorError};
-pub use store::RedisTarget;
 use store::Store;
+pub use store::{parse_entry, RedisTarget};
 
 /// Why the tracker could not do something.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -83,7 +83,7 @@ pub(crate) fn arrivals_channel(prefix: &str) -> String {
     format!("{prefix}:tunnel:arrivals")
 }
 
-fn parse_entry(node: String, value: &str) -> Option<NodeEntry> {
+pub fn parse_entry(node: String, value: &str) -> Option<NodeEntry> {
     let (expires, address) = value.split_once('|')?;
     Some(NodeEntry {
         node,

@@ -41,3 +41,5 @@ pub use health::HealthChecker;
 pub use metrics::{GatewayCollector, GatewayMetrics};
 pub use reload::{spawn_reloader, ReloaderHandle};
 pub use state::{load_generation, Gateway, Generation};
+// The upgrade-head parsers, public for the fuzz targets (`fuzz/`).
+pub use upgrade::{is_upgrade, parse_request, parse_response_status, upstream_head, RequestHead};

@@ -105,6 +105,18 @@ pub fn parse_request(head: &[u8]) -> Result<RequestHead, UpgradeHeadError> {
         .path
         .and_then(|path| path.parse().ok())
         .ok_or(UpgradeHeadError::Target)?;
+    // Only a path (origin form) or an http(s) URL with one (absolute form): `http::Uri` also
+    // takes `://host?q` (empty scheme, no path) and `host:port`, whose path the request info
+    // would see as empty while `upstream_head` sends `?q` or `/` (found by fuzz/upgrade_head).
+    let scheme_ok = uri.scheme_str().is_none_or(|scheme| {
+        scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https")
+    });
+    let path_ok = uri
+        .path_and_query()
+        .is_some_and(|path_and_query| path_and_query.as_str().starts_with('/'));
+    if !(scheme_ok && path_ok) {
+        return Err(UpgradeHeadError::Target);
+    }
     let mut headers = HeaderMap::new();
     for line in request.headers.iter() {
         let name = HeaderName::from_bytes(line.name.as_bytes())
@@ -396,6 +408,30 @@ mod tests {
         );
         assert!(text.contains("impersonate-user: alice\r\n"));
         assert!(text.ends_with("\r\n\r\n"));
+    }
+
+    #[test]
+    fn request_targets_without_a_path_are_refused() {
+        for target in ["://-?'ds+", "://x?a", "x:443", "ftp://x/a", "*"] {
+            let head = format!(
+                "GET {target} HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+            );
+            let error = parse_request(head.as_bytes()).unwrap_err();
+            assert!(
+                matches!(error, UpgradeHeadError::Target),
+                "{target}: {error:?}"
+            );
+        }
+        for target in [
+            "/api/v1/pods",
+            "https://gw.example/api?watch=1",
+            "HTTP://gw/",
+        ] {
+            let head = format!("GET {target} HTTP/1.1\r\n\r\n");
+            let parsed = parse_request(head.as_bytes()).unwrap();
+            let upstream = upstream_head(&parsed, "10.0.0.1", 6443);
+            assert!(upstream.starts_with(b"GET /"), "{target}");
+        }
     }
 
     #[test]

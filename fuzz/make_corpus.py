@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus under fuzz/corpus/<target>/ from the crates' fixtures and hand-built
+valid messages. Run from anywhere; idempotent (file names are content hashes)."""
+import hashlib, json, os, struct, sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORPUS = os.path.join(ROOT, "fuzz", "corpus")
+
+
+def put(target, data):
+    if isinstance(data, str):
+        data = data.encode()
+    d = os.path.join(CORPUS, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, hashlib.sha1(data).hexdigest()), "wb") as f:
+        f.write(data)
+
+
+def fixture(path):
+    with open(os.path.join(ROOT, path), "rb") as f:
+        return f.read()
+
+
+# --- protobuf helpers -----------------------------------------------------------------------
+def varint(n):
+    out = b""
+    while n >= 0x80:
+        out += bytes([(n & 0x7F) | 0x80])
+        n >>= 7
+    return out + bytes([n])
+
+
+def field(num, wire, payload):
+    key = varint((num << 3) | wire)
+    if wire == 0:
+        return key + varint(payload)
+    return key + varint(len(payload)) + payload
+
+
+def ld(num, payload):
+    return field(num, 2, payload if isinstance(payload, bytes) else payload.encode())
+
+
+def grpc(body, compressed=0):
+    return bytes([compressed]) + struct.pack(">I", len(body)) + body
+
+
+# grpc-timeout
+for v in ["1S", "100m", "99999999H", "5n", "250u", "2M", "1H", "0m"]:
+    put("grpc_timeout", v)
+
+# gRPC frames (first byte: chunk size)
+put("grpc_frame", b"\x03" + grpc(b"hello") + grpc(b"", 1) + grpc(b"x" * 40))
+put("grpc_frame", b"\x00" + grpc(b"\x0a\x03abc"))
+put("grpc_frame", b"\x0f" + grpc(b"partial")[:-2])
+
+# tunnel protobuf (first byte: mode, see tunnel_proto.rs)
+meta = ld(1, "content-type") + ld(2, b"application/grpc")
+descriptor = ld(1, ld(1, "sluice.test.Echo") + ld(2, "0.1.0") + field(3, 0, 1))
+header = ld(2, ld(1, meta))
+message = ld(3, ld(1, b"\x00\x00\x00\x00\x02hi") + field(2, 0, 1))
+trailer = ld(4, field(1, 0, 5) + ld(2, "not found") + ld(3, meta))
+error = ld(5, field(1, 0, 14) + ld(2, "unavailable"))
+request_info = ld(1, ld(1, "/sluice.test.Echo/Say") + ld(2, meta))
+resp_message = ld(2, ld(1, b"payload"))
+close_send = ld(3, b"")
+agents = ld(1, field(1, 0, 7) + field(2, 0, 1) + ld(3, "0.1.0") + ld(4, "node-a") + field(5, 0, 1700000000000))
+for mode, body in [(0x80, descriptor), (0x83, header), (0x81, message), (0xC0, trailer), (0x8F, error),
+                   (0x00, request_info), (0x05, resp_message), (0x40, close_send), (0x00, agents)]:
+    put("tunnel_proto", bytes([mode]) + body)
+put("tunnel_proto", b"\x82" + grpc(descriptor) + grpc(header) + grpc(message) + grpc(trailer))
+put("tunnel_proto", b"\x02" + grpc(request_info) + grpc(resp_message) + grpc(close_send))
+
+# authorization / JWT (mode 0: raw header; else claims to sign)
+put("tunnel_auth", b"\x00Bearer agent-token")
+put("tunnel_auth", b"\x00bearer eyJhbGciOiJIUzI1NiJ9.eyJleHAiOjF9.c2ln")
+put("tunnel_auth", b"\x00Basic dXNlcjpwYXNz")
+put("tunnel_auth", b"\x01" + json.dumps({"exp": 4102444800, "iat": 4102444700, "iss": "sluice", "aud": "sluice-tunnel"}).encode())
+put("tunnel_auth", b"\x01" + json.dumps({"exp": 1, "iat": 0, "iss": "sluice", "aud": ["sluice-tunnel", "x"], "nbf": 0}).encode())
+put("tunnel_auth", b"\x01" + json.dumps({"exp": 2000000000, "iat": 1000000000, "iss": "other", "aud": "sluice-tunnel"}).encode())
+
+# request info
+for line in ["GET /api/v1/namespaces", "GET /api/v1/namespaces/other/pods/foo/log?follow=true",
+             "GET /apis/apps/v1/namespaces/default/deployments?watch=true&fieldSelector=metadata.name%3Dweb",
+             "DELETE /api/v1/namespaces/other/pods", "POST /apis/batch/v1/namespaces/ns/jobs",
+             "GET /api/v1/watch/namespaces/other/pods", "GET /api/v1/namespaces/x/%73ecrets",
+             "PATCH /api/v1/proxy/namespaces/ns/services/svc/a/b", "GET /healthz",
+             "GET /api/v1/namespaces/ns/pods?fieldSelector=metadata.name%3Dp%2Cspec.nodeName%3Dn&watch=1"]:
+    put("request_info", line)
+
+# upgrade heads
+put("upgrade_head", "GET /api/v1/namespaces/ns/pods/p/exec?command=sh&stdin=true HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n")
+put("upgrade_head", "GET /api HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\n\r\n")
+put("upgrade_head", "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n")
+put("upgrade_head", "HTTP/1.1 403 Forbidden\r\ncontent-length: 2\r\n\r\nno")
+
+# admin heads
+put("admin_head", "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+put("admin_head", "HEAD /readyz?verbose HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+put("admin_head", "GET /livez HTTP/1.1\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+put("admin_head", "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+# UpstreamCluster YAML
+put("cluster_yaml", fixture("dataplane/gateway/tests/fixtures/cluster.yaml"))
+
+# policy YAML / JSON (first byte: even = YAML, odd = JSON)
+policy = fixture("vm-datapath/policy/tests/fixtures/three-vms.yaml")
+put("policy_yaml", b"\x00" + policy)
+try:
+    import yaml
+    put("policy_yaml", b"\x01" + json.dumps(yaml.safe_load(policy)).encode())
+except ImportError:
+    pass
+
+# Redis entries
+for v in ["1700000000000|10.0.0.1:8155", "123|[fd00::1]:8155", "0|", "x|y", "garbage"]:
+    put("redis_entry", v)
+
+# OVSDB JSON-RPC (first byte: chunk size and expected result count)
+put("ovsdb_json", b"\x47" + json.dumps({"id": 1, "result": [{}, {"uuid": ["uuid", "0b5f5a4e-2c55-4b1a-9bb6-1f4d6ef1f0a1"]}], "error": None}).encode())
+put("ovsdb_json", b"\x23" + json.dumps({"id": 2, "result": [{"error": "constraint violation", "details": "no"}], "error": None}).encode())
+put("ovsdb_json", b"\x05" + json.dumps({"id": "echo", "method": "echo", "params": []}).encode() + b"\n" + json.dumps({"id": 3, "result": [{"rows": [{"name": "br0", "_uuid": ["uuid", "x"]}]}], "error": None}).encode())
+
+# OpenFlow (OF1.3 = 4, OF1.4 = 5)
+def of(version, msg_type, xid, body=b""):
+    return struct.pack(">BBHI", version, msg_type, 8 + len(body), xid) + body
+
+
+def oxm(field_num, value, cls=0x8000):
+    return struct.pack(">HBB", cls, field_num << 1, len(value)) + value
+
+
+def match(*fields):
+    body = b"".join(fields)
+    m = struct.pack(">HH", 1, 4 + len(body)) + body
+    return m + b"\x00" * ((8 - len(m) % 8) % 8)
+
+
+output = struct.pack(">HHIH6x", 0, 16, 2, 0xFFFF)
+apply_actions = struct.pack(">HH4x", 4, 8 + len(output)) + output
+goto = struct.pack(">HHB3x", 1, 8, 1)
+m = match(oxm(0, struct.pack(">I", 1)), oxm(5, struct.pack(">H", 0x0800)), oxm(11, bytes([10, 0, 0, 1])))
+flow_mod = struct.pack(">QQBBHHHIIIH2x", 0x1234, 0, 0, 0, 0, 0, 100, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0) + m + apply_actions + goto
+for version in (4, 5):
+    put("openflow", of(version, 0, 1, struct.pack(">HHI", 1, 8, 0x30)))  # hello + version bitmap
+    put("openflow", of(version, 2, 2, b"ping"))  # echo request
+    put("openflow", of(version, 5, 3))  # features request
+    put("openflow", of(version, 6, 4, struct.pack(">QIBB2xII", 0xABC, 0, 254, 0, 0x4F, 0)))  # features reply
+    put("openflow", of(version, 14, 5, flow_mod))
+    put("openflow", of(version, 20, 6))  # barrier request
+    put("openflow", of(version, 1, 7, struct.pack(">HH", 4, 9) + of(version, 20, 8)))  # error
+    # flow stats request: multipart type 1 (flow)
+    put("openflow", of(version, 18, 9, struct.pack(">HH4xB3xII4xQQ", 1, 0, 0xFF, 0xFFFFFFFF, 0xFFFFFFFF, 0, 0) + match()))
+    # packet out
+    put("openflow", of(version, 13, 10, struct.pack(">IIH6x", 0xFFFFFFFF, 1, len(output)) + output + b"\xff" * 14))
+    # packet in: buffer, total_len, reason, table, cookie, match(in_port), pad, frame
+    put("openflow", of(version, 10, 11, struct.pack(">IHBBQ", 0xFFFFFFFF, 14, 1, 0, 0) + match(oxm(0, struct.pack(">I", 3))) + b"\x00\x00" + b"\x02" * 14))
+    # flow stats reply with one entry
+    entry_match = match(oxm(0, struct.pack(">I", 1)))
+    entry = struct.pack(">HBxIIHHHH4xQQQ", 0, 0, 1, 2, 100, 0, 0, 0, 0x1234, 5, 500) + entry_match + apply_actions
+    entry = struct.pack(">H", len(entry)) + entry[2:]
+    put("openflow", of(version, 19, 12, struct.pack(">HH4x", 1, 0) + entry))
+# bundle control (1.4 native) and bundle add wrapping a flow mod
+put("openflow", of(5, 33, 13, struct.pack(">IHH", 1, 0, 3)))
+inner = of(5, 14, 14, flow_mod)
+put("openflow", of(5, 34, 14, struct.pack(">I2xH", 1, 3) + inner))
+# Nicira / ONF experimenter (1.3 bundle control extension)
+put("openflow", of(4, 4, 15, struct.pack(">II", 0x4F4E4600, 2300) + struct.pack(">IHH", 1, 0, 3)))
+
+# Reject: Ethernet frames a VM sends into a Reject rule
+def csum(data):
+    if len(data) % 2:
+        data += b"\x00"
+    s = sum(struct.unpack(">%dH" % (len(data) // 2), data))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return (~s) & 0xFFFF
+
+
+def ipv4(proto, payload, src=bytes([10, 0, 0, 1]), dst=bytes([10, 0, 0, 2]), frag=0):
+    h = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + len(payload), 1, frag, 64, proto, 0, src, dst)
+    h = h[:10] + struct.pack(">H", csum(h)) + h[12:]
+    return h + payload
+
+
+def ipv6(nh, payload, src=bytes.fromhex("fd000000000000000000000000000001"), dst=bytes.fromhex("fd000000000000000000000000000002")):
+    return struct.pack(">IHBB16s16s", 0x60000000, len(payload), nh, 64, src, dst) + payload
+
+
+eth = bytes.fromhex("0200000000020200000000 01".replace(" ", ""))
+tcp_syn = struct.pack(">HHIIBBHHH", 40000, 443, 1000, 0, 0x50, 0x02, 65535, 0, 0)
+udp = struct.pack(">HHHH", 40000, 53, 12, 0) + b"dns!"
+icmp_echo = struct.pack(">BBHHH", 8, 0, 0, 1, 1) + b"ping"
+put("reject_packet", eth + b"\x08\x00" + ipv4(6, tcp_syn))
+put("reject_packet", eth + b"\x08\x00" + ipv4(17, udp))
+put("reject_packet", eth + b"\x08\x00" + ipv4(1, icmp_echo))
+put("reject_packet", eth + b"\x81\x00\x00\x64\x08\x00" + ipv4(6, tcp_syn))
+put("reject_packet", eth + b"\x86\xdd" + ipv6(6, tcp_syn))
+put("reject_packet", eth + b"\x86\xdd" + ipv6(17, udp))
+put("reject_packet", eth + b"\x86\xdd" + ipv6(0, b"\x11\x00\x00\x00\x00\x00\x00\x00" + udp))  # hop-by-hop then UDP
+put("reject_packet", eth + b"\x86\xdd" + ipv6(44, b"\x06\x00\x00\x01\x00\x00\x00\x01" + tcp_syn))  # fragment header
+
+total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(CORPUS) for f in fs)
+print(f"corpus: {total} bytes", file=sys.stderr)
