@@ -6,6 +6,9 @@
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod common;
+/// The tunnel crate's harness, for its gRPC outcome reader (as node_tracker.rs borrows it).
+#[path = "../../dataplane/tunnel/tests/common/mod.rs"]
+mod tunnel_harness;
 
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -67,28 +70,7 @@ async fn call(node: SocketAddr, token: &str, path: &str) -> (String, String) {
         .unwrap();
     let (response, mut send) = ready.send_request(request, false).unwrap();
     let _ = send.send_data(encode_message(false, b""), true);
-    let response = monoio::time::timeout(Duration::from_secs(10), response)
-        .await
-        .expect("answered in time")
-        .unwrap();
-    let headers = response.headers().clone();
-    let mut body = response.into_body();
-    let trailers = if headers.contains_key("grpc-status") {
-        headers
-    } else {
-        while let Some(Ok(_)) = recv_data(&mut body).await {}
-        std::future::poll_fn(|cx| body.poll_trailers(cx))
-            .await
-            .unwrap()
-            .unwrap_or_default()
-    };
-    let text = |name: &str| {
-        trailers
-            .get(name)
-            .map(|value| value.to_str().unwrap().to_string())
-            .unwrap_or_default()
-    };
-    (text("grpc-status"), text("grpc-message"))
+    tunnel_harness::grpc_outcome(response).await
 }
 
 /// A hostile agent's tunnel: Connect with agent 7's token, a Descriptor, then wait for a call.

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{
-    agent_tokens, block_on, descriptor, fake_tunnel, jwt, start_node_buffered, start_node_limited,
-    still_serves, Node,
+    agent_tokens, block_on, descriptor, fake_tunnel, grpc_outcome, jwt, start_node_buffered,
+    start_node_limited, still_serves, Node,
 };
 use http::Request;
 use sluice_grpc::encode_message;
@@ -52,28 +52,7 @@ async fn call_with(
     }
     let (response, mut send) = ready.send_request(request, false).unwrap();
     let _ = send.send_data(encode_message(false, b"hi"), true);
-    let response = monoio::time::timeout(Duration::from_secs(10), response)
-        .await
-        .expect("the node answers in time")
-        .unwrap();
-    let headers = response.headers().clone();
-    let mut body = response.into_body();
-    let trailers = if headers.contains_key("grpc-status") {
-        headers
-    } else {
-        while let Some(Ok(_)) = recv_data(&mut body).await {}
-        std::future::poll_fn(|cx| body.poll_trailers(cx))
-            .await
-            .unwrap()
-            .unwrap_or_default()
-    };
-    let text = |name: &str| {
-        trailers
-            .get(name)
-            .map(|value| value.to_str().unwrap().to_string())
-            .unwrap_or_default()
-    };
-    (text("grpc-status"), text("grpc-message"))
+    grpc_outcome(response).await
 }
 
 /// Several well-behaved calls on fresh connections: SO_REUSEPORT spreads them over both

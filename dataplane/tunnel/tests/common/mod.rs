@@ -232,9 +232,15 @@ pub async fn raw_call(node: SocketAddr, path: &str, body: Vec<Bytes>) -> (String
         let _ = send.send_data(chunk, false);
     }
     let _ = send.send_data(Bytes::new(), true);
+    grpc_outcome(response).await
+}
+
+/// The call's outcome as (grpc-status, grpc-message): from the headers of a trailers-only
+/// answer, or from the trailers after the body was read to its end.
+pub async fn grpc_outcome(response: h2::client::ResponseFuture) -> (String, String) {
     let response = monoio::time::timeout(Duration::from_secs(10), response)
         .await
-        .unwrap()
+        .expect("the node answers in time")
         .unwrap();
     let headers = response.headers().clone();
     let mut body = response.into_body();
