@@ -57,6 +57,28 @@ struct Cli {
     /// CPU list of the upstream (echo backend, apiserver simulator).
     #[arg(long, default_value = "0")]
     upstream_cpu: String,
+    /// Run only these cases (tunnel scenario; for example `sluice-1-node`), to profile one.
+    #[arg(long, value_delimiter = ',', value_name = "CASE")]
+    only: Vec<String>,
+    /// Replace the concurrency levels (tunnel scenario), as CLIENTSxSTREAMS: `50x10,10x10`.
+    #[arg(long, value_delimiter = ',', value_name = "CxS", value_parser = parse_level)]
+    levels: Vec<(u32, u32)>,
+    /// Replace the number of requests per run (tunnel scenario).
+    #[arg(long)]
+    requests: Option<u64>,
+}
+
+fn parse_level(text: &str) -> Result<(u32, u32), String> {
+    let (clients, streams) = text
+        .split_once('x')
+        .ok_or_else(|| format!("{text:?} is not CLIENTSxSTREAMS"))?;
+    let number = |part: &str| {
+        part.parse::<u32>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| format!("{part:?} in {text:?} is not a positive number"))
+    };
+    Ok((number(clients)?, number(streams)?))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -77,6 +99,9 @@ fn main() -> anyhow::Result<()> {
         client_cpu: cli.client_cpu,
         proxy_cpu: cli.proxy_cpu,
         upstream_cpu: cli.upstream_cpu,
+        only: cli.only,
+        levels: cli.levels,
+        requests: cli.requests,
     };
     match cli.scenario {
         Scenario::Gateway => scenario::gateway::run(&harness),

@@ -7,25 +7,25 @@ use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use monoio::net::TcpStream;
+use monoio_compat::hyper::MonoioTimer;
 use monoio_compat::TcpStreamCompat;
 use sluice_gateway::flow_control::CoreShare;
 use sluice_gateway::identity::user_from_certificate;
-use sluice_runtime::{ConnectionContext, ConnectionHandler, HandlerFactory, WorkerContext};
+use sluice_grpc::transport::{IdleClock, GOAWAY_GRACE};
+use sluice_runtime::{
+    CloseReason, ConnectionContext, ConnectionHandler, HandlerFactory, WorkerContext,
+};
 use tokio_rustls::server::TlsStream;
 
+use crate::activity::{ActiveBody, Activity};
 use crate::answer::record_connection;
 use crate::handler::{ClientConnection, GatewayHandler};
 use crate::state::Gateway;
 use crate::tls::accept;
 use crate::upgrade::{is_upgrade, parse_request, read_head, Rewind};
-
-/// Longest time a client may take to finish the TLS handshake (and to send its first request
-/// head on HTTP/1.1).
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The gateway listener: builds one [`GatewayHandler`] per worker core.
 #[derive(Debug, Clone)]
@@ -95,7 +95,10 @@ impl GatewayHandler {
         let io = sluice_grpc::transport::compat(stream);
         let accepted = monoio::select! {
             accepted = accept(&self.gateway, io, local_ip) => accepted,
-            _ = monoio::time::sleep(HANDSHAKE_TIMEOUT) => return None,
+            _ = monoio::time::sleep(conn.limits().handshake_timeout) => {
+                conn.closed_by(CloseReason::HandshakeTimeout);
+                return None;
+            }
             _ = conn.draining() => return None,
         };
         let accepted = match accepted {
@@ -127,21 +130,28 @@ impl GatewayHandler {
         client: Rc<ClientConnection>,
         conn: &ConnectionContext,
     ) {
-        let handler = self.clone();
-        let service = hyper::service::service_fn(move |request| {
-            let handler = handler.clone();
-            let client = client.clone();
-            async move { Ok::<_, Infallible>(handler.serve(&client, request).await) }
-        });
-        let connection = hyper::server::conn::http2::Builder::new(LocalExec)
-            .max_concurrent_streams(1000)
-            .serve_connection(TokioIo::new(stream), service);
-        let mut connection = std::pin::pin!(connection);
-        monoio::select! {
-            _ = connection.as_mut() => return,
-            _ = conn.draining() => connection.as_mut().graceful_shutdown(),
-        }
-        let _ = connection.await;
+        let activity = Rc::new(Activity::default());
+        let limits = conn.limits();
+        let mut builder = hyper::server::conn::http2::Builder::new(LocalExec);
+        builder
+            .timer(MonoioTimer)
+            .keep_alive_interval(limits.keepalive_interval)
+            .keep_alive_timeout(limits.keepalive_timeout)
+            .max_concurrent_streams(1000);
+        let service = self.service(client, &activity);
+        let connection = builder.serve_connection(TokioIo::new(stream), service);
+        let connection = std::pin::pin!(connection);
+        let shut_down = |connection: Pin<&mut _>| {
+            hyper::server::conn::http2::Connection::graceful_shutdown(connection)
+        };
+        drive(
+            connection,
+            shut_down,
+            &activity,
+            conn,
+            CloseReason::KeepaliveTimeout,
+        )
+        .await;
     }
 
     /// Upgrades (exec, attach, port-forward) need the raw connection: the first request head is
@@ -158,7 +168,10 @@ impl GatewayHandler {
                 Ok(length) => length,
                 Err(_) => return,
             },
-            _ = monoio::time::sleep(HANDSHAKE_TIMEOUT) => return,
+            _ = monoio::time::sleep(conn.limits().header_timeout) => {
+                conn.closed_by(CloseReason::HeaderTimeout);
+                return;
+            }
             _ = conn.draining() => return,
         };
         if let Ok(head) = parse_request(&buffer[..head_length]) {
@@ -168,19 +181,95 @@ impl GatewayHandler {
                 return;
             }
         }
+        let activity = Rc::new(Activity::default());
+        let service = self.service(client, &activity);
+        let io = TokioIo::new(Rewind::new(buffer.freeze(), stream));
+        // hyper's header read timeout also runs while a kept-alive connection waits for its
+        // next request head, so on HTTP/1.1 it is the idle limit between requests too.
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(MonoioTimer)
+            .header_read_timeout(conn.limits().header_timeout)
+            .serve_connection(io, service);
+        let connection = std::pin::pin!(connection);
+        let shut_down = |connection: Pin<&mut _>| {
+            hyper::server::conn::http1::Connection::graceful_shutdown(connection)
+        };
+        drive(
+            connection,
+            shut_down,
+            &activity,
+            conn,
+            CloseReason::HeaderTimeout,
+        )
+        .await;
+    }
+
+    /// The hyper service of one client connection: each request counted in flight until its
+    /// response body ends.
+    fn service(
+        self: &Rc<Self>,
+        client: Rc<ClientConnection>,
+        activity: &Rc<Activity>,
+    ) -> impl hyper::service::Service<
+        http::Request<hyper::body::Incoming>,
+        Response = http::Response<ActiveBody>,
+        Error = Infallible,
+        Future = impl Future<Output = Result<http::Response<ActiveBody>, Infallible>>,
+    > {
         let handler = self.clone();
-        let service = hyper::service::service_fn(move |request| {
+        let activity = activity.clone();
+        hyper::service::service_fn(move |request| {
             let handler = handler.clone();
             let client = client.clone();
-            async move { Ok::<_, Infallible>(handler.serve(&client, request).await) }
-        });
-        let io = TokioIo::new(Rewind::new(buffer.freeze(), stream));
-        let connection = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
-        let mut connection = std::pin::pin!(connection);
+            let active = activity.enter();
+            async move {
+                let response = handler.serve(&client, request).await;
+                Ok::<_, Infallible>(response.map(|body| ActiveBody::new(body, active)))
+            }
+        })
+    }
+}
+
+/// Runs a client connection to its end under the listener's limits: closed when nothing was in
+/// flight for `idle_timeout`, asked to finish at drain or `max_connection_age`. hyper's own
+/// timer ends it on `timeout_reason` (unanswered keepalive PING, slow request head).
+/// `shut_down` asks it to finish (GOAWAY, or close after the current request on HTTP/1.1).
+async fn drive<C: Future<Output = hyper::Result<()>>>(
+    mut connection: Pin<&mut C>,
+    shut_down: impl Fn(Pin<&mut C>),
+    activity: &Activity,
+    conn: &ConnectionContext,
+    timeout_reason: CloseReason,
+) {
+    let mut clock = IdleClock::new(conn.limits(), monoio::time::Instant::now());
+    let mut drain = std::pin::pin!(conn.connection_draining());
+    let mut draining = false;
+    loop {
         monoio::select! {
-            _ = connection.as_mut() => return,
-            _ = conn.draining() => connection.as_mut().graceful_shutdown(),
+            biased;
+            ended = connection.as_mut() => {
+                if ended.is_err_and(|error| error.is_timeout()) {
+                    conn.closed_by(timeout_reason);
+                }
+                return;
+            }
+            () = &mut drain, if !draining => {
+                draining = true;
+                shut_down(connection.as_mut());
+            }
+            () = monoio::time::sleep_until(clock.next_check()), if !draining => {
+                let now = monoio::time::Instant::now();
+                if activity.take_arrived() {
+                    clock.request_arrived(now);
+                }
+                if let Some(reason) = clock.check(now, activity.busy()) {
+                    conn.closed_by(reason);
+                    shut_down(connection.as_mut());
+                    // Nothing was in flight: the client gets a moment to read the GOAWAY.
+                    let _ = monoio::time::timeout(GOAWAY_GRACE, connection.as_mut()).await;
+                    return;
+                }
+            }
         }
-        let _ = connection.await;
     }
 }

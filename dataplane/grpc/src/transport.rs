@@ -2,18 +2,19 @@
 //! streams), cleartext (h2c with prior knowledge) or TLS. The connection future is driven by a
 //! task on the current worker; stream handles may be used from any task.
 
-use std::future::{poll_fn, Future};
+use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
-use http::{HeaderMap, Request};
+use http::HeaderMap;
 use monoio::net::TcpStream;
 use monoio_compat::{AsyncRead, AsyncWrite, TcpStreamCompat};
 use rustls::pki_types::ServerName;
 use sluice_runtime::spawn_contained;
+
+pub use crate::serve::{serve, serve_limited, IdleClock, ServeLimits, GOAWAY_GRACE};
 
 /// HTTP/2 settings of one connection.
 #[derive(Debug, Clone)]
@@ -74,75 +75,6 @@ pub fn small_frame_budget(settings: &H2Settings) -> usize {
 /// Wraps a monoio stream for tokio-style consumers (h2, tokio-rustls).
 pub fn compat(stream: TcpStream) -> TcpStreamCompat {
     TcpStreamCompat::new_with_buffer_size(stream, 64 * 1024, 64 * 1024)
-}
-
-/// Serves HTTP/2 on an accepted connection until the peer closes it or `drain` resolves (then a
-/// GOAWAY lets in-flight streams finish). Each request stream is handled by its own task.
-pub async fn serve<T, H, F>(
-    io: T,
-    settings: &H2Settings,
-    drain: impl Future<Output = ()>,
-    mut handler: H,
-) -> Result<(), h2::Error>
-where
-    T: AsyncRead + AsyncWrite + Unpin + 'static,
-    H: FnMut(Request<RecvStream>, SendResponse<Bytes>) -> F,
-    F: Future<Output = ()> + 'static,
-{
-    let mut connection = h2::server::Builder::new()
-        .max_concurrent_streams(settings.max_concurrent_streams)
-        .initial_window_size(settings.initial_stream_window)
-        .initial_connection_window_size(settings.initial_connection_window)
-        .max_frame_size(settings.max_frame_size)
-        .max_header_list_size(settings.max_header_list_size)
-        .data_frame_budget(small_frame_budget(settings))
-        .handshake::<T, Bytes>(io)
-        .await?;
-    enum Next<S> {
-        Stream(Option<Result<S, h2::Error>>),
-        Drain,
-    }
-    let mut drain = std::pin::pin!(drain);
-    let mut draining = false;
-    loop {
-        let next = if draining {
-            Next::Stream(connection.accept().await)
-        } else {
-            monoio::select! {
-                next = connection.accept() => Next::Stream(next),
-                _ = &mut drain => Next::Drain,
-            }
-        };
-        match next {
-            Next::Drain => {
-                draining = true;
-                connection.graceful_shutdown();
-            }
-            Next::Stream(Some(Ok((request, respond)))) => {
-                // Each stream's task is contained: a bug (or a peer that finds one) ends that
-                // stream, counted in sluice_task_panics_total{task="grpc-stream"}, not the worker.
-                spawn_contained("grpc-stream", handler(request, respond));
-            }
-            Next::Stream(Some(Err(error))) if is_peer_gone(&error) => return Ok(()),
-            Next::Stream(Some(Err(error))) => return Err(error),
-            Next::Stream(None) => return Ok(()),
-        }
-    }
-}
-
-/// A peer that closes its socket (with or without GOAWAY) ends the connection normally; the
-/// shutdown of an already-closed socket reports `NotConnected`, which is not worth an error.
-fn is_peer_gone(error: &h2::Error) -> bool {
-    use std::io::ErrorKind;
-    error.get_io().is_some_and(|io| {
-        matches!(
-            io.kind(),
-            ErrorKind::NotConnected
-                | ErrorKind::BrokenPipe
-                | ErrorKind::ConnectionReset
-                | ErrorKind::UnexpectedEof
-        )
-    })
 }
 
 /// An open HTTP/2 client connection.

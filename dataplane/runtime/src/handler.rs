@@ -6,7 +6,14 @@ use std::sync::Arc;
 
 use monoio::net::TcpStream;
 
-use crate::{Driver, Lifecycle, ListenerStats, StopSignal};
+use std::cell::Cell;
+
+use event_listener::Event;
+use monoio::time::Instant;
+use sluice_config::ConnectionLimits;
+
+use crate::limits::PeerCounts;
+use crate::{CloseReason, Driver, Lifecycle, ListenerStats, StopSignal};
 
 /// What a handler factory knows about the worker it builds a handler for.
 #[derive(Debug, Clone)]
@@ -53,6 +60,9 @@ pub(crate) struct ListenerShared {
     pub(crate) lifecycle: Arc<Lifecycle>,
     /// Fires when this listener's group starts draining.
     pub(crate) stop: Arc<StopSignal>,
+    pub(crate) limits: ConnectionLimits,
+    /// Open connections per source IP, shared by the listener's workers (with a per-IP cap).
+    pub(crate) per_ip: Option<Arc<PeerCounts>>,
 }
 
 /// Per-connection view handed to a handler.
@@ -60,6 +70,42 @@ pub(crate) struct ListenerShared {
 pub struct ConnectionContext {
     pub peer: SocketAddr,
     pub(crate) shared: Rc<ListenerShared>,
+    /// When this connection is asked to go away (`max_connection_age`, spread).
+    pub(crate) retirement: Rc<Retirement>,
+}
+
+/// A connection's retirement by age: one timer, in the connection's own serve loop
+/// ([`ConnectionContext::connection_draining`]), which then wakes everything else that waits in
+/// [`ConnectionContext::draining`] (idle tunnels, for example) without timers of their own.
+#[derive(Debug, Default)]
+pub(crate) struct Retirement {
+    pub(crate) at: Option<Instant>,
+    fired: Cell<bool>,
+    event: Event,
+}
+
+impl Retirement {
+    pub(crate) fn at(at: Option<Instant>) -> Self {
+        Self {
+            at,
+            ..Self::default()
+        }
+    }
+
+    fn fire(&self) {
+        self.fired.set(true);
+        self.event.notify(usize::MAX);
+    }
+
+    async fn wait(&self) {
+        while !self.fired.get() {
+            let listener = self.event.listen();
+            if self.fired.get() {
+                return;
+            }
+            listener.await;
+        }
+    }
 }
 
 impl ConnectionContext {
@@ -82,13 +128,44 @@ impl ConnectionContext {
         &self.shared.lifecycle
     }
 
-    /// True once this listener stopped accepting: finish the current request, then close.
-    pub fn is_draining(&self) -> bool {
-        self.shared.stop.is_fired()
+    /// The listener's connection limits (timeouts, keepalive), for the handler to apply.
+    pub fn limits(&self) -> &ConnectionLimits {
+        &self.shared.limits
     }
 
-    /// Resolves when this listener starts draining; idle connections await it to close early.
+    /// Counts a connection the handler closes on one of the limits.
+    pub fn closed_by(&self, reason: CloseReason) {
+        self.shared.stats.closed[reason.index()].inc(self.shared.worker);
+    }
+
+    /// True once this listener stopped accepting or the connection reached its age: finish the
+    /// current request, then close.
+    pub fn is_draining(&self) -> bool {
+        self.shared.stop.is_fired() || self.retirement.fired.get()
+    }
+
+    /// Resolves when this listener starts draining, or when the connection reached its
+    /// `max_connection_age`: handlers then send GOAWAY and let in-flight requests finish, and
+    /// idle tunnels close so agents reconnect.
     pub async fn draining(&self) {
-        self.shared.stop.wait().await;
+        monoio::select! {
+            () = self.shared.stop.wait() => {}
+            () = self.retirement.wait() => {}
+        }
+    }
+
+    /// [`Self::draining`] for the connection's own serve loop (the one place that sends
+    /// GOAWAY): a retirement by age is counted here, once per connection.
+    pub async fn connection_draining(&self) {
+        let Some(at) = self.retirement.at else {
+            return self.draining().await;
+        };
+        monoio::select! {
+            () = self.draining() => {}
+            () = monoio::time::sleep_until(at) => {
+                self.retirement.fire();
+                self.closed_by(CloseReason::MaxAge);
+            }
+        }
     }
 }

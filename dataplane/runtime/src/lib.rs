@@ -15,6 +15,7 @@ mod driver;
 mod error;
 mod handler;
 mod lifecycle;
+mod limits;
 mod listener;
 mod server;
 mod signals;
@@ -28,9 +29,11 @@ pub use handler::{
     BackgroundTask, ConnectionContext, ConnectionHandler, HandlerFactory, WorkerContext,
 };
 pub use lifecycle::{Lifecycle, Phase, StopSignal};
+pub use limits::CloseReason;
 pub use listener::{ListenerId, Placement};
 pub use server::{RunningServer, RuntimeOptions, ServerBuilder, ShutdownReport};
 pub use signals::StopSignals;
+pub use sluice_config::ConnectionLimits;
 pub use stats::ListenerStats;
 pub use task::{contain, panic_message, spawn_contained, task_panics, task_panics_of};
 

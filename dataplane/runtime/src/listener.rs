@@ -74,8 +74,11 @@ mod tests {
             address: address.parse().unwrap(),
             backlog: 64,
             max_connections_per_worker: 10,
-            header_timeout: Duration::from_secs(1),
-            idle_timeout: Duration::from_secs(1),
+            limits: sluice_config::ConnectionLimits {
+                header_timeout: Duration::from_secs(1),
+                idle_timeout: Duration::from_secs(1),
+                ..Default::default()
+            },
             tls: None,
         }
     }

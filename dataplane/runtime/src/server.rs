@@ -156,12 +156,20 @@ impl ServerBuilder {
             let factory = listener
                 .factory
                 .ok_or_else(|| RuntimeError::NoHandler(listener.name.to_string()))?;
+            // One count per listener, shared by its workers: the cap is per node, not per core.
+            let per_ip = listener
+                .config
+                .limits
+                .max_connections_per_ip
+                .map(|_| Arc::new(crate::limits::PeerCounts::default()));
             let make = |socket| WorkerListener {
                 name: listener.name.clone(),
                 socket,
                 factory: factory.clone(),
                 stats: listener.stats.clone(),
                 max_connections: listener.config.max_connections_per_worker,
+                limits: listener.config.limits.clone(),
+                per_ip: per_ip.clone(),
             };
             match listener.placement {
                 Placement::Workers => {

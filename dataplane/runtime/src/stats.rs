@@ -4,7 +4,9 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use sluice_metrics::{PerCoreCounter, PerCoreGauge};
 
-use crate::Placement;
+use std::sync::Arc;
+
+use crate::{CloseReason, Placement};
 
 /// Per-core counters of one listener. Workers write their own slot; scrapes sum.
 #[derive(Debug, Clone)]
@@ -14,6 +16,8 @@ pub struct ListenerStats {
     pub requests: PerCoreCounter,
     pub accept_errors: PerCoreCounter,
     pub panics: PerCoreCounter,
+    /// Connections closed (or refused) on a limit, by [`CloseReason`].
+    pub closed: Arc<[PerCoreCounter; CloseReason::ALL.len()]>,
 }
 
 impl ListenerStats {
@@ -24,6 +28,7 @@ impl ListenerStats {
             requests: PerCoreCounter::new(cores),
             accept_errors: PerCoreCounter::new(cores),
             panics: PerCoreCounter::new(cores),
+            closed: Arc::new(std::array::from_fn(|_| PerCoreCounter::new(cores))),
         }
     }
 }
@@ -123,6 +128,19 @@ impl Collector for RuntimeCollector {
             "Connection handlers that panicked; the connection was closed, the worker kept running",
             |stats| stats.panics.sum(),
         )?;
+        let mut closed = encoder.encode_descriptor(
+            "sluice_connections_closed",
+            "Connections a listener closed or refused on one of its limits, by reason (handshake_timeout, header_timeout, idle, keepalive_timeout, max_age, per_ip_limit)",
+            None,
+            ConstCounter::new(0u64).metric_type(),
+        )?;
+        for (listener, _, stats) in &self.listeners {
+            for reason in CloseReason::ALL {
+                let labels = [("listener", listener.as_str()), ("reason", reason.label())];
+                ConstCounter::new(stats.closed[reason.index()].sum())
+                    .encode(closed.encode_family(&labels.as_slice())?)?;
+            }
+        }
         let mut panics = encoder.encode_descriptor(
             "sluice_task_panics",
             "Spawned tasks that panicked, by task kind (connection, grpc-stream, tunnel, ...); the task ended, the worker kept running (kind \"worker\": a worker thread died and the process failed)",

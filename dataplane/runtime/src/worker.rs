@@ -13,8 +13,10 @@ use futures_util::FutureExt;
 use monoio::net::TcpListener;
 
 use crate::driver::build_runtime;
-use crate::handler::ListenerShared;
+use crate::handler::{ListenerShared, Retirement};
+use crate::limits::{retirement_age, PeerCounts, PeerSlot};
 use crate::task::{contain, panic_message, spawn_contained};
+use crate::CloseReason;
 use crate::{
     ConnectionContext, Driver, HandlerFactory, Lifecycle, ListenerStats, StopSignal, WorkerContext,
 };
@@ -38,11 +40,28 @@ impl ConnectionCount {
     }
 }
 
+/// Takes the connection's place in its source IP's count, or refuses it (counted as
+/// `per_ip_limit`) when the listener caps connections per IP and this one is over.
+fn admit_peer(shared: &ListenerShared, peer: std::net::SocketAddr) -> Option<Option<PeerSlot>> {
+    let (Some(counts), Some(cap)) = (&shared.per_ip, shared.limits.max_connections_per_ip) else {
+        return Some(None);
+    };
+    let slot = counts.enter(peer.ip(), cap);
+    if slot.is_none() {
+        shared.stats.closed[CloseReason::PerIpLimit.index()].inc(shared.worker);
+        tracing::debug!(listener = %shared.name, %peer, cap, "connection refused: per-IP connection cap");
+        return None;
+    }
+    Some(slot)
+}
+
 /// Held by a connection task; closing the connection (or dropping the task at abort) releases it.
 struct ConnectionGuard {
     worker: Rc<ConnectionCount>,
     listener: Rc<ConnectionCount>,
     shared: Rc<ListenerShared>,
+    /// The connection's place in its IP's count (with a per-IP cap).
+    _peer: Option<PeerSlot>,
 }
 
 impl ConnectionGuard {
@@ -50,6 +69,7 @@ impl ConnectionGuard {
         worker: &Rc<ConnectionCount>,
         listener: &Rc<ConnectionCount>,
         shared: &Rc<ListenerShared>,
+        peer: Option<PeerSlot>,
     ) -> Self {
         for count in [worker, listener] {
             count.open.set(count.open.get() + 1);
@@ -59,6 +79,7 @@ impl ConnectionGuard {
             worker: worker.clone(),
             listener: listener.clone(),
             shared: shared.clone(),
+            _peer: peer,
         }
     }
 }
@@ -80,6 +101,8 @@ pub(crate) struct WorkerListener {
     pub(crate) factory: Arc<dyn HandlerFactory>,
     pub(crate) stats: ListenerStats,
     pub(crate) max_connections: usize,
+    pub(crate) limits: sluice_config::ConnectionLimits,
+    pub(crate) per_ip: Option<Arc<PeerCounts>>,
 }
 
 pub(crate) struct WorkerSpec {
@@ -150,6 +173,8 @@ async fn serve(spec: WorkerSpec) -> usize {
             stats: listener.stats,
             lifecycle: spec.lifecycle.clone(),
             stop: spec.stop.clone(),
+            limits: listener.limits,
+            per_ip: listener.per_ip,
         });
         let handler = listener.factory.create(&worker);
         accept_loops.push(spawn_essential(
@@ -243,12 +268,23 @@ async fn accept_loop(
         match accepted {
             Ok((stream, peer)) => {
                 shared.stats.accepted.inc(worker);
+                let Some(peer_slot) = admit_peer(&shared, peer) else {
+                    drop(stream);
+                    continue;
+                };
                 // Proxied traffic is latency-bound; Nagle only delays small frames.
                 let _ = stream.set_nodelay(true);
-                let guard = ConnectionGuard::enter(&worker_open, &listener_open, &shared);
+                let guard =
+                    ConnectionGuard::enter(&worker_open, &listener_open, &shared, peer_slot);
                 let conn = ConnectionContext {
                     peer,
                     shared: shared.clone(),
+                    retirement: Rc::new(Retirement::at(shared.limits.max_connection_age.map(
+                        |age| {
+                            let spread = monoio::utils::thread_rng_n(1001);
+                            monoio::time::Instant::now() + retirement_age(age, spread)
+                        },
+                    ))),
                 };
                 // A handler that panics before it returns its future is contained as well.
                 let served = match std::panic::catch_unwind(AssertUnwindSafe(|| {

@@ -176,7 +176,10 @@ impl TunnelReader {
         let Some((budget, charged)) = self.budget.as_mut() else {
             return Ok(());
         };
-        if buffered >= *charged {
+        if buffered == *charged {
+            return Ok(());
+        }
+        if buffered > *charged {
             let used = budget.add(buffered - *charged);
             *charged = buffered;
             if used > budget.limit {
@@ -241,10 +244,10 @@ impl TunnelReader {
                 return Ok(Some(message));
             }
             match recv_data(recv).await {
-                Some(Ok(chunk)) => {
-                    self.push(chunk);
-                    self.charge().map_err(ReadError::Protocol)?;
-                }
+                // Charged on the next turn, after decoding: a chunk that holds whole messages
+                // leaves nothing buffered, so the node-wide budget (an atomic all cores share)
+                // is not touched at all.
+                Some(Ok(chunk)) => self.push(chunk),
                 Some(Err(error)) => return Err(ReadError::Gone(error.to_string())),
                 None => {
                     self.finish().map_err(ReadError::Protocol)?;

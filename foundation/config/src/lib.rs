@@ -5,14 +5,15 @@
 //! fields are errors. A config is used whole or not at all: callers get either a [`Config`] or a
 //! [`InvalidConfig`] listing everything wrong, which is what lets a reload keep the last good config.
 
+mod listener;
 mod raw;
 mod validate;
 
-use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use listener::{ConnectionLimits, ListenerConfig, ListenersConfig, ServerTlsConfig};
 pub use sluice_config_error::{FieldError, InvalidConfig};
 
 /// The configuration `sluice up` runs with when given no file: loopback only.
@@ -159,45 +160,6 @@ pub struct LoggingConfig {
 pub enum LogFormat {
     Text,
     Json,
-}
-
-/// Every listener has its own block; issues that add endpoints add fields here.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListenersConfig {
-    pub admin: ListenerConfig,
-    /// Where agents open their tunnels (present when `tunnel` is configured).
-    pub agent: Option<ListenerConfig>,
-    /// Where clients call agents (present when `tunnel` is configured).
-    pub external: Option<ListenerConfig>,
-    /// Where other nodes forward calls (present when `redis` is configured).
-    pub private: Option<ListenerConfig>,
-    /// Where Kubernetes clients connect (TLS; present when `gateway` is configured).
-    pub gateway: Option<ListenerConfig>,
-}
-
-/// Address and limits of one listener. Each worker binds its own socket to the address with
-/// `SO_REUSEPORT`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListenerConfig {
-    pub address: SocketAddr,
-    pub backlog: u32,
-    /// Connections one worker serves at once on this listener; past it the worker stops
-    /// accepting until one closes (the kernel backlog absorbs the burst).
-    pub max_connections_per_worker: usize,
-    /// Longest wait for a complete request head.
-    pub header_timeout: Duration,
-    /// Longest idle time of a kept-alive connection between requests.
-    pub idle_timeout: Duration,
-    /// Serve TLS (HTTP/2 via ALPN) instead of cleartext.
-    pub tls: Option<ServerTlsConfig>,
-}
-
-/// Certificate and key of a TLS listener, and optionally the CA its clients must chain to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerTlsConfig {
-    pub cert_file: PathBuf,
-    pub key_file: PathBuf,
-    pub client_ca_file: Option<PathBuf>,
 }
 
 /// The node side of the reverse tunnel.

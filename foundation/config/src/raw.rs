@@ -73,8 +73,13 @@ pub(crate) struct RawListener {
     pub(crate) address: Leaf,
     pub(crate) backlog: Leaf,
     pub(crate) max_connections_per_worker: Leaf,
+    pub(crate) handshake_timeout: Leaf,
     pub(crate) header_timeout: Leaf,
     pub(crate) idle_timeout: Leaf,
+    pub(crate) keepalive_interval: Leaf,
+    pub(crate) keepalive_timeout: Leaf,
+    pub(crate) max_connection_age: Leaf,
+    pub(crate) max_connections_per_ip: Leaf,
     pub(crate) tls: Option<RawServerTls>,
 }
 

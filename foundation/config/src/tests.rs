@@ -55,8 +55,8 @@ fn full_document_is_read() {
     assert_eq!(admin.address, "[::1]:0".parse().unwrap());
     assert_eq!(admin.backlog, 16);
     assert_eq!(admin.max_connections_per_worker, 8);
-    assert_eq!(admin.header_timeout, Duration::from_secs(1));
-    assert_eq!(admin.idle_timeout, Duration::from_millis(250));
+    assert_eq!(admin.limits.header_timeout, Duration::from_secs(1));
+    assert_eq!(admin.limits.idle_timeout, Duration::from_millis(250));
 }
 
 #[test]

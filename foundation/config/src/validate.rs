@@ -8,17 +8,16 @@ use std::time::Duration;
 
 use serde_norway::Value;
 
+use crate::listener::listener;
 use crate::raw::{
-    Leaf, RawAgent, RawConfig, RawGateway, RawJwt, RawListener, RawPeerTls, RawRedis, RawServerTls,
-    RawTunnel,
+    Leaf, RawAgent, RawConfig, RawGateway, RawJwt, RawListener, RawPeerTls, RawRedis, RawTunnel,
 };
 use crate::{
     AgentConfig, AgentTokenConfig, Config, DriverChoice, Endpoint, GatewayConfig, IpNetwork,
-    JwtConfig, ListenerConfig, ListenersConfig, LogFormat, LoggingConfig, PeerTlsConfig,
-    PoolConfig, ReconnectConfig, RedisConfig, RedisTargetConfig, RuntimeConfig, ServerTlsConfig,
-    TunnelConfig, Workers,
+    JwtConfig, ListenersConfig, LogFormat, LoggingConfig, PeerTlsConfig, PoolConfig,
+    ReconnectConfig, RedisConfig, RedisTargetConfig, RuntimeConfig, TunnelConfig, Workers,
 };
-use sluice_config_error::ErrorList as Errors;
+pub(crate) use sluice_config_error::ErrorList as Errors;
 
 const MAX_WORKERS: usize = 1024;
 
@@ -305,72 +304,14 @@ fn redis(raw: &RawRedis, errors: &mut Errors) -> RedisConfig {
     config
 }
 
-fn listener(
-    raw: &RawListener,
-    path: &str,
-    default_address: &str,
-    errors: &mut Errors,
-) -> ListenerConfig {
-    let address = socket_address(
-        &raw.address,
-        &format!("{path}.address"),
-        default_address,
-        errors,
-    );
-    ListenerConfig {
-        address,
-        backlog: unsigned(
-            &raw.backlog,
-            &format!("{path}.backlog"),
-            1024,
-            (1, 65_535),
-            errors,
-        ) as u32,
-        max_connections_per_worker: unsigned(
-            &raw.max_connections_per_worker,
-            &format!("{path}.max_connections_per_worker"),
-            1024,
-            (1, 1_000_000),
-            errors,
-        ) as usize,
-        header_timeout: duration(
-            &raw.header_timeout,
-            &format!("{path}.header_timeout"),
-            Duration::from_secs(10),
-            errors,
-        ),
-        idle_timeout: duration(
-            &raw.idle_timeout,
-            &format!("{path}.idle_timeout"),
-            Duration::from_secs(60),
-            errors,
-        ),
-        tls: raw
-            .tls
-            .as_ref()
-            .and_then(|tls| server_tls(tls, &format!("{path}.tls"), errors)),
-    }
-}
-
-fn server_tls(raw: &RawServerTls, path: &str, errors: &mut Errors) -> Option<ServerTlsConfig> {
-    let cert_file = readable_file(&raw.cert_file, &format!("{path}.cert_file"), true, errors);
-    let key_file = readable_file(&raw.key_file, &format!("{path}.key_file"), true, errors);
-    let client_ca_file = readable_file(
-        &raw.client_ca_file,
-        &format!("{path}.client_ca_file"),
-        false,
-        errors,
-    );
-    Some(ServerTlsConfig {
-        cert_file: cert_file?,
-        key_file: key_file?,
-        client_ca_file,
-    })
-}
-
 /// A path to a file that must exist and be readable now (so a typo fails at start-up, not at
 /// the first handshake).
-fn readable_file(leaf: &Leaf, path: &str, required: bool, errors: &mut Errors) -> Option<PathBuf> {
+pub(crate) fn readable_file(
+    leaf: &Leaf,
+    path: &str,
+    required: bool,
+    errors: &mut Errors,
+) -> Option<PathBuf> {
     let Some(value) = leaf else {
         if required {
             errors.push(path, "is required");
@@ -792,7 +733,7 @@ fn agent(raw: &RawAgent, errors: &mut Errors) -> AgentConfig {
 }
 
 /// The text of a scalar leaf, or `None` (with an error) for mappings and sequences.
-fn scalar(value: &Value, path: &str, errors: &mut Errors) -> Option<String> {
+pub(crate) fn scalar(value: &Value, path: &str, errors: &mut Errors) -> Option<String> {
     match value {
         Value::String(text) => Some(text.clone()),
         Value::Number(number) => Some(number.to_string()),
@@ -810,7 +751,12 @@ fn scalar(value: &Value, path: &str, errors: &mut Errors) -> Option<String> {
     }
 }
 
-fn socket_address(leaf: &Leaf, path: &str, default: &str, errors: &mut Errors) -> SocketAddr {
+pub(crate) fn socket_address(
+    leaf: &Leaf,
+    path: &str,
+    default: &str,
+    errors: &mut Errors,
+) -> SocketAddr {
     let fallback = || {
         default
             .parse()
@@ -834,7 +780,7 @@ fn socket_address(leaf: &Leaf, path: &str, default: &str, errors: &mut Errors) -
     }
 }
 
-fn unsigned(
+pub(crate) fn unsigned(
     leaf: &Leaf,
     path: &str,
     default: u64,
@@ -898,7 +844,12 @@ fn workers(leaf: &Leaf, path: &str, errors: &mut Errors) -> Workers {
     }
 }
 
-fn duration(leaf: &Leaf, path: &str, default: Duration, errors: &mut Errors) -> Duration {
+pub(crate) fn duration(
+    leaf: &Leaf,
+    path: &str,
+    default: Duration,
+    errors: &mut Errors,
+) -> Duration {
     let Some(value) = leaf else {
         return default;
     };

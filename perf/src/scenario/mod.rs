@@ -24,6 +24,12 @@ pub struct Harness {
     pub client_cpu: String,
     pub proxy_cpu: String,
     pub upstream_cpu: String,
+    /// Cases to run (empty: all).
+    pub only: Vec<String>,
+    /// Concurrency levels replacing the plan's (empty: the plan's).
+    pub levels: Vec<(u32, u32)>,
+    /// Requests per run replacing the plan's.
+    pub requests: Option<u64>,
 }
 
 /// Writes `text` to `out/name`, creating directories.

@@ -228,7 +228,13 @@ fn run_h2load(h2load: &H2load, dir: &Path) -> anyhow::Result<(H2loadSummary, Opt
 }
 
 pub fn run(harness: &Harness) -> anyhow::Result<()> {
-    let plan = plan(harness.smoke);
+    let mut plan = plan(harness.smoke);
+    if !harness.levels.is_empty() {
+        plan.levels = harness.levels.clone();
+    }
+    if let Some(requests) = harness.requests {
+        plan.requests = requests;
+    }
     let dir = &super::fresh_work_dir(&harness.out)?;
     let secrets = Secrets::create(dir, 1)?;
     let body_file = dir.join("body.bin");
@@ -245,7 +251,17 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
         .and_then(|metrics| driver_of(&metrics));
 
     let mut records = Vec::new();
-    for case in [DIRECT, HAPROXY, NGINX, SLUICE_ONE_NODE, SLUICE_TWO_NODES] {
+    let cases = [DIRECT, HAPROXY, NGINX, SLUICE_ONE_NODE, SLUICE_TWO_NODES];
+    if let Some(unknown) = harness.only.iter().find(|c| !cases.contains(&c.as_str())) {
+        bail!(
+            "--only {unknown}: the tunnel cases are {}",
+            cases.join(", ")
+        );
+    }
+    for case in cases {
+        if !harness.only.is_empty() && !harness.only.iter().any(|c| c == case) {
+            continue;
+        }
         eprintln!("tunnel: {case}");
         let mut setup = set_up(case, harness, dir, &secrets, backend)?;
         wait_until(

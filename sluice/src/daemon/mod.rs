@@ -170,8 +170,8 @@ fn serve_admin(
             Arc::new(registry),
             admin_metrics,
             AdminOptions {
-                header_timeout: config.listeners.admin.header_timeout,
-                idle_timeout: config.listeners.admin.idle_timeout,
+                header_timeout: config.listeners.admin.limits.header_timeout,
+                idle_timeout: config.listeners.admin.limits.idle_timeout,
             },
         ),
     );

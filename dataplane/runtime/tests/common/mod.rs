@@ -91,8 +91,11 @@ pub fn listener(address: &str) -> ListenerConfig {
         address: address.parse().expect("address"),
         backlog: 1024,
         max_connections_per_worker: 1024,
-        header_timeout: Duration::from_secs(5),
-        idle_timeout: Duration::from_secs(5),
+        limits: sluice_config::ConnectionLimits {
+            header_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(5),
+            ..Default::default()
+        },
         tls: None,
     }
 }

@@ -135,8 +135,11 @@ pub(crate) mod test_node {
             address: "127.0.0.1:0".parse().unwrap(),
             backlog: 16,
             max_connections_per_worker: 16,
-            header_timeout: Duration::from_secs(1),
-            idle_timeout: Duration::from_secs(1),
+            limits: sluice_config::ConnectionLimits {
+                header_timeout: Duration::from_secs(1),
+                idle_timeout: Duration::from_secs(1),
+                ..Default::default()
+            },
             tls: None,
         };
         let config = TunnelConfig {

@@ -239,39 +239,42 @@ fn in_call_to(agent: AgentId, error: TunnelError) -> TunnelError {
 /// Runs the request pump and the response pump of one call together. The call ends when the
 /// response pump does (a server may answer before the request ends) or when the request pump
 /// fails, or at the deadline. `Ok` carries whether the request pump had finished too.
+///
+/// The deadline is a branch of the same `select!` rather than a timeout wrapped around an
+/// inner future: each wrapper moves the pumps' state (kilobytes) once more per call.
 async fn run_call<T>(
     up: impl std::future::Future<Output = Result<(), TunnelError>>,
     down: impl std::future::Future<Output = Result<T, TunnelError>>,
     deadline: Option<Instant>,
 ) -> Result<(T, bool), TunnelError> {
-    let both = async {
-        let mut up = std::pin::pin!(up);
-        let mut down = std::pin::pin!(down);
-        let mut up_done = false;
-        loop {
-            monoio::select! {
-                sent = &mut up, if !up_done => match sent {
-                    Ok(()) => up_done = true,
-                    Err(error) => return Err(error),
-                },
-                received = &mut down => {
-                    // The request pump may be finished without having been polled since (a
-                    // request sent whole before the relay started): ask it once more.
-                    if !up_done {
-                        let polled =
-                            poll_fn(|cx| std::task::Poll::Ready(up.as_mut().poll(cx))).await;
-                        up_done = matches!(polled, std::task::Poll::Ready(Ok(())));
-                    }
-                    return received.map(|value| (value, up_done));
-                }
-            }
+    let mut up = std::pin::pin!(up);
+    let mut down = std::pin::pin!(down);
+    let mut expired = std::pin::pin!(async {
+        match deadline {
+            Some(deadline) => monoio::time::sleep_until(deadline.into()).await,
+            None => std::future::pending().await,
         }
-    };
-    match deadline {
-        Some(deadline) => monoio::time::timeout_at(deadline.into(), both)
-            .await
-            .unwrap_or_else(|_| Err(TunnelError::new(ErrorKind::DeadlineExceeded, ""))),
-        None => both.await,
+    });
+    let mut up_done = false;
+    loop {
+        monoio::select! {
+            // The answer wins over a deadline that passed at the same poll.
+            biased;
+            received = &mut down => {
+                // The request pump may be finished without having been polled since (a
+                // request sent whole before the relay started): ask it once more.
+                if !up_done {
+                    let polled = poll_fn(|cx| std::task::Poll::Ready(up.as_mut().poll(cx))).await;
+                    up_done = matches!(polled, std::task::Poll::Ready(Ok(())));
+                }
+                return received.map(|value| (value, up_done));
+            }
+            sent = &mut up, if !up_done => match sent {
+                Ok(()) => up_done = true,
+                Err(error) => return Err(error),
+            },
+            () = &mut expired => return Err(TunnelError::new(ErrorKind::DeadlineExceeded, "")),
+        }
     }
 }
 

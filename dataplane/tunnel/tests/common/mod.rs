@@ -45,8 +45,11 @@ pub fn listener() -> ListenerConfig {
         address: "127.0.0.1:0".parse().unwrap(),
         backlog: 128,
         max_connections_per_worker: 4096,
-        header_timeout: Duration::from_secs(5),
-        idle_timeout: Duration::from_secs(5),
+        limits: sluice_config::ConnectionLimits {
+            header_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(5),
+            ..Default::default()
+        },
         tls: None,
     }
 }

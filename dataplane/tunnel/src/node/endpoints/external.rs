@@ -20,17 +20,18 @@ use sluice_runtime::{
 };
 
 use super::super::answer::Responder;
-use super::super::call::{parse_call, CallTarget};
+use super::super::call::CallTarget;
 use super::super::pumps::CallBody;
 use super::super::relay::{relay_local, relay_remote, start_local, CallHead};
 use super::super::remote::RemoteRouting;
 use super::super::route::{RouteEvent, RouteState};
 use super::super::router::{Route, Router};
 use super::super::NodeShared;
-use super::{check_client_metadata, check_method, list_agents, refused, serve_connection, settle};
+use super::{
+    check_client_metadata, list_agents, parse_request, refused, serve_connection, settle, Admitted,
+};
 use crate::auth::VerifiedTokens;
 use crate::error::TunnelError;
-use crate::protocol::LIST_AGENTS_PATH;
 use crate::wire::metadata_from_headers;
 
 /// The external endpoint's handler factory.
@@ -87,59 +88,48 @@ impl ExternalHandler {
         }
     }
 
-    /// One call, counted by method and code.
+    /// One call, counted by method and code. Phases: authenticate, parse, then route and
+    /// relay; `settle` answers a failure.
+    ///
+    /// Owns its handler so the HTTP/2 server spawns this future itself: every wrapper around
+    /// a call's future is one more copy of its state (kilobytes) per call.
     async fn serve(
-        &self,
+        self: Rc<Self>,
         conn: ConnectionContext,
         request: Request<RecvStream>,
         respond: SendResponse<Bytes>,
     ) {
         let started = Instant::now();
+        let node = &*self.node;
         let method = request.uri().path().to_string();
         let mut responder = Responder::new(respond);
-        let mut authenticated = false;
-        let outcome = self
-            .call(&conn, &method, request, &mut responder, &mut authenticated)
-            .await;
-        let code = settle(outcome, &mut responder, &self.node, conn.worker());
+        let authenticated = self
+            .verified_tokens
+            .borrow_mut()
+            .validate(&node.jwt, request.headers())
+            .map_err(|error| refused(&node.metrics, "external", &error));
+        let is_authenticated = authenticated.is_ok();
+        let outcome = match authenticated.and_then(|()| parse_request(&method, request.headers())) {
+            Ok(Admitted::ListAgents) => list_agents(node, &mut responder).await,
+            Ok(Admitted::Call(target)) => {
+                self.route_and_relay(&conn, &method, target, request, &mut responder)
+                    .await
+            }
+            Err(error) => Err(error),
+        };
+        let code = settle(outcome, &mut responder, node, conn.worker());
         // The method is the caller's text: it becomes a label only once the caller proved who
         // it is (and then bounded, see `TunnelMetrics::requests`).
-        let label = if authenticated {
+        let label = if is_authenticated {
             method.as_str()
         } else {
             crate::metrics::UNAUTHENTICATED_METHOD
         };
         self.count(label, code, conn.worker());
-        self.node
-            .metrics
+        node.metrics
             .request_duration
             .observe(conn.worker(), started.elapsed().as_secs_f64());
         conn.request_served();
-    }
-
-    /// The call's phases up to its answer: authenticate, parse, route and relay. A failure
-    /// comes back as the error `serve` answers with.
-    async fn call(
-        &self,
-        conn: &ConnectionContext,
-        method: &str,
-        request: Request<RecvStream>,
-        responder: &mut Responder,
-        authenticated: &mut bool,
-    ) -> Result<Code, TunnelError> {
-        let node = &*self.node;
-        self.verified_tokens
-            .borrow_mut()
-            .validate(&node.jwt, request.headers())
-            .map_err(|error| refused(&node.metrics, "external", &error))?;
-        *authenticated = true;
-        check_method(method)?;
-        if method == LIST_AGENTS_PATH {
-            return list_agents(node, responder).await;
-        }
-        let target = parse_call(request.headers(), Instant::now())?;
-        self.route_and_relay(conn, method, target, request, responder)
-            .await
     }
 
     /// Routes the call (a local tunnel, or another node) and relays it; a tunnel that broke
@@ -240,9 +230,9 @@ impl ConnectionHandler for ExternalHandler {
                 &self.node.settings,
                 &conn,
                 move |request, respond| {
-                    let handler = handler.clone();
-                    let conn = handler_conn.clone();
-                    async move { handler.serve(conn, request, respond).await }
+                    handler
+                        .clone()
+                        .serve(handler_conn.clone(), request, respond)
                 },
             )
             .await;

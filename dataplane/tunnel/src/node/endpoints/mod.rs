@@ -6,7 +6,7 @@ pub mod external;
 pub mod private;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::Instant;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
@@ -15,24 +15,24 @@ use http::{HeaderMap, Request};
 use prost::Message as _;
 use rustls::ServerConfig;
 use sluice_grpc::encode_message;
-use sluice_grpc::transport::{serve, H2Settings};
+use sluice_grpc::transport::{serve_limited, H2Settings, ServeLimits};
 use sluice_grpc::Code;
-use sluice_runtime::{ConnectionContext, TcpStream};
+use sluice_runtime::{CloseReason, ConnectionContext, TcpStream};
 
 pub use agent::AgentEndpoint;
 pub use external::ExternalEndpoint;
 pub use private::PrivateEndpoint;
 
 use super::answer::{grpc_headers, status_headers, Responder};
+use super::call::{parse_call, CallTarget};
 use super::NodeShared;
 use crate::auth::AuthError;
 use crate::error::{ErrorKind, TunnelError};
 use crate::metrics::TunnelMetrics;
+use crate::protocol::LIST_AGENTS_PATH;
 
-/// How long a TLS handshake may take.
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Accepts a connection with TLS when configured, then serves HTTP/2 on it.
+/// Accepts a connection with TLS when configured, then serves HTTP/2 on it under the
+/// listener's limits (handshake, first request, idle, keepalive, age).
 async fn serve_connection<H, F>(
     stream: TcpStream,
     tls: Option<Arc<ServerConfig>>,
@@ -45,26 +45,33 @@ async fn serve_connection<H, F>(
 {
     let io = sluice_grpc::transport::compat(stream);
     let peer = conn.peer;
+    let on_limit = |reason: CloseReason| {
+        tracing::debug!(%peer, listener = conn.listener(), reason = reason.label(), "connection closed on a limit");
+        conn.closed_by(reason);
+    };
+    let limits = ServeLimits {
+        limits: conn.limits().clone(),
+        handshake_deadline: monoio::time::Instant::now() + conn.limits().handshake_timeout,
+        on_limit: &on_limit,
+    };
+    let deadline = limits.handshake_deadline;
+    let drain = conn.connection_draining();
     let result = match tls {
         Some(tls) => {
-            let accepted = monoio::time::timeout(
-                TLS_HANDSHAKE_TIMEOUT,
-                tokio_rustls::TlsAcceptor::from(tls).accept(io),
-            )
-            .await;
-            match accepted {
-                Ok(Ok(io)) => serve(io, settings, conn.draining(), handler).await,
+            let accept = tokio_rustls::TlsAcceptor::from(tls).accept(io);
+            match monoio::time::timeout_at(deadline, accept).await {
+                Ok(Ok(io)) => serve_limited(io, settings, limits, drain, handler).await,
                 Ok(Err(error)) => {
                     tracing::debug!(%peer, %error, "TLS handshake failed");
                     return;
                 }
                 Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
+                    on_limit(CloseReason::HandshakeTimeout);
                     return;
                 }
             }
         }
-        None => serve(io, settings, conn.draining(), handler).await,
+        None => serve_limited(io, settings, limits, drain, handler).await,
     };
     if let Err(error) = result {
         tracing::debug!(%peer, listener = conn.listener(), %error, "HTTP/2 connection ended with an error");
@@ -96,6 +103,22 @@ fn check_method(method: &str) -> Result<(), TunnelError> {
         ErrorKind::Unimplemented,
         "malformed method: a gRPC :path starts with '/' (/package.Service/Method)",
     ))
+}
+
+/// What an authenticated request asks for.
+enum Admitted {
+    ListAgents,
+    Call(CallTarget),
+}
+
+/// The parse phase of an authenticated request: a well-formed method, then either
+/// ListConnectedAgents or a call with its agent and deadline.
+fn parse_request(method: &str, headers: &HeaderMap) -> Result<Admitted, TunnelError> {
+    check_method(method)?;
+    if method == LIST_AGENTS_PATH {
+        return Ok(Admitted::ListAgents);
+    }
+    parse_call(headers, Instant::now()).map(Admitted::Call)
 }
 
 /// A refused credential: counted by endpoint and reason, answered UNAUTHENTICATED.

@@ -20,17 +20,18 @@ use sluice_runtime::{
 };
 
 use super::super::answer::Responder;
-use super::super::call::{expects_continue, parse_call, CallTarget};
+use super::super::call::{expects_continue, CallTarget};
 use super::super::pumps::CallBody;
 use super::super::relay::{relay_local, start_local, CallHead};
 use super::super::route::{RouteEvent, RouteState};
 use super::super::router::{Route, Router};
 use super::super::tunnel::give_back;
 use super::super::NodeShared;
-use super::{check_client_metadata, check_method, list_agents, refused, serve_connection, settle};
+use super::{
+    check_client_metadata, list_agents, parse_request, refused, serve_connection, settle, Admitted,
+};
 use crate::auth::AuthError;
 use crate::error::TunnelError;
-use crate::protocol::LIST_AGENTS_PATH;
 use crate::wire::metadata_from_headers;
 
 /// How long a node that reported a ready tunnel (100 Continue) waits for the routing node to
@@ -64,9 +65,9 @@ impl ConnectionHandler for PrivateEndpoint {
                 &self.node.settings,
                 &conn,
                 move |request, respond| {
-                    let handler = handler.clone();
-                    let conn = handler_conn.clone();
-                    async move { handler.serve(conn, request, respond).await }
+                    handler
+                        .clone()
+                        .serve(handler_conn.clone(), request, respond)
                 },
             )
             .await;
@@ -75,44 +76,38 @@ impl ConnectionHandler for PrivateEndpoint {
 }
 
 impl PrivateEndpoint {
+    /// One forwarded call: authenticate the node, parse, serve from a local tunnel; `settle`
+    /// answers a failure. Owns its handler so the HTTP/2 server spawns this future itself.
     async fn serve(
-        &self,
+        self: Rc<Self>,
         conn: ConnectionContext,
         request: Request<RecvStream>,
         respond: SendResponse<Bytes>,
     ) {
         let started = Instant::now();
-        let mut responder = Responder::new(respond);
-        let outcome = self.call(&conn, request, &mut responder).await;
-        let code = settle(outcome, &mut responder, &self.node, conn.worker());
-        let metrics = &self.node.metrics;
-        metrics.private_request(code, conn.worker());
-        metrics
-            .request_duration
-            .observe(conn.worker(), started.elapsed().as_secs_f64());
-        conn.request_served();
-    }
-
-    /// The call's phases up to its answer: authenticate the node, parse, serve from a local
-    /// tunnel. A failure comes back as the error `serve` answers with.
-    async fn call(
-        &self,
-        conn: &ConnectionContext,
-        request: Request<RecvStream>,
-        responder: &mut Responder,
-    ) -> Result<Code, TunnelError> {
         let node = &*self.node;
+        let mut responder = Responder::new(respond);
         let validated = match &node.private_jwt {
             Some((validator, _)) => validator.validate(request.headers()),
             None => Err(AuthError::InvalidToken("no private JWT configured")),
         };
-        validated.map_err(|error| refused(&node.metrics, "private", &error))?;
-        check_method(request.uri().path())?;
-        if request.uri().path() == LIST_AGENTS_PATH {
-            return list_agents(node, responder).await;
-        }
-        let target = parse_call(request.headers(), Instant::now())?;
-        self.serve_locally(conn, target, request, responder).await
+        let admitted = validated
+            .map_err(|error| refused(&node.metrics, "private", &error))
+            .and_then(|()| parse_request(request.uri().path(), request.headers()));
+        let outcome = match admitted {
+            Ok(Admitted::ListAgents) => list_agents(node, &mut responder).await,
+            Ok(Admitted::Call(target)) => {
+                self.serve_locally(&conn, target, request, &mut responder)
+                    .await
+            }
+            Err(error) => Err(error),
+        };
+        let code = settle(outcome, &mut responder, node, conn.worker());
+        node.metrics.private_request(code, conn.worker());
+        node.metrics
+            .request_duration
+            .observe(conn.worker(), started.elapsed().as_secs_f64());
+        conn.request_served();
     }
 
     /// Serves the call from one of this node's tunnels, first confirming readiness when the
