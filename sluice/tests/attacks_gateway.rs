@@ -36,11 +36,7 @@ fn start(spec_extra: &str, prepare: impl FnOnce(&ClientCert)) -> Gateway {
 }
 
 /// [`start`] with `limits` (YAML flow-map entries, each after a comma) on the gateway listener.
-fn start_with_limits(
-    spec_extra: &str,
-    limits: &str,
-    prepare: impl FnOnce(&ClientCert),
-) -> Gateway {
+fn start_with_limits(spec_extra: &str, limits: &str, prepare: impl FnOnce(&ClientCert)) -> Gateway {
     let certs = Certificates::generate(&[HOST]).unwrap();
     let gateway_identity = certs.client("sluice-gateway", &[]).unwrap();
     prepare(&gateway_identity);
@@ -573,7 +569,10 @@ fn silent_and_quiet_clients_are_closed_on_the_gateway_limits() {
     let mut byte = [0u8; 1];
     let closed = silent.read(&mut byte);
     assert!(
-        matches!(closed, Ok(0)) || closed.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        matches!(closed, Ok(0))
+            || closed
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
         "the silent client was closed: {closed:?}"
     );
     assert!(started.elapsed() >= Duration::from_millis(250));
@@ -606,9 +605,8 @@ fn silent_and_quiet_clients_are_closed_on_the_gateway_limits() {
         let metrics = test_support::http_get(gateway.process.address("admin"), "/metrics")
             .unwrap()
             .body;
-        let series = format!(
-            "sluice_connections_closed_total{{listener=\"gateway\",reason=\"{reason}\"}} "
-        );
+        let series =
+            format!("sluice_connections_closed_total{{listener=\"gateway\",reason=\"{reason}\"}} ");
         metrics
             .lines()
             .find_map(|line| line.strip_prefix(series.as_str()))
@@ -617,8 +615,10 @@ fn silent_and_quiet_clients_are_closed_on_the_gateway_limits() {
     };
     assert!(test_support::wait_until(Duration::from_secs(5), || closed(
         "handshake_timeout"
-    ) >= 1.0));
+    )
+        >= 1.0));
     assert!(test_support::wait_until(Duration::from_secs(5), || closed(
         "header_timeout"
-    ) >= 1.0));
+    )
+        >= 1.0));
 }

@@ -4,7 +4,7 @@
 //! `keepalive_timeout`, and GOAWAY when the connection is asked to drain (process stop or
 //! `max_connection_age`).
 
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -27,6 +27,10 @@ pub struct ServeLimits<'a> {
     /// When the HTTP/2 preface (and the TLS handshake before it) must be done.
     pub handshake_deadline: Instant,
     pub on_limit: &'a dyn Fn(CloseReason),
+    /// When the connection is asked to go away (`max_connection_age`, spread), and what to do
+    /// then besides the GOAWAY.
+    pub retire_at: Option<Instant>,
+    pub on_retire: &'a dyn Fn(),
 }
 
 impl ServeLimits<'static> {
@@ -37,6 +41,8 @@ impl ServeLimits<'static> {
             handshake_deadline: Instant::now() + limits.handshake_timeout,
             limits,
             on_limit: &|_| {},
+            retire_at: None,
+            on_retire: &|| {},
         }
     }
 }
@@ -60,14 +66,16 @@ where
 enum Next<S> {
     Stream(Option<Result<S, h2::Error>>),
     Drain,
-    Tick,
-    PingUnanswered,
-    GraceOver,
+    Alarm,
 }
 
 /// Serves HTTP/2 on an accepted connection until the peer closes it, a limit closes it, or
 /// `drain` resolves (then a GOAWAY lets in-flight streams finish). Each request stream is
 /// handled by its own panic-contained task.
+///
+/// Every time limit shares one timer ([`Alarms`]): the loop wakes for each batch of frames a
+/// busy connection moves, and every future polled per wake is paid again on each call of a
+/// one-call-at-a-time client.
 pub async fn serve_limited<T, H, F>(
     io: T,
     settings: &H2Settings,
@@ -94,80 +102,191 @@ where
         return Ok(());
     };
     let mut connection = connection?;
-    let ping = limits
-        .limits
-        .keepalive_interval
-        .and_then(|_| connection.ping_pong());
-    let mut unanswered = std::pin::pin!(unanswered_ping(ping, &limits.limits));
-    let mut clock = IdleClock::new(&limits.limits, Instant::now());
+    let now = Instant::now();
+    let mut alarms = Alarms {
+        clock: IdleClock::new(&limits.limits, now),
+        keepalive: Keepalive::new(&mut connection, &limits.limits, now),
+        retire_at: limits.retire_at,
+        grace_until: None,
+    };
+    let mut alarm = std::pin::pin!(monoio::time::sleep_until(alarms.next()));
     let mut drain = std::pin::pin!(drain);
     let mut draining = false;
-    let mut grace_until: Option<Instant> = None;
     loop {
-        let grace = async {
-            match grace_until {
-                Some(at) => monoio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
         let next = monoio::select! {
             // Streams first: a busy connection is served before any limit bookkeeping.
             biased;
             next = connection.accept() => Next::Stream(next),
             () = &mut drain, if !draining => Next::Drain,
-            () = monoio::time::sleep_until(clock.next_check()), if !draining => Next::Tick,
-            () = &mut unanswered, if !draining => Next::PingUnanswered,
-            () = grace => Next::GraceOver,
+            () = &mut alarm => Next::Alarm,
         };
         match next {
             Next::Stream(Some(Ok((request, respond)))) => {
-                clock.request_arrived(Instant::now());
+                let due = alarms.next();
+                alarms.clock.request_arrived(Instant::now());
+                if alarms.next() != due {
+                    alarm.as_mut().reset(alarms.next());
+                }
                 // Each stream's task is contained: a bug (or a peer that finds one) ends that
                 // stream, counted in sluice_task_panics_total{task="grpc-stream"}, not the worker.
                 spawn_contained("grpc-stream", handler(request, respond));
             }
             Next::Stream(Some(Err(error))) if is_peer_gone(&error) => return Ok(()),
             Next::Stream(Some(Err(error))) => return Err(error),
-            Next::Stream(None) | Next::GraceOver => return Ok(()),
+            Next::Stream(None) => return Ok(()),
             Next::Drain => {
                 draining = true;
+                alarms.stop_limits();
                 connection.graceful_shutdown();
+                alarm.as_mut().reset(alarms.next());
             }
-            Next::Tick => {
-                if let Some(reason) = clock.check(Instant::now(), connection.has_streams()) {
-                    (limits.on_limit)(reason);
-                    draining = true;
-                    connection.graceful_shutdown();
-                    grace_until = Some(Instant::now() + GOAWAY_GRACE);
+            Next::Alarm => {
+                match alarms.ring(Instant::now(), &mut connection, &limits) {
+                    Ring::Nothing => {}
+                    Ring::GoAway => {
+                        draining = true;
+                        connection.graceful_shutdown();
+                    }
+                    Ring::Close => return Ok(()),
                 }
-            }
-            Next::PingUnanswered => {
-                (limits.on_limit)(CloseReason::KeepaliveTimeout);
-                connection.abrupt_shutdown(h2::Reason::NO_ERROR);
-                draining = true;
-                grace_until = Some(Instant::now() + GOAWAY_GRACE);
+                alarm.as_mut().reset(alarms.next());
             }
         }
     }
 }
 
-/// Resolves when a keepalive PING goes unanswered for `keepalive_timeout`; never without
-/// keepalive (or once the connection refuses PINGs, being closed anyway).
-async fn unanswered_ping(ping: Option<h2::PingPong>, limits: &ConnectionLimits) {
-    let (Some(mut ping), Some(interval)) = (ping, limits.keepalive_interval) else {
-        return std::future::pending().await;
-    };
-    loop {
-        monoio::time::sleep(interval).await;
-        if ping.send_ping(h2::Ping::opaque()).is_err() {
-            return std::future::pending().await;
+/// What a ring of the alarm asks of the serve loop.
+enum Ring {
+    Nothing,
+    /// Send GOAWAY and let in-flight streams finish.
+    GoAway,
+    /// Drop the connection now.
+    Close,
+}
+
+/// Every time limit of one connection, behind the one timer the serve loop keeps.
+struct Alarms {
+    clock: IdleClock,
+    keepalive: Option<Keepalive>,
+    retire_at: Option<Instant>,
+    /// A connection closed on a limit gets this long to go quietly after its GOAWAY.
+    grace_until: Option<Instant>,
+}
+
+impl Alarms {
+    /// When the timer must ring next.
+    fn next(&self) -> Instant {
+        [
+            Some(self.clock.next_check()),
+            self.keepalive.as_ref().map(Keepalive::next),
+            self.retire_at,
+            self.grace_until,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or_else(far_future)
+    }
+
+    /// The connection is draining: only the grace period (if one was set) still matters.
+    fn stop_limits(&mut self) {
+        self.keepalive = None;
+        self.retire_at = None;
+        self.clock.suspend();
+    }
+
+    fn ring<T>(
+        &mut self,
+        now: Instant,
+        connection: &mut h2::server::Connection<T, Bytes>,
+        limits: &ServeLimits<'_>,
+    ) -> Ring
+    where
+        T: AsyncRead + AsyncWrite + Unpin,
+    {
+        if self.grace_until.is_some_and(|at| now >= at) {
+            return Ring::Close;
         }
-        let pong = poll_fn(|cx| ping.poll_pong(cx));
-        match monoio::time::timeout(limits.keepalive_timeout, pong).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) => return std::future::pending().await,
-            Err(_) => return,
+        if self.retire_at.is_some_and(|at| now >= at) {
+            (limits.on_retire)();
+            self.stop_limits();
+            return Ring::GoAway;
         }
+        if let Some(keepalive) = self.keepalive.as_mut() {
+            if !keepalive.ring(now) {
+                (limits.on_limit)(CloseReason::KeepaliveTimeout);
+                connection.abrupt_shutdown(h2::Reason::NO_ERROR);
+                self.stop_limits();
+                self.grace_until = Some(now + GOAWAY_GRACE);
+                return Ring::Nothing;
+            }
+        }
+        if now >= self.clock.next_check() {
+            if let Some(reason) = self.clock.check(now, connection.has_streams()) {
+                (limits.on_limit)(reason);
+                self.stop_limits();
+                self.grace_until = Some(now + GOAWAY_GRACE);
+                return Ring::GoAway;
+            }
+        }
+        Ring::Nothing
+    }
+}
+
+/// HTTP/2 PINGs every `keepalive_interval`; the pong is looked for when its time is up, not on
+/// every wake of the connection.
+struct Keepalive {
+    ping: h2::PingPong,
+    interval: Duration,
+    timeout: Duration,
+    /// `Ok(at)`: the next PING goes out at `at`; `Err(deadline)`: one is out, due by `deadline`.
+    state: Result<Instant, Instant>,
+}
+
+impl Keepalive {
+    fn new<T>(
+        connection: &mut h2::server::Connection<T, Bytes>,
+        limits: &ConnectionLimits,
+        now: Instant,
+    ) -> Option<Self>
+    where
+        T: AsyncRead + AsyncWrite + Unpin,
+    {
+        let interval = limits.keepalive_interval?;
+        Some(Self {
+            ping: connection.ping_pong()?,
+            interval,
+            timeout: limits.keepalive_timeout,
+            state: Ok(now + interval),
+        })
+    }
+
+    fn next(&self) -> Instant {
+        match self.state {
+            Ok(at) | Err(at) => at,
+        }
+    }
+
+    /// Sends a PING, or checks the one out; `false` when it went unanswered.
+    fn ring(&mut self, now: Instant) -> bool {
+        match self.state {
+            Ok(at) if now >= at => {
+                // A connection that cannot send a PING is closing anyway.
+                self.state = match self.ping.send_ping(h2::Ping::opaque()) {
+                    Ok(()) => Err(now + self.timeout),
+                    Err(_) => Ok(now + self.interval),
+                };
+            }
+            Err(deadline) if now >= deadline => {
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                match self.ping.poll_pong(&mut cx) {
+                    std::task::Poll::Ready(_) => self.state = Ok(now + self.interval),
+                    std::task::Poll::Pending => return false,
+                }
+            }
+            _ => {}
+        }
+        true
     }
 }
 
@@ -195,6 +314,11 @@ impl IdleClock {
             quiet_since: now,
             next_check: now + tick(limits.header_timeout),
         }
+    }
+
+    /// Stops checking (the connection is draining anyway).
+    fn suspend(&mut self) {
+        self.next_check = far_future();
     }
 
     /// When [`Self::check`] is due next.
@@ -234,6 +358,10 @@ impl IdleClock {
         self.next_check = now + tick(self.limit()).min(until_limit.max(Duration::from_millis(10)));
         None
     }
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(365 * 24 * 3600)
 }
 
 fn tick(limit: Duration) -> Duration {

@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use monoio::net::TcpStream;
 
-use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use event_listener::Event;
+
 use monoio::time::Instant;
 use sluice_config::ConnectionLimits;
 
@@ -74,37 +75,67 @@ pub struct ConnectionContext {
     pub(crate) retirement: Rc<Retirement>,
 }
 
-/// A connection's retirement by age: one timer, in the connection's own serve loop
-/// ([`ConnectionContext::connection_draining`]), which then wakes everything else that waits in
-/// [`ConnectionContext::draining`] (idle tunnels, for example) without timers of their own.
+/// A connection's end as its own serve loop decides it (process drain, or retirement by age),
+/// for the work that lives on the connection: an agent's parked tunnels wait on it. A handle
+/// (`Send`, cheap to clone) because a tunnel parked by one core may be claimed by a call on
+/// another and given back there. The serve loop fires it once; until then waiting costs one
+/// listener on this connection's own event, never on a process-wide one.
+#[derive(Debug, Clone, Default)]
+pub struct Closing(Arc<ClosingInner>);
+
+#[derive(Debug, Default)]
+struct ClosingInner {
+    fired: AtomicBool,
+    event: Event,
+}
+
+impl Closing {
+    fn fire(&self) {
+        self.0.fired.store(true, Ordering::Release);
+        self.0.event.notify(usize::MAX);
+    }
+
+    pub fn is_fired(&self) -> bool {
+        self.0.fired.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the connection's serve loop starts closing it.
+    pub async fn wait(&self) {
+        while !self.is_fired() {
+            let listener = self.0.event.listen();
+            if self.is_fired() {
+                return;
+            }
+            listener.await;
+        }
+    }
+}
+
+/// When a connection is retired by age, and the signal its serve loop fires then.
 #[derive(Debug, Default)]
 pub(crate) struct Retirement {
     pub(crate) at: Option<Instant>,
-    fired: Cell<bool>,
-    event: Event,
+    closing: Closing,
 }
 
 impl Retirement {
     pub(crate) fn at(at: Option<Instant>) -> Self {
         Self {
             at,
-            ..Self::default()
+            closing: Closing::default(),
         }
     }
 
     fn fire(&self) {
-        self.fired.set(true);
-        self.event.notify(usize::MAX);
+        self.closing.fire();
+    }
+
+    fn is_fired(&self) -> bool {
+        self.closing.is_fired()
     }
 
     async fn wait(&self) {
-        while !self.fired.get() {
-            let listener = self.event.listen();
-            if self.fired.get() {
-                return;
-            }
-            listener.await;
-        }
+        self.closing.wait().await;
     }
 }
 
@@ -141,12 +172,11 @@ impl ConnectionContext {
     /// True once this listener stopped accepting or the connection reached its age: finish the
     /// current request, then close.
     pub fn is_draining(&self) -> bool {
-        self.shared.stop.is_fired() || self.retirement.fired.get()
+        self.shared.stop.is_fired() || self.retirement.is_fired()
     }
 
     /// Resolves when this listener starts draining, or when the connection reached its
-    /// `max_connection_age`: handlers then send GOAWAY and let in-flight requests finish, and
-    /// idle tunnels close so agents reconnect.
+    /// `max_connection_age` (as its serve loop saw it).
     pub async fn draining(&self) {
         monoio::select! {
             () = self.shared.stop.wait() => {}
@@ -154,18 +184,47 @@ impl ConnectionContext {
         }
     }
 
-    /// [`Self::draining`] for the connection's own serve loop (the one place that sends
-    /// GOAWAY): a retirement by age is counted here, once per connection.
-    pub async fn connection_draining(&self) {
-        let Some(at) = self.retirement.at else {
-            return self.draining().await;
-        };
-        monoio::select! {
-            () = self.draining() => {}
-            () = monoio::time::sleep_until(at) => {
-                self.retirement.fire();
-                self.closed_by(CloseReason::MaxAge);
-            }
+    /// The signal this connection's serve loop fires when it starts closing the connection
+    /// (drain or age), to hand to work that lives on the connection. Only for connections
+    /// whose serve loop awaits [`Self::connection_draining`] or [`Self::process_draining`].
+    pub fn closing(&self) -> Closing {
+        self.retirement.closing.clone()
+    }
+
+    /// When this connection is to be retired (`max_connection_age`, spread), for serve loops
+    /// that keep their own timer and call [`Self::retire`] then.
+    pub fn retire_at(&self) -> Option<Instant> {
+        self.retirement.at
+    }
+
+    /// Retires the connection by age: counted once as `max_age`, and its tasks waiting in
+    /// [`Self::closing`] are woken.
+    pub fn retire(&self) {
+        if !self.retirement.is_fired() {
+            self.closed_by(CloseReason::MaxAge);
         }
+        self.retirement.fire();
+    }
+
+    /// For a serve loop that retires the connection itself ([`Self::retire_at`]): resolves
+    /// when the process starts draining, and wakes the connection's tasks waiting in
+    /// [`Self::closing`].
+    pub async fn process_draining(&self) {
+        self.shared.stop.wait().await;
+        self.retirement.fire();
+    }
+
+    /// The connection's own serve loop (the one place that sends GOAWAY) waits here: for the
+    /// process drain or the connection's `max_connection_age`, counted once as `max_age`. Either
+    /// way it wakes the connection's tasks waiting in [`Self::closing`].
+    pub async fn connection_draining(&self) {
+        match self.retirement.at {
+            None => self.shared.stop.wait().await,
+            Some(at) => monoio::select! {
+                () = self.shared.stop.wait() => {}
+                () = monoio::time::sleep_until(at) => self.closed_by(CloseReason::MaxAge),
+            },
+        }
+        self.retirement.fire();
     }
 }

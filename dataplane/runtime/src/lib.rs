@@ -26,7 +26,7 @@ mod worker;
 pub use driver::{select_driver, Driver, DriverSelection};
 pub use error::RuntimeError;
 pub use handler::{
-    BackgroundTask, ConnectionContext, ConnectionHandler, HandlerFactory, WorkerContext,
+    BackgroundTask, Closing, ConnectionContext, ConnectionHandler, HandlerFactory, WorkerContext,
 };
 pub use lifecycle::{Lifecycle, Phase, StopSignal};
 pub use limits::CloseReason;

@@ -1,8 +1,10 @@
 //! Relaying a routed call: down a local tunnel, or through the node that won the race. Errors
 //! come back as [`TunnelError`]s for the endpoint to answer.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -90,13 +92,18 @@ pub(super) async fn relay_local(
     let (client_body, responder) = call;
     let agent = tunnel.agent;
     let outcome = {
-        let up = pump_up(up, client_body, &mut tunnel.send, node.max_message_bytes);
-        let down = pump_down(
+        let up = std::pin::pin!(pump_up(
+            up,
+            client_body,
+            &mut tunnel.send,
+            node.max_message_bytes
+        ));
+        let down = std::pin::pin!(pump_down(
             &mut tunnel.recv,
             &mut tunnel.reader,
             responder,
             &node.metrics,
-        );
+        ));
         run_call(up, down, deadline).await
     };
     match outcome {
@@ -106,7 +113,7 @@ pub(super) async fn relay_local(
                 // Both sides finished cleanly: the agent waits for the next RequestInfo on this
                 // stream, so the tunnel goes back to the registry instead of closing.
                 node.metrics.tunnels_reused.inc(conn.worker());
-                give_back(node, tunnel, conn);
+                give_back(node, tunnel);
             } else {
                 // Close the tunnel's Connect call properly; the agent opens a fresh tunnel.
                 let mut trailers = HeaderMap::new();
@@ -156,8 +163,12 @@ pub(super) async fn relay_remote(
             .await
             .map_err(peer_gone)
     };
-    let down = pass_remote_answer(response, responder, peer_gone);
-    match run_call(up, down, deadline).await {
+    let outcome = {
+        let up = std::pin::pin!(up);
+        let down = std::pin::pin!(pass_remote_answer(response, responder, peer_gone));
+        run_call(up, down, deadline).await
+    };
+    match outcome {
         Ok((code, _)) => Ok(code),
         Err(error) => {
             peer_send.send_reset(h2::Reason::CANCEL);
@@ -240,40 +251,43 @@ fn in_call_to(agent: AgentId, error: TunnelError) -> TunnelError {
 /// response pump does (a server may answer before the request ends) or when the request pump
 /// fails, or at the deadline. `Ok` carries whether the request pump had finished too.
 ///
-/// The deadline is a branch of the same `select!` rather than a timeout wrapped around an
-/// inner future: each wrapper moves the pumps' state (kilobytes) once more per call.
-async fn run_call<T>(
-    up: impl std::future::Future<Output = Result<(), TunnelError>>,
-    down: impl std::future::Future<Output = Result<T, TunnelError>>,
+/// The pumps are pinned by the caller and the deadline's timer is boxed: a call's future is
+/// moved (copied) at every level of `.await`, and a pump held here by value, or a timer (640
+/// bytes, 128-byte aligned), would be copied along with it on every call.
+async fn run_call<T, U, D>(
+    mut up: Pin<&mut U>,
+    mut down: Pin<&mut D>,
     deadline: Option<Instant>,
-) -> Result<(T, bool), TunnelError> {
-    let mut up = std::pin::pin!(up);
-    let mut down = std::pin::pin!(down);
-    let mut expired = std::pin::pin!(async {
-        match deadline {
-            Some(deadline) => monoio::time::sleep_until(deadline.into()).await,
-            None => std::future::pending().await,
-        }
+) -> Result<(T, bool), TunnelError>
+where
+    U: Future<Output = Result<(), TunnelError>>,
+    D: Future<Output = Result<T, TunnelError>>,
+{
+    let mut expired = deadline.map(|at| Box::pin(monoio::time::sleep_until(at.into())));
+    let expired = poll_fn(|cx| match expired.as_mut() {
+        Some(sleep) => sleep.as_mut().poll(cx),
+        None => Poll::Pending,
     });
+    let mut expired = std::pin::pin!(expired);
     let mut up_done = false;
     loop {
         monoio::select! {
             // The answer wins over a deadline that passed at the same poll.
             biased;
-            received = &mut down => {
+            received = down.as_mut() => {
                 // The request pump may be finished without having been polled since (a
                 // request sent whole before the relay started): ask it once more.
                 if !up_done {
-                    let polled = poll_fn(|cx| std::task::Poll::Ready(up.as_mut().poll(cx))).await;
-                    up_done = matches!(polled, std::task::Poll::Ready(Ok(())));
+                    let polled = poll_fn(|cx| Poll::Ready(up.as_mut().poll(cx))).await;
+                    up_done = matches!(polled, Poll::Ready(Ok(())));
                 }
                 return received.map(|value| (value, up_done));
             }
-            sent = &mut up, if !up_done => match sent {
+            sent = up.as_mut(), if !up_done => match sent {
                 Ok(()) => up_done = true,
                 Err(error) => return Err(error),
             },
-            () = &mut expired => return Err(TunnelError::new(ErrorKind::DeadlineExceeded, "")),
+            () = expired.as_mut() => return Err(TunnelError::new(ErrorKind::DeadlineExceeded, "")),
         }
     }
 }
@@ -323,13 +337,13 @@ mod tests {
     #[test]
     fn a_call_ends_with_the_response_even_if_the_request_is_still_open() {
         run(async {
-            let up = std::future::pending::<Result<(), TunnelError>>();
-            let down = async { Ok::<_, TunnelError>(Code::Ok) };
+            let up = std::pin::pin!(std::future::pending::<Result<(), TunnelError>>());
+            let down = std::pin::pin!(async { Ok::<_, TunnelError>(Code::Ok) });
             let (code, up_finished) = run_call(up, down, None).await.unwrap();
             assert_eq!(code, Code::Ok);
             assert!(!up_finished);
-            let up = async { Ok::<(), TunnelError>(()) };
-            let down = async { Ok::<_, TunnelError>(Code::NotFound) };
+            let up = std::pin::pin!(async { Ok::<(), TunnelError>(()) });
+            let down = std::pin::pin!(async { Ok::<_, TunnelError>(Code::NotFound) });
             assert_eq!(
                 run_call(up, down, None).await.unwrap(),
                 (Code::NotFound, true)
@@ -340,12 +354,12 @@ mod tests {
     #[test]
     fn a_failed_request_or_a_passed_deadline_ends_the_call() {
         run(async {
-            let up = async { Err::<(), _>(TunnelError::client_gone()) };
-            let down = std::future::pending::<Result<Code, TunnelError>>();
+            let up = std::pin::pin!(async { Err::<(), _>(TunnelError::client_gone()) });
+            let down = std::pin::pin!(std::future::pending::<Result<Code, TunnelError>>());
             let error = run_call(up, down, None).await.unwrap_err();
             assert_eq!(error.kind(), ErrorKind::ClientGone);
-            let up = std::future::pending::<Result<(), TunnelError>>();
-            let down = std::future::pending::<Result<Code, TunnelError>>();
+            let up = std::pin::pin!(std::future::pending::<Result<(), TunnelError>>());
+            let down = std::pin::pin!(std::future::pending::<Result<Code, TunnelError>>());
             let deadline = Instant::now() + Duration::from_millis(20);
             let error = run_call(up, down, Some(deadline)).await.unwrap_err();
             assert_eq!(error.kind(), ErrorKind::DeadlineExceeded);

@@ -156,9 +156,13 @@ impl RemoteRouting {
                 }
             }
         }
-        let entries = monoio::time::timeout_at(until.into(), self.locator.lookup(agent))
-            .await
-            .map_err(|_| LocatorError::Store("no answer before the call's wait ended".into()))??;
+        // Boxed: the timer would otherwise sit in (and be copied with) every call's future.
+        let entries = Box::pin(monoio::time::timeout_at(
+            until.into(),
+            self.locator.lookup(agent),
+        ))
+        .await
+        .map_err(|_| LocatorError::Store("no answer before the call's wait ended".into()))??;
         let nodes = peers_of(entries, &self.node.node_name);
         let mut listings = self.listings.borrow_mut();
         if nodes.is_empty() {

@@ -57,10 +57,9 @@ impl Router<'_> {
                     }
                 }
                 RouteStep::ClaimLocal { until } => {
-                    let claim = self.node.registry.acquire(self.agent);
-                    match monoio::time::timeout_at(until.into(), claim).await {
-                        Ok(tunnel) => return Ok(self.local(state, tunnel)),
-                        Err(_) => RouteEvent::ClaimTimedOut,
+                    match within(until, self.node.registry.acquire(self.agent)).await {
+                        Some(tunnel) => return Ok(self.local(state, tunnel)),
+                        None => RouteEvent::ClaimTimedOut,
                     }
                 }
                 RouteStep::Locate { fresh, until } => {
@@ -122,7 +121,7 @@ impl Router<'_> {
         };
         let raced = monoio::select! {
             raced = remote.race(candidates, self.parts, self.deadline, self.agent) => raced,
-            _ = monoio::time::sleep_until(until.into()) => return Err(RaceEnd::Expired),
+            _ = boxed_sleep_until(until) => return Err(RaceEnd::Expired),
             _ = client.reset() => return Err(RaceEnd::Reset),
         };
         raced.map_err(|error| {
@@ -147,7 +146,7 @@ impl Router<'_> {
         };
         let poll = async {
             match poll {
-                Some(every) => monoio::time::sleep(every).await,
+                Some(every) => boxed_sleep_until(Instant::now() + every).await,
                 None => std::future::pending::<()>().await,
             }
         };
@@ -156,9 +155,31 @@ impl Router<'_> {
             _ = arrival => Err(RouteEvent::Woken),
             _ = poll => Err(RouteEvent::Woken),
             _ = client.reset() => Err(RouteEvent::ClientReset),
-            _ = monoio::time::sleep_until(until.into()) => Err(RouteEvent::Expired),
+            _ = boxed_sleep_until(until) => Err(RouteEvent::Expired),
         }
     }
+}
+
+/// `future`, or `None` once `until` passed. The timer is made only when the future does not
+/// finish at its first poll (claiming a tunnel the registry just reported idle usually does),
+/// and boxed: a monoio timer is 640 bytes with 128-byte alignment, which would otherwise be part
+/// of (and copied with) every call's future.
+async fn within<F: std::future::Future>(until: Instant, future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(future.as_mut().poll(cx))).await;
+    if let std::task::Poll::Ready(output) = first {
+        return Some(output);
+    }
+    monoio::select! {
+        biased;
+        output = future => Some(output),
+        () = boxed_sleep_until(until) => None,
+    }
+}
+
+/// A timer kept out of the caller's future state (see [`within`]).
+async fn boxed_sleep_until(until: Instant) {
+    Box::pin(monoio::time::sleep_until(until.into())).await;
 }
 
 /// How a race ended without a winner.

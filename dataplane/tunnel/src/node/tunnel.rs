@@ -28,6 +28,9 @@ pub struct TunnelStreams {
     pub(super) reader: TunnelReader,
     /// The agent takes further calls on this tunnel after a clean one (its Descriptor says so).
     pub(super) reusable: bool,
+    /// Fired when the agent's connection closes (drain, or retired by age): a parked tunnel
+    /// then closes, and the agent opens its tunnels on a new connection.
+    pub(super) closing: sluice_runtime::Closing,
     pub(super) _open: OpenTunnel,
 }
 
@@ -59,17 +62,14 @@ impl Drop for OpenTunnel {
 /// Keeps an idle tunnel in the registry until a request claims it, the agent closes it, or the
 /// worker drains. A claim whose requester already gave up (deadline, client gone, another node
 /// won a race) puts the tunnel back instead of wasting it.
-pub(super) async fn hold_idle(
-    node: Arc<NodeShared>,
-    mut streams: TunnelStreams,
-    draining: impl std::future::Future<Output = ()>,
-) {
+pub(super) async fn hold_idle(node: Arc<NodeShared>, mut streams: TunnelStreams) {
     enum Idle<C> {
         Claimed(C),
         Closed,
         Draining,
     }
-    let mut draining = std::pin::pin!(draining);
+    let closing = streams.closing.clone();
+    let mut draining = std::pin::pin!(closing.wait());
     loop {
         let (agent, connection_id) = (streams.agent, streams.connection_id);
         let tunnel_id = node.next_tunnel_id.fetch_add(1, Ordering::Relaxed);
@@ -104,14 +104,7 @@ pub(super) async fn hold_idle(
 }
 
 /// Gives a tunnel back to the registry from a call that did not use it up.
-pub(super) fn give_back(
-    node: &Arc<NodeShared>,
-    tunnel: TunnelStreams,
-    conn: &sluice_runtime::ConnectionContext,
-) {
+pub(super) fn give_back(node: &Arc<NodeShared>, tunnel: TunnelStreams) {
     let node = node.clone();
-    let conn = conn.clone();
-    sluice_runtime::spawn_contained("tunnel-idle", async move {
-        hold_idle(node, tunnel, async move { conn.draining().await }).await;
-    });
+    sluice_runtime::spawn_contained("tunnel-idle", hold_idle(node, tunnel));
 }

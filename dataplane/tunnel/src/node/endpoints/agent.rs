@@ -91,7 +91,9 @@ async fn accept_tunnel(
     let mut responder = Responder::new(respond);
     let opened = open_tunnel(&node, &conn, &announced, request, &mut responder).await;
     match opened {
-        Ok(streams) => hold_idle(node, streams, conn.draining()).await,
+        // Closed when the agent's connection closes (drain, or retired by age: the agent then
+        // opens its tunnels on a new connection).
+        Ok(streams) => hold_idle(node, streams).await,
         Err(error) => {
             settle(Err(error), &mut responder, &node, conn.worker());
         }
@@ -143,6 +145,7 @@ async fn open_tunnel(
         send,
         reader,
         reusable,
+        closing: conn.closing(),
         _open: OpenTunnel::new(&node.metrics.tunnels_connected, conn.worker()),
     })
 }

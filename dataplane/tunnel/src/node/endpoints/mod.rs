@@ -49,13 +49,16 @@ async fn serve_connection<H, F>(
         tracing::debug!(%peer, listener = conn.listener(), reason = reason.label(), "connection closed on a limit");
         conn.closed_by(reason);
     };
+    let on_retire = || conn.retire();
     let limits = ServeLimits {
         limits: conn.limits().clone(),
         handshake_deadline: monoio::time::Instant::now() + conn.limits().handshake_timeout,
         on_limit: &on_limit,
+        retire_at: conn.retire_at(),
+        on_retire: &on_retire,
     };
     let deadline = limits.handshake_deadline;
-    let drain = conn.connection_draining();
+    let drain = conn.process_draining();
     let result = match tls {
         Some(tls) => {
             let accept = tokio_rustls::TlsAcceptor::from(tls).accept(io);
