@@ -15,10 +15,9 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use common::{Secrets, BIN};
-use sha2::{Digest, Sha256};
+use common::{agents_yaml, client_jwt, rss_kib, Secrets, BIN};
 use test_support::{http_get, SluiceLauncher, SluiceProcess};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -71,16 +70,7 @@ fn open(address: SocketAddr) -> TcpStream {
 }
 
 fn start_node(secrets: &Secrets) -> SluiceProcess {
-    let agents: String = secrets
-        .tokens
-        .iter()
-        .map(|(id, (token, _))| {
-            format!(
-                "    - {{id: {id}, token_sha256: '{}'}}\n",
-                hex::encode(Sha256::digest(token.as_bytes()))
-            )
-        })
-        .collect();
+    let agents = agents_yaml(secrets);
     let yaml = format!(
         "runtime: {{workers: 2, drain_timeout: 2s}}\n\
          listeners:\n  admin: {{address: '127.0.0.1:0'}}\n  agent: {{address: '127.0.0.1:0'}}\n\
@@ -96,31 +86,6 @@ fn start_node(secrets: &Secrets) -> SluiceProcess {
         .arg(config)
         .spawn()
         .expect("node starts")
-}
-
-fn rss_kib(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
-fn jwt(secrets: &Secrets) -> String {
-    let secret = std::fs::read_to_string(&secrets.jwt_secret).unwrap();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let claims =
-        serde_json::json!({"iss": "gitlab", "aud": "gitlab-kas", "iat": now, "exp": now + 50});
-    jsonwebtoken::encode(
-        &jsonwebtoken::Header::default(),
-        &claims,
-        &jsonwebtoken::EncodingKey::from_secret(secret.trim_end().as_bytes()),
-    )
-    .unwrap()
 }
 
 /// A well-behaved client calling ListConnectedAgents on fresh connections until stopped:
@@ -215,7 +180,7 @@ fn under_attack(what: &str, rss_bound_kib: u64, attack: impl FnOnce(SocketAddr))
     let node = start_node(&secrets);
     let external = node.address("external");
     let before = rss_kib(node.pid());
-    let good = GoodClient::start(external, jwt(&secrets));
+    let good = GoodClient::start(external, client_jwt(&secrets, 50));
     let started = Instant::now();
     attack(external);
     // The good client keeps going a little after the attack too.

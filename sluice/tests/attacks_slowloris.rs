@@ -15,8 +15,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::{client_args, metric, start_agent, wait_for_idle_tunnels, Secrets, BIN};
-use sha2::{Digest, Sha256};
+use common::{agents_yaml, client_args, metric, start_agent, wait_for_idle_tunnels, Secrets, BIN};
 use test_support::{spawn_tunnel_client, wait_until, GrpcBackend, SluiceLauncher, SluiceProcess};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -25,16 +24,7 @@ const EMPTY_SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
 
 /// A node whose agent and external listeners carry `limits` (YAML flow-map entries).
 fn start_limited_node(secrets: &Secrets, driver: &str, limits: &str) -> SluiceProcess {
-    let agents: String = secrets
-        .tokens
-        .iter()
-        .map(|(id, (token, _))| {
-            format!(
-                "    - {{id: {id}, token_sha256: '{}'}}\n",
-                hex::encode(Sha256::digest(token.as_bytes()))
-            )
-        })
-        .collect();
+    let agents = agents_yaml(secrets);
     let yaml = format!(
         "runtime: {{workers: 2, drain_timeout: 2s, driver: {driver}}}\n\
          listeners:\n  admin: {{address: '127.0.0.1:0'}}\n\

@@ -11,10 +11,10 @@ mod common;
 mod tunnel_harness;
 
 use std::net::SocketAddr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
-use common::{metric, start_node_on, Secrets};
+use common::{client_jwt, metric, rss_kib, start_node_on, Secrets};
 use http::Request;
 use sluice_grpc::encode_message;
 use sluice_grpc::transport::{connect, recv_data, H2Settings};
@@ -30,31 +30,6 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
         .build()
         .unwrap()
         .block_on(future)
-}
-
-fn jwt(secrets: &Secrets) -> String {
-    let secret = std::fs::read_to_string(&secrets.jwt_secret).unwrap();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let claims =
-        serde_json::json!({"iss": "gitlab", "aud": "gitlab-kas", "iat": now, "exp": now + 30});
-    jsonwebtoken::encode(
-        &jsonwebtoken::Header::default(),
-        &claims,
-        &jsonwebtoken::EncodingKey::from_secret(secret.trim_end().as_bytes()),
-    )
-    .unwrap()
-}
-
-fn rss_kib(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
 }
 
 /// One client call; returns (grpc-status, grpc-message).
@@ -108,7 +83,7 @@ fn a_hostile_agents_metadata_bomb_is_refused_and_the_node_stays_whole() {
         let node = start_node_on(&secrets, "5s", 32 * 1024 * 1024, None, driver, "", "", None);
         let external = node.address("external");
         let agent = node.address("agent");
-        let token = jwt(&secrets);
+        let token = client_jwt(&secrets, 30);
         let agent_token = secrets.token(7).to_string();
         let before = rss_kib(node.pid());
         for round in 0..4 {

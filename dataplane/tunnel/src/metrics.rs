@@ -116,11 +116,6 @@ impl TunnelMetrics {
             methods: Arc::default(),
         };
         registry.register(
-            "sluice_tunnel_requests",
-            "Calls relayed through tunnels (and refused before), by gRPC method and status code",
-            metrics.requests.clone(),
-        );
-        registry.register(
             "sluice_tunnel_routes",
             "Routing decisions: local tunnel at once, remote node, local after waiting, retried",
             route_family,
@@ -130,52 +125,67 @@ impl TunnelMetrics {
             "Calls other nodes forwarded to this node's private endpoint, by gRPC status code",
             private_family,
         );
+        metrics.register_refusals(registry);
+        metrics.register_traffic(registry);
+        metrics
+    }
+
+    /// The calls and tunnels as they go.
+    fn register_traffic(&self, registry: &mut Registry) {
         registry.register(
-            "sluice_tunnel_auth_failures",
-            "Refused credentials, by endpoint (agent, external) and reason",
-            metrics.auth_failures.clone(),
-        );
-        registry.register(
-            "sluice_tunnel_metadata_refused",
-            "Calls refused because headers or trailers exceeded the metadata limits, by who sent them (client, agent)",
-            metrics.metadata_refused.clone(),
-        );
-        registry.register(
-            "sluice_tunnel_peer_addresses_refused",
-            "Other nodes' advertised addresses (from Redis) not dialled because they are outside tunnel.peer_allowlist",
-            metrics.peers_refused.clone(),
-        );
-        registry.register(
-            "sluice_tunnel_buffer_refused",
-            "Calls refused because the node's buffer for partly received agent messages (tunnel.max_buffered_bytes) was full",
-            metrics.buffer_refused.clone(),
+            "sluice_tunnel_requests",
+            "Calls relayed through tunnels (and refused before), by gRPC method and status code",
+            self.requests.clone(),
         );
         registry.register(
             "sluice_tunnel_connected_tunnels",
             "Tunnels open from agents to this node, idle or carrying a call",
-            metrics.tunnels_connected.clone(),
+            self.tunnels_connected.clone(),
         );
         registry.register(
             "sluice_tunnel_request_duration_seconds",
             "Time from a call's arrival to its last byte relayed",
-            metrics.request_duration.clone(),
+            self.request_duration.clone(),
         );
         registry.register(
             "sluice_tunnel_wait_duration_seconds",
             "Time calls waited for a free tunnel of their agent",
-            metrics.wait_duration.clone(),
-        );
-        registry.register(
-            "sluice_tunnel_protocol_errors",
-            "Malformed frames or messages from agents or clients",
-            metrics.protocol_errors.clone(),
+            self.wait_duration.clone(),
         );
         registry.register(
             "sluice_tunnel_tunnels_reused",
             "Tunnels put back in the registry after a clean call (agents that declare reusable)",
-            metrics.tunnels_reused.clone(),
+            self.tunnels_reused.clone(),
         );
-        metrics
+    }
+
+    /// What was refused, and why.
+    fn register_refusals(&self, registry: &mut Registry) {
+        registry.register(
+            "sluice_tunnel_auth_failures",
+            "Refused credentials, by endpoint (agent, external) and reason",
+            self.auth_failures.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_metadata_refused",
+            "Calls refused because headers or trailers exceeded the metadata limits, by who sent them (client, agent)",
+            self.metadata_refused.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_peer_addresses_refused",
+            "Other nodes' advertised addresses (from Redis) not dialled because they are outside tunnel.peer_allowlist",
+            self.peers_refused.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_buffer_refused",
+            "Calls refused because the node's buffer for partly received agent messages (tunnel.max_buffered_bytes) was full",
+            self.buffer_refused.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_protocol_errors",
+            "Malformed frames or messages from agents or clients",
+            self.protocol_errors.clone(),
+        );
     }
 
     /// The counter for one (method, code); callers cache it per core.

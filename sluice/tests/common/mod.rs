@@ -115,16 +115,7 @@ pub fn start_node_on(
     extra_yaml: &str,
     private_tls: Option<&Certificates>,
 ) -> SluiceProcess {
-    let agents: String = secrets
-        .tokens
-        .iter()
-        .map(|(id, (token, _))| {
-            format!(
-                "    - {{id: {id}, token_sha256: '{}'}}\n",
-                hex::encode(Sha256::digest(token.as_bytes()))
-            )
-        })
-        .collect();
+    let agents = agents_yaml(secrets);
     let yaml = format!(
         "runtime: {{workers: 2, drain_timeout: 2s, driver: {driver}}}\n\
          listeners:\n  admin: {{address: '127.0.0.1:0'}}\n  agent: {{address: '127.0.0.1:0'{tls}}}\n  external: {{address: '127.0.0.1:0'{tls}}}\n{private}\
@@ -253,4 +244,45 @@ pub fn client_args(node: &SluiceProcess, secrets: &Secrets, agent: i64) -> Vec<S
         "--secret-file".into(),
         secrets.jwt_secret.display().to_string(),
     ]
+}
+
+/// The `tunnel.agents` list entries (indented for a block under `agents:`) for every token.
+pub fn agents_yaml(secrets: &Secrets) -> String {
+    secrets
+        .tokens
+        .iter()
+        .map(|(id, (token, _))| {
+            format!(
+                "    - {{id: {id}, token_sha256: '{}'}}\n",
+                hex::encode(Sha256::digest(token.as_bytes()))
+            )
+        })
+        .collect()
+}
+
+/// A client JWT the test nodes accept (`iss: gitlab`, `aud: gitlab-kas`), valid for
+/// `lifetime_secs` (the nodes refuse lifetimes over 60 s).
+pub fn client_jwt(secrets: &Secrets, lifetime_secs: u64) -> String {
+    let secret = std::fs::read_to_string(&secrets.jwt_secret).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = serde_json::json!({"iss": "gitlab", "aud": "gitlab-kas", "iat": now, "exp": now + lifetime_secs});
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::default(),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(secret.trim_end().as_bytes()),
+    )
+    .unwrap()
+}
+
+/// A process's resident memory, from /proc.
+pub fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
 }
