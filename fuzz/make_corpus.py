@@ -160,6 +160,14 @@ for version in (4, 5):
     entry = struct.pack(">HBxIIHHHH4xQQQ", 0, 0, 1, 2, 100, 0, 0, 0, 0x1234, 5, 500) + entry_match + apply_actions
     entry = struct.pack(">H", len(entry)) + entry[2:]
     put("openflow", of(version, 19, 12, struct.pack(">HH4x", 1, 0) + entry))
+    # meter mod (modify meter 1: pktps|burst|stats, one drop band) and meter stats request/reply
+    put("openflow", of(version, 29, 16, struct.pack(">HHI", 1, 0x0E, 1) + struct.pack(">HHII4x", 1, 16, 100, 200)))
+    put("openflow", of(version, 18, 17, struct.pack(">HH4xI4x", 9, 0, 1)))
+    meter_stats = struct.pack(">IH6xIQQII", 1, 56, 1, 300, 30000, 3, 0) + struct.pack(">QQ", 100, 10000)
+    put("openflow", of(version, 19, 18, struct.pack(">HH4x", 9, 0) + meter_stats))
+    # flow mod whose Reject flow goes through meter 1 first
+    meter_instruction = struct.pack(">HHI", 6, 8, 1)
+    put("openflow", of(version, 14, 19, flow_mod[:40] + m + meter_instruction + apply_actions))
 # bundle control (1.4 native) and bundle add wrapping a flow mod
 put("openflow", of(5, 33, 13, struct.pack(">IHH", 1, 0, 3)))
 inner = of(5, 14, 14, flow_mod)

@@ -6,7 +6,8 @@
 use libfuzzer_sys::fuzz_target;
 use sluice_openflow::{
     decode, encode_bundle_control, encode_echo, encode_flow_mod, encode_flow_stats_request,
-    encode_packet_out, parse_header, Decoded, Message,
+    encode_meter_mod, encode_meter_stats_reply, encode_meter_stats_request, encode_packet_out,
+    parse_header, Decoded, Message,
 };
 
 fn round_trip(decoded: &Decoded) {
@@ -21,6 +22,13 @@ fn round_trip(decoded: &Decoded) {
             encode_flow_stats_request(&mut out, version, xid, request)
         }
         Message::BundleControl(control) => encode_bundle_control(&mut out, version, xid, control),
+        Message::MeterMod(meter) => encode_meter_mod(&mut out, version, xid, meter),
+        Message::MeterStatsRequest(request) => {
+            encode_meter_stats_request(&mut out, version, xid, request)
+        }
+        Message::MeterStatsReply { more, meters } => {
+            encode_meter_stats_reply(&mut out, version, xid, *more, meters)
+        }
         _ => return,
     };
     if encoded.is_err() {

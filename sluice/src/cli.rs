@@ -69,6 +69,14 @@ pub enum Command {
         /// How often per-rule counters are read from OVS.
         #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = humantime::parse_duration)]
         stats_interval: std::time::Duration,
+        /// Packets per second that Reject rules send to the agent, all together (an OpenFlow
+        /// meter in the datapath drops the rest, counted in
+        /// sluice_policy_reject_meter_dropped_packets_total).
+        #[arg(long, value_name = "PPS", default_value_t = sluice_policy_engine::meter::DEFAULT_REJECT_RATE, value_parser = clap::value_parser!(u32).range(1..))]
+        reject_rate: u32,
+        /// Packets the Reject meter lets through at once above --reject-rate.
+        #[arg(long, value_name = "PACKETS", default_value_t = sluice_policy_engine::meter::DEFAULT_REJECT_BURST, value_parser = clap::value_parser!(u32).range(1..))]
+        reject_burst: u32,
     },
     /// VM NetworkPolicy tools.
     Policy {

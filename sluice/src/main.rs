@@ -40,6 +40,8 @@ fn main() -> ExitCode {
             db_socket,
             admin,
             stats_interval,
+            reject_rate,
+            reject_burst,
         } => {
             logging::init(&sluice_config::LoggingConfig {
                 format: sluice_config::LogFormat::Text,
@@ -52,6 +54,10 @@ fn main() -> ExitCode {
                 db_socket,
                 admin,
                 stats_interval,
+                reject_meter: sluice_policy_engine::RejectMeter {
+                    rate: reject_rate,
+                    burst: reject_burst,
+                },
             })
         }
         cli::Command::Run { config, runtime } => daemon::run_with(

@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use sluice_ovs::{ClientConfig, OvsdbClient, OvsdbError};
-use sluice_policy_engine::{EngineConfig, EngineMetrics, PolicyEngine};
+use sluice_policy_engine::{EngineConfig, EngineMetrics, PolicyEngine, RejectMeter};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
@@ -26,7 +26,9 @@ pub struct VmAgentOptions {
     pub ovs_rundir: PathBuf,
     pub db_socket: Option<PathBuf>,
     pub admin: SocketAddr,
+    /// Also how often the Reject meter's dropped packets are read.
     pub stats_interval: Duration,
+    pub reject_meter: RejectMeter,
 }
 
 /// How often the policy file's modification time is checked.
@@ -113,6 +115,7 @@ async fn run_agent(options: VmAgentOptions) -> anyhow::Result<()> {
         client: ClientConfig::default(),
         control_plane: Vec::new(),
         stats_interval: options.stats_interval,
+        reject_meter: options.reject_meter,
     };
     let mut engine = PolicyEngine::start(&config, initial, engine_metrics).await?;
     let _responder = engine.spawn_reject_responder();

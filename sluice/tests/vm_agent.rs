@@ -10,6 +10,11 @@ use std::time::{Duration, Instant};
 
 use test_support::{NetNs, OvsInstance};
 
+// The Reject meter's flood test, in a file of its own beside this one (not a test binary of its
+// own: it shares the agent and VM helpers above).
+#[path = "vm_agent/reject_meter.rs"]
+mod reject_meter;
+
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 const BRIDGE: &str = "brvm";
 
@@ -22,6 +27,11 @@ struct Agent {
 
 impl Agent {
     fn start(ovs: &OvsInstance, policies: &Path) -> Agent {
+        Agent::start_with(ovs, policies, &[])
+    }
+
+    /// Starts the agent with `extra` flags after the usual ones.
+    fn start_with(ovs: &OvsInstance, policies: &Path, extra: &[&str]) -> Agent {
         let log = tempfile::NamedTempFile::new().unwrap();
         let mut child = Command::new(BIN)
             .args(["vm-agent", "--bridge", BRIDGE, "--admin", "127.0.0.1:0"])
@@ -30,6 +40,7 @@ impl Agent {
             .arg("--ovs-rundir")
             .arg(ovs.rundir())
             .args(["--stats-interval", "300ms"])
+            .args(extra)
             .env("RUST_LOG", "info,sluice_policy_engine=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

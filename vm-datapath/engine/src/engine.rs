@@ -14,6 +14,7 @@ use sluice_policy::model::PolicySet;
 use tokio::sync::{mpsc, watch};
 
 use crate::changes::{changes_between, NetDiff};
+use crate::meter::{self, RejectMeter};
 use crate::metrics::{EngineMetrics, PolicyLabels, ReplyLabels, RuleLabels};
 use crate::reject::{build_reject_reply, RejectReply};
 
@@ -27,6 +28,8 @@ pub struct EngineConfig {
     pub control_plane: Vec<SocketAddr>,
     /// How often flow stats are read for the per-rule counters.
     pub stats_interval: Duration,
+    /// Rate and burst of the meter in front of every Reject rule's packet-ins.
+    pub reject_meter: RejectMeter,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +60,9 @@ pub struct PolicyEngine {
     /// Last raw (packets, bytes) per rule number, to turn OVS's per-flow counters (which restart
     /// when a flow is replaced or the switch restarts) into monotonic Prometheus counters.
     last_stats: HashMap<u32, (u64, u64)>,
+    reject_meter: RejectMeter,
+    /// Last raw count of the Reject meter's band, for the same reason as `last_stats`.
+    last_meter_dropped: u64,
 }
 
 impl PolicyEngine {
@@ -71,6 +77,8 @@ impl PolicyEngine {
         metrics: EngineMetrics,
     ) -> Result<Self, EngineError> {
         let client = OpenFlowClient::connect(&config.mgmt_socket, config.client.clone()).await?;
+        // Before any flow: the Reject flows name the meter, and OVS refuses them without it.
+        config.reject_meter.install(&client).await?;
         let rounds = rounds_on_switch(&client).await?;
         let round = next_round(&rounds);
         let compiler = PolicyCompiler::from_policy_set(
@@ -90,6 +98,8 @@ impl PolicyEngine {
             metrics,
             connection,
             last_stats: HashMap::new(),
+            reject_meter: config.reject_meter,
+            last_meter_dropped: 0,
         };
         engine.metrics.round.set(i64::from(round));
         // Marks the current connection as seen: the first replay is this one.
@@ -246,6 +256,8 @@ impl PolicyEngine {
     /// bundle commits: closed, never open.
     pub async fn replay(&mut self) -> Result<RealizeSummary, EngineError> {
         self.connection.borrow_and_update();
+        // A restarted switch has no meter either; it must be back before the Reject flows.
+        self.reject_meter.install(&self.client).await?;
         let rounds = rounds_on_switch(&self.client).await?;
         self.metrics.replays.inc();
         let summary = self.realize_full(&rounds).await?;
@@ -265,8 +277,25 @@ impl PolicyEngine {
         }
     }
 
-    /// Reads flow stats and adds what the rules saw since the last poll to the counters.
+    /// Reads flow and meter stats and adds what the rules saw and what the Reject meter dropped
+    /// since the last poll to the counters.
     pub async fn poll_stats(&mut self) -> Result<(), EngineError> {
+        self.poll_rule_stats().await?;
+        self.poll_meter_stats().await
+    }
+
+    async fn poll_meter_stats(&mut self) -> Result<(), EngineError> {
+        let Some(dropped) = meter::dropped_on_switch(&self.client).await? else {
+            return Ok(());
+        };
+        self.metrics
+            .reject_meter_dropped
+            .inc_by(meter::increase(self.last_meter_dropped, dropped));
+        self.last_meter_dropped = dropped;
+        Ok(())
+    }
+
+    async fn poll_rule_stats(&mut self) -> Result<(), EngineError> {
         let stats = self
             .client
             .flow_stats(u64::from(self.round) << 48, COOKIE_ROUND_MASK)

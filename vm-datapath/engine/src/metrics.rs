@@ -34,6 +34,7 @@ pub struct EngineMetrics {
     pub round: Gauge,
     pub realize_errors: Counter,
     pub reject_replies: Family<ReplyLabels, Counter>,
+    pub reject_meter_dropped: Counter,
     pub replays: Counter,
 }
 
@@ -78,6 +79,11 @@ impl EngineMetrics {
             "sluice_policy_reject_replies",
             "TCP resets and ICMP unreachables sent for Reject rules",
             self.reject_replies.clone(),
+        );
+        registry.register(
+            "sluice_policy_reject_meter_dropped_packets",
+            "Packets matching Reject rules that the Reject meter dropped in the datapath (over its rate), so they never reached the agent",
+            self.reject_meter_dropped.clone(),
         );
         registry.register(
             "sluice_policy_replays",

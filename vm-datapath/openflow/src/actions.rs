@@ -1,4 +1,4 @@
-//! Instructions (apply-actions, goto-table) and actions, including the Nicira extensions the
+//! Instructions (meter, apply-actions, goto-table) and actions, including the Nicira extensions the
 //! policy flows need: conjunction, ct, controller2, resubmit and reg_load2.
 
 use super::oxm::{self, Tlv, NX_CT_LABEL, NX_CT_MARK};
@@ -8,6 +8,7 @@ use crate::flow::{port, Action, Masked};
 
 const OFPIT_GOTO_TABLE: u16 = 1;
 const OFPIT_APPLY_ACTIONS: u16 = 4;
+const OFPIT_METER: u16 = 6;
 const OFPAT_OUTPUT: u16 = 0;
 const OFPAT_SET_FIELD: u16 = 25;
 const OFPAT_EXPERIMENTER: u16 = 0xffff;
@@ -28,18 +29,34 @@ const OFPP_NORMAL: u32 = 0xffff_fffa;
 /// `OFPCML_NO_BUFFER`: send the whole packet.
 const NO_BUFFER_MAX_LEN: u16 = 0xffff;
 
-/// Writes the instructions for `actions`: one apply-actions with everything but the
-/// goto-table, then the goto-table (an instruction runs after the action list in OpenFlow).
+/// True for the model's actions that are OpenFlow instructions of their own.
+pub(crate) fn is_instruction(action: &Action) -> bool {
+    matches!(action, Action::GotoTable(_) | Action::Meter(_))
+}
+
+/// Writes the instructions for `actions` in the order OpenFlow runs them: the meter, one
+/// apply-actions with everything else, then the goto-table.
 pub(crate) fn put_instructions(out: &mut Vec<u8>, actions: &[Action]) -> Result<(), EncodeError> {
     let mut goto = None;
+    let mut meter = None;
     for action in actions {
-        if let Action::GotoTable(table) = action {
-            if goto.replace(*table).is_some() {
-                return Err(EncodeError::Invalid("more than one goto_table in a flow"));
-            }
+        let duplicate = match action {
+            Action::GotoTable(table) => goto.replace(*table).is_some(),
+            Action::Meter(id) => meter.replace(*id).is_some(),
+            _ => false,
+        };
+        if duplicate {
+            return Err(EncodeError::Invalid(
+                "more than one goto_table or meter in a flow",
+            ));
         }
     }
-    if actions.iter().any(|a| !matches!(a, Action::GotoTable(_))) {
+    if let Some(id) = meter {
+        out.put_u16(OFPIT_METER);
+        out.put_u16(8);
+        out.put_u32(id);
+    }
+    if actions.iter().any(|a| !is_instruction(a)) {
         let start = out.len();
         out.put_u16(OFPIT_APPLY_ACTIONS);
         out.put_u16(0);
@@ -92,10 +109,10 @@ fn put_reg_load2<T: oxm::WireValue + crate::flow::FullMask>(
     set_len(out, start, "reg_load2 action")
 }
 
-/// Writes one action (goto-table is an instruction and writes nothing here).
+/// Writes one action (goto-table and meter are instructions and write nothing here).
 pub(crate) fn put_action(out: &mut Vec<u8>, action: &Action) -> Result<(), EncodeError> {
     match action {
-        Action::GotoTable(_) => Ok(()),
+        Action::GotoTable(_) | Action::Meter(_) => Ok(()),
         Action::Output(port) => {
             put_output(out, *port);
             Ok(())
@@ -188,6 +205,7 @@ pub(crate) fn put_action(out: &mut Vec<u8>, action: &Action) -> Result<(), Encod
 pub(crate) fn read_instructions(reader: &mut Reader<'_>) -> Result<Vec<Action>, DecodeError> {
     let mut actions = Vec::new();
     let mut goto = None;
+    let mut meter = None;
     while !reader.is_empty() {
         let kind = reader.u16()?;
         let len = usize::from(reader.u16()?);
@@ -200,6 +218,11 @@ pub(crate) fn read_instructions(reader: &mut Reader<'_>) -> Result<Vec<Action>, 
         let mut body = reader.sub(len - 4, "instruction")?;
         match kind {
             OFPIT_GOTO_TABLE => goto = Some(body.u8()?),
+            OFPIT_METER => {
+                if meter.replace(body.u32()?).is_some() {
+                    return Err(DecodeError::Invalid("more than one meter instruction"));
+                }
+            }
             OFPIT_APPLY_ACTIONS => {
                 body.skip(4)?;
                 read_actions_into(&mut body, &mut actions)?;
@@ -211,6 +234,10 @@ pub(crate) fn read_instructions(reader: &mut Reader<'_>) -> Result<Vec<Action>, 
                 })
             }
         }
+    }
+    if let Some(id) = meter {
+        // The meter runs first, so the model lists it first (as ovs-ofctl prints it).
+        actions.insert(0, Action::Meter(id));
     }
     actions.extend(goto.map(Action::GotoTable));
     Ok(actions)

@@ -249,6 +249,10 @@ pub enum Action {
     },
     /// Continue in a later table (OpenFlow instruction).
     GotoTable(u8),
+    /// Pass the packet through meter `id` before any other action (OpenFlow 1.3/1.4 meter
+    /// instruction): packets over the meter's rate are dropped in the datapath, before they
+    /// cost the slow path anything.
+    Meter(u32),
     /// Run the flows of `table` as a subroutine (Nicira resubmit).
     Resubmit { table: u8 },
     /// `reg<reg> = (reg & !mask) | (value & mask)`.
@@ -548,6 +552,7 @@ impl Display for Action {
                 out.write_char(')')
             }
             Action::GotoTable(table) => write!(out, "goto_table:{table}"),
+            Action::Meter(id) => write!(out, "meter:{id}"),
             Action::Resubmit { table } => write!(out, "resubmit(,{table})"),
             Action::SetReg { reg, value, mask } => write_set_field(
                 out,
@@ -590,16 +595,16 @@ impl Display for Flow {
         if self.actions.is_empty() {
             return out.write_str("drop");
         }
-        // ovs-ofctl wants goto_table last, whatever order the caller listed it in.
+        // ovs-ofctl wants meter first and goto_table last (instruction order), whatever order
+        // the caller listed them in.
+        let meter = |a: &&Action| matches!(a, Action::Meter(_));
+        let goto = |a: &&Action| matches!(a, Action::GotoTable(_));
         let ordered = self
             .actions
             .iter()
-            .filter(|a| !matches!(a, Action::GotoTable(_)))
-            .chain(
-                self.actions
-                    .iter()
-                    .filter(|a| matches!(a, Action::GotoTable(_))),
-            );
+            .filter(meter)
+            .chain(self.actions.iter().filter(|a| !meter(a) && !goto(a)))
+            .chain(self.actions.iter().filter(goto));
         for (index, action) in ordered.enumerate() {
             if index > 0 {
                 out.write_char(',')?;
@@ -756,11 +761,12 @@ mod tests {
                 Action::Output(2),
                 Action::Output(port::IN_PORT),
                 Action::Normal,
+                Action::Meter(7),
             ],
         };
         assert_eq!(
             flow.to_string(),
-            "table=1,priority=200,cookie=0xffffffffffffffff,ip,conj_id=5 actions=\
+            "table=1,priority=200,cookie=0xffffffffffffffff,ip,conj_id=5 actions=meter:7,\
              ct(commit,zone=7,table=2,exec(set_field:0x3->ct_mark,set_field:0x500/0xff00->ct_label)),\
              set_field:0x1/0xff->reg2,resubmit(,9),controller(max_len=128,userdata=01.ab),\
              output:2,in_port,NORMAL,goto_table:4"

@@ -3,7 +3,7 @@
 //! - [`flow`]: the flow model the policy compiler produces (match, actions, identity), printable
 //!   in `ovs-ofctl add-flow` syntax.
 //! - the OpenFlow 1.3/1.4 codec (this module): pure functions from the flow model to bytes and
-//!   back, with the Nicira extensions policy flows need.
+//!   back, with the Nicira extensions policy flows need, and meters (mods and statistics).
 //!
 //! Hand-written because there is no maintained OpenFlow crate for Rust (the few published ones
 //! are abandoned OpenFlow 1.0 codecs without Nicira extensions or bundles), and the subset Open
@@ -18,11 +18,16 @@
 mod actions;
 pub mod flow;
 mod message;
+mod meter;
 mod names;
 mod oxm;
 mod wire;
 
 pub use message::*;
+pub use meter::{
+    BandStats, DropBand, MeterCommand, MeterMod, MeterStats, MeterStatsRequest, METER_ALL,
+    METER_EXISTS, METER_MOD_FAILED,
+};
 pub use names::{error_code_name, error_type_name, message_type_name};
 
 /// OpenFlow 1.3 wire version.

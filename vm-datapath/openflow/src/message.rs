@@ -5,7 +5,12 @@ use std::fmt;
 use std::time::Duration;
 
 use super::actions::{
-    put_action, put_instructions, read_actions_into, read_instructions, NX_VENDOR_ID,
+    is_instruction, put_action, put_instructions, read_actions_into, read_instructions,
+    NX_VENDOR_ID,
+};
+use super::meter::{
+    put_meter_mod, put_meter_stats, put_meter_stats_request, read_meter_mod, read_meter_stats,
+    read_meter_stats_request, MeterMod, MeterStats, MeterStatsRequest,
 };
 use super::oxm::{put_match, read_match, read_tlv};
 use super::wire::{round_up_8, Put, Reader};
@@ -26,11 +31,13 @@ const OFPT_MULTIPART_REQUEST: u8 = 18;
 const OFPT_MULTIPART_REPLY: u8 = 19;
 const OFPT_BARRIER_REQUEST: u8 = 20;
 const OFPT_BARRIER_REPLY: u8 = 21;
+const OFPT_METER_MOD: u8 = 29;
 const OFPT_BUNDLE_CONTROL: u8 = 33;
 const OFPT_BUNDLE_ADD_MESSAGE: u8 = 34;
 
 const OFPHET_VERSIONBITMAP: u16 = 1;
 const OFPMP_FLOW: u16 = 1;
+const OFPMP_METER: u16 = 9;
 const OFPMPF_MORE: u16 = 1;
 const OFPTT_ALL: u8 = 0xff;
 const OFPP_ANY: u32 = 0xffff_ffff;
@@ -314,6 +321,12 @@ pub enum Message {
     FlowStatsReply {
         more: bool,
         flows: Vec<FlowStats>,
+    },
+    MeterMod(MeterMod),
+    MeterStatsRequest(MeterStatsRequest),
+    MeterStatsReply {
+        more: bool,
+        meters: Vec<MeterStats>,
     },
     BundleControl(BundleControl),
     BundleAdd {
@@ -654,6 +667,51 @@ pub fn encode_flow_stats_request(
     finish_message(out, start)
 }
 
+/// A meter mod.
+pub fn encode_meter_mod(
+    out: &mut Vec<u8>,
+    version: u8,
+    xid: u32,
+    meter: &MeterMod,
+) -> Result<(), EncodeError> {
+    let start = start_message(out, version, OFPT_METER_MOD, xid);
+    put_meter_mod(out, meter);
+    finish_message(out, start)
+}
+
+/// A multipart meter statistics request.
+pub fn encode_meter_stats_request(
+    out: &mut Vec<u8>,
+    version: u8,
+    xid: u32,
+    request: &MeterStatsRequest,
+) -> Result<(), EncodeError> {
+    let start = start_message(out, version, OFPT_MULTIPART_REQUEST, xid);
+    out.put_u16(OFPMP_METER);
+    out.put_u16(0);
+    out.put_zeros(4);
+    put_meter_stats_request(out, request);
+    finish_message(out, start)
+}
+
+/// A meter statistics reply, as the switch sends it (for tests, fakes and the fuzz round trip).
+pub fn encode_meter_stats_reply(
+    out: &mut Vec<u8>,
+    version: u8,
+    xid: u32,
+    more: bool,
+    meters: &[MeterStats],
+) -> Result<(), EncodeError> {
+    let start = start_message(out, version, OFPT_MULTIPART_REPLY, xid);
+    out.put_u16(OFPMP_METER);
+    out.put_u16(if more { OFPMPF_MORE } else { 0 });
+    out.put_zeros(4);
+    for meter in meters {
+        put_meter_stats(out, meter)?;
+    }
+    finish_message(out, start)
+}
+
 /// A packet-out.
 pub fn encode_packet_out(
     out: &mut Vec<u8>,
@@ -669,8 +727,10 @@ pub fn encode_packet_out(
     out.put_zeros(6);
     let actions_start = out.len();
     for action in &packet_out.actions {
-        if matches!(action, Action::GotoTable(_)) {
-            return Err(EncodeError::Invalid("goto_table in a packet-out"));
+        if is_instruction(action) {
+            return Err(EncodeError::Invalid(
+                "goto_table or meter (instructions) in a packet-out",
+            ));
         }
         put_action(out, action)?;
     }
@@ -741,6 +801,7 @@ fn decode_nested(buf: &[u8], allow_bundle_add: bool) -> Result<Decoded, DecodeEr
         OFPT_PACKET_OUT => Message::PacketOut(decode_packet_out(&mut body)?),
         OFPT_BARRIER_REQUEST => Message::BarrierRequest,
         OFPT_BARRIER_REPLY => Message::BarrierReply,
+        OFPT_METER_MOD => Message::MeterMod(read_meter_mod(&mut body)?),
         OFPT_MULTIPART_REQUEST => decode_multipart_request(&mut body)?,
         OFPT_MULTIPART_REPLY => decode_multipart_reply(&mut body, header.version)?,
         OFPT_BUNDLE_CONTROL if header.version >= OFP14 => decode_bundle_control(&mut body)?,
@@ -903,6 +964,10 @@ fn decode_packet_out(body: &mut Reader<'_>) -> Result<PacketOut, DecodeError> {
 
 fn decode_multipart_request(body: &mut Reader<'_>) -> Result<Message, DecodeError> {
     let kind = body.u16()?;
+    if kind == OFPMP_METER {
+        body.skip(6)?;
+        return Ok(Message::MeterStatsRequest(read_meter_stats_request(body)?));
+    }
     if kind != OFPMP_FLOW {
         return Ok(Message::Other);
     }
@@ -923,6 +988,12 @@ fn decode_multipart_reply(body: &mut Reader<'_>, version: u8) -> Result<Message,
     let kind = body.u16()?;
     let flags = body.u16()?;
     body.skip(4)?;
+    if kind == OFPMP_METER {
+        return Ok(Message::MeterStatsReply {
+            more: flags & OFPMPF_MORE != 0,
+            meters: read_meter_stats(body)?,
+        });
+    }
     if kind != OFPMP_FLOW {
         return Ok(Message::Other);
     }

@@ -148,6 +148,20 @@ const FLOW_MOD_FAILED: &[&str] = &[
     "BAD_COMMAND",
     "BAD_FLAGS",
 ];
+const METER_MOD_FAILED: &[&str] = &[
+    "UNKNOWN",
+    "METER_EXISTS",
+    "INVALID_METER",
+    "UNKNOWN_METER",
+    "BAD_COMMAND",
+    "BAD_FLAGS",
+    "BAD_RATE",
+    "BAD_BURST",
+    "BAD_BAND",
+    "BAD_BAND_VALUE",
+    "OUT_OF_METERS",
+    "OUT_OF_BANDS",
+];
 const BUNDLE_FAILED: &[&str] = &[
     "UNKNOWN",
     "EPERM",
@@ -176,6 +190,7 @@ pub fn error_code_name(err_type: u16, code: u16) -> Option<&'static str> {
         3 => BAD_INSTRUCTION,
         4 => BAD_MATCH,
         5 => FLOW_MOD_FAILED,
+        12 => METER_MOD_FAILED,
         17 => BUNDLE_FAILED,
         _ => return None,
     };
@@ -195,6 +210,7 @@ mod tests {
         assert_eq!(error_type_name(0xffff), "EXPERIMENTER");
         assert_eq!(error_code_name(4, 9), Some("BAD_PREREQ"));
         assert_eq!(error_code_name(17, 13), Some("MSG_FAILED"));
+        assert_eq!(error_code_name(12, 1), Some("METER_EXISTS"));
         assert_eq!(error_code_name(4, 999), None);
         assert_eq!(error_code_name(99, 0), None);
     }

@@ -143,17 +143,24 @@ fn arb_flow() -> impl Strategy<Value = Flow> {
         arb_match(),
         proptest::collection::vec(arb_action(), 0..6),
         proptest::option::of(0u8..0xff),
+        proptest::option::of(any::<u32>()),
     )
-        .prop_map(|(table, priority, cookie, matches, mut actions, goto)| {
-            actions.extend(goto.map(Action::GotoTable));
-            Flow {
-                table,
-                priority,
-                cookie,
-                matches,
-                actions,
-            }
-        })
+        .prop_map(
+            |(table, priority, cookie, matches, mut actions, goto, meter)| {
+                // Instructions where the decoder puts them: the meter first, goto_table last.
+                if let Some(id) = meter {
+                    actions.insert(0, Action::Meter(id));
+                }
+                actions.extend(goto.map(Action::GotoTable));
+                Flow {
+                    table,
+                    priority,
+                    cookie,
+                    matches,
+                    actions,
+                }
+            },
+        )
 }
 
 fn arb_flow_mod() -> impl Strategy<Value = FlowMod> {
@@ -351,6 +358,7 @@ fn invalid_models_are_refused_by_the_encoder() {
     let mut out = Vec::new();
     let bad = [
         flow(vec![Action::GotoTable(1), Action::GotoTable(2)]),
+        flow(vec![Action::Meter(1), Action::Normal, Action::Meter(2)]),
         flow(vec![Action::SetReg {
             reg: 16,
             value: 0,
@@ -378,6 +386,64 @@ fn invalid_models_are_refused_by_the_encoder() {
             Err(EncodeError::Invalid(_))
         ));
     }
+    for instruction in [Action::Meter(1), Action::GotoTable(1)] {
+        let packet_out = PacketOut {
+            in_port: 1,
+            actions: vec![instruction],
+            packet: vec![],
+        };
+        assert!(matches!(
+            encode_packet_out(&mut out, OFP14, 1, &packet_out),
+            Err(EncodeError::Invalid(_))
+        ));
+    }
+}
+
+#[test]
+fn meter_mod_and_meter_instruction_bytes_follow_the_specification() {
+    let meter = MeterMod {
+        command: MeterCommand::Modify,
+        meter_id: 1,
+        bands: vec![DropBand {
+            rate: 100,
+            burst: 200,
+        }],
+    };
+    let mut out = Vec::new();
+    encode_meter_mod(&mut out, OFP13, 7, &meter).unwrap();
+    #[rustfmt::skip]
+    let expected: [u8; 32] = [
+        4, 29, 0, 32, 0, 0, 0, 7, // header: OFPT_METER_MOD, 32 bytes
+        0, 1, 0, 0x0e, 0, 0, 0, 1, // OFPMC_MODIFY, PKTPS|BURST|STATS, meter 1
+        0, 1, 0, 16, 0, 0, 0, 100, 0, 0, 0, 200, 0, 0, 0, 0, // drop band: rate, burst
+    ];
+    assert_eq!(out, expected);
+
+    let flow = Flow {
+        table: 3,
+        priority: 5,
+        cookie: 0,
+        matches: Match::default(),
+        actions: vec![
+            Action::Controller {
+                max_len: 0xffff,
+                userdata: vec![],
+            },
+            Action::Meter(1),
+        ],
+    };
+    out.clear();
+    encode_flow_mod(&mut out, OFP14, 1, &FlowMod::Add(flow.clone())).unwrap();
+    // After the 48-byte flow mod head and the empty 8-byte match: the meter instruction first.
+    assert_eq!(&out[56..64], &[0, 6, 0, 8, 0, 0, 0, 1]);
+    let Message::FlowMod(decoded) = decode_one(&out).message else {
+        panic!("not a flow mod");
+    };
+    let FlowMod::Add(decoded) = *decoded else {
+        panic!("not an add");
+    };
+    assert_eq!(decoded.actions[0], Action::Meter(1));
+    assert_eq!(decoded.to_string(), flow.to_string());
 }
 
 #[test]

@@ -5,6 +5,8 @@
 //! supervisor reconnects with backoff and bumps [`OpenFlowClient::connection_generation`], which
 //! is the owner's hook to replay its desired flows onto the fresh switch.
 
+mod meter;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};

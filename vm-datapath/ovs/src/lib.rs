@@ -2,7 +2,7 @@
 //! The flow model and the OpenFlow codec they carry are pure and live in `sluice-openflow`.
 //!
 //! - [`OpenFlowClient`]: a client on a bridge's `.mgmt` socket: atomic bundles, barrier,
-//!   flow statistics, packet-in/out, reconnection with a replay signal.
+//!   flow and meter statistics, meter mods, packet-in/out, reconnection with a replay signal.
 //! - [`OvsdbClient`]: JSON-RPC to ovsdb-server for bridges and ports.
 
 pub mod client;

@@ -115,6 +115,23 @@ fn sample_flows() -> Vec<Flow> {
             },
             actions: vec![Action::Normal],
         },
+        // A Reject flow: the meter instruction before the controller action.
+        Flow {
+            table: 3,
+            priority: 300,
+            cookie: 2,
+            matches: Match {
+                ip_proto: Some(ip_proto::UDP),
+                ..ip()
+            },
+            actions: vec![
+                Action::Controller {
+                    max_len: u16::MAX,
+                    userdata: vec![0, 1, 0, 0, 0, 9],
+                },
+                Action::Meter(1),
+            ],
+        },
         Flow {
             table: 0,
             priority: 10,

@@ -11,7 +11,8 @@
 //! | 4 | commit | `ct(commit),NORMAL` (zone 0) for IPv4 and IPv6 |
 //!
 //! Rule actions: Allow -> continue (egress to table 3, so a destination VM's ingress rules still
-//! apply; ingress to table 4 and commit), Drop -> no actions, Reject -> `controller` with
+//! apply; ingress to table 4 and commit), Drop -> no actions, Reject -> `meter:1` (the Reject
+//! meter the engine installs, [`pipeline::REJECT_METER_ID`]) then `controller` with
 //! `userdata` = [`RejectTag`] so the agent answers with TCP RST / ICMP unreachable.
 //!
 //! Ingress rules and drops match the VM's addresses because the output port is only known after

@@ -18,6 +18,11 @@ pub const COMMIT_TABLE: u8 = 4;
 /// Conntrack zone of all policy traffic.
 pub const CT_ZONE: u16 = 0;
 
+/// The OpenFlow meter every Reject flow sends its packets through before the controller: the
+/// engine installs it (a drop band at the configured rate) before any flow that uses it, since
+/// OVS refuses a flow naming a meter that does not exist.
+pub const REJECT_METER_ID: u32 = 1;
+
 const NEIGHBOUR_PRIORITY: u16 = 200;
 const CONTROL_TRAFFIC_PRIORITY: u16 = 190;
 const TO_CONNTRACK_PRIORITY: u16 = 100;

@@ -14,7 +14,7 @@ use ipnet::IpNet;
 use sluice_openflow::flow::{Action, Flow, Match};
 
 use super::matches::{ip_block_nets, match_net, service_matches, End, Families};
-use super::pipeline::{COMMIT_TABLE, EGRESS_TABLE, INGRESS_TABLE};
+use super::pipeline::{COMMIT_TABLE, EGRESS_TABLE, INGRESS_TABLE, REJECT_METER_ID};
 use super::priority::{cookie, rule_flow_priority, CookieKind, RejectTag};
 use crate::model::{Direction, NetworkPolicy, PolicySet, Rule, RuleAction, Service};
 
@@ -162,14 +162,20 @@ impl CompiledRule {
                 Direction::Ingress => COMMIT_TABLE,
             })],
             RuleAction::Drop => vec![],
-            RuleAction::Reject => vec![Action::Controller {
-                max_len: REJECT_MAX_LEN,
-                userdata: RejectTag {
-                    direction: context.direction,
-                    rule_number: context.number,
-                }
-                .encode(),
-            }],
+            // Through the meter first: every packet-in costs ovs-vswitchd's slow path and the
+            // agent a reply, so a VM flooding a Reject rule is cut to the meter's rate in the
+            // datapath instead.
+            RuleAction::Reject => vec![
+                Action::Meter(REJECT_METER_ID),
+                Action::Controller {
+                    max_len: REJECT_MAX_LEN,
+                    userdata: RejectTag {
+                        direction: context.direction,
+                        rule_number: context.number,
+                    }
+                    .encode(),
+                },
+            ],
         }
     }
 

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use sluice_openflow::flow::{eth_type, ip_proto, Action, Flow, Match};
 
-use super::pipeline::{COMMIT_TABLE, EGRESS_TABLE, INGRESS_TABLE};
+use super::pipeline::{COMMIT_TABLE, EGRESS_TABLE, INGRESS_TABLE, REJECT_METER_ID};
 use super::*;
 use crate::load::{load_str, Format};
 use crate::model::{AddressGroupPatch, Direction, Rule, RuleAction, Service};
@@ -189,7 +189,7 @@ fn verdict(flows: &[Flow], p: &Packet) -> Verdict {
             [] => return Verdict::Dropped,
             [Action::GotoTable(COMMIT_TABLE)] => return Verdict::Allowed,
             [Action::GotoTable(next)] if *next == INGRESS_TABLE => table = *next,
-            [Action::Controller { userdata, .. }] => {
+            [Action::Meter(REJECT_METER_ID), Action::Controller { userdata, .. }] => {
                 return Verdict::Rejected(RejectTag::decode(userdata).expect("reject tag"))
             }
             other => panic!("unexpected actions {other:?}"),
