@@ -9,7 +9,9 @@ use sluice_proto::agents::v1::ListConnectedAgentsResponse;
 use sluice_proto::tunnel::v1::{
     connect_request, connect_response, ConnectRequest, ConnectResponse,
 };
-use sluice_tunnel::wire::{data_frame, metadata_from_headers, metadata_into_headers, TunnelReader};
+use sluice_tunnel::wire::{
+    data_frame, metadata_from_headers, metadata_into_headers, MetadataLimits, TunnelReader,
+};
 
 fn round_trip<M: prost::Message + Default + PartialEq + std::fmt::Debug>(data: &[u8]) -> Option<M> {
     let message = M::decode(data).ok()?;
@@ -21,7 +23,7 @@ fn round_trip<M: prost::Message + Default + PartialEq + std::fmt::Debug>(data: &
 fn metadata(entries: &[sluice_proto::tunnel::v1::MetadataEntry]) {
     let mut headers = HeaderMap::new();
     // Over the metadata limits the call is refused; within them the headers are built.
-    if metadata_into_headers(entries, &mut headers).is_ok() {
+    if metadata_into_headers(entries, &mut headers, &MetadataLimits::default()).is_ok() {
         let _ = metadata_from_headers(&headers);
     }
 }

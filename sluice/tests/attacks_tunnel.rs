@@ -34,15 +34,27 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
 
 /// One client call; returns (grpc-status, grpc-message).
 async fn call(node: SocketAddr, token: &str, path: &str) -> (String, String) {
+    call_with_metadata(node, token, path, 0).await
+}
+
+/// One client call carrying `extra` metadata entries of its own.
+async fn call_with_metadata(
+    node: SocketAddr,
+    token: &str,
+    path: &str,
+    extra: usize,
+) -> (String, String) {
     let connection = connect(node, None, &H2Settings::default()).await.unwrap();
     let mut ready = connection.send_request.ready().await.unwrap();
-    let request = Request::post(format!("http://node{path}"))
+    let mut request = Request::post(format!("http://node{path}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
         .header("authorization", format!("Bearer {token}"))
-        .header("sluice-agent-id", "7")
-        .body(())
-        .unwrap();
+        .header("sluice-agent-id", "7");
+    for index in 0..extra {
+        request = request.header(format!("x-m{index}"), "v");
+    }
+    let request = request.body(()).unwrap();
     let (response, mut send) = ready.send_request(request, false).unwrap();
     let _ = send.send_data(encode_message(false, b""), true);
     tunnel_harness::grpc_outcome(response).await
@@ -140,4 +152,39 @@ fn a_hostile_agents_metadata_bomb_is_refused_and_the_node_stays_whole() {
             "{driver}: node RSS grew by {grown} KiB under the attack"
         );
     }
+}
+
+/// `tunnel.max_metadata_entries` is the limit the node holds clients to: with 16, a call with 20
+/// metadata entries of its own is refused RESOURCE_EXHAUSTED naming the limit and counted, and
+/// one with 4 passes the check (it then waits for agent 7, who never comes).
+#[test]
+fn the_configured_metadata_limit_is_the_one_applied() {
+    let secrets = Secrets::new();
+    let node = start_node_on(
+        &secrets,
+        "1s",
+        32 * 1024 * 1024,
+        None,
+        "auto",
+        "  max_metadata_entries: 16\n",
+        "",
+        None,
+    );
+    let external = node.address("external");
+    let token = client_jwt(&secrets, 30);
+    let (status, message) = block_on(call_with_metadata(external, &token, "/test.Echo/Unary", 20));
+    assert_eq!(status, "8", "{message}");
+    assert!(message.contains("limit of 16 entries"), "{message}");
+    assert_eq!(
+        metric(
+            &node,
+            "sluice_tunnel_metadata_refused_total{from=\"client\"}"
+        ),
+        Some(1.0)
+    );
+    let (status, message) = block_on(call_with_metadata(external, &token, "/test.Echo/Unary", 4));
+    assert_eq!(
+        status, "4",
+        "passed the check, then waited for the agent: {message}"
+    );
 }

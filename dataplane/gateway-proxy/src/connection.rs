@@ -11,9 +11,9 @@ use std::sync::Arc;
 use hyper_util::rt::TokioIo;
 use monoio::net::TcpStream;
 use monoio_compat::hyper::MonoioTimer;
-use monoio_compat::TcpStreamCompat;
 use sluice_gateway::flow_control::CoreShare;
 use sluice_gateway::identity::user_from_certificate;
+use sluice_grpc::transport::CompatStream;
 use sluice_grpc::transport::{IdleClock, GOAWAY_GRACE};
 use sluice_runtime::{
     CloseReason, ConnectionContext, ConnectionHandler, HandlerFactory, WorkerContext,
@@ -77,7 +77,7 @@ impl ConnectionHandler for GatewayHandler {
 }
 
 /// The client's side of an accepted connection.
-type ClientStream = TlsStream<TcpStreamCompat>;
+type ClientStream = TlsStream<CompatStream>;
 
 impl GatewayHandler {
     /// TLS with the cluster the client's server name picks; what the connection is known by,
@@ -92,7 +92,13 @@ impl GatewayHandler {
             .map(|address| address.ip())
             .unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
         let _ = stream.set_nodelay(true);
-        let io = sluice_grpc::transport::compat(stream);
+        let io = match sluice_grpc::transport::compat(stream) {
+            Ok(io) => io,
+            Err(error) => {
+                tracing::warn!(peer = %conn.peer, %error, "cannot register the connection for polling");
+                return None;
+            }
+        };
         let accepted = monoio::select! {
             accepted = accept(&self.gateway, io, local_ip) => accepted,
             _ = monoio::time::sleep(conn.limits().handshake_timeout) => {

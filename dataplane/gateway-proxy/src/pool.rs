@@ -238,7 +238,10 @@ async fn connect(
             source,
         })?;
     let _ = stream.set_nodelay(true);
-    let io = sluice_grpc::transport::compat(stream);
+    let io = sluice_grpc::transport::compat(stream).map_err(|source| UpstreamFailure::Connect {
+        endpoint: endpoint(),
+        source,
+    })?;
     let settings_h2 = sluice_grpc::transport::H2Settings::default();
     let builder = {
         let mut builder = h2::client::Builder::new();

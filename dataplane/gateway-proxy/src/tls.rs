@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use monoio_compat::TcpStreamCompat;
 use rustls::server::WebPkiClientVerifier;
 use sluice_gateway::cluster::spec::{ClientConfig, SecureServing};
 use sluice_gateway::status::GatewayError;
 use sluice_grpc::tls::{load_certificates, load_private_key, provider, root_store};
+use sluice_grpc::transport::CompatStream;
 use tokio_rustls::server::TlsStream;
 
 use crate::error::{ClusterFileError, ProxyError};
@@ -71,7 +71,7 @@ pub fn client_config(client: &ClientConfig) -> Result<Arc<rustls::ClientConfig>,
 pub struct Accepted {
     pub generation: Arc<Generation>,
     pub cluster: usize,
-    pub stream: TlsStream<TcpStreamCompat>,
+    pub stream: TlsStream<CompatStream>,
 }
 
 /// Reads the ClientHello, picks the cluster by server name (without SNI, e.g. a client that
@@ -80,7 +80,7 @@ pub struct Accepted {
 /// serves ([`GatewayError::UnknownHost`]) and failed handshakes ([`ProxyError::Handshake`]).
 pub async fn accept(
     gateway: &Gateway,
-    io: TcpStreamCompat,
+    io: CompatStream,
     local_ip: std::net::IpAddr,
 ) -> Result<Accepted, ProxyError> {
     let start = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io)

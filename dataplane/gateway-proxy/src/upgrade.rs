@@ -27,7 +27,7 @@ use crate::headers::upstream_headers;
 use crate::state::Generation;
 
 /// The client's side of an upgrade connection.
-type ClientStream = tokio_rustls::server::TlsStream<monoio_compat::TcpStreamCompat>;
+type ClientStream = tokio_rustls::server::TlsStream<sluice_grpc::transport::CompatStream>;
 
 /// Largest request or response head accepted.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -290,11 +290,13 @@ impl GatewayHandler {
             .await
             .map_err(|error| upstream_failed(UpstreamFailure::UpgradeConnect(error)))?;
         let _ = tcp.set_nodelay(true);
+        let tcp = sluice_grpc::transport::compat(tcp)
+            .map_err(|error| upstream_failed(UpstreamFailure::UpgradeConnect(error)))?;
         let name = rustls_pki_types::ServerName::try_from(server.host.to_string())
             .map_err(|error| upstream_failed(UpstreamFailure::UpgradeServerName(error)))?;
         let mut upstream =
             tokio_rustls::TlsConnector::from(http1_client_config(&runtime.client_tls))
-                .connect(name, sluice_grpc::transport::compat(tcp))
+                .connect(name, tcp)
                 .await
                 .map_err(|error| upstream_failed(UpstreamFailure::UpgradeTls(error)))?;
         tracing::debug!(cluster = %compiled.name, user = %user.name, path = info.path, server = %server.endpoint, "upgrade");

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use h2::{RecvStream, SendStream};
 use http::HeaderMap;
 use monoio::net::TcpStream;
-use monoio_compat::{AsyncRead, AsyncWrite, TcpStreamCompat};
+use monoio_compat::{AsyncRead, AsyncWrite};
 use rustls::pki_types::ServerName;
 use sluice_runtime::spawn_contained;
 
@@ -72,9 +72,19 @@ pub fn small_frame_budget(settings: &H2Settings) -> usize {
     (settings.initial_connection_window as usize / 32).max(100) * 256
 }
 
-/// Wraps a monoio stream for tokio-style consumers (h2, tokio-rustls).
-pub fn compat(stream: TcpStream) -> TcpStreamCompat {
-    TcpStreamCompat::new_with_buffer_size(stream, 64 * 1024, 64 * 1024)
+/// A monoio TCP stream as tokio-style consumers (h2, tokio-rustls, hyper) see it.
+pub type CompatStream = monoio::net::tcp::stream_poll::TcpStreamPoll;
+
+/// Wraps a monoio stream for tokio-style consumers (h2, tokio-rustls, hyper).
+///
+/// Readiness-based (io_uring polls the socket, then the read lands straight in the consumer's
+/// buffer) rather than monoio-compat's completion adapter: that adapter owns a read and a write
+/// buffer per connection for as long as it lives (128 KiB at the 64 KiB h2 needs), and copies
+/// every byte through them. An idle connection here holds no I/O buffer of its own, only h2's
+/// and rustls's, and data is not copied twice. Fails only if the socket cannot be registered.
+pub fn compat(stream: TcpStream) -> std::io::Result<CompatStream> {
+    use monoio::io::IntoPollIo;
+    stream.into_poll_io()
 }
 
 /// An open HTTP/2 client connection.
@@ -109,7 +119,7 @@ pub async fn connect(
         .await
         .map_err(|source| ConnectError::Tcp { address, source })?;
     let _ = stream.set_nodelay(true);
-    let io = compat(stream);
+    let io = compat(stream).map_err(|source| ConnectError::Tcp { address, source })?;
     match tls {
         Some((config, server_name)) => {
             let tls_stream = tokio_rustls::TlsConnector::from(config)

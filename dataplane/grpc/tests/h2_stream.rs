@@ -56,7 +56,7 @@ fn run_case(legacy: bool, use_tls: bool) {
         block_on(legacy, async move {
             let listener = monoio::net::TcpListener::from_std(listener).unwrap();
             let (stream, _) = listener.accept().await.unwrap();
-            let io = compat(stream);
+            let io = compat(stream).unwrap();
             // Echo: stream every received chunk straight back.
             let handler = |request: Request<h2::RecvStream>,
                            mut respond: h2::server::SendResponse<Bytes>| async move {

@@ -39,7 +39,7 @@ fn a_panicking_stream_task_ends_its_stream_not_the_server() {
                 let listener = monoio::net::TcpListener::from_std(listener).unwrap();
                 let (stream, _) = listener.accept().await.unwrap();
                 let _ = serve(
-                    compat(stream),
+                    compat(stream).unwrap(),
                     &H2Settings::default(),
                     std::future::pending(),
                     |request: Request<h2::RecvStream>, mut respond| async move {

@@ -30,8 +30,9 @@ impl ConnectionHandler for EchoBackend {
     ) -> Pin<Box<dyn Future<Output = ()>>> {
         Box::pin(async move {
             let settings = H2Settings::default();
+            let Ok(io) = compat(stream) else { return };
             let served = serve(
-                compat(stream),
+                io,
                 &settings,
                 conn.draining(),
                 |request, mut respond| async move {

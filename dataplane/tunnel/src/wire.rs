@@ -332,36 +332,62 @@ pub fn metadata_from_headers(headers: &HeaderMap) -> Vec<MetadataEntry> {
     entries
 }
 
-/// Most metadata values one call's headers (or trailers) may carry through a tunnel, from a
-/// client or an agent. Far above what gRPC peers send (a few dozen), far below what makes
-/// `HeaderMap` panic (it cannot hold more than 24,576 distinct names).
-pub const MAX_METADATA_ENTRIES: usize = 512;
-
-/// Most bytes of metadata names and values one call's headers (or trailers) may carry through a
-/// tunnel: the same as the HTTP/2 header list a node accepts from clients (64 KiB).
-pub const MAX_METADATA_BYTES: usize = 64 * 1024;
-
-/// Metadata over [`MAX_METADATA_ENTRIES`] or [`MAX_METADATA_BYTES`]; refused, never forwarded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("metadata too large: {entries} entries and {bytes} bytes exceed the limit of {MAX_METADATA_ENTRIES} entries and {MAX_METADATA_BYTES} bytes")]
-pub struct MetadataTooLarge {
+/// How much metadata one call's headers (or trailers) may carry through a tunnel, from a client
+/// or an agent (`tunnel.max_metadata_entries`, `tunnel.max_metadata_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetadataLimits {
+    /// Most values (one per name without values); far above what gRPC peers send (a few dozen).
     pub entries: usize,
+    /// Most bytes of names and values, each name counted once per value.
     pub bytes: usize,
 }
 
-/// Checks metadata against [`MAX_METADATA_ENTRIES`] and [`MAX_METADATA_BYTES`], counting
-/// without allocating (a hostile peer's metadata may be millions of entries).
-pub fn check_metadata(entries: &[MetadataEntry]) -> Result<(), MetadataTooLarge> {
+impl MetadataLimits {
+    /// The largest limits configuration may set (`HeaderMap` panics past 24,576 distinct
+    /// names). Also what an agent applies to what its node forwards: the node already held the
+    /// call to its own limits, which are at most these.
+    pub const CEILING: Self = Self {
+        entries: sluice_config::METADATA_ENTRIES_CEILING,
+        bytes: sluice_config::METADATA_BYTES_CEILING,
+    };
+}
+
+impl Default for MetadataLimits {
+    /// 512 values and 64 KiB: the bytes are the HTTP/2 header list a node accepts from clients.
+    fn default() -> Self {
+        Self {
+            entries: 512,
+            bytes: 64 * 1024,
+        }
+    }
+}
+
+/// Metadata over [`MetadataLimits`]; refused, never forwarded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("metadata too large: {entries} entries and {bytes} bytes exceed the limit of {} entries and {} bytes", limits.entries, limits.bytes)]
+pub struct MetadataTooLarge {
+    pub entries: usize,
+    pub bytes: usize,
+    pub limits: MetadataLimits,
+}
+
+/// Checks metadata against `limits`, counting without allocating (a hostile peer's metadata may
+/// be millions of entries).
+pub fn check_metadata(
+    entries: &[MetadataEntry],
+    limits: &MetadataLimits,
+) -> Result<(), MetadataTooLarge> {
     let (mut count, mut bytes) = (0usize, 0usize);
     for entry in entries {
         count += entry.values.len().max(1);
         bytes += entry.key.len() * entry.values.len().max(1)
             + entry.values.iter().map(Bytes::len).sum::<usize>();
     }
-    if count > MAX_METADATA_ENTRIES || bytes > MAX_METADATA_BYTES {
+    if count > limits.entries || bytes > limits.bytes {
         return Err(MetadataTooLarge {
             entries: count,
             bytes,
+            limits: *limits,
         });
     }
     Ok(())
@@ -373,8 +399,9 @@ pub fn check_metadata(entries: &[MetadataEntry]) -> Result<(), MetadataTooLarge>
 pub fn metadata_into_headers(
     entries: &[MetadataEntry],
     headers: &mut HeaderMap,
+    limits: &MetadataLimits,
 ) -> Result<usize, MetadataTooLarge> {
-    check_metadata(entries)?;
+    check_metadata(entries, limits)?;
     let mut skipped = 0;
     for entry in entries {
         let Ok(name) = HeaderName::from_bytes(entry.key.as_bytes()) else {
@@ -472,13 +499,19 @@ mod tests {
         let keys: Vec<&str> = entries.iter().map(|entry| entry.key.as_str()).collect();
         assert_eq!(keys, vec!["x-trace", "trace-bin"]);
         let mut back = HeaderMap::new();
-        assert_eq!(metadata_into_headers(&entries, &mut back), Ok(0));
+        assert_eq!(
+            metadata_into_headers(&entries, &mut back, &MetadataLimits::default()),
+            Ok(0)
+        );
         assert_eq!(back.get_all("x-trace").iter().count(), 2);
         let bad = [MetadataEntry {
             key: "bad key".into(),
             values: vec![Bytes::from_static(b"v")],
         }];
-        assert_eq!(metadata_into_headers(&bad, &mut back), Ok(1));
+        assert_eq!(
+            metadata_into_headers(&bad, &mut back, &MetadataLimits::default()),
+            Ok(1)
+        );
     }
 
     #[test]
@@ -491,7 +524,8 @@ mod tests {
             })
             .collect();
         let mut headers = HeaderMap::new();
-        let refused = metadata_into_headers(&many, &mut headers).unwrap_err();
+        let limits = MetadataLimits::default();
+        let refused = metadata_into_headers(&many, &mut headers, &limits).unwrap_err();
         assert_eq!(refused.entries, 30_000);
         assert!(
             refused.to_string().contains("limit of 512 entries"),
@@ -500,11 +534,22 @@ mod tests {
         assert!(headers.is_empty());
         let big = [MetadataEntry {
             key: "x-big".into(),
-            values: vec![Bytes::from(vec![b'a'; MAX_METADATA_BYTES + 1])],
+            values: vec![Bytes::from(vec![b'a'; limits.bytes + 1])],
         }];
-        assert!(metadata_into_headers(&big, &mut headers).is_err());
-        let at_limit: Vec<MetadataEntry> = many[..MAX_METADATA_ENTRIES].to_vec();
-        assert_eq!(metadata_into_headers(&at_limit, &mut headers), Ok(0));
+        assert!(metadata_into_headers(&big, &mut headers, &limits).is_err());
+        let at_limit: Vec<MetadataEntry> = many[..limits.entries].to_vec();
+        assert_eq!(
+            metadata_into_headers(&at_limit, &mut headers, &limits),
+            Ok(0)
+        );
+        // The highest limits configuration may set still stay below HeaderMap's capacity.
+        let ceiling = MetadataLimits::CEILING;
+        assert!(metadata_into_headers(&many, &mut HeaderMap::new(), &ceiling).is_err());
+        let under_ceiling = &many[..ceiling.entries];
+        assert_eq!(
+            metadata_into_headers(under_ceiling, &mut HeaderMap::new(), &ceiling),
+            Ok(0)
+        );
     }
 
     #[test]
@@ -559,7 +604,7 @@ mod tests {
         #[test]
         fn arbitrary_metadata_never_panics(key in ".{0,20}", value in prop::collection::vec(any::<u8>(), 0..40)) {
             let entries = [MetadataEntry { key, values: vec![Bytes::from(value)] }];
-            let _ = metadata_into_headers(&entries, &mut HeaderMap::new());
+            let _ = metadata_into_headers(&entries, &mut HeaderMap::new(), &MetadataLimits::default());
         }
     }
 }

@@ -59,10 +59,14 @@ fn malformed_agent_messages_end_the_call_and_are_refused_at_connect() {
     for driver in [Driver::IoUring, Driver::Legacy] {
         let node = start_node(driver);
         // Garbage instead of a Descriptor: refused with INVALID_ARGUMENT.
-        let (_, _, refused) = block_on(fake_tunnel(
-            node.agent,
-            encode_message(false, &[0xff, 0xff, 0x01]),
-        ));
+        // The tunnel's streams are dropped inside the runtime: dropped after it, an h2 stream
+        // wakes its connection's task, whose last reference then drops the connection under the
+        // lock the stream holds (a deadlock in h2, not in the node).
+        let refused = block_on(async {
+            let (_, _, refused) =
+                fake_tunnel(node.agent, encode_message(false, &[0xff, 0xff, 0x01])).await;
+            refused
+        });
         assert_eq!(refused.as_deref(), Some("3"), "{driver}");
 
         // Undecodable protobuf, then an oversize frame, in the middle of a call.

@@ -162,6 +162,12 @@ pub enum LogFormat {
     Json,
 }
 
+/// The highest `tunnel.max_metadata_entries`: `http::HeaderMap` panics past 24,576 distinct
+/// names, and agents apply this ceiling to what their node forwards.
+pub const METADATA_ENTRIES_CEILING: usize = 16_384;
+/// The highest `tunnel.max_metadata_bytes`: no HTTP/2 peer takes a header list near it.
+pub const METADATA_BYTES_CEILING: usize = 1024 * 1024;
+
 /// The node side of the reverse tunnel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TunnelConfig {
@@ -171,6 +177,10 @@ pub struct TunnelConfig {
     pub max_wait: Duration,
     /// Largest gRPC message accepted in either direction.
     pub max_message_bytes: usize,
+    /// Most metadata values one call's headers or trailers may carry, from a client or an agent.
+    pub max_metadata_entries: usize,
+    /// Most bytes of metadata names and values one call's headers or trailers may carry.
+    pub max_metadata_bytes: usize,
     /// Most bytes of partly received agent messages the whole node holds at once; a call that
     /// would go beyond is refused RESOURCE_EXHAUSTED.
     pub max_buffered_bytes: usize,

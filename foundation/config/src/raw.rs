@@ -97,6 +97,8 @@ pub(crate) struct RawTunnel {
     pub(crate) node_name: Leaf,
     pub(crate) max_wait: Leaf,
     pub(crate) max_message_bytes: Leaf,
+    pub(crate) max_metadata_entries: Leaf,
+    pub(crate) max_metadata_bytes: Leaf,
     pub(crate) max_buffered_bytes: Leaf,
     pub(crate) agents: Vec<RawAgentToken>,
     pub(crate) jwt: RawJwt,

@@ -126,6 +126,24 @@ fn wrong_shapes_and_ranges_are_errors() {
 }
 
 #[test]
+fn metadata_limits_stay_below_the_ceiling() {
+    let (_dir, secret, _) = secret_dir();
+    let errors = errors_of(&format!(
+        "tunnel:\n  max_metadata_entries: 30000\n  max_metadata_bytes: 100\n  jwt: {{secret_file: '{secret}'}}\n"
+    ));
+    assert!(
+        errors
+            .contains(&"tunnel.max_metadata_entries: 30000 is out of range 16..=16384".to_string()),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .contains(&"tunnel.max_metadata_bytes: 100 is out of range 1024..=1048576".to_string()),
+        "{errors:?}"
+    );
+}
+
+#[test]
 fn structural_mistake_reports_path() {
     let errors = errors_of("listeners: 5\n");
     assert_eq!(errors.len(), 1, "{errors:?}");
@@ -197,6 +215,10 @@ fn tunnel_section_enables_agent_and_external_listeners_with_defaults() {
     assert_eq!(tunnel.node_name, "node-a");
     assert_eq!(tunnel.max_wait, Duration::from_secs(20));
     assert_eq!(tunnel.max_message_bytes, 32 * 1024 * 1024);
+    assert_eq!(
+        (tunnel.max_metadata_entries, tunnel.max_metadata_bytes),
+        (512, 64 * 1024)
+    );
     assert_eq!(
         tunnel.agents,
         vec![AgentTokenConfig {

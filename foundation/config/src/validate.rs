@@ -454,6 +454,20 @@ fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
             (1024, MAX_MESSAGE_BYTES_LIMIT),
             errors,
         ) as usize,
+        max_metadata_entries: unsigned(
+            &raw.max_metadata_entries,
+            "tunnel.max_metadata_entries",
+            512,
+            (16, crate::METADATA_ENTRIES_CEILING as u64),
+            errors,
+        ) as usize,
+        max_metadata_bytes: unsigned(
+            &raw.max_metadata_bytes,
+            "tunnel.max_metadata_bytes",
+            64 * 1024,
+            (1024, crate::METADATA_BYTES_CEILING as u64),
+            errors,
+        ) as usize,
         max_buffered_bytes: unsigned(
             &raw.max_buffered_bytes,
             "tunnel.max_buffered_bytes",

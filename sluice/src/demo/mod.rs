@@ -106,6 +106,8 @@ impl UpDemo {
             node_name: "sluice-up".to_string(),
             max_wait: std::time::Duration::from_secs(20),
             max_message_bytes: 32 * 1024 * 1024,
+            max_metadata_entries: 512,
+            max_metadata_bytes: 64 * 1024,
             max_buffered_bytes: 256 * 1024 * 1024,
             agents: vec![AgentTokenConfig {
                 id: DEMO_AGENT_ID,

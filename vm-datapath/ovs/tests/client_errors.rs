@@ -171,7 +171,9 @@ fn echo_requests_from_the_switch_are_answered() {
                 .write_all(&[5, 2, 0, 12, 0xaa, 0xbb, 0xcc, 0xdd, 1, 2, 3, 4])
                 .await
                 .unwrap();
-            read_raw(&mut stream).await
+            // The stream goes back with the reply: closed here, it could end the client's
+            // connection before the test reads the negotiated version.
+            (read_raw(&mut stream).await, stream)
         });
         let client = OpenFlowClient::connect(&path, ClientConfig::default())
             .await
@@ -180,7 +182,8 @@ fn echo_requests_from_the_switch_are_answered() {
         let echo_reply = tokio::time::timeout(Duration::from_secs(5), switch)
             .await
             .unwrap()
-            .unwrap();
+            .unwrap()
+            .0;
         assert_eq!(
             echo_reply,
             [5, 3, 0, 12, 0xaa, 0xbb, 0xcc, 0xdd, 1, 2, 3, 4]

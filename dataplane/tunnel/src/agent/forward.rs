@@ -20,8 +20,8 @@ use super::AgentShared;
 use crate::error::{ErrorKind, Side, TunnelError};
 use crate::protocol::GRPC_TIMEOUT;
 use crate::wire::{
-    data_frame, frame, frame_into, metadata_from_headers, metadata_into_headers, ReadError,
-    TunnelReader,
+    data_frame, frame, frame_into, metadata_from_headers, metadata_into_headers, MetadataLimits,
+    MetadataTooLarge, ReadError, TunnelReader,
 };
 
 /// Relays one call between the tunnel and the backend. Returns whether the tunnel can carry
@@ -102,15 +102,23 @@ pub(super) fn call_end(outcome: Result<(), TunnelError>, close_send_seen: bool) 
 
 /// The backend request for a tunnelled call: its method, the client's metadata, and the
 /// deadline the node forwarded (it is a hop header elsewhere, so it is set here by hand).
-pub(super) fn backend_request(info: &RequestInfo, backend: &Endpoint) -> Request<()> {
+/// Metadata past [`MetadataLimits::CEILING`] (a node holds calls to its own, smaller, limits, so
+/// only a broken node sends it) is refused rather than forwarded without it.
+pub(super) fn backend_request(
+    info: &RequestInfo,
+    backend: &Endpoint,
+) -> Result<Request<()>, MetadataTooLarge> {
     let mut request = Request::post(format!(
         "http://{}:{}{}",
         backend.host, backend.port, info.method_name
     ))
     .body(())
     .unwrap_or_default();
-    // Metadata over the limits is refused by the node; should a node send more, none is passed.
-    let _ = metadata_into_headers(&info.metadata, request.headers_mut());
+    metadata_into_headers(
+        &info.metadata,
+        request.headers_mut(),
+        &MetadataLimits::CEILING,
+    )?;
     let headers = request.headers_mut();
     headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
     headers
@@ -125,7 +133,7 @@ pub(super) fn backend_request(info: &RequestInfo, backend: &Endpoint) -> Request
     if let Some(value) = timeout {
         headers.insert(GRPC_TIMEOUT, value);
     }
-    request
+    Ok(request)
 }
 
 /// Opens the call on the backend (dialling it if needed).
@@ -146,12 +154,14 @@ async fn open_backend_call(
         let message = format!("the agent cannot reach its backend {}: {why}", backend.url);
         TunnelError::new(ErrorKind::BackendUnavailable, message)
     })?;
-    connection
-        .send_request(backend_request(info, backend), false)
-        .map_err(|error| {
-            let message = format!("backend {}: {error}", backend.url);
-            TunnelError::new(ErrorKind::BackendUnavailable, message)
-        })
+    let request = backend_request(info, backend).map_err(|error| {
+        TunnelError::new(ErrorKind::NodeProtocol, format!("request {error}"))
+            .with_code(Code::ResourceExhausted)
+    })?;
+    connection.send_request(request, false).map_err(|error| {
+        let message = format!("backend {}: {error}", backend.url);
+        TunnelError::new(ErrorKind::BackendUnavailable, message)
+    })
 }
 
 /// One node -> backend message, classified.

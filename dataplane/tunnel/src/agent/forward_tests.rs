@@ -78,7 +78,8 @@ fn the_backend_request_carries_the_method_metadata_and_deadline() {
             },
         ]),
         &backend(),
-    );
+    )
+    .expect("within the limits");
     assert_eq!(request.uri(), "http://127.0.0.1:9000/echo.Echo/Say");
     let headers = request.headers();
     assert_eq!(headers["x-trace"], "abc");
@@ -111,4 +112,16 @@ fn a_method_without_a_leading_slash_cannot_choose_the_backend_authority() {
     // `open_backend_call` has a reason.
     let uri: http::Uri = "http://127.0.0.1:9000@evil.example:443/x".parse().unwrap();
     assert_eq!(uri.host(), Some("evil.example"));
+}
+
+#[test]
+fn metadata_past_the_ceiling_is_refused_not_dropped() {
+    let entries = (0..sluice_config::METADATA_ENTRIES_CEILING + 1)
+        .map(|index| MetadataEntry {
+            key: format!("x-k{index}"),
+            values: vec![Bytes::from_static(b"v")],
+        })
+        .collect();
+    let refused = backend_request(&info(entries), &backend()).expect_err("over the ceiling");
+    assert_eq!(refused.entries, sluice_config::METADATA_ENTRIES_CEILING + 1);
 }

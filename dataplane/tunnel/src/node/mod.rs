@@ -32,7 +32,7 @@ use sluice_locator::AgentLocator;
 use crate::auth::{AgentTokens, JwtValidator};
 use crate::metrics::TunnelMetrics;
 use crate::registry::ConnectionRegistry;
-use crate::wire::BufferBudget;
+use crate::wire::{BufferBudget, MetadataLimits};
 
 pub use collector::NodeCollector;
 pub use endpoints::{AgentEndpoint, ExternalEndpoint, PrivateEndpoint};
@@ -50,6 +50,8 @@ pub struct NodeShared {
     pub node_name: String,
     pub max_wait: Duration,
     pub max_message_bytes: usize,
+    /// Metadata one call may carry, from its client or its agent.
+    pub metadata_limits: MetadataLimits,
     /// Bytes of partly received agent messages held node-wide (`tunnel.max_buffered_bytes`).
     pub buffer_budget: Arc<BufferBudget>,
     pub metrics: TunnelMetrics,
@@ -102,6 +104,10 @@ impl NodeShared {
             node_name: config.node_name.clone(),
             max_wait: config.max_wait,
             max_message_bytes: config.max_message_bytes,
+            metadata_limits: MetadataLimits {
+                entries: config.max_metadata_entries,
+                bytes: config.max_metadata_bytes,
+            },
             buffer_budget: Arc::new(BufferBudget::new(config.max_buffered_bytes)),
             metrics,
             next_tunnel_id: AtomicU64::new(1),
@@ -146,6 +152,8 @@ pub(crate) mod test_node {
             node_name: "n".into(),
             max_wait: Duration::from_secs(1),
             max_message_bytes: 1024,
+            max_metadata_entries: 512,
+            max_metadata_bytes: 64 * 1024,
             max_buffered_bytes: 1 << 20,
             agents: Vec::new(),
             jwt: JwtConfig {

@@ -13,7 +13,7 @@ use crate::error::{ErrorKind, TunnelError};
 use crate::metrics::TunnelMetrics;
 use crate::wire::{
     data_frame, data_frame_head, data_frame_tail, frame, frame_into, metadata_into_headers,
-    MetadataTooLarge, ReadError, TunnelReader, WireError,
+    MetadataLimits, MetadataTooLarge, ReadError, TunnelReader, WireError,
 };
 
 /// Requests up to this size (all messages) are copied into the RequestInfo's DATA frame.
@@ -238,6 +238,7 @@ pub(super) async fn pump_down(
     reader: &mut TunnelReader,
     responder: &mut Responder,
     metrics: &TunnelMetrics,
+    limits: &MetadataLimits,
 ) -> Result<(Code, bool), TunnelError> {
     loop {
         let next = monoio::select! {
@@ -258,7 +259,7 @@ pub(super) async fn pump_down(
             Some(Ok(None)) => return Err(agent_gone("the tunnel closed before the call ended")),
             Some(Ok(Some(message))) => message,
         };
-        if let Some(end) = pass_down(message, responder, metrics).await? {
+        if let Some(end) = pass_down(message, responder, metrics, limits).await? {
             return Ok(end);
         }
     }
@@ -269,6 +270,7 @@ async fn pass_down(
     message: connect_request::Msg,
     responder: &mut Responder,
     metrics: &TunnelMetrics,
+    limits: &MetadataLimits,
 ) -> Result<Option<(Code, bool)>, TunnelError> {
     match message {
         connect_request::Msg::Header(header) => {
@@ -276,7 +278,7 @@ async fn pass_down(
                 return Err(agent_protocol("a second Header"));
             }
             let mut response = Response::new(());
-            metadata_into_headers(&header.metadata, response.headers_mut())
+            metadata_into_headers(&header.metadata, response.headers_mut(), limits)
                 .map_err(|error| agent_metadata(metrics, &error))?;
             response
                 .headers_mut()
@@ -304,7 +306,7 @@ async fn pass_down(
         connect_request::Msg::Trailer(trailer) => {
             let code = Code::from_u32(trailer.grpc_status);
             let mut trailers = HeaderMap::new();
-            metadata_into_headers(&trailer.metadata, &mut trailers)
+            metadata_into_headers(&trailer.metadata, &mut trailers, limits)
                 .map_err(|error| agent_metadata(metrics, &error))?;
             status_headers(&mut trailers, code, &trailer.grpc_message);
             match responder.stream.as_mut() {

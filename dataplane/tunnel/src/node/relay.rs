@@ -103,6 +103,7 @@ pub(super) async fn relay_local(
             &mut tunnel.reader,
             responder,
             &node.metrics,
+            &node.metadata_limits,
         ));
         run_call(up, down, deadline).await
     };

@@ -24,7 +24,7 @@ use super::NodeShared;
 use crate::error::{ErrorKind, TunnelError};
 use crate::protocol::{AGENT_ID_HEADER, GRPC_TIMEOUT};
 use crate::registry::AgentId;
-use crate::wire::{metadata_from_headers, metadata_into_headers};
+use crate::wire::{metadata_from_headers, metadata_into_headers, MetadataLimits};
 
 /// TLS for calls to other nodes' private endpoints, and the name their certificates must carry
 /// (`None`: the peer's IP address).
@@ -324,10 +324,12 @@ fn peer_request(
     token: &str,
 ) -> Result<Request<()>, http::Error> {
     let mut request = Request::post(format!("http://{address}{}", parts.uri.path())).body(())?;
-    // The client's metadata passed `check_metadata` when the call arrived.
+    // The client's metadata passed this node's limits when the call arrived, and the ceiling
+    // is above any limits configuration sets.
     let _ = metadata_into_headers(
         &metadata_from_headers(&parts.headers),
         request.headers_mut(),
+        &MetadataLimits::CEILING,
     );
     let headers = request.headers_mut();
     headers.insert(http::header::TE, HeaderValue::from_static("trailers"));

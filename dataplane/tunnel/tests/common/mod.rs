@@ -113,6 +113,8 @@ pub fn start_node_buffered(
         node_name: "malformed".into(),
         max_wait: Duration::from_secs(5),
         max_message_bytes,
+        max_metadata_entries: 512,
+        max_metadata_bytes: 64 * 1024,
         max_buffered_bytes,
         agents,
         jwt: JwtConfig {

@@ -5,6 +5,8 @@ pub mod agent;
 pub mod external;
 pub mod private;
 
+use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -43,7 +45,13 @@ async fn serve_connection<H, F>(
     H: FnMut(Request<RecvStream>, SendResponse<Bytes>) -> F,
     F: std::future::Future<Output = ()> + 'static,
 {
-    let io = sluice_grpc::transport::compat(stream);
+    let io = match sluice_grpc::transport::compat(stream) {
+        Ok(io) => io,
+        Err(error) => {
+            tracing::warn!(peer = %conn.peer, %error, "cannot register the connection for polling");
+            return;
+        }
+    };
     let peer = conn.peer;
     let on_limit = |reason: CloseReason| {
         tracing::debug!(%peer, listener = conn.listener(), reason = reason.label(), "connection closed on a limit");
@@ -81,13 +89,40 @@ async fn serve_connection<H, F>(
     }
 }
 
+/// A call endpoint's connection (external or private): every request runs `serve` on the
+/// stream task the HTTP/2 server spawns for it, owning a handle to the endpoint.
+fn serve_calls<E, F>(
+    endpoint: Rc<E>,
+    node: Arc<NodeShared>,
+    tls: Option<Arc<ServerConfig>>,
+    stream: TcpStream,
+    conn: ConnectionContext,
+    serve: fn(Rc<E>, ConnectionContext, Request<RecvStream>, SendResponse<Bytes>) -> F,
+) -> Pin<Box<dyn std::future::Future<Output = ()>>>
+where
+    E: 'static,
+    F: std::future::Future<Output = ()> + 'static,
+{
+    Box::pin(async move {
+        let stream_conn = conn.clone();
+        serve_connection(
+            stream,
+            tls,
+            &node.settings,
+            &conn,
+            move |request, respond| serve(endpoint.clone(), stream_conn.clone(), request, respond),
+        )
+        .await;
+    })
+}
+
 /// A client's metadata over the limits a node forwards (`wire::check_metadata`): counted, and
 /// answered RESOURCE_EXHAUSTED naming the limit.
 fn check_client_metadata(
     node: &NodeShared,
     metadata: &[sluice_proto::tunnel::v1::MetadataEntry],
 ) -> Result<(), TunnelError> {
-    crate::wire::check_metadata(metadata).map_err(|error| {
+    crate::wire::check_metadata(metadata, &node.metadata_limits).map_err(|error| {
         node.metrics.metadata_refused("client");
         TunnelError::new(ErrorKind::BadRequest, format!("request {error}"))
             .with_code(Code::ResourceExhausted)

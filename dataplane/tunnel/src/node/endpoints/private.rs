@@ -28,7 +28,7 @@ use super::super::router::{Route, Router};
 use super::super::tunnel::give_back;
 use super::super::NodeShared;
 use super::{
-    check_client_metadata, list_agents, parse_request, refused, serve_connection, settle, Admitted,
+    check_client_metadata, list_agents, parse_request, refused, serve_calls, settle, Admitted,
 };
 use crate::auth::AuthError;
 use crate::error::TunnelError;
@@ -56,22 +56,8 @@ impl ConnectionHandler for PrivateEndpoint {
         stream: TcpStream,
         conn: ConnectionContext,
     ) -> Pin<Box<dyn std::future::Future<Output = ()>>> {
-        Box::pin(async move {
-            let handler = self.clone();
-            let handler_conn = conn.clone();
-            serve_connection(
-                stream,
-                self.node.private_tls.clone(),
-                &self.node.settings,
-                &conn,
-                move |request, respond| {
-                    handler
-                        .clone()
-                        .serve(handler_conn.clone(), request, respond)
-                },
-            )
-            .await;
-        })
+        let (node, tls) = (self.node.clone(), self.node.private_tls.clone());
+        serve_calls(self, node, tls, stream, conn, Self::serve)
     }
 }
 
