@@ -176,6 +176,7 @@ fn pure_crates_pull_in_no_async_runtime() {
         "sluice-policy",
         "sluice-gateway",
         "sluice-config-error",
+        "sluice-upstream-cluster",
     ] {
         let closure = workspace.closure(pure);
         let runtimes: Vec<&String> = closure

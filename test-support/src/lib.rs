@@ -2,6 +2,7 @@
 //! sockets, certificates) on loopback and cleans them up on drop; nothing is a mock.
 
 mod certs;
+pub mod examples;
 mod grpc;
 mod http;
 mod netns;

@@ -1,16 +1,14 @@
-//! `UpstreamCluster` objects: the YAML model ([`spec`]), validation with field paths
-//! ([`validate`]), loading from files ([`load_dir`]) and the compiled, immutable
-//! [`GatewaySnapshot`] the data plane reads.
+//! `UpstreamCluster` objects: the model, validation and file loading come from
+//! `sluice-upstream-cluster` (shared with the control plane); this module adds the compiled,
+//! immutable [`GatewaySnapshot`] the data plane reads.
 
-mod load;
 mod snapshot;
-pub mod spec;
-mod validate;
 
-pub use load::{check_unique, load_dir, parse_clusters, LoadedCluster};
-pub use sluice_config_error::{FieldError, InvalidConfig, InvalidSources};
+pub use sluice_upstream_cluster::{
+    check_hostname, check_unique, load_dir, parse_clusters, spec, validate, FieldError,
+    InvalidConfig, InvalidSources, LoadedCluster, DISPATCH_VERBS,
+};
 pub use snapshot::{strip_port, CompiledCluster, CompiledServer, GatewaySnapshot};
-pub use validate::{check_hostname, validate};
 
 #[cfg(test)]
 mod tests;

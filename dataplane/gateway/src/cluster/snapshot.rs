@@ -4,11 +4,13 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use super::load::{check_unique, LoadedCluster};
-use super::spec::{Authentication, ClientConfig, ConnectionPool, HealthCheck, SecureServing};
 use crate::dispatch::DispatchMatcher;
 use crate::flow_control::{FlowControlSchema, FlowLimit};
 use sluice_config_error::{InvalidConfig, InvalidSources};
+use sluice_upstream_cluster::spec::{
+    Authentication, ClientConfig, ConnectionPool, HealthCheck, SecureServing,
+};
+use sluice_upstream_cluster::{check_unique, LoadedCluster};
 
 #[derive(Debug)]
 pub struct GatewaySnapshot {

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::spec::UpstreamCluster;
-use super::validate::validate;
+use crate::spec::UpstreamCluster;
+use crate::validate::validate;
 use sluice_config_error::{document_origin, InvalidConfig, InvalidSources};
 
 /// A valid cluster object and where it came from; its file paths are absolute (relative ones

@@ -152,7 +152,7 @@ pub struct DispatchPolicy {
     pub flow_control_schema_name: String,
 }
 
-/// One rule; its fields are ANDed, a policy's rules ORed. See [`crate::dispatch`].
+/// One rule; its fields are ANDed, a policy's rules ORed. The gateway compiles them into its dispatch matcher.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct DispatchPolicyRule {

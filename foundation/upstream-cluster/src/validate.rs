@@ -4,10 +4,28 @@
 use std::collections::HashSet;
 use std::net::IpAddr;
 
-use super::spec::{
+use crate::spec::{
     DispatchPolicy, DispatchPolicyRule, UpstreamCluster, UpstreamClusterSpec, API_VERSION, KIND,
 };
-use crate::request_info::Verb;
+
+/// The verbs a dispatch rule may name (besides `*`), as the gateway's request info derives
+/// them: the apiserver's resource verbs, then the HTTP methods of non-resource URLs. The
+/// gateway checks that its `Verb` enum names exactly these.
+pub const DISPATCH_VERBS: [&str; 13] = [
+    "get",
+    "list",
+    "watch",
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+    "proxy",
+    "post",
+    "put",
+    "head",
+    "options",
+];
 
 /// Collects `(path, reason)` pairs.
 #[derive(Default)]
@@ -272,7 +290,7 @@ fn validate_rule(rule: &DispatchPolicyRule, path: &str, problems: &mut Problems)
     }
     for (index, verb) in rule.verbs.iter().enumerate() {
         let name = verb.strip_prefix('-').unwrap_or(verb);
-        if verb != "*" && Verb::from_name(name).is_none() {
+        if verb != "*" && !DISPATCH_VERBS.contains(&name) {
             problems.add(
                 format!("{path}.verbs[{index}]"),
                 format!(
