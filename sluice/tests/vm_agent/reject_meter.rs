@@ -152,4 +152,10 @@ fn a_reject_flood_is_cut_to_the_meter_rate_while_allowed_traffic_flows() {
         dropped >= hit_rule - bound,
         "{dropped} dropped of {hit_rule}"
     );
+    // What the meter let through fits the agent's packet-in queue: nothing dropped unanswered
+    // (and the counter that would say so is exported).
+    assert_eq!(
+        agent.metric("sluice_policy_packet_ins_dropped_total"),
+        Some(0.0)
+    );
 }

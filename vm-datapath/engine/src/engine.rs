@@ -63,6 +63,7 @@ pub struct PolicyEngine {
     reject_meter: RejectMeter,
     /// Last raw count of the Reject meter's band, for the same reason as `last_stats`.
     last_meter_dropped: u64,
+    last_packet_ins_dropped: u64,
 }
 
 impl PolicyEngine {
@@ -100,6 +101,7 @@ impl PolicyEngine {
             last_stats: HashMap::new(),
             reject_meter: config.reject_meter,
             last_meter_dropped: 0,
+            last_packet_ins_dropped: 0,
         };
         engine.metrics.round.set(i64::from(round));
         // Marks the current connection as seen: the first replay is this one.
@@ -277,9 +279,14 @@ impl PolicyEngine {
         }
     }
 
-    /// Reads flow and meter stats and adds what the rules saw and what the Reject meter dropped
-    /// since the last poll to the counters.
+    /// Reads flow and meter stats and adds what the rules saw, what the Reject meter dropped
+    /// and what the packet-in queue dropped since the last poll to the counters.
     pub async fn poll_stats(&mut self) -> Result<(), EngineError> {
+        let dropped = self.client.dropped_packet_ins();
+        self.metrics
+            .packet_ins_dropped
+            .inc_by(dropped.saturating_sub(self.last_packet_ins_dropped));
+        self.last_packet_ins_dropped = dropped;
         self.poll_rule_stats().await?;
         self.poll_meter_stats().await
     }

@@ -35,6 +35,7 @@ pub struct EngineMetrics {
     pub realize_errors: Counter,
     pub reject_replies: Family<ReplyLabels, Counter>,
     pub reject_meter_dropped: Counter,
+    pub packet_ins_dropped: Counter,
     pub replays: Counter,
 }
 
@@ -84,6 +85,11 @@ impl EngineMetrics {
             "sluice_policy_reject_meter_dropped_packets",
             "Packets matching Reject rules that the Reject meter dropped in the datapath (over its rate), so they never reached the agent",
             self.reject_meter_dropped.clone(),
+        );
+        registry.register(
+            "sluice_policy_packet_ins_dropped",
+            "Packet-ins (Reject rule hits the meter let through) dropped unanswered because the agent's bounded queue for them was full",
+            self.packet_ins_dropped.clone(),
         );
         registry.register(
             "sluice_policy_replays",
