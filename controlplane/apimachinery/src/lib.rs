@@ -6,9 +6,12 @@
 
 pub mod discovery;
 pub mod kind;
+pub mod meta;
+pub mod names;
 pub mod openapi;
 pub mod openapi_meta;
 pub mod status;
+pub mod timestamp;
 
 pub use kind::{KindSpec, PrinterColumn, Registry, RegistryError, Validator};
 pub use status::{FieldError, FieldErrorKind, StatusCause, StatusDetails, StatusError, StatusReason};
