@@ -10,6 +10,7 @@ pub mod meta;
 pub mod names;
 pub mod openapi;
 pub mod openapi_meta;
+pub mod selector;
 pub mod status;
 pub mod timestamp;
 
