@@ -6,6 +6,7 @@
 
 pub mod discovery;
 pub mod kind;
+pub mod list;
 pub mod meta;
 pub mod names;
 pub mod openapi;
