@@ -13,6 +13,7 @@ pub mod openapi;
 pub mod openapi_meta;
 pub mod selector;
 pub mod status;
+pub mod table;
 pub mod timestamp;
 
 pub use kind::{KindSpec, PrinterColumn, Registry, RegistryError, Validator};
