@@ -12,6 +12,7 @@ pub mod names;
 pub mod openapi;
 pub mod openapi_meta;
 pub mod patch;
+pub mod schema;
 pub mod selector;
 pub mod status;
 pub mod table;

@@ -133,8 +133,13 @@ fn metadata_errors(obj: &Value) -> Vec<FieldError> {
 }
 
 fn validated(spec: &KindSpec, obj: Value) -> Result<Value, StatusError> {
-    let mut errors = metadata_errors(&obj);
-    errors.extend((spec.validate)(&obj));
+    let mut errors = crate::schema::schema_errors(spec, &obj);
+    errors.extend(metadata_errors(&obj));
+    // Semantic checks assume the structure holds; running them on a mistyped object would
+    // only repeat the schema errors in other words.
+    if errors.is_empty() {
+        errors.extend((spec.validate)(&obj));
+    }
     if errors.is_empty() {
         Ok(obj)
     } else {
