@@ -138,6 +138,42 @@ pub fn unknown_fields(spec: &KindSpec, obj: &Value) -> Vec<String> {
     walker.unknown
 }
 
+/// Drops the fields the schema does not know, as kube-apiserver prunes custom objects before
+/// storing them (after [`FieldValidation::check`] has warned or refused).
+pub fn prune_unknown_fields(spec: &KindSpec, obj: &mut Value) {
+    prune(&object_schema(spec), obj);
+}
+
+fn prune(schema: &Value, value: &mut Value) {
+    for nested in schema.get("allOf").and_then(Value::as_array).into_iter().flatten() {
+        prune(nested, value);
+    }
+    match value {
+        Value::Object(map) => {
+            let preserve = schema.get("x-kubernetes-preserve-unknown-fields") == Some(&json!(true));
+            let properties = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            let typed_object = properties.is_some() || schema.get("type") == Some(&json!("object"));
+            if !preserve && additional.is_none() && schema.get("allOf").is_none() && typed_object {
+                map.retain(|key, _| properties.is_some_and(|p| p.contains_key(key)));
+            }
+            for (key, child) in map.iter_mut() {
+                match (properties.and_then(|p| p.get(key)), additional) {
+                    (Some(property), _) => prune(property, child),
+                    (None, Some(additional)) => prune(additional, child),
+                    (None, None) => {}
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                items.iter_mut().for_each(|item| prune(item_schema, item));
+            }
+        }
+        _ => {}
+    }
+}
+
 /// `?fieldValidation=`: what to do with unknown fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FieldValidation {
@@ -204,6 +240,11 @@ mod tests {
         assert_eq!(FieldValidation::Warn.check(&spec, &typo), Ok(vec!["unknown field \"spec.sise\"".to_string()]));
         assert_eq!(FieldValidation::parse(Some("Strict")), Ok(FieldValidation::Strict));
         assert_eq!(FieldValidation::parse(Some("strict")).expect_err("case").code, 400);
+        let mut pruned = typo.clone();
+        prune_unknown_fields(&spec, &mut pruned);
+        assert_eq!(pruned["spec"], json!({}));
+        assert_eq!(pruned["status"], typo["status"], "status preserves unknown fields");
+        assert_eq!(pruned["metadata"]["labels"], json!({"x": "y"}));
     }
 
     #[test]

@@ -432,3 +432,58 @@ fn details_json(details: &StatusDetails) -> Value {
     }
     Value::Object(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kind::tests::widget;
+
+    #[test]
+    fn not_found_is_kube_apiserver_json() {
+        // Shape and wording of kube-apiserver's answer to a GET of a missing custom object
+        // (apimachinery `errors.NewNotFound`, `details.kind` is the resource).
+        let expected = json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "widgets.tests.sluice.dev \"a\" not found", "reason": "NotFound",
+            "details": {"name": "a", "group": "tests.sluice.dev", "kind": "widgets"}, "code": 404,
+        });
+        assert_eq!(StatusError::not_found(&widget(), "a").to_json(), expected);
+    }
+
+    #[test]
+    fn invalid_lists_causes_with_paths() {
+        let errors = [
+            FieldError::invalid("spec.servers[0].endpoint", json!("x"), "must be host:port"),
+            FieldError::required("spec.name", ""),
+        ];
+        let error = StatusError::invalid(&widget(), "a", &errors);
+        assert_eq!(error.code, 422);
+        assert_eq!(
+            error.message,
+            "Widget.tests.sluice.dev \"a\" is invalid: [spec.servers[0].endpoint: Invalid value: \"x\": must be host:port, spec.name: Required value]"
+        );
+        let json = error.to_json();
+        assert_eq!(json["details"]["kind"], "Widget");
+        assert_eq!(json["details"]["causes"][0], json!({"reason": "FieldValueInvalid",
+            "message": "Invalid value: \"x\": must be host:port", "field": "spec.servers[0].endpoint"}));
+        let single = StatusError::invalid(&widget(), "a", &errors[1..]);
+        assert_eq!(single.message, "Widget.tests.sluice.dev \"a\" is invalid: spec.name: Required value");
+    }
+
+    #[test]
+    fn codes_and_retries() {
+        let conflict = StatusError::conflict(&widget(), "a");
+        assert_eq!((conflict.code, conflict.retryable()), (409, true));
+        assert!(conflict.message.starts_with("Operation cannot be fulfilled on widgets.tests.sluice.dev \"a\""));
+        let gone = StatusError::gone(1, 5);
+        assert_eq!((gone.code, gone.reason.as_str(), gone.retryable()), (410, "Expired", false));
+        assert_eq!(StatusError::already_exists(&widget(), "a").to_json()["reason"], "AlreadyExists");
+        assert_eq!(StatusError::not_acceptable(&["application/json"]).code, 406);
+        assert_eq!(StatusError::internal("disk").message, "Internal error occurred: disk");
+        assert!(!StatusError::bad_request("x").retryable());
+        let forbidden = StatusError::forbidden(&widget(), "a", "gw", "delete");
+        assert_eq!(forbidden.code, 403);
+        assert!(forbidden.message.contains("cannot delete resource \"widgets\" in API group \"tests.sluice.dev\""));
+        assert!(StatusError::new(StatusReason::TooManyRequests, "slow").to_json().get("details").is_none());
+    }
+}
