@@ -386,7 +386,8 @@ impl StatusError {
         self.reason.retryable()
     }
 
-    /// The `meta.k8s.io/v1 Status` document, key for key as kube-apiserver writes it.
+    /// The `meta.k8s.io/v1 Status` document with kube-apiserver's keys and values (serde_json
+    /// sorts keys; their order means nothing to clients).
     pub fn to_json(&self) -> Value {
         let mut status = Map::new();
         status.insert("kind".into(), json!("Status"));
