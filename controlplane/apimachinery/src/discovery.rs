@@ -112,7 +112,9 @@ pub fn compare_kube_versions(a: &str, b: &str) -> Ordering {
 /// (stability rank: 2 GA / 1 beta / 0 alpha, major, minor) so that greater is preferred.
 fn parse_kube_version(version: &str) -> Option<(u8, u32, u32)> {
     let rest = version.strip_prefix('v')?;
-    let digits_end = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+    let digits_end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
     let major: u32 = rest[..digits_end].parse().ok()?;
     let tail = &rest[digits_end..];
     if tail.is_empty() {
@@ -140,7 +142,10 @@ mod tests {
         assert_eq!(list["resources"][0]["name"], "widgets");
         assert_eq!(list["resources"][0]["shortNames"], json!(["wd"]));
         assert_eq!(list["resources"][1]["name"], "widgets/status");
-        assert_eq!(list["resources"][1]["verbs"], json!(["get", "patch", "update"]));
+        assert_eq!(
+            list["resources"][1]["verbs"],
+            json!(["get", "patch", "update"])
+        );
         assert!(api_resource_list(&registry, "tests.sluice.dev", "v9").is_none());
     }
 
@@ -148,15 +153,24 @@ mod tests {
     fn preferred_version_is_the_most_stable() {
         let mut versions = vec!["v1alpha1", "v2beta1", "v1", "v1beta2", "foo", "v2"];
         versions.sort_by(|a, b| compare_kube_versions(a, b));
-        assert_eq!(versions, ["v2", "v1", "v2beta1", "v1beta2", "v1alpha1", "foo"]);
+        assert_eq!(
+            versions,
+            ["v2", "v1", "v2beta1", "v1beta2", "v1alpha1", "foo"]
+        );
     }
 
     #[test]
     fn group_list_and_group() {
         let registry = Registry::new().with(widget()).expect("registry");
         let list = api_group_list(&registry);
-        assert_eq!(list["groups"][0]["preferredVersion"]["groupVersion"], "tests.sluice.dev/v1");
-        assert_eq!(api_group(&registry, "tests.sluice.dev").expect("group")["kind"], "APIGroup");
+        assert_eq!(
+            list["groups"][0]["preferredVersion"]["groupVersion"],
+            "tests.sluice.dev/v1"
+        );
+        assert_eq!(
+            api_group(&registry, "tests.sluice.dev").expect("group")["kind"],
+            "APIGroup"
+        );
         assert!(api_group(&registry, "nope").is_none());
         assert_eq!(api_versions()["versions"], json!([]));
     }

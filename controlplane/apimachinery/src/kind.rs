@@ -86,7 +86,16 @@ impl KindSpec {
 
     /// The verbs served on the main resource.
     pub fn verbs(&self) -> Vec<&'static str> {
-        vec!["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+        vec![
+            "create",
+            "delete",
+            "deletecollection",
+            "get",
+            "list",
+            "patch",
+            "update",
+            "watch",
+        ]
     }
 }
 
@@ -127,7 +136,11 @@ impl Registry {
                     return Err(RegistryError::DuplicateKind(spec.qualified_kind()));
                 }
             }
-            if let Some(short) = spec.short_names.iter().find(|s| known.short_names.contains(s)) {
+            if let Some(short) = spec
+                .short_names
+                .iter()
+                .find(|s| known.short_names.contains(s))
+            {
                 return Err(RegistryError::DuplicateShortName(short.clone()));
             }
         }
@@ -150,7 +163,9 @@ impl Registry {
 
     /// The kind named by an object's apiVersion and kind.
     pub fn by_kind(&self, api_version: &str, kind: &str) -> Option<&KindSpec> {
-        self.kinds.iter().find(|k| k.kind == kind && k.api_version() == api_version)
+        self.kinds
+            .iter()
+            .find(|k| k.kind == kind && k.api_version() == api_version)
     }
 
     /// Every kind, in registration order.
@@ -172,7 +187,10 @@ impl Registry {
 
     /// The kinds of one group version, in registration order.
     pub fn group_version(&self, group: &str, version: &str) -> Vec<&KindSpec> {
-        self.kinds.iter().filter(|k| k.group == group && k.version == version).collect()
+        self.kinds
+            .iter()
+            .filter(|k| k.group == group && k.version == version)
+            .collect()
     }
 }
 
@@ -206,24 +224,42 @@ pub(crate) mod tests {
     #[test]
     fn looks_kinds_up_by_resource_and_kind() {
         let registry = Registry::new().with(widget()).expect("one kind");
-        assert!(registry.by_resource("tests.sluice.dev", "v1", "widgets").is_some());
-        assert!(registry.by_resource("tests.sluice.dev", "v2", "widgets").is_none());
+        assert!(registry
+            .by_resource("tests.sluice.dev", "v1", "widgets")
+            .is_some());
+        assert!(registry
+            .by_resource("tests.sluice.dev", "v2", "widgets")
+            .is_none());
         assert!(registry.by_kind("tests.sluice.dev/v1", "Widget").is_some());
         assert!(registry.by_kind("v1", "Widget").is_none());
-        assert_eq!(registry.groups()["tests.sluice.dev"], vec!["v1".to_string()]);
+        assert_eq!(
+            registry.groups()["tests.sluice.dev"],
+            vec!["v1".to_string()]
+        );
     }
 
     #[test]
     fn refuses_collisions() {
         let registry = Registry::new().with(widget()).expect("one kind");
         let again = registry.clone().with(widget()).map(|_| ());
-        assert_eq!(again, Err(RegistryError::DuplicateResource("widgets.tests.sluice.dev".into())));
+        assert_eq!(
+            again,
+            Err(RegistryError::DuplicateResource(
+                "widgets.tests.sluice.dev".into()
+            ))
+        );
         let mut renamed = widget();
         renamed.plural = "gadgets".into();
         renamed.short_names.clear();
-        assert!(matches!(registry.clone().with(renamed), Err(RegistryError::DuplicateKind(_))));
+        assert!(matches!(
+            registry.clone().with(renamed),
+            Err(RegistryError::DuplicateKind(_))
+        ));
         let mut other = widget();
         other.group = "other.sluice.dev".into();
-        assert!(matches!(registry.with(other), Err(RegistryError::DuplicateShortName(_))));
+        assert!(matches!(
+            registry.with(other),
+            Err(RegistryError::DuplicateShortName(_))
+        ));
     }
 }

@@ -19,4 +19,6 @@ pub mod table;
 pub mod timestamp;
 
 pub use kind::{KindSpec, PrinterColumn, Registry, RegistryError, Validator};
-pub use status::{FieldError, FieldErrorKind, StatusCause, StatusDetails, StatusError, StatusReason};
+pub use status::{
+    FieldError, FieldErrorKind, StatusCause, StatusDetails, StatusError, StatusReason,
+};

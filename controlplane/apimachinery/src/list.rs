@@ -22,7 +22,10 @@ pub struct ListPage {
 /// `<Kind>List` with `metadata.resourceVersion`, `continue` and `remainingItemCount`.
 pub fn list_document(spec: &KindSpec, items: Vec<Value>, page: &ListPage) -> Value {
     let mut metadata = Map::new();
-    metadata.insert("resourceVersion".into(), json!(page.resource_version.to_string()));
+    metadata.insert(
+        "resourceVersion".into(),
+        json!(page.resource_version.to_string()),
+    );
     if let Some(token) = &page.continue_token {
         metadata.insert("continue".into(), json!(token));
     }
@@ -56,7 +59,11 @@ const TOKEN_VERSION: &str = "meta.k8s.io/v1";
 impl ContinueToken {
     /// A token for a page starting at `start`, read at `revision`.
     pub fn new(start: impl Into<String>, revision: u64) -> Self {
-        Self { version: TOKEN_VERSION.into(), revision, start: start.into() }
+        Self {
+            version: TOKEN_VERSION.into(),
+            revision,
+            start: start.into(),
+        }
     }
 
     /// The opaque form sent to clients: URL-safe base64 of the JSON.
@@ -67,13 +74,18 @@ impl ContinueToken {
     /// Parses a client's token; 400 when it is not one of ours. (A token whose revision was
     /// compacted is the store's to refuse, with [`StatusError::continue_expired`].)
     pub fn decode(token: &str) -> Result<Self, StatusError> {
-        let invalid = |why: &str| StatusError::bad_request(format!("continue key is not valid: {why}"));
+        let invalid =
+            |why: &str| StatusError::bad_request(format!("continue key is not valid: {why}"));
         let bytes = URL_SAFE_NO_PAD
             .decode(token.trim_end_matches('='))
             .map_err(|_| invalid("not base64"))?;
-        let parsed: Self = serde_json::from_slice(&bytes).map_err(|_| invalid("not a continue token"))?;
+        let parsed: Self =
+            serde_json::from_slice(&bytes).map_err(|_| invalid("not a continue token"))?;
         if parsed.version != TOKEN_VERSION {
-            return Err(invalid(&format!("incorrect encoded version {:?}", parsed.version)));
+            return Err(invalid(&format!(
+                "incorrect encoded version {:?}",
+                parsed.version
+            )));
         }
         if parsed.revision == 0 || parsed.start.is_empty() {
             return Err(invalid("incorrect encoded start resourceVersion"));
@@ -146,8 +158,18 @@ mod tests {
         };
         let list = list_document(&widget(), vec![json!({"a": 1})], &page);
         assert_eq!(list["kind"], "WidgetList");
-        assert_eq!(list["metadata"], json!({"resourceVersion": "7", "continue": "abc", "remainingItemCount": 3}));
-        let bare = list_document(&widget(), vec![], &ListPage { resource_version: 1, ..ListPage::default() });
+        assert_eq!(
+            list["metadata"],
+            json!({"resourceVersion": "7", "continue": "abc", "remainingItemCount": 3})
+        );
+        let bare = list_document(
+            &widget(),
+            vec![],
+            &ListPage {
+                resource_version: 1,
+                ..ListPage::default()
+            },
+        );
         assert_eq!(bare["metadata"], json!({"resourceVersion": "1"}));
         assert_eq!(bare["items"], json!([]));
     }
@@ -158,19 +180,30 @@ mod tests {
             assert_eq!(ContinueToken::decode(bad).expect_err(bad).code, 400);
         }
         let other_version = URL_SAFE_NO_PAD.encode(br#"{"v":"x","rv":1,"start":"a"}"#);
-        assert_eq!(ContinueToken::decode(&other_version).expect_err("version").code, 400);
+        assert_eq!(
+            ContinueToken::decode(&other_version)
+                .expect_err("version")
+                .code,
+            400
+        );
     }
 
     #[test]
     fn events_have_kube_shape() {
         let bookmark = bookmark_event(&widget(), 42);
-        assert_eq!(bookmark, json!({"type": "BOOKMARK", "object": {
+        assert_eq!(
+            bookmark,
+            json!({"type": "BOOKMARK", "object": {
             "kind": "Widget", "apiVersion": "tests.sluice.dev/v1",
-            "metadata": {"resourceVersion": "42"}}}));
+            "metadata": {"resourceVersion": "42"}}})
+        );
         let error = error_event(&StatusError::gone(3, 10));
         assert_eq!(error["object"]["code"], 410);
         assert_eq!(error["object"]["reason"], "Expired");
-        assert_eq!(error["object"]["message"], "too old resource version: 3 (10)");
+        assert_eq!(
+            error["object"]["message"],
+            "too old resource version: 3 (10)"
+        );
     }
 
     proptest! {

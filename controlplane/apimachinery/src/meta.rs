@@ -7,23 +7,31 @@ use std::time::SystemTime;
 use serde_json::{json, Map, Value};
 
 use crate::kind::KindSpec;
-use crate::names::{dns1123_label_error, dns1123_subdomain_error, label_key_error, label_value_error};
+use crate::names::{
+    dns1123_label_error, dns1123_subdomain_error, label_key_error, label_value_error,
+};
 use crate::status::{FieldError, StatusError};
 use crate::timestamp::format_rfc3339;
 
 /// The object's `metadata.name` ("" when absent).
 pub fn object_name(obj: &Value) -> &str {
-    obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("")
+    obj.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 /// The object's `metadata.namespace` ("" when absent).
 pub fn object_namespace(obj: &Value) -> &str {
-    obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("")
+    obj.pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 /// The object's `metadata.resourceVersion` ("" when absent).
 pub fn object_resource_version(obj: &Value) -> &str {
-    obj.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or("")
+    obj.pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 /// Sets `metadata.resourceVersion` to the store's revision (as a decimal string).
@@ -45,7 +53,9 @@ fn metadata_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
 /// 400 unless the body is an object of this kind's apiVersion and kind.
 fn check_type(spec: &KindSpec, obj: &Value) -> Result<(), StatusError> {
     if !obj.is_object() {
-        return Err(StatusError::bad_request("the request body must be a JSON object"));
+        return Err(StatusError::bad_request(
+            "the request body must be a JSON object",
+        ));
     }
     let expected_api_version = spec.api_version();
     let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
@@ -73,7 +83,10 @@ fn check_type(spec: &KindSpec, obj: &Value) -> Result<(), StatusError> {
 fn generated_suffix(uid: &str) -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let digest = sha2_digest(uid.as_bytes());
-    digest[..5].iter().map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char).collect()
+    digest[..5]
+        .iter()
+        .map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char)
+        .collect()
 }
 
 fn sha2_digest(bytes: &[u8]) -> [u8; 32] {
@@ -94,7 +107,11 @@ fn metadata_errors(obj: &Value) -> Vec<FieldError> {
                 match value.as_str() {
                     Some(text) => {
                         if let Some(reason) = label_value_error(text) {
-                            errors.push(FieldError::invalid("metadata.labels", json!(text), reason));
+                            errors.push(FieldError::invalid(
+                                "metadata.labels",
+                                json!(text),
+                                reason,
+                            ));
                         }
                     }
                     None => errors.push(FieldError::invalid(
@@ -105,12 +122,16 @@ fn metadata_errors(obj: &Value) -> Vec<FieldError> {
                 }
             }
         }
-        Some(other) => {
-            errors.push(FieldError::invalid("metadata.labels", other.clone(), "must be a map"))
-        }
+        Some(other) => errors.push(FieldError::invalid(
+            "metadata.labels",
+            other.clone(),
+            "must be a map",
+        )),
     }
     if let Some(annotations) = obj.pointer("/metadata/annotations") {
-        let all_strings = annotations.as_object().is_some_and(|m| m.values().all(Value::is_string));
+        let all_strings = annotations
+            .as_object()
+            .is_some_and(|m| m.values().all(Value::is_string));
         if !annotations.is_null() && !all_strings {
             errors.push(FieldError::invalid(
                 "metadata.annotations",
@@ -120,7 +141,9 @@ fn metadata_errors(obj: &Value) -> Vec<FieldError> {
         }
     }
     if let Some(finalizers) = obj.pointer("/metadata/finalizers") {
-        let all_strings = finalizers.as_array().is_some_and(|f| f.iter().all(Value::is_string));
+        let all_strings = finalizers
+            .as_array()
+            .is_some_and(|f| f.iter().all(Value::is_string));
         if !finalizers.is_null() && !all_strings {
             errors.push(FieldError::invalid(
                 "metadata.finalizers",
@@ -169,8 +192,7 @@ pub fn prepare_create(
         (false, _) => name,
         (true, false) => format!("{generate_name}{}", generated_suffix(uid)),
         (true, true) => {
-            let error =
-                FieldError::required("metadata.name", "name or generateName is required");
+            let error = FieldError::required("metadata.name", "name or generateName is required");
             return Err(StatusError::invalid(spec, "", &[error]));
         }
     };
@@ -193,7 +215,12 @@ pub fn prepare_create(
         meta.insert("uid".into(), json!(uid));
         meta.insert("creationTimestamp".into(), json!(format_rfc3339(now)));
         meta.insert("generation".into(), json!(1));
-        for server_only in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
+        for server_only in [
+            "resourceVersion",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+        ] {
             meta.remove(server_only);
         }
     }
@@ -259,7 +286,10 @@ fn check_update_identity(spec: &KindSpec, old: &Value, new: &Value) -> Result<()
             object_name(new)
         )));
     }
-    if spec.namespaced && !object_namespace(new).is_empty() && object_namespace(new) != object_namespace(old) {
+    if spec.namespaced
+        && !object_namespace(new).is_empty()
+        && object_namespace(new) != object_namespace(old)
+    {
         return Err(StatusError::bad_request(
             "the namespace of the provided object does not match the namespace sent on the request",
         ));
@@ -285,8 +315,14 @@ fn check_update_identity(spec: &KindSpec, old: &Value, new: &Value) -> Result<()
 }
 
 /// Keys of metadata only the server sets: an update keeps the stored values.
-const PRESERVED_ON_UPDATE: [&str; 6] =
-    ["uid", "creationTimestamp", "generation", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace"];
+const PRESERVED_ON_UPDATE: [&str; 6] = [
+    "uid",
+    "creationTimestamp",
+    "generation",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "namespace",
+];
 
 /// Prepares an update of the main resource: identity and resourceVersion checked, server-set
 /// metadata kept, `status` kept from `old` when it is a subresource, generation bumped only
@@ -302,7 +338,11 @@ pub fn prepare_update(spec: &KindSpec, old: &Value, new: Value) -> Result<Value,
             };
         }
     }
-    let old_meta = old.get("metadata").and_then(Value::as_object).cloned().unwrap_or_default();
+    let old_meta = old
+        .get("metadata")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
     let changed = generation_relevant(spec, old) != generation_relevant(spec, &obj);
     if let Some(meta) = metadata_mut(&mut obj) {
         for key in PRESERVED_ON_UPDATE {
@@ -311,8 +351,14 @@ pub fn prepare_update(spec: &KindSpec, old: &Value, new: Value) -> Result<Value,
                 None => meta.remove(key),
             };
         }
-        let generation = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(1);
-        meta.insert("generation".into(), json!(if changed { generation + 1 } else { generation }));
+        let generation = old_meta
+            .get("generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        meta.insert(
+            "generation".into(),
+            json!(if changed { generation + 1 } else { generation }),
+        );
     }
     if old.pointer("/metadata/deletionTimestamp").is_some() {
         let before = finalizers(old);
@@ -328,7 +374,11 @@ pub fn prepare_update(spec: &KindSpec, old: &Value, new: Value) -> Result<Value,
 }
 
 /// Prepares a status update: only `status` is taken from `new`; metadata and spec stay.
-pub fn prepare_status_update(spec: &KindSpec, old: &Value, new: Value) -> Result<Value, StatusError> {
+pub fn prepare_status_update(
+    spec: &KindSpec,
+    old: &Value,
+    new: Value,
+) -> Result<Value, StatusError> {
     check_update_identity(spec, old, &new)?;
     let mut obj = old.clone();
     if let Some(map) = obj.as_object_mut() {
@@ -343,7 +393,12 @@ pub fn prepare_status_update(spec: &KindSpec, old: &Value, new: Value) -> Result
 fn finalizers(obj: &Value) -> Vec<String> {
     obj.pointer("/metadata/finalizers")
         .and_then(Value::as_array)
-        .map(|list| list.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .map(|list| {
+            list.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
         .unwrap_or_default()
 }
 

@@ -54,7 +54,10 @@ fn create_refuses_bad_names_types_and_namespaces() {
     let mut bad_label = new_widget("a");
     bad_label["metadata"]["labels"] = json!({"a b": "c"});
     let error = prepare_create(&spec, bad_label, Some("default"), at(0), "u").expect_err("label");
-    assert_eq!(error.details.expect("details").causes[0].field, "metadata.labels");
+    assert_eq!(
+        error.details.expect("details").causes[0].field,
+        "metadata.labels"
+    );
 }
 
 #[test]
@@ -69,7 +72,10 @@ fn create_generates_names_and_clears_namespace_of_cluster_kinds() {
     assert!(name.starts_with("w-") && name.len() == 7, "{name}");
     assert!(created["metadata"].get("namespace").is_none());
     let error = prepare_create(&spec, new_widget(""), None, at(0), "u").expect_err("no name");
-    assert_eq!(error.details.expect("details").causes[0].reason, "FieldValueRequired");
+    assert_eq!(
+        error.details.expect("details").causes[0].reason,
+        "FieldValueRequired"
+    );
 }
 
 #[test]
@@ -81,17 +87,33 @@ fn update_keeps_identity_status_and_counts_generation() {
     new["metadata"]["creationTimestamp"] = json!("2000-01-01T00:00:00Z");
     new["status"] = json!({"ready": false});
     let updated = prepare_update(&spec, &old, new.clone()).expect("valid");
-    assert_eq!(updated["metadata"]["generation"], 1, "metadata only: no bump");
-    assert_eq!(updated["metadata"]["creationTimestamp"], "1970-01-01T00:00:00Z");
+    assert_eq!(
+        updated["metadata"]["generation"], 1,
+        "metadata only: no bump"
+    );
+    assert_eq!(
+        updated["metadata"]["creationTimestamp"],
+        "1970-01-01T00:00:00Z"
+    );
     assert!(updated.get("status").is_none(), "status is a subresource");
     new["spec"]["size"] = json!(2);
     let updated = prepare_update(&spec, &old, new.clone()).expect("valid");
     assert_eq!(updated["metadata"]["generation"], 2);
     new["metadata"]["resourceVersion"] = json!("4");
-    assert_eq!(prepare_update(&spec, &old, new.clone()).expect_err("stale").code, 409);
+    assert_eq!(
+        prepare_update(&spec, &old, new.clone())
+            .expect_err("stale")
+            .code,
+        409
+    );
     new["metadata"]["resourceVersion"] = json!("5");
     new["metadata"]["name"] = json!("b");
-    assert_eq!(prepare_update(&spec, &old, new.clone()).expect_err("rename").code, 400);
+    assert_eq!(
+        prepare_update(&spec, &old, new.clone())
+            .expect_err("rename")
+            .code,
+        400
+    );
     new["metadata"]["name"] = json!("a");
     new["metadata"]["uid"] = json!("other");
     assert_eq!(prepare_update(&spec, &old, new).expect_err("uid").code, 422);
@@ -120,14 +142,28 @@ fn delete_waits_for_finalizers() {
     let DeleteOutcome::MarkDeleting(marked) = begin_delete(&held, at(10)) else {
         panic!("finalizers hold the object");
     };
-    assert_eq!(marked["metadata"]["deletionTimestamp"], "1970-01-01T00:00:10Z");
-    assert_eq!(begin_delete(&marked, at(11)), DeleteOutcome::AlreadyDeleting);
+    assert_eq!(
+        marked["metadata"]["deletionTimestamp"],
+        "1970-01-01T00:00:10Z"
+    );
+    assert_eq!(
+        begin_delete(&marked, at(11)),
+        DeleteOutcome::AlreadyDeleting
+    );
     let mut more = marked.clone();
     more["metadata"]["finalizers"] = json!(["sluice.dev/cleanup", "new"]);
-    assert_eq!(prepare_update(&spec, &marked, more).expect_err("no new finalizers").code, 422);
+    assert_eq!(
+        prepare_update(&spec, &marked, more)
+            .expect_err("no new finalizers")
+            .code,
+        422
+    );
     let mut done = marked.clone();
     done["metadata"]["finalizers"] = json!([]);
     let updated = prepare_update(&spec, &marked, done).expect("valid");
     assert!(finalized(&updated));
-    assert_eq!(updated["metadata"]["deletionTimestamp"], "1970-01-01T00:00:10Z");
+    assert_eq!(
+        updated["metadata"]["deletionTimestamp"],
+        "1970-01-01T00:00:10Z"
+    );
 }

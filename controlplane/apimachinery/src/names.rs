@@ -9,7 +9,9 @@ pub fn dns1123_subdomain_error(name: &str) -> Option<String> {
         && name.split('.').all(|label| {
             let bytes = label.as_bytes();
             !bytes.is_empty()
-                && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+                && bytes
+                    .iter()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
                 && bytes[0] != b'-'
                 && bytes[bytes.len() - 1] != b'-'
         });
@@ -46,7 +48,9 @@ fn is_label_name_part(part: &str) -> bool {
     let bytes = part.as_bytes();
     !bytes.is_empty()
         && bytes.len() <= 63
-        && bytes.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
         && bytes[0].is_ascii_alphanumeric()
         && bytes[bytes.len() - 1].is_ascii_alphanumeric()
 }

@@ -21,8 +21,10 @@ use crate::kind::{KindSpec, Registry};
 use crate::openapi_meta::{meta_schemas, META, OBJECT_META};
 
 /// The patch content types the server accepts (and advertises in the PATCH operations).
-pub const PATCH_CONTENT_TYPES: [&str; 2] =
-    ["application/json-patch+json", "application/merge-patch+json"];
+pub const PATCH_CONTENT_TYPES: [&str; 2] = [
+    "application/json-patch+json",
+    "application/merge-patch+json",
+];
 
 /// The `paths` key of a group version in the index (`apis/<group>/<version>`).
 pub fn group_version_key(group: &str, version: &str) -> String {
@@ -86,7 +88,10 @@ fn kind_schema(spec: &KindSpec) -> Value {
     let mut properties = Map::new();
     properties.insert("apiVersion".into(), json!({"type": "string"}));
     properties.insert("kind".into(), json!({"type": "string"}));
-    properties.insert("metadata".into(), json!({"allOf": [schema_ref(OBJECT_META)]}));
+    properties.insert(
+        "metadata".into(),
+        json!({"allOf": [schema_ref(OBJECT_META)]}),
+    );
     if let Some(Value::Object(own)) = spec.schema.get("properties") {
         properties.extend(own.clone());
     }
@@ -128,8 +133,16 @@ fn query_param(name: &str, description: &str, schema_type: &str) -> Value {
 
 fn write_params() -> Vec<Value> {
     vec![
-        query_param("dryRun", "When present, modifications are not persisted.", "string"),
-        query_param("fieldManager", "Name of the actor making the change.", "string"),
+        query_param(
+            "dryRun",
+            "When present, modifications are not persisted.",
+            "string",
+        ),
+        query_param(
+            "fieldManager",
+            "Name of the actor making the change.",
+            "string",
+        ),
         query_param(
             "fieldValidation",
             "Ignore, Warn or Strict: how unknown or duplicate fields are handled.",
@@ -141,11 +154,23 @@ fn write_params() -> Vec<Value> {
 fn list_params() -> Vec<Value> {
     vec![
         query_param("allowWatchBookmarks", "Ask for BOOKMARK events.", "boolean"),
-        query_param("continue", "The continue token of the previous page.", "string"),
-        query_param("fieldSelector", "metadata.name and metadata.namespace.", "string"),
+        query_param(
+            "continue",
+            "The continue token of the previous page.",
+            "string",
+        ),
+        query_param(
+            "fieldSelector",
+            "metadata.name and metadata.namespace.",
+            "string",
+        ),
         query_param("labelSelector", "Label selector.", "string"),
         query_param("limit", "Maximum number of items in a page.", "integer"),
-        query_param("resourceVersion", "Read or watch from this version.", "string"),
+        query_param(
+            "resourceVersion",
+            "Read or watch from this version.",
+            "string",
+        ),
         query_param("timeoutSeconds", "Watch timeout.", "integer"),
         query_param("watch", "Watch instead of list.", "boolean"),
     ]
@@ -208,29 +233,38 @@ fn add_kind_paths(spec: &KindSpec, paths: &mut Map<String, Value>) {
     let json_body: &[&str] = &["application/json"];
 
     let list_op = |op_id: String| {
-        operation(spec, Operation {
-            action: "list",
-            description: format!("list or watch objects of kind {}", spec.kind),
-            operation_id: op_id,
-            parameters: list_params(),
-            body_types: &[],
-            body_schema: Value::Null,
-            response_schema: list.clone(),
-        })
+        operation(
+            spec,
+            Operation {
+                action: "list",
+                description: format!("list or watch objects of kind {}", spec.kind),
+                operation_id: op_id,
+                parameters: list_params(),
+                body_types: &[],
+                body_schema: Value::Null,
+                response_schema: list.clone(),
+            },
+        )
     };
     if spec.namespaced {
         let all = format!("{base}/{}", spec.plural);
-        paths.insert(all, json!({"get": list_op(id.verb("list", "ForAllNamespaces"))}));
+        paths.insert(
+            all,
+            json!({"get": list_op(id.verb("list", "ForAllNamespaces"))}),
+        );
     }
-    let create = operation(spec, Operation {
-        action: "post",
-        description: format!("create a {}", spec.kind),
-        operation_id: id.verb("create", ""),
-        parameters: write_params(),
-        body_types: json_body,
-        body_schema: object.clone(),
-        response_schema: object.clone(),
-    });
+    let create = operation(
+        spec,
+        Operation {
+            action: "post",
+            description: format!("create a {}", spec.kind),
+            operation_id: id.verb("create", ""),
+            parameters: write_params(),
+            body_types: json_body,
+            body_schema: object.clone(),
+            response_schema: object.clone(),
+        },
+    );
     let mut collection = json!({"get": list_op(id.verb("list", "")), "post": create});
     collection["parameters"] = json!(scope_params.clone());
     paths.insert(scoped.clone(), collection);
@@ -238,10 +272,16 @@ fn add_kind_paths(spec: &KindSpec, paths: &mut Map<String, Value>) {
     let mut item_params = vec![path_param("name")];
     item_params.extend(scope_params);
     let item = item_operations(spec, &id, "", &object);
-    paths.insert(format!("{scoped}/{{name}}"), with_params(item, &item_params));
+    paths.insert(
+        format!("{scoped}/{{name}}"),
+        with_params(item, &item_params),
+    );
     if spec.status_subresource {
         let status = item_operations(spec, &id, "Status", &object);
-        paths.insert(format!("{scoped}/{{name}}/status"), with_params(status, &item_params));
+        paths.insert(
+            format!("{scoped}/{{name}}/status"),
+            with_params(status, &item_params),
+        );
     }
 }
 
@@ -252,47 +292,63 @@ fn with_params(mut path: Value, params: &[Value]) -> Value {
 
 /// get/put/patch (and delete on the main resource) of `{name}` or `{name}/status`.
 fn item_operations(spec: &KindSpec, id: &OperationIds, suffix: &str, object: &Value) -> Value {
-    let what = if suffix.is_empty() { String::new() } else { format!(" status of") };
-    let get = operation(spec, Operation {
-        action: "get",
-        description: format!("read the{what} specified {}", spec.kind),
-        operation_id: id.verb("read", suffix),
-        parameters: vec![],
-        body_types: &[],
-        body_schema: Value::Null,
-        response_schema: object.clone(),
-    });
-    let put = operation(spec, Operation {
-        action: "put",
-        description: format!("replace the{what} specified {}", spec.kind),
-        operation_id: id.verb("replace", suffix),
-        parameters: write_params(),
-        body_types: &["application/json"],
-        body_schema: object.clone(),
-        response_schema: object.clone(),
-    });
+    let what = if suffix.is_empty() {
+        String::new()
+    } else {
+        " status of".to_string()
+    };
+    let get = operation(
+        spec,
+        Operation {
+            action: "get",
+            description: format!("read the{what} specified {}", spec.kind),
+            operation_id: id.verb("read", suffix),
+            parameters: vec![],
+            body_types: &[],
+            body_schema: Value::Null,
+            response_schema: object.clone(),
+        },
+    );
+    let put = operation(
+        spec,
+        Operation {
+            action: "put",
+            description: format!("replace the{what} specified {}", spec.kind),
+            operation_id: id.verb("replace", suffix),
+            parameters: write_params(),
+            body_types: &["application/json"],
+            body_schema: object.clone(),
+            response_schema: object.clone(),
+        },
+    );
     let mut patch_params = write_params();
     patch_params.push(query_param("force", "Only for apply patches.", "boolean"));
-    let patch = operation(spec, Operation {
-        action: "patch",
-        description: format!("partially update the{what} specified {}", spec.kind),
-        operation_id: id.verb("patch", suffix),
-        parameters: patch_params,
-        body_types: &PATCH_CONTENT_TYPES,
-        body_schema: schema_ref(&format!("{META}.Patch")),
-        response_schema: object.clone(),
-    });
+    let patch = operation(
+        spec,
+        Operation {
+            action: "patch",
+            description: format!("partially update the{what} specified {}", spec.kind),
+            operation_id: id.verb("patch", suffix),
+            parameters: patch_params,
+            body_types: &PATCH_CONTENT_TYPES,
+            body_schema: schema_ref(&format!("{META}.Patch")),
+            response_schema: object.clone(),
+        },
+    );
     let mut ops = json!({"get": get, "put": put, "patch": patch});
     if suffix.is_empty() {
-        ops["delete"] = operation(spec, Operation {
-            action: "delete",
-            description: format!("delete a {}", spec.kind),
-            operation_id: id.verb("delete", ""),
-            parameters: vec![query_param("dryRun", "Do not persist.", "string")],
-            body_types: &["application/json"],
-            body_schema: schema_ref(&format!("{META}.DeleteOptions")),
-            response_schema: schema_ref(&format!("{META}.Status")),
-        });
+        ops["delete"] = operation(
+            spec,
+            Operation {
+                action: "delete",
+                description: format!("delete a {}", spec.kind),
+                operation_id: id.verb("delete", ""),
+                parameters: vec![query_param("dryRun", "Do not persist.", "string")],
+                body_types: &["application/json"],
+                body_schema: schema_ref(&format!("{META}.DeleteOptions")),
+                response_schema: schema_ref(&format!("{META}.Status")),
+            },
+        );
     }
     ops
 }
@@ -312,7 +368,10 @@ impl OperationIds {
             .map(capitalize)
             .collect();
         let scope = if spec.namespaced { "Namespaced" } else { "" };
-        Self { group_version, scoped_kind: format!("{scope}{}", spec.kind) }
+        Self {
+            group_version,
+            scoped_kind: format!("{scope}{}", spec.kind),
+        }
     }
 
     fn verb(&self, verb: &str, suffix: &str) -> String {
@@ -340,12 +399,16 @@ mod tests {
     /// What `supportsQueryParamV3` does: a PATCH operation with the GVK object and a
     /// `fieldValidation` query parameter.
     fn kubectl_finds_field_validation(doc: &Value, gvk: &Value) -> bool {
-        let Some(paths) = doc["paths"].as_object() else { return false };
+        let Some(paths) = doc["paths"].as_object() else {
+            return false;
+        };
         paths.values().any(|path| {
             let patch = &path["patch"];
             patch["x-kubernetes-group-version-kind"] == *gvk
                 && patch["parameters"].as_array().is_some_and(|params| {
-                    params.iter().any(|p| p["name"] == "fieldValidation" && p["in"] == "query")
+                    params
+                        .iter()
+                        .any(|p| p["name"] == "fieldValidation" && p["in"] == "query")
                 })
         })
     }
@@ -357,12 +420,20 @@ mod tests {
         let gvk = json!({"group": "tests.sluice.dev", "version": "v1", "kind": "Widget"});
         assert!(kubectl_finds_field_validation(&doc, &gvk));
         let item = &doc["paths"]["/apis/tests.sluice.dev/v1/namespaces/{namespace}/widgets/{name}"];
-        let content = item["patch"]["requestBody"]["content"].as_object().expect("content");
+        let content = item["patch"]["requestBody"]["content"]
+            .as_object()
+            .expect("content");
         assert!(!content.contains_key("application/strategic-merge-patch+json"));
         assert!(content.contains_key("application/merge-patch+json"));
-        assert_eq!(item["patch"]["operationId"], "patchTestsSluiceDevV1NamespacedWidget");
+        assert_eq!(
+            item["patch"]["operationId"],
+            "patchTestsSluiceDevV1NamespacedWidget"
+        );
         let schema = &doc["components"]["schemas"]["dev.sluice.tests.v1.Widget"];
-        assert_eq!(schema["x-kubernetes-group-version-kind"][0]["kind"], "Widget");
+        assert_eq!(
+            schema["x-kubernetes-group-version-kind"][0]["kind"],
+            "Widget"
+        );
         assert!(doc["components"]["schemas"][OBJECT_META]["properties"]["labels"].is_object());
     }
 
@@ -374,6 +445,12 @@ mod tests {
             .as_str()
             .expect("url");
         let doc = openapi_document(&registry, "tests.sluice.dev", "v1");
-        assert_eq!(url, format!("/openapi/v3/apis/tests.sluice.dev/v1?hash={}", document_hash(&doc)));
+        assert_eq!(
+            url,
+            format!(
+                "/openapi/v3/apis/tests.sluice.dev/v1?hash={}",
+                document_hash(&doc)
+            )
+        );
     }
 }

@@ -71,19 +71,32 @@ impl Walker {
         }
         if let Some(expected) = schema.get("type").and_then(Value::as_str) {
             if !type_matches(expected, value) {
-                let detail = format!("{path} in body must be of type {expected}: {:?}", type_name(value));
-                self.errors.push(FieldError::invalid(path, json!(type_name(value)), detail));
+                let detail = format!(
+                    "{path} in body must be of type {expected}: {:?}",
+                    type_name(value)
+                );
+                self.errors
+                    .push(FieldError::invalid(path, json!(type_name(value)), detail));
                 return;
             }
         }
         if let Some(allowed) = schema.get("enum").and_then(Value::as_array) {
             if !allowed.contains(value) {
-                let names: Vec<String> = allowed.iter().map(|v| v.as_str().map_or(v.to_string(), str::to_string)).collect();
+                let names: Vec<String> = allowed
+                    .iter()
+                    .map(|v| v.as_str().map_or(v.to_string(), str::to_string))
+                    .collect();
                 let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                self.errors.push(FieldError::not_supported(path, value.clone(), &names));
+                self.errors
+                    .push(FieldError::not_supported(path, value.clone(), &names));
             }
         }
-        for nested in schema.get("allOf").and_then(Value::as_array).into_iter().flatten() {
+        for nested in schema
+            .get("allOf")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             self.walk(nested, value, path);
         }
         match value {
@@ -100,10 +113,16 @@ impl Walker {
     }
 
     fn walk_object(&mut self, schema: &Value, map: &serde_json::Map<String, Value>, path: &str) {
-        for required in schema.get("required").and_then(Value::as_array).into_iter().flatten() {
+        for required in schema
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             if let Some(key) = required.as_str() {
                 if map.get(key).is_none_or(Value::is_null) {
-                    self.errors.push(FieldError::required(child_path(path, key), ""));
+                    self.errors
+                        .push(FieldError::required(child_path(path, key), ""));
                 }
             }
         }
@@ -117,7 +136,10 @@ impl Walker {
                 self.walk(property, value, &field);
             } else if let Some(additional) = additional {
                 self.walk(additional, value, &field);
-            } else if !preserve && !has_all_of && (properties.is_some() || schema.get("type") == Some(&json!("object"))) {
+            } else if !preserve
+                && !has_all_of
+                && (properties.is_some() || schema.get("type") == Some(&json!("object")))
+            {
                 self.unknown.push(field);
             }
         }
@@ -126,14 +148,20 @@ impl Walker {
 
 /// The schema errors of an object (types, required fields, enums) with kube's field paths.
 pub fn schema_errors(spec: &KindSpec, obj: &Value) -> Vec<FieldError> {
-    let mut walker = Walker { errors: Vec::new(), unknown: Vec::new() };
+    let mut walker = Walker {
+        errors: Vec::new(),
+        unknown: Vec::new(),
+    };
     walker.walk(&object_schema(spec), obj, "");
     walker.errors
 }
 
 /// The paths of fields the schema does not know (`spec.sizee`), in document order.
 pub fn unknown_fields(spec: &KindSpec, obj: &Value) -> Vec<String> {
-    let mut walker = Walker { errors: Vec::new(), unknown: Vec::new() };
+    let mut walker = Walker {
+        errors: Vec::new(),
+        unknown: Vec::new(),
+    };
     walker.walk(&object_schema(spec), obj, "");
     walker.unknown
 }
@@ -145,7 +173,12 @@ pub fn prune_unknown_fields(spec: &KindSpec, obj: &mut Value) {
 }
 
 fn prune(schema: &Value, value: &mut Value) {
-    for nested in schema.get("allOf").and_then(Value::as_array).into_iter().flatten() {
+    for nested in schema
+        .get("allOf")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         prune(nested, value);
     }
     match value {
@@ -204,12 +237,18 @@ impl FieldValidation {
     /// `strict decoding error: unknown field "spec.x"` as kube-apiserver answers.
     pub fn check(self, spec: &KindSpec, obj: &Value) -> Result<Vec<String>, StatusError> {
         let unknown = unknown_fields(spec, obj);
-        let messages: Vec<String> = unknown.iter().map(|f| format!("unknown field {f:?}")).collect();
+        let messages: Vec<String> = unknown
+            .iter()
+            .map(|f| format!("unknown field {f:?}"))
+            .collect();
         match self {
             Self::Ignore => Ok(Vec::new()),
             Self::Warn => Ok(messages),
             Self::Strict if messages.is_empty() => Ok(Vec::new()),
-            Self::Strict => Err(StatusError::bad_request(format!("strict decoding error: {}", messages.join(", ")))),
+            Self::Strict => Err(StatusError::bad_request(format!(
+                "strict decoding error: {}",
+                messages.join(", ")
+            ))),
         }
     }
 }
@@ -235,15 +274,34 @@ mod tests {
         let mut meta_typo = obj(json!({}));
         meta_typo["metadata"]["lables"] = json!({});
         assert_eq!(unknown_fields(&spec, &meta_typo), ["metadata.lables"]);
-        let error = FieldValidation::Strict.check(&spec, &typo).expect_err("strict");
-        assert_eq!(error.message, "strict decoding error: unknown field \"spec.sise\"");
-        assert_eq!(FieldValidation::Warn.check(&spec, &typo), Ok(vec!["unknown field \"spec.sise\"".to_string()]));
-        assert_eq!(FieldValidation::parse(Some("Strict")), Ok(FieldValidation::Strict));
-        assert_eq!(FieldValidation::parse(Some("strict")).expect_err("case").code, 400);
+        let error = FieldValidation::Strict
+            .check(&spec, &typo)
+            .expect_err("strict");
+        assert_eq!(
+            error.message,
+            "strict decoding error: unknown field \"spec.sise\""
+        );
+        assert_eq!(
+            FieldValidation::Warn.check(&spec, &typo),
+            Ok(vec!["unknown field \"spec.sise\"".to_string()])
+        );
+        assert_eq!(
+            FieldValidation::parse(Some("Strict")),
+            Ok(FieldValidation::Strict)
+        );
+        assert_eq!(
+            FieldValidation::parse(Some("strict"))
+                .expect_err("case")
+                .code,
+            400
+        );
         let mut pruned = typo.clone();
         prune_unknown_fields(&spec, &mut pruned);
         assert_eq!(pruned["spec"], json!({}));
-        assert_eq!(pruned["status"], typo["status"], "status preserves unknown fields");
+        assert_eq!(
+            pruned["status"], typo["status"],
+            "status preserves unknown fields"
+        );
         assert_eq!(pruned["metadata"]["labels"], json!({"x": "y"}));
     }
 
@@ -253,11 +311,20 @@ mod tests {
         let errors = schema_errors(&spec, &obj(json!({"size": "big"})));
         assert_eq!(errors.len(), 1);
         assert_eq!(errors[0].field, "spec.size");
-        assert_eq!(errors[0].body(), "Invalid value: \"string\": spec.size in body must be of type integer: \"string\"");
+        assert_eq!(
+            errors[0].body(),
+            "Invalid value: \"string\": spec.size in body must be of type integer: \"string\""
+        );
         assert!(schema_errors(&spec, &obj(json!({"size": 3}))).is_empty());
         let mut bad_owner = obj(json!({}));
         bad_owner["metadata"]["ownerReferences"][0] = json!({"kind": "K"});
-        let fields: Vec<String> = schema_errors(&spec, &bad_owner).into_iter().map(|e| e.field).collect();
-        assert!(fields.contains(&"metadata.ownerReferences[0].uid".to_string()), "{fields:?}");
+        let fields: Vec<String> = schema_errors(&spec, &bad_owner)
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert!(
+            fields.contains(&"metadata.ownerReferences[0].uid".to_string()),
+            "{fields:?}"
+        );
     }
 }

@@ -34,8 +34,12 @@ impl LabelRequirement {
             Self::NotExists(key) => get(key).is_none(),
             Self::In(key, values) => get(key).is_some_and(|v| values.contains(v)),
             Self::NotIn(key, values) => get(key).is_none_or(|v| !values.contains(v)),
-            Self::GreaterThan(key, n) => get(key).and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v > *n),
-            Self::LessThan(key, n) => get(key).and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v < *n),
+            Self::GreaterThan(key, n) => get(key)
+                .and_then(|v| v.parse::<i64>().ok())
+                .is_some_and(|v| v > *n),
+            Self::LessThan(key, n) => get(key)
+                .and_then(|v| v.parse::<i64>().ok())
+                .is_some_and(|v| v < *n),
         }
     }
 }
@@ -89,7 +93,9 @@ impl<'a> Cursor<'a> {
     fn word(&mut self) -> &'a str {
         self.skip_spaces();
         let rest = &self.text[self.at..];
-        let end = rest.find([' ', ',', '=', '!', '(', ')', '<', '>']).unwrap_or(rest.len());
+        let end = rest
+            .find([' ', ',', '=', '!', '(', ')', '<', '>'])
+            .unwrap_or(rest.len());
         self.at += end;
         &rest[..end]
     }
@@ -151,8 +157,14 @@ fn parse_requirement(cursor: &mut Cursor<'_>) -> Result<LabelRequirement, String
     if cursor.eat(">") || cursor.eat("<") {
         let greater = cursor.text[..cursor.at].ends_with('>');
         let word = cursor.word();
-        let n: i64 = word.parse().map_err(|_| format!("for 'Gt', 'Lt' operators, the value must be an integer, found {word:?}"))?;
-        return Ok(if greater { LabelRequirement::GreaterThan(key, n) } else { LabelRequirement::LessThan(key, n) });
+        let n: i64 = word.parse().map_err(|_| {
+            format!("for 'Gt', 'Lt' operators, the value must be an integer, found {word:?}")
+        })?;
+        return Ok(if greater {
+            LabelRequirement::GreaterThan(key, n)
+        } else {
+            LabelRequirement::LessThan(key, n)
+        });
     }
     let checkpoint = cursor.at;
     match cursor.word() {
@@ -233,10 +245,16 @@ impl FieldSelector {
                 "metadata.name" => SelectableField::Name,
                 "metadata.namespace" => SelectableField::Namespace,
                 other => {
-                    return Err(StatusError::bad_request(format!("field label not supported: {other}")))
+                    return Err(StatusError::bad_request(format!(
+                        "field label not supported: {other}"
+                    )))
                 }
             };
-            requirements.push(FieldRequirement { field, negated, value: unescape(value.trim()) });
+            requirements.push(FieldRequirement {
+                field,
+                negated,
+                value: unescape(value.trim()),
+            });
         }
         Ok(Self { requirements })
     }

@@ -23,12 +23,24 @@ fn label_operators() {
     assert!(!matches("!app"));
     assert!(matches("n>4,n<6"));
     assert!(!matches("sluice.dev/role=gateway"));
-    assert!(!LabelSelector::parse("app").expect("exists").matches(&labelled(json!(null))));
+    assert!(!LabelSelector::parse("app")
+        .expect("exists")
+        .matches(&labelled(json!(null))));
 }
 
 #[test]
 fn label_parse_errors_are_bad_requests() {
-    for bad in ["app=", "a b", "app in web", "app in (web", "=x", "app=x,", "app=x y", "n>x", "a=b=c"] {
+    for bad in [
+        "app=",
+        "a b",
+        "app in web",
+        "app in (web",
+        "=x",
+        "app=x,",
+        "app=x y",
+        "n>x",
+        "a=b=c",
+    ] {
         let parsed = LabelSelector::parse(bad);
         if bad == "app=" {
             // An empty value is a valid label value: `app=` selects app="".
@@ -37,7 +49,11 @@ fn label_parse_errors_are_bad_requests() {
         }
         let error = parsed.expect_err(bad);
         assert_eq!(error.code, 400, "{bad}");
-        assert!(error.message.contains("unable to parse requirement"), "{}", error.message);
+        assert!(
+            error.message.contains("unable to parse requirement"),
+            "{}",
+            error.message
+        );
     }
 }
 
@@ -48,10 +64,18 @@ fn field_selectors() {
     assert!(matches("metadata.name=a"));
     assert!(matches("metadata.name==a,metadata.namespace!=other"));
     assert!(!matches("metadata.namespace=other"));
-    assert_eq!(FieldSelector::parse("metadata.name=a").expect("ok").exact_name(), Some("a"));
+    assert_eq!(
+        FieldSelector::parse("metadata.name=a")
+            .expect("ok")
+            .exact_name(),
+        Some("a")
+    );
     let error = FieldSelector::parse("spec.size=1").expect_err("unsupported");
     assert_eq!(error.message, "field label not supported: spec.size");
-    assert_eq!(FieldSelector::parse("nonsense").expect_err("syntax").code, 400);
+    assert_eq!(
+        FieldSelector::parse("nonsense").expect_err("syntax").code,
+        400
+    );
     let escaped = FieldSelector::parse(r"metadata.name=a\,b").expect("escaped comma");
     assert_eq!(escaped.requirements[0].value, "a,b");
 }

@@ -128,12 +128,20 @@ pub struct FieldError {
 impl FieldError {
     /// A missing required field.
     pub fn required(field: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self { field: field.into(), kind: FieldErrorKind::Required, detail: detail.into() }
+        Self {
+            field: field.into(),
+            kind: FieldErrorKind::Required,
+            detail: detail.into(),
+        }
     }
 
     /// A wrong value.
     pub fn invalid(field: impl Into<String>, value: Value, detail: impl Into<String>) -> Self {
-        Self { field: field.into(), kind: FieldErrorKind::Invalid(value), detail: detail.into() }
+        Self {
+            field: field.into(),
+            kind: FieldErrorKind::Invalid(value),
+            detail: detail.into(),
+        }
     }
 
     /// A value that is not one of `supported`.
@@ -148,12 +156,20 @@ impl FieldError {
 
     /// A value repeated in a list.
     pub fn duplicate(field: impl Into<String>, value: Value) -> Self {
-        Self { field: field.into(), kind: FieldErrorKind::Duplicate(value), detail: String::new() }
+        Self {
+            field: field.into(),
+            kind: FieldErrorKind::Duplicate(value),
+            detail: String::new(),
+        }
     }
 
     /// A field that may not be set or changed.
     pub fn forbidden(field: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self { field: field.into(), kind: FieldErrorKind::Forbidden, detail: detail.into() }
+        Self {
+            field: field.into(),
+            kind: FieldErrorKind::Forbidden,
+            detail: detail.into(),
+        }
     }
 
     /// The cause's `reason` (`field.ErrorType` string).
@@ -242,13 +258,18 @@ pub struct StatusError {
     /// Human-readable message (what kubectl prints after "Error from server (Reason):").
     pub message: String,
     /// What the error is about; `None` renders no `details` key.
-    pub details: Option<StatusDetails>,
+    pub details: Option<Box<StatusDetails>>,
 }
 
 impl StatusError {
     /// An error with a reason and message and no details.
     pub fn new(reason: StatusReason, message: impl Into<String>) -> Self {
-        Self { code: reason.code(), reason, message: message.into(), details: None }
+        Self {
+            code: reason.code(),
+            reason,
+            message: message.into(),
+            details: None,
+        }
     }
 
     fn about(spec: &KindSpec, name: &str, reason: StatusReason, message: String) -> Self {
@@ -258,7 +279,10 @@ impl StatusError {
             kind: spec.plural.clone(),
             ..StatusDetails::default()
         };
-        Self { details: Some(details), ..Self::new(reason, message) }
+        Self {
+            details: Some(Box::new(details)),
+            ..Self::new(reason, message)
+        }
     }
 
     /// 404 `widgets.tests.sluice.dev "a" not found`.
@@ -298,7 +322,10 @@ impl StatusError {
             [only] => format!("{qualified_kind} {name:?} is invalid: {only}"),
             many => {
                 let parts: Vec<String> = many.iter().map(ToString::to_string).collect();
-                format!("{qualified_kind} {name:?} is invalid: [{}]", parts.join(", "))
+                format!(
+                    "{qualified_kind} {name:?} is invalid: [{}]",
+                    parts.join(", ")
+                )
             }
         };
         let causes = errors
@@ -316,7 +343,10 @@ impl StatusError {
             causes,
             retry_after_seconds: None,
         };
-        Self { details: Some(details), ..Self::new(StatusReason::Invalid, message) }
+        Self {
+            details: Some(Box::new(details)),
+            ..Self::new(StatusReason::Invalid, message)
+        }
     }
 
     /// 400 BadRequest.
@@ -360,8 +390,10 @@ impl StatusError {
 
     /// 406 listing what can be served (`negotiation.NewNotAcceptableError`).
     pub fn not_acceptable(served: &[&str]) -> Self {
-        let message =
-            format!("only the following media types are accepted: {}", served.join(", "));
+        let message = format!(
+            "only the following media types are accepted: {}",
+            served.join(", ")
+        );
         Self::new(StatusReason::NotAcceptable, message)
     }
 
@@ -378,7 +410,10 @@ impl StatusError {
 
     /// 500 for a failure that is the server's fault.
     pub fn internal(message: impl std::fmt::Display) -> Self {
-        Self::new(StatusReason::InternalError, format!("Internal error occurred: {message}"))
+        Self::new(
+            StatusReason::InternalError,
+            format!("Internal error occurred: {message}"),
+        )
     }
 
     /// Whether a client may retry the same request (see [`StatusReason::retryable`]).
@@ -407,7 +442,11 @@ impl StatusError {
 /// `details` omits empty fields (`omitempty` on every StatusDetails field).
 fn details_json(details: &StatusDetails) -> Value {
     let mut out = Map::new();
-    for (key, value) in [("name", &details.name), ("group", &details.group), ("kind", &details.kind)] {
+    for (key, value) in [
+        ("name", &details.name),
+        ("group", &details.group),
+        ("kind", &details.kind),
+    ] {
         if !value.is_empty() {
             out.insert(key.into(), json!(value));
         }
@@ -465,26 +504,48 @@ mod tests {
         );
         let json = error.to_json();
         assert_eq!(json["details"]["kind"], "Widget");
-        assert_eq!(json["details"]["causes"][0], json!({"reason": "FieldValueInvalid",
-            "message": "Invalid value: \"x\": must be host:port", "field": "spec.servers[0].endpoint"}));
+        assert_eq!(
+            json["details"]["causes"][0],
+            json!({"reason": "FieldValueInvalid",
+            "message": "Invalid value: \"x\": must be host:port", "field": "spec.servers[0].endpoint"})
+        );
         let single = StatusError::invalid(&widget(), "a", &errors[1..]);
-        assert_eq!(single.message, "Widget.tests.sluice.dev \"a\" is invalid: spec.name: Required value");
+        assert_eq!(
+            single.message,
+            "Widget.tests.sluice.dev \"a\" is invalid: spec.name: Required value"
+        );
     }
 
     #[test]
     fn codes_and_retries() {
         let conflict = StatusError::conflict(&widget(), "a");
         assert_eq!((conflict.code, conflict.retryable()), (409, true));
-        assert!(conflict.message.starts_with("Operation cannot be fulfilled on widgets.tests.sluice.dev \"a\""));
+        assert!(conflict
+            .message
+            .starts_with("Operation cannot be fulfilled on widgets.tests.sluice.dev \"a\""));
         let gone = StatusError::gone(1, 5);
-        assert_eq!((gone.code, gone.reason.as_str(), gone.retryable()), (410, "Expired", false));
-        assert_eq!(StatusError::already_exists(&widget(), "a").to_json()["reason"], "AlreadyExists");
+        assert_eq!(
+            (gone.code, gone.reason.as_str(), gone.retryable()),
+            (410, "Expired", false)
+        );
+        assert_eq!(
+            StatusError::already_exists(&widget(), "a").to_json()["reason"],
+            "AlreadyExists"
+        );
         assert_eq!(StatusError::not_acceptable(&["application/json"]).code, 406);
-        assert_eq!(StatusError::internal("disk").message, "Internal error occurred: disk");
+        assert_eq!(
+            StatusError::internal("disk").message,
+            "Internal error occurred: disk"
+        );
         assert!(!StatusError::bad_request("x").retryable());
         let forbidden = StatusError::forbidden(&widget(), "a", "gw", "delete");
         assert_eq!(forbidden.code, 403);
-        assert!(forbidden.message.contains("cannot delete resource \"widgets\" in API group \"tests.sluice.dev\""));
-        assert!(StatusError::new(StatusReason::TooManyRequests, "slow").to_json().get("details").is_none());
+        assert!(forbidden
+            .message
+            .contains("cannot delete resource \"widgets\" in API group \"tests.sluice.dev\""));
+        assert!(StatusError::new(StatusReason::TooManyRequests, "slow")
+            .to_json()
+            .get("details")
+            .is_none());
     }
 }

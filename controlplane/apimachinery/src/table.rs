@@ -54,12 +54,17 @@ pub fn negotiate(accept: Option<&str>) -> Result<ResponseFormat, StatusError> {
     for alternative in accept.split(',') {
         let mut parts = alternative.split(';').map(str::trim);
         let media_type = parts.next().unwrap_or("").to_ascii_lowercase();
-        if !matches!(media_type.as_str(), "application/json" | "application/*" | "*/*") {
+        if !matches!(
+            media_type.as_str(),
+            "application/json" | "application/*" | "*/*"
+        ) {
             continue;
         }
         let mut params = (None, None, None);
         for param in parts {
-            let Some((key, value)) = param.split_once('=') else { continue };
+            let Some((key, value)) = param.split_once('=') else {
+                continue;
+            };
             let value = value.trim().trim_matches('"');
             match key.trim() {
                 "as" => params.0 = Some(value),
@@ -141,7 +146,11 @@ fn column_definitions(spec: &KindSpec) -> Vec<Value> {
 /// Follows a simple path like `.spec.servers` or `.status.conditions[0].type`.
 pub fn lookup_path<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
     let mut current = obj;
-    for segment in path.trim_start_matches('.').split('.').filter(|s| !s.is_empty()) {
+    for segment in path
+        .trim_start_matches('.')
+        .split('.')
+        .filter(|s| !s.is_empty())
+    {
         let (field, indexes) = match segment.find('[') {
             Some(at) => (&segment[..at], &segment[at..]),
             None => (segment, ""),
@@ -160,7 +169,9 @@ pub fn lookup_path<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
 /// A cell as kube's CRD table convertor renders it: strings as is, dates as ages, lists and
 /// maps as compact JSON, missing as null (kubectl prints `<none>`).
 fn cell(column: &PrinterColumn, obj: &Value, now: SystemTime) -> Value {
-    let Some(value) = lookup_path(obj, &column.json_path) else { return Value::Null };
+    let Some(value) = lookup_path(obj, &column.json_path) else {
+        return Value::Null;
+    };
     if column.column_type == "date" {
         if let Some(at) = value.as_str().and_then(parse_rfc3339) {
             return json!(human_age(at, now));
@@ -174,7 +185,11 @@ fn cell(column: &PrinterColumn, obj: &Value, now: SystemTime) -> Value {
 
 fn row(spec: &KindSpec, obj: &Value, options: &TableOptions) -> Value {
     let mut cells = vec![json!(crate::meta::object_name(obj))];
-    cells.extend(spec.printer_columns.iter().map(|c| cell(c, obj, options.now)));
+    cells.extend(
+        spec.printer_columns
+            .iter()
+            .map(|c| cell(c, obj, options.now)),
+    );
     let age = obj
         .pointer("/metadata/creationTimestamp")
         .and_then(Value::as_str)
@@ -197,7 +212,13 @@ fn row(spec: &KindSpec, obj: &Value, options: &TableOptions) -> Value {
     row
 }
 
-fn table(spec: &KindSpec, rows: Vec<Value>, metadata: Map<String, Value>, options: &TableOptions, with_columns: bool) -> Value {
+fn table(
+    spec: &KindSpec,
+    rows: Vec<Value>,
+    metadata: Map<String, Value>,
+    options: &TableOptions,
+    with_columns: bool,
+) -> Value {
     let mut table = json!({
         "kind": "Table",
         "apiVersion": options.version.api_version(),
@@ -226,7 +247,11 @@ pub fn table_for_list(spec: &KindSpec, list: &Value, options: &TableOptions) -> 
         .as_array()
         .map(|items| items.iter().map(|obj| row(spec, obj, options)).collect())
         .unwrap_or_default();
-    let metadata = list.get("metadata").and_then(Value::as_object).cloned().unwrap_or_default();
+    let metadata = list
+        .get("metadata")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
     table(spec, rows, metadata, options, true)
 }
 
@@ -247,7 +272,13 @@ pub fn table_watch_event(
     if let Some(rv) = obj.pointer("/metadata/resourceVersion") {
         metadata.insert("resourceVersion".into(), rv.clone());
     }
-    let table = table(spec, vec![row(spec, obj, options)], metadata, options, first);
+    let table = table(
+        spec,
+        vec![row(spec, obj, options)],
+        metadata,
+        options,
+        first,
+    );
     crate::list::watch_event(event_type, table)
 }
 

@@ -24,13 +24,23 @@ fn object() -> Value {
 
 #[test]
 fn negotiates_kubectl_accept_headers() {
-    assert_eq!(negotiate(Some(KUBECTL_GET_ACCEPT)), Ok(ResponseFormat::Table(TableVersion::V1)));
+    assert_eq!(
+        negotiate(Some(KUBECTL_GET_ACCEPT)),
+        Ok(ResponseFormat::Table(TableVersion::V1))
+    );
     assert_eq!(negotiate(None), Ok(ResponseFormat::Object));
     assert_eq!(negotiate(Some("*/*")), Ok(ResponseFormat::Object));
-    assert_eq!(negotiate(Some("application/json")), Ok(ResponseFormat::Object));
+    assert_eq!(
+        negotiate(Some("application/json")),
+        Ok(ResponseFormat::Object)
+    );
     let beta = "application/json;as=Table;v=v1beta1;g=meta.k8s.io, application/json";
-    assert_eq!(negotiate(Some(beta)), Ok(ResponseFormat::Table(TableVersion::V1beta1)));
-    let metadata_only = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io,application/json";
+    assert_eq!(
+        negotiate(Some(beta)),
+        Ok(ResponseFormat::Table(TableVersion::V1beta1))
+    );
+    let metadata_only =
+        "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io,application/json";
     assert_eq!(negotiate(Some(metadata_only)), Ok(ResponseFormat::Object));
     let error = negotiate(Some("application/vnd.kubernetes.protobuf")).expect_err("406");
     assert_eq!((error.code, error.reason.as_str()), (406, "NotAcceptable"));
@@ -56,9 +66,15 @@ fn table_of_one_object() {
 
 #[test]
 fn include_object_and_paths() {
-    assert_eq!(IncludeObject::parse(Some("Object")), Ok(IncludeObject::Object));
+    assert_eq!(
+        IncludeObject::parse(Some("Object")),
+        Ok(IncludeObject::Object)
+    );
     assert_eq!(IncludeObject::parse(None), Ok(IncludeObject::Metadata));
-    assert_eq!(IncludeObject::parse(Some("All")).expect_err("bad").code, 400);
+    assert_eq!(
+        IncludeObject::parse(Some("All")).expect_err("bad").code,
+        400
+    );
     let full = table_for_object(&widget(), &object(), &options(IncludeObject::Object));
     assert_eq!(full["rows"][0]["object"]["spec"]["size"], 3);
     let none = table_for_object(&widget(), &object(), &options(IncludeObject::None));
@@ -70,10 +86,22 @@ fn include_object_and_paths() {
 #[test]
 fn watch_tables_carry_columns_once() {
     let spec = widget();
-    let first = table_watch_event(&spec, WatchEventType::Added, &object(), &options(IncludeObject::Metadata), true);
+    let first = table_watch_event(
+        &spec,
+        WatchEventType::Added,
+        &object(),
+        &options(IncludeObject::Metadata),
+        true,
+    );
     assert_eq!(first["type"], "ADDED");
     assert!(first["object"]["columnDefinitions"].is_array());
-    let next = table_watch_event(&spec, WatchEventType::Modified, &object(), &options(IncludeObject::Metadata), false);
+    let next = table_watch_event(
+        &spec,
+        WatchEventType::Modified,
+        &object(),
+        &options(IncludeObject::Metadata),
+        false,
+    );
     assert!(next["object"].get("columnDefinitions").is_none());
     assert_eq!(next["object"]["rows"][0]["cells"][0], "a");
 }

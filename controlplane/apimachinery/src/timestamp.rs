@@ -21,7 +21,9 @@ pub fn format_rfc3339(at: SystemTime) -> String {
 
 /// Parses an RFC 3339 timestamp; `None` when it is not one.
 pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
-    OffsetDateTime::parse(text, &Rfc3339).ok().map(SystemTime::from)
+    OffsetDateTime::parse(text, &Rfc3339)
+        .ok()
+        .map(SystemTime::from)
 }
 
 /// The age of something created at `then`, seen at `now`, as `duration.HumanDuration` prints
