@@ -142,10 +142,16 @@ fn whole_flow_on_the_example_kind() {
         revision: 10,
         objects: Vec::new(),
     };
+    let created = create_widgets(&spec, &mut store);
+    let patched = update_and_patch(&spec, &mut store, created);
+    list_table_and_watch(&spec, &store, &patched);
+    delete_with_finalizers(&spec, &mut store, patched);
+}
 
+fn create_widgets(spec: &KindSpec, store: &mut Store) -> Value {
     // create: server fields set, client status dropped, invalid endpoint refused with its path.
     let invalid = prepare_create(
-        &spec,
+        spec,
         manifest("w0", "nope", json!({})),
         Some("default"),
         at(0),
@@ -162,7 +168,7 @@ fn whole_flow_on_the_example_kind() {
     typo["spec"]["servres"] = json!([]);
     assert_eq!(
         FieldValidation::Strict
-            .check(&spec, &typo)
+            .check(spec, &typo)
             .expect_err("strict")
             .code,
         400
@@ -171,12 +177,12 @@ fn whole_flow_on_the_example_kind() {
     let mut first = manifest("w1", "a:1", json!({"app": "web"}));
     first["status"] = json!({"healthy": 9});
     let created =
-        store.write(prepare_create(&spec, first, Some("default"), at(0), "u1").expect("valid"));
+        store.write(prepare_create(spec, first, Some("default"), at(0), "u1").expect("valid"));
     assert_eq!(created["metadata"]["resourceVersion"], "11");
     assert!(created.get("status").is_none());
     for (name, app) in [("w2", "web"), ("w3", "db")] {
         let obj = prepare_create(
-            &spec,
+            spec,
             manifest(name, "b:2", json!({"app": app})),
             Some("default"),
             at(1),
@@ -185,29 +191,32 @@ fn whole_flow_on_the_example_kind() {
         .expect("valid");
         store.write(obj);
     }
+    created
+}
 
+fn update_and_patch(spec: &KindSpec, store: &mut Store, created: Value) -> Value {
     // update: stale resourceVersion is 409, a spec change bumps generation, status is kept.
     let mut stale = created.clone();
     stale["metadata"]["resourceVersion"] = json!("10");
     assert_eq!(
-        prepare_update(&spec, &created, stale)
+        prepare_update(spec, &created, stale)
             .expect_err("stale")
             .code,
         409
     );
     let mut changed = created.clone();
     changed["spec"]["servers"][0]["endpoint"] = json!("a:2");
-    let updated = store.write(prepare_update(&spec, &created, changed).expect("valid"));
+    let updated = store.write(prepare_update(spec, &created, changed).expect("valid"));
     assert_eq!(updated["metadata"]["generation"], 2);
 
     // status update, then both patch kinds through the same rules.
     let mut reported = updated.clone();
     reported["status"] = json!({"healthy": 1});
-    let with_status = store.write(prepare_status_update(&spec, &updated, reported).expect("valid"));
+    let with_status = store.write(prepare_status_update(spec, &updated, reported).expect("valid"));
     assert_eq!(with_status["status"]["healthy"], 1);
     let merge = br#"{"metadata": {"labels": {"tier": "edge"}}, "status": {"healthy": 0}}"#;
     let merged = store.write(
-        patch_object(&spec, &with_status, "application/merge-patch+json", merge).expect("merge"),
+        patch_object(spec, &with_status, "application/merge-patch+json", merge).expect("merge"),
     );
     assert_eq!(
         merged["metadata"]["labels"],
@@ -220,29 +229,25 @@ fn whole_flow_on_the_example_kind() {
     assert_eq!(merged["metadata"]["generation"], 2, "labels only");
     let json_patch = br#"[{"op": "add", "path": "/spec/servers/-", "value": {"endpoint": "c:3"}}]"#;
     let patched = store.write(
-        patch_object(&spec, &merged, "application/json-patch+json", json_patch)
-            .expect("json patch"),
+        patch_object(spec, &merged, "application/json-patch+json", json_patch).expect("json patch"),
     );
     assert_eq!(patched["metadata"]["generation"], 3);
     let status_patch = br#"{"status": {"healthy": 2}}"#;
     let patched = store.write(
-        patch_status(
-            &spec,
-            &patched,
-            "application/merge-patch+json",
-            status_patch,
-        )
-        .expect("status"),
+        patch_status(spec, &patched, "application/merge-patch+json", status_patch).expect("status"),
     );
     assert_eq!(patched["status"]["healthy"], 2);
     let bad = br#"[{"op": "replace", "path": "/spec/servers/0/endpoint", "value": "x"}]"#;
     let error =
-        patch_object(&spec, &patched, "application/json-patch+json", bad).expect_err("invalid");
+        patch_object(spec, &patched, "application/json-patch+json", bad).expect_err("invalid");
     assert_eq!(
         error.to_json()["details"]["causes"][0]["field"],
         "spec.servers[0].endpoint"
     );
+    patched
+}
 
+fn list_table_and_watch(spec: &KindSpec, store: &Store, patched: &Value) {
     // list with selectors and paging: page size 1 over app=web (w1, w2).
     let labels = LabelSelector::parse("app in (web),tier!=core").expect("selector");
     let fields = FieldSelector::parse("metadata.namespace=default").expect("selector");
@@ -259,7 +264,7 @@ fn whole_flow_on_the_example_kind() {
         continue_token: Some(next.encode()),
         remaining_item_count: Some(1),
     };
-    let list = list_document(&spec, matching[..1].to_vec(), &page);
+    let list = list_document(spec, matching[..1].to_vec(), &page);
     // Shape of the documented chunked list: metadata {resourceVersion, continue, remainingItemCount}.
     assert_eq!(list["kind"], "WidgetList");
     assert_eq!(
@@ -278,7 +283,7 @@ fn whole_flow_on_the_example_kind() {
         include_object: IncludeObject::Metadata,
         now: at(600),
     };
-    let table = table_for_list(&spec, &list, &options);
+    let table = table_for_list(spec, &list, &options);
     assert_eq!(table["kind"], "Table");
     assert_eq!(table["apiVersion"], "meta.k8s.io/v1");
     assert_eq!(table["metadata"]["continue"], list["metadata"]["continue"]);
@@ -291,7 +296,7 @@ fn whole_flow_on_the_example_kind() {
 
     // Watch events: documented BOOKMARK shape (only kind, apiVersion, metadata.resourceVersion).
     assert_eq!(
-        bookmark_event(&spec, 12746),
+        bookmark_event(spec, 12746),
         json!({"type": "BOOKMARK", "object": {
         "kind": "Widget", "apiVersion": "tests.sluice.dev/v1", "metadata": {"resourceVersion": "12746"}}})
     );
@@ -299,12 +304,14 @@ fn whole_flow_on_the_example_kind() {
         watch_event(WatchEventType::Modified, patched.clone())["type"],
         "MODIFIED"
     );
+}
 
+fn delete_with_finalizers(spec: &KindSpec, store: &mut Store, patched: Value) {
     // delete with finalizers: marked, finalizer removed, then gone.
     let held = json!({"metadata": {"finalizers": ["sluice.dev/drain"]}});
     let held = store.write(
         patch_object(
-            &spec,
+            spec,
             &patched,
             "application/merge-patch+json",
             held.to_string().as_bytes(),
@@ -321,7 +328,7 @@ fn whole_flow_on_the_example_kind() {
     );
     let release = br#"{"metadata": {"finalizers": null}}"#;
     let released =
-        patch_object(&spec, &marked, "application/merge-patch+json", release).expect("release");
+        patch_object(spec, &marked, "application/merge-patch+json", release).expect("release");
     assert!(finalized(&released), "the server deletes it now");
     assert_eq!(
         begin_delete(&store.objects[1], at(800)),
