@@ -11,6 +11,7 @@ pub mod meta;
 pub mod names;
 pub mod openapi;
 pub mod openapi_meta;
+pub mod options;
 pub mod patch;
 pub mod schema;
 pub mod selector;
