@@ -84,17 +84,11 @@ impl KindSpec {
         format!("{}List", self.kind)
     }
 
-    /// The verbs served on the main resource.
+    /// The verbs served on the main resource (no `deletecollection`: kubectl's `delete --all`
+    /// lists and deletes one by one, and the server does not implement it).
     pub fn verbs(&self) -> Vec<&'static str> {
         vec![
-            "create",
-            "delete",
-            "deletecollection",
-            "get",
-            "list",
-            "patch",
-            "update",
-            "watch",
+            "create", "delete", "get", "list", "patch", "update", "watch",
         ]
     }
 }

@@ -438,6 +438,36 @@ mod tests {
     }
 
     #[test]
+    fn cluster_scoped_kinds_have_no_namespace_paths() {
+        let mut spec = widget();
+        spec.namespaced = false;
+        let registry = Registry::new().with(spec).expect("registry");
+        let doc = openapi_document(&registry, "tests.sluice.dev", "v1");
+        let paths: Vec<&String> = doc["paths"].as_object().expect("paths").keys().collect();
+        assert_eq!(
+            paths,
+            [
+                "/apis/tests.sluice.dev/v1/widgets",
+                "/apis/tests.sluice.dev/v1/widgets/{name}",
+                "/apis/tests.sluice.dev/v1/widgets/{name}/status",
+            ]
+        );
+        let status = &doc["paths"]["/apis/tests.sluice.dev/v1/widgets/{name}/status"];
+        assert_eq!(
+            status["patch"]["operationId"],
+            "patchTestsSluiceDevV1WidgetStatus"
+        );
+        assert!(status.get("delete").is_none());
+        assert_eq!(status["parameters"], json!([path_param("name")]));
+        let collection = &doc["paths"]["/apis/tests.sluice.dev/v1/widgets"];
+        assert_eq!(
+            collection["post"]["operationId"],
+            "createTestsSluiceDevV1Widget"
+        );
+        assert_eq!(collection["get"]["x-kubernetes-action"], "list");
+    }
+
+    #[test]
     fn index_points_at_hashed_documents() {
         let registry = Registry::new().with(widget()).expect("registry");
         let index = openapi_index(&registry);
