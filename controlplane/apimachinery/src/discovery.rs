@@ -24,6 +24,15 @@ pub fn api_versions() -> Value {
     json!({"kind": "APIVersions", "versions": [], "serverAddressByClientCIDRs": []})
 }
 
+/// `/version` (`version.Info`): kubectl `create`/`version` ask for it first (a 404 is
+/// tolerated by `create`, but `kubectl version` prints an error).
+pub fn version_info(major: &str, minor: &str, git_version: &str, platform: &str) -> Value {
+    json!({
+        "major": major, "minor": minor, "gitVersion": git_version, "gitCommit": "",
+        "gitTreeState": "", "buildDate": "", "goVersion": "", "compiler": "", "platform": platform,
+    })
+}
+
 /// `/apis`: every group with its versions, preferred first.
 pub fn api_group_list(registry: &Registry) -> Value {
     let groups: Vec<Value> = registry
@@ -173,5 +182,7 @@ mod tests {
         );
         assert!(api_group(&registry, "nope").is_none());
         assert_eq!(api_versions()["versions"], json!([]));
+        let version = version_info("1", "32", "v1.32.0-sluice", "linux/amd64");
+        assert_eq!(version["gitVersion"], "v1.32.0-sluice");
     }
 }
