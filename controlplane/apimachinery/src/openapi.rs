@@ -37,7 +37,9 @@ pub fn openapi_index(registry: &Registry) -> Value {
     let mut paths = Map::new();
     for (group, versions) in registry.groups() {
         for version in versions {
-            let document = openapi_document(registry, &group, &version);
+            let Some(document) = openapi_document(registry, &group, &version) else {
+                continue;
+            };
             let key = group_version_key(&group, &version);
             let url = format!("/openapi/v3/{key}?hash={}", document_hash(&document));
             paths.insert(key, json!({"serverRelativeURL": url}));
@@ -52,22 +54,26 @@ pub fn document_hash(document: &Value) -> String {
 }
 
 /// `/openapi/v3/apis/<group>/<version>`: paths for every kind of the group version and the
-/// component schemas (kinds, lists, ObjectMeta and friends); an empty-paths document when the
-/// group version is not served (the server should 404 it instead).
-pub fn openapi_document(registry: &Registry, group: &str, version: &str) -> Value {
+/// component schemas (kinds, lists, ObjectMeta and friends); `None` when the group version is
+/// not served (404).
+pub fn openapi_document(registry: &Registry, group: &str, version: &str) -> Option<Value> {
+    let kinds = registry.group_version(group, version);
+    if kinds.is_empty() {
+        return None;
+    }
     let mut paths = Map::new();
     let mut schemas = meta_schemas();
-    for spec in registry.group_version(group, version) {
+    for spec in kinds {
         add_kind_paths(spec, &mut paths);
         schemas.insert(schema_name(spec), kind_schema(spec));
         schemas.insert(format!("{}List", schema_name(spec)), list_schema(spec));
     }
-    json!({
+    Some(json!({
         "openapi": "3.0.0",
         "info": {"title": "Sluice control plane", "version": "v1"},
         "paths": paths,
         "components": {"schemas": schemas},
-    })
+    }))
 }
 
 /// `dev.sluice.tests.v1.Widget`: kube's reversed-group naming of definitions.
@@ -416,7 +422,7 @@ mod tests {
     #[test]
     fn patch_operations_carry_the_gvk_and_field_validation() {
         let registry = Registry::new().with(widget()).expect("registry");
-        let doc = openapi_document(&registry, "tests.sluice.dev", "v1");
+        let doc = openapi_document(&registry, "tests.sluice.dev", "v1").expect("served");
         let gvk = json!({"group": "tests.sluice.dev", "version": "v1", "kind": "Widget"});
         assert!(kubectl_finds_field_validation(&doc, &gvk));
         let item = &doc["paths"]["/apis/tests.sluice.dev/v1/namespaces/{namespace}/widgets/{name}"];
@@ -442,7 +448,7 @@ mod tests {
         let mut spec = widget();
         spec.namespaced = false;
         let registry = Registry::new().with(spec).expect("registry");
-        let doc = openapi_document(&registry, "tests.sluice.dev", "v1");
+        let doc = openapi_document(&registry, "tests.sluice.dev", "v1").expect("served");
         let paths: Vec<&String> = doc["paths"].as_object().expect("paths").keys().collect();
         assert_eq!(
             paths,
@@ -465,6 +471,7 @@ mod tests {
             "createTestsSluiceDevV1Widget"
         );
         assert_eq!(collection["get"]["x-kubernetes-action"], "list");
+        assert!(openapi_document(&registry, "tests.sluice.dev", "v2").is_none());
     }
 
     #[test]
@@ -474,7 +481,7 @@ mod tests {
         let url = index["paths"]["apis/tests.sluice.dev/v1"]["serverRelativeURL"]
             .as_str()
             .expect("url");
-        let doc = openapi_document(&registry, "tests.sluice.dev", "v1");
+        let doc = openapi_document(&registry, "tests.sluice.dev", "v1").expect("served");
         assert_eq!(
             url,
             format!(

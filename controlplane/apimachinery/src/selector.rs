@@ -182,6 +182,9 @@ fn value_set(cursor: &mut Cursor<'_>) -> Result<BTreeSet<String>, String> {
         return Err("found no '(', expected: '(' after 'in' or 'notin'".into());
     }
     let mut values = BTreeSet::new();
+    if cursor.eat(")") {
+        return Err("for 'in', 'notin' operators, values set can't be empty".into());
+    }
     loop {
         values.insert(checked_value(cursor.word())?);
         if cursor.eat(")") {

@@ -121,7 +121,7 @@ fn discovery_and_openapi_describe_the_kind() {
             .expect("url")
             .contains("?hash=")
     );
-    let doc = openapi_document(&registry, "tests.sluice.dev", "v1");
+    let doc = openapi_document(&registry, "tests.sluice.dev", "v1").expect("served");
     let patch =
         &doc["paths"]["/apis/tests.sluice.dev/v1/namespaces/{namespace}/widgets/{name}"]["patch"];
     assert_eq!(
