@@ -234,7 +234,8 @@ impl FieldValidation {
 
     /// Applies the directive to an object: `Ok(warnings)` (one `unknown field "x"` per field,
     /// for `Warning: 299 - "..."` headers, empty for Ignore) or, for Strict, 400 BadRequest
-    /// `strict decoding error: unknown field "spec.x"` as kube-apiserver answers.
+    /// `Widget in version "v1" cannot be handled as a Widget: strict decoding error: unknown
+    /// field "spec.x"` as kube-apiserver answers.
     pub fn check(self, spec: &KindSpec, obj: &Value) -> Result<Vec<String>, StatusError> {
         let unknown = unknown_fields(spec, obj);
         let messages: Vec<String> = unknown
@@ -245,9 +246,12 @@ impl FieldValidation {
             Self::Ignore => Ok(Vec::new()),
             Self::Warn => Ok(messages),
             Self::Strict if messages.is_empty() => Ok(Vec::new()),
+            // kube-apiserver's decode error wording (`transformDecodeError`).
             Self::Strict => Err(StatusError::bad_request(format!(
-                "strict decoding error: {}",
-                messages.join(", ")
+                "{kind} in version {version:?} cannot be handled as a {kind}: strict decoding error: {}",
+                messages.join(", "),
+                kind = spec.kind,
+                version = spec.version,
             ))),
         }
     }
@@ -279,7 +283,7 @@ mod tests {
             .expect_err("strict");
         assert_eq!(
             error.message,
-            "strict decoding error: unknown field \"spec.sise\""
+            "Widget in version \"v1\" cannot be handled as a Widget: strict decoding error: unknown field \"spec.sise\""
         );
         assert_eq!(
             FieldValidation::Warn.check(&spec, &typo),
