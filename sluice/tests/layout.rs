@@ -177,6 +177,7 @@ fn pure_crates_pull_in_no_async_runtime() {
         "sluice-gateway",
         "sluice-config-error",
         "sluice-upstream-cluster",
+        "sluice-apimachinery",
     ] {
         let closure = workspace.closure(pure);
         let runtimes: Vec<&String> = closure
