@@ -4,4 +4,5 @@
 //! method, path and query. Pure logic: the HTTPS server that calls them comes next.
 
 pub mod auth;
+pub mod kinds;
 pub mod request;
