@@ -91,3 +91,128 @@ fn remove_chain(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::embedded::write::{self, WriteOp};
+    use bytes::Bytes;
+    use redb::{backends::InMemoryBackend, Database, ReadableTableMetadata};
+
+    fn database() -> Database {
+        let db = Database::builder()
+            .create_with_backend(InMemoryBackend::new())
+            .unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(LOG).unwrap();
+        txn.open_table(INDEX).unwrap();
+        txn.open_table(META).unwrap();
+        txn.commit().unwrap();
+        db
+    }
+
+    fn apply(db: &Database, key: &str, op: WriteOp) {
+        let txn = db.begin_write().unwrap();
+        write::apply(&txn, key, op).unwrap();
+        txn.commit().unwrap();
+    }
+
+    fn put(text: &'static str) -> WriteOp {
+        WriteOp::Update {
+            value: Bytes::from_static(text.as_bytes()),
+            expected: None,
+        }
+    }
+
+    fn compact(db: &Database, target: u64) -> Vec<Step> {
+        let mut steps = Vec::new();
+        loop {
+            let txn = db.begin_write().unwrap();
+            let step = step(&txn, target).unwrap();
+            txn.commit().unwrap();
+            steps.push(step);
+            if step == Step::Done {
+                return steps;
+            }
+        }
+    }
+
+    /// The revisions left in the log and the keys left in the index.
+    fn rows(db: &Database) -> (Vec<u64>, Vec<String>) {
+        use redb::ReadableDatabase;
+        let txn = db.begin_read().unwrap();
+        let log = txn.open_table(LOG).unwrap();
+        let index = txn.open_table(INDEX).unwrap();
+        let revisions = log
+            .range(0..)
+            .unwrap()
+            .map(|row| row.unwrap().0.value())
+            .collect();
+        let keys = index
+            .range::<&str>(..)
+            .unwrap()
+            .map(|row| row.unwrap().0.value().to_owned())
+            .collect();
+        assert_eq!(
+            index.len().unwrap() as usize,
+            index.range::<&str>(..).unwrap().count()
+        );
+        (revisions, keys)
+    }
+
+    #[test]
+    fn superseded_rows_and_old_tombstones_are_removed() {
+        let db = database();
+        let create = |text: &'static str| WriteOp::Create {
+            value: Bytes::from_static(text.as_bytes()),
+        };
+        apply(&db, "/a", create("1")); // 1
+        apply(&db, "/b", create("1")); // 2
+        apply(&db, "/a", put("2")); // 3
+        apply(&db, "/b", WriteOp::Delete { expected: None }); // 4
+        apply(&db, "/c", create("1")); // 5
+        apply(&db, "/c", WriteOp::Delete { expected: None }); // 6
+        apply(&db, "/a", put("3")); // 7
+        apply(&db, "/c", create("2")); // 8
+
+        assert_eq!(compact(&db, 5), [Step::Advanced(5), Step::Done]);
+        // /a keeps 3 (its state at 5) and 7; /b is gone entirely; /c keeps 5 and later rows.
+        assert_eq!(
+            rows(&db),
+            (vec![3, 5, 6, 7, 8], vec!["/a".into(), "/c".into()])
+        );
+
+        assert_eq!(compact(&db, 7), [Step::Advanced(7), Step::Done]);
+        // /c's tombstone at 6 goes; the re-creation at 8 keeps /c in the index.
+        assert_eq!(rows(&db), (vec![7, 8], vec!["/a".into(), "/c".into()]));
+    }
+
+    #[test]
+    fn long_ranges_compact_in_bounded_steps() {
+        let db = database();
+        apply(
+            &db,
+            "/a",
+            WriteOp::Create {
+                value: Bytes::new(),
+            },
+        );
+        let total = REVISIONS_PER_STEP + 10;
+        for _ in 1..total {
+            apply(&db, "/a", put("x"));
+        }
+        let steps = compact(&db, total);
+        let expected = [
+            Step::Advanced(REVISIONS_PER_STEP),
+            Step::Advanced(total),
+            Step::Done,
+        ];
+        assert_eq!(steps, expected);
+        assert_eq!(rows(&db), (vec![total], vec!["/a".into()]));
+        let txn = db.begin_write().unwrap();
+        assert!(matches!(
+            step(&txn, total + 1),
+            Err(StoreError::FutureRevision { .. })
+        ));
+    }
+}

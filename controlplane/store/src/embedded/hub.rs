@@ -118,9 +118,15 @@ impl Hub {
         self.state().watchers = None;
     }
 
-    /// How many watchers follow live changes (for tests and, later, metrics).
+    /// How many watchers follow live changes (for tests and, later, metrics); watchers whose
+    /// stream was dropped are otherwise only noticed at the next change.
     pub fn watcher_count(&self) -> usize {
-        self.state().watchers.as_ref().map_or(0, Vec::len)
+        let mut state = self.state();
+        let Some(watchers) = state.watchers.as_mut() else {
+            return 0;
+        };
+        watchers.retain(|watcher| !watcher.sender.is_closed());
+        watchers.len()
     }
 }
 
