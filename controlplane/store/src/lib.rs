@@ -21,15 +21,19 @@ use bytes::Bytes;
 use futures_core::Stream;
 
 pub use compactor::Compactor;
-pub use embedded::{EmbeddedConfig, EmbeddedStore, DEFAULT_MAX_VALUE_BYTES, DEFAULT_WATCH_BUFFER};
+pub use embedded::{
+    EmbeddedConfig, EmbeddedStore, DEFAULT_MAX_VALUE_BYTES, DEFAULT_PROGRESS_INTERVAL,
+    DEFAULT_WATCH_BUFFER,
+};
 pub use error::{BoxError, StoreError};
-pub use types::{Event, KeyValue, ListPage};
+pub use types::{Event, KeyValue, ListPage, WatchBatch};
 
-/// The changes a watch delivers, in revision order, in batches.
+/// The changes a watch delivers, in revision order, in batches; a batch without changes is a
+/// progress notification (the watched keys did not change up to its revision).
 ///
 /// After an `Err` item the stream ends; the error says how to go on ([`StoreError::Lagged`]:
 /// watch again from its `last_revision`; [`StoreError::Compacted`]: list again).
-pub type WatchStream = Pin<Box<dyn Stream<Item = Result<Vec<Event>, StoreError>> + Send>>;
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchBatch, StoreError>> + Send>>;
 
 /// An MVCC key-value store with etcd v3 semantics, shared as `Arc<dyn Store>`.
 ///
@@ -81,7 +85,8 @@ pub trait Store: Send + Sync + 'static {
     /// Every change under `prefix` with a revision greater than `after_revision`, in revision
     /// order, without gap or duplicate between the replayed history and the live changes.
     ///
-    /// Errors arrive as stream items: [`StoreError::Compacted`] when `after_revision` is older
+    /// A watch that saw no change for a while reports its progress with an empty batch (etcd's
+    /// progress notification). Errors arrive as stream items: [`StoreError::Compacted`] when `after_revision` is older
     /// than the compaction point, [`StoreError::Lagged`] when the watcher fell too far behind.
     fn watch(&self, prefix: &str, after_revision: u64) -> WatchStream;
 

@@ -29,6 +29,17 @@ pub struct ListPage {
     pub more: bool,
 }
 
+/// What a watch delivers at once: changes, or only progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchBatch {
+    /// The changes, in revision order; empty for a progress notification.
+    pub events: Vec<Event>,
+    /// Every change under the watched prefix up to this revision has now been delivered (etcd's
+    /// response header revision): the revision to resume from, and what the API server puts in
+    /// a BOOKMARK when `events` is empty.
+    pub revision: u64,
+}
+
 /// One change seen by a watch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {

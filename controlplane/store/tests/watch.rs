@@ -168,7 +168,7 @@ async fn a_slow_watcher_is_cut_without_blocking_writers_and_can_resume() {
     let mut delivered = Vec::new();
     let last_revision = loop {
         match next(&mut slow).await {
-            Some(Ok(batch)) => delivered.extend(batch),
+            Some(Ok(batch)) => delivered.extend(batch.events),
             Some(Err(error @ StoreError::Lagged { last_revision })) => {
                 assert!(error.retryable());
                 assert_eq!(error.http_status(), 410);
@@ -214,4 +214,32 @@ async fn dropping_the_store_ends_live_watches_as_unavailable() {
         Some(Err(error @ StoreError::Unavailable { .. })) => assert!(error.retryable()),
         other => panic!("expected Unavailable, got {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn an_idle_watch_reports_progress_past_other_prefixes_writes() {
+    let config = EmbeddedConfig {
+        progress_interval: Duration::from_millis(30),
+        ..EmbeddedConfig::default()
+    };
+    let (store, _dir) = open_with(config);
+    store.create("/r/a", value("1")).await.unwrap();
+    let mut stream = store.watch("/r/", 0);
+    assert_eq!(revisions(&events_until(&mut stream, 1).await), [1]);
+    store.create("/other/x", value("1")).await.unwrap();
+    store.create("/other/y", value("1")).await.unwrap();
+    match next(&mut stream).await {
+        Some(Ok(batch)) => {
+            assert!(batch.events.is_empty());
+            assert_eq!(
+                batch.revision, 3,
+                "progress covers the other prefix's writes"
+            );
+        }
+        other => panic!("expected a progress notification, got {other:?}"),
+    }
+    // Without new writes there is nothing new to report.
+    assert_quiet(&mut stream).await;
+    store.update("/r/a", value("2"), None).await.unwrap();
+    assert_eq!(revisions(&events_until(&mut stream, 4).await), [4]);
 }

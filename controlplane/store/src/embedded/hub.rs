@@ -113,6 +113,17 @@ impl Hub {
         });
     }
 
+    /// The revision up to which `subscription` has received every change of its prefix: the
+    /// last one published, if its channel is empty. `None` while changes wait in the channel or
+    /// once the watcher was dropped.
+    pub fn progress(&self, subscription: &Subscription) -> Option<u64> {
+        // Changes are sent under this lock, so with it held an empty channel means every change
+        // up to `last_published` was already taken.
+        let state = self.state();
+        let idle = subscription.receiver.is_empty() && !subscription.receiver.is_closed();
+        (idle && state.watchers.is_some()).then_some(state.last_published)
+    }
+
     /// Ends every watcher's live feed; used when the store is dropped.
     pub fn close(&self) {
         self.state().watchers = None;
@@ -165,6 +176,24 @@ mod tests {
         assert!(other.receiver.try_recv().is_err());
         assert!(!other.was_lagged());
         assert_eq!(hub.subscribe("/c/", 1).registered_at, 9);
+    }
+
+    #[test]
+    fn progress_is_the_last_publication_once_the_channel_is_drained() {
+        let hub = Hub::new(3);
+        let mut subscription = hub.subscribe("/a/", 4);
+        assert_eq!(hub.progress(&subscription), Some(3));
+        hub.publish(&put("/a/x", 4));
+        hub.publish(&put("/b/x", 5));
+        assert_eq!(
+            hub.progress(&subscription),
+            None,
+            "revision 4 is still queued"
+        );
+        assert_eq!(subscription.receiver.try_recv().unwrap().revision(), 4);
+        assert_eq!(hub.progress(&subscription), Some(5));
+        hub.close();
+        assert_eq!(hub.progress(&subscription), None);
     }
 
     #[test]

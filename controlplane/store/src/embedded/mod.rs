@@ -19,6 +19,7 @@ mod write;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use bytes::Bytes;
 use redb::{Database, ReadableDatabase};
@@ -34,6 +35,8 @@ use crate::{Store, WatchStream};
 pub const DEFAULT_MAX_VALUE_BYTES: usize = 1536 * 1024;
 /// Changes a watcher may have queued before it is cut with [`StoreError::Lagged`].
 pub const DEFAULT_WATCH_BUFFER: usize = 1024;
+/// How long a live watch waits without a change before it reports its progress.
+pub const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Limits of an [`EmbeddedStore`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +45,8 @@ pub struct EmbeddedConfig {
     pub max_value_bytes: usize,
     /// Live changes queued per watcher before it is cut with [`StoreError::Lagged`].
     pub watch_buffer: usize,
+    /// A live watch without changes for this long sends an empty batch with its revision.
+    pub progress_interval: Duration,
 }
 
 impl Default for EmbeddedConfig {
@@ -49,6 +54,7 @@ impl Default for EmbeddedConfig {
         EmbeddedConfig {
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
             watch_buffer: DEFAULT_WATCH_BUFFER,
+            progress_interval: DEFAULT_PROGRESS_INTERVAL,
         }
     }
 }

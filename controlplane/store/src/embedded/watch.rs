@@ -9,14 +9,15 @@
 //! published during (1) is read from the log and then arrives on the channel too).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::stream;
 
 use super::history;
-use super::hub::Subscription;
+use super::hub::{Hub, Subscription};
 use super::Inner;
 use crate::error::StoreError;
-use crate::types::Event;
+use crate::types::{Event, WatchBatch};
 use crate::WatchStream;
 
 /// One watch's progress.
@@ -25,6 +26,8 @@ struct Watch {
     prefix: Arc<str>,
     /// Every change under the prefix up to this revision has been delivered.
     cursor: u64,
+    /// The revision of the last batch returned: progress is reported only beyond it.
+    reported: u64,
     subscription: Option<Subscription>,
     finished: bool,
 }
@@ -35,6 +38,7 @@ pub(crate) fn stream(inner: Arc<Inner>, prefix: &str, after_revision: u64) -> Wa
         inner,
         prefix: prefix.into(),
         cursor: after_revision,
+        reported: after_revision,
         subscription: None,
         finished: false,
     };
@@ -49,25 +53,36 @@ pub(crate) fn stream(inner: Arc<Inner>, prefix: &str, after_revision: u64) -> Wa
 }
 
 impl Watch {
-    /// The next non-empty batch of changes, or the error that ends the watch.
-    async fn next_batch(&mut self) -> Result<Vec<Event>, StoreError> {
+    /// The next batch of changes or progress, or the error that ends the watch.
+    async fn next_batch(&mut self) -> Result<WatchBatch, StoreError> {
         loop {
-            let replay_until = match &self.subscription {
+            let replay_until = match self.subscription.as_mut() {
                 None => None,
                 Some(subscription) if self.cursor < subscription.registered_at => {
                     Some(subscription.registered_at)
                 }
-                Some(_) => return self.next_live().await,
+                Some(subscription) => {
+                    let hub = &self.inner.hub;
+                    let interval = self.inner.config.progress_interval;
+                    let position = Position {
+                        cursor: &mut self.cursor,
+                        reported: &mut self.reported,
+                    };
+                    return next_live(hub, interval, subscription, position).await;
+                }
             };
             let batch = self.replay(replay_until).await?;
             self.cursor = batch.cursor;
             if !batch.events.is_empty() {
-                return Ok(batch.events);
+                self.reported = self.cursor;
+                return Ok(WatchBatch {
+                    events: batch.events,
+                    revision: self.cursor,
+                });
             }
             if batch.reached_end && self.subscription.is_none() {
-                let hub = &self.inner.hub;
-                self.subscription =
-                    Some(hub.subscribe(&self.prefix, self.inner.config.watch_buffer));
+                let capacity = self.inner.config.watch_buffer;
+                self.subscription = Some(self.inner.hub.subscribe(&self.prefix, capacity));
             }
         }
     }
@@ -79,39 +94,67 @@ impl Watch {
         let after = self.cursor;
         super::blocking(move || history::read(&inner.db, &prefix, after, until)).await
     }
+}
 
-    /// Waits for live changes and takes every one already queued, up to a batch.
-    async fn next_live(&mut self) -> Result<Vec<Event>, StoreError> {
-        let cursor = &mut self.cursor;
-        let Some(subscription) = self.subscription.as_mut() else {
-            return Ok(Vec::new());
+/// A live watch's revisions, borrowed from its [`Watch`].
+struct Position<'a> {
+    cursor: &'a mut u64,
+    reported: &'a mut u64,
+}
+
+impl Position<'_> {
+    /// The batch of `events` up to the cursor (none: a progress report).
+    fn report(&mut self, events: Vec<Event>) -> WatchBatch {
+        *self.reported = *self.cursor;
+        WatchBatch {
+            events,
+            revision: *self.cursor,
+        }
+    }
+}
+
+/// Waits for live changes and takes every one already queued, up to a batch; reports progress
+/// instead when no change came for `interval` but the store moved on.
+async fn next_live(
+    hub: &Hub,
+    interval: Duration,
+    subscription: &mut Subscription,
+    mut position: Position<'_>,
+) -> Result<WatchBatch, StoreError> {
+    loop {
+        let Ok(received) = tokio::time::timeout(interval, subscription.receiver.recv()).await
+        else {
+            let published = hub.progress(subscription).unwrap_or(0);
+            *position.cursor = (*position.cursor).max(published);
+            if *position.cursor > *position.reported {
+                return Ok(position.report(Vec::new()));
+            }
+            continue;
         };
-        loop {
-            let Some(first) = subscription.receiver.recv().await else {
-                return Err(if subscription.was_lagged() {
-                    StoreError::Lagged {
-                        last_revision: *cursor,
-                    }
-                } else {
-                    StoreError::unavailable("the store was closed")
-                });
-            };
-            let mut events = Vec::new();
-            let mut next = Some(first);
-            while let Some(event) = next {
-                if event.revision() > *cursor {
-                    *cursor = event.revision();
-                    events.push(event);
+        let Some(first) = received else {
+            return Err(if subscription.was_lagged() {
+                StoreError::Lagged {
+                    last_revision: *position.cursor,
                 }
-                next = if events.len() < history::EVENTS_PER_BATCH {
-                    subscription.receiver.try_recv().ok()
-                } else {
-                    None
-                };
+            } else {
+                StoreError::unavailable("the store was closed")
+            });
+        };
+        let mut events = Vec::new();
+        let mut next = Some(first);
+        while let Some(event) = next {
+            if event.revision() > *position.cursor {
+                *position.cursor = event.revision();
+                events.push(event);
             }
-            if !events.is_empty() {
-                return Ok(events);
-            }
+            next = if events.len() < history::EVENTS_PER_BATCH {
+                subscription.receiver.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        if !events.is_empty() {
+            return Ok(position.report(events));
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use sluice_store::{EmbeddedConfig, EmbeddedStore, Event, StoreError, WatchStream};
+use sluice_store::{EmbeddedConfig, EmbeddedStore, Event, StoreError, WatchBatch, WatchStream};
 use tempfile::TempDir;
 
 /// How long a test waits for an event that must come.
@@ -32,13 +32,14 @@ pub fn value(text: &str) -> Bytes {
 }
 
 /// The next item of `stream`, failing the test after [`DEADLINE`].
-pub async fn next(stream: &mut WatchStream) -> Option<Result<Vec<Event>, StoreError>> {
+pub async fn next(stream: &mut WatchStream) -> Option<Result<WatchBatch, StoreError>> {
     tokio::time::timeout(DEADLINE, stream.next())
         .await
         .expect("no watch item within the deadline")
 }
 
-/// Events from `stream` until one has revision `last` (or more), failing on an error.
+/// Events from `stream` until one has revision `last` (or more), failing on an error;
+/// progress notifications are checked and skipped.
 pub async fn events_until(stream: &mut WatchStream, last: u64) -> Vec<Event> {
     let mut events = Vec::new();
     while events
@@ -47,8 +48,9 @@ pub async fn events_until(stream: &mut WatchStream, last: u64) -> Vec<Event> {
     {
         match next(stream).await {
             Some(Ok(batch)) => {
-                assert!(!batch.is_empty(), "a watch delivered an empty batch");
-                events.extend(batch);
+                let last_event = batch.events.last().map(Event::revision);
+                assert_eq!(last_event.unwrap_or(batch.revision), batch.revision);
+                events.extend(batch.events);
             }
             Some(Err(error)) => panic!("watch failed: {error}"),
             None => panic!("watch ended before revision {last}"),
