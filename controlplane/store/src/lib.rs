@@ -10,6 +10,8 @@
 //! [`EmbeddedStore`] is the default backend: a single MVCC log in a redb file, shaped like k3s'
 //! kine (see `README.md` for the data model and why redb).
 
+#![warn(missing_docs)]
+
 mod compactor;
 mod embedded;
 mod error;
