@@ -57,3 +57,42 @@ async fn a_store_file_open_elsewhere_is_reported_not_shared() {
         other => panic!("expected Unavailable, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn a_damaged_row_fails_the_requests_that_read_it_and_nothing_else() {
+    use redb::{Database, TableDefinition};
+    // The on-disk log table, as the embedded backend lays it out (see README.md).
+    const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    {
+        let store = EmbeddedStore::open(&path).unwrap();
+        store.create("/r/a", value("1")).await.unwrap();
+        store.create("/r/b", value("1")).await.unwrap();
+    }
+    {
+        let db = Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(LOG)
+            .unwrap()
+            .insert(1, &b"\x01garbage"[..])
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let store = EmbeddedStore::open(&path).unwrap();
+    let damaged = store.get("/r/a").await.unwrap_err();
+    assert!(
+        matches!(damaged, StoreError::Corrupt { revision: 1, .. }),
+        "{damaged}"
+    );
+    assert_eq!((damaged.http_status(), damaged.retryable()), (500, false));
+    assert!(
+        store.get("/r/b").await.unwrap().is_some(),
+        "other rows still read"
+    );
+    let mut watch = store.watch("/r/", 0);
+    match common::next(&mut watch).await {
+        Some(Err(StoreError::Corrupt { revision: 1, .. })) => {}
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
