@@ -58,11 +58,12 @@ async fn a_store_file_open_elsewhere_is_reported_not_shared() {
     }
 }
 
+/// The on-disk log table, as the embedded backend lays it out (see README.md).
+const LOG: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("log");
+
 #[tokio::test]
 async fn a_damaged_row_fails_the_requests_that_read_it_and_nothing_else() {
-    use redb::{Database, TableDefinition};
-    // The on-disk log table, as the embedded backend lays it out (see README.md).
-    const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+    use redb::Database;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
     {
@@ -93,6 +94,29 @@ async fn a_damaged_row_fails_the_requests_that_read_it_and_nothing_else() {
     let mut watch = store.watch("/r/", 0);
     match common::next(&mut watch).await {
         Some(Err(StoreError::Corrupt { revision: 1, .. })) => {}
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_watch_over_a_missing_row_fails_instead_of_spinning() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    {
+        let store = EmbeddedStore::open(&path).unwrap();
+        store.create("/r/a", value("1")).await.unwrap();
+        store.create("/r/b", value("1")).await.unwrap();
+    }
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(LOG).unwrap().remove(2).unwrap();
+        txn.commit().unwrap();
+    }
+    let store = EmbeddedStore::open(&path).unwrap();
+    let mut watch = store.watch("/r/", 1);
+    match common::next(&mut watch).await {
+        Some(Err(StoreError::Corrupt { revision: 2, .. })) => {}
         other => panic!("expected Corrupt, got {other:?}"),
     }
 }

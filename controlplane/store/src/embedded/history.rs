@@ -50,11 +50,13 @@ pub(crate) fn read(
     if batch.reached_end {
         return Ok(batch);
     }
+    let mut rows = 0;
     for entry in log
         .range(after + 1..=end)
         .map_err(backend)?
         .take(ROWS_PER_READ)
     {
+        rows += 1;
         let (revision, bytes) = entry.map_err(backend)?;
         let revision = revision.value();
         if Record::decode_key(revision, bytes.value())?.starts_with(prefix) {
@@ -65,6 +67,14 @@ pub(crate) fn read(
         if batch.events.len() == EVENTS_PER_BATCH {
             break;
         }
+    }
+    if rows == 0 {
+        // Every revision after the compaction point has its row; without this check a watch
+        // would spin on the hole instead of failing.
+        return Err(StoreError::Corrupt {
+            revision: after + 1,
+            reason: "the log has no rows up to the current revision",
+        });
     }
     batch.reached_end = batch.cursor >= end;
     Ok(batch)
