@@ -45,7 +45,8 @@ pub struct EmbeddedConfig {
     pub max_value_bytes: usize,
     /// Live changes queued per watcher before it is cut with [`StoreError::Lagged`].
     pub watch_buffer: usize,
-    /// A live watch without changes for this long sends an empty batch with its revision.
+    /// A live watch without changes for this long sends an empty batch with its revision, if
+    /// the store moved on (at least 1 ms).
     pub progress_interval: Duration,
 }
 

@@ -20,6 +20,9 @@ use crate::error::StoreError;
 use crate::types::{Event, WatchBatch};
 use crate::WatchStream;
 
+/// The shortest progress interval honoured.
+const MIN_PROGRESS_INTERVAL: Duration = Duration::from_millis(1);
+
 /// One watch's progress.
 struct Watch {
     inner: Arc<Inner>,
@@ -63,7 +66,12 @@ impl Watch {
                 }
                 Some(subscription) => {
                     let hub = &self.inner.hub;
-                    let interval = self.inner.config.progress_interval;
+                    // A zero interval would make an idle watch spin.
+                    let interval = self
+                        .inner
+                        .config
+                        .progress_interval
+                        .max(MIN_PROGRESS_INTERVAL);
                     let position = Position {
                         cursor: &mut self.cursor,
                         reported: &mut self.reported,
