@@ -1,0 +1,170 @@
+//! Create, get, update and delete on the real embedded store: etcd's semantics and errors.
+
+mod common;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::{open, open_with, value};
+use sluice_store::{EmbeddedConfig, Store, StoreError};
+
+#[tokio::test]
+async fn writes_advance_one_revision_each_and_track_versions() {
+    let (store, _dir) = open();
+    assert_eq!(store.current_revision().await.unwrap(), 0);
+    assert_eq!(store.get("/a").await.unwrap(), None);
+
+    let created = store.create("/a", value("one")).await.unwrap();
+    assert_eq!(
+        (
+            created.create_revision,
+            created.mod_revision,
+            created.version
+        ),
+        (1, 1, 1)
+    );
+    assert_eq!(store.get("/a").await.unwrap(), Some(created.clone()));
+
+    let updated = store.update("/a", value("two"), Some(1)).await.unwrap();
+    assert_eq!(
+        (
+            updated.create_revision,
+            updated.mod_revision,
+            updated.version
+        ),
+        (1, 2, 2)
+    );
+    assert_eq!(updated.value, value("two"));
+    let unconditional = store.update("/a", value("three"), None).await.unwrap();
+    assert_eq!((unconditional.mod_revision, unconditional.version), (3, 3));
+
+    let deleted = store.delete("/a", Some(3)).await.unwrap();
+    assert_eq!(deleted, unconditional, "delete returns the deleted state");
+    assert_eq!(store.get("/a").await.unwrap(), None);
+    assert_eq!(store.current_revision().await.unwrap(), 4);
+
+    // A new incarnation starts over: new create_revision, version 1.
+    let again = store.create("/a", value("four")).await.unwrap();
+    assert_eq!(
+        (again.create_revision, again.mod_revision, again.version),
+        (5, 5, 1)
+    );
+}
+
+#[tokio::test]
+async fn refused_writes_say_why_and_change_nothing() {
+    let (store, _dir) = open();
+    store.create("/a", value("one")).await.unwrap();
+    let current = store.update("/a", value("two"), None).await.unwrap();
+
+    let exists = store.create("/a", value("x")).await.unwrap_err();
+    assert!(matches!(exists, StoreError::AlreadyExists { ref key } if key == "/a"));
+    assert_eq!(exists.http_status(), 409);
+
+    for error in [
+        store.update("/a", value("x"), Some(1)).await.unwrap_err(),
+        store.delete("/a", Some(1)).await.unwrap_err(),
+    ] {
+        match error {
+            StoreError::Conflict { current: got } => assert_eq!(*got, current),
+            other => panic!("expected a conflict, got {other}"),
+        }
+    }
+    for error in [
+        store.update("/b", value("x"), None).await.unwrap_err(),
+        store.delete("/b", None).await.unwrap_err(),
+        store.delete("/b", Some(2)).await.unwrap_err(),
+    ] {
+        assert!(
+            matches!(error, StoreError::NotFound { ref key } if key == "/b"),
+            "{error}"
+        );
+    }
+    assert_eq!(
+        store.current_revision().await.unwrap(),
+        2,
+        "refusals write nothing"
+    );
+    assert_eq!(store.get("/a").await.unwrap(), Some(current));
+}
+
+#[tokio::test]
+async fn oversized_values_and_bad_keys_are_refused_with_typed_errors() {
+    let config = EmbeddedConfig {
+        max_value_bytes: 16,
+        ..EmbeddedConfig::default()
+    };
+    let (store, _dir) = open_with(config);
+    store
+        .create("/a", Bytes::from(vec![b'x'; 16]))
+        .await
+        .unwrap();
+    let too_large = store
+        .create("/b", Bytes::from(vec![b'x'; 17]))
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        too_large,
+        StoreError::ValueTooLarge { size: 17, max: 16 }
+    ));
+    assert_eq!(too_large.http_status(), 413);
+    let update = store.update("/a", Bytes::from(vec![b'x'; 17]), None).await;
+    assert!(matches!(update, Err(StoreError::ValueTooLarge { .. })));
+    assert!(matches!(
+        store.create("", value("x")).await,
+        Err(StoreError::InvalidKey { .. })
+    ));
+    assert_eq!(store.current_revision().await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn default_limit_is_etcds_request_size() {
+    let (store, _dir) = open();
+    let limit = sluice_store::DEFAULT_MAX_VALUE_BYTES;
+    assert_eq!(limit, 1536 * 1024);
+    store
+        .create("/big", Bytes::from(vec![7u8; limit]))
+        .await
+        .unwrap();
+    assert_eq!(store.get("/big").await.unwrap().unwrap().value.len(), limit);
+    let over = store
+        .create("/bigger", Bytes::from(vec![7u8; limit + 1]))
+        .await;
+    assert!(matches!(over, Err(StoreError::ValueTooLarge { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_updates_with_the_same_expectation_have_one_winner() {
+    let (store, _dir) = open();
+    let store: Arc<dyn Store> = Arc::new(store);
+    let base = store.create("/contended", value("0")).await.unwrap();
+    let mut tasks = Vec::new();
+    for writer in 0..16 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let body = value(&format!("writer {writer}"));
+            store
+                .update("/contended", body, Some(base.mod_revision))
+                .await
+        }));
+    }
+    let mut winners = Vec::new();
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(kv) => winners.push(kv),
+            Err(StoreError::Conflict { current }) => {
+                assert!(current.mod_revision > base.mod_revision)
+            }
+            Err(other) => panic!("unexpected error: {other}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one conditional update wins");
+    assert_eq!(
+        store.get("/contended").await.unwrap(),
+        Some(winners[0].clone())
+    );
+    assert_eq!(
+        store.current_revision().await.unwrap(),
+        base.mod_revision + 1
+    );
+}
