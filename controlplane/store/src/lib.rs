@@ -27,6 +27,10 @@ pub use embedded::{
     EmbeddedConfig, EmbeddedStore, DEFAULT_MAX_VALUE_BYTES, DEFAULT_PROGRESS_INTERVAL,
     DEFAULT_WATCH_BUFFER,
 };
+/// The log's row encoding, public for the fuzz target only (`fuzz/fuzz_targets/store_row.rs`):
+/// a damaged store file must fail the request that reads the row, never the server.
+#[doc(hidden)]
+pub use embedded::Record as LogRow;
 pub use error::{BoxError, StoreError};
 pub use types::{Event, KeyValue, ListPage, WatchBatch};
 

@@ -13,6 +13,9 @@ mod compact;
 mod history;
 mod hub;
 mod record;
+
+#[doc(hidden)]
+pub use record::Record;
 mod tables;
 mod watch;
 mod write;

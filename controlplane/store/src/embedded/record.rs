@@ -19,7 +19,7 @@ const HEADER_LEN: usize = 1 + 1 + 8 + 8 + 8 + 4;
 /// One write of the log, stored under its revision (kine's row: name, deleted flag,
 /// create_revision, prev_revision, value).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Record {
+pub struct Record {
     /// The key written.
     pub key: String,
     /// The value written; empty for a deletion.
