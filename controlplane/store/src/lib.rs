@@ -23,14 +23,14 @@ use bytes::Bytes;
 use futures_core::Stream;
 
 pub use compactor::Compactor;
-pub use embedded::{
-    EmbeddedConfig, EmbeddedStore, DEFAULT_MAX_VALUE_BYTES, DEFAULT_PROGRESS_INTERVAL,
-    DEFAULT_WATCH_BUFFER,
-};
 /// The log's row encoding, public for the fuzz target only (`fuzz/fuzz_targets/store_row.rs`):
 /// a damaged store file must fail the request that reads the row, never the server.
 #[doc(hidden)]
 pub use embedded::Record as LogRow;
+pub use embedded::{
+    EmbeddedConfig, EmbeddedStore, DEFAULT_MAX_VALUE_BYTES, DEFAULT_PROGRESS_INTERVAL,
+    DEFAULT_WATCH_BUFFER,
+};
 pub use error::{BoxError, StoreError};
 pub use types::{Event, KeyValue, ListPage, WatchBatch};
 
