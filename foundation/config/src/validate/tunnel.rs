@@ -1,0 +1,244 @@
+//! The `tunnel` section: the node's limits, the agents it lets connect, its JWTs and peers.
+
+use std::time::Duration;
+
+use super::{duration, readable_file, scalar, secret_from_file, text, unsigned, Errors};
+use crate::raw::{RawJwt, RawPeerTls, RawTunnel};
+use crate::{AgentTokenConfig, IpNetwork, JwtConfig, PeerTlsConfig, TunnelConfig};
+
+fn node_name_default() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_string())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "sluice-node".to_string())
+}
+
+pub(super) const DEFAULT_MAX_MESSAGE_BYTES: u64 = 32 * 1024 * 1024;
+pub(super) const MAX_MESSAGE_BYTES_LIMIT: u64 = 1024 * 1024 * 1024;
+const DEFAULT_MAX_BUFFERED_BYTES: u64 = 256 * 1024 * 1024;
+
+pub(super) fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
+    let agents = agent_tokens(raw, errors);
+    TunnelConfig {
+        node_name: text(
+            &raw.node_name,
+            "tunnel.node_name",
+            &node_name_default(),
+            errors,
+        ),
+        max_wait: duration(
+            &raw.max_wait,
+            "tunnel.max_wait",
+            Duration::from_secs(20),
+            errors,
+        ),
+        max_message_bytes: unsigned(
+            &raw.max_message_bytes,
+            "tunnel.max_message_bytes",
+            DEFAULT_MAX_MESSAGE_BYTES,
+            (1024, MAX_MESSAGE_BYTES_LIMIT),
+            errors,
+        ) as usize,
+        max_metadata_entries: unsigned(
+            &raw.max_metadata_entries,
+            "tunnel.max_metadata_entries",
+            512,
+            (16, crate::METADATA_ENTRIES_CEILING as u64),
+            errors,
+        ) as usize,
+        max_metadata_bytes: unsigned(
+            &raw.max_metadata_bytes,
+            "tunnel.max_metadata_bytes",
+            64 * 1024,
+            (1024, crate::METADATA_BYTES_CEILING as u64),
+            errors,
+        ) as usize,
+        max_buffered_bytes: unsigned(
+            &raw.max_buffered_bytes,
+            "tunnel.max_buffered_bytes",
+            DEFAULT_MAX_BUFFERED_BYTES,
+            (1024 * 1024, 1 << 40),
+            errors,
+        ) as usize,
+        agents,
+        jwt: jwt(
+            &raw.jwt,
+            "tunnel.jwt",
+            ("gitlab", "gitlab-kas"),
+            Duration::from_secs(60),
+            errors,
+        ),
+        private_jwt: raw.private_jwt.as_ref().map(|raw| {
+            jwt(
+                raw,
+                "tunnel.private_jwt",
+                ("sluice-node", "sluice-private"),
+                Duration::from_secs(10),
+                errors,
+            )
+        }),
+        advertise_address: raw
+            .advertise_address
+            .as_ref()
+            .and_then(|value| scalar(value, "tunnel.advertise_address", errors)),
+        peer_tls: raw.peer_tls.as_ref().and_then(|raw| peer_tls(raw, errors)),
+        peer_allowlist: raw
+            .peer_allowlist
+            .iter()
+            .enumerate()
+            .filter_map(|(index, value)| {
+                let path = format!("tunnel.peer_allowlist[{index}]");
+                let text = scalar(value, &path, errors)?;
+                let network = IpNetwork::parse(&text);
+                if network.is_none() {
+                    errors.push(
+                        &path,
+                        format!(
+                            "invalid network {text:?}: expected CIDR notation such as 10.0.0.0/8"
+                        ),
+                    );
+                }
+                network
+            })
+            .collect(),
+    }
+}
+
+fn peer_tls(raw: &RawPeerTls, errors: &mut Errors) -> Option<PeerTlsConfig> {
+    let ca_file = readable_file(&raw.ca_file, "tunnel.peer_tls.ca_file", true, errors);
+    let cert = readable_file(&raw.cert_file, "tunnel.peer_tls.cert_file", false, errors);
+    let key = readable_file(&raw.key_file, "tunnel.peer_tls.key_file", false, errors);
+    let identity = match (cert, key, raw.cert_file.is_some(), raw.key_file.is_some()) {
+        (Some(cert), Some(key), _, _) => Some((cert, key)),
+        (_, _, true, false) => {
+            errors.push("tunnel.peer_tls.key_file", "is required with cert_file");
+            None
+        }
+        (_, _, false, true) => {
+            errors.push("tunnel.peer_tls.cert_file", "is required with key_file");
+            None
+        }
+        _ => None,
+    };
+    let server_name = raw
+        .server_name
+        .as_ref()
+        .and_then(|value| scalar(value, "tunnel.peer_tls.server_name", errors));
+    if let Some(name) = &server_name {
+        if rustls_pki_types::ServerName::try_from(name.as_str()).is_err() {
+            errors.push(
+                "tunnel.peer_tls.server_name",
+                format!("{name:?} is not a valid DNS name or IP address"),
+            );
+        }
+    }
+    Some(PeerTlsConfig {
+        ca_file: ca_file?,
+        identity,
+        server_name,
+    })
+}
+
+fn jwt(
+    raw: &RawJwt,
+    path: &str,
+    (issuer, audience): (&str, &str),
+    max_lifetime: Duration,
+    errors: &mut Errors,
+) -> JwtConfig {
+    let (secret_file, secret) =
+        secret_from_file(&raw.secret_file, &format!("{path}.secret_file"), errors)
+            .unwrap_or_default();
+    if !secret.is_empty() && secret.len() < 32 {
+        errors.push(
+            format!("{path}.secret_file"),
+            format!(
+                "the secret in {} has {} bytes; HS256 needs at least 32",
+                secret_file.display(),
+                secret.len()
+            ),
+        );
+    }
+    JwtConfig {
+        secret,
+        secret_file,
+        issuer: text(&raw.issuer, &format!("{path}.issuer"), issuer, errors),
+        audience: text(&raw.audience, &format!("{path}.audience"), audience, errors),
+        leeway: duration(
+            &raw.leeway,
+            &format!("{path}.leeway"),
+            Duration::from_secs(5),
+            errors,
+        ),
+        max_lifetime: duration(
+            &raw.max_lifetime,
+            &format!("{path}.max_lifetime"),
+            max_lifetime,
+            errors,
+        ),
+    }
+}
+
+/// `tunnel.agents`: ids and token digests, each unique.
+fn agent_tokens(raw: &RawTunnel, errors: &mut Errors) -> Vec<AgentTokenConfig> {
+    let mut agents = Vec::with_capacity(raw.agents.len());
+    let mut seen_ids = std::collections::HashSet::new();
+    let mut seen_tokens = std::collections::HashSet::new();
+    for (index, entry) in raw.agents.iter().enumerate() {
+        let path = format!("tunnel.agents[{index}]");
+        let id = match &entry.id {
+            None => {
+                errors.push(format!("{path}.id"), "is required");
+                None
+            }
+            Some(_) => Some(unsigned(
+                &entry.id,
+                &format!("{path}.id"),
+                0,
+                (1, i64::MAX as u64),
+                errors,
+            ) as i64),
+        };
+        let digest = match &entry.token_sha256 {
+            None => {
+                errors.push(format!("{path}.token_sha256"), "is required");
+                None
+            }
+            Some(value) => {
+                scalar(value, &format!("{path}.token_sha256"), errors).and_then(|text| {
+                    let mut digest = [0u8; 32];
+                    match hex::decode_to_slice(text.trim(), &mut digest) {
+                        Ok(()) => Some(digest),
+                        Err(_) => {
+                            errors.push(
+                                format!("{path}.token_sha256"),
+                                "expected 64 hex digits (sha256sum of the agent's token)",
+                            );
+                            None
+                        }
+                    }
+                })
+            }
+        };
+        if let (Some(id), Some(digest)) = (id, digest) {
+            if id > 0 && !seen_ids.insert(id) {
+                errors.push(
+                    format!("{path}.id"),
+                    format!("agent id {id} is listed twice"),
+                );
+            }
+            if !seen_tokens.insert(digest) {
+                errors.push(
+                    format!("{path}.token_sha256"),
+                    "the same token is listed for two agents",
+                );
+            }
+            agents.push(AgentTokenConfig {
+                id,
+                token_sha256: digest,
+            });
+        }
+    }
+    agents
+}
