@@ -73,18 +73,24 @@ pub fn small_frame_budget(settings: &H2Settings) -> usize {
 }
 
 /// A monoio TCP stream as tokio-style consumers (h2, tokio-rustls, hyper) see it.
-pub type CompatStream = monoio::net::tcp::stream_poll::TcpStreamPoll;
+pub type CompatStream = monoio_compat::TcpStreamCompat;
 
 /// Wraps a monoio stream for tokio-style consumers (h2, tokio-rustls, hyper).
 ///
-/// Readiness-based (io_uring polls the socket, then the read lands straight in the consumer's
-/// buffer) rather than monoio-compat's completion adapter: that adapter owns a read and a write
-/// buffer per connection for as long as it lives (128 KiB at the 64 KiB h2 needs), and copies
-/// every byte through them. An idle connection here holds no I/O buffer of its own, only h2's
-/// and rustls's, and data is not copied twice. Fails only if the socket cannot be registered.
+/// monoio-compat's completion adapter owns a 64 KiB read and a 64 KiB write buffer per
+/// connection and copies every byte through them (an idle HTTP/2 connection costs ~127 KiB).
+/// monoio's readiness-based `poll-io` streams avoid both (43 KiB per idle connection, 24-40%
+/// less gateway CPU per request in smoke A/Bs), but with them a call hung until its deadline
+/// when connections were retired by age (`attacks_slowloris.rs::connections_retired_by_age_cost_no_call`
+/// failed 3 runs in 8, on both drivers; 0 in 6 with this adapter); the cause is not found yet
+/// (docs/PERFORMANCE.md, "Readiness-based I/O A/B"). `Result` so that a registering adapter
+/// can come back without touching the callers.
 pub fn compat(stream: TcpStream) -> std::io::Result<CompatStream> {
-    use monoio::io::IntoPollIo;
-    stream.into_poll_io()
+    Ok(monoio_compat::TcpStreamCompat::new_with_buffer_size(
+        stream,
+        64 * 1024,
+        64 * 1024,
+    ))
 }
 
 /// An open HTTP/2 client connection.
