@@ -1,7 +1,7 @@
 //! The usual HTTP/2 abuse against the real `sluice run` binary's external listener (issue 13,
 //! attack suite): rapid reset, CONTINUATION flood, SETTINGS and PING floods from a peer that
-//! never reads, an HPACK bomb, and 10,000 idle connections. Frames are written by hand on raw
-//! sockets (no client library would send them). Under each, a well-behaved client keeps getting
+//! never reads, an HPACK bomb, zero-window stalls, and 10,000 idle connections. Frames are
+//! written by hand on raw sockets (no client library would send them). Under each, a well-behaved client keeps getting
 //! correct answers, the node stays ready, and its RSS stays within the bound each case states.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
@@ -21,6 +21,7 @@ use common::{agents_yaml, client_jwt, rss_kib, Secrets, BIN};
 use test_support::{http_get, SluiceLauncher, SluiceProcess};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const DATA: u8 = 0;
 const HEADERS: u8 = 1;
 const RST_STREAM: u8 = 3;
 const SETTINGS: u8 = 4;
@@ -39,14 +40,28 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// An HPACK literal header field without indexing, no Huffman (RFC 7541 6.2.2); names and
-/// values shorter than 127 bytes.
+/// An HPACK literal header field without indexing, no Huffman (RFC 7541 6.2.2).
 fn literal(out: &mut Vec<u8>, name: &str, value: &str) {
     out.push(0x00);
-    out.push(name.len() as u8);
-    out.extend_from_slice(name.as_bytes());
-    out.push(value.len() as u8);
-    out.extend_from_slice(value.as_bytes());
+    for text in [name, value] {
+        string_length(out, text.len());
+        out.extend_from_slice(text.as_bytes());
+    }
+}
+
+/// A string length: an integer with a 7-bit prefix, Huffman bit clear (RFC 7541 5.1).
+fn string_length(out: &mut Vec<u8>, length: usize) {
+    if length < 127 {
+        out.push(length as u8);
+        return;
+    }
+    out.push(127);
+    let mut rest = length - 127;
+    while rest >= 128 {
+        out.push((rest % 128) as u8 | 0x80);
+        rest /= 128;
+    }
+    out.push(rest as u8);
 }
 
 fn request_block() -> Vec<u8> {
@@ -175,14 +190,14 @@ async fn list_agents(node: SocketAddr, token: &str) -> Result<String, String> {
 
 /// Runs `attack` against a fresh node while a good client calls it; checks the node stayed
 /// ready and grew by less than `rss_bound_kib`.
-fn under_attack(what: &str, rss_bound_kib: u64, attack: impl FnOnce(SocketAddr)) {
+fn under_attack(what: &str, rss_bound_kib: u64, attack: impl FnOnce(SocketAddr, &Secrets)) {
     let secrets = Secrets::new();
     let node = start_node(&secrets);
     let external = node.address("external");
     let before = rss_kib(node.pid());
     let good = GoodClient::start(external, client_jwt(&secrets, 50));
     let started = Instant::now();
-    attack(external);
+    attack(external, &secrets);
     // The good client keeps going a little after the attack too.
     std::thread::sleep(Duration::from_millis(300));
     good.finish(what, 5);
@@ -211,7 +226,7 @@ fn flood(stream: &mut TcpStream, frames: impl Iterator<Item = Vec<u8>>) -> usize
 
 #[test]
 fn rapid_reset_is_cut_off_and_others_are_served() {
-    under_attack("rapid reset", 32 * 1024, |node| {
+    under_attack("rapid reset", 32 * 1024, |node, _| {
         let mut stream = open(node);
         let block = request_block();
         let frames = (0..100_000u32).flat_map(|index| {
@@ -231,7 +246,7 @@ fn rapid_reset_is_cut_off_and_others_are_served() {
 
 #[test]
 fn a_continuation_flood_is_refused_without_buffering_it() {
-    under_attack("CONTINUATION flood", 32 * 1024, |node| {
+    under_attack("CONTINUATION flood", 32 * 1024, |node, _| {
         let mut stream = open(node);
         let mut block = request_block();
         block.truncate(block.len() - 1);
@@ -248,7 +263,7 @@ fn a_continuation_flood_is_refused_without_buffering_it() {
 
 #[test]
 fn settings_and_ping_floods_from_a_peer_that_never_reads_stay_bounded() {
-    under_attack("SETTINGS + PING flood", 64 * 1024, |node| {
+    under_attack("SETTINGS + PING flood", 64 * 1024, |node, _| {
         let mut streams: Vec<TcpStream> = (0..4).map(|_| open(node)).collect();
         for stream in &mut streams {
             stream
@@ -273,7 +288,7 @@ fn settings_and_ping_floods_from_a_peer_that_never_reads_stay_bounded() {
 
 #[test]
 fn an_hpack_bomb_is_refused_at_the_header_list_limit() {
-    under_attack("HPACK bomb", 32 * 1024, |node| {
+    under_attack("HPACK bomb", 32 * 1024, |node, _| {
         let mut stream = open(node);
         // One 3,000-byte header added to the dynamic table (literal with incremental indexing:
         // 3,036 bytes of the default 4,096-byte table), then referenced 16,000 times (indexed
@@ -306,9 +321,51 @@ fn an_hpack_bomb_is_refused_at_the_header_list_limit() {
 /// it fails.
 #[test]
 fn ten_thousand_idle_connections_do_not_stop_the_node_serving() {
-    under_attack("10,000 idle connections", 10_000 * 160, |node| {
+    under_attack("10,000 idle connections", 10_000 * 160, |node, _| {
         let held: Vec<TcpStream> = (0..10_000).map(|_| open(node)).collect();
         std::thread::sleep(Duration::from_secs(1));
         drop(held);
+    });
+}
+
+/// Zero-window stalls: peers that set their stream window to 0 (SETTINGS_INITIAL_WINDOW_SIZE),
+/// open authenticated calls, and never read or grant credit. Each answer waits in the node for
+/// credit that never comes; what that holds is bounded by the streams a connection may open,
+/// and other clients are served meanwhile.
+#[test]
+fn zero_window_stalls_hold_only_bounded_memory() {
+    under_attack("zero-window stalls", 64 * 1024, |node, secrets| {
+        let token = client_jwt(secrets, 50);
+        let mut block = Vec::new();
+        literal(&mut block, ":method", "POST");
+        literal(&mut block, ":scheme", "http");
+        literal(
+            &mut block,
+            ":path",
+            sluice_tunnel::protocol::LIST_AGENTS_PATH,
+        );
+        literal(&mut block, ":authority", "node");
+        literal(&mut block, "content-type", "application/grpc");
+        literal(&mut block, "authorization", &format!("Bearer {token}"));
+        let empty_message = [0u8; 5];
+        let stalled: Vec<TcpStream> = (0..8)
+            .map(|_| {
+                let mut stream = open(node);
+                stream
+                    .write_all(&frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 0]))
+                    .unwrap();
+                let calls = (0..100u32).flat_map(|index| {
+                    let id = 1 + 2 * index;
+                    [
+                        frame(HEADERS, END_HEADERS, id, &block),
+                        frame(DATA, END_STREAM, id, &empty_message),
+                    ]
+                });
+                flood(&mut stream, calls);
+                stream
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(1));
+        drop(stalled);
     });
 }
