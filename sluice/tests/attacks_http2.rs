@@ -18,52 +18,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{agents_yaml, client_jwt, rss_kib, Secrets, BIN};
+use test_support::raw_h2::{
+    frame, literal, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, PING, RST_STREAM,
+    SETTINGS,
+};
 use test_support::{http_get, SluiceLauncher, SluiceProcess};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const DATA: u8 = 0;
-const HEADERS: u8 = 1;
-const RST_STREAM: u8 = 3;
-const SETTINGS: u8 = 4;
-const PING: u8 = 6;
-const CONTINUATION: u8 = 9;
-const END_STREAM: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let length = payload.len() as u32;
-    let mut out = Vec::with_capacity(9 + payload.len());
-    out.extend_from_slice(&length.to_be_bytes()[1..]);
-    out.extend_from_slice(&[kind, flags]);
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
-
-/// An HPACK literal header field without indexing, no Huffman (RFC 7541 6.2.2).
-fn literal(out: &mut Vec<u8>, name: &str, value: &str) {
-    out.push(0x00);
-    for text in [name, value] {
-        string_length(out, text.len());
-        out.extend_from_slice(text.as_bytes());
-    }
-}
-
-/// A string length: an integer with a 7-bit prefix, Huffman bit clear (RFC 7541 5.1).
-fn string_length(out: &mut Vec<u8>, length: usize) {
-    if length < 127 {
-        out.push(length as u8);
-        return;
-    }
-    out.push(127);
-    let mut rest = length - 127;
-    while rest >= 128 {
-        out.push((rest % 128) as u8 | 0x80);
-        rest /= 128;
-    }
-    out.push(rest as u8);
-}
-
 fn request_block() -> Vec<u8> {
     let mut block = Vec::new();
     literal(&mut block, ":method", "POST");

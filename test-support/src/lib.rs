@@ -8,6 +8,7 @@ mod http;
 mod netns;
 mod ovs;
 mod process;
+pub mod raw_h2;
 mod redis;
 mod seccomp;
 mod wait;

@@ -18,6 +18,7 @@ use sluice_grpc::transport::{connect, recv_data, H2Settings};
 use sluice_proto::tunnel::v1::{connect_request, ConnectRequest, Header, MetadataEntry};
 use sluice_runtime::Driver;
 use sluice_tunnel::wire::frame;
+use test_support::raw_h2;
 
 const DRIVERS: [Driver; 2] = [Driver::IoUring, Driver::Legacy];
 
@@ -160,40 +161,6 @@ fn waiting_for_random_agent_ids_leaves_no_registry_slot_behind() {
     }
 }
 
-fn hpack_int(out: &mut Vec<u8>, value: usize) {
-    // 7-bit prefix, H (Huffman) bit clear.
-    if value < 127 {
-        out.push(value as u8);
-        return;
-    }
-    out.push(127);
-    let mut rest = value - 127;
-    while rest >= 128 {
-        out.push((rest % 128) as u8 | 0x80);
-        rest /= 128;
-    }
-    out.push(rest as u8);
-}
-
-/// HPACK "literal header field without indexing, new name", no Huffman: any `:path` at all.
-fn hpack_literal(out: &mut Vec<u8>, name: &str, value: &str) {
-    out.push(0);
-    hpack_int(out, name.len());
-    out.extend_from_slice(name.as_bytes());
-    hpack_int(out, value.len());
-    out.extend_from_slice(value.as_bytes());
-}
-
-fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(9 + payload.len());
-    out.extend_from_slice(&(payload.len() as u32).to_be_bytes()[1..]);
-    out.push(kind);
-    out.push(flags);
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
-
 /// Sends one call with a raw `:path` on a raw HTTP/2 connection; returns the type of the first
 /// frame the node answers stream 1 (or the connection) with: HEADERS (1), RST_STREAM (3) or
 /// GOAWAY (7).
@@ -214,11 +181,16 @@ fn raw_path_call(node: std::net::SocketAddr, path: &str) -> u8 {
         ("authorization", format!("Bearer {}", jwt())),
         ("sluice-agent-id", "7".to_string()),
     ] {
-        hpack_literal(&mut block, name, &value);
+        raw_h2::literal(&mut block, name, &value);
     }
     let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    out.extend(h2_frame(4, 0, 0, &[]));
-    out.extend(h2_frame(1, 0x4 | 0x1, 1, &block));
+    out.extend(raw_h2::frame(raw_h2::SETTINGS, 0, 0, &[]));
+    out.extend(raw_h2::frame(
+        raw_h2::HEADERS,
+        raw_h2::END_HEADERS | raw_h2::END_STREAM,
+        1,
+        &block,
+    ));
     socket.write_all(&out).unwrap();
     loop {
         let mut head = [0u8; 9];

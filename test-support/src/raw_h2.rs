@@ -1,0 +1,48 @@
+//! HTTP/2 written by hand, for attack tests that send what no client library would: frames
+//! (RFC 9113 4.1) and HPACK literals without Huffman coding (RFC 7541).
+
+/// Frame types and flags the attack tests use.
+pub const DATA: u8 = 0;
+pub const HEADERS: u8 = 1;
+pub const RST_STREAM: u8 = 3;
+pub const SETTINGS: u8 = 4;
+pub const PING: u8 = 6;
+pub const GOAWAY: u8 = 7;
+pub const CONTINUATION: u8 = 9;
+pub const END_STREAM: u8 = 0x1;
+pub const END_HEADERS: u8 = 0x4;
+
+/// One frame: 24-bit length, type, flags, stream id, payload.
+pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9 + payload.len());
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes()[1..]);
+    out.extend_from_slice(&[kind, flags]);
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// A literal header field without indexing, new name, no Huffman (RFC 7541 6.2.2): any name
+/// and value at all, `:path` included.
+pub fn literal(out: &mut Vec<u8>, name: &str, value: &str) {
+    out.push(0x00);
+    for text in [name, value] {
+        string_length(out, text.len());
+        out.extend_from_slice(text.as_bytes());
+    }
+}
+
+/// A string length: an integer with a 7-bit prefix, Huffman bit clear (RFC 7541 5.1).
+fn string_length(out: &mut Vec<u8>, length: usize) {
+    if length < 127 {
+        out.push(length as u8);
+        return;
+    }
+    out.push(127);
+    let mut rest = length - 127;
+    while rest >= 128 {
+        out.push((rest % 128) as u8 | 0x80);
+        rest /= 128;
+    }
+    out.push(rest as u8);
+}
