@@ -17,12 +17,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{agents_yaml, client_jwt, rss_kib, Secrets, BIN};
+use common::{agents_yaml, client_jwt, rss_kib, run_node, Secrets};
 use test_support::raw_h2::{
     frame, literal, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, PING, RST_STREAM,
     SETTINGS,
 };
-use test_support::{http_get, SluiceLauncher, SluiceProcess};
+use test_support::{http_get, SluiceProcess};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 fn request_block() -> Vec<u8> {
@@ -54,14 +54,7 @@ fn start_node(secrets: &Secrets) -> SluiceProcess {
          tunnel:\n  node_name: abused\n  max_wait: 1s\n  agents:\n{agents}  jwt: {{secret_file: '{}'}}\n",
         secrets.jwt_secret.display()
     );
-    let launcher = SluiceLauncher::new(BIN).unwrap();
-    let config = launcher.write_file("node.yaml", &yaml).unwrap();
-    launcher
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .spawn()
-        .expect("node starts")
+    run_node(&yaml)
 }
 
 /// A well-behaved client calling ListConnectedAgents on fresh connections until stopped:

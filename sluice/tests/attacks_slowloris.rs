@@ -15,8 +15,10 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::{agents_yaml, client_args, metric, start_agent, wait_for_idle_tunnels, Secrets, BIN};
-use test_support::{spawn_tunnel_client, wait_until, GrpcBackend, SluiceLauncher, SluiceProcess};
+use common::{
+    agents_yaml, client_args, metric, run_node, start_agent, wait_for_idle_tunnels, Secrets,
+};
+use test_support::{spawn_tunnel_client, wait_until, GrpcBackend, SluiceProcess};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// An empty SETTINGS frame: length 0, type 4, no flags, stream 0.
@@ -34,14 +36,7 @@ fn start_limited_node(secrets: &Secrets, driver: &str, limits: &str) -> SluicePr
          \x20 jwt: {{secret_file: '{}'}}\n",
         secrets.jwt_secret.display()
     );
-    let launcher = SluiceLauncher::new(BIN).unwrap();
-    let config = launcher.write_file("node.yaml", &yaml).unwrap();
-    launcher
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .spawn()
-        .expect("node starts")
+    run_node(&yaml)
 }
 
 fn closed_count(node: &SluiceProcess, listener: &str, reason: &str) -> f64 {

@@ -134,14 +134,7 @@ pub fn start_node_on(
             ),
         },
     ) + &peer_tls(private_tls) + extra_yaml;
-    let launcher = SluiceLauncher::new(BIN).unwrap();
-    let config = launcher.write_file("node.yaml", &yaml).unwrap();
-    let node = launcher
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .spawn()
-        .expect("node starts");
+    let node = run_node(&yaml);
     if driver != "auto" {
         assert_driver(&node, driver);
     }
@@ -149,6 +142,18 @@ pub fn start_node_on(
 }
 
 /// Asserts that the process runs on `driver` (its `sluice_build_info` series).
+/// `sluice run` on `yaml` (written as `node.yaml` in the process's own directory), ready.
+pub fn run_node(yaml: &str) -> SluiceProcess {
+    let launcher = SluiceLauncher::new(BIN).unwrap();
+    let config = launcher.write_file("node.yaml", yaml).unwrap();
+    launcher
+        .arg("run")
+        .arg("--config")
+        .arg(config)
+        .spawn()
+        .expect("node starts")
+}
+
 pub fn assert_driver(process: &SluiceProcess, driver: &str) {
     let metrics = http_get(process.address("admin"), "/metrics")
         .expect("metrics")
