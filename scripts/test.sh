@@ -18,6 +18,8 @@ root=$(pwd)
 tier=${1:-all}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target-$(printf %s "$root" | sha1sum | cut -c1-12)}
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+# A CI run builds once: incremental state would only add ~2 GB of disk to a cold build.
+if [ -n "${CI:-}" ]; then export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}; fi
 
 log() { printf '\n== %s\n' "$*"; }
 
@@ -95,6 +97,8 @@ if [ "$tier" != lint ] && [ "$tier" != fuzz ]; then
   export SLUICE_PYTHON="$root/.venv/bin/python"
 fi
 
+mkdir -p "$CARGO_TARGET_DIR"
+log "disk free where builds go: $(df -h --output=avail "$CARGO_TARGET_DIR" | tail -1)"
 case "$tier" in
   lint) run_lint ;;
   unit)
