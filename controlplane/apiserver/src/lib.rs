@@ -1,8 +1,11 @@
-//! The control plane's kube-like API server (issue 14). This slice holds who may call it:
-//! [`auth`] turns a bearer token or a client certificate into an [`auth::Identity`] and decides
-//! what that identity may do; [`request`] reads what a request asks for (resource, verb) from its
-//! method, path and query. Pure logic: the HTTPS server that calls them comes next.
+//! The control plane's kube-like API server (issue 14): [`server`] serves the kinds of
+//! [`kinds`] over HTTPS with Kubernetes API conventions, stored in a `sluice-store`; [`auth`]
+//! turns a bearer token or a client certificate into an [`auth::Identity`] and decides what
+//! that identity may do; [`request`] reads what a request asks for from its method, path and
+//! query. `auth`, `request` and `kinds` are pure; `server` is the I/O.
 
 pub mod auth;
+pub mod bootstrap;
 pub mod kinds;
 pub mod request;
+pub mod server;

@@ -1,0 +1,122 @@
+//! What a request is answered with, and the one place that turns it into an HTTP response.
+
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use serde_json::Value;
+use sluice_apimachinery::StatusError;
+use tokio::sync::mpsc;
+
+pub type Body = BoxBody<Bytes, Infallible>;
+
+/// A handler's answer.
+pub enum Reply {
+    /// A JSON document; `warnings` become `Warning: 299 - "..."` headers (kubectl prints them).
+    Json {
+        status: StatusCode,
+        body: Value,
+        warnings: Vec<String>,
+    },
+    /// Prometheus text.
+    Text(String),
+    /// A watch: newline-delimited JSON events as the sender produces them.
+    Stream(mpsc::Receiver<Bytes>),
+}
+
+impl Reply {
+    pub fn ok(body: Value) -> Self {
+        Self::json(StatusCode::OK, body)
+    }
+
+    pub fn json(status: StatusCode, body: Value) -> Self {
+        Reply::Json {
+            status,
+            body,
+            warnings: Vec::new(),
+        }
+    }
+
+    pub fn with_warnings(self, more: Vec<String>) -> Self {
+        match self {
+            Reply::Json {
+                status,
+                body,
+                mut warnings,
+            } => {
+                warnings.extend(more);
+                Reply::Json {
+                    status,
+                    body,
+                    warnings,
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+/// Renders a reply (or a failure as a `Status`) and returns it with its status code.
+pub fn render(outcome: Result<Reply, StatusError>) -> Response<Body> {
+    match outcome {
+        Ok(Reply::Json {
+            status,
+            body,
+            warnings,
+        }) => json_response(status, &body, &warnings),
+        Ok(Reply::Text(text)) => {
+            let mut response = Response::new(full(Bytes::from(text)));
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            response
+        }
+        Ok(Reply::Stream(receiver)) => stream_response(receiver),
+        Err(error) => status_response(&error),
+    }
+}
+
+pub fn status_response(error: &StatusError) -> Response<Body> {
+    let status = StatusCode::from_u16(error.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    json_response(status, &error.to_json(), &[])
+}
+
+fn json_response(status: StatusCode, body: &Value, warnings: &[String]) -> Response<Body> {
+    let mut bytes = serde_json::to_vec(body).unwrap_or_default();
+    bytes.push(b'\n');
+    let mut response = Response::new(full(Bytes::from(bytes)));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    for warning in warnings {
+        let text = format!("299 - {:?}", warning);
+        if let Ok(value) = HeaderValue::from_str(&text) {
+            headers.append(http::header::WARNING, value);
+        }
+    }
+    response
+}
+
+fn stream_response(receiver: mpsc::Receiver<Bytes>) -> Response<Body> {
+    let frames = futures_util::stream::unfold(receiver, |mut receiver| async move {
+        let chunk = receiver.recv().await?;
+        Some((Ok::<_, Infallible>(Frame::data(chunk)), receiver))
+    });
+    let mut response = Response::new(BodyExt::boxed(StreamBody::new(frames)));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn full(bytes: Bytes) -> Body {
+    BodyExt::boxed(Full::new(bytes))
+}

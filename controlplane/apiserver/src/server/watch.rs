@@ -1,0 +1,252 @@
+//! WATCH: the objects' changes after a resourceVersion as newline-delimited JSON events, from
+//! the store's gap-free watch. Each watch is its own task with a bounded queue to its client;
+//! a slow client slows only its own watch (the store cuts a lagging watcher, which resumes
+//! from history here without the client noticing).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde_json::Value;
+use sluice_apimachinery::list::{bookmark_event, error_event, watch_event, WatchEventType};
+use sluice_apimachinery::meta::set_resource_version;
+use sluice_apimachinery::options::ListOptions;
+use sluice_apimachinery::table::{self, ResponseFormat, TableOptions};
+use sluice_apimachinery::{KindSpec, StatusError, StatusReason};
+use sluice_store::{Event, Store, StoreError, WatchBatch};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+
+use super::keys::list_prefix;
+use super::metrics::ResourceLabels;
+use super::objects::{decode, matches_selection, Call};
+use super::reply::Reply;
+use super::visibility::Visibility;
+use super::ApiServer;
+
+/// Encoded events queued per watch before the watch waits for its client.
+const QUEUE: usize = 64;
+
+impl ApiServer {
+    pub(crate) async fn watch(&self, call: &Call<'_>) -> Result<Reply, StatusError> {
+        let options = ListOptions::parse(call.query.pairs())?;
+        let (format, table_options) = call.format()?;
+        let permit = self.watch_slots.clone().try_acquire_owned().map_err(|_| {
+            StatusError::new(
+                StatusReason::TooManyRequests,
+                format!("the server holds its maximum of {} watches", self.limits.max_watches),
+            )
+        })?;
+        let (initial, after) = match options.resource_version {
+            // No version, or "0": the current state as ADDED events, then its changes.
+            None | Some(0) => self.current_state(call, &options).await?,
+            Some(revision) => (Vec::new(), revision),
+        };
+        let watch = Watch {
+            spec: call.spec.clone(),
+            prefix: list_prefix(call.spec, call.request.namespace),
+            options,
+            visibility: call.visibility.clone(),
+            format,
+            table_options,
+            store: self.store.clone(),
+            duration: self.watch_duration(call),
+            metrics: self.metrics.clone(),
+        };
+        let (sender, receiver) = mpsc::channel(QUEUE);
+        tokio::spawn(watch.run(initial, after, sender, permit));
+        Ok(Reply::Stream(receiver))
+    }
+
+    async fn current_state(
+        &self,
+        call: &Call<'_>,
+        options: &ListOptions,
+    ) -> Result<(Vec<Value>, u64), StatusError> {
+        let mut paging = options.clone();
+        paging.limit = None;
+        paging.resource_version = None;
+        let mut objects = Vec::new();
+        loop {
+            let (items, page) = self.list_items(call, &paging).await?;
+            objects.extend(items);
+            match page.continue_token {
+                Some(token) => {
+                    paging.continue_token =
+                        Some(sluice_apimachinery::list::ContinueToken::decode(&token)?)
+                }
+                None => return Ok((objects, page.resource_version)),
+            }
+        }
+    }
+
+    /// `timeoutSeconds` if given, else kube's default spread of 30 to 60 minutes (so watches
+    /// opened together do not all end together), never more than the server's maximum.
+    fn watch_duration(&self, call: &Call<'_>) -> Duration {
+        let asked = call
+            .query
+            .get("timeoutSeconds")
+            .and_then(|seconds| seconds.parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let default = || {
+            let mut byte = [0u8; 1];
+            let spread = getrandom::getrandom(&mut byte).map_or(0, |()| byte[0] as u64);
+            self.limits.watch_timeout + self.limits.watch_timeout * spread as u32 / 255
+        };
+        asked.unwrap_or_else(default).min(self.limits.watch_timeout * 2)
+    }
+}
+
+/// One open watch.
+struct Watch {
+    spec: KindSpec,
+    prefix: String,
+    options: ListOptions,
+    visibility: Visibility,
+    format: ResponseFormat,
+    table_options: TableOptions,
+    store: std::sync::Arc<dyn Store>,
+    duration: Duration,
+    metrics: super::metrics::ApiMetrics,
+}
+
+impl Watch {
+    async fn run(
+        self,
+        initial: Vec<Value>,
+        after: u64,
+        sender: mpsc::Sender<Bytes>,
+        _permit: OwnedSemaphorePermit,
+    ) {
+        let labels = ResourceLabels {
+            resource: self.spec.plural.clone(),
+        };
+        self.metrics.watchers.get_or_create(&labels).inc();
+        let mut first = true;
+        let mut sent = 0u64;
+        let deadline = tokio::time::sleep(self.duration);
+        tokio::pin!(deadline);
+        let mut ok = true;
+        for object in initial {
+            ok = ok && self.send(&sender, WatchEventType::Added, &object, &mut first).await;
+            sent += 1;
+        }
+        let mut last = after;
+        let mut stream = self.store.watch(&self.prefix, after);
+        while ok {
+            let item = tokio::select! {
+                _ = &mut deadline => break,
+                _ = sender.closed() => break,
+                item = stream.next() => item,
+            };
+            match item {
+                None => break,
+                Some(Ok(batch)) => {
+                    let revision = batch.revision;
+                    let (delivered, alive) = self.deliver(batch, &sender, &mut first).await;
+                    sent += delivered;
+                    ok = alive;
+                    last = revision;
+                }
+                Some(Err(StoreError::Lagged { last_revision })) => {
+                    last = last_revision;
+                    stream = self.store.watch(&self.prefix, last);
+                }
+                Some(Err(error)) => {
+                    let status = match error {
+                        StoreError::Compacted { compact_revision } => {
+                            StatusError::gone(last, compact_revision)
+                        }
+                        other => StatusError::new(
+                            StatusReason::ServiceUnavailable,
+                            format!("the store ended the watch: {other}"),
+                        ),
+                    };
+                    let _ = sender.send(line(&error_event(&status))).await;
+                    break;
+                }
+            }
+        }
+        self.metrics.watch_events.get_or_create(&labels).inc_by(sent);
+        self.metrics.watchers.get_or_create(&labels).dec();
+    }
+
+    /// Sends a batch's events; an empty batch is a bookmark when the client allows them.
+    async fn deliver(
+        &self,
+        batch: WatchBatch,
+        sender: &mpsc::Sender<Bytes>,
+        first: &mut bool,
+    ) -> (u64, bool) {
+        if batch.events.is_empty() {
+            if !self.options.allow_watch_bookmarks {
+                return (0, true);
+            }
+            let bookmark = line(&bookmark_event(&self.spec, batch.revision));
+            return (0, sender.send(bookmark).await.is_ok());
+        }
+        let mut sent = 0;
+        for event in batch.events {
+            let Some((event_type, object)) = self.translate(event) else {
+                continue;
+            };
+            if !self.send(sender, event_type, &object, first).await {
+                return (sent, false);
+            }
+            sent += 1;
+        }
+        (sent, true)
+    }
+
+    /// A store event as the client sees it through its selectors: an object that starts
+    /// matching is ADDED, one that stops matching is DELETED.
+    fn translate(&self, event: Event) -> Option<(WatchEventType, Value)> {
+        let passes = |object: &Value| {
+            matches_selection(&self.spec, &self.visibility, &self.options, object)
+        };
+        match event {
+            Event::Put { kv, prev } => {
+                let new = decode(&kv).ok()?;
+                let old = prev.and_then(|prev| decode(&prev).ok());
+                let was = old.as_ref().is_some_and(|old| passes(old));
+                match (was, passes(&new)) {
+                    (false, true) => Some((WatchEventType::Added, new)),
+                    (true, true) => Some((WatchEventType::Modified, new)),
+                    (true, false) => {
+                        let mut old = old?;
+                        set_resource_version(&mut old, kv.mod_revision);
+                        Some((WatchEventType::Deleted, old))
+                    }
+                    (false, false) => None,
+                }
+            }
+            Event::Delete { prev, revision } => {
+                let mut old = decode(&prev).ok()?;
+                set_resource_version(&mut old, revision);
+                passes(&old).then_some((WatchEventType::Deleted, old))
+            }
+        }
+    }
+
+    async fn send(
+        &self,
+        sender: &mpsc::Sender<Bytes>,
+        event_type: WatchEventType,
+        object: &Value,
+        first: &mut bool,
+    ) -> bool {
+        let event = match self.format {
+            ResponseFormat::Object => watch_event(event_type, object.clone()),
+            ResponseFormat::Table(_) => {
+                table::table_watch_event(&self.spec, event_type, object, &self.table_options, *first)
+            }
+        };
+        *first = false;
+        sender.send(line(&event)).await.is_ok()
+    }
+}
+
+fn line(event: &Value) -> Bytes {
+    let mut bytes = serde_json::to_vec(event).unwrap_or_default();
+    bytes.push(b'\n');
+    Bytes::from(bytes)
+}

@@ -1,0 +1,275 @@
+//! Writes: CREATE, UPDATE, PATCH, DELETE. Each reads what is stored, lets the pure machinery
+//! decide the new object, and writes it conditionally on the revision it read, so two writers
+//! never lose each other's changes.
+
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http::StatusCode;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde_json::Value;
+use sluice_apimachinery::meta::{self, begin_delete, DeleteOutcome};
+use sluice_apimachinery::patch;
+use sluice_apimachinery::schema::{prune_unknown_fields, FieldValidation};
+use sluice_apimachinery::{StatusError, StatusReason};
+
+use super::objects::{call_forbidden, decode, encode, store_status, Call};
+use super::reply::Reply;
+use super::ApiServer;
+
+/// How often a PATCH or DELETE re-reads and retries after another writer got in between
+/// (kube-apiserver retries such conflicts itself; the client only sees one when its own
+/// precondition fails).
+const CONFLICT_RETRIES: usize = 5;
+
+impl ApiServer {
+    pub(crate) async fn create(&self, call: &Call<'_>, body: Incoming) -> Result<Reply, StatusError> {
+        let body = self.read_body(call, body).await?;
+        let object = parse_object(&body)?;
+        if !call.visibility.allows(call.spec, &object) {
+            return Err(call_forbidden(call));
+        }
+        let validation = FieldValidation::parse(call.query.get("fieldValidation"))?;
+        let warnings = validation.check(call.spec, &object)?;
+        let uid = new_uid()?;
+        let mut object = meta::prepare_create(
+            call.spec,
+            object,
+            call.request.namespace,
+            SystemTime::now(),
+            &uid,
+        )?;
+        prune_unknown_fields(call.spec, &mut object);
+        let name = meta::object_name(&object).to_string();
+        let key = super::keys::object_key(call.spec, call.request.namespace, &name);
+        if dry_run(call)? {
+            return Ok(Reply::json(StatusCode::CREATED, object).with_warnings(warnings));
+        }
+        let stored = self
+            .store
+            .create(&key, encode(&object))
+            .await
+            .map_err(|error| store_status(call.spec, &name, error))?;
+        Ok(Reply::json(StatusCode::CREATED, decode(&stored)?).with_warnings(warnings))
+    }
+
+    /// PUT: the object's resourceVersion is the precondition (409 when stale).
+    pub(crate) async fn update(
+        &self,
+        call: &Call<'_>,
+        body: Incoming,
+        status: bool,
+    ) -> Result<Reply, StatusError> {
+        let body = self.read_body(call, body).await?;
+        let new = parse_object(&body)?;
+        let validation = FieldValidation::parse(call.query.get("fieldValidation"))?;
+        let warnings = validation.check(call.spec, &new)?;
+        let old = self.read(call.spec, &call.key(), call.name()).await?;
+        if !call.visibility.allows(call.spec, &old) {
+            return Err(call_forbidden(call));
+        }
+        let updated = if status {
+            meta::prepare_status_update(call.spec, &old, new)?
+        } else {
+            meta::prepare_update(call.spec, &old, new)?
+        };
+        self.store_update(call, &old, updated)
+            .await
+            .map(|reply| reply.with_warnings(warnings))
+    }
+
+    /// PATCH (merge or JSON patch): applied to the object as stored now; retried on a
+    /// conflict with another writer unless the patch itself names a resourceVersion.
+    pub(crate) async fn patch(
+        &self,
+        call: &Call<'_>,
+        body: Incoming,
+        status: bool,
+    ) -> Result<Reply, StatusError> {
+        let content_type = call.header(http::header::CONTENT_TYPE).unwrap_or("").to_string();
+        let body = self.read_body(call, body).await?;
+        let validation = FieldValidation::parse(call.query.get("fieldValidation"))?;
+        let mut attempt = 0;
+        loop {
+            let old = self.read(call.spec, &call.key(), call.name()).await?;
+            if !call.visibility.allows(call.spec, &old) {
+                return Err(call_forbidden(call));
+            }
+            let updated = if status {
+                patch::patch_status(call.spec, &old, &content_type, &body)?
+            } else {
+                patch::patch_object(call.spec, &old, &content_type, &body)?
+            };
+            let warnings = validation.check(call.spec, &updated)?;
+            match self.store_update(call, &old, updated).await {
+                Err(error) if is_conflict(&error) && attempt < CONFLICT_RETRIES => attempt += 1,
+                outcome => return outcome.map(|reply| reply.with_warnings(warnings)),
+            }
+        }
+    }
+
+    /// Writes `updated` over `old` if nothing changed in between. An object whose last
+    /// finalizer was removed while it was being deleted is deleted instead.
+    async fn store_update(
+        &self,
+        call: &Call<'_>,
+        old: &Value,
+        mut updated: Value,
+    ) -> Result<Reply, StatusError> {
+        prune_unknown_fields(call.spec, &mut updated);
+        let revision = revision_of(old);
+        if dry_run(call)? {
+            return Ok(Reply::ok(updated));
+        }
+        if meta::finalized(&updated) {
+            self.store
+                .delete(&call.key(), Some(revision))
+                .await
+                .map_err(|error| store_status(call.spec, call.name(), error))?;
+            return Ok(Reply::ok(updated));
+        }
+        // Unchanged objects are not written: `kubectl apply` twice must not bump the version.
+        if without_version(old) == without_version(&updated) {
+            return Ok(Reply::ok(old.clone()));
+        }
+        let stored = self
+            .store
+            .update(&call.key(), encode(&updated), Some(revision))
+            .await
+            .map_err(|error| store_status(call.spec, call.name(), error))?;
+        Ok(Reply::ok(decode(&stored)?))
+    }
+
+    pub(crate) async fn delete(&self, call: &Call<'_>) -> Result<Reply, StatusError> {
+        let mut attempt = 0;
+        loop {
+            let old = self.read(call.spec, &call.key(), call.name()).await?;
+            if !call.visibility.allows(call.spec, &old) {
+                return Err(call_forbidden(call));
+            }
+            match self.delete_one(call, &call.key(), old).await {
+                Err(error) if is_conflict(&error) && attempt < CONFLICT_RETRIES => attempt += 1,
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn delete_one(&self, call: &Call<'_>, key: &str, old: Value) -> Result<Reply, StatusError> {
+        let name = meta::object_name(&old).to_string();
+        let dry = dry_run(call)?;
+        match begin_delete(&old, SystemTime::now()) {
+            DeleteOutcome::DeleteNow => {
+                if !dry {
+                    self.store
+                        .delete(key, Some(revision_of(&old)))
+                        .await
+                        .map_err(|error| store_status(call.spec, &name, error))?;
+                }
+                Ok(Reply::ok(old))
+            }
+            DeleteOutcome::AlreadyDeleting => Ok(Reply::ok(old)),
+            DeleteOutcome::MarkDeleting(marked) if dry => Ok(Reply::ok(marked)),
+            DeleteOutcome::MarkDeleting(marked) => {
+                let stored = self
+                    .store
+                    .update(key, encode(&marked), Some(revision_of(&old)))
+                    .await
+                    .map_err(|error| store_status(call.spec, &name, error))?;
+                Ok(Reply::json(StatusCode::ACCEPTED, decode(&stored)?))
+            }
+        }
+    }
+
+    /// DELETE on a collection: every selected object the caller may see, one by one.
+    pub(crate) async fn delete_collection(&self, call: &Call<'_>) -> Result<Reply, StatusError> {
+        let options = sluice_apimachinery::options::ListOptions::parse(call.query.pairs())?;
+        let (items, page) = self.list_items(call, &options).await?;
+        let mut deleted = Vec::with_capacity(items.len());
+        for object in items {
+            let name = meta::object_name(&object).to_string();
+            let namespace = Some(meta::object_namespace(&object)).filter(|ns| !ns.is_empty());
+            let key = super::keys::object_key(call.spec, namespace, &name);
+            match self.delete_one(call, &key, object).await {
+                Ok(Reply::Json { body, .. }) => deleted.push(body),
+                Ok(_) => {}
+                Err(error) if error.reason == StatusReason::NotFound || is_conflict(&error) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(Reply::ok(sluice_apimachinery::list::list_document(
+            call.spec, deleted, &page,
+        )))
+    }
+
+    async fn read_body(&self, call: &Call<'_>, body: Incoming) -> Result<Bytes, StatusError> {
+        let max = self.limits.max_body_bytes;
+        match Limited::new(body, max).collect().await {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(StatusError::new(
+                StatusReason::RequestEntityTooLarge,
+                format!("the request body is larger than {max} bytes"),
+            )),
+            Err(error) => Err(StatusError::bad_request(format!(
+                "reading the body of the {} request failed: {error}",
+                call.request.verb
+            ))),
+        }
+    }
+}
+
+fn parse_object(body: &[u8]) -> Result<Value, StatusError> {
+    let object: Value = serde_json::from_slice(body).map_err(|error| {
+        StatusError::bad_request(format!("the request body is not a JSON object: {error}"))
+    })?;
+    if !object.is_object() {
+        return Err(StatusError::bad_request("the request body is not a JSON object"));
+    }
+    Ok(object)
+}
+
+/// `?dryRun=All` validates and answers without writing (`kubectl --dry-run=server`).
+fn dry_run(call: &Call<'_>) -> Result<bool, StatusError> {
+    match call.query.get("dryRun") {
+        None | Some("") => Ok(false),
+        Some("All") => Ok(true),
+        Some(other) => Err(StatusError::bad_request(format!(
+            "dryRun: Unsupported value: {other:?}: supported values: \"All\""
+        ))),
+    }
+}
+
+fn revision_of(object: &Value) -> u64 {
+    meta::object_resource_version(object).parse().unwrap_or(0)
+}
+
+fn without_version(object: &Value) -> Value {
+    let mut copy = object.clone();
+    if let Some(meta) = copy.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("resourceVersion");
+    }
+    copy
+}
+
+fn is_conflict(error: &StatusError) -> bool {
+    error.reason == StatusReason::Conflict
+}
+
+/// A random (version 4) UUID, as kube gives every object.
+fn new_uid() -> Result<String, StatusError> {
+    let mut bytes = [0u8; 16];
+    getrandom::getrandom(&mut bytes)
+        .map_err(|error| StatusError::internal(format!("no random bytes for a uid: {error}")))?;
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let hex = hex::encode(bytes);
+    Ok(format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    ))
+}
+
