@@ -150,7 +150,15 @@ impl WatchClient {
 
     async fn cycle(&mut self, cycle: &mut Cycle) -> Result<(), WatchError> {
         if self.mirror.resource_version().is_none() {
-            self.list().await?;
+            // An Expired answer to a LIST cannot be cured by listing again at once: make it
+            // an ordinary failure, retried after a backoff (no hot loop on a broken server).
+            self.list().await.map_err(|error| match error {
+                WatchError::Expired(message) => WatchError::Status {
+                    status: 410,
+                    message: format!("list: {message}"),
+                },
+                other => other,
+            })?;
             cycle.listed = true;
             self.mirror.publish();
         }
@@ -245,9 +253,14 @@ impl WatchClient {
             what: "watch",
             after: limit,
         };
-        let mut response = tokio::time::timeout_at(deadline, self.transport.get(&uri))
+        // The answer's head must come as fast as a LIST's; only the body may last.
+        let head_timeout = self.config.request_timeout.min(limit);
+        let mut response = tokio::time::timeout(head_timeout, self.transport.get(&uri))
             .await
-            .map_err(|_| timeout())??;
+            .map_err(|_| WatchError::Timeout {
+                what: "watch answer",
+                after: head_timeout,
+            })??;
         self.metrics.connected.set(1);
         tracing::debug!(path = %self.resource.path(), %resource_version, "watching");
         let mut decoder = LineDecoder::new(self.config.max_event_bytes);
