@@ -130,10 +130,15 @@ pub struct FakeApi {
 
 impl FakeApi {
     pub async fn start(token: &str) -> Self {
+        Self::start_with(token, false).await
+    }
+
+    /// `mutual`: clients must present a certificate signed by the test CA.
+    pub async fn start_with(token: &str, mutual: bool) -> Self {
         let certs = Certificates::generate(&[]).expect("certificates");
         let token_file = certs.dir().join("token");
         std::fs::write(&token_file, format!("{token}\n")).expect("token file");
-        let acceptor = acceptor(&certs);
+        let acceptor = acceptor(&certs, mutual);
         let (version, _) = watch::channel(0);
         let state = State {
             token: token.into(),
@@ -226,19 +231,30 @@ impl Drop for FakeApi {
     }
 }
 
-fn acceptor(certs: &Certificates) -> tokio_rustls::TlsAcceptor {
+fn acceptor(certs: &Certificates, mutual: bool) -> tokio_rustls::TlsAcceptor {
     let chain = CertificateDer::pem_file_iter(&certs.server_cert)
         .expect("server cert")
         .collect::<Result<Vec<_>, _>>()
         .expect("server cert");
     let key = PrivateKeyDer::from_pem_file(&certs.server_key).expect("server key");
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .expect("server config");
+        .expect("versions");
+    let builder = if mutual {
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in CertificateDer::pem_file_iter(&certs.ca_cert).expect("ca") {
+            roots.add(ca.expect("ca")).expect("ca");
+        }
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .expect("verifier");
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    let config = builder.with_single_cert(chain, key).expect("server config");
     tokio_rustls::TlsAcceptor::from(Arc::new(config))
 }
 
