@@ -78,6 +78,15 @@ pub enum Command {
         #[arg(long, value_name = "PACKETS", default_value_t = sluice_policy_engine::meter::DEFAULT_REJECT_BURST, value_parser = clap::value_parser!(u32).range(1..))]
         reject_burst: u32,
     },
+    /// Run the control plane: a kube-like API server (kubectl works with it) that pushes
+    /// routes, agents and policies to gateways, nodes and VM agents (see docs/CONTROLPLANE.md).
+    #[command(args_conflicts_with_subcommands = true)]
+    Controlplane {
+        #[command(subcommand)]
+        command: Option<ControlplaneCommand>,
+        #[command(flatten)]
+        serve: ControlplaneArgs,
+    },
     /// VM NetworkPolicy tools.
     Policy {
         #[command(subcommand)]
@@ -87,6 +96,69 @@ pub enum Command {
     CheckConfig {
         #[arg(value_name = "FILE")]
         file: PathBuf,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ControlplaneArgs {
+    /// Address of the HTTPS API listener.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6443")]
+    pub listen: std::net::SocketAddr,
+    /// Where the embedded store, the generated certificates (pki/) and admin.kubeconfig live.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/sluice/controlplane")]
+    pub data_dir: PathBuf,
+    /// Serving certificate (PEM); with --tls-key. Default: generated in <data-dir>/pki/.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Serving certificate's key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// CA of client certificates to accept (CN = subject, O = role); default: tokens only.
+    #[arg(long, value_name = "FILE")]
+    pub client_ca: Option<PathBuf>,
+    /// Extra DNS names or IPs for the generated serving certificate (repeatable).
+    #[arg(long, value_name = "NAME")]
+    pub hostname: Vec<String>,
+    /// History kept for watchers to resume from; older revisions are compacted away.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub compaction_interval: std::time::Duration,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormatArg,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormatArg {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ControlplaneCommand {
+    /// Bearer tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Issue a token for a role and subject, store its SHA-256 on the control plane (as the
+    /// admin of the kubeconfig) and print the token; it is not shown again.
+    Create {
+        /// admin, gateway, node or vm-agent.
+        #[arg(long)]
+        role: String,
+        /// The gateway's, node's or VM's name (for vm-agent: the VM whose policies it reads).
+        #[arg(long)]
+        subject: String,
+        /// An admin kubeconfig (default: <data-dir>/admin.kubeconfig).
+        #[arg(long, value_name = "FILE")]
+        kubeconfig: Option<PathBuf>,
+        /// The control plane's data directory, for the default kubeconfig.
+        #[arg(long, value_name = "DIR", default_value = "/var/lib/sluice/controlplane")]
+        data_dir: PathBuf,
     },
 }
 

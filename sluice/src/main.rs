@@ -1,6 +1,7 @@
 //! The `sluice` binary: one executable, one subcommand per role.
 
 mod cli;
+mod controlplane;
 mod daemon;
 #[cfg(feature = "demo")]
 mod demo;
@@ -59,6 +60,54 @@ fn main() -> ExitCode {
                     burst: reject_burst,
                 },
             })
+        }
+        cli::Command::Controlplane {
+            command: Some(cli::ControlplaneCommand::Token { command }),
+            ..
+        } => match command {
+            cli::TokenCommand::Create {
+                role,
+                subject,
+                kubeconfig,
+                data_dir,
+            } => {
+                let kubeconfig = kubeconfig.unwrap_or_else(|| data_dir.join("admin.kubeconfig"));
+                match controlplane::create_token(&kubeconfig, &role, &subject) {
+                    Ok(token) => {
+                        println!("{token}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(error) => {
+                        eprintln!("sluice controlplane token create: {error:#}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
+        },
+        cli::Command::Controlplane {
+            command: None,
+            serve,
+        } => {
+            logging::init(&sluice_config::LoggingConfig {
+                format: match serve.log_format {
+                    cli::LogFormatArg::Text => sluice_config::LogFormat::Text,
+                    cli::LogFormatArg::Json => sluice_config::LogFormat::Json,
+                },
+                level: "info".to_string(),
+            });
+            controlplane::run(
+                controlplane::ControlPlaneOptions {
+                    listen: serve.listen,
+                    data_dir: serve.data_dir,
+                    tls_cert: serve.tls_cert,
+                    tls_key: serve.tls_key,
+                    client_ca: serve.client_ca,
+                    hostnames: serve.hostname,
+                    compaction_interval: serve.compaction_interval,
+                    limits: Default::default(),
+                },
+                addresses_file,
+            )
         }
         cli::Command::Run { config, runtime } => daemon::run_with(
             sluice_config::load_file(&config),

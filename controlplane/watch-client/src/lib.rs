@@ -60,3 +60,4 @@ pub use decode::{decode_event, LineDecoder, WatchEvent};
 pub use error::WatchError;
 pub use metrics::{ResourceMetrics, WatchMetrics};
 pub use snapshot::{diff, Change, ObjectKey, Objects, Snapshot};
+pub use transport::Transport;

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
-use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Empty};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
@@ -69,23 +69,46 @@ impl Transport {
     /// GET `path_and_query`; a 200's body is returned for streaming, anything else becomes
     /// the error its `Status` body describes (410: [`WatchError::Expired`]).
     pub async fn get(&self, path_and_query: &str) -> Result<Streaming, WatchError> {
+        self.send(Method::GET, path_and_query, Bytes::new()).await
+    }
+
+    /// POSTs a JSON object (a create) and returns the server's answer, at most `limit` bytes.
+    pub async fn post_json(
+        &self,
+        path: &str,
+        body: Bytes,
+        limit: usize,
+    ) -> Result<Bytes, WatchError> {
+        let mut answer = self.send(Method::POST, path, body).await?;
+        read_body(&mut answer.body, limit, "answer").await
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        body: Bytes,
+    ) -> Result<Streaming, WatchError> {
         let token = self.read_token().await?;
         let (mut sender, driver) = self.connect().await?;
-        let mut request = Request::get(path_and_query)
+        let mut request = Request::builder()
+            .method(method)
+            .uri(path_and_query)
             .header(http::header::HOST, &self.authority)
             .header(http::header::ACCEPT, "application/json")
+            .header(http::header::CONTENT_TYPE, "application/json")
             .header(http::header::USER_AGENT, "sluice-watch-client");
         if let Some(token) = token {
             request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
         }
         let request = request
-            .body(Empty::<Bytes>::new())
+            .body(Full::new(body))
             .map_err(|error| WatchError::Http(format!("request: {error}")))?;
         let response = sender
             .send_request(request)
             .await
             .map_err(|error| WatchError::Http(format!("request failed: {error}")))?;
-        if response.status() == StatusCode::OK {
+        if response.status().is_success() {
             return Ok(Streaming {
                 body: response.into_body(),
                 _driver: driver,
@@ -119,7 +142,7 @@ impl Transport {
         &self,
     ) -> Result<
         (
-            hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+            hyper::client::conn::http1::SendRequest<Full<Bytes>>,
             AbortOnDrop,
         ),
         WatchError,
