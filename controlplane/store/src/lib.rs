@@ -12,6 +12,7 @@
 
 #![warn(missing_docs)]
 
+mod checks;
 mod compactor;
 mod embedded;
 mod error;
@@ -108,15 +109,4 @@ pub trait Store: Send + Sync + 'static {
     /// before the compaction point does nothing; past the current revision is
     /// [`StoreError::FutureRevision`].
     async fn compact(&self, revision: u64) -> Result<(), StoreError>;
-}
-
-/// Checks a value against the size limit before any backend work.
-pub(crate) fn check_value_size(value: &Bytes, max: usize) -> Result<(), StoreError> {
-    if value.len() > max {
-        return Err(StoreError::ValueTooLarge {
-            size: value.len(),
-            max,
-        });
-    }
-    Ok(())
 }
