@@ -39,6 +39,15 @@ pub fn etcd_or_skip(test: &str) -> bool {
     false
 }
 
+/// Certificate files for etcd members whose client URLs speak TLS only and require a client
+/// certificate signed by `ca` (`--client-cert-auth`).
+#[derive(Debug, Clone)]
+pub struct EtcdTlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
 /// A single real `etcd` member for one test, on free loopback ports in its own temporary
 /// directory, killed on drop.
 #[derive(Debug)]
@@ -53,7 +62,14 @@ impl EtcdServer {
         })
     }
 
-    /// `http://127.0.0.1:PORT`, the member's client URL.
+    /// A member whose client URL is `https://` and requires a client certificate.
+    pub fn start_tls(tls: EtcdTlsFiles) -> std::io::Result<Self> {
+        Ok(Self {
+            cluster: EtcdCluster::start_with(1, Some(tls))?,
+        })
+    }
+
+    /// `http://127.0.0.1:PORT` (`https://` with TLS), the member's client URL.
     pub fn endpoint(&self) -> String {
         self.cluster.endpoint(0)
     }
@@ -73,6 +89,7 @@ impl EtcdServer {
 pub struct EtcdCluster {
     members: Vec<Member>,
     dir: tempfile::TempDir,
+    tls: Option<EtcdTlsFiles>,
 }
 
 #[derive(Debug)]
@@ -80,6 +97,8 @@ struct Member {
     name: String,
     client: SocketAddr,
     peer: SocketAddr,
+    /// Plain HTTP `/health` and `/metrics`, whatever the client URL speaks.
+    metrics: SocketAddr,
     child: Option<Child>,
 }
 
@@ -89,9 +108,13 @@ static CLUSTERS: AtomicU64 = AtomicU64::new(0);
 impl EtcdCluster {
     /// Starts `size` members and waits until every one reports healthy (a leader is elected).
     pub fn start(size: usize) -> std::io::Result<Self> {
+        Self::start_with(size, None)
+    }
+
+    fn start_with(size: usize, tls: Option<EtcdTlsFiles>) -> std::io::Result<Self> {
         let mut last_error = None;
         for _ in 0..5 {
-            match Self::try_start(size) {
+            match Self::try_start(size, tls.clone()) {
                 Ok(cluster) => return Ok(cluster),
                 Err(error) => last_error = Some(error),
             }
@@ -99,10 +122,10 @@ impl EtcdCluster {
         Err(last_error.unwrap_or_else(|| std::io::Error::other("etcd did not start")))
     }
 
-    fn try_start(size: usize) -> std::io::Result<Self> {
+    fn try_start(size: usize, tls: Option<EtcdTlsFiles>) -> std::io::Result<Self> {
         let dir = tempfile::tempdir()?;
         // Hold every listener until all ports are chosen, so no two members get the same one.
-        let listeners = (0..size * 2)
+        let listeners = (0..size * 3)
             .map(|_| TcpListener::bind("127.0.0.1:0"))
             .collect::<std::io::Result<Vec<_>>>()?;
         let ports = listeners
@@ -113,12 +136,13 @@ impl EtcdCluster {
         let members = (0..size)
             .map(|index| Member {
                 name: format!("m{index}"),
-                client: ports[index * 2],
-                peer: ports[index * 2 + 1],
+                client: ports[index * 3],
+                peer: ports[index * 3 + 1],
+                metrics: ports[index * 3 + 2],
                 child: None,
             })
             .collect();
-        let mut cluster = Self { members, dir };
+        let mut cluster = Self { members, dir, tls };
         let token = format!(
             "sluice-test-{}-{}",
             std::process::id(),
@@ -142,7 +166,8 @@ impl EtcdCluster {
 
     /// Member `index`'s client URL.
     pub fn endpoint(&self, index: usize) -> String {
-        format!("http://{}", self.members[index].client)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.members[index].client)
     }
 
     pub fn dir(&self) -> &Path {
@@ -186,10 +211,21 @@ impl EtcdCluster {
             .create(true)
             .append(true)
             .open(self.log_path(index))?;
+        let client = self.endpoint(index);
         let member = &self.members[index];
-        let client = format!("http://{}", member.client);
         let peer = format!("http://{}", member.peer);
-        let child = Command::new("etcd")
+        let mut command = Command::new("etcd");
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.cert)
+                .arg("--key-file")
+                .arg(&tls.key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .args(["--name", &member.name])
             .arg("--data-dir")
             .arg(self.dir.path().join(&member.name))
@@ -199,6 +235,10 @@ impl EtcdCluster {
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &initial_cluster])
             .args(["--initial-cluster-token", token])
+            .args([
+                "--listen-metrics-urls",
+                &format!("http://{}", member.metrics),
+            ])
             .args(["--initial-cluster-state", "new"])
             // Fast elections: a killed leader is replaced within a second.
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
@@ -223,7 +263,7 @@ impl EtcdCluster {
     /// Waits until member `index` answers `/health` with a leader, or fails with its log when
     /// it exits (a port was taken) or never gets there.
     fn wait_healthy(&mut self, index: usize) -> std::io::Result<()> {
-        let address = self.members[index].client;
+        let address = self.members[index].metrics;
         let mut exited = false;
         let healthy = wait_until(Duration::from_secs(30), || {
             exited = self.members[index]
@@ -259,7 +299,7 @@ impl Drop for EtcdCluster {
     }
 }
 
-/// `GET /health` over plain HTTP/1.0 (etcd serves it on the client port); the raw answer.
+/// `GET /health` over plain HTTP/1.0 on a member's metrics URL; the raw answer.
 fn health(address: SocketAddr) -> std::io::Result<String> {
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(500))?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;

@@ -23,7 +23,9 @@ pub fn apiserver_options(certs: &Certificates) -> ApiServerOptions {
     ApiServerOptions::new(&certs.server_cert, &certs.server_key, &certs.ca_cert)
 }
 pub use certs::{Certificates, ClientCert};
-pub use etcd::{etcd_installed, etcd_or_skip, EtcdCluster, EtcdServer, ETCD_PROGRESS_INTERVAL};
+pub use etcd::{
+    etcd_installed, etcd_or_skip, EtcdCluster, EtcdServer, EtcdTlsFiles, ETCD_PROGRESS_INTERVAL,
+};
 pub use grpc::{python_script, spawn_tunnel_client, tunnel_client, GrpcBackend};
 pub use http::{http_get, HttpResponse};
 pub use netns::{NetNs, VethPort};

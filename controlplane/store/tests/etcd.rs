@@ -15,8 +15,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_store::{EtcdConfig, EtcdStore, Event, Store, StoreError, WatchStream};
-use test_support::{etcd_or_skip, EtcdCluster, EtcdServer};
+use sluice_store::{
+    EtcdClientCert, EtcdConfig, EtcdStore, EtcdTls, Event, Store, StoreError, WatchStream,
+};
+use test_support::{etcd_or_skip, Certificates, EtcdCluster, EtcdServer, EtcdTlsFiles};
 
 use common::{events_until, next, revisions, value, DEADLINE};
 
@@ -87,6 +89,69 @@ async fn connecting_to_no_etcd_fails_as_unavailable() {
         started.elapsed() < Duration::from_secs(5),
         "the timeouts held"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_client_certificate_reaches_etcd_and_nothing_less_does() {
+    if !etcd_or_skip("tls_with_a_client_certificate_reaches_etcd_and_nothing_less_does") {
+        return;
+    }
+    let certs = Certificates::generate(&[]).expect("test certificates");
+    let client = certs
+        .client("sluice-apiserver", &[])
+        .expect("a client certificate");
+    let server = EtcdServer::start_tls(EtcdTlsFiles {
+        cert: certs.server_cert.clone(),
+        key: certs.server_key.clone(),
+        ca: certs.ca_cert.clone(),
+    })
+    .expect("etcd starts with TLS");
+    let config = |tls| EtcdConfig {
+        endpoints: vec![server.endpoint()],
+        dial_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(2),
+        tls,
+        ..EtcdConfig::default()
+    };
+    let with_cert = EtcdTls {
+        ca: certs.ca_cert.clone(),
+        client: Some(EtcdClientCert {
+            cert: client.cert.clone(),
+            key: client.key.clone(),
+        }),
+    };
+    let store = connect(config(Some(with_cert))).await;
+    let base = store.current_revision().await.unwrap();
+    let created = store.create("/r/a", value("1")).await.unwrap();
+    assert_eq!(created.mod_revision, base + 1);
+    let mut stream = store.watch("/r/", base);
+    assert_eq!(
+        revisions(&events_until(&mut stream, base + 1).await),
+        [base + 1]
+    );
+
+    // Without a client certificate, or trusting another CA, the store cannot connect.
+    let other = Certificates::generate(&[]).expect("other certificates");
+    let refused = [
+        Some(EtcdTls {
+            ca: certs.ca_cert.clone(),
+            client: None,
+        }),
+        Some(EtcdTls {
+            ca: other.ca_cert.clone(),
+            client: Some(EtcdClientCert {
+                cert: client.cert.clone(),
+                key: client.key.clone(),
+            }),
+        }),
+        None,
+    ];
+    for tls in refused {
+        match EtcdStore::connect(config(tls)).await {
+            Err(error @ StoreError::Unavailable { .. }) => assert!(error.retryable()),
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
