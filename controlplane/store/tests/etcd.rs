@@ -12,6 +12,7 @@ mod common;
 mod conformance;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,7 @@ use sluice_store::{
 use test_support::{etcd_or_skip, Certificates, EtcdCluster, EtcdServer, EtcdTlsFiles};
 
 use common::{events_until, next, revisions, value, DEADLINE};
+use conformance::model;
 
 /// A fresh single-member etcd per case.
 struct Etcd {
@@ -344,4 +346,71 @@ async fn three_members_lose_no_acknowledged_write_when_one_dies() {
     let seen = revisions(&events);
     assert!(seen.windows(2).all(|pair| pair[0] < pair[1]), "{seen:?}");
     assert_eq!(events.len(), total);
+}
+
+/// Runs a model property (`conformance/model.rs`) for `cases` cases on one etcd member, each
+/// case on a fresh store in its own prefix: cases run one after another, so each sees the
+/// revisions its writes make, from where the previous case left them.
+fn model_property<S: std::fmt::Debug>(
+    name: &str,
+    cases: u32,
+    strategy: impl proptest::strategy::Strategy<Value = S>,
+    case: impl Fn(Arc<dyn Store>, S) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>,
+) {
+    use proptest::test_runner::{Config, TestRunner};
+    if !etcd_or_skip(name) {
+        return;
+    }
+    let server = EtcdServer::start().expect("etcd starts");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let prefixes = AtomicUsize::new(0);
+    let mut runner = TestRunner::new(Config::with_cases(cases));
+    let outcome = runner.run(&strategy, |input| {
+        let prefix = format!("/model-{}", prefixes.fetch_add(1, Ordering::Relaxed));
+        let config = EtcdConfig {
+            endpoints: vec![server.endpoint()],
+            prefix,
+            ..EtcdConfig::default()
+        };
+        runtime.block_on(async {
+            let store: Arc<dyn Store> = Arc::new(connect(config).await);
+            case(store, input).await;
+        });
+        Ok(())
+    });
+    if let Err(failure) = outcome {
+        panic!("{failure}");
+    }
+}
+
+#[test]
+fn model_watches_deliver_every_change_once_in_order() {
+    model_property(
+        "model_watches_deliver_every_change_once_in_order",
+        16,
+        proptest::collection::vec(model::step(false), 1..40),
+        |store, steps| {
+            Box::pin(async move {
+                // etcd has no watch buffer to overflow: its watches never lag.
+                assert_eq!(model::watches_match(store, steps).await, 0);
+            })
+        },
+    );
+}
+
+#[test]
+fn model_lists_gets_and_watches_survive_compaction() {
+    model_property(
+        "model_lists_gets_and_watches_survive_compaction",
+        16,
+        (
+            proptest::collection::vec(model::step(true), 1..40),
+            0usize..4,
+        ),
+        |store, (steps, page)| Box::pin(model::lists_match(store, steps, page)),
+    );
 }

@@ -9,6 +9,7 @@
 pub mod compaction;
 pub mod crud;
 pub mod list;
+pub mod model;
 pub mod watch;
 
 use std::sync::Arc;
