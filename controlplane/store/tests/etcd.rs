@@ -293,20 +293,24 @@ async fn three_members_lose_no_acknowledged_write_when_one_dies() {
         let store = store.clone();
         tokio::spawn(async move {
             let mut written = BTreeMap::new();
+            let mut longest_pause = Duration::ZERO;
+            let mut previous = Instant::now();
             for index in 0..total {
                 let key = format!("/w/{index:04}");
                 let revision = retry(|| store.create(&key, value(&key))).await;
                 written.insert(key, revision);
+                longest_pause = longest_pause.max(previous.elapsed());
+                previous = Instant::now();
                 let _ = acked_sender.send(index);
             }
-            written
+            (written, longest_pause)
         })
     };
     // Kill the leader mid-stream, and bring it back while the writes go on.
     let victim = leader_index(&endpoints).await;
     while acked.recv().await.is_some_and(|index| index < total / 3) {}
     let killed = Instant::now();
-    cluster.kill(victim);
+    tokio::task::block_in_place(|| cluster.kill(victim));
     eprintln!("killed leader m{victim}");
     while acked
         .recv()
@@ -314,13 +318,12 @@ async fn three_members_lose_no_acknowledged_write_when_one_dies() {
         .is_some_and(|index| index < 2 * total / 3)
     {}
     eprintln!("writes went on {:?} after the kill", killed.elapsed());
-    cluster
-        .restart(victim)
-        .expect("the member restarts on its data");
-    let written = tokio::time::timeout(Duration::from_secs(120), writer)
+    tokio::task::block_in_place(|| cluster.restart(victim)).expect("the member restarts");
+    let (written, longest_pause) = tokio::time::timeout(Duration::from_secs(120), writer)
         .await
         .expect("the writes finish")
         .expect("the writer");
+    eprintln!("longest pause between acknowledged writes: {longest_pause:?}");
     *last.lock().await = store.current_revision().await.unwrap();
 
     // Every acknowledged write is in the cluster, as acknowledged, also as read through the
