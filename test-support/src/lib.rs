@@ -2,6 +2,7 @@
 //! sockets, certificates) on loopback and cleans them up on drop; nothing is a mock.
 
 mod certs;
+mod etcd;
 pub mod examples;
 mod grpc;
 mod http;
@@ -22,6 +23,9 @@ pub fn apiserver_options(certs: &Certificates) -> ApiServerOptions {
     ApiServerOptions::new(&certs.server_cert, &certs.server_key, &certs.ca_cert)
 }
 pub use certs::{Certificates, ClientCert};
+pub use etcd::{
+    etcd_installed, etcd_or_skip, EtcdCluster, EtcdServer, EtcdTlsFiles, ETCD_PROGRESS_INTERVAL,
+};
 pub use grpc::{python_script, spawn_tunnel_client, tunnel_client, GrpcBackend};
 pub use http::{http_get, HttpResponse};
 pub use netns::{NetNs, VethPort};

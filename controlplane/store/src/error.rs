@@ -2,7 +2,7 @@
 
 use crate::types::KeyValue;
 
-/// A boxed error from a backend (redb, later the etcd client).
+/// A boxed error from a backend (redb, the etcd client).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why a store operation failed.

@@ -8,13 +8,16 @@
 //! etcd backend maps them one to one (mod_revision, etcd watches, etcd compaction).
 //!
 //! [`EmbeddedStore`] is the default backend: a single MVCC log in a redb file, shaped like k3s'
-//! kine (see `README.md` for the data model and why redb).
+//! kine (see `README.md` for the data model and why redb). [`EtcdStore`] keeps the same data in
+//! an etcd v3 cluster, where revisions, watches and compaction are etcd's own.
 
 #![warn(missing_docs)]
 
+mod checks;
 mod compactor;
 mod embedded;
 mod error;
+mod etcd;
 mod types;
 
 use std::pin::Pin;
@@ -32,6 +35,7 @@ pub use embedded::{
     DEFAULT_WATCH_BUFFER,
 };
 pub use error::{BoxError, StoreError};
+pub use etcd::{EtcdClientCert, EtcdConfig, EtcdStore, EtcdTls};
 pub use types::{Event, KeyValue, ListPage, WatchBatch};
 
 /// The changes a watch delivers, in revision order, in batches; a batch without changes is a
@@ -44,7 +48,10 @@ pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchBatch, StoreError>>
 /// An MVCC key-value store with etcd v3 semantics, shared as `Arc<dyn Store>`.
 ///
 /// Keys are opaque strings (the API server uses `/<group>/<resource>/[<namespace>/]<name>`),
-/// values opaque bytes. Revisions start at 1 for the first write; an empty store is at revision 0.
+/// values opaque bytes. Every write gets the next revision. An empty embedded store is at
+/// revision 0 and its first write gets 1; etcd starts at its initial revision 1, and a cluster
+/// shared with other users also moves it with their writes, so callers rely on order, never on
+/// revisions being dense.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
     /// The key's current value, or `None` when it does not exist.
@@ -108,15 +115,4 @@ pub trait Store: Send + Sync + 'static {
     /// before the compaction point does nothing; past the current revision is
     /// [`StoreError::FutureRevision`].
     async fn compact(&self, revision: u64) -> Result<(), StoreError>;
-}
-
-/// Checks a value against the size limit before any backend work.
-pub(crate) fn check_value_size(value: &Bytes, max: usize) -> Result<(), StoreError> {
-    if value.len() > max {
-        return Err(StoreError::ValueTooLarge {
-            size: value.len(),
-            max,
-        });
-    }
-    Ok(())
 }

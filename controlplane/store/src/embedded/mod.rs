@@ -118,10 +118,11 @@ impl EmbeddedStore {
     }
 
     async fn write(&self, key: &str, op: WriteOp) -> Result<KeyValue, StoreError> {
-        write::check_key(key)?;
-        if let WriteOp::Create { value } | WriteOp::Update { value, .. } = &op {
-            crate::check_value_size(value, self.inner.config.max_value_bytes)?;
-        }
+        let value = match &op {
+            WriteOp::Create { value } | WriteOp::Update { value, .. } => Some(value),
+            WriteOp::Delete { .. } => None,
+        };
+        crate::checks::check_write(key, value, self.inner.config.max_value_bytes)?;
         let inner = self.inner.clone();
         let key = key.to_owned();
         blocking(move || inner.write(&key, op)).await

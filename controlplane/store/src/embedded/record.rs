@@ -56,7 +56,7 @@ impl Record {
         out.extend_from_slice(&self.prev_revision.to_be_bytes());
         out.extend_from_slice(&self.version.to_be_bytes());
         // Keys are bounded by the value limit's order of magnitude, far below 4 GiB; a longer
-        // one is refused before it is written (see `check_key`).
+        // one is refused before it is written (see `checks::check_key`).
         out.extend_from_slice(&(self.key.len() as u32).to_be_bytes());
         out.extend_from_slice(self.key.as_bytes());
         out.extend_from_slice(&self.value);

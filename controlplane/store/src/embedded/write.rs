@@ -8,10 +8,6 @@ use super::tables::{self, backend, CURRENT_REVISION, INDEX, LOG, META};
 use crate::error::StoreError;
 use crate::types::{Event, KeyValue};
 
-/// Keys longer than this are refused: the API server's keys are a few hundred bytes at most,
-/// and a bound keeps the row header's 32-bit key length honest.
-pub(crate) const MAX_KEY_BYTES: usize = 8 * 1024;
-
 /// What a write does to its key.
 #[derive(Debug, Clone)]
 pub(crate) enum WriteOp {
@@ -21,16 +17,6 @@ pub(crate) enum WriteOp {
     Update { value: Bytes, expected: Option<u64> },
     /// Delete an existing key, if its mod_revision is `expected` when given.
     Delete { expected: Option<u64> },
-}
-
-/// Refuses keys the log cannot hold: empty (etcd refuses them too) or too long.
-pub(crate) fn check_key(key: &str) -> Result<(), StoreError> {
-    if key.is_empty() || key.len() > MAX_KEY_BYTES {
-        return Err(StoreError::InvalidKey {
-            reason: "a key must be 1 to 8192 bytes long",
-        });
-    }
-    Ok(())
 }
 
 /// Appends the row for `op` on `key` at the next revision inside `txn` and returns the change.
@@ -233,12 +219,5 @@ mod tests {
                 revision: 8
             }
         );
-    }
-
-    #[test]
-    fn keys_must_be_non_empty_and_bounded() {
-        assert!(check_key("/a").is_ok());
-        assert!(check_key("").is_err());
-        assert!(check_key(&"k".repeat(MAX_KEY_BYTES + 1)).is_err());
     }
 }

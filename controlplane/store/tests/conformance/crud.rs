@@ -1,59 +1,46 @@
-//! Create, get, update and delete on the real embedded store: etcd's semantics and errors.
-
-mod common;
+//! Create, get, update and delete: etcd's semantics and errors.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::{open, open_with, value};
-use sluice_store::{EmbeddedConfig, Store, StoreError};
+use sluice_store::{Store, StoreError};
 
-#[tokio::test]
-async fn writes_advance_one_revision_each_and_track_versions() {
-    let (store, _dir) = open();
-    assert_eq!(store.current_revision().await.unwrap(), 0);
+use super::{base, open, Backend};
+use crate::common::value;
+
+pub async fn writes_advance_one_revision_each_and_track_versions(backend: &dyn Backend) {
+    let store = open(backend).await;
+    let b = base(&*store).await;
     assert_eq!(store.get("/a").await.unwrap(), None);
 
     let created = store.create("/a", value("one")).await.unwrap();
-    assert_eq!(
-        (
-            created.create_revision,
-            created.mod_revision,
-            created.version
-        ),
-        (1, 1, 1)
-    );
+    let revisions = |kv: &sluice_store::KeyValue| (kv.create_revision, kv.mod_revision, kv.version);
+    assert_eq!(revisions(&created), (b + 1, b + 1, 1));
     assert_eq!(store.get("/a").await.unwrap(), Some(created.clone()));
 
-    let updated = store.update("/a", value("two"), Some(1)).await.unwrap();
-    assert_eq!(
-        (
-            updated.create_revision,
-            updated.mod_revision,
-            updated.version
-        ),
-        (1, 2, 2)
-    );
+    let updated = store.update("/a", value("two"), Some(b + 1)).await.unwrap();
+    assert_eq!(revisions(&updated), (b + 1, b + 2, 2));
     assert_eq!(updated.value, value("two"));
     let unconditional = store.update("/a", value("three"), None).await.unwrap();
-    assert_eq!((unconditional.mod_revision, unconditional.version), (3, 3));
+    assert_eq!(
+        (unconditional.mod_revision, unconditional.version),
+        (b + 3, 3)
+    );
+    assert_eq!(store.get("/a").await.unwrap(), Some(unconditional.clone()));
 
-    let deleted = store.delete("/a", Some(3)).await.unwrap();
+    let deleted = store.delete("/a", Some(b + 3)).await.unwrap();
     assert_eq!(deleted, unconditional, "delete returns the deleted state");
     assert_eq!(store.get("/a").await.unwrap(), None);
-    assert_eq!(store.current_revision().await.unwrap(), 4);
+    assert_eq!(store.current_revision().await.unwrap(), b + 4);
 
     // A new incarnation starts over: new create_revision, version 1.
     let again = store.create("/a", value("four")).await.unwrap();
-    assert_eq!(
-        (again.create_revision, again.mod_revision, again.version),
-        (5, 5, 1)
-    );
+    assert_eq!(revisions(&again), (b + 5, b + 5, 1));
 }
 
-#[tokio::test]
-async fn refused_writes_say_why_and_change_nothing() {
-    let (store, _dir) = open();
+pub async fn refused_writes_say_why_and_change_nothing(backend: &dyn Backend) {
+    let store = open(backend).await;
+    let b = base(&*store).await;
     store.create("/a", value("one")).await.unwrap();
     let current = store.update("/a", value("two"), None).await.unwrap();
 
@@ -62,8 +49,11 @@ async fn refused_writes_say_why_and_change_nothing() {
     assert_eq!(exists.http_status(), 409);
 
     for error in [
-        store.update("/a", value("x"), Some(1)).await.unwrap_err(),
-        store.delete("/a", Some(1)).await.unwrap_err(),
+        store
+            .update("/a", value("x"), Some(b + 1))
+            .await
+            .unwrap_err(),
+        store.delete("/a", Some(b + 1)).await.unwrap_err(),
     ] {
         match error {
             StoreError::Conflict { current: got } => assert_eq!(*got, current),
@@ -73,7 +63,9 @@ async fn refused_writes_say_why_and_change_nothing() {
     for error in [
         store.update("/b", value("x"), None).await.unwrap_err(),
         store.delete("/b", None).await.unwrap_err(),
-        store.delete("/b", Some(2)).await.unwrap_err(),
+        store.delete("/b", Some(b + 2)).await.unwrap_err(),
+        // An expected revision of 0 must not turn an update into a creation.
+        store.update("/b", value("x"), Some(0)).await.unwrap_err(),
     ] {
         assert!(
             matches!(error, StoreError::NotFound { ref key } if key == "/b"),
@@ -82,19 +74,15 @@ async fn refused_writes_say_why_and_change_nothing() {
     }
     assert_eq!(
         store.current_revision().await.unwrap(),
-        2,
+        b + 2,
         "refusals write nothing"
     );
     assert_eq!(store.get("/a").await.unwrap(), Some(current));
 }
 
-#[tokio::test]
-async fn oversized_values_and_bad_keys_are_refused_with_typed_errors() {
-    let config = EmbeddedConfig {
-        max_value_bytes: 16,
-        ..EmbeddedConfig::default()
-    };
-    let (store, _dir) = open_with(config);
+pub async fn oversized_values_and_bad_keys_are_refused_with_typed_errors(backend: &dyn Backend) {
+    let store = backend.open(16).await;
+    let b = base(&*store).await;
     store
         .create("/a", Bytes::from(vec![b'x'; 16]))
         .await
@@ -110,16 +98,21 @@ async fn oversized_values_and_bad_keys_are_refused_with_typed_errors() {
     assert_eq!(too_large.http_status(), 413);
     let update = store.update("/a", Bytes::from(vec![b'x'; 17]), None).await;
     assert!(matches!(update, Err(StoreError::ValueTooLarge { .. })));
-    assert!(matches!(
-        store.create("", value("x")).await,
-        Err(StoreError::InvalidKey { .. })
-    ));
-    assert_eq!(store.current_revision().await.unwrap(), 1);
+    for key in [String::new(), "k".repeat(8 * 1024 + 1)] {
+        assert!(matches!(
+            store.create(&key, value("x")).await,
+            Err(StoreError::InvalidKey { .. })
+        ));
+        assert!(matches!(
+            store.delete(&key, None).await,
+            Err(StoreError::InvalidKey { .. })
+        ));
+    }
+    assert_eq!(store.current_revision().await.unwrap(), b + 1);
 }
 
-#[tokio::test]
-async fn default_limit_is_etcds_request_size() {
-    let (store, _dir) = open();
+pub async fn default_limit_is_etcds_request_size(backend: &dyn Backend) {
+    let store = open(backend).await;
     let limit = sluice_store::DEFAULT_MAX_VALUE_BYTES;
     assert_eq!(limit, 1536 * 1024);
     store
@@ -133,14 +126,12 @@ async fn default_limit_is_etcds_request_size() {
     assert!(matches!(over, Err(StoreError::ValueTooLarge { .. })));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_updates_with_the_same_expectation_have_one_winner() {
-    let (store, _dir) = open();
-    let store: Arc<dyn Store> = Arc::new(store);
+pub async fn concurrent_updates_with_the_same_expectation_have_one_winner(backend: &dyn Backend) {
+    let store = open(backend).await;
     let base = store.create("/contended", value("0")).await.unwrap();
     let mut tasks = Vec::new();
     for writer in 0..16 {
-        let store = store.clone();
+        let store: Arc<dyn Store> = store.clone();
         tasks.push(tokio::spawn(async move {
             let body = value(&format!("writer {writer}"));
             store
