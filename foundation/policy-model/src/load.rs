@@ -36,7 +36,7 @@ use std::path::Path;
 
 use ipnet::IpNet;
 
-use crate::compile::priority::{MAX_POLICY_PRIORITY, MAX_RULES_PER_POLICY};
+use crate::limits::{MAX_POLICY_PRIORITY, MAX_RULES_PER_POLICY};
 use crate::model::{
     AddressGroup, AppliedToGroup, Direction, IpBlock, MacAddr, NetworkPolicy, Peers, PolicySet,
     Protocol, Rule, RuleAction, Service, VmInterface,
