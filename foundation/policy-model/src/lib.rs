@@ -6,8 +6,10 @@
 //! - [`model`]: policies, rules, address and applied-to groups, patches.
 //! - [`load`]: YAML/JSON documents into a validated [`model::PolicySet`], every error with its
 //!   path.
+//! - [`object`]: the same checks on one stored object (the control plane's kinds).
 //! - [`limits`]: the priority and rule-count bounds a valid policy keeps.
 
 pub mod limits;
 pub mod load;
 pub mod model;
+pub mod object;
