@@ -174,6 +174,7 @@ fn pure_crates_pull_in_no_async_runtime() {
     for pure in [
         "sluice-openflow",
         "sluice-policy",
+        "sluice-policy-model",
         "sluice-gateway",
         "sluice-config-error",
         "sluice-upstream-cluster",

@@ -1,12 +1,10 @@
-//! VM NetworkPolicy model and the pure conjunction compiler that turns it into OpenFlow flows and
-//! minimal diffs.
+//! VM NetworkPolicy compiler: turns the policy model into OpenFlow flows and minimal diffs.
 //!
-//! - [`model`]: Antrea's internal NetworkPolicy shape (policies, rules, address and applied-to
-//!   groups, patches).
-//! - [`load`]: YAML/JSON documents into a validated [`model::PolicySet`], every error with its
-//!   path.
+//! - [`model`] and [`load`]: Antrea's internal NetworkPolicy shape and its YAML/JSON loader,
+//!   re-exported from `sluice-policy-model` (the control plane validates the same objects with
+//!   the same messages, so they live in the foundation).
 //! - [`compile`]: the flow pipeline, full compile, the incremental [`compile::PolicyCompiler`].
 
 pub mod compile;
-pub mod load;
-pub mod model;
+
+pub use sluice_policy_model::{limits, load, model};

@@ -2,14 +2,23 @@
 //! kind's semantic validation is the one its data-plane consumer applies to files, so an object
 //! the API accepts is one the gateway, node or VM agent accepts, with the same messages.
 
+mod address_group;
 mod agent;
+mod applied_to_group;
+mod network_policy;
+mod policy;
+pub mod span;
 mod token;
 mod upstream_cluster;
 
 use serde_json::Value;
-use sluice_apimachinery::{FieldError, KindSpec, Registry, RegistryError};
+use sluice_apimachinery::{FieldError, Registry, RegistryError};
 
+pub use address_group::address_group;
 pub use agent::agent;
+pub use applied_to_group::applied_to_group;
+pub use network_policy::network_policy;
+pub use span::{in_span, PolicyResource, SpanIndex};
 pub use token::{token, token_identity};
 pub use upstream_cluster::upstream_cluster;
 
@@ -18,14 +27,10 @@ pub fn registry() -> Result<Registry, RegistryError> {
     Registry::new()
         .with(upstream_cluster())?
         .with(agent())?
+        .with(network_policy())?
+        .with(address_group())?
+        .with(applied_to_group())?
         .with(token())
-}
-
-/// Whether a VM agent whose VM is `vm` may see `object`. Only the policy kinds are ever
-/// read within a span; any other kind is outside every span.
-pub fn in_span(spec: &KindSpec, object: &Value, vm: &str) -> bool {
-    let _ = (spec, object, vm);
-    false
 }
 
 /// An error at `path` (kube notation: `spec.servers[0].endpoint`) quoting the value there.
@@ -68,6 +73,11 @@ mod tests {
         assert!(registry
             .by_resource("tunnel.sluice.dev", "v1alpha1", "agents")
             .is_some());
+        for plural in ["networkpolicies", "addressgroups", "appliedtogroups"] {
+            assert!(registry
+                .by_resource("policy.sluice.dev", "v1alpha1", plural)
+                .is_some());
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! One request, top-down: what is asked, who asks, whether they may, then the work. Every
 //! outcome, including each refusal, comes back here and is answered in one place.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use http::request::Parts;
@@ -91,7 +92,7 @@ impl ApiServer {
             .by_resource(resource.group, resource.version, resource.resource)
             .ok_or_else(|| request_error(RequestError::NotFound))?;
         labels.resource = spec.plural.clone();
-        let visibility = self.authorize(&identity, spec, &resource)?;
+        let visibility = self.authorize(&identity, spec, &resource).await?;
         let call = super::objects::Call {
             spec,
             request: resource,
@@ -145,7 +146,7 @@ impl ApiServer {
         }
     }
 
-    fn authorize(
+    async fn authorize(
         &self,
         identity: &Identity,
         spec: &KindSpec,
@@ -161,7 +162,10 @@ impl ApiServer {
         };
         match auth::authorize(identity, &asked) {
             Ok(Decision::Allow) => Ok(Visibility::All),
-            Ok(Decision::AllowWithinSpan { vm }) => Ok(Visibility::Span { vm }),
+            Ok(Decision::AllowWithinSpan { vm }) => Ok(Visibility::Span {
+                vm,
+                index: Arc::new(self.span_index().await?),
+            }),
             Err(denied) => {
                 let mut error = StatusError::forbidden(
                     spec,

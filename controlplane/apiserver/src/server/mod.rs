@@ -8,6 +8,7 @@ mod metrics;
 mod objects;
 mod query;
 mod reply;
+mod span_watch;
 mod tokens;
 mod visibility;
 mod watch;

@@ -95,6 +95,7 @@ impl ApiServer {
         if !call.visibility.allows(call.spec, &object) {
             return Err(call_forbidden(call));
         }
+        let object = call.visibility.present(call.spec, object);
         Ok(Reply::ok(match format {
             ResponseFormat::Object => object,
             ResponseFormat::Table(_) => table::table_for_object(call.spec, &object, &table_options),
@@ -152,7 +153,7 @@ impl ApiServer {
                 cursor = Some(row.key.clone());
                 let object = decode(&row)?;
                 if selected(call, options, &object) {
-                    items.push(object);
+                    items.push(call.visibility.present(call.spec, object));
                 }
                 if items.len() == limit && (rows.peek().is_some() || page.more) {
                     // kube's continue key: the next key at or after the last one plus NUL.

@@ -1,20 +1,78 @@
-//! Which objects a caller may see: everything, or (a VM agent) only the objects whose span
-//! includes its VM.
+//! Which objects a caller may see: everything, or (a VM agent) only the policy objects whose
+//! span includes its VM, with an applied-to group's members narrowed to that VM's own
+//! interfaces (an agent programs every member it is given, so another VM's must not reach it).
+
+use std::sync::Arc;
 
 use serde_json::Value;
 use sluice_apimachinery::KindSpec;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+use crate::kinds::{PolicyResource, SpanIndex};
+
+#[derive(Debug, Clone)]
 pub enum Visibility {
     All,
-    Span { vm: String },
+    /// The stored groups' and policies' spans, read when the request arrived.
+    Span { vm: String, index: Arc<SpanIndex> },
 }
 
 impl Visibility {
     pub fn allows(&self, spec: &KindSpec, object: &Value) -> bool {
         match self {
             Visibility::All => true,
-            Visibility::Span { vm } => crate::kinds::in_span(spec, object, vm),
+            Visibility::Span { vm, index } => PolicyResource::from_plural(&spec.plural)
+                .is_some_and(|resource| index.in_span(resource, object, vm)),
         }
+    }
+
+    /// The object as this caller is shown it.
+    pub fn present(&self, spec: &KindSpec, object: Value) -> Value {
+        match self {
+            Visibility::Span { vm, .. }
+                if PolicyResource::from_plural(&spec.plural)
+                    == Some(PolicyResource::AppliedToGroup) =>
+            {
+                own_members(object, vm)
+            }
+            _ => object,
+        }
+    }
+}
+
+fn own_members(mut group: Value, vm: &str) -> Value {
+    if let Some(members) = group
+        .pointer_mut("/spec/members")
+        .and_then(Value::as_array_mut)
+    {
+        members.retain(|member| member.get("vm").and_then(Value::as_str) == Some(vm));
+    }
+    group
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_vm_agent_sees_only_its_own_members_of_a_group() {
+        let group = json!({"metadata": {"name": "web"}, "spec": {"members": [
+            {"name": "vm1-eth0", "vm": "vm1"}, {"name": "vm4-eth0", "vm": "vm4"}]}});
+        let index = Arc::new(SpanIndex::new([&group], []));
+        let spec = crate::kinds::applied_to_group();
+        let vm1 = Visibility::Span {
+            vm: "vm1".into(),
+            index: index.clone(),
+        };
+        assert!(vm1.allows(&spec, &group));
+        let shown = vm1.present(&spec, group.clone());
+        assert_eq!(shown["spec"]["members"], json!([{"name": "vm1-eth0", "vm": "vm1"}]));
+        let vm9 = Visibility::Span {
+            vm: "vm9".into(),
+            index,
+        };
+        assert!(!vm9.allows(&spec, &group));
+        assert!(!vm9.allows(&crate::kinds::agent(), &group));
+        assert_eq!(Visibility::All.present(&spec, group.clone()), group);
     }
 }

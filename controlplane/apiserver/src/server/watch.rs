@@ -36,11 +36,7 @@ impl ApiServer {
                 format!("the server holds its maximum of {} watches", self.limits.max_watches),
             )
         })?;
-        let (initial, after) = match options.resource_version {
-            // No version, or "0": the current state as ADDED events, then its changes.
-            None | Some(0) => self.current_state(call, &options).await?,
-            Some(revision) => (Vec::new(), revision),
-        };
+        let from = options.resource_version.filter(|revision| *revision > 0);
         let watch = Watch {
             spec: call.spec.clone(),
             prefix: list_prefix(call.spec, call.request.namespace),
@@ -53,6 +49,15 @@ impl ApiServer {
             metrics: self.metrics.clone(),
         };
         let (sender, receiver) = mpsc::channel(QUEUE);
+        if let Visibility::Span { vm, .. } = &call.visibility {
+            self.span_watch(watch, vm.clone(), from, sender, permit).await?;
+            return Ok(Reply::Stream(receiver));
+        }
+        let (initial, after) = match from {
+            // No version, or "0": the current state as ADDED events, then its changes.
+            None => self.current_state(call, &watch.options).await?,
+            Some(revision) => (Vec::new(), revision),
+        };
         tokio::spawn(watch.run(initial, after, sender, permit));
         Ok(Reply::Stream(receiver))
     }
@@ -97,19 +102,42 @@ impl ApiServer {
 }
 
 /// One open watch.
-struct Watch {
-    spec: KindSpec,
-    prefix: String,
-    options: ListOptions,
-    visibility: Visibility,
-    format: ResponseFormat,
-    table_options: TableOptions,
-    store: std::sync::Arc<dyn Store>,
-    duration: Duration,
-    metrics: super::metrics::ApiMetrics,
+pub(crate) struct Watch {
+    pub(crate) spec: KindSpec,
+    pub(crate) prefix: String,
+    pub(crate) options: ListOptions,
+    pub(crate) visibility: Visibility,
+    pub(crate) format: ResponseFormat,
+    pub(crate) table_options: TableOptions,
+    pub(crate) store: std::sync::Arc<dyn Store>,
+    pub(crate) duration: Duration,
+    pub(crate) metrics: super::metrics::ApiMetrics,
+}
+
+/// A watch's place in the watchers gauge, left however the watch ends.
+pub(crate) struct OpenWatch {
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
 }
 
 impl Watch {
+    pub(crate) fn open(&self) -> OpenWatch {
+        let gauge = self
+            .metrics
+            .watchers
+            .get_or_create(&ResourceLabels {
+                resource: self.spec.plural.clone(),
+            })
+            .clone();
+        gauge.inc();
+        OpenWatch { gauge }
+    }
+
     async fn run(
         self,
         initial: Vec<Value>,
@@ -120,7 +148,7 @@ impl Watch {
         let labels = ResourceLabels {
             resource: self.spec.plural.clone(),
         };
-        self.metrics.watchers.get_or_create(&labels).inc();
+        let _open = self.open();
         let mut first = true;
         let mut sent = 0u64;
         let deadline = tokio::time::sleep(self.duration);
@@ -167,7 +195,6 @@ impl Watch {
             }
         }
         self.metrics.watch_events.get_or_create(&labels).inc_by(sent);
-        self.metrics.watchers.get_or_create(&labels).dec();
     }
 
     /// Sends a batch's events; an empty batch is a bookmark when the client allows them.
@@ -227,7 +254,7 @@ impl Watch {
         }
     }
 
-    async fn send(
+    pub(crate) async fn send(
         &self,
         sender: &mpsc::Sender<Bytes>,
         event_type: WatchEventType,
@@ -245,7 +272,7 @@ impl Watch {
     }
 }
 
-fn line(event: &Value) -> Bytes {
+pub(crate) fn line(event: &Value) -> Bytes {
     let mut bytes = serde_json::to_vec(event).unwrap_or_default();
     bytes.push(b'\n');
     Bytes::from(bytes)

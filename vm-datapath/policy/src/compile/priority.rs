@@ -23,10 +23,7 @@
 
 use crate::model::Direction;
 
-/// Highest allowed policy priority number (lowest precedence).
-pub const MAX_POLICY_PRIORITY: u16 = 999;
-/// Rules per policy; the rule number space is `MAX_RULES_PER_POLICY` wide per policy priority.
-pub const MAX_RULES_PER_POLICY: u16 = 64;
+pub use sluice_policy_model::limits::{MAX_POLICY_PRIORITY, MAX_RULES_PER_POLICY};
 /// OpenFlow priority of rule number 1.
 pub const RULE_PRIORITY_TOP: u16 = 65_000;
 /// Lowest OpenFlow priority a rule can get.

@@ -1,188 +1,59 @@
-//! Policy documents (YAML or JSON) into a validated [`PolicySet`].
-//!
-//! Document shape (camelCase keys, unknown keys rejected):
-//! ```yaml
-//! addressGroups:
-//!   - name: web-clients
-//!     members: [10.0.0.2, 10.0.1.0/24]
-//! appliedToGroups:
-//!   - name: vm1
-//!     members: [{name: vm1-eth0, ofport: 1, ips: [10.0.0.1], mac: "02:00:0a:00:00:01"}]
-//! policies:
-//!   - name: web
-//!     namespace: default        # optional
-//!     priority: 10              # lower number = higher precedence, 0..=999
-//!     appliedTo: [vm1]
-//!     policyTypes: [Ingress]    # optional, defaults to the directions of the rules
-//!     rules:                    # ordered, at most 64
-//!       - direction: Ingress    # Ingress | Egress
-//!         action: Allow         # Allow | Drop | Reject
-//!         peers:                # omitted = any peer
-//!           addressGroups: [web-clients]
-//!           ipBlocks: [{cidr: 10.2.0.0/16, except: [10.2.3.0/24]}]
-//!         services:             # omitted = any service
-//!           - {protocol: TCP, port: 80, endPort: 90}
-//!           - {protocol: ICMP, icmpType: 8}
-//! ```
-//! Validation returns every problem with its path, e.g.
-//! `policies.yaml: policies[2].rules[0].services[1].port: 70000 is not a valid port`.
-
-mod dir;
-mod raw;
+//! One validation pass over raw documents and objects: every mistake is recorded with its path
+//! and reason, and what is valid becomes the typed [`crate::model`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::path::Path;
 
 use ipnet::IpNet;
 
-use crate::compile::priority::{MAX_POLICY_PRIORITY, MAX_RULES_PER_POLICY};
+use super::raw::{self, RawDocument, RawPolicy, RawRule, RawService};
+use super::Errors;
+use crate::limits::{MAX_POLICY_PRIORITY, MAX_RULES_PER_POLICY};
 use crate::model::{
     AddressGroup, AppliedToGroup, Direction, IpBlock, MacAddr, NetworkPolicy, Peers, PolicySet,
     Protocol, Rule, RuleAction, Service, VmInterface,
 };
-use raw::{RawDocument, RawPolicy, RawRule, RawService};
 
-pub use dir::{is_policy_file_name, load_dir, load_path, policy_files};
-use sluice_config_error::ErrorList as Errors;
-pub use sluice_config_error::{FieldError, InvalidConfig, InvalidSources};
-
-/// Input syntax.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    Yaml,
-    Json,
+/// The group names a policy may refer to.
+#[derive(Clone, Copy)]
+pub(crate) enum Known<'a> {
+    /// A document's own groups: a reference to any other name is an error.
+    Groups(&'a PolicySet),
+    /// Any name: a stored object is checked alone, and the groups it names may be created
+    /// after it (the agent's compiler ignores a policy whose groups it does not hold yet).
+    Anything,
 }
 
-impl Format {
-    /// `.json` files are JSON, everything else YAML.
-    pub fn from_path(path: &Path) -> Self {
-        match path.extension().and_then(|ext| ext.to_str()) {
-            Some(ext) if ext.eq_ignore_ascii_case("json") => Format::Json,
-            _ => Format::Yaml,
+impl Known<'_> {
+    fn applied_to_group(self, name: &str) -> bool {
+        match self {
+            Known::Groups(set) => set.applied_to_groups.contains_key(name),
+            Known::Anything => true,
+        }
+    }
+
+    fn address_group(self, name: &str) -> bool {
+        match self {
+            Known::Groups(set) => set.address_groups.contains_key(name),
+            Known::Anything => true,
         }
     }
 }
 
-/// Reads and validates a policy file; the format follows the extension.
-pub fn load_file(path: &Path) -> Result<PolicySet, InvalidConfig> {
-    let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|error| {
-        InvalidConfig::one(origin.clone(), "", format!("cannot read file: {error}"))
-    })?;
-    load_str(&text, &origin, Format::from_path(path))
+/// Which bridge an OpenFlow port number is unique on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bridges {
+    /// A file is one agent's view: all of its interfaces are on one bridge.
+    One,
+    /// A stored group may list interfaces of several VMs, each on its own bridge.
+    PerVm,
 }
 
-/// Parses and validates a document; `origin` names it in errors.
-pub fn load_str(text: &str, origin: &str, format: Format) -> Result<PolicySet, InvalidConfig> {
-    let mut errors = Errors::default();
-    let raw = match parse(text, format, &mut errors) {
-        Some(raw) => raw,
-        None => return Err(errors.into_invalid(origin)),
-    };
-    let set = validate(&raw, &mut errors);
-    if errors.list.is_empty() {
-        Ok(set)
-    } else {
-        Err(errors.into_invalid(origin))
-    }
-}
-
-/// Deserializes, recording unknown fields as errors. A type error stops parsing (serde cannot go
-/// on), so it is reported alone.
-fn parse(text: &str, format: Format, errors: &mut Errors) -> Option<RawDocument> {
-    if text.trim().is_empty() {
-        return Some(RawDocument::default());
-    }
-    let mut unknown = Vec::new();
-    let mut record_unknown = |path: serde_ignored::Path<'_>| unknown.push(ignored_path(&path));
-    let result = match format {
-        Format::Yaml => {
-            let deserializer = serde_norway::Deserializer::from_str(text);
-            let tracked = serde_ignored::Deserializer::new(deserializer, &mut record_unknown);
-            serde_path_to_error::deserialize(tracked).map_err(|error| {
-                let path = error.path().to_string();
-                (path, error.into_inner().to_string())
-            })
-        }
-        Format::Json => {
-            let mut deserializer = serde_json::Deserializer::from_str(text);
-            let tracked = serde_ignored::Deserializer::new(&mut deserializer, &mut record_unknown);
-            let result = serde_path_to_error::deserialize(tracked).map_err(|error| {
-                let path = error.path().to_string();
-                (path, error.into_inner().to_string())
-            });
-            // Trailing garbage after the document is an error too.
-            result.and_then(|raw| {
-                deserializer
-                    .end()
-                    .map(|()| raw)
-                    .map_err(|error| (String::new(), error.to_string()))
-            })
-        }
-    };
-    for path in unknown {
-        errors.push(path, "unknown field");
-    }
-    match result {
-        Ok(raw) => Some(raw),
-        Err((path, message)) => {
-            let path = if path == "." { String::new() } else { path };
-            errors.push(path.clone(), clean_serde_message(&message, &path));
-            None
-        }
-    }
-}
-
-/// Renders serde_ignored's path in the same `a.b[0].c` style as serde_path_to_error.
-fn ignored_path(path: &serde_ignored::Path<'_>) -> String {
-    use serde_ignored::Path as P;
-    match path {
-        P::Root => String::new(),
-        P::Seq { parent, index } => format!("{}[{index}]", ignored_path(parent)),
-        P::Map { parent, key } => {
-            let parent = ignored_path(parent);
-            if parent.is_empty() {
-                key.clone()
-            } else {
-                format!("{parent}.{key}")
-            }
-        }
-        P::Some { parent } | P::NewtypeStruct { parent } | P::NewtypeVariant { parent } => {
-            ignored_path(parent)
-        }
-    }
-}
-
-/// serde_norway prefixes messages with the path (printed already) and names internal `Raw*`
-/// structs, which mean nothing to the author of the file.
-fn clean_serde_message(message: &str, path: &str) -> String {
-    let message = message
-        .strip_prefix(path)
-        .and_then(|rest| rest.strip_prefix(": "))
-        .unwrap_or(message);
-    let mut cleaned = message.to_string();
-    while let Some(start) = cleaned.find("struct Raw") {
-        let name_end = cleaned[start + "struct ".len()..]
-            .find(|c: char| !c.is_alphanumeric())
-            .map_or(cleaned.len(), |offset| start + "struct ".len() + offset);
-        cleaned.replace_range(start..name_end, "a mapping");
-    }
-    cleaned
-}
-
-fn validate(raw: &RawDocument, errors: &mut Errors) -> PolicySet {
+pub(crate) fn validate(raw: &RawDocument, errors: &mut Errors) -> PolicySet {
     let mut set = PolicySet::default();
-    for (index, group) in raw.address_groups.iter().enumerate() {
+    for (index, raw_group) in raw.address_groups.iter().enumerate() {
         let path = format!("addressGroups[{index}]");
-        check_name(&group.name, &format!("{path}.name"), errors);
-        let mut members = BTreeSet::new();
-        for (member_index, member) in group.members.iter().enumerate() {
-            if let Some(net) = parse_net(member, &format!("{path}.members[{member_index}]"), errors)
-            {
-                members.insert(net);
-            }
-        }
+        let group = address_group(raw_group, &path, errors);
         if set.address_groups.contains_key(&group.name) {
             errors.push(
                 format!("{path}.name"),
@@ -190,31 +61,11 @@ fn validate(raw: &RawDocument, errors: &mut Errors) -> PolicySet {
             );
             continue;
         }
-        set.address_groups.insert(
-            group.name.clone(),
-            AddressGroup {
-                name: group.name.clone(),
-                members,
-            },
-        );
+        set.address_groups.insert(group.name.clone(), group);
     }
-    for (index, group) in raw.applied_to_groups.iter().enumerate() {
+    for (index, raw_group) in raw.applied_to_groups.iter().enumerate() {
         let path = format!("appliedToGroups[{index}]");
-        check_name(&group.name, &format!("{path}.name"), errors);
-        let mut members = BTreeMap::new();
-        for (member_index, member) in group.members.iter().enumerate() {
-            let member_path = format!("{path}.members[{member_index}]");
-            if let Some(interface) = validate_interface(member, &member_path, errors) {
-                if members.contains_key(&interface.name) {
-                    errors.push(
-                        format!("{member_path}.name"),
-                        format!("duplicate interface {:?} in this group", interface.name),
-                    );
-                } else {
-                    members.insert(interface.name.clone(), interface);
-                }
-            }
-        }
+        let group = applied_to_group(raw_group, &path, errors);
         if set.applied_to_groups.contains_key(&group.name) {
             errors.push(
                 format!("{path}.name"),
@@ -222,19 +73,25 @@ fn validate(raw: &RawDocument, errors: &mut Errors) -> PolicySet {
             );
             continue;
         }
-        set.applied_to_groups.insert(
-            group.name.clone(),
-            AppliedToGroup {
-                name: group.name.clone(),
-                members,
-            },
-        );
+        set.applied_to_groups.insert(group.name.clone(), group);
     }
-    check_interfaces_consistent(raw, errors);
+    let members = raw
+        .applied_to_groups
+        .iter()
+        .enumerate()
+        .flat_map(|(index, group)| {
+            let path = format!("appliedToGroups[{index}]");
+            group
+                .members
+                .iter()
+                .enumerate()
+                .map(move |(member, raw)| (format!("{path}.members[{member}]"), raw))
+        });
+    check_ports_owned_once(members, Bridges::One, errors);
     let mut priority_owner: BTreeMap<u16, String> = BTreeMap::new();
     for (index, raw_policy) in raw.policies.iter().enumerate() {
         let path = format!("policies[{index}]");
-        let Some(policy) = validate_policy(raw_policy, &path, &set, errors) else {
+        let Some(policy) = validate_policy(raw_policy, &path, Known::Groups(&set), errors) else {
             continue;
         };
         let key = policy.key();
@@ -258,24 +115,76 @@ fn validate(raw: &RawDocument, errors: &mut Errors) -> PolicySet {
     set
 }
 
+/// An address group at `path`; invalid members are recorded and left out.
+pub(crate) fn address_group(
+    raw: &raw::RawAddressGroup,
+    path: &str,
+    errors: &mut Errors,
+) -> AddressGroup {
+    check_name(&raw.name, &format!("{path}.name"), errors);
+    let mut members = BTreeSet::new();
+    for (index, member) in raw.members.iter().enumerate() {
+        if let Some(net) = parse_net(member, &format!("{path}.members[{index}]"), errors) {
+            members.insert(net);
+        }
+    }
+    AddressGroup {
+        name: raw.name.clone(),
+        members,
+    }
+}
+
+/// An applied-to group at `path`; invalid members are recorded and left out.
+pub(crate) fn applied_to_group(
+    raw: &raw::RawAppliedToGroup,
+    path: &str,
+    errors: &mut Errors,
+) -> AppliedToGroup {
+    check_name(&raw.name, &format!("{path}.name"), errors);
+    let mut members = BTreeMap::new();
+    for (index, member) in raw.members.iter().enumerate() {
+        let member_path = format!("{path}.members[{index}]");
+        if let Some(interface) = validate_interface(member, &member_path, errors) {
+            if members.contains_key(&interface.name) {
+                errors.push(
+                    format!("{member_path}.name"),
+                    format!("duplicate interface {:?} in this group", interface.name),
+                );
+            } else {
+                members.insert(interface.name.clone(), interface);
+            }
+        }
+    }
+    AppliedToGroup {
+        name: raw.name.clone(),
+        members,
+    }
+}
+
 /// An interface may appear in several applied-to groups, but an OpenFlow port belongs to one
 /// interface: two names on one port would make the egress rules of one apply to the other.
-fn check_interfaces_consistent(raw: &RawDocument, errors: &mut Errors) {
-    let mut port_owner: BTreeMap<i64, &str> = BTreeMap::new();
-    for (group_index, group) in raw.applied_to_groups.iter().enumerate() {
-        for (member_index, member) in group.members.iter().enumerate() {
-            match port_owner.get(&member.ofport) {
-                Some(owner) if *owner != member.name => errors.push(
-                    format!("appliedToGroups[{group_index}].members[{member_index}].ofport"),
-                    format!(
-                        "OpenFlow port {} already belongs to interface {owner:?}",
-                        member.ofport
-                    ),
+pub(crate) fn check_ports_owned_once<'a>(
+    members: impl Iterator<Item = (String, &'a raw::RawVmInterface)>,
+    bridges: Bridges,
+    errors: &mut Errors,
+) {
+    let mut port_owner: BTreeMap<(Option<&str>, i64), &str> = BTreeMap::new();
+    for (path, member) in members {
+        let bridge = match bridges {
+            Bridges::One => None,
+            Bridges::PerVm => member.vm.as_deref(),
+        };
+        match port_owner.get(&(bridge, member.ofport)) {
+            Some(owner) if *owner != member.name => errors.push(
+                format!("{path}.ofport"),
+                format!(
+                    "OpenFlow port {} already belongs to interface {owner:?}",
+                    member.ofport
                 ),
-                Some(_) => {}
-                None => {
-                    port_owner.insert(member.ofport, &member.name);
-                }
+            ),
+            Some(_) => {}
+            None => {
+                port_owner.insert((bridge, member.ofport), &member.name);
             }
         }
     }
@@ -294,6 +203,9 @@ fn validate_interface(
 ) -> Option<VmInterface> {
     let before = errors.list.len();
     check_name(&raw.name, &format!("{path}.name"), errors);
+    if let Some(vm) = &raw.vm {
+        check_name(vm, &format!("{path}.vm"), errors);
+    }
     // 0xffffff00 and above are reserved port numbers (LOCAL, CONTROLLER, ...).
     let ofport = match u32::try_from(raw.ofport) {
         Ok(port) if (1..0xffff_ff00).contains(&port) => port,
@@ -334,10 +246,10 @@ fn validate_interface(
     })
 }
 
-fn validate_policy(
+pub(crate) fn validate_policy(
     raw: &RawPolicy,
     path: &str,
-    set: &PolicySet,
+    known: Known<'_>,
     errors: &mut Errors,
 ) -> Option<NetworkPolicy> {
     let before = errors.list.len();
@@ -366,7 +278,7 @@ fn validate_policy(
     }
     let mut applied_to_groups = Vec::new();
     for (index, name) in raw.applied_to.iter().enumerate() {
-        if !set.applied_to_groups.contains_key(name) {
+        if !known.applied_to_group(name) {
             errors.push(
                 format!("{path}.appliedTo[{index}]"),
                 format!("applied-to group {name:?} is not defined in appliedToGroups"),
@@ -401,7 +313,7 @@ fn validate_policy(
                 );
             }
         }
-        if let Some(rule) = validate_rule(raw_rule, &rule_path, set, errors) {
+        if let Some(rule) = validate_rule(raw_rule, &rule_path, known, errors) {
             rules.push(rule);
         }
     }
@@ -429,7 +341,7 @@ fn validate_policy(
     })
 }
 
-fn validate_rule(raw: &RawRule, path: &str, set: &PolicySet, errors: &mut Errors) -> Option<Rule> {
+fn validate_rule(raw: &RawRule, path: &str, known: Known<'_>, errors: &mut Errors) -> Option<Rule> {
     let before = errors.list.len();
     let direction = parse_direction(&raw.direction, &format!("{path}.direction"), errors);
     let action = match raw.action.as_str() {
@@ -447,7 +359,7 @@ fn validate_rule(raw: &RawRule, path: &str, set: &PolicySet, errors: &mut Errors
     let mut peers = Peers::default();
     for (index, name) in raw.peers.address_groups.iter().enumerate() {
         let group_path = format!("{path}.peers.addressGroups[{index}]");
-        if !set.address_groups.contains_key(name) {
+        if !known.address_group(name) {
             errors.push(
                 group_path,
                 format!("address group {name:?} is not defined in addressGroups"),
@@ -638,6 +550,3 @@ fn parse_cidr(text: &str, path: &str, errors: &mut Errors) -> Option<IpNet> {
         }
     }
 }
-
-#[cfg(test)]
-mod tests;

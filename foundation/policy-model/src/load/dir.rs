@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::raw::RawDocument;
-use super::{parse, validate, Errors, Format, InvalidConfig, InvalidSources};
+use super::validate::validate;
+use super::{parse, Errors, Format, InvalidConfig, InvalidSources};
 use crate::model::PolicySet;
 
 /// Loads a policy file, or every policy file of a directory.

@@ -38,6 +38,10 @@ pub(crate) struct RawVmInterface {
     #[serde(default)]
     pub ips: Vec<String>,
     pub mac: Option<String>,
+    /// The VM (named as its vm-agent's identity) whose bridge the interface is attached to: the
+    /// control plane sends a group to the VMs its members are on. Not part of the compiled
+    /// model: an agent enforces every interface it is given.
+    pub vm: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -3,6 +3,7 @@ use std::io::Write as _;
 use proptest::prelude::*;
 
 use super::*;
+use crate::model::Direction;
 
 const VALID: &str = r#"
 addressGroups:
@@ -349,4 +350,16 @@ fn policy_file_names() {
     for name in [".a.yaml", "a.yaml.tmp", "yaml", "a.txt", "..data"] {
         assert!(!is_policy_file_name(name), "{name}");
     }
+}
+
+#[test]
+fn a_file_may_name_each_interfaces_vm() {
+    let text = "appliedToGroups: [{name: a, members: [{name: e0, ofport: 1, vm: vm-a}]}]\n";
+    let set = load_str(text, "p.yaml", Format::Yaml).expect("vm is optional and allowed");
+    assert!(set.applied_to_groups["a"].members.contains_key("e0"));
+    let text = "appliedToGroups: [{name: a, members: [{name: e0, ofport: 1, vm: ''}]}]\n";
+    assert_eq!(
+        errors_of(text, Format::Yaml),
+        ["p.yaml: appliedToGroups[0].members[0].vm: must not be empty"]
+    );
 }

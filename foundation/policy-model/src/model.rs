@@ -8,7 +8,7 @@
 //! Precedence: a policy with a *lower* `priority` number wins over one with a higher number (as
 //! for Antrea-native policies), and within a policy an earlier rule wins over a later one. Two
 //! policies may not share a priority number: the compiler needs a strict order to give every rule
-//! its own OpenFlow priority (see `compile::priority`).
+//! its own OpenFlow priority (see `sluice_policy::compile::priority`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -180,7 +180,7 @@ pub struct NetworkPolicy {
     pub name: String,
     pub namespace: Option<String>,
     /// Lower number = higher precedence; unique per agent; bounded by
-    /// `compile::priority::MAX_POLICY_PRIORITY`.
+    /// [`crate::limits::MAX_POLICY_PRIORITY`].
     pub priority: u16,
     /// Names of the applied-to groups whose interfaces this policy is enforced on.
     pub applied_to_groups: Vec<String>,
