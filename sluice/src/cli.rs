@@ -105,7 +105,11 @@ pub struct ControlplaneArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6443")]
     pub listen: std::net::SocketAddr,
     /// Where the embedded store, the generated certificates (pki/) and admin.kubeconfig live.
-    #[arg(long, value_name = "DIR", default_value = "/var/lib/sluice/controlplane")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/sluice/controlplane"
+    )]
     pub data_dir: PathBuf,
     /// Serving certificate (PEM); with --tls-key. Default: generated in <data-dir>/pki/.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -157,7 +161,11 @@ pub enum TokenCommand {
         #[arg(long, value_name = "FILE")]
         kubeconfig: Option<PathBuf>,
         /// The control plane's data directory, for the default kubeconfig.
-        #[arg(long, value_name = "DIR", default_value = "/var/lib/sluice/controlplane")]
+        #[arg(
+            long,
+            value_name = "DIR",
+            default_value = "/var/lib/sluice/controlplane"
+        )]
         data_dir: PathBuf,
     },
 }

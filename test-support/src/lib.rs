@@ -2,6 +2,7 @@
 //! sockets, certificates) on loopback and cleans them up on drop; nothing is a mock.
 
 mod certs;
+mod controlplane;
 mod etcd;
 pub mod examples;
 mod grpc;
@@ -23,6 +24,7 @@ pub fn apiserver_options(certs: &Certificates) -> ApiServerOptions {
     ApiServerOptions::new(&certs.server_cert, &certs.server_key, &certs.ca_cert)
 }
 pub use certs::{Certificates, ClientCert};
+pub use controlplane::{kubectl_with, ControlPlane};
 pub use etcd::{
     etcd_installed, etcd_or_skip, EtcdCluster, EtcdServer, EtcdTlsFiles, ETCD_PROGRESS_INTERVAL,
 };

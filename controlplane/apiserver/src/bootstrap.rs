@@ -157,7 +157,8 @@ pub async fn ensure_admin(
     if has_admin && kubeconfig.exists() {
         return Ok(false);
     }
-    let identity = Identity::new(Role::Admin, "admin").map_err(|e| BootstrapError::Store(e.to_string()))?;
+    let identity =
+        Identity::new(Role::Admin, "admin").map_err(|e| BootstrapError::Store(e.to_string()))?;
     let issued = issue(identity).map_err(|error| BootstrapError::Store(error.to_string()))?;
     let name = format!("admin.{}", &issued.record.sha256[..8]);
     store_token(store, &name, &issued)
@@ -167,7 +168,10 @@ pub async fn ensure_admin(
         path: ca.to_path_buf(),
         source,
     })?;
-    write_private(kubeconfig, &kubeconfig_text(server_url, &ca_pem, "admin", &issued.secret))?;
+    write_private(
+        kubeconfig,
+        &kubeconfig_text(server_url, &ca_pem, "admin", &issued.secret),
+    )?;
     Ok(true)
 }
 

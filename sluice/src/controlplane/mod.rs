@@ -72,7 +72,10 @@ pub fn run(options: ControlPlaneOptions, addresses_file: Option<&Path>) -> std::
             write_address(path, running.address)?;
         }
         println!("control plane serving on {}", running.url);
-        println!("  kubectl --kubeconfig {} get upstreamclusters", running.kubeconfig.display());
+        println!(
+            "  kubectl --kubeconfig {} get upstreamclusters",
+            running.kubeconfig.display()
+        );
         stop_signal().await?;
         tracing::info!("stopping the control plane: no new connections, open requests finish");
         running.shutdown().await;
@@ -123,7 +126,10 @@ pub async fn start_on(
         tracing::info!(kubeconfig = %kubeconfig.display(), "issued the first admin token");
     }
     let server = ApiServer::new(registry, store.clone(), options.limits.clone());
-    server.load_tokens().await.context("reading the stored tokens")?;
+    server
+        .load_tokens()
+        .await
+        .context("reading the stored tokens")?;
     let (stop, stopping) = watch::channel(false);
     tokio::spawn(server.clone().follow_tokens(stopping.clone()));
     let compactor = Compactor::new(store, options.compaction_interval);

@@ -62,9 +62,15 @@ impl Access {
                 .with_context(|| format!("{}: no {list} entry named {name:?}", path.display()))
         };
         let context = named("contexts", context_name)?;
-        let cluster = named("clusters", context["context"]["cluster"].as_str().unwrap_or(""))?;
+        let cluster = named(
+            "clusters",
+            context["context"]["cluster"].as_str().unwrap_or(""),
+        )?;
         let user = named("users", context["context"]["user"].as_str().unwrap_or(""))?;
-        let server = cluster["cluster"]["server"].as_str().unwrap_or("").to_string();
+        let server = cluster["cluster"]["server"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
         let ca_pem = match cluster["cluster"]["certificate-authority-data"].as_str() {
             Some(data) => {
                 use base64::Engine;
@@ -76,7 +82,10 @@ impl Access {
             None => match cluster["cluster"]["certificate-authority"].as_str() {
                 Some(file) => std::fs::read_to_string(PathBuf::from(file))
                     .with_context(|| format!("reading {file}"))?,
-                None => bail!("{}: the cluster names no certificate authority", path.display()),
+                None => bail!(
+                    "{}: the cluster names no certificate authority",
+                    path.display()
+                ),
             },
         };
         let Some(token) = user["user"]["token"].as_str() else {

@@ -46,7 +46,10 @@ fn validate(object: &Value) -> Vec<FieldError> {
     match role.map(str::parse::<Role>) {
         Some(Ok(_)) => {}
         Some(Err(error)) => errors.push(invalid_at(object, "spec.role", error.to_string())),
-        None => errors.push(FieldError::required("spec.role", "admin, gateway, node or vm-agent")),
+        None => errors.push(FieldError::required(
+            "spec.role",
+            "admin, gateway, node or vm-agent",
+        )),
     }
     match object.pointer("/spec/subject").and_then(Value::as_str) {
         Some(subject) => {
@@ -63,7 +66,10 @@ fn validate(object: &Value) -> Vec<FieldError> {
             "spec.tokenSha256",
             "expected 64 hex digits (the SHA-256 of the token)",
         )),
-        None => errors.push(FieldError::required("spec.tokenSha256", "the SHA-256 of the token")),
+        None => errors.push(FieldError::required(
+            "spec.tokenSha256",
+            "the SHA-256 of the token",
+        )),
     }
     errors
 }
@@ -74,7 +80,8 @@ mod tests {
 
     #[test]
     fn a_token_names_its_identity() {
-        let object = json!({"spec": {"role": "gateway", "subject": "gw-1", "tokenSha256": "a".repeat(64)}});
+        let object =
+            json!({"spec": {"role": "gateway", "subject": "gw-1", "tokenSha256": "a".repeat(64)}});
         assert_eq!(validate(&object), []);
         let (digest, identity) = token_identity(&object).unwrap();
         assert_eq!(digest, "a".repeat(64));
@@ -84,7 +91,10 @@ mod tests {
     #[test]
     fn each_mistake_names_its_field() {
         let object = json!({"spec": {"role": "root", "subject": "Gw_1", "tokenSha256": "x"}});
-        let fields: Vec<String> = validate(&object).into_iter().map(|error| error.field).collect();
+        let fields: Vec<String> = validate(&object)
+            .into_iter()
+            .map(|error| error.field)
+            .collect();
         assert_eq!(fields, ["spec.role", "spec.subject", "spec.tokenSha256"]);
         assert!(token_identity(&object).is_none());
     }

@@ -241,4 +241,3 @@ fn request_error(error: RequestError) -> StatusError {
     status.code = error.http_status();
     status
 }
-

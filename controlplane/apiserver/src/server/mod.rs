@@ -165,14 +165,15 @@ impl ApiServer {
         mut stop: signal::Receiver<bool>,
     ) {
         let _ = tcp.set_nodelay(true);
-        let tls = match tokio::time::timeout(self.limits.handshake_timeout, acceptor.accept(tcp)).await {
-            Ok(Ok(tls)) => tls,
-            Ok(Err(error)) => {
-                tracing::debug!(%address, %error, "TLS handshake failed");
-                return self.refused("tls");
-            }
-            Err(_) => return self.refused("handshake_timeout"),
-        };
+        let tls =
+            match tokio::time::timeout(self.limits.handshake_timeout, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => {
+                    tracing::debug!(%address, %error, "TLS handshake failed");
+                    return self.refused("tls");
+                }
+                Err(_) => return self.refused("handshake_timeout"),
+            };
         let peer = Peer {
             address,
             certificate: tls
@@ -256,7 +257,10 @@ struct OpenConnection {
 }
 
 impl OpenConnection {
-    fn new(slot: tokio::sync::OwnedSemaphorePermit, gauge: prometheus_client::metrics::gauge::Gauge) -> Self {
+    fn new(
+        slot: tokio::sync::OwnedSemaphorePermit,
+        gauge: prometheus_client::metrics::gauge::Gauge,
+    ) -> Self {
         gauge.inc();
         Self { _slot: slot, gauge }
     }

@@ -66,7 +66,11 @@ impl Call<'_> {
 
 impl ApiServer {
     /// Checks the request's scope and subresource, then runs its verb.
-    pub(crate) async fn resource(&self, call: Call<'_>, body: Incoming) -> Result<Reply, StatusError> {
+    pub(crate) async fn resource(
+        &self,
+        call: Call<'_>,
+        body: Incoming,
+    ) -> Result<Reply, StatusError> {
         check_scope(&call)?;
         let status = match call.request.subresource {
             None => false,
@@ -103,7 +107,12 @@ impl ApiServer {
     }
 
     /// The stored object at `key`, with its resourceVersion; 404 when there is none.
-    pub(crate) async fn read(&self, spec: &KindSpec, key: &str, name: &str) -> Result<Value, StatusError> {
+    pub(crate) async fn read(
+        &self,
+        spec: &KindSpec,
+        key: &str,
+        name: &str,
+    ) -> Result<Value, StatusError> {
         let stored = self
             .store
             .get(key)
@@ -131,7 +140,9 @@ impl ApiServer {
         options: &ListOptions,
     ) -> Result<(Vec<Value>, ListPage), StatusError> {
         let prefix = list_prefix(call.spec, call.request.namespace);
-        let limit = options.limit.map_or(MAX_PAGE, |limit| (limit as usize).min(MAX_PAGE));
+        let limit = options
+            .limit
+            .map_or(MAX_PAGE, |limit| (limit as usize).min(MAX_PAGE));
         let (mut cursor, mut revision) = match &options.continue_token {
             Some(token) => {
                 let start = token.start.strip_suffix('\0').unwrap_or(&token.start);
@@ -157,7 +168,8 @@ impl ApiServer {
                 }
                 if items.len() == limit && (rows.peek().is_some() || page.more) {
                     // kube's continue key: the next key at or after the last one plus NUL.
-                    continue_token = Some(ContinueToken::new(format!("{}\0", row.key), page.revision));
+                    continue_token =
+                        Some(ContinueToken::new(format!("{}\0", row.key), page.revision));
                     break 'pages;
                 }
             }
@@ -194,7 +206,10 @@ pub(crate) fn matches_selection(
 /// A stored row as an object, its resourceVersion the row's mod_revision.
 pub(crate) fn decode(row: &KeyValue) -> Result<Value, StatusError> {
     let mut object: Value = serde_json::from_slice(&row.value).map_err(|error| {
-        StatusError::internal(format!("the stored object at {} does not parse: {error}", row.key))
+        StatusError::internal(format!(
+            "the stored object at {} does not parse: {error}",
+            row.key
+        ))
     })?;
     set_resource_version(&mut object, row.mod_revision);
     Ok(object)
@@ -224,7 +239,12 @@ fn not_found_path() -> StatusError {
 }
 
 pub(crate) fn call_forbidden(call: &Call<'_>) -> StatusError {
-    StatusError::forbidden(call.spec, call.name(), &call.user, call.request.verb.as_str())
+    StatusError::forbidden(
+        call.spec,
+        call.name(),
+        &call.user,
+        call.request.verb.as_str(),
+    )
 }
 
 /// The `Status` for a store failure about one object.
@@ -243,7 +263,9 @@ pub(crate) fn store_status(spec: &KindSpec, name: &str, error: StoreError) -> St
             Reason::RequestEntityTooLarge,
             format!("the object is {size} bytes; the store holds at most {max}"),
         ),
-        StoreError::InvalidKey { reason } => StatusError::bad_request(format!("invalid name: {reason}")),
+        StoreError::InvalidKey { reason } => {
+            StatusError::bad_request(format!("invalid name: {reason}"))
+        }
         StoreError::Unavailable { source } => StatusError::new(
             Reason::ServiceUnavailable,
             format!("the store is not reachable: {source}"),

@@ -82,7 +82,12 @@ mod tests {
 
     #[test]
     fn hostile_queries_are_refused() {
-        assert_eq!(Query::parse(&"a".repeat(MAX_QUERY_BYTES + 1)).unwrap_err().code, 400);
+        assert_eq!(
+            Query::parse(&"a".repeat(MAX_QUERY_BYTES + 1))
+                .unwrap_err()
+                .code,
+            400
+        );
         assert_eq!(Query::parse(&"a=1&".repeat(65)).unwrap_err().code, 400);
         assert_eq!(Query::parse("a=%ff").unwrap_err().code, 400);
     }

@@ -121,18 +121,30 @@ struct SpanWatch {
 }
 
 impl SpanWatch {
-    async fn run(mut self, send_initial: bool, sender: mpsc::Sender<Bytes>, _permit: OwnedSemaphorePermit) {
+    async fn run(
+        mut self,
+        send_initial: bool,
+        sender: mpsc::Sender<Bytes>,
+        _permit: OwnedSemaphorePermit,
+    ) {
         let _open = self.watch.open();
         let mut first = true;
         let mut alive = true;
         if send_initial {
             for object in self.shown.values() {
-                alive = alive && self.watch.send(&sender, WatchEventType::Added, object, &mut first).await;
+                alive = alive
+                    && self
+                        .watch
+                        .send(&sender, WatchEventType::Added, object, &mut first)
+                        .await;
             }
         }
         let deadline = tokio::time::sleep(self.watch.duration);
         tokio::pin!(deadline);
-        let mut stream = self.watch.store.watch(&policy_prefix(), self.objects.revision);
+        let mut stream = self
+            .watch
+            .store
+            .watch(&policy_prefix(), self.objects.revision);
         while alive {
             let item = tokio::select! {
                 _ = &mut deadline => break,
@@ -175,14 +187,23 @@ impl SpanWatch {
     }
 
     /// Sends the difference between what the agent was shown and what it may see now.
-    async fn send_changes(&mut self, revision: u64, sender: &mpsc::Sender<Bytes>, first: &mut bool) -> bool {
+    async fn send_changes(
+        &mut self,
+        revision: u64,
+        sender: &mpsc::Sender<Bytes>,
+        first: &mut bool,
+    ) -> bool {
         let now = shown(&self.watch, &self.vm, &self.objects, &self.prefix);
         let before = std::mem::take(&mut self.shown);
         for (key, old) in &before {
             if !now.contains_key(key) {
                 let mut old = old.clone();
                 set_resource_version(&mut old, revision);
-                if !self.watch.send(sender, WatchEventType::Deleted, &old, first).await {
+                if !self
+                    .watch
+                    .send(sender, WatchEventType::Deleted, &old, first)
+                    .await
+                {
                     return false;
                 }
             }
@@ -203,7 +224,12 @@ impl SpanWatch {
 }
 
 /// The watched resource's objects the agent may see, as it is shown them.
-fn shown(watch: &Watch, vm: &str, objects: &PolicyObjects, prefix: &str) -> BTreeMap<String, Value> {
+fn shown(
+    watch: &Watch,
+    vm: &str,
+    objects: &PolicyObjects,
+    prefix: &str,
+) -> BTreeMap<String, Value> {
     let visibility = Visibility::Span {
         vm: vm.to_string(),
         index: Arc::new(objects.index()),
@@ -217,7 +243,6 @@ fn shown(watch: &Watch, vm: &str, objects: &PolicyObjects, prefix: &str) -> BTre
         .map(|(key, object)| (key.clone(), visibility.present(&watch.spec, object.clone())))
         .collect()
 }
-
 
 /// The objects whose keys start with `prefix`.
 fn under<'a>(

@@ -56,7 +56,10 @@ impl ApiServer {
         let mut records = Vec::new();
         let mut cursor: Option<String> = None;
         let revision = loop {
-            let page = self.store.list(&prefix, cursor.as_deref(), 1000, None).await?;
+            let page = self
+                .store
+                .list(&prefix, cursor.as_deref(), 1000, None)
+                .await?;
             for row in &page.items {
                 cursor = Some(row.key.clone());
                 let identity = decode(&row).ok().as_ref().and_then(token_identity);
@@ -70,7 +73,10 @@ impl ApiServer {
         };
         let (book, unusable) = TokenBook::new(records);
         if !unusable.is_empty() {
-            tracing::warn!(count = unusable.len(), "stored tokens with an unusable digest were skipped");
+            tracing::warn!(
+                count = unusable.len(),
+                "stored tokens with an unusable digest were skipped"
+            );
         }
         self.metrics.tokens.set(book.len() as i64);
         self.tokens.store(Arc::new(book));

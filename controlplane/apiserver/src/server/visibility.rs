@@ -13,7 +13,10 @@ use crate::kinds::{PolicyResource, SpanIndex};
 pub enum Visibility {
     All,
     /// The stored groups' and policies' spans, read when the request arrived.
-    Span { vm: String, index: Arc<SpanIndex> },
+    Span {
+        vm: String,
+        index: Arc<SpanIndex>,
+    },
 }
 
 impl Visibility {
@@ -66,7 +69,10 @@ mod tests {
         };
         assert!(vm1.allows(&spec, &group));
         let shown = vm1.present(&spec, group.clone());
-        assert_eq!(shown["spec"]["members"], json!([{"name": "vm1-eth0", "vm": "vm1"}]));
+        assert_eq!(
+            shown["spec"]["members"],
+            json!([{"name": "vm1-eth0", "vm": "vm1"}])
+        );
         let vm9 = Visibility::Span {
             vm: "vm9".into(),
             index,

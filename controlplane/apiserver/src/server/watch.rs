@@ -33,7 +33,10 @@ impl ApiServer {
         let permit = self.watch_slots.clone().try_acquire_owned().map_err(|_| {
             StatusError::new(
                 StatusReason::TooManyRequests,
-                format!("the server holds its maximum of {} watches", self.limits.max_watches),
+                format!(
+                    "the server holds its maximum of {} watches",
+                    self.limits.max_watches
+                ),
             )
         })?;
         let from = options.resource_version.filter(|revision| *revision > 0);
@@ -50,7 +53,8 @@ impl ApiServer {
         };
         let (sender, receiver) = mpsc::channel(QUEUE);
         if let Visibility::Span { vm, .. } = &call.visibility {
-            self.span_watch(watch, vm.clone(), from, sender, permit).await?;
+            self.span_watch(watch, vm.clone(), from, sender, permit)
+                .await?;
             return Ok(Reply::Stream(receiver));
         }
         let (initial, after) = match from {
@@ -97,7 +101,9 @@ impl ApiServer {
             let spread = getrandom::getrandom(&mut byte).map_or(0, |()| byte[0] as u64);
             self.limits.watch_timeout + self.limits.watch_timeout * spread as u32 / 255
         };
-        asked.unwrap_or_else(default).min(self.limits.watch_timeout * 2)
+        asked
+            .unwrap_or_else(default)
+            .min(self.limits.watch_timeout * 2)
     }
 }
 
@@ -155,7 +161,10 @@ impl Watch {
         tokio::pin!(deadline);
         let mut ok = true;
         for object in initial {
-            ok = ok && self.send(&sender, WatchEventType::Added, &object, &mut first).await;
+            ok = ok
+                && self
+                    .send(&sender, WatchEventType::Added, &object, &mut first)
+                    .await;
             sent += 1;
         }
         let mut last = after;
@@ -194,7 +203,10 @@ impl Watch {
                 }
             }
         }
-        self.metrics.watch_events.get_or_create(&labels).inc_by(sent);
+        self.metrics
+            .watch_events
+            .get_or_create(&labels)
+            .inc_by(sent);
     }
 
     /// Sends a batch's events; an empty batch is a bookmark when the client allows them.
@@ -227,9 +239,8 @@ impl Watch {
     /// A store event as the client sees it through its selectors: an object that starts
     /// matching is ADDED, one that stops matching is DELETED.
     fn translate(&self, event: Event) -> Option<(WatchEventType, Value)> {
-        let passes = |object: &Value| {
-            matches_selection(&self.spec, &self.visibility, &self.options, object)
-        };
+        let passes =
+            |object: &Value| matches_selection(&self.spec, &self.visibility, &self.options, object);
         match event {
             Event::Put { kv, prev } => {
                 let new = decode(&kv).ok()?;
@@ -263,9 +274,13 @@ impl Watch {
     ) -> bool {
         let event = match self.format {
             ResponseFormat::Object => watch_event(event_type, object.clone()),
-            ResponseFormat::Table(_) => {
-                table::table_watch_event(&self.spec, event_type, object, &self.table_options, *first)
-            }
+            ResponseFormat::Table(_) => table::table_watch_event(
+                &self.spec,
+                event_type,
+                object,
+                &self.table_options,
+                *first,
+            ),
         };
         *first = false;
         sender.send(line(&event)).await.is_ok()

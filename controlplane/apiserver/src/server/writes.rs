@@ -24,7 +24,11 @@ use super::ApiServer;
 const CONFLICT_RETRIES: usize = 5;
 
 impl ApiServer {
-    pub(crate) async fn create(&self, call: &Call<'_>, body: Incoming) -> Result<Reply, StatusError> {
+    pub(crate) async fn create(
+        &self,
+        call: &Call<'_>,
+        body: Incoming,
+    ) -> Result<Reply, StatusError> {
         let body = self.read_body(call, body).await?;
         let object = parse_object(&body)?;
         if !call.visibility.allows(call.spec, &object) {
@@ -87,7 +91,10 @@ impl ApiServer {
         body: Incoming,
         status: bool,
     ) -> Result<Reply, StatusError> {
-        let content_type = call.header(http::header::CONTENT_TYPE).unwrap_or("").to_string();
+        let content_type = call
+            .header(http::header::CONTENT_TYPE)
+            .unwrap_or("")
+            .to_string();
         let body = self.read_body(call, body).await?;
         let validation = FieldValidation::parse(call.query.get("fieldValidation"))?;
         let mut attempt = 0;
@@ -155,7 +162,12 @@ impl ApiServer {
         }
     }
 
-    async fn delete_one(&self, call: &Call<'_>, key: &str, old: Value) -> Result<Reply, StatusError> {
+    async fn delete_one(
+        &self,
+        call: &Call<'_>,
+        key: &str,
+        old: Value,
+    ) -> Result<Reply, StatusError> {
         let name = meta::object_name(&old).to_string();
         let dry = dry_run(call)?;
         match begin_delete(&old, SystemTime::now()) {
@@ -223,7 +235,9 @@ fn parse_object(body: &[u8]) -> Result<Value, StatusError> {
         StatusError::bad_request(format!("the request body is not a JSON object: {error}"))
     })?;
     if !object.is_object() {
-        return Err(StatusError::bad_request("the request body is not a JSON object"));
+        return Err(StatusError::bad_request(
+            "the request body is not a JSON object",
+        ));
     }
     Ok(object)
 }
@@ -272,4 +286,3 @@ fn new_uid() -> Result<String, StatusError> {
         &hex[20..]
     ))
 }
-

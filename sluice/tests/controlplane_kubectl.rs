@@ -1,0 +1,274 @@
+//! The control plane with kubectl as its client: every verb a user types, the refusals a user
+//! must see (409 on a stale write, 422 with field paths), Tables and watches.
+#![allow(clippy::unwrap_used)]
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use test_support::{examples, ControlPlane};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+fn ok(output: Output) -> String {
+    assert!(
+        output.status.success(),
+        "kubectl failed: {}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn failed(output: Output) -> String {
+    assert!(
+        !output.status.success(),
+        "kubectl should have failed: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn kubectl_manages_upstream_clusters_end_to_end() {
+    let cp = ControlPlane::start(BIN, &[]).unwrap();
+    let resources = ok(cp.kubectl(&["api-resources"], None));
+    for line in [
+        "upstreamclusters",
+        "agents",
+        "networkpolicies",
+        "addressgroups",
+        "appliedtogroups",
+    ] {
+        assert!(resources.contains(line), "{resources}");
+    }
+    assert!(
+        resources.contains("uc ") && resources.contains("proxy.sluice.dev/v1alpha1"),
+        "{resources}"
+    );
+
+    let created = ok(cp.kubectl(&["create", "-f", "-"], Some(examples::UPSTREAM_CLUSTER)));
+    assert!(
+        created.contains("upstreamcluster.proxy.sluice.dev/cluster-a.example.com created"),
+        "{created}"
+    );
+    // apply twice: the first records the applied configuration, the second changes nothing.
+    ok(cp.kubectl(&["apply", "-f", "-"], Some(examples::UPSTREAM_CLUSTER)));
+    let version = ok(cp.kubectl(
+        &[
+            "get",
+            "uc",
+            "cluster-a.example.com",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ],
+        None,
+    ));
+    let again = ok(cp.kubectl(&["apply", "-f", "-"], Some(examples::UPSTREAM_CLUSTER)));
+    assert!(again.contains("unchanged"), "{again}");
+    let unchanged = ok(cp.kubectl(
+        &[
+            "get",
+            "uc",
+            "cluster-a.example.com",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ],
+        None,
+    ));
+    assert_eq!(version, unchanged, "a no-op apply must not write");
+
+    // Table columns from the kind's printer columns.
+    let table = ok(cp.kubectl(&["get", "upstreamclusters"], None));
+    assert!(
+        table.starts_with("NAME") && table.contains("SERVER") && table.contains("HOSTNAMES"),
+        "{table}"
+    );
+    assert!(table.contains("https://10.0.0.1:6443"), "{table}");
+    let yaml = ok(cp.kubectl(&["get", "uc", "cluster-a.example.com", "-o", "yaml"], None));
+    for field in [
+        "uid:",
+        "creationTimestamp:",
+        "generation:",
+        "resourceVersion:",
+        "endpoint: https://10.0.0.2:6443",
+    ] {
+        assert!(yaml.contains(field), "{field} missing in\n{yaml}");
+    }
+
+    // `get -w` sees a change another client makes.
+    let mut watch = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig())
+        .args([
+            "get",
+            "uc",
+            "-w",
+            "-o",
+            "jsonpath={.spec.healthCheck.interval}{\"\\n\"}",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    ok(cp.kubectl(
+        &[
+            "patch",
+            "uc",
+            "cluster-a.example.com",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"healthCheck":{"interval":"7s"}}}"#,
+        ],
+        None,
+    ));
+    ok(cp.kubectl(
+        &[
+            "patch",
+            "uc",
+            "cluster-a.example.com",
+            "--type=json",
+            "-p",
+            r#"[{"op":"replace","path":"/spec/healthCheck/interval","value":"9s"}]"#,
+        ],
+        None,
+    ));
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = watch.kill();
+    let seen = String::from_utf8_lossy(&watch.wait_with_output().unwrap().stdout).into_owned();
+    assert!(
+        seen.contains("7s") && seen.contains("9s"),
+        "the watch saw: {seen:?}"
+    );
+
+    // A stale update: 409 Conflict.
+    let stale = ok(cp.kubectl(&["get", "uc", "cluster-a.example.com", "-o", "json"], None));
+    ok(cp.kubectl(
+        &[
+            "patch",
+            "uc",
+            "cluster-a.example.com",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"healthCheck":{"interval":"3s"}}}"#,
+        ],
+        None,
+    ));
+    let conflict = failed(cp.kubectl(&["replace", "-f", "-"], Some(&stale)));
+    assert!(
+        conflict.contains("Conflict") && conflict.contains("the object has been modified"),
+        "{conflict}"
+    );
+
+    // An invalid object: 422 with the paths and reasons of the gateway's file loader.
+    let invalid = failed(cp.kubectl(
+        &[
+            "patch",
+            "uc",
+            "cluster-a.example.com",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"servers":[{"endpoint":"10.0.0.3:6443"}]}}"#,
+        ],
+        None,
+    ));
+    assert!(invalid.contains("is invalid"), "{invalid}");
+    assert!(
+        invalid.contains("spec.servers[0].endpoint")
+            && invalid.contains("must start with https://"),
+        "{invalid}"
+    );
+    let unknown = failed(cp.kubectl(
+        &["create", "-f", "-"],
+        Some(&examples::UPSTREAM_CLUSTER.replace("servers:", "servres:")),
+    ));
+    assert!(unknown.contains("servres"), "{unknown}");
+
+    let deleted = ok(cp.kubectl(&["delete", "uc", "cluster-a.example.com"], None));
+    assert!(deleted.contains("deleted"), "{deleted}");
+    let empty = cp.kubectl(&["get", "uc"], None);
+    assert!(
+        String::from_utf8_lossy(&empty.stderr).contains("No resources found"),
+        "{empty:?}"
+    );
+}
+
+#[test]
+fn kubectl_serves_the_policy_and_agent_kinds() {
+    let cp = ControlPlane::start(BIN, &[]).unwrap();
+    let all = format!(
+        "{}\n---\n{}\n---\n{}",
+        examples::APPLIED_TO_GROUP,
+        examples::NETWORK_POLICY,
+        examples::ADDRESS_GROUP
+    );
+    let created = ok(cp.kubectl(&["create", "-f", "-"], Some(&all)));
+    assert_eq!(created.matches(" created").count(), 3, "{created}");
+    let table = ok(cp.kubectl(&["get", "vmnp"], None));
+    assert!(
+        table.contains("PRIORITY") && table.contains("web"),
+        "{table}"
+    );
+    let agent = r#"{"apiVersion":"tunnel.sluice.dev/v1alpha1","kind":"Agent","metadata":{"name":"agent-7"},"spec":{"id":7,"tokenSha256":"0000000000000000000000000000000000000000000000000000000000000000"}}"#;
+    ok(cp.kubectl(&["create", "-f", "-"], Some(agent)));
+    let bad = failed(
+        cp.kubectl(
+            &["create", "-f", "-"],
+            Some(
+                &agent
+                    .replace("agent-7", "agent-8")
+                    .replace("\"id\":7", "\"id\":0"),
+            ),
+        ),
+    );
+    assert!(
+        bad.contains("spec.id") && bad.contains("must be at least 1"),
+        "{bad}"
+    );
+    // The status subresource: an admin may set it; a plain update does not change it.
+    ok(cp.kubectl(
+        &[
+            "patch",
+            "agent",
+            "agent-7",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"nodes":["node-1"]}}"#,
+        ],
+        None,
+    ));
+    let nodes = ok(cp.kubectl(
+        &[
+            "get",
+            "agent",
+            "agent-7",
+            "-o",
+            "jsonpath={.status.nodes[0]}",
+        ],
+        None,
+    ));
+    assert_eq!(nodes, "node-1");
+    ok(cp.kubectl(
+        &[
+            "patch",
+            "agent",
+            "agent-7",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"nodes":["forged"]}}"#,
+        ],
+        None,
+    ));
+    let nodes = ok(cp.kubectl(
+        &[
+            "get",
+            "agent",
+            "agent-7",
+            "-o",
+            "jsonpath={.status.nodes[0]}",
+        ],
+        None,
+    ));
+    assert_eq!(nodes, "node-1");
+}

@@ -1,0 +1,160 @@
+//! `sluice controlplane` as a real process with its data directory, and kubectl pointed at it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::{wait_until, SluiceLauncher, SluiceProcess};
+
+/// A running control plane. Its data directory outlives the process, so a test can stop it
+/// and start it again on the same store and address.
+#[derive(Debug)]
+pub struct ControlPlane {
+    binary: PathBuf,
+    data: tempfile::TempDir,
+    extra_args: Vec<String>,
+    pub process: SluiceProcess,
+    pub address: SocketAddr,
+}
+
+impl ControlPlane {
+    /// Starts `sluice controlplane` on a free loopback port with a new data directory.
+    pub fn start(binary: &str, extra_args: &[&str]) -> std::io::Result<Self> {
+        let data = tempfile::tempdir()?;
+        let extra_args: Vec<String> = extra_args.iter().map(|arg| arg.to_string()).collect();
+        let process = launch(Path::new(binary), data.path(), "127.0.0.1:0", &extra_args)?;
+        let address = process.address("controlplane");
+        Ok(Self {
+            binary: PathBuf::from(binary),
+            data,
+            extra_args,
+            process,
+            address,
+        })
+    }
+
+    /// Stops the process (SIGTERM) and waits for it.
+    pub fn stop(&mut self) {
+        self.process.signal(libc::SIGTERM);
+        let _ = self.process.wait_exit(Duration::from_secs(20));
+    }
+
+    /// Starts it again on the same data directory and address.
+    pub fn restart(&mut self) -> std::io::Result<()> {
+        self.stop();
+        let listen = self.address.to_string();
+        let mut last = None;
+        // The port was just released; another process could take it, so retry a little.
+        for _ in 0..20 {
+            match launch(&self.binary, self.data.path(), &listen, &self.extra_args) {
+                Ok(process) => {
+                    self.process = process;
+                    return Ok(());
+                }
+                Err(error) => last = Some(error),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other("restart failed")))
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        self.data.path()
+    }
+
+    /// The admin kubeconfig the control plane wrote on its first start.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.data.path().join("admin.kubeconfig")
+    }
+
+    /// The CA the serving certificate chains to.
+    pub fn ca_file(&self) -> PathBuf {
+        self.data.path().join("pki/ca.crt")
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://{}", self.address)
+    }
+
+    /// Runs kubectl as the admin; `stdin` is fed to it when given.
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        kubectl_with(&self.kubeconfig(), args, stdin)
+    }
+
+    /// Issues a token with `sluice controlplane token create` and returns it.
+    pub fn token(&self, role: &str, subject: &str) -> String {
+        let output = Command::new(&self.binary)
+            .args([
+                "controlplane",
+                "token",
+                "create",
+                "--role",
+                role,
+                "--subject",
+                subject,
+            ])
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .output()
+            .expect("run sluice controlplane token create");
+        assert!(
+            output.status.success(),
+            "token create failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
+    }
+
+    /// A kubeconfig for `token` next to the admin's.
+    pub fn kubeconfig_for(&self, name: &str, token: &str) -> PathBuf {
+        let admin = std::fs::read_to_string(self.kubeconfig()).expect("read admin kubeconfig");
+        let mut document: serde_json::Value =
+            serde_json::from_str(&admin).expect("the admin kubeconfig is JSON");
+        document["users"][0]["user"]["token"] = serde_json::json!(token);
+        let path = self.data.path().join(format!("{name}.kubeconfig"));
+        std::fs::write(&path, document.to_string()).expect("write kubeconfig");
+        path
+    }
+}
+
+/// Runs kubectl with `kubeconfig`.
+pub fn kubectl_with(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut command = Command::new("kubectl");
+    command
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--request-timeout", "20s"])
+        .args(args)
+        .env("KUBECACHEDIR", kubeconfig.with_extension("cache"))
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command
+        .spawn()
+        .expect("kubectl is installed (scripts/test.sh installs it)");
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        std::io::Write::write_all(&mut pipe, text.as_bytes()).expect("write kubectl stdin");
+    }
+    child.wait_with_output().expect("kubectl ran")
+}
+
+fn launch(
+    binary: &Path,
+    data: &Path,
+    listen: &str,
+    extra: &[String],
+) -> std::io::Result<SluiceProcess> {
+    let process = SluiceLauncher::new(binary)?
+        .args(["controlplane", "--listen", listen, "--data-dir"])
+        .arg(data)
+        .args(extra)
+        .spawn()?;
+    let kubeconfig = data.join("admin.kubeconfig");
+    wait_until(Duration::from_secs(10), || kubeconfig.exists());
+    Ok(process)
+}
