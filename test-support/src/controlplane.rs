@@ -14,6 +14,7 @@ pub struct ControlPlane {
     binary: PathBuf,
     data: tempfile::TempDir,
     extra_args: Vec<String>,
+    running: bool,
     pub process: SluiceProcess,
     pub address: SocketAddr,
 }
@@ -29,6 +30,7 @@ impl ControlPlane {
             binary: PathBuf::from(binary),
             data,
             extra_args,
+            running: true,
             process,
             address,
         })
@@ -36,11 +38,13 @@ impl ControlPlane {
 
     /// Stops the process (SIGTERM) and waits for it.
     pub fn stop(&mut self) {
-        self.process.signal(libc::SIGTERM);
-        let _ = self.process.wait_exit(Duration::from_secs(20));
+        if std::mem::replace(&mut self.running, false) {
+            self.process.signal(libc::SIGTERM);
+            let _ = self.process.wait_exit(Duration::from_secs(20));
+        }
     }
 
-    /// Starts it again on the same data directory and address.
+    /// Starts it again on the same data directory and address (stopping it first if it runs).
     pub fn restart(&mut self) -> std::io::Result<()> {
         self.stop();
         let listen = self.address.to_string();
@@ -50,6 +54,7 @@ impl ControlPlane {
             match launch(&self.binary, self.data.path(), &listen, &self.extra_args) {
                 Ok(process) => {
                     self.process = process;
+                    self.running = true;
                     return Ok(());
                 }
                 Err(error) => last = Some(error),

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use http::HeaderValue;
-use sluice_gateway::cluster::{load_dir, GatewaySnapshot};
+use sluice_gateway::cluster::{load_dir, GatewaySnapshot, LoadedCluster};
 
 use crate::error::{ClusterFileError, ProxyError};
 use crate::metrics::GatewayMetrics;
@@ -66,6 +66,7 @@ pub struct Gateway {
     health: Mutex<HashMap<(String, String), Arc<ServerHealth>>>,
     next_generation: AtomicU64,
     pub metrics: GatewayMetrics,
+    /// The clusters directory, or what names the control plane in logs (`https://...`).
     pub dir: PathBuf,
 }
 
@@ -81,6 +82,33 @@ impl Gateway {
             metrics,
             dir: dir.to_path_buf(),
         }))
+    }
+
+    /// A gateway whose clusters come from elsewhere than a directory (the control plane),
+    /// starting with `clusters` (possibly none until the first list arrives).
+    pub fn with_clusters(
+        origin: &str,
+        clusters: Vec<LoadedCluster>,
+        metrics: GatewayMetrics,
+    ) -> Result<Arc<Self>, ProxyError> {
+        let health = Mutex::new(HashMap::new());
+        let first = build_generation(clusters, 1, &health)?;
+        Ok(Arc::new(Self {
+            current: ArcSwap::from_pointee(first),
+            health,
+            next_generation: AtomicU64::new(2),
+            metrics,
+            dir: PathBuf::from(origin),
+        }))
+    }
+
+    /// Makes `clusters` the next generation on every core at once; on an error the current
+    /// one stays (the same all-or-nothing rule as a directory reload).
+    pub fn install(&self, clusters: Vec<LoadedCluster>) -> Result<u64, ProxyError> {
+        let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let generation = build_generation(clusters, number, &self.health)?;
+        self.current.store(Arc::new(generation));
+        Ok(number)
     }
 
     /// The generation to use for one request (lock-free).
@@ -104,7 +132,16 @@ pub fn load_generation(
     number: u64,
     health: &Mutex<HashMap<(String, String), Arc<ServerHealth>>>,
 ) -> Result<Generation, ProxyError> {
-    let snapshot = GatewaySnapshot::compile(load_dir(dir)?)?;
+    build_generation(load_dir(dir)?, number, health)
+}
+
+/// Builds a generation from loaded clusters: compiled, with their TLS configs and tokens.
+fn build_generation(
+    loaded: Vec<LoadedCluster>,
+    number: u64,
+    health: &Mutex<HashMap<(String, String), Arc<ServerHealth>>>,
+) -> Result<Generation, ProxyError> {
+    let snapshot = GatewaySnapshot::compile(loaded)?;
     let mut table = health
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());

@@ -90,12 +90,47 @@ impl AgentTokens {
     }
 
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<AgentId, AuthError> {
+        self.authenticate_digest(headers).map(|(agent, _)| agent)
+    }
+
+    /// The agent and the digest of the token it presented (kept with its tunnels, so a
+    /// revoked token's tunnels can be told from a rotated one's).
+    pub fn authenticate_digest(
+        &self,
+        headers: &HeaderMap,
+    ) -> Result<(AgentId, [u8; 32]), AuthError> {
         let token = bearer_token(headers)?;
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         self.by_digest
             .get(&digest)
-            .copied()
+            .map(|agent| (*agent, digest))
             .ok_or(AuthError::UnknownAgentToken)
+    }
+
+    /// Whether `agent` may still use the token whose digest is `digest`.
+    pub fn allows(&self, agent: AgentId, digest: &[u8; 32]) -> bool {
+        self.by_digest.get(digest) == Some(&agent)
+    }
+
+    /// The agents with a token in `self` that `newer` no longer accepts for them.
+    pub fn revoked_by(&self, newer: &AgentTokens) -> Vec<AgentId> {
+        let mut revoked: Vec<AgentId> = self
+            .by_digest
+            .iter()
+            .filter(|(digest, agent)| !newer.allows(**agent, digest))
+            .map(|(_, agent)| *agent)
+            .collect();
+        revoked.sort_unstable();
+        revoked.dedup();
+        revoked
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_digest.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_digest.is_empty()
     }
 }
 
@@ -468,6 +503,37 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn a_new_table_revokes_removed_and_replaced_tokens_only() {
+        let old = AgentTokens::new(&[
+            AgentTokenConfig {
+                id: 7,
+                token_sha256: [7; 32],
+            },
+            AgentTokenConfig {
+                id: 8,
+                token_sha256: [8; 32],
+            },
+            AgentTokenConfig {
+                id: 9,
+                token_sha256: [9; 32],
+            },
+        ]);
+        let new = AgentTokens::new(&[
+            AgentTokenConfig {
+                id: 7,
+                token_sha256: [7; 32],
+            },
+            AgentTokenConfig {
+                id: 8,
+                token_sha256: [88; 32],
+            },
+        ]);
+        assert_eq!(old.revoked_by(&new), [8, 9]);
+        assert!(new.allows(7, &[7; 32]) && !new.allows(8, &[8; 32]) && !new.allows(7, &[88; 32]));
+        assert!(new.revoked_by(&new).is_empty());
     }
 
     #[test]

@@ -126,6 +126,16 @@ impl<T> ConnectionRegistry<T> {
         removed
     }
 
+    /// Drops every idle tunnel of `agent` (their owners see the offer end and close them) and
+    /// every request waiting for one. Returns how many idle tunnels were dropped.
+    pub fn evict(&self, agent: AgentId) -> usize {
+        let Some(slot) = self.stripe(agent).remove(&agent) else {
+            return 0;
+        };
+        self.idle.fetch_sub(slot.idle.len(), Ordering::Relaxed);
+        slot.idle.len()
+    }
+
     /// Agents with a slot (idle tunnels or waiting requests) right now. Slots are reclaimed
     /// when they empty, so waiting for agents that never connect leaves nothing behind.
     pub fn tracked_agents(&self) -> usize {

@@ -38,10 +38,32 @@ pub struct Config {
 /// Where the gateway's `UpstreamCluster` objects live.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GatewayConfig {
-    /// A directory of YAML files, each with one or more `UpstreamCluster` objects.
-    pub clusters_dir: PathBuf,
-    /// How often the directory is checked for changes (hot reload).
+    pub source: ClusterSource,
+    /// How often a clusters directory is checked for changes (hot reload).
     pub reload_interval: Duration,
+}
+
+/// `gateway.clusters_dir` or `gateway.source.controlplane`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterSource {
+    /// A directory of YAML files, each with one or more `UpstreamCluster` objects.
+    Directory(PathBuf),
+    /// Listed and watched on the control plane's API.
+    ControlPlane(ControlPlaneSource),
+}
+
+/// How a role reaches the control plane's API (`...: {controlplane: {url, ca_file, ...}}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlPlaneSource {
+    /// `https://host:port`.
+    pub url: String,
+    /// CA the control plane's serving certificate chains to.
+    pub ca_file: PathBuf,
+    /// Bearer token (`sluice controlplane token create`); re-read at every reconnect.
+    pub token_file: Option<PathBuf>,
+    /// Client certificate and key (CN = subject, O = role), instead of or besides a token.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
 }
 
 /// Where Redis is and how the tracker uses it.
@@ -186,6 +208,9 @@ pub struct TunnelConfig {
     pub max_buffered_bytes: usize,
     /// The agents allowed to connect: id and SHA-256 of their token.
     pub agents: Vec<AgentTokenConfig>,
+    /// Take the allowed agents from the control plane's `Agent` objects instead (then
+    /// `agents` must be empty).
+    pub agents_from: Option<ControlPlaneSource>,
     pub jwt: JwtConfig,
     /// JWTs nodes sign for each other's private endpoints (required with `redis`).
     pub private_jwt: Option<JwtConfig>,

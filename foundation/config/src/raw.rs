@@ -25,7 +25,25 @@ pub(crate) struct RawConfig {
 #[serde(default)]
 pub(crate) struct RawGateway {
     pub(crate) clusters_dir: Leaf,
+    pub(crate) source: Option<RawSource>,
     pub(crate) reload_interval: Leaf,
+}
+
+/// `{controlplane: {...}}`: objects come from the control plane's API.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct RawSource {
+    pub(crate) controlplane: Option<RawControlPlane>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct RawControlPlane {
+    pub(crate) url: Leaf,
+    pub(crate) ca_file: Leaf,
+    pub(crate) token_file: Leaf,
+    pub(crate) cert_file: Leaf,
+    pub(crate) key_file: Leaf,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -101,6 +119,7 @@ pub(crate) struct RawTunnel {
     pub(crate) max_metadata_bytes: Leaf,
     pub(crate) max_buffered_bytes: Leaf,
     pub(crate) agents: Vec<RawAgentToken>,
+    pub(crate) agents_from: Option<RawSource>,
     pub(crate) jwt: RawJwt,
     pub(crate) private_jwt: Option<RawJwt>,
     pub(crate) advertise_address: Leaf,

@@ -3,6 +3,7 @@
 //! compiles them into its snapshot; the control plane validates the same objects with the same
 //! messages, so this lives in the foundation both planes may use.
 
+pub mod api;
 mod load;
 pub mod spec;
 mod validate;

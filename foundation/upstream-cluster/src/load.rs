@@ -68,7 +68,7 @@ pub fn parse_clusters(text: &str, file: &Path) -> Result<Vec<LoadedCluster>, Inv
     }
 }
 
-fn resolve_paths(cluster: &mut UpstreamCluster, file: &Path) {
+pub(crate) fn resolve_paths(cluster: &mut UpstreamCluster, file: &Path) {
     let base = file.parent().unwrap_or(Path::new("."));
     let resolve = |path: &mut PathBuf| {
         if path.is_relative() {
@@ -96,7 +96,7 @@ fn resolve_paths(cluster: &mut UpstreamCluster, file: &Path) {
 }
 
 /// Every referenced certificate, key and token file must be readable.
-fn check_files(loaded: &LoadedCluster, errors: &mut InvalidSources) {
+pub(crate) fn check_files(loaded: &LoadedCluster, errors: &mut InvalidSources) {
     let spec = &loaded.cluster.spec;
     let client = &spec.client_config;
     let serving = &spec.secure_serving;

@@ -1,38 +1,43 @@
-//! The Kubernetes API gateway pillar: its listener, health checker and cluster reloader.
+//! The Kubernetes API gateway pillar: its listener, health checker, and where its clusters
+//! come from (a directory it reloads, or the control plane's feed).
+
+use std::sync::Arc;
 
 use anyhow::Context;
 use prometheus_client::registry::Registry;
-use sluice_config::Config;
+use sluice_config::{ClusterSource, Config, ControlPlaneSource};
 use sluice_gateway_proxy::{
     Gateway, GatewayCollector, GatewayEndpoint, GatewayMetrics, HealthChecker, ReloaderHandle,
 };
 use sluice_runtime::{Placement, ServerBuilder};
 
-/// Loads the clusters and serves the gateway listener when the config has a `gateway` section;
-/// returns the reloader that watches the clusters directory.
+/// The gateway as wired: the directory reloader, or the control plane to feed it from.
+pub struct WiredGateway {
+    pub reloader: Option<ReloaderHandle>,
+    pub feed: Option<(ControlPlaneSource, Arc<Gateway>)>,
+}
+
+/// Loads the clusters and serves the gateway listener when the config has a `gateway` section.
 pub fn wire(
     config: &Config,
     server: &mut ServerBuilder,
     registry: &mut Registry,
     workers: usize,
-) -> anyhow::Result<Option<ReloaderHandle>> {
+) -> anyhow::Result<Option<WiredGateway>> {
     let (Some(gateway), Some(listener)) = (&config.gateway, &config.listeners.gateway) else {
         return Ok(None);
     };
     let metrics = GatewayMetrics::register(registry, workers);
-    let loaded = Gateway::load(&gateway.clusters_dir, metrics).with_context(|| {
-        format!(
-            "gateway.clusters_dir {}: refusing to start",
-            gateway.clusters_dir.display()
-        )
-    })?;
+    let loaded = match &gateway.source {
+        ClusterSource::Directory(dir) => Gateway::load(dir, metrics).with_context(|| {
+            format!("gateway.clusters_dir {}: refusing to start", dir.display())
+        })?,
+        // The first list is applied by the feed (start-up waits for it a little).
+        ClusterSource::ControlPlane(source) => {
+            Gateway::with_clusters(&source.url, Vec::new(), metrics)?
+        }
+    };
     registry.register_collector(Box::new(GatewayCollector(loaded.clone())));
-    let generation = loaded.current();
-    tracing::info!(
-        dir = %gateway.clusters_dir.display(),
-        clusters = generation.snapshot.clusters().len(),
-        "gateway clusters loaded"
-    );
     let gateway_id = server.bind("gateway", listener, Placement::Workers)?;
     server.serve(
         gateway_id,
@@ -44,8 +49,24 @@ pub fn wire(
     server.spawn_background(HealthChecker {
         gateway: loaded.clone(),
     });
-    Ok(Some(sluice_gateway_proxy::spawn_reloader(
-        loaded,
-        gateway.reload_interval,
-    )?))
+    Ok(Some(match &gateway.source {
+        ClusterSource::Directory(dir) => {
+            tracing::info!(
+                dir = %dir.display(),
+                clusters = loaded.current().snapshot.clusters().len(),
+                "gateway clusters loaded"
+            );
+            WiredGateway {
+                reloader: Some(sluice_gateway_proxy::spawn_reloader(
+                    loaded,
+                    gateway.reload_interval,
+                )?),
+                feed: None,
+            }
+        }
+        ClusterSource::ControlPlane(source) => WiredGateway {
+            reloader: None,
+            feed: Some((source.clone(), loaded)),
+        },
+    }))
 }

@@ -1,6 +1,7 @@
 //! Runs the daemon: config in, listeners bound, workers started, stop signal, drain, exit.
 //! Each pillar wires its listeners and background tasks in its own module.
 
+mod feeds;
 mod gateway;
 mod tunnel;
 
@@ -95,9 +96,18 @@ fn run(
     sluice_admin::register_build_info(&mut registry, VERSION, selection.driver.as_str());
     let admin = server.bind("admin", &config.listeners.admin, Placement::Dedicated)?;
 
+    let node = tunnel::wire_node(&config, &mut server, &mut registry, workers)?;
+    let gateway = gateway::wire(&config, &mut server, &mut registry, workers)?;
+    let mut targets = feeds::FeedTargets::default();
+    let (tracker, node_feed) = node.map_or((None, None), |node| (node.tracker, node.feed));
+    let (reloader, gateway_feed) =
+        gateway.map_or((None, None), |gateway| (gateway.reloader, gateway.feed));
+    targets.node = node_feed;
+    targets.gateway = gateway_feed;
     let pillars = Pillars {
-        tracker: tunnel::wire_node(&config, &mut server, &mut registry, workers)?,
-        reloader: gateway::wire(&config, &mut server, &mut registry, workers)?,
+        tracker,
+        reloader,
+        feeds: feeds::spawn(targets, &mut registry)?,
     };
     #[cfg(feature = "demo")]
     if let Mode::Up(demo) = &mode {
@@ -140,6 +150,7 @@ fn run(
 struct Pillars {
     tracker: Option<sluice_tracker::TrackerHandle>,
     reloader: Option<sluice_gateway_proxy::ReloaderHandle>,
+    feeds: Option<feeds::Feeds>,
 }
 
 impl Pillars {
@@ -153,6 +164,7 @@ impl Pillars {
             }
         }
         drop(self.reloader);
+        drop(self.feeds);
     }
 }
 

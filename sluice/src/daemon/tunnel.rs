@@ -21,7 +21,7 @@ pub fn wire_node(
     server: &mut ServerBuilder,
     registry: &mut Registry,
     workers: usize,
-) -> anyhow::Result<Option<TrackerHandle>> {
+) -> anyhow::Result<Option<WiredNode>> {
     let (Some(tunnel), Some(agent_listener), Some(external_listener)) = (
         &config.tunnel,
         &config.listeners.agent,
@@ -61,8 +61,17 @@ pub fn wire_node(
     if let Some(private_id) = private_id {
         server.serve(private_id, PrivateEndpoint { node: node.clone() });
     }
-    server.serve(external_id, ExternalEndpoint { node });
-    Ok(tracker)
+    server.serve(external_id, ExternalEndpoint { node: node.clone() });
+    Ok(Some(WiredNode {
+        tracker,
+        feed: tunnel.agents_from.clone().map(|source| (source, node)),
+    }))
+}
+
+/// The node as wired: its Redis tracker, and the control plane to take its agents from.
+pub struct WiredNode {
+    pub tracker: Option<TrackerHandle>,
+    pub feed: Option<(sluice_config::ControlPlaneSource, Arc<NodeShared>)>,
 }
 
 fn spawn_tracker(

@@ -113,6 +113,7 @@ impl UpDemo {
                 id: DEMO_AGENT_ID,
                 token_sha256: Sha256::digest(agent_token.as_bytes()).into(),
             }],
+            agents_from: None,
             jwt: JwtConfig {
                 secret: secret.into_bytes(),
                 secret_file: demo.jwt_secret_file.clone(),
@@ -137,7 +138,7 @@ impl UpDemo {
         }
         config.listeners.gateway = Some(gateway_listener);
         config.gateway = Some(sluice_config::GatewayConfig {
-            clusters_dir: gateway.clusters_dir.clone(),
+            source: sluice_config::ClusterSource::Directory(gateway.clusters_dir.clone()),
             reload_interval: std::time::Duration::from_secs(1),
         });
         let mut demo = demo;

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 use sluice_apimachinery::{FieldError, KindSpec, PrinterColumn};
-use sluice_upstream_cluster::spec::{UpstreamCluster, API_VERSION, KIND};
+use sluice_upstream_cluster::spec::KIND;
 
 use super::invalid_at;
 
@@ -44,28 +44,13 @@ pub fn upstream_cluster() -> KindSpec {
 /// The gateway's validation of the object's name and spec; server-set metadata and the status
 /// are not the gateway's business and are left out of what it reads.
 fn validate(object: &Value) -> Vec<FieldError> {
-    let as_written = json!({
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {
-            "name": object.pointer("/metadata/name").cloned().unwrap_or(Value::Null),
-            "labels": object.pointer("/metadata/labels").cloned().unwrap_or(json!({})),
-        },
-        "spec": object.get("spec").cloned().unwrap_or(Value::Null),
-    });
-    let cluster: UpstreamCluster = match serde_path_to_error::deserialize(&as_written) {
-        Ok(cluster) => cluster,
-        Err(failure) => {
-            let path = failure.path().to_string();
-            let path = if path == "." { String::new() } else { path };
-            let reason = failure.into_inner().to_string();
-            return vec![invalid_at(object, &path, reason)];
-        }
-    };
-    sluice_upstream_cluster::validate(&cluster)
-        .into_iter()
-        .map(|(path, reason)| invalid_at(object, &path, reason))
-        .collect()
+    match sluice_upstream_cluster::api::parse_object(object) {
+        Ok(_) => Vec::new(),
+        Err(problems) => problems
+            .into_iter()
+            .map(|(path, reason)| invalid_at(object, &path, reason))
+            .collect(),
+    }
 }
 
 #[cfg(test)]

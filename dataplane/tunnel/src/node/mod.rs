@@ -38,14 +38,18 @@ pub use collector::NodeCollector;
 pub use endpoints::{AgentEndpoint, ExternalEndpoint, PrivateEndpoint};
 pub use tunnel::TunnelStreams;
 
+use arc_swap::ArcSwap;
 use remote::{PeerTls, PrivateSigner};
+
+use crate::registry::AgentId;
 
 /// State shared by every core of a node.
 #[derive(Debug)]
 pub struct NodeShared {
     pub registry: ConnectionRegistry<TunnelStreams>,
     connections: Mutex<bookkeeping::Connections>,
-    tokens: AgentTokens,
+    /// Swapped whole when the allowed agents change (from the control plane).
+    tokens: ArcSwap<AgentTokens>,
     jwt: JwtValidator,
     pub node_name: String,
     pub max_wait: Duration,
@@ -69,6 +73,35 @@ pub struct NodeShared {
     locator: Option<Arc<dyn AgentLocator>>,
     /// Checks tokens on the private endpoint; signs tokens for other nodes' private endpoints.
     private_jwt: Option<(JwtValidator, PrivateSigner)>,
+}
+
+impl NodeShared {
+    /// Replaces the agents allowed to connect. Agents whose token is gone lose their idle
+    /// tunnels now and cannot open new ones; a tunnel carrying a call finishes it and is then
+    /// closed instead of parked again. Returns the revoked agents.
+    pub fn set_agents(&self, agents: &[sluice_config::AgentTokenConfig]) -> Vec<AgentId> {
+        let newer = Arc::new(AgentTokens::new(agents));
+        let older = self.tokens.swap(newer.clone());
+        let revoked = older.revoked_by(&newer);
+        for agent in &revoked {
+            let closed = self.registry.evict(*agent);
+            tracing::info!(agent, idle_tunnels_closed = closed, "agent revoked");
+        }
+        revoked
+    }
+
+    /// Closes the idle tunnels of agents the current table no longer accepts (for tunnels that
+    /// were opening while the table changed).
+    pub fn evict_revoked(&self, agents: &[AgentId]) {
+        for agent in agents {
+            self.registry.evict(*agent);
+        }
+    }
+
+    /// Whether a tunnel opened with the token of digest `token` may be parked again.
+    pub(crate) fn still_allowed(&self, agent: AgentId, token: &[u8; 32]) -> bool {
+        self.tokens.load().allows(agent, token)
+    }
 }
 
 fn server_tls(
@@ -99,7 +132,7 @@ impl NodeShared {
         Ok(Arc::new(Self {
             registry: ConnectionRegistry::new(),
             connections: Mutex::default(),
-            tokens: AgentTokens::new(&config.agents),
+            tokens: ArcSwap::from_pointee(AgentTokens::new(&config.agents)),
             jwt: JwtValidator::new(&config.jwt),
             node_name: config.node_name.clone(),
             max_wait: config.max_wait,
@@ -156,6 +189,7 @@ pub(crate) mod test_node {
             max_metadata_bytes: 64 * 1024,
             max_buffered_bytes: 1 << 20,
             agents: Vec::new(),
+            agents_from: None,
             jwt: JwtConfig {
                 secret: vec![7; 32],
                 secret_file: "s".into(),

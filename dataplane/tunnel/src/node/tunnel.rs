@@ -19,6 +19,8 @@ use crate::wire::TunnelReader;
 #[derive(Debug)]
 pub struct TunnelStreams {
     pub agent: AgentId,
+    /// SHA-256 of the token the agent opened the tunnel with.
+    pub(super) token: [u8; 32],
     pub(super) connection_id: i64,
     /// Agent -> node messages.
     pub(super) recv: RecvStream,
@@ -72,6 +74,16 @@ pub(super) async fn hold_idle(node: Arc<NodeShared>, mut streams: TunnelStreams)
     let mut draining = std::pin::pin!(closing.wait());
     loop {
         let (agent, connection_id) = (streams.agent, streams.connection_id);
+        if !node.still_allowed(agent, &streams.token) {
+            let mut trailers = HeaderMap::new();
+            status_headers(
+                &mut trailers,
+                Code::PermissionDenied,
+                "the agent's token was revoked",
+            );
+            let _ = streams.send.send_trailers(trailers);
+            return;
+        }
         let tunnel_id = node.next_tunnel_id.fetch_add(1, Ordering::Relaxed);
         let claims = node.registry.offer(agent, tunnel_id, connection_id);
         let idle = monoio::select! {

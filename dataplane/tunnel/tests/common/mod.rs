@@ -117,6 +117,7 @@ pub fn start_node_buffered(
         max_metadata_bytes: 64 * 1024,
         max_buffered_bytes,
         agents,
+        agents_from: None,
         jwt: JwtConfig {
             secret: SECRET.to_vec(),
             secret_file: "unused".into(),

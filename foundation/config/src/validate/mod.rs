@@ -11,12 +11,13 @@ use serde_norway::Value;
 use crate::listener::listener;
 use crate::raw::{Leaf, RawAgent, RawConfig, RawGateway, RawListener, RawRedis};
 use crate::{
-    AgentConfig, Config, DriverChoice, Endpoint, GatewayConfig, ListenersConfig, LogFormat,
-    LoggingConfig, PoolConfig, ReconnectConfig, RedisConfig, RedisTargetConfig, RuntimeConfig,
-    Workers,
+    AgentConfig, ClusterSource, Config, DriverChoice, Endpoint, GatewayConfig, ListenersConfig,
+    LogFormat, LoggingConfig, PoolConfig, ReconnectConfig, RedisConfig, RedisTargetConfig,
+    RuntimeConfig, Workers,
 };
 pub(crate) use sluice_config_error::ErrorList as Errors;
 
+mod controlplane;
 mod tunnel;
 
 use tunnel::{tunnel, DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES_LIMIT};
@@ -193,7 +194,33 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
 }
 
 fn gateway(raw: &RawGateway, errors: &mut Errors) -> GatewayConfig {
-    let clusters_dir = match raw
+    let source = match (&raw.clusters_dir, &raw.source) {
+        (Some(_), Some(_)) => {
+            errors.push(
+                "gateway.source",
+                "set either gateway.clusters_dir or gateway.source, not both",
+            );
+            ClusterSource::Directory(PathBuf::new())
+        }
+        (None, Some(source)) => controlplane::source(source, "gateway.source", errors).map_or(
+            ClusterSource::Directory(PathBuf::new()),
+            ClusterSource::ControlPlane,
+        ),
+        (_, None) => ClusterSource::Directory(clusters_dir(raw, errors)),
+    };
+    GatewayConfig {
+        source,
+        reload_interval: duration(
+            &raw.reload_interval,
+            "gateway.reload_interval",
+            Duration::from_secs(1),
+            errors,
+        ),
+    }
+}
+
+fn clusters_dir(raw: &RawGateway, errors: &mut Errors) -> PathBuf {
+    match raw
         .clusters_dir
         .as_ref()
         .and_then(|value| scalar(value, "gateway.clusters_dir", errors))
@@ -201,32 +228,20 @@ fn gateway(raw: &RawGateway, errors: &mut Errors) -> GatewayConfig {
         None => {
             errors.push(
                 "gateway.clusters_dir",
-                "is required: a directory of UpstreamCluster YAML files",
+                "is required: a directory of UpstreamCluster YAML files (or gateway.source)",
             );
             PathBuf::new()
         }
         Some(text) => {
             let dir = PathBuf::from(&text);
-            match std::fs::read_dir(&dir) {
-                Ok(_) => dir,
-                Err(error) => {
-                    errors.push(
-                        "gateway.clusters_dir",
-                        format!("cannot read directory {text:?}: {error}"),
-                    );
-                    dir
-                }
+            if let Err(error) = std::fs::read_dir(&dir) {
+                errors.push(
+                    "gateway.clusters_dir",
+                    format!("cannot read directory {text:?}: {error}"),
+                );
             }
+            dir
         }
-    };
-    GatewayConfig {
-        clusters_dir,
-        reload_interval: duration(
-            &raw.reload_interval,
-            "gateway.reload_interval",
-            Duration::from_secs(1),
-            errors,
-        ),
     }
 }
 

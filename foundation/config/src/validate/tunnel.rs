@@ -20,7 +20,18 @@ const DEFAULT_MAX_BUFFERED_BYTES: u64 = 256 * 1024 * 1024;
 
 pub(super) fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
     let agents = agent_tokens(raw, errors);
+    let agents_from = raw
+        .agents_from
+        .as_ref()
+        .and_then(|source| super::controlplane::source(source, "tunnel.agents_from", errors));
+    if agents_from.is_some() && !agents.is_empty() {
+        errors.push(
+            "tunnel.agents_from",
+            "set either tunnel.agents or tunnel.agents_from, not both",
+        );
+    }
     TunnelConfig {
+        agents_from,
         node_name: text(
             &raw.node_name,
             "tunnel.node_name",

@@ -113,9 +113,10 @@ async fn open_tunnel(
             format!("the agent endpoint serves only {CONNECT_PATH}"),
         ));
     }
-    let agent = node
+    let (agent, token) = node
         .tokens
-        .authenticate(request.headers())
+        .load()
+        .authenticate_digest(request.headers())
         .map_err(|error| {
             tracing::info!(peer = %conn.peer, reason = error.reason(), "agent refused");
             refused(&node.metrics, "agent", &error)
@@ -140,6 +141,7 @@ async fn open_tunnel(
     }
     Ok(TunnelStreams {
         agent,
+        token,
         connection_id,
         recv,
         send,

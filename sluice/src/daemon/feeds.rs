@@ -1,0 +1,229 @@
+//! What the control plane pushes to this process: UpstreamClusters to the gateway, Agents to
+//! the tunnel node. Watch clients run on one tokio thread of their own, never on the data-plane
+//! cores; each new snapshot is validated and swapped in whole, as a directory reload is, and a
+//! bad or missing control plane leaves the last good state serving.
+
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use serde_json::Value;
+use sluice_config::{AgentTokenConfig, ControlPlaneSource};
+use sluice_gateway_proxy::Gateway;
+use sluice_tunnel::node::NodeShared;
+use sluice_watch_client::{
+    ClientCertFiles, Resource, Snapshot, WatchClient, WatchClientConfig, WatchMetrics,
+};
+use tokio::sync::{oneshot, watch};
+
+/// How long start-up waits for the first list before serving without it.
+const FIRST_SYNC: Duration = Duration::from_secs(10);
+
+/// A tunnel that was authenticating when its agent was revoked is parked at most this long
+/// later (an agent must send its Descriptor within 10 s); a second eviction then closes it.
+const LATE_EVICTION: Duration = Duration::from_secs(11);
+
+/// The roles' feeds, and the thread they run on; stopped when dropped.
+pub struct Feeds {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Feeds {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// What to feed.
+#[derive(Default)]
+pub struct FeedTargets {
+    pub gateway: Option<(ControlPlaneSource, Arc<Gateway>)>,
+    pub node: Option<(ControlPlaneSource, Arc<NodeShared>)>,
+}
+
+/// Starts the feeds and waits (at most [`FIRST_SYNC`]) until each has applied its first list.
+pub fn spawn(targets: FeedTargets, registry: &mut Registry) -> anyhow::Result<Option<Feeds>> {
+    if targets.gateway.is_none() && targets.node.is_none() {
+        return Ok(None);
+    }
+    let metrics = WatchMetrics::register(registry);
+    let mut clients = Vec::new();
+    if let Some((source, gateway)) = targets.gateway {
+        let resource = Resource::new("proxy.sluice.dev", "v1alpha1", "upstreamclusters");
+        let client = WatchClient::new(
+            client_config(&source),
+            resource,
+            metrics.for_resource("upstreamclusters"),
+        )?;
+        clients.push((client, Target::Gateway(gateway, source.url)));
+    }
+    if let Some((source, node)) = targets.node {
+        let resource = Resource::new("tunnel.sluice.dev", "v1alpha1", "agents");
+        let client = WatchClient::new(
+            client_config(&source),
+            resource,
+            metrics.for_resource("agents"),
+        )?;
+        clients.push((client, Target::Node(node)));
+    }
+    let (stop, stopped) = oneshot::channel::<()>();
+    let (synced, first) = mpsc::channel::<()>();
+    let count = clients.len();
+    let thread = std::thread::Builder::new()
+        .name("sluice-controlplane-feeds".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    tracing::error!(%error, "cannot start the control-plane feeds' runtime");
+                    return;
+                }
+            };
+            runtime.block_on(run(clients, stopped, synced));
+        })?;
+    for _ in 0..count {
+        if first.recv_timeout(FIRST_SYNC).is_err() {
+            tracing::warn!(timeout = ?FIRST_SYNC, "no first list from the control plane yet; serving without it, it is applied when it arrives");
+            break;
+        }
+    }
+    Ok(Some(Feeds {
+        stop: Some(stop),
+        thread: Some(thread),
+    }))
+}
+
+enum Target {
+    Gateway(Arc<Gateway>, String),
+    Node(Arc<NodeShared>),
+}
+
+async fn run(
+    clients: Vec<(WatchClient, Target)>,
+    stopped: oneshot::Receiver<()>,
+    synced: mpsc::Sender<()>,
+) {
+    let (stop_all, stopping) = watch::channel(false);
+    let mut tasks = Vec::new();
+    for (client, target) in clients {
+        let snapshots = client.subscribe();
+        let mut stop = stopping.clone();
+        tasks.push(tokio::spawn(client.run(async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        })));
+        tasks.push(tokio::spawn(apply_snapshots(
+            snapshots,
+            target,
+            synced.clone(),
+            stopping.clone(),
+        )));
+    }
+    let _ = stopped.await;
+    let _ = stop_all.send(true);
+    for task in tasks {
+        let _ = task.await;
+    }
+}
+
+/// Applies every new synced snapshot to its target until stopped.
+async fn apply_snapshots(
+    mut snapshots: watch::Receiver<Arc<Snapshot>>,
+    target: Target,
+    synced: mpsc::Sender<()>,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let mut announced = false;
+    loop {
+        let snapshot = snapshots.borrow_and_update().clone();
+        if snapshot.synced {
+            match &target {
+                Target::Gateway(gateway, url) => apply_clusters(gateway, url, &snapshot),
+                Target::Node(node) => apply_agents(node, &snapshot),
+            }
+            if !announced {
+                announced = true;
+                let _ = synced.send(());
+            }
+        }
+        tokio::select! {
+            changed = snapshots.changed() => if changed.is_err() { return },
+            _ = stopping.wait_for(|stopped| *stopped) => return,
+        }
+    }
+}
+
+fn apply_clusters(gateway: &Gateway, url: &str, snapshot: &Snapshot) {
+    let files_dir = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let objects = snapshot.objects.values().map(|object| object.as_ref());
+    let origin = format!("{url}/upstreamclusters");
+    let loaded = sluice_upstream_cluster::api::load_objects(objects, &origin, &files_dir)
+        .map_err(sluice_gateway_proxy::ProxyError::from)
+        .and_then(|clusters| gateway.install(clusters));
+    match loaded {
+        Ok(generation) => {
+            gateway.metrics.reloads_ok.inc();
+            tracing::info!(source = %url, generation, resource_version = %snapshot.resource_version, clusters = snapshot.objects.len(), "gateway clusters from the control plane");
+        }
+        Err(error) => {
+            gateway.metrics.reloads_failed.inc();
+            tracing::error!(source = %url, %error, "clusters from the control plane rejected; the last good config stays");
+        }
+    }
+}
+
+fn apply_agents(node: &Arc<NodeShared>, snapshot: &Snapshot) {
+    let agents: Vec<AgentTokenConfig> = snapshot
+        .objects
+        .iter()
+        .filter_map(|(key, object)| {
+            let agent = agent_token(object);
+            if agent.is_none() {
+                tracing::warn!(agent = %key, "Agent object without a valid spec.id and spec.tokenSha256; skipped");
+            }
+            agent
+        })
+        .collect();
+    let revoked = node.set_agents(&agents);
+    tracing::info!(agents = agents.len(), revoked = revoked.len(), resource_version = %snapshot.resource_version, "allowed agents from the control plane");
+    if !revoked.is_empty() {
+        let node = node.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(LATE_EVICTION).await;
+            node.evict_revoked(&revoked);
+        });
+    }
+}
+
+/// An Agent object's id and token digest (the API validated them; a bad one is skipped).
+fn agent_token(object: &Value) -> Option<AgentTokenConfig> {
+    let id = object.pointer("/spec/id")?.as_i64().filter(|id| *id >= 1)?;
+    let digest = object.pointer("/spec/tokenSha256")?.as_str()?;
+    let mut token_sha256 = [0u8; 32];
+    hex::decode_to_slice(digest, &mut token_sha256).ok()?;
+    Some(AgentTokenConfig { id, token_sha256 })
+}
+
+fn client_config(source: &ControlPlaneSource) -> WatchClientConfig {
+    let mut config = WatchClientConfig::new(source.url.clone(), source.ca_file.clone());
+    config.token_file = source.token_file.clone();
+    config.client_cert = match (&source.cert_file, &source.key_file) {
+        (Some(cert), Some(key)) => Some(ClientCertFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        _ => None,
+    };
+    // Resume quickly after a control-plane restart (the issue asks for catch-up within 1 s).
+    config.backoff_min = Duration::from_millis(100);
+    config.backoff_max = Duration::from_secs(1);
+    config
+}
