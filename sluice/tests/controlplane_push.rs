@@ -132,19 +132,29 @@ fn two_gateways_follow_upstream_clusters_and_ride_out_a_control_plane_restart() 
         );
     }
 
-    // A new cluster: both gateways swap to a generation serving it. Timed from the write's
-    // acknowledgement to both gateways' new generation, then checked with a real request.
+    // A new cluster: both gateways swap to a generation serving it. Timed from before the
+    // write is sent (curl's start-up included, so an upper bound) to both gateways' new
+    // generation, then checked with a real request.
     let before: Vec<f64> = gateways.iter().map(generation).collect();
     let two = cluster_json("two.sluice.test", &certs, &identity, &server);
-    let created = cp.kubectl(&["create", "-f", "-"], Some(&two));
-    assert!(created.status.success(), "{created:?}");
-    let acknowledged = Instant::now();
+    let sent = Instant::now();
+    let (code, body) = cp.curl(
+        "POST",
+        "/apis/proxy.sluice.dev/v1alpha1/upstreamclusters",
+        Some(&two),
+    );
+    assert_eq!(code, 201, "{body}");
+    let acknowledged = sent.elapsed();
     let mut served_after = Vec::new();
     for (gateway, before) in gateways.iter().zip(&before) {
         assert!(wait_until(Duration::from_secs(5), || generation(gateway) > *before));
-        served_after.push(acknowledged.elapsed());
+        served_after.push(sent.elapsed());
     }
-    eprintln!("UpstreamCluster create -> served by both gateways: {served_after:?} after kubectl returned");
+    eprintln!("UpstreamCluster create: acknowledged after {acknowledged:?}; served by the gateways after {served_after:?} (from before the write was sent)");
+    // The figure is reported above (docs/CONTROLPLANE.md quotes it); the bound here is loose
+    // so a loaded CI machine does not fail a correct push.
+    let slowest = served_after.iter().max().unwrap().saturating_sub(acknowledged);
+    assert!(slowest < Duration::from_secs(1), "a gateway took {slowest:?} after the write");
     for gateway in &gateways {
         assert_eq!(status_via(gateway, "two.sluice.test", &certs, &alice), 200);
     }

@@ -111,6 +111,41 @@ impl ControlPlane {
         String::from_utf8_lossy(&output.stdout).trim().to_string()
     }
 
+    /// The admin's bearer token, from the kubeconfig.
+    pub fn admin_token(&self) -> String {
+        let text = std::fs::read_to_string(self.kubeconfig()).expect("read admin kubeconfig");
+        let document: serde_json::Value = serde_json::from_str(&text).expect("JSON kubeconfig");
+        document["users"][0]["user"]["token"]
+            .as_str()
+            .expect("a token user")
+            .to_string()
+    }
+
+    /// curl against the API as the admin: `(HTTP status, body)`.
+    pub fn curl(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let mut command = Command::new("curl");
+        command
+            .args(["--silent", "--max-time", "10", "--request", method])
+            .arg("--cacert")
+            .arg(self.ca_file())
+            .args([
+                "--header",
+                &format!("Authorization: Bearer {}", self.admin_token()),
+            ])
+            .args(["--header", "Content-Type: application/json"])
+            .args(["--write-out", "\n%{http_code}"]);
+        if let Some(body) = body {
+            command.args(["--data-binary", body]);
+        }
+        let output = command
+            .arg(format!("{}{path}", self.url()))
+            .output()
+            .expect("curl is installed");
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+
     /// A kubeconfig for `token` next to the admin's.
     pub fn kubeconfig_for(&self, name: &str, token: &str) -> PathBuf {
         let admin = std::fs::read_to_string(self.kubeconfig()).expect("read admin kubeconfig");
