@@ -55,8 +55,24 @@ pub enum Command {
         bridge: String,
         /// Policy file (YAML, or JSON with a .json extension), or a directory whose *.yaml,
         /// *.yml and *.json files are merged.
-        #[arg(long, value_name = "FILE|DIR")]
-        policies: PathBuf,
+        #[arg(
+            long,
+            value_name = "FILE|DIR",
+            required_unless_present = "controlplane",
+            conflicts_with = "controlplane"
+        )]
+        policies: Option<PathBuf>,
+        /// Watch this VM's policies on the control plane (https://host:port) instead of a file;
+        /// needs --controlplane-ca and --controlplane-token-file (a vm-agent token whose
+        /// subject is this VM).
+        #[arg(long, value_name = "URL", requires_all = ["controlplane_ca", "controlplane_token_file"])]
+        controlplane: Option<String>,
+        /// CA of the control plane's serving certificate.
+        #[arg(long, value_name = "FILE")]
+        controlplane_ca: Option<PathBuf>,
+        /// The vm-agent bearer token (`sluice controlplane token create --role vm-agent --subject <vm>`).
+        #[arg(long, value_name = "FILE")]
+        controlplane_token_file: Option<PathBuf>,
         /// OVS run directory holding `<bridge>.mgmt` and, by default, `db.sock`.
         #[arg(long, value_name = "DIR", default_value = "/var/run/openvswitch")]
         ovs_rundir: PathBuf,

@@ -37,6 +37,9 @@ fn main() -> ExitCode {
         cli::Command::VmAgent {
             bridge,
             policies,
+            controlplane,
+            controlplane_ca,
+            controlplane_token_file,
             ovs_rundir,
             db_socket,
             admin,
@@ -51,6 +54,13 @@ fn main() -> ExitCode {
             vm_agent::run(vm_agent::VmAgentOptions {
                 bridge,
                 policies,
+                controlplane: controlplane.map(|url| sluice_config::ControlPlaneSource {
+                    url,
+                    ca_file: controlplane_ca.unwrap_or_default(),
+                    token_file: controlplane_token_file,
+                    cert_file: None,
+                    key_file: None,
+                }),
                 ovs_rundir,
                 db_socket,
                 admin,

@@ -153,8 +153,15 @@ fn two_gateways_follow_upstream_clusters_and_ride_out_a_control_plane_restart() 
     eprintln!("UpstreamCluster create: acknowledged after {acknowledged:?}; served by the gateways after {served_after:?} (from before the write was sent)");
     // The figure is reported above (docs/CONTROLPLANE.md quotes it); the bound here is loose
     // so a loaded CI machine does not fail a correct push.
-    let slowest = served_after.iter().max().unwrap().saturating_sub(acknowledged);
-    assert!(slowest < Duration::from_secs(1), "a gateway took {slowest:?} after the write");
+    let slowest = served_after
+        .iter()
+        .max()
+        .unwrap()
+        .saturating_sub(acknowledged);
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a gateway took {slowest:?} after the write"
+    );
     for gateway in &gateways {
         assert_eq!(status_via(gateway, "two.sluice.test", &certs, &alice), 200);
     }

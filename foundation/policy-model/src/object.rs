@@ -105,5 +105,51 @@ fn under_spec(path: &str) -> String {
     }
 }
 
+/// The policy set a VM agent enforces, from the objects it was sent: each object becomes its
+/// entry in a policy file (its `spec` with its `metadata.name`), and the whole is checked as one
+/// file is (group references, unique priorities), `origin` naming it in errors.
+pub fn load_objects<'a>(
+    address_groups: impl IntoIterator<Item = &'a Value>,
+    applied_to_groups: impl IntoIterator<Item = &'a Value>,
+    policies: impl IntoIterator<Item = &'a Value>,
+    origin: &str,
+) -> Result<crate::model::PolicySet, sluice_config_error::InvalidConfig> {
+    let entries = |objects: &mut dyn Iterator<Item = &'a Value>| -> Vec<Value> {
+        objects
+            .map(|object| {
+                let mut entry = object
+                    .get("spec")
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default();
+                let name = object
+                    .pointer("/metadata/name")
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                entry.insert("name".into(), name);
+                Value::Object(entry)
+            })
+            .collect()
+    };
+    let mut document = Map::new();
+    document.insert(
+        "addressGroups".into(),
+        Value::Array(entries(&mut address_groups.into_iter())),
+    );
+    document.insert(
+        "appliedToGroups".into(),
+        Value::Array(entries(&mut applied_to_groups.into_iter())),
+    );
+    document.insert(
+        "policies".into(),
+        Value::Array(entries(&mut policies.into_iter())),
+    );
+    crate::load::load_str(
+        &Value::Object(document).to_string(),
+        origin,
+        crate::load::Format::Json,
+    )
+}
+
 #[cfg(test)]
 mod tests;

@@ -212,7 +212,7 @@ fn agent_token(object: &Value) -> Option<AgentTokenConfig> {
     Some(AgentTokenConfig { id, token_sha256 })
 }
 
-fn client_config(source: &ControlPlaneSource) -> WatchClientConfig {
+pub(crate) fn client_config(source: &ControlPlaneSource) -> WatchClientConfig {
     let mut config = WatchClientConfig::new(source.url.clone(), source.ca_file.clone());
     config.token_file = source.token_file.clone();
     config.client_cert = match (&source.cert_file, &source.key_file) {

@@ -2,6 +2,7 @@
 //! Each pillar wires its listeners and background tasks in its own module.
 
 mod feeds;
+pub(crate) use feeds::client_config as watch_client_config;
 mod gateway;
 mod tunnel;
 

@@ -7,4 +7,4 @@
 
 pub mod compile;
 
-pub use sluice_policy_model::{limits, load, model};
+pub use sluice_policy_model::{limits, load, model, object};

@@ -131,3 +131,20 @@ fn structure_mistakes_name_their_path() {
         ["metadata.name"]
     );
 }
+
+#[test]
+fn objects_load_as_the_policy_file_they_amount_to() {
+    let group = json!({"metadata": {"name": "web-vms"}, "spec": {"members": [
+        {"name": "vm1-eth0", "vm": "vm1", "ofport": 1, "ips": ["10.0.0.1"]}]}});
+    let clients = json!({"metadata": {"name": "clients"}, "spec": {"members": ["10.0.0.2"]}});
+    let policy = json!({"metadata": {"name": "web"}, "spec": {
+        "priority": 10, "appliedTo": ["web-vms"],
+        "rules": [{"direction": "Ingress", "action": "Allow", "peers": {"addressGroups": ["clients"]}}]}});
+    let set = load_objects([&clients], [&group], [&policy], "controlplane").unwrap();
+    assert!(set.address_groups.contains_key("clients"));
+    assert!(set.applied_to_groups.contains_key("web-vms"));
+    assert_eq!(set.policies.len(), 1);
+    // A policy naming a group the agent was not sent is refused as a file would be.
+    let error = load_objects([], [&group], [&policy], "controlplane").unwrap_err();
+    assert!(error.to_string().contains("clients"), "{error}");
+}

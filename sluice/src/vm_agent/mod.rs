@@ -1,5 +1,5 @@
-//! `sluice vm-agent`: enforces the VM NetworkPolicies of a policy file (or a directory of them)
-//! on one OVS bridge and hot reloads them. Flows stay on the bridge when the agent stops (enforcement survives an
+//! `sluice vm-agent`: enforces the VM NetworkPolicies of a policy file (or a directory of them,
+//! or its span on the control plane: [`feed`]) on one OVS bridge and hot reloads them. Flows stay on the bridge when the agent stops (enforcement survives an
 //! agent restart; the next run replaces them atomically under a new cookie round).
 
 use std::net::SocketAddr;
@@ -18,11 +18,16 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
+mod feed;
+
 /// Options of one agent run (the command-line flags).
 #[derive(Debug, Clone)]
 pub struct VmAgentOptions {
     pub bridge: String,
-    pub policies: PathBuf,
+    /// A policy file or directory; `None` with `controlplane`.
+    pub policies: Option<PathBuf>,
+    /// Watch this VM's span of policies on the control plane instead of a file.
+    pub controlplane: Option<sluice_config::ControlPlaneSource>,
     pub ovs_rundir: PathBuf,
     pub db_socket: Option<PathBuf>,
     pub admin: SocketAddr,
@@ -80,6 +85,14 @@ async fn run_agent(options: VmAgentOptions) -> anyhow::Result<()> {
         "Policy file changes refused (invalid file or refused by OVS); the last good state stays",
         agent_metrics.reload_errors.clone(),
     );
+    let mut from_controlplane = match &options.controlplane {
+        Some(source) => Some(feed::spawn(
+            source,
+            &mut registry,
+            agent_metrics.reload_errors.clone(),
+        )?),
+        None => None,
+    };
     let ready = Arc::new(AtomicBool::new(false));
     let listener = TcpListener::bind(options.admin)
         .await
@@ -107,9 +120,14 @@ async fn run_agent(options: VmAgentOptions) -> anyhow::Result<()> {
         Err(error) => return Err(error).context("creating the bridge"),
     }
 
-    let mut file_stamp = stamp(&options.policies);
-    let initial = sluice_policy::load::load_path(&options.policies)
-        .map_err(|error| anyhow::anyhow!("{error}"))?;
+    let mut file_stamp = options.policies.as_deref().map(stamp);
+    let initial = match (&options.policies, &mut from_controlplane) {
+        (Some(path), _) => {
+            sluice_policy::load::load_path(path).map_err(|error| anyhow::anyhow!("{error}"))?
+        }
+        (None, Some(policies)) => first_policies(policies).await,
+        (None, None) => anyhow::bail!("give --policies or --controlplane"),
+    };
     let config = EngineConfig {
         mgmt_socket: options.ovs_rundir.join(format!("{}.mgmt", options.bridge)),
         client: ClientConfig::default(),
@@ -146,10 +164,18 @@ async fn run_agent(options: VmAgentOptions) -> anyhow::Result<()> {
                 if restore_wait_due {
                     restore_wait_due = !clear_flow_restore_wait(&mut ovsdb, &db_socket).await;
                 }
-                let now = stamp(&options.policies);
-                if now != file_stamp {
-                    file_stamp = now;
-                    reload(&mut engine, &options.policies, &agent_metrics).await;
+                if let Some(path) = &options.policies {
+                    let now = Some(stamp(path));
+                    if now != file_stamp {
+                        file_stamp = now;
+                        reload(&mut engine, path, &agent_metrics).await;
+                    }
+                }
+            }
+            changed = next_policies(&mut from_controlplane) => {
+                match changed {
+                    Some(set) => realize(&mut engine, set, &agent_metrics).await,
+                    None => anyhow::bail!("the control-plane feed stopped"),
                 }
             }
             _ = stats_tick.tick() => {
@@ -229,6 +255,58 @@ fn stamp(path: &Path) -> Option<Vec<FileStamp>> {
             })
             .collect(),
     )
+}
+
+/// The first policies from the control plane; an empty set if none come within 10 s (the
+/// agent then enforces what arrives later).
+async fn first_policies(
+    policies: &mut tokio::sync::watch::Receiver<Option<Arc<sluice_policy::model::PolicySet>>>,
+) -> sluice_policy::model::PolicySet {
+    let first =
+        tokio::time::timeout(Duration::from_secs(10), policies.wait_for(Option::is_some)).await;
+    match first
+        .ok()
+        .and_then(|got| got.ok().and_then(|set| set.as_deref().cloned()))
+    {
+        Some(set) => set,
+        None => {
+            tracing::warn!("no policies from the control plane within 10s; starting with none");
+            sluice_policy::model::PolicySet::default()
+        }
+    }
+}
+
+/// The next policy set from the control plane; pending forever without one.
+async fn next_policies(
+    feed: &mut Option<tokio::sync::watch::Receiver<Option<Arc<sluice_policy::model::PolicySet>>>>,
+) -> Option<sluice_policy::model::PolicySet> {
+    let Some(receiver) = feed else {
+        return std::future::pending().await;
+    };
+    receiver.changed().await.ok()?;
+    let set = receiver.borrow_and_update().as_deref().cloned();
+    Some(set.unwrap_or_default())
+}
+
+async fn realize(
+    engine: &mut PolicyEngine,
+    desired: sluice_policy::model::PolicySet,
+    metrics: &AgentMetrics,
+) {
+    match engine.apply_set(desired).await {
+        Ok(summary) => {
+            metrics.reloads.inc();
+            tracing::info!(
+                generation = summary.generation,
+                flow_mods = summary.flow_mods,
+                "policies from the control plane realized"
+            );
+        }
+        Err(error) => {
+            metrics.reload_errors.inc();
+            tracing::error!(%error, "policy change not realized; the last good policies stay");
+        }
+    }
 }
 
 async fn reload(engine: &mut PolicyEngine, path: &Path, metrics: &AgentMetrics) {

@@ -1,0 +1,143 @@
+//! `sluice vm-agent --controlplane`: a VM agent enforcing its span of the control plane's
+//! policy objects on a real Open vSwitch bridge (userspace datapath), following changes.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead as _, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use test_support::{examples, http_get, wait_until, ControlPlane, OvsInstance};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+const BRIDGE: &str = "brcp";
+
+struct Agent {
+    child: Child,
+    admin: SocketAddr,
+    log: tempfile::NamedTempFile,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Agent {
+    fn start(ovs: &OvsInstance, cp: &ControlPlane, token: &std::path::Path) -> Agent {
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let mut child = Command::new(BIN)
+            .args(["vm-agent", "--bridge", BRIDGE, "--admin", "127.0.0.1:0"])
+            .args(["--controlplane", &cp.url()])
+            .arg("--controlplane-ca")
+            .arg(cp.ca_file())
+            .arg("--controlplane-token-file")
+            .arg(token)
+            .arg("--ovs-rundir")
+            .arg(ovs.rundir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let admin = line
+            .trim()
+            .strip_prefix("admin listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .parse()
+            .unwrap();
+        Agent { child, admin, log }
+    }
+
+    fn metric(&self, series: &str) -> Option<f64> {
+        let text = http_get(self.admin, "/metrics").ok()?.body;
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
+    }
+}
+
+/// The bridge's flows; empty while the agent has not created the bridge yet.
+fn flows(ovs: &OvsInstance) -> String {
+    ovs.ovs_ofctl(&["-O", "OpenFlow13", "dump-flows", BRIDGE])
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_vm_agent_enforces_its_span_from_the_control_plane_and_follows_changes() {
+    let ovs = OvsInstance::start().unwrap();
+    let cp = ControlPlane::start(BIN, &[]).unwrap();
+    let objects = format!(
+        "{}\n---\n{}\n---\n{}",
+        examples::APPLIED_TO_GROUP,
+        examples::NETWORK_POLICY,
+        examples::ADDRESS_GROUP
+    );
+    let created = cp.kubectl(&["create", "-f", "-"], Some(&objects));
+    assert!(created.status.success(), "{created:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("vm1.token");
+    std::fs::write(&token, cp.token("vm-agent", "vm1")).unwrap();
+    let agent = Agent::start(&ovs, &cp, &token);
+
+    // vm1's interface and the policy's peers are on the bridge; vm4's interface is not (the
+    // server sent vm1 only its own members of the group).
+    assert!(
+        wait_until(Duration::from_secs(15), || flows(&ovs)
+            .contains("10.0.1.0/24")),
+        "the policy never reached the bridge; agent log:\n{}",
+        agent.log()
+    );
+    let installed = flows(&ovs);
+    assert!(
+        installed.contains("10.0.0.1") && !installed.contains("10.0.0.4"),
+        "{installed}"
+    );
+
+    // A new peer in the address group: the agent re-realizes within moments.
+    let patched = cp.kubectl(
+        &[
+            "patch",
+            "adg",
+            "web-clients",
+            "--type=json",
+            "-p",
+            r#"[{"op":"add","path":"/spec/members/-","value":"10.9.9.9"}]"#,
+        ],
+        None,
+    );
+    assert!(patched.status.success(), "{patched:?}");
+    assert!(
+        wait_until(Duration::from_secs(10), || flows(&ovs).contains("10.9.9.9")),
+        "the group change never reached the bridge; agent log:\n{}",
+        agent.log()
+    );
+    // The policy deleted: its flows go (the address group is then outside vm1's span too).
+    let deleted = cp.kubectl(&["delete", "vmnp", "web"], None);
+    assert!(deleted.status.success(), "{deleted:?}");
+    assert!(
+        wait_until(Duration::from_secs(10), || !flows(&ovs)
+            .contains("10.9.9.9")),
+        "the deleted policy's flows stayed; agent log:\n{}",
+        agent.log()
+    );
+    assert!(
+        agent.metric("sluice_controlplane_watch_connected{resource=\"networkpolicies\"}")
+            == Some(1.0)
+    );
+    assert_eq!(
+        agent.metric("sluice_policy_reload_errors_total"),
+        Some(0.0),
+        "{}",
+        agent.log()
+    );
+}
