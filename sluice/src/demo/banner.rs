@@ -60,6 +60,14 @@ pub fn print_banner(
             gateway.simulator.address()
         );
     }
+    if let Some(controlplane) = &demo.controlplane {
+        let _ = writeln!(
+            out,
+            "  kubectl --kubeconfig {} get upstreamclusters\n    (the control plane at {}, embedded; it pushes the cluster above to the gateway:\n    edit it with kubectl and the gateway follows)",
+            controlplane.kubeconfig.display(),
+            controlplane.url
+        );
+    }
     let _ = writeln!(out, "\nPress Ctrl-C to stop.");
     let _ = out.flush();
 }

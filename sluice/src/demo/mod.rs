@@ -4,6 +4,7 @@
 
 mod banner;
 pub mod cluster;
+pub mod controlplane;
 pub mod gateway;
 
 use std::io::Read;
@@ -32,12 +33,15 @@ pub struct UpDemo {
     pub cluster: Option<crate::demo::cluster::DemoCluster>,
     /// The apiserver simulator behind the gateway, and its kubeconfig.
     pub gateway: Option<crate::demo::gateway::DemoGateway>,
+    /// The embedded control plane the gateway takes its clusters from.
+    pub controlplane: Option<crate::demo::controlplane::DemoControlPlane>,
 }
 
 impl Drop for UpDemo {
     fn drop(&mut self) {
         // The other nodes, Redis and the simulator stop before their directory goes.
         self.cluster = None;
+        self.controlplane = None;
         self.gateway = None;
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -75,6 +79,7 @@ impl UpDemo {
             dir,
             cluster: None,
             gateway: None,
+            controlplane: None,
         };
         let secret = random_hex(32)?;
         std::fs::OpenOptions::new()
@@ -137,12 +142,25 @@ impl UpDemo {
             gateway_listener.address.set_port(0);
         }
         config.listeners.gateway = Some(gateway_listener);
+        // The gateway's cluster lives in the embedded control plane, which pushes it.
+        let cluster_yaml = std::fs::read_to_string(gateway.clusters_dir.join("demo.yaml"))
+            .context("reading the demo cluster")?;
+        let mut listen: SocketAddr = "127.0.0.1:6443".parse()?;
+        if ephemeral_ports {
+            listen.set_port(0);
+        }
+        let controlplane = crate::demo::controlplane::DemoControlPlane::start(
+            &demo.dir.join("controlplane"),
+            listen,
+            &cluster_yaml,
+        )?;
         config.gateway = Some(sluice_config::GatewayConfig {
-            source: sluice_config::ClusterSource::Directory(gateway.clusters_dir.clone()),
+            source: sluice_config::ClusterSource::ControlPlane(controlplane.source.clone()),
             reload_interval: std::time::Duration::from_secs(1),
         });
         let mut demo = demo;
         demo.gateway = Some(gateway);
+        demo.controlplane = Some(controlplane);
         Ok((config, demo))
     }
 

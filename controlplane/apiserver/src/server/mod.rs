@@ -29,7 +29,7 @@ use crate::auth::{AuthError, Identity, TokenBook};
 
 pub use keys::{list_prefix, object_key};
 pub use metrics::ApiMetrics;
-pub use tokens::{store_token, TOKEN_KIND};
+pub use tokens::{create_object, store_token, TOKEN_KIND};
 
 /// What one server holds and how long it waits; every bound a client could otherwise push.
 #[derive(Debug, Clone)]

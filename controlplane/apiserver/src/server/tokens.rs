@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use futures_util::StreamExt;
 use sluice_apimachinery::meta::prepare_create;
-use sluice_apimachinery::StatusError;
+use sluice_apimachinery::{KindSpec, StatusError};
 use sluice_store::{Store, StoreError};
 use tokio::sync::watch as signal;
 
@@ -22,6 +22,25 @@ pub const TOKEN_KIND: &str = "Token";
 
 /// Pause before following the tokens again after the store failed.
 const RETRY: Duration = Duration::from_secs(1);
+
+/// Creates an object directly in the store, with the API's metadata rules and validation (for
+/// what a control plane writes itself: its first admin token, `sluice up`'s demo objects).
+pub async fn create_object(
+    store: &dyn Store,
+    spec: &KindSpec,
+    object: serde_json::Value,
+) -> Result<serde_json::Value, StatusError> {
+    let mut random = [0u8; 16];
+    getrandom::getrandom(&mut random)
+        .map_err(|error| StatusError::internal(format!("no random bytes for a uid: {error}")))?;
+    let object = prepare_create(spec, object, None, SystemTime::now(), &hex::encode(random))?;
+    let name = sluice_apimachinery::meta::object_name(&object).to_string();
+    let stored = store
+        .create(&object_key(spec, None, &name), encode(&object))
+        .await
+        .map_err(|error| super::objects::store_status(spec, &name, error))?;
+    decode(&stored)
+}
 
 /// Stores an issued token as a `Token` object named `name` (its text is never stored).
 pub async fn store_token(
@@ -40,13 +59,7 @@ pub async fn store_token(
             "tokenSha256": issued.record.sha256,
         },
     });
-    let uid = hex::encode(&issued.record.sha256.as_bytes()[..16]);
-    let object = prepare_create(&spec, object, None, SystemTime::now(), &uid)?;
-    store
-        .create(&object_key(&spec, None, name), encode(&object))
-        .await
-        .map(|_| ())
-        .map_err(|error| super::objects::store_status(&spec, name, error))
+    create_object(store, &spec, object).await.map(|_| ())
 }
 
 impl ApiServer {
