@@ -397,13 +397,29 @@ impl StatusError {
         Self::new(StatusReason::NotAcceptable, message)
     }
 
-    /// 403 naming who was refused what (`errors.NewForbidden`).
-    pub fn forbidden(spec: &KindSpec, name: &str, user: &str, verb: &str) -> Self {
+    /// 403 naming who was refused what, in kube-apiserver's words (`errors.NewForbidden` around
+    /// the authorizer's reason): the object (unquoted and without a name for a collection), the
+    /// user, the verb, the resource and the scope.
+    pub fn forbidden(
+        spec: &KindSpec,
+        namespace: Option<&str>,
+        name: &str,
+        user: &str,
+        verb: &str,
+    ) -> Self {
+        let object = if name.is_empty() {
+            spec.qualified_resource()
+        } else {
+            format!("{} {name:?}", spec.qualified_resource())
+        };
+        let scope = match namespace {
+            Some(namespace) => format!("in the namespace {namespace:?}"),
+            None => "at the cluster scope".to_string(),
+        };
         let message = format!(
-            "{} {name:?} is forbidden: User {user:?} cannot {verb} resource {:?} in API group {:?}",
-            spec.qualified_resource(),
-            spec.plural,
-            spec.group
+            "{object} is forbidden: User {user:?} cannot {verb} resource {:?} in API group {:?} \
+             {scope}",
+            spec.plural, spec.group
         );
         Self::about(spec, name, StatusReason::Forbidden, message)
     }
@@ -538,11 +554,25 @@ mod tests {
             "Internal error occurred: disk"
         );
         assert!(!StatusError::bad_request("x").retryable());
-        let forbidden = StatusError::forbidden(&widget(), "a", "gw", "delete");
+        let forbidden = StatusError::forbidden(&widget(), None, "a", "gw", "delete");
         assert_eq!(forbidden.code, 403);
-        assert!(forbidden
-            .message
-            .contains("cannot delete resource \"widgets\" in API group \"tests.sluice.dev\""));
+        assert_eq!(
+            forbidden.message,
+            format!(
+                "{} \"a\" is forbidden: User \"gw\" cannot delete resource \"widgets\" in API \
+                 group \"tests.sluice.dev\" at the cluster scope",
+                widget().qualified_resource()
+            )
+        );
+        let listing = StatusError::forbidden(&widget(), Some("ns-1"), "", "gw", "list");
+        assert_eq!(
+            listing.message,
+            format!(
+                "{} is forbidden: User \"gw\" cannot list resource \"widgets\" in API group \
+                 \"tests.sluice.dev\" in the namespace \"ns-1\"",
+                widget().qualified_resource()
+            )
+        );
         assert!(StatusError::new(StatusReason::TooManyRequests, "slow")
             .to_json()
             .get("details")

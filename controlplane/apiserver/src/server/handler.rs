@@ -169,6 +169,7 @@ impl ApiServer {
             Err(denied) => {
                 let mut error = StatusError::forbidden(
                     spec,
+                    resource.namespace,
                     resource.name.unwrap_or(""),
                     &identity.user_name(),
                     resource.verb.as_str(),

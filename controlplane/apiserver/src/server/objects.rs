@@ -241,6 +241,7 @@ fn not_found_path() -> StatusError {
 pub(crate) fn call_forbidden(call: &Call<'_>) -> StatusError {
     StatusError::forbidden(
         call.spec,
+        call.request.namespace,
         call.name(),
         &call.user,
         call.request.verb.as_str(),

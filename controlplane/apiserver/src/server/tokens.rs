@@ -75,7 +75,7 @@ impl ApiServer {
                 .await?;
             for row in &page.items {
                 cursor = Some(row.key.clone());
-                let identity = decode(&row).ok().as_ref().and_then(token_identity);
+                let identity = decode(row).ok().as_ref().and_then(token_identity);
                 if let Some((sha256, identity)) = identity {
                     records.push(TokenRecord { sha256, identity });
                 }

@@ -245,7 +245,7 @@ impl Watch {
             Event::Put { kv, prev } => {
                 let new = decode(&kv).ok()?;
                 let old = prev.and_then(|prev| decode(&prev).ok());
-                let was = old.as_ref().is_some_and(|old| passes(old));
+                let was = old.as_ref().is_some_and(&passes);
                 match (was, passes(&new)) {
                     (false, true) => Some((WatchEventType::Added, new)),
                     (true, true) => Some((WatchEventType::Modified, new)),

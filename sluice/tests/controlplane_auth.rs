@@ -1,0 +1,778 @@
+//! The control plane's authorization matrix over real HTTPS: each role's token tried with every
+//! verb against every kind; what a role must not do is 403 with a kube-style `Status` naming
+//! the user, the verb and the resource, what it may do succeeds; no credentials or an unknown
+//! token is 401. And a vm-agent reads exactly its VM's span, followed as groups change.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use test_support::{examples, kubectl_with, ControlPlane};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+const ZERO_SHA: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+const VERBS: [&str; 8] = [
+    "get",
+    "list",
+    "watch",
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+];
+
+/// One served kind: where it lives, an object the fixture stores, and a new one to create.
+struct Kind {
+    group: &'static str,
+    plural: &'static str,
+    kind: &'static str,
+    /// Stored by [`populate`]; in vm1's span for the policy kinds.
+    existing: &'static str,
+    spec: Value,
+    status: bool,
+}
+
+fn kinds() -> Vec<Kind> {
+    vec![
+        Kind {
+            group: "proxy.sluice.dev",
+            plural: "upstreamclusters",
+            kind: "UpstreamCluster",
+            existing: "cluster-a.example.com",
+            spec: json!({"servers": [{"endpoint": "https://10.0.0.9:6443"}],
+                "secureServing": {"certFile": "serving.pem", "keyFile": "serving-key.pem"},
+                "clientConfig": {"certFile": "gateway.pem", "keyFile": "gateway-key.pem"}}),
+            status: true,
+        },
+        Kind {
+            group: "tunnel.sluice.dev",
+            plural: "agents",
+            kind: "Agent",
+            existing: "agent-7",
+            spec: json!({"id": 9, "tokenSha256": ZERO_SHA}),
+            status: true,
+        },
+        Kind {
+            group: "policy.sluice.dev",
+            plural: "networkpolicies",
+            kind: "NetworkPolicy",
+            existing: "web",
+            spec: json!({"namespace": "default", "priority": 1, "appliedTo": ["web-vms"],
+                "rules": [{"name": "r", "direction": "Ingress", "action": "Allow"}]}),
+            status: false,
+        },
+        Kind {
+            group: "policy.sluice.dev",
+            plural: "addressgroups",
+            kind: "AddressGroup",
+            existing: "web-clients",
+            spec: json!({"members": ["10.9.0.1"]}),
+            status: false,
+        },
+        Kind {
+            group: "policy.sluice.dev",
+            plural: "appliedtogroups",
+            kind: "AppliedToGroup",
+            existing: "web-vms",
+            spec: json!({"members": [{"name": "vm9-eth0", "vm": "vm9", "ofport": 1, "ips": ["10.9.0.9"]}]}),
+            status: false,
+        },
+        Kind {
+            group: "auth.sluice.dev",
+            plural: "tokens",
+            kind: "Token",
+            existing: "matrix-existing",
+            spec: json!({"role": "gateway", "subject": "nobody", "tokenSha256": ZERO_SHA}),
+            status: false,
+        },
+    ]
+}
+
+impl Kind {
+    fn collection(&self) -> String {
+        format!("/apis/{}/v1alpha1/{}", self.group, self.plural)
+    }
+
+    fn object(&self, name: &str) -> String {
+        format!("{}/{name}", self.collection())
+    }
+
+    fn new_object(&self, name: &str, labels: Value) -> Value {
+        json!({
+            "apiVersion": format!("{}/v1alpha1", self.group),
+            "kind": self.kind,
+            "metadata": {"name": name, "labels": labels},
+            "spec": self.spec,
+        })
+    }
+}
+
+/// An HTTP answer: status code and body.
+#[derive(Debug)]
+struct Answer {
+    code: u16,
+    body: String,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|_| panic!("not JSON: {self:?}"))
+    }
+}
+
+/// One HTTPS request with curl, verifying the control plane's CA.
+fn request(
+    cp: &ControlPlane,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    body: Option<(&str, &Value)>,
+) -> Answer {
+    let mut command = Command::new("curl");
+    command
+        .args(["-sS", "--max-time", "20", "-X", method, "--cacert"])
+        .arg(cp.ca_file())
+        .args(["-w", "\n%{http_code}"]);
+    if let Some(token) = token {
+        command.args(["-H", &format!("Authorization: Bearer {token}")]);
+    }
+    if let Some((content_type, body)) = body {
+        command
+            .args(["-H", &format!("Content-Type: {content_type}")])
+            .args(["--data-binary", &body.to_string()]);
+    }
+    let output = command
+        .arg(format!("{}{path}", cp.url()))
+        .output()
+        .expect("curl is installed (scripts/test.sh installs it)");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    Answer {
+        code: code
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("no status from curl {method} {path}: {text:?} {output:?}")),
+        body: body.to_string(),
+    }
+}
+
+/// Sends `verb` on `kind` the way a client would, at `name` for the named verbs.
+fn call(cp: &ControlPlane, token: &str, kind: &Kind, verb: &str, name: &str) -> Answer {
+    let merge = "application/merge-patch+json";
+    let labels = json!({"metadata": {"labels": {"touched": "yes"}}});
+    match verb {
+        "get" => request(cp, Some(token), "GET", &kind.object(name), None),
+        "list" => request(cp, Some(token), "GET", &kind.collection(), None),
+        "watch" => request(
+            cp,
+            Some(token),
+            "GET",
+            &format!("{}?watch=1&timeoutSeconds=1", kind.collection()),
+            None,
+        ),
+        "create" => request(
+            cp,
+            Some(token),
+            "POST",
+            &kind.collection(),
+            Some(("application/json", &kind.new_object(name, json!({})))),
+        ),
+        "update" => {
+            let mut object = kind.new_object(name, json!({"touched": "put"}));
+            object["metadata"]["resourceVersion"] = json!("1");
+            request(
+                cp,
+                Some(token),
+                "PUT",
+                &kind.object(name),
+                Some(("application/json", &object)),
+            )
+        }
+        "patch" => request(
+            cp,
+            Some(token),
+            "PATCH",
+            &kind.object(name),
+            Some((merge, &labels)),
+        ),
+        "delete" => request(cp, Some(token), "DELETE", &kind.object(name), None),
+        "deletecollection" => request(
+            cp,
+            Some(token),
+            "DELETE",
+            &format!("{}?labelSelector=matrix%3Dvictim", kind.collection()),
+            None,
+        ),
+        other => panic!("no verb {other}"),
+    }
+}
+
+/// A 403 in kube's words, naming the user, the verb and the resource.
+fn assert_forbidden(answer: &Answer, user: &str, verb: &str, kind: &Kind, subresource: &str) {
+    let what = format!("{user} {verb} {}{subresource}", kind.plural);
+    assert_eq!(answer.code, 403, "{what}: {answer:?}");
+    let status = answer.json();
+    assert_eq!(status["kind"], "Status", "{what}: {status}");
+    assert_eq!(status["status"], "Failure", "{what}: {status}");
+    assert_eq!(status["reason"], "Forbidden", "{what}: {status}");
+    assert_eq!(status["code"], 403, "{what}: {status}");
+    let message = status["message"].as_str().unwrap();
+    let expected = format!(
+        "User \"{user}\" cannot {verb} resource \"{}{subresource}\" in API group \"{}\" at the cluster scope",
+        kind.plural, kind.group
+    );
+    assert!(
+        message.contains(&expected) && message.contains(" is forbidden: "),
+        "{what}: {message:?} lacks {expected:?}"
+    );
+}
+
+fn kubectl_ok(cp: &ControlPlane, args: &[&str], stdin: Option<&str>) -> String {
+    let output = cp.kubectl(args, stdin);
+    assert!(
+        output.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The test-support examples, an agent and a token object, and policy objects of vm2 only.
+fn populate(cp: &ControlPlane) {
+    let all = [
+        examples::UPSTREAM_CLUSTER,
+        examples::APPLIED_TO_GROUP,
+        examples::NETWORK_POLICY,
+        examples::ADDRESS_GROUP,
+    ]
+    .join("\n---\n");
+    kubectl_ok(cp, &["create", "-f", "-"], Some(&all));
+    let mut others = vec![
+        json!({"apiVersion": "tunnel.sluice.dev/v1alpha1", "kind": "Agent",
+            "metadata": {"name": "agent-7"}, "spec": {"id": 7, "tokenSha256": ZERO_SHA}}),
+        json!({"apiVersion": "auth.sluice.dev/v1alpha1", "kind": "Token",
+            "metadata": {"name": "matrix-existing"},
+            "spec": {"role": "gateway", "subject": "existing", "tokenSha256": ZERO_SHA}}),
+    ];
+    others.extend(vm2_objects());
+    for object in others {
+        kubectl_ok(cp, &["create", "-f", "-"], Some(&object.to_string()));
+    }
+}
+
+/// A group, a policy applied to it and the address group it names, all in vm2's span only.
+fn vm2_objects() -> Vec<Value> {
+    vec![
+        json!({"apiVersion": "policy.sluice.dev/v1alpha1", "kind": "AppliedToGroup",
+            "metadata": {"name": "db-vms"},
+            "spec": {"members": [{"name": "vm2-eth0", "vm": "vm2", "ofport": 1, "ips": ["10.0.0.20"]}]}}),
+        json!({"apiVersion": "policy.sluice.dev/v1alpha1", "kind": "NetworkPolicy",
+            "metadata": {"name": "db"},
+            "spec": {"namespace": "default", "priority": 20, "appliedTo": ["db-vms"],
+                "rules": [{"name": "sql", "direction": "Ingress", "action": "Allow",
+                    "peers": {"addressGroups": ["db-clients"]},
+                    "services": [{"protocol": "TCP", "port": 5432}]}]}}),
+        json!({"apiVersion": "policy.sluice.dev/v1alpha1", "kind": "AddressGroup",
+            "metadata": {"name": "db-clients"}, "spec": {"members": ["10.0.5.0/24"]}}),
+    ]
+}
+
+/// What a role may do with a kind outside status: the RBAC table of issue 14.
+fn may(role: &str, kind: &Kind, verb: &str) -> bool {
+    let reads = matches!(verb, "get" | "list" | "watch");
+    match role {
+        "admin" => true,
+        "gateway" => kind.plural == "upstreamclusters" && reads,
+        "node" => kind.plural == "agents" && reads,
+        "vm-agent" => kind.group == "policy.sluice.dev" && reads,
+        other => panic!("no role {other}"),
+    }
+}
+
+#[test]
+fn every_role_is_refused_what_it_may_not_do_and_allowed_what_it_may() {
+    let cp = ControlPlane::start(BIN, &[]).unwrap();
+    populate(&cp);
+    let kinds = kinds();
+    let roles = [
+        ("gateway", "gw-1"),
+        ("node", "node-1"),
+        ("vm-agent", "vm1"),
+        ("admin", "ops"),
+    ];
+    let tokens: Vec<(&str, String, String)> = roles
+        .iter()
+        .map(|(role, subject)| {
+            (
+                *role,
+                format!("sluice:{role}:{subject}"),
+                cp.token(role, subject),
+            )
+        })
+        .collect();
+
+    // Each role in its own thread: refusals, then what the non-admin roles may do.
+    std::thread::scope(|scope| {
+        for (role, user, token) in &tokens {
+            let (cp, kinds) = (&cp, &kinds);
+            scope.spawn(move || {
+                for kind in kinds {
+                    for verb in VERBS {
+                        if may(role, kind, verb) {
+                            if *role == "admin" {
+                                continue; // below, with writes of its own objects
+                            }
+                            let answer = call(cp, token, kind, verb, kind.existing);
+                            assert_eq!(
+                                answer.code, 200,
+                                "{user} {verb} {}: {answer:?}",
+                                kind.plural
+                            );
+                            continue;
+                        }
+                        let answer = call(cp, token, kind, verb, kind.existing);
+                        assert_forbidden(&answer, user, verb, kind, "");
+                    }
+                    // The admin's status writes are the kubectl test's; here they would race
+                    // the gateway's and node's.
+                    if !kind.status || *role == "admin" {
+                        continue;
+                    }
+                    // The status subresource: the gateway's of UpstreamCluster, the node's of
+                    // Agent; nobody else's but the admin's.
+                    let own = matches!(
+                        (*role, kind.plural),
+                        ("gateway", "upstreamclusters") | ("node", "agents")
+                    );
+                    let path = format!("{}/status", kind.object(kind.existing));
+                    // Each kind's status as its reporter writes it.
+                    let status_of = |text: &str| match kind.plural {
+                        "agents" => json!({"nodes": [text]}),
+                        _ => json!({"servers": [{"endpoint": text, "healthy": true}]}),
+                    };
+                    let reported = json!({"status": status_of(user)});
+                    let patched = request(
+                        cp,
+                        Some(token),
+                        "PATCH",
+                        &path,
+                        Some(("application/merge-patch+json", &reported)),
+                    );
+                    if !own {
+                        assert_forbidden(&patched, user, "patch", kind, "/status");
+                        let mut object = kind.new_object(kind.existing, json!({}));
+                        object["status"] = status_of(user);
+                        let updated = request(
+                            cp,
+                            Some(token),
+                            "PUT",
+                            &path,
+                            Some(("application/json", &object)),
+                        );
+                        assert_forbidden(&updated, user, "update", kind, "/status");
+                        continue;
+                    }
+                    assert_eq!(patched.code, 200, "{user} patch {path}: {patched:?}");
+                    assert_eq!(patched.json()["status"], status_of(user));
+                    // A PUT of status with the version just read.
+                    let mut object = patched.json();
+                    object["status"] = status_of("by update");
+                    let updated = request(
+                        cp,
+                        Some(token),
+                        "PUT",
+                        &path,
+                        Some(("application/json", &object)),
+                    );
+                    assert_eq!(updated.code, 200, "{user} update {path}: {updated:?}");
+                    assert_eq!(updated.json()["status"], status_of("by update"));
+                }
+            });
+        }
+    });
+
+    // The admin: every verb on every kind, on objects of its own.
+    let admin = &tokens[3].2;
+    for kind in &kinds {
+        let what =
+            |verb: &str, answer: &Answer| format!("admin {verb} {}: {answer:?}", kind.plural);
+        let created = call(&cp, admin, kind, "create", "matrix-new");
+        assert_eq!(created.code, 201, "{}", what("create", &created));
+        for verb in ["get", "list", "watch"] {
+            let answer = call(&cp, admin, kind, verb, "matrix-new");
+            assert_eq!(answer.code, 200, "{}", what(verb, &answer));
+        }
+        let listed = call(&cp, admin, kind, "list", "");
+        let listed = names(&listed.json());
+        assert!(
+            listed.iter().any(|name| name == "matrix-new")
+                && listed.iter().any(|name| name == kind.existing),
+            "{listed:?}"
+        );
+        let mut object = created.json();
+        object["metadata"]["labels"] = json!({"touched": "put"});
+        let updated = request(
+            &cp,
+            Some(admin),
+            "PUT",
+            &kind.object("matrix-new"),
+            Some(("application/json", &object)),
+        );
+        assert_eq!(updated.code, 200, "{}", what("update", &updated));
+        let patched = call(&cp, admin, kind, "patch", "matrix-new");
+        assert_eq!(patched.code, 200, "{}", what("patch", &patched));
+        assert_eq!(patched.json()["metadata"]["labels"]["touched"], "yes");
+        let deleted = call(&cp, admin, kind, "delete", "matrix-new");
+        assert_eq!(deleted.code, 200, "{}", what("delete", &deleted));
+        let gone = call(&cp, admin, kind, "get", "matrix-new");
+        assert_eq!(gone.code, 404, "{}", what("get", &gone));
+        let victim = kind.new_object("matrix-victim", json!({"matrix": "victim"}));
+        let created = request(
+            &cp,
+            Some(admin),
+            "POST",
+            &kind.collection(),
+            Some(("application/json", &victim)),
+        );
+        assert_eq!(created.code, 201, "{}", what("create", &created));
+        let collected = call(&cp, admin, kind, "deletecollection", "");
+        assert_eq!(
+            collected.code,
+            200,
+            "{}",
+            what("deletecollection", &collected)
+        );
+        let removed: Vec<Value> = collected.json()["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|item| item["metadata"]["name"].clone())
+            .collect();
+        assert_eq!(removed, vec![json!("matrix-victim")]);
+        let existing = call(&cp, admin, kind, "get", kind.existing);
+        assert_eq!(existing.code, 200, "{}", what("get", &existing));
+    }
+}
+
+#[test]
+fn no_credentials_or_an_unknown_token_is_401() {
+    let cp = ControlPlane::start(BIN, &[]).unwrap();
+    let paths = [
+        "/apis/proxy.sluice.dev/v1alpha1/upstreamclusters",
+        "/apis/policy.sluice.dev/v1alpha1/networkpolicies/web",
+        "/apis",
+        "/api",
+    ];
+    for path in paths {
+        for token in [None, Some("not-a-token"), Some("")] {
+            let answer = request(&cp, token, "GET", path, None);
+            assert_eq!(answer.code, 401, "{path} {token:?}: {answer:?}");
+            let status = answer.json();
+            assert_eq!(status["kind"], "Status", "{status}");
+            assert_eq!(status["reason"], "Unauthorized", "{status}");
+            assert_eq!(status["code"], 401, "{status}");
+        }
+    }
+    let unknown = cp.kubeconfig_for("unknown", "sluice-unknown-token");
+    let output = kubectl_with(&unknown, &["get", "upstreamclusters"], None);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("You must be logged in to the server"),
+        "{stderr}"
+    );
+    // A revoked token: its Token object deleted, it is refused from then on.
+    let token = cp.token("gateway", "gw-revoked");
+    let path = "/apis/proxy.sluice.dev/v1alpha1/upstreamclusters";
+    assert_eq!(request(&cp, Some(&token), "GET", path, None).code, 200);
+    let names = kubectl_ok(&cp, &["get", "tokens.auth.sluice.dev", "-o", "json"], None);
+    let listed: Value = serde_json::from_str(&names).unwrap();
+    let name = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|item| item["spec"]["subject"] == "gw-revoked")
+        .map(|item| item["metadata"]["name"].as_str().unwrap().to_string())
+        .unwrap();
+    kubectl_ok(&cp, &["delete", "tokens.auth.sluice.dev", &name], None);
+    assert!(
+        test_support::wait_until(Duration::from_secs(10), || {
+            request(&cp, Some(&token), "GET", path, None).code == 401
+        }),
+        "a revoked token is still accepted"
+    );
+}
+
+#[test]
+fn kubectl_shows_the_refusal() {
+    let cp = ControlPlane::start(BIN, &[]).unwrap();
+    populate(&cp);
+    let gateway = cp.kubeconfig_for("gateway", &cp.token("gateway", "gw-1"));
+    let listed = kubectl_with(&gateway, &["get", "uc", "-o", "name"], None);
+    assert!(listed.status.success(), "{listed:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&listed.stdout).trim(),
+        "upstreamcluster.proxy.sluice.dev/cluster-a.example.com"
+    );
+    let refused = kubectl_with(&gateway, &["delete", "uc", "cluster-a.example.com"], None);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("Error from server (Forbidden)")
+            && stderr.contains(
+                "User \"sluice:gateway:gw-1\" cannot delete resource \"upstreamclusters\""
+            ),
+        "{stderr}"
+    );
+    let agents = kubectl_with(&gateway, &["get", "agents"], None);
+    let stderr = String::from_utf8_lossy(&agents.stderr);
+    assert!(
+        stderr.contains("cannot list resource \"agents\" in API group \"tunnel.sluice.dev\""),
+        "{stderr}"
+    );
+    // The vm-agent's view with kubectl: its group, with its own member only.
+    let vm1 = cp.kubeconfig_for("vm1", &cp.token("vm-agent", "vm1"));
+    let groups = kubectl_with(
+        &vm1,
+        &[
+            "get",
+            "appliedtogroups",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}:{.spec.members[*].name}{\"\\n\"}{end}",
+        ],
+        None,
+    );
+    assert!(groups.status.success(), "{groups:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&groups.stdout),
+        "web-vms:vm1-eth0\n"
+    );
+}
+
+/// A watch through curl: its event lines as they come.
+struct RawWatch {
+    child: Child,
+    lines: Receiver<Value>,
+}
+
+impl RawWatch {
+    fn start(cp: &ControlPlane, token: &str, path: &str) -> Self {
+        let mut child = Command::new("curl")
+            .args(["-sS", "-N", "--cacert"])
+            .arg(cp.ca_file())
+            .args(["-H", &format!("Authorization: Bearer {token}")])
+            .arg(format!("{}{path}", cp.url()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let Ok(event) = serde_json::from_str(&line) else {
+                    break;
+                };
+                if sender.send(event).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, lines }
+    }
+
+    /// The next event as (type, name), with the object.
+    fn next(&self) -> (String, String, Value) {
+        let event = self
+            .lines
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a watch event in time");
+        let object = event["object"].clone();
+        (
+            event["type"].as_str().unwrap().to_string(),
+            object["metadata"]["name"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+            object,
+        )
+    }
+
+    fn next_pair(&self) -> (String, String) {
+        let (event_type, name, _) = self.next();
+        (event_type, name)
+    }
+}
+
+impl Drop for RawWatch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn names(list: &Value) -> Vec<String> {
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| item["metadata"]["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn pair(event_type: &str, name: &str) -> (String, String) {
+    (event_type.to_string(), name.to_string())
+}
+
+#[test]
+fn a_vm_agent_reads_and_watches_only_its_span() {
+    let cp = ControlPlane::start(BIN, &[]).unwrap();
+    populate(&cp);
+    let vm1 = cp.token("vm-agent", "vm1");
+    let vm2 = cp.token("vm-agent", "vm2");
+    let base = "/apis/policy.sluice.dev/v1alpha1";
+    let get =
+        |token: &str, path: &str| request(&cp, Some(token), "GET", &format!("{base}/{path}"), None);
+
+    // Lists: vm1 sees the web objects, vm2 the db objects; each only its own group members.
+    for (token, policy, clients, group, member) in [
+        (&vm1, "web", "web-clients", "web-vms", "vm1-eth0"),
+        (&vm2, "db", "db-clients", "db-vms", "vm2-eth0"),
+    ] {
+        let policies = get(token, "networkpolicies");
+        assert_eq!(policies.code, 200, "{policies:?}");
+        assert_eq!(names(&policies.json()), vec![policy]);
+        assert_eq!(names(&get(token, "addressgroups").json()), vec![clients]);
+        let groups = get(token, "appliedtogroups").json();
+        assert_eq!(names(&groups), vec![group]);
+        let members: Vec<&str> = groups["items"][0]["spec"]["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|member| member["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(members, vec![member]);
+    }
+    // Gets: its span's objects; another VM's are 403.
+    let web_vms = get(&vm1, "appliedtogroups/web-vms");
+    assert_eq!(web_vms.code, 200);
+    assert_eq!(
+        web_vms.json()["spec"]["members"],
+        json!([{"name": "vm1-eth0", "vm": "vm1", "ofport": 1, "ips": ["10.0.0.1", "fd00::1"],
+            "mac": "02:00:0a:00:00:01"}])
+    );
+    assert_eq!(get(&vm1, "networkpolicies/web").code, 200);
+    assert_eq!(get(&vm1, "addressgroups/web-clients").code, 200);
+    let kinds = kinds();
+    for (plural, name) in [
+        ("networkpolicies", "db"),
+        ("addressgroups", "db-clients"),
+        ("appliedtogroups", "db-vms"),
+    ] {
+        let kind = kinds.iter().find(|kind| kind.plural == plural).unwrap();
+        let answer = get(&vm1, &format!("{plural}/{name}"));
+        assert_forbidden(&answer, "sluice:vm-agent:vm1", "get", kind, "");
+        assert!(
+            answer.json()["message"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!(
+                    "{plural}.policy.sluice.dev \"{name}\" is forbidden"
+                )),
+            "{answer:?}"
+        );
+    }
+    // Selectors narrow the span further, never widen it.
+    let selected = get(&vm1, "networkpolicies?fieldSelector=metadata.name%3Ddb");
+    assert_eq!(names(&selected.json()), Vec::<String>::new());
+
+    // Watches: the current span as ADDED, then entering and leaving as db-vms changes.
+    let watch = |plural: &str| RawWatch::start(&cp, &vm1, &format!("{base}/{plural}?watch=1"));
+    let policies = watch("networkpolicies");
+    let address_groups = watch("addressgroups");
+    let groups = watch("appliedtogroups");
+    assert_eq!(policies.next_pair(), pair("ADDED", "web"));
+    assert_eq!(address_groups.next_pair(), pair("ADDED", "web-clients"));
+    assert_eq!(groups.next_pair(), pair("ADDED", "web-vms"));
+
+    let join = r#"[{"op":"add","path":"/spec/members/-","value":{"name":"vm1-eth1","vm":"vm1","ofport":2,"ips":["10.0.0.11"]}}]"#;
+    kubectl_ok(
+        &cp,
+        &[
+            "patch",
+            "appliedtogroups",
+            "db-vms",
+            "--type=json",
+            "-p",
+            join,
+        ],
+        None,
+    );
+    // db-vms changed, so db (applied to it) and db-clients (named by db) entered the span.
+    assert_eq!(policies.next_pair(), pair("ADDED", "db"));
+    assert_eq!(address_groups.next_pair(), pair("ADDED", "db-clients"));
+    let (event_type, name, object) = groups.next();
+    assert_eq!((event_type.as_str(), name.as_str()), ("ADDED", "db-vms"));
+    assert_eq!(
+        object["spec"]["members"],
+        json!([{"name": "vm1-eth1", "vm": "vm1", "ofport": 2, "ips": ["10.0.0.11"]}])
+    );
+    assert_eq!(get(&vm1, "networkpolicies/db").code, 200);
+
+    let leave = r#"[{"op":"remove","path":"/spec/members/1"}]"#;
+    kubectl_ok(
+        &cp,
+        &[
+            "patch",
+            "appliedtogroups",
+            "db-vms",
+            "--type=json",
+            "-p",
+            leave,
+        ],
+        None,
+    );
+    assert_eq!(policies.next_pair(), pair("DELETED", "db"));
+    assert_eq!(address_groups.next_pair(), pair("DELETED", "db-clients"));
+    assert_eq!(groups.next_pair(), pair("DELETED", "db-vms"));
+    assert_eq!(get(&vm1, "networkpolicies/db").code, 403);
+
+    // Changes outside the span are not sent: the next events are the in-span ones.
+    kubectl_ok(
+        &cp,
+        &[
+            "patch",
+            "addressgroups",
+            "db-clients",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"members":["10.0.6.0/24"]}}"#,
+        ],
+        None,
+    );
+    kubectl_ok(
+        &cp,
+        &[
+            "patch",
+            "addressgroups",
+            "web-clients",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"members":["10.0.7.0/24"]}}"#,
+        ],
+        None,
+    );
+    assert_eq!(address_groups.next_pair(), pair("MODIFIED", "web-clients"));
+    kubectl_ok(&cp, &["delete", "networkpolicies", "web"], None);
+    assert_eq!(policies.next_pair(), pair("DELETED", "web"));
+    // web-clients is named by no policy of vm1's any more; web-vms is still its group.
+    assert_eq!(address_groups.next_pair(), pair("DELETED", "web-clients"));
+    kubectl_ok(&cp, &["delete", "appliedtogroups", "web-vms"], None);
+    assert_eq!(groups.next_pair(), pair("DELETED", "web-vms"));
+}
