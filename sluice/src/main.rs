@@ -104,9 +104,10 @@ fn main() -> ExitCode {
                     request_timeout: serve.etcd_request_timeout,
                     tls: serve.etcd_ca.map(|ca| sluice_store::EtcdTls {
                         ca,
-                        client: serve.etcd_cert.zip(serve.etcd_key).map(|(cert, key)| {
-                            sluice_store::EtcdClientCert { cert, key }
-                        }),
+                        client: serve
+                            .etcd_cert
+                            .zip(serve.etcd_key)
+                            .map(|(cert, key)| sluice_store::EtcdClientCert { cert, key }),
                     }),
                     ..Default::default()
                 })
