@@ -250,7 +250,7 @@ fn two_replicas_on_a_three_member_etcd_lose_no_acknowledged_write() {
         }
     }
     eprintln!(
-        "{} of {} writes acknowledged in {:?} ({} refused during the election: {refused:?})",
+        "{} of {} writes acknowledged in {:?} ({} refused: {refused:?})",
         acknowledged.len() - 1,
         WRITES,
         started.elapsed(),
