@@ -115,30 +115,9 @@ pub struct ControlplaneArgs {
     /// Replicas over one etcd share one: start the others with a copy of the first's.
     #[arg(long, value_name = "DIR")]
     pub pki_dir: Option<PathBuf>,
-    /// Keep the objects in etcd v3 instead of the embedded store: the members' client URLs,
-    /// comma-separated (http:// or https://). Several replicas may serve one etcd.
-    #[arg(long, value_name = "URL[,URL...]", value_delimiter = ',')]
-    pub etcd_endpoints: Vec<String>,
-    /// Prefix of every key in etcd; replicas of one control plane use the same one.
-    #[arg(
-        long,
-        value_name = "PREFIX",
-        default_value = "/sluice",
-        requires = "etcd_endpoints"
-    )]
-    pub etcd_prefix: String,
-    /// CA of the etcd members' certificates (https:// endpoints).
-    #[arg(long, value_name = "FILE", requires = "etcd_endpoints")]
-    pub etcd_ca: Option<PathBuf>,
-    /// Client certificate for etcd (`--client-cert-auth`); with --etcd-key and --etcd-ca.
-    #[arg(long, value_name = "FILE", requires_all = ["etcd_key", "etcd_ca"])]
-    pub etcd_cert: Option<PathBuf>,
-    /// The client certificate's key.
-    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
-    pub etcd_key: Option<PathBuf>,
-    /// How long one etcd request may take before the API answers 503 (or start-up fails).
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration, requires = "etcd_endpoints")]
-    pub etcd_request_timeout: std::time::Duration,
+    /// Where the objects are kept: etcd instead of the embedded store when given.
+    #[command(flatten)]
+    pub etcd: Box<crate::controlplane::EtcdArgs>,
     /// Serving certificate (PEM); with --tls-key. Default: generated in the PKI directory.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,

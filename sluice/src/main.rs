@@ -95,27 +95,10 @@ fn main() -> ExitCode {
                 },
                 level: "info".to_string(),
             });
-            let store = if serve.etcd_endpoints.is_empty() {
-                controlplane::StoreChoice::Embedded
-            } else {
-                controlplane::StoreChoice::Etcd(sluice_store::EtcdConfig {
-                    endpoints: serve.etcd_endpoints,
-                    prefix: serve.etcd_prefix,
-                    request_timeout: serve.etcd_request_timeout,
-                    tls: serve.etcd_ca.map(|ca| sluice_store::EtcdTls {
-                        ca,
-                        client: serve
-                            .etcd_cert
-                            .zip(serve.etcd_key)
-                            .map(|(cert, key)| sluice_store::EtcdClientCert { cert, key }),
-                    }),
-                    ..Default::default()
-                })
-            };
             controlplane::run(
                 controlplane::ControlPlaneOptions {
                     pki_dir: serve.pki_dir,
-                    store,
+                    store: serve.etcd.store(),
                     tls_cert: serve.tls_cert,
                     tls_key: serve.tls_key,
                     client_ca: serve.client_ca,

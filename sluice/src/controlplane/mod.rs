@@ -20,7 +20,9 @@ use std::time::Duration;
 use anyhow::Context;
 use sluice_apiserver::bootstrap;
 use sluice_apiserver::server::{ApiServer, ServerLimits};
-use sluice_store::{Compactor, EmbeddedStore, EtcdConfig, EtcdStore, Store};
+use sluice_store::{
+    Compactor, EmbeddedStore, EtcdClientCert, EtcdConfig, EtcdStore, EtcdTls, Store,
+};
 use tokio::sync::watch;
 
 pub use token::create_token;
@@ -73,6 +75,55 @@ impl ControlPlaneOptions {
             compaction_interval: Duration::from_secs(300),
             limits: ServerLimits::default(),
         }
+    }
+}
+
+/// The `--etcd-*` flags of `sluice controlplane`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EtcdArgs {
+    /// Keep the objects in etcd v3 instead of the embedded store: the members' client URLs,
+    /// comma-separated (http:// or https://). Several replicas may serve one etcd.
+    #[arg(long, value_name = "URL[,URL...]", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+    /// Prefix of every key in etcd; replicas of one control plane use the same one.
+    #[arg(
+        long,
+        value_name = "PREFIX",
+        default_value = "/sluice",
+        requires = "etcd_endpoints"
+    )]
+    pub etcd_prefix: String,
+    /// CA of the etcd members' certificates (https:// endpoints).
+    #[arg(long, value_name = "FILE", requires = "etcd_endpoints")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate for etcd (`--client-cert-auth`); with --etcd-key and --etcd-ca.
+    #[arg(long, value_name = "FILE", requires_all = ["etcd_key", "etcd_ca"])]
+    pub etcd_cert: Option<PathBuf>,
+    /// The client certificate's key.
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+    /// How long one etcd request may take before the API answers 503 (or start-up fails).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration, requires = "etcd_endpoints")]
+    pub etcd_request_timeout: std::time::Duration,
+}
+
+impl EtcdArgs {
+    /// The store these flags choose: etcd when endpoints are given, else the embedded one.
+    pub fn store(self) -> StoreChoice {
+        if self.etcd_endpoints.is_empty() {
+            return StoreChoice::Embedded;
+        }
+        let client = self
+            .etcd_cert
+            .zip(self.etcd_key)
+            .map(|(cert, key)| EtcdClientCert { cert, key });
+        StoreChoice::Etcd(EtcdConfig {
+            endpoints: self.etcd_endpoints,
+            prefix: self.etcd_prefix,
+            request_timeout: self.etcd_request_timeout,
+            tls: self.etcd_ca.map(|ca| EtcdTls { ca, client }),
+            ..EtcdConfig::default()
+        })
     }
 }
 
