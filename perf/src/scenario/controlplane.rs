@@ -370,6 +370,7 @@ fn run_case(
             watched.push(("etcd".to_string(), etcd.process.pid()));
         }
         let meter = CpuMeter::start(&watched)?;
+        let metered = Instant::now();
         let writes = write_steadily(&write_transport, rate, Duration::from_secs(seconds)).await;
         // Every acknowledged write must reach every watcher; give stragglers a while.
         let expected = writes.acked;
@@ -382,18 +383,19 @@ fn run_case(
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let usage = meter.finish()?;
+        let metered = metered.elapsed();
         for task in tasks {
             task.abort();
         }
         anyhow::Ok((
             writes,
             tallies,
-            usage,
+            (usage, metered),
             seconds_to_connect,
             watch_errors.load(Ordering::Relaxed),
         ))
     });
-    let (writes, tallies, usage, seconds_to_connect, watch_errors) = result?;
+    let (writes, tallies, (usage, metered), seconds_to_connect, watch_errors) = result?;
     controlplane.check_alive()?;
     let mut latencies: Vec<u32> = Vec::new();
     let mut delivered = 0;
@@ -409,7 +411,8 @@ fn run_case(
     acks.sort_unstable();
     let window = writes.elapsed.as_secs_f64();
     let expected = writes.acked * watchers;
-    let cpu_percent = |cpu_us: u64| cpu_us as f64 / 1e6 / window * 100.0;
+    // Over the writes and the wait for their delivery, which is when the meter ran.
+    let cpu_percent = |cpu_us: u64| cpu_us as f64 / 1e6 / metered.as_secs_f64() * 100.0;
     Ok(RunRecord {
         case: store.name().to_string(),
         watchers,
