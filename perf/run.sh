@@ -6,8 +6,10 @@
 #   perf/run.sh tunnel [--smoke]   unary gRPC: direct, HAProxy, nginx, Sluice one node, two nodes
 #   perf/run.sh idle [--smoke]     10,000 idle agent tunnels on one node: RSS and CPU
 #   perf/run.sh policy [--smoke]   criterion benches of sluice-benches, lifted into a summary
+#   perf/run.sh controlplane [--smoke]  1,000 watchers + steady writes: embedded store and etcd
 #
-# Installs the peers (haproxy, nginx-light, nghttp2-client, wrk, redis-server) when missing and
+# Installs the peers (haproxy, nginx-light, nghttp2-client, wrk, redis-server; etcd-server for
+# controlplane) when missing and
 # builds the release binaries once. SLUICE_PERF_PROFILE=dev builds the dev profile instead (the
 # test suite's smoke run reuses its own build that way; its numbers are not measurements).
 # Extra arguments go to the harness (see `sluice-perf --help`: --client-cpu, --proxy-cpu, ...).
@@ -17,9 +19,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
 scenario=${1:-}
 case "$scenario" in
-  gateway | tunnel | idle | policy) shift ;;
+  gateway | tunnel | idle | policy | controlplane) shift ;;
   *)
-    echo "usage: perf/run.sh gateway|tunnel|idle|policy [--smoke] [harness options]" >&2
+    echo "usage: perf/run.sh gateway|tunnel|idle|policy|controlplane [--smoke] [harness options]" >&2
     exit 2
     ;;
 esac
@@ -30,8 +32,10 @@ as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
 
+packages=(haproxy nginx-light nghttp2-client wrk redis-server)
+if [ "$scenario" = controlplane ]; then packages+=(etcd-server); fi
 missing=()
-for package in haproxy nginx-light nghttp2-client wrk redis-server; do
+for package in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed'; then
     missing+=("$package")
   fi

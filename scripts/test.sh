@@ -75,13 +75,15 @@ run_fuzz_smoke() {
 }
 
 run_perf_smoke() {
-  log "perf harness smoke runs (perf/run.sh tunnel|gateway --smoke; numbers are not measurements)"
+  log "perf harness smoke runs (perf/run.sh tunnel|gateway|controlplane --smoke; numbers are not measurements)"
   # A smoke run passes only if every case left its results and no call failed (perf/check-smoke),
   # not merely because the harness exited 0.
   SLUICE_PERF_PROFILE=dev perf/run.sh tunnel --smoke
   perf/check-smoke tunnel direct haproxy nginx sluice-1-node sluice-2-nodes
   SLUICE_PERF_PROFILE=dev perf/run.sh gateway --smoke
   perf/check-smoke gateway direct haproxy nginx sluice-gateway
+  SLUICE_PERF_PROFILE=dev perf/run.sh controlplane --smoke
+  perf/check-smoke controlplane embedded etcd
 }
 
 case "$tier" in

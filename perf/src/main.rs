@@ -27,6 +27,8 @@ enum Scenario {
     Idle,
     /// Criterion benches of `sluice-benches`, lifted into a summary.
     Policy,
+    /// 1,000 watchers and steady writes through the control plane: embedded store and etcd.
+    Controlplane,
 }
 
 #[derive(Debug, Parser)]
@@ -57,7 +59,8 @@ struct Cli {
     /// CPU list of the upstream (echo backend, apiserver simulator).
     #[arg(long, default_value = "0")]
     upstream_cpu: String,
-    /// Run only these cases (tunnel scenario; for example `sluice-1-node`), to profile one.
+    /// Run only these cases (tunnel: for example `sluice-1-node`; controlplane: `embedded`,
+    /// `etcd`), to profile one.
     #[arg(long, value_delimiter = ',', value_name = "CASE")]
     only: Vec<String>,
     /// Replace the concurrency levels (tunnel scenario), as CLIENTSxSTREAMS: `50x10,10x10`.
@@ -108,5 +111,6 @@ fn main() -> anyhow::Result<()> {
         Scenario::Tunnel => scenario::tunnel::run(&harness),
         Scenario::Idle => scenario::idle::run(&harness),
         Scenario::Policy => scenario::policy::run(&harness),
+        Scenario::Controlplane => scenario::controlplane::run(&harness),
     }
 }

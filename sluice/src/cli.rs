@@ -127,7 +127,14 @@ pub struct ControlplaneArgs {
         default_value = "/var/lib/sluice/controlplane"
     )]
     pub data_dir: PathBuf,
-    /// Serving certificate (PEM); with --tls-key. Default: generated in <data-dir>/pki/.
+    /// Where the CA and serving certificate are generated or found (default: <data-dir>/pki).
+    /// Replicas over one etcd share one: start the others with a copy of the first's.
+    #[arg(long, value_name = "DIR")]
+    pub pki_dir: Option<PathBuf>,
+    /// Where the objects are kept: etcd instead of the embedded store when given.
+    #[command(flatten)]
+    pub etcd: Box<crate::controlplane::EtcdArgs>,
+    /// Serving certificate (PEM); with --tls-key. Default: generated in the PKI directory.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     /// Serving certificate's key (PEM).

@@ -107,14 +107,14 @@ fn main() -> ExitCode {
             });
             controlplane::run(
                 controlplane::ControlPlaneOptions {
-                    listen: serve.listen,
-                    data_dir: serve.data_dir,
+                    pki_dir: serve.pki_dir,
+                    store: serve.etcd.store(),
                     tls_cert: serve.tls_cert,
                     tls_key: serve.tls_key,
                     client_ca: serve.client_ca,
                     hostnames: serve.hostname,
                     compaction_interval: serve.compaction_interval,
-                    limits: Default::default(),
+                    ..controlplane::ControlPlaneOptions::embedded(serve.listen, serve.data_dir)
                 },
                 addresses_file,
             )

@@ -15,6 +15,8 @@ pub struct ControlPlane {
     data: tempfile::TempDir,
     extra_args: Vec<String>,
     running: bool,
+    /// Started by [`ControlPlane::start_replica`]: writes no kubeconfig of its own.
+    replica: bool,
     pub process: SluiceProcess,
     pub address: SocketAddr,
 }
@@ -24,16 +26,63 @@ impl ControlPlane {
     pub fn start(binary: &str, extra_args: &[&str]) -> std::io::Result<Self> {
         let data = tempfile::tempdir()?;
         let extra_args: Vec<String> = extra_args.iter().map(|arg| arg.to_string()).collect();
-        let process = launch(Path::new(binary), data.path(), "127.0.0.1:0", &extra_args)?;
+        let process = launch(
+            Path::new(binary),
+            data.path(),
+            "127.0.0.1:0",
+            &extra_args,
+            true,
+        )?;
         let address = process.address("controlplane");
         Ok(Self {
             binary: PathBuf::from(binary),
             data,
             extra_args,
             running: true,
+            replica: false,
             process,
             address,
         })
+    }
+
+    /// Starts another replica of a control plane whose store (etcd) already holds the admin
+    /// token: it issues none and writes no `admin.kubeconfig` (use the first replica's with
+    /// [`ControlPlane::kubectl_via`]). Pass `--pki-dir` of the first in `extra_args` so that
+    /// both serve the same certificate.
+    pub fn start_replica(binary: &str, extra_args: &[&str]) -> std::io::Result<Self> {
+        let data = tempfile::tempdir()?;
+        let extra_args: Vec<String> = extra_args.iter().map(|arg| arg.to_string()).collect();
+        let process = launch(
+            Path::new(binary),
+            data.path(),
+            "127.0.0.1:0",
+            &extra_args,
+            false,
+        )?;
+        let address = process.address("controlplane");
+        Ok(Self {
+            binary: PathBuf::from(binary),
+            data,
+            extra_args,
+            running: true,
+            replica: true,
+            process,
+            address,
+        })
+    }
+
+    /// The generated CA and serving certificate (`<data-dir>/pki`), for `--pki-dir` of
+    /// another replica.
+    pub fn pki_dir(&self) -> PathBuf {
+        self.data.path().join("pki")
+    }
+
+    /// Runs kubectl with `kubeconfig` against this control plane (`--server` of this one).
+    pub fn kubectl_via(&self, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+        let server = self.url();
+        let mut all = vec!["--server", server.as_str()];
+        all.extend_from_slice(args);
+        kubectl_with(kubeconfig, &all, stdin)
     }
 
     /// Stops the process (SIGTERM) and waits for it.
@@ -51,7 +100,13 @@ impl ControlPlane {
         let mut last = None;
         // The port was just released; another process could take it, so retry a little.
         for _ in 0..20 {
-            match launch(&self.binary, self.data.path(), &listen, &self.extra_args) {
+            match launch(
+                &self.binary,
+                self.data.path(),
+                &listen,
+                &self.extra_args,
+                !self.replica,
+            ) {
                 Ok(process) => {
                     self.process = process;
                     self.running = true;
@@ -188,13 +243,16 @@ fn launch(
     data: &Path,
     listen: &str,
     extra: &[String],
+    wait_kubeconfig: bool,
 ) -> std::io::Result<SluiceProcess> {
     let process = SluiceLauncher::new(binary)?
         .args(["controlplane", "--listen", listen, "--data-dir"])
         .arg(data)
         .args(extra)
         .spawn()?;
-    let kubeconfig = data.join("admin.kubeconfig");
-    wait_until(Duration::from_secs(10), || kubeconfig.exists());
+    if wait_kubeconfig {
+        let kubeconfig = data.join("admin.kubeconfig");
+        wait_until(Duration::from_secs(10), || kubeconfig.exists());
+    }
     Ok(process)
 }

@@ -191,6 +191,18 @@ impl EtcdCluster {
         self.wait_healthy(index)
     }
 
+    /// The member that is the leader now (`etcd_server_is_leader 1` on its metrics URL), if
+    /// one answers so.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.members.len()).find(|&index| {
+            self.members[index].child.is_some()
+                && get(self.members[index].metrics, "/metrics").is_ok_and(|body| {
+                    body.lines()
+                        .any(|line| line.trim() == "etcd_server_is_leader 1")
+                })
+        })
+    }
+
     fn initial_cluster(&self) -> String {
         self.members
             .iter()
@@ -301,9 +313,14 @@ impl Drop for EtcdCluster {
 
 /// `GET /health` over plain HTTP/1.0 on a member's metrics URL; the raw answer.
 fn health(address: SocketAddr) -> std::io::Result<String> {
+    get(address, "/health")
+}
+
+/// `GET path` over plain HTTP/1.0 on a member's metrics URL; the raw answer.
+fn get(address: SocketAddr, path: &str) -> std::io::Result<String> {
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(500))?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    stream.write_all(b"GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())?;
     let mut answer = String::new();
     stream.read_to_string(&mut answer)?;
     Ok(answer)

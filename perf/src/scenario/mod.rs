@@ -1,5 +1,6 @@
 //! The scenarios `perf/run.sh SCENARIO` runs.
 
+pub mod controlplane;
 pub mod gateway;
 pub mod idle;
 pub mod policy;

@@ -1,5 +1,14 @@
-//! `sluice controlplane`: the kube-like API server on its embedded store, HTTPS on its own
-//! listener; `sluice controlplane token create` issues bearer tokens through it.
+//! `sluice controlplane`: the kube-like API server on its embedded store or on etcd, HTTPS on
+//! its own listener; `sluice controlplane token create` issues bearer tokens through it.
+//!
+//! Replicas over one etcd (`--etcd-endpoints`) serve the same data and each takes writes. They
+//! must present one serving identity: the first replica generates the CA and serving
+//! certificate in its `--pki-dir` (default `<data-dir>/pki`), and the others are started with
+//! a copy of that directory as their `--pki-dir` (or all get `--tls-cert/--tls-key` signed by
+//! the operator's CA). Tokens are Token objects in the store, which every replica follows, so a
+//! token issued through one replica authenticates on all. Only the first replica that finds no
+//! admin token in the store issues one and writes `admin.kubeconfig`; a replica that finds an
+//! admin token but no kubeconfig in its own data directory issues none (see [`bootstrap_admin`]).
 
 mod token;
 
@@ -11,7 +20,9 @@ use std::time::Duration;
 use anyhow::Context;
 use sluice_apiserver::bootstrap;
 use sluice_apiserver::server::{ApiServer, ServerLimits};
-use sluice_store::{Compactor, EmbeddedStore, Store};
+use sluice_store::{
+    Compactor, EmbeddedStore, EtcdClientCert, EtcdConfig, EtcdStore, EtcdTls, Store,
+};
 use tokio::sync::watch;
 
 pub use token::create_token;
@@ -21,7 +32,12 @@ pub use token::create_token;
 pub struct ControlPlaneOptions {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
-    /// Serving certificate and key; generated in `<data-dir>/pki/` when not given.
+    /// Where the CA and serving certificate are generated (or found); default
+    /// `<data-dir>/pki`. Replicas of one cluster share its contents.
+    pub pki_dir: Option<PathBuf>,
+    /// The embedded store in `<data-dir>/store.redb`, or etcd.
+    pub store: StoreChoice,
+    /// Serving certificate and key; generated in the PKI directory when not given.
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     /// CA of accepted client certificates; without it only bearer tokens authenticate.
@@ -31,6 +47,84 @@ pub struct ControlPlaneOptions {
     /// History kept for watchers to resume from (kube-apiserver: 5 minutes).
     pub compaction_interval: Duration,
     pub limits: ServerLimits,
+}
+
+/// Which store the API server keeps its objects in.
+#[derive(Debug, Clone, Default)]
+pub enum StoreChoice {
+    /// A redb file in the data directory: one machine, nothing to install.
+    #[default]
+    Embedded,
+    /// An etcd v3 cluster: several replicas may serve it.
+    Etcd(EtcdConfig),
+}
+
+impl ControlPlaneOptions {
+    /// The defaults of `sluice controlplane` on `listen` and `data_dir`: embedded store,
+    /// generated certificates, tokens only, 5 minutes of history.
+    pub fn embedded(listen: SocketAddr, data_dir: PathBuf) -> Self {
+        Self {
+            listen,
+            data_dir,
+            pki_dir: None,
+            store: StoreChoice::Embedded,
+            tls_cert: None,
+            tls_key: None,
+            client_ca: None,
+            hostnames: Vec::new(),
+            compaction_interval: Duration::from_secs(300),
+            limits: ServerLimits::default(),
+        }
+    }
+}
+
+/// The `--etcd-*` flags of `sluice controlplane`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EtcdArgs {
+    /// Keep the objects in etcd v3 instead of the embedded store: the members' client URLs,
+    /// comma-separated (http:// or https://). Several replicas may serve one etcd.
+    #[arg(long, value_name = "URL[,URL...]", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+    /// Prefix of every key in etcd; replicas of one control plane use the same one.
+    #[arg(
+        long,
+        value_name = "PREFIX",
+        default_value = "/sluice",
+        requires = "etcd_endpoints"
+    )]
+    pub etcd_prefix: String,
+    /// CA of the etcd members' certificates (https:// endpoints).
+    #[arg(long, value_name = "FILE", requires = "etcd_endpoints")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate for etcd (`--client-cert-auth`); with --etcd-key and --etcd-ca.
+    #[arg(long, value_name = "FILE", requires_all = ["etcd_key", "etcd_ca"])]
+    pub etcd_cert: Option<PathBuf>,
+    /// The client certificate's key.
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+    /// How long one etcd request may take before the API answers 503 (or start-up fails).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration, requires = "etcd_endpoints")]
+    pub etcd_request_timeout: std::time::Duration,
+}
+
+impl EtcdArgs {
+    /// The store these flags choose: etcd when endpoints are given, else the embedded one.
+    pub fn store(self) -> StoreChoice {
+        if self.etcd_endpoints.is_empty() {
+            return StoreChoice::Embedded;
+        }
+        let client = self
+            .etcd_cert
+            .zip(self.etcd_key)
+            .map(|(cert, key)| EtcdClientCert { cert, key });
+        StoreChoice::Etcd(EtcdConfig {
+            endpoints: self.etcd_endpoints,
+            prefix: self.etcd_prefix,
+            request_timeout: self.etcd_request_timeout,
+            tls: self.etcd_ca.map(|ca| EtcdTls { ca, client }),
+            ..EtcdConfig::default()
+        })
+    }
 }
 
 /// A running control plane: its address, what it wrote for clients, and how to stop it.
@@ -72,10 +166,17 @@ pub fn run(options: ControlPlaneOptions, addresses_file: Option<&Path>) -> std::
             write_address(path, running.address)?;
         }
         println!("control plane serving on {}", running.url);
-        println!(
-            "  kubectl --kubeconfig {} get upstreamclusters",
-            running.kubeconfig.display()
-        );
+        if running.kubeconfig.exists() {
+            println!(
+                "  kubectl --kubeconfig {} get upstreamclusters",
+                running.kubeconfig.display()
+            );
+        } else {
+            println!(
+                "  kubectl --kubeconfig <the admin.kubeconfig of the replica that bootstrapped the cluster> --server {} get upstreamclusters",
+                running.url
+            );
+        }
         stop_signal().await?;
         tracing::info!("stopping the control plane: no new connections, open requests finish");
         running.shutdown().await;
@@ -94,12 +195,23 @@ pub fn run(options: ControlPlaneOptions, addresses_file: Option<&Path>) -> std::
 pub async fn start(options: ControlPlaneOptions) -> anyhow::Result<RunningControlPlane> {
     std::fs::create_dir_all(&options.data_dir)
         .with_context(|| format!("creating {}", options.data_dir.display()))?;
-    let store_path = options.data_dir.join("store.redb");
-    let store = tokio::task::spawn_blocking(move || EmbeddedStore::open(&store_path))
-        .await
-        .context("opening the store")?
-        .with_context(|| format!("opening the store in {}", options.data_dir.display()))?;
-    let store: Arc<dyn Store> = Arc::new(store);
+    let store: Arc<dyn Store> = match &options.store {
+        StoreChoice::Embedded => {
+            let store_path = options.data_dir.join("store.redb");
+            let store = tokio::task::spawn_blocking(move || EmbeddedStore::open(&store_path))
+                .await
+                .context("opening the store")?
+                .with_context(|| format!("opening the store in {}", options.data_dir.display()))?;
+            Arc::new(store)
+        }
+        StoreChoice::Etcd(config) => {
+            let store = EtcdStore::connect(config.clone())
+                .await
+                .with_context(|| format!("connecting to etcd at {}", config.endpoints.join(",")))?;
+            tracing::info!(endpoints = %config.endpoints.join(","), prefix = %config.prefix, "store: etcd");
+            Arc::new(store)
+        }
+    };
     start_on(options, store).await
 }
 
@@ -108,7 +220,11 @@ pub async fn start_on(
     options: ControlPlaneOptions,
     store: Arc<dyn Store>,
 ) -> anyhow::Result<RunningControlPlane> {
-    let pki = bootstrap::ensure_pki(&options.data_dir.join("pki"), &options.hostnames)?;
+    let pki_dir = options
+        .pki_dir
+        .clone()
+        .unwrap_or_else(|| options.data_dir.join("pki"));
+    let pki = bootstrap::ensure_pki(&pki_dir, &options.hostnames)?;
     let (cert, key) = match (&options.tls_cert, &options.tls_key) {
         (Some(cert), Some(key)) => (cert.clone(), key.clone()),
         (None, None) => (pki.cert.clone(), pki.key.clone()),
@@ -122,9 +238,7 @@ pub async fn start_on(
     let address = listener.local_addr()?;
     let url = format!("https://{address}");
     let kubeconfig = options.data_dir.join("admin.kubeconfig");
-    if bootstrap::ensure_admin(store.as_ref(), &kubeconfig, &url, &pki.ca).await? {
-        tracing::info!(kubeconfig = %kubeconfig.display(), "issued the first admin token");
-    }
+    bootstrap_admin(store.as_ref(), &kubeconfig, &url, &pki.ca).await?;
     let server = ApiServer::new(registry, store.clone(), options.limits.clone());
     server
         .load_tokens()
@@ -153,6 +267,65 @@ pub async fn start_on(
         stop,
         served,
     })
+}
+
+/// The first admin token, issued once per store, not once per replica.
+///
+/// With `admin.kubeconfig` in the data directory nothing happens. Without it, an empty store
+/// (no admin Token object) gets an admin token and the kubeconfig, as on a first start. A store
+/// that already holds an admin token was bootstrapped by another replica (or this one lost its
+/// data directory): no token is issued, since a replica that mints an admin credential on each
+/// fresh start would leave unrevoked admin tokens behind; the operator copies the bootstrapping
+/// replica's `admin.kubeconfig` (its CA is the shared one; `kubectl --server` or the
+/// kubeconfig's `server` picks the replica), or issues more with `token create`.
+async fn bootstrap_admin(
+    store: &dyn Store,
+    kubeconfig: &Path,
+    url: &str,
+    ca: &Path,
+) -> anyhow::Result<()> {
+    if !kubeconfig.exists() && admin_token_stored(store).await? {
+        tracing::warn!(
+            kubeconfig = %kubeconfig.display(),
+            "the store already holds an admin token (another replica bootstrapped it): no new \
+             one is issued; copy that replica's admin.kubeconfig to reach this one"
+        );
+        return Ok(());
+    }
+    if bootstrap::ensure_admin(store, kubeconfig, url, ca).await? {
+        tracing::info!(kubeconfig = %kubeconfig.display(), "issued the first admin token");
+    }
+    Ok(())
+}
+
+/// Whether a Token object with the admin role is in the store.
+async fn admin_token_stored(store: &dyn Store) -> anyhow::Result<bool> {
+    use sluice_apiserver::auth::Role;
+    let spec = sluice_apiserver::kinds::token();
+    let prefix = sluice_apiserver::server::list_prefix(&spec, None);
+    let mut after: Option<String> = None;
+    let mut revision = None;
+    loop {
+        let page = store
+            .list(&prefix, after.as_deref(), 500, revision)
+            .await
+            .context("reading the stored tokens")?;
+        let admin = page.items.iter().any(|row| {
+            serde_json::from_slice::<serde_json::Value>(&row.value)
+                .ok()
+                .as_ref()
+                .and_then(sluice_apiserver::kinds::token_identity)
+                .is_some_and(|(_, identity)| identity.role == Role::Admin)
+        });
+        if admin {
+            return Ok(true);
+        }
+        match page.items.last() {
+            Some(last) if page.more => after = Some(last.key.clone()),
+            _ => return Ok(false),
+        }
+        revision = Some(page.revision);
+    }
 }
 
 async fn stop_signal() -> anyhow::Result<()> {

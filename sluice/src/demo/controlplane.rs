@@ -4,7 +4,6 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::Context;
 use sluice_apiserver::auth::{issue, Identity, Role};
@@ -44,16 +43,7 @@ impl DemoControlPlane {
     pub fn start(dir: &Path, listen: SocketAddr, cluster_yaml: &str) -> anyhow::Result<Self> {
         let cluster: serde_json::Value =
             serde_norway::from_str(cluster_yaml).context("the demo cluster's YAML")?;
-        let options = ControlPlaneOptions {
-            listen,
-            data_dir: dir.to_path_buf(),
-            tls_cert: None,
-            tls_key: None,
-            client_ca: None,
-            hostnames: Vec::new(),
-            compaction_interval: Duration::from_secs(300),
-            limits: Default::default(),
-        };
+        let options = ControlPlaneOptions::embedded(listen, dir.to_path_buf());
         let token_file = dir.join("gateway.token");
         let (started, outcome) = std::sync::mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
