@@ -283,3 +283,13 @@ fn list_status(spec: &KindSpec, options: &ListOptions, error: StoreError) -> Sta
         other => store_status(spec, "", other),
     }
 }
+
+/// The object without its resourceVersion: what decides whether a write or an event changes
+/// anything.
+pub(crate) fn without_version(object: &Value) -> Value {
+    let mut copy = object.clone();
+    if let Some(meta) = copy.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("resourceVersion");
+    }
+    copy
+}

@@ -17,7 +17,7 @@ use sluice_store::{Event, StoreError};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::keys::list_prefix;
-use super::objects::{decode, store_status};
+use super::objects::{decode, store_status, without_version};
 use super::visibility::Visibility;
 use super::watch::{line, Watch};
 use super::ApiServer;
@@ -211,7 +211,11 @@ impl SpanWatch {
         for (key, new) in &now {
             let event = match before.get(key) {
                 None => WatchEventType::Added,
-                Some(old) if old != new => WatchEventType::Modified,
+                // A group changed only in other VMs' members looks the same to this agent
+                // apart from its resourceVersion: nothing to send.
+                Some(old) if without_version(old) != without_version(new) => {
+                    WatchEventType::Modified
+                }
                 Some(_) => continue,
             };
             if !self.watch.send(sender, event, new, first).await {

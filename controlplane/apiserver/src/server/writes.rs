@@ -14,7 +14,7 @@ use sluice_apimachinery::patch;
 use sluice_apimachinery::schema::{prune_unknown_fields, FieldValidation};
 use sluice_apimachinery::{StatusError, StatusReason};
 
-use super::objects::{call_forbidden, decode, encode, store_status, Call};
+use super::objects::{call_forbidden, decode, encode, store_status, without_version, Call};
 use super::reply::Reply;
 use super::ApiServer;
 
@@ -255,14 +255,6 @@ fn dry_run(call: &Call<'_>) -> Result<bool, StatusError> {
 
 fn revision_of(object: &Value) -> u64 {
     meta::object_resource_version(object).parse().unwrap_or(0)
-}
-
-fn without_version(object: &Value) -> Value {
-    let mut copy = object.clone();
-    if let Some(meta) = copy.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.remove("resourceVersion");
-    }
-    copy
 }
 
 fn is_conflict(error: &StatusError) -> bool {
