@@ -24,25 +24,7 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Starts `sluice controlplane` on a free loopback port with a new data directory.
     pub fn start(binary: &str, extra_args: &[&str]) -> std::io::Result<Self> {
-        let data = tempfile::tempdir()?;
-        let extra_args: Vec<String> = extra_args.iter().map(|arg| arg.to_string()).collect();
-        let process = launch(
-            Path::new(binary),
-            data.path(),
-            "127.0.0.1:0",
-            &extra_args,
-            true,
-        )?;
-        let address = process.address("controlplane");
-        Ok(Self {
-            binary: PathBuf::from(binary),
-            data,
-            extra_args,
-            running: true,
-            replica: false,
-            process,
-            address,
-        })
+        Self::start_new(binary, extra_args, false)
     }
 
     /// Starts another replica of a control plane whose store (etcd) already holds the admin
@@ -50,6 +32,10 @@ impl ControlPlane {
     /// [`ControlPlane::kubectl_via`]). Pass `--pki-dir` of the first in `extra_args` so that
     /// both serve the same certificate.
     pub fn start_replica(binary: &str, extra_args: &[&str]) -> std::io::Result<Self> {
+        Self::start_new(binary, extra_args, true)
+    }
+
+    fn start_new(binary: &str, extra_args: &[&str], replica: bool) -> std::io::Result<Self> {
         let data = tempfile::tempdir()?;
         let extra_args: Vec<String> = extra_args.iter().map(|arg| arg.to_string()).collect();
         let process = launch(
@@ -57,7 +43,7 @@ impl ControlPlane {
             data.path(),
             "127.0.0.1:0",
             &extra_args,
-            false,
+            !replica,
         )?;
         let address = process.address("controlplane");
         Ok(Self {
@@ -65,7 +51,7 @@ impl ControlPlane {
             data,
             extra_args,
             running: true,
-            replica: true,
+            replica,
             process,
             address,
         })

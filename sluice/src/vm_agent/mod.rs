@@ -174,7 +174,7 @@ async fn run_agent(options: VmAgentOptions) -> anyhow::Result<()> {
             }
             changed = next_policies(&mut from_controlplane) => {
                 match changed {
-                    Some(set) => realize(&mut engine, set, &agent_metrics).await,
+                    Some(set) => realize(&mut engine, set, &agent_metrics, "the control plane").await,
                     None => anyhow::bail!("the control-plane feed stopped"),
                 }
             }
@@ -288,23 +288,26 @@ async fn next_policies(
     Some(set.unwrap_or_default())
 }
 
+/// Realizes a new policy set from `source` (the file or the control plane, for the logs).
 async fn realize(
     engine: &mut PolicyEngine,
     desired: sluice_policy::model::PolicySet,
     metrics: &AgentMetrics,
+    source: &str,
 ) {
     match engine.apply_set(desired).await {
         Ok(summary) => {
             metrics.reloads.inc();
             tracing::info!(
+                %source,
                 generation = summary.generation,
                 flow_mods = summary.flow_mods,
-                "policies from the control plane realized"
+                "policies realized"
             );
         }
         Err(error) => {
             metrics.reload_errors.inc();
-            tracing::error!(%error, "policy change not realized; the last good policies stay");
+            tracing::error!(%source, %error, "policy change not realized; the last good policies stay");
         }
     }
 }
@@ -322,20 +325,7 @@ async fn reload(engine: &mut PolicyEngine, path: &Path, metrics: &AgentMetrics) 
             return;
         }
     };
-    match engine.apply_set(desired).await {
-        Ok(summary) => {
-            metrics.reloads.inc();
-            tracing::info!(
-                generation = summary.generation,
-                flow_mods = summary.flow_mods,
-                "policy file realized"
-            );
-        }
-        Err(error) => {
-            metrics.reload_errors.inc();
-            tracing::error!(file = %path.display(), %error, "policy change not realized; the last good policies stay");
-        }
-    }
+    realize(engine, desired, metrics, &path.display().to_string()).await;
 }
 
 /// How long an admin client may take to send its request head (and to take the answer).
