@@ -2,6 +2,7 @@
 //! (HTTP/1.1 and HTTP/2), and the shared state every request reads: the kinds, the store, the
 //! tokens and the metrics.
 
+mod encoded;
 mod handler;
 mod keys;
 mod metrics;
@@ -85,6 +86,8 @@ pub struct ApiServer {
     limits: ServerLimits,
     watch_slots: Arc<Semaphore>,
     connection_slots: Arc<Semaphore>,
+    /// Watch events shared by the watchers that send them unchanged.
+    encoded: Arc<encoded::EncodedEvents>,
 }
 
 impl ApiServer {
@@ -99,6 +102,7 @@ impl ApiServer {
             prometheus,
             watch_slots: Arc::new(Semaphore::new(limits.max_watches)),
             connection_slots: Arc::new(Semaphore::new(limits.max_connections)),
+            encoded: Arc::default(),
             limits,
         })
     }

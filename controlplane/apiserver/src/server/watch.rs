@@ -50,6 +50,7 @@ impl ApiServer {
             store: self.store.clone(),
             duration: self.watch_duration(call),
             metrics: self.metrics.clone(),
+            encoded: self.encoded.clone(),
         };
         let (sender, receiver) = mpsc::channel(QUEUE);
         if let Visibility::Span { vm, .. } = &call.visibility {
@@ -118,6 +119,7 @@ pub(crate) struct Watch {
     pub(crate) store: std::sync::Arc<dyn Store>,
     pub(crate) duration: Duration,
     pub(crate) metrics: super::metrics::ApiMetrics,
+    pub(crate) encoded: std::sync::Arc<super::encoded::EncodedEvents>,
 }
 
 /// A watch's place in the watchers gauge, left however the watch ends.
@@ -224,7 +226,19 @@ impl Watch {
             return (0, sender.send(bookmark).await.is_ok());
         }
         let mut sent = 0;
+        let shared = self.sends_every_change_unchanged();
         for event in batch.events {
+            if shared {
+                let Some(line) = self.shared_line(&event) else {
+                    continue;
+                };
+                *first = false;
+                if sender.send(line).await.is_err() {
+                    return (sent, false);
+                }
+                sent += 1;
+                continue;
+            }
             let Some((event_type, object)) = self.translate(event) else {
                 continue;
             };
@@ -234,6 +248,40 @@ impl Watch {
             sent += 1;
         }
         (sent, true)
+    }
+
+    /// Whether every change reaches this watcher as stored: no selectors, every object
+    /// visible, the object format (Tables carry per-watch state).
+    fn sends_every_change_unchanged(&self) -> bool {
+        self.options.label_selector.requirements.is_empty()
+            && self.options.field_selector.requirements.is_empty()
+            && matches!(self.visibility, Visibility::All)
+            && self.format == ResponseFormat::Object
+    }
+
+    /// The line of a change for a watcher that sees every change unchanged, encoded once for
+    /// all of them. The same event [`Self::translate`] gives when every object passes.
+    fn shared_line(&self, event: &Event) -> Option<Bytes> {
+        let (revision, key, event_type) = match event {
+            Event::Put { kv, prev } => {
+                let event_type = if prev.is_some() {
+                    WatchEventType::Modified
+                } else {
+                    WatchEventType::Added
+                };
+                (kv.mod_revision, &kv.key, event_type)
+            }
+            Event::Delete { prev, revision } => (*revision, &prev.key, WatchEventType::Deleted),
+        };
+        self.encoded
+            .line((revision, key.clone(), event_type.as_str()), || {
+                let mut object = match event {
+                    Event::Put { kv, .. } => decode(kv).ok()?,
+                    Event::Delete { prev, .. } => decode(prev).ok()?,
+                };
+                set_resource_version(&mut object, revision);
+                Some(line(&watch_event(event_type, object)))
+            })
     }
 
     /// A store event as the client sees it through its selectors: an object that starts
