@@ -56,6 +56,7 @@ fn main() -> ExitCode {
                 policies,
                 controlplane: controlplane.map(|url| sluice_config::ControlPlaneSource {
                     url,
+                    name: None,
                     ca_file: controlplane_ca.unwrap_or_default(),
                     token_file: controlplane_token_file,
                     cert_file: None,

@@ -352,7 +352,7 @@ fn every_role_is_refused_what_it_may_not_do_and_allowed_what_it_may() {
                     let path = format!("{}/status", kind.object(kind.existing));
                     // Each kind's status as its reporter writes it.
                     let status_of = |text: &str| match kind.plural {
-                        "agents" => json!({"nodes": [text]}),
+                        "agents" => json!({"nodes": {text: {"connected": true}}}),
                         _ => json!({"servers": [{"endpoint": text, "healthy": true}]}),
                     };
                     let reported = json!({"status": status_of(user)});

@@ -234,21 +234,15 @@ fn kubectl_serves_the_policy_and_agent_kinds() {
             "--subresource=status",
             "--type=merge",
             "-p",
-            r#"{"status":{"nodes":["node-1"]}}"#,
+            r#"{"status":{"nodes":{"node-1":{"connected":true}}}}"#,
         ],
         None,
     ));
     let nodes = ok(cp.kubectl(
-        &[
-            "get",
-            "agent",
-            "agent-7",
-            "-o",
-            "jsonpath={.status.nodes[0]}",
-        ],
+        &["get", "agent", "agent-7", "-o", "jsonpath={.status.nodes}"],
         None,
     ));
-    assert_eq!(nodes, "node-1");
+    assert_eq!(nodes, r#"{"node-1":{"connected":true}}"#);
     ok(cp.kubectl(
         &[
             "patch",
@@ -256,19 +250,13 @@ fn kubectl_serves_the_policy_and_agent_kinds() {
             "agent-7",
             "--type=merge",
             "-p",
-            r#"{"status":{"nodes":["forged"]}}"#,
+            r#"{"status":{"nodes":{"forged":{"connected":true}}}}"#,
         ],
         None,
     ));
     let nodes = ok(cp.kubectl(
-        &[
-            "get",
-            "agent",
-            "agent-7",
-            "-o",
-            "jsonpath={.status.nodes[0]}",
-        ],
+        &["get", "agent", "agent-7", "-o", "jsonpath={.status.nodes}"],
         None,
     ));
-    assert_eq!(nodes, "node-1");
+    assert_eq!(nodes, r#"{"node-1":{"connected":true}}"#);
 }

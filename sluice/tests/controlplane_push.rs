@@ -1,6 +1,7 @@
 //! The control plane pushing to the data plane: two gateways and a node fed by one control
-//! plane (real processes), UpstreamCluster changes served by both gateways, an Agent deletion
-//! closing that agent's tunnels, and the gateways riding out a control-plane restart.
+//! plane (real processes), UpstreamCluster changes served by both gateways, each role's status
+//! reports, an Agent deletion closing that agent's tunnels, and the gateways riding out a
+//! control-plane restart.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -49,7 +50,7 @@ fn start_gateway(cp: &ControlPlane, subject: &str) -> SluiceProcess {
         .write_file(
             "gateway.yaml",
             &format!(
-                "runtime: {{workers: 1, drain_timeout: 2s}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'}}\ngateway:\n  source:\n    controlplane: {{url: '{}', ca_file: '{}', token_file: '{}'}}\n",
+                "runtime: {{workers: 1, drain_timeout: 2s}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'}}\ngateway:\n  source:\n    controlplane: {{url: '{}', name: {subject}, ca_file: '{}', token_file: '{}'}}\n",
                 cp.url(),
                 cp.ca_file().display(),
                 token.display()
@@ -103,7 +104,7 @@ fn status_via(
 }
 
 #[test]
-fn two_gateways_follow_upstream_clusters_and_ride_out_a_control_plane_restart() {
+fn one_control_plane_feeds_two_gateways_and_a_node() {
     let certs = Certificates::generate(&["one.sluice.test", "two.sluice.test"]).unwrap();
     let identity = certs.client("sluice-gateway", &[]).unwrap();
     let alice = certs.client("alice", &["dev"]).unwrap();
@@ -114,6 +115,7 @@ fn two_gateways_follow_upstream_clusters_and_ride_out_a_control_plane_restart() 
     assert!(created.status.success(), "{created:?}");
 
     let gateways = [start_gateway(&cp, "gw-1"), start_gateway(&cp, "gw-2")];
+    let fed = start_fed_node(&cp);
     for gateway in &gateways {
         assert!(
             wait_until(Duration::from_secs(10), || status_via(
@@ -166,6 +168,36 @@ fn two_gateways_follow_upstream_clusters_and_ride_out_a_control_plane_restart() 
         assert_eq!(status_via(gateway, "two.sluice.test", &certs, &alice), 200);
     }
 
+    // Each role reports its view into the objects' status, each in its own entry.
+    let health = |gateway: &str| {
+        let path = format!("jsonpath={{.status.gateways.{gateway}.servers[0].healthy}}");
+        cp.kubectl(&["get", "uc", "one.sluice.test", "-o", &path], None)
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || ["gw-1", "gw-2"].iter().all(
+            |gateway| String::from_utf8_lossy(&health(gateway).stdout) == "true"
+        )),
+        "the gateways never reported their servers' health"
+    );
+    let held = || {
+        let output = cp.kubectl(
+            &[
+                "get",
+                "agent",
+                "agent-7",
+                "-o",
+                "jsonpath={.status.nodes.node-1.connected}",
+            ],
+            None,
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || held() == "true"),
+        "the node never reported agent 7"
+    );
+    delete_the_agent(&cp, &fed.node);
+
     // The control plane goes away: both gateways keep serving what they have.
     cp.stop();
     std::thread::sleep(Duration::from_millis(500));
@@ -215,9 +247,16 @@ fn two_gateways_follow_upstream_clusters_and_ride_out_a_control_plane_restart() 
     }
 }
 
-#[test]
-fn deleting_an_agent_closes_its_tunnels_and_refuses_it() {
-    let mut cp = ControlPlane::start(BIN, &[]).unwrap();
+/// A node fed by `cp` with agent 7 connected through it.
+struct FedNode {
+    node: SluiceProcess,
+    _agent: SluiceProcess,
+    _backend: GrpcBackend,
+    _token_dir: tempfile::TempDir,
+    _secrets: common::Secrets,
+}
+
+fn start_fed_node(cp: &ControlPlane) -> FedNode {
     let secrets = common::Secrets::new();
     let digest = hex::encode(Sha256::digest(secrets.token(7).as_bytes()));
     let agent = serde_json::json!({
@@ -238,9 +277,19 @@ fn deleting_an_agent_closes_its_tunnels_and_refuses_it() {
         secrets.jwt_secret.display()
     ));
     let backend = GrpcBackend::start().expect("grpc backend");
-    let _agent = common::start_agent(&secrets, 7, &node, backend.address, 4, None);
+    let agent = common::start_agent(&secrets, 7, &node, backend.address, 4, None);
     common::wait_for_idle_tunnels(&node, 2.0);
+    FedNode {
+        node,
+        _agent: agent,
+        _backend: backend,
+        _token_dir: launcher_dir,
+        _secrets: secrets,
+    }
+}
 
+/// Deleting agent 7 closes its tunnels on the node, which then refuses it.
+fn delete_the_agent(cp: &ControlPlane, node: &SluiceProcess) {
     let deleted = cp.kubectl(&["delete", "agent", "agent-7"], None);
     assert!(deleted.status.success(), "{deleted:?}");
     assert!(
@@ -258,5 +307,4 @@ fn deleting_an_agent_closes_its_tunnels_and_refuses_it() {
         Some(0.0)
     );
     assert!(node.stderr().contains("agent revoked"), "{}", node.stderr());
-    cp.stop();
 }

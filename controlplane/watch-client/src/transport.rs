@@ -69,7 +69,13 @@ impl Transport {
     /// GET `path_and_query`; a 200's body is returned for streaming, anything else becomes
     /// the error its `Status` body describes (410: [`WatchError::Expired`]).
     pub async fn get(&self, path_and_query: &str) -> Result<Streaming, WatchError> {
-        self.send(Method::GET, path_and_query, Bytes::new()).await
+        self.send(
+            Method::GET,
+            path_and_query,
+            Bytes::new(),
+            "application/json",
+        )
+        .await
     }
 
     /// POSTs a JSON object (a create) and returns the server's answer, at most `limit` bytes.
@@ -79,7 +85,22 @@ impl Transport {
         body: Bytes,
         limit: usize,
     ) -> Result<Bytes, WatchError> {
-        let mut answer = self.send(Method::POST, path, body).await?;
+        let mut answer = self
+            .send(Method::POST, path, body, "application/json")
+            .await?;
+        read_body(&mut answer.body, limit, "answer").await
+    }
+
+    /// PATCHes with a JSON merge patch (a role reporting its view in an object's status) and
+    /// returns the server's answer, at most `limit` bytes.
+    pub async fn merge_patch(
+        &self,
+        path: &str,
+        body: Bytes,
+        limit: usize,
+    ) -> Result<Bytes, WatchError> {
+        let content_type = "application/merge-patch+json";
+        let mut answer = self.send(Method::PATCH, path, body, content_type).await?;
         read_body(&mut answer.body, limit, "answer").await
     }
 
@@ -88,6 +109,7 @@ impl Transport {
         method: Method,
         path_and_query: &str,
         body: Bytes,
+        content_type: &str,
     ) -> Result<Streaming, WatchError> {
         let token = self.read_token().await?;
         let (mut sender, driver) = self.connect().await?;
@@ -96,7 +118,7 @@ impl Transport {
             .uri(path_and_query)
             .header(http::header::HOST, &self.authority)
             .header(http::header::ACCEPT, "application/json")
-            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::CONTENT_TYPE, content_type)
             .header(http::header::USER_AGENT, "sluice-watch-client");
         if let Some(token) = token {
             request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));

@@ -57,6 +57,9 @@ pub enum ClusterSource {
 pub struct ControlPlaneSource {
     /// `https://host:port`.
     pub url: String,
+    /// This role's name in the status it reports (`None`: a gateway uses the host name, a
+    /// node its `tunnel.node_name`).
+    pub name: Option<String>,
     /// CA the control plane's serving certificate chains to.
     pub ca_file: PathBuf,
     /// Bearer token (`sluice controlplane token create`); re-read at every reconnect.

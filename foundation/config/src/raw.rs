@@ -40,6 +40,7 @@ pub(crate) struct RawSource {
 #[serde(default)]
 pub(crate) struct RawControlPlane {
     pub(crate) url: Leaf,
+    pub(crate) name: Leaf,
     pub(crate) ca_file: Leaf,
     pub(crate) token_file: Leaf,
     pub(crate) cert_file: Leaf,

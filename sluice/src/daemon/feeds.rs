@@ -14,7 +14,7 @@ use sluice_config::{AgentTokenConfig, ControlPlaneSource};
 use sluice_gateway_proxy::Gateway;
 use sluice_tunnel::node::NodeShared;
 use sluice_watch_client::{
-    ClientCertFiles, Resource, Snapshot, WatchClient, WatchClientConfig, WatchMetrics,
+    ClientCertFiles, Resource, Snapshot, Transport, WatchClient, WatchClientConfig, WatchMetrics,
 };
 use tokio::sync::{oneshot, watch};
 
@@ -55,22 +55,15 @@ pub fn spawn(targets: FeedTargets, registry: &mut Registry) -> anyhow::Result<Op
     let metrics = WatchMetrics::register(registry);
     let mut clients = Vec::new();
     if let Some((source, gateway)) = targets.gateway {
-        let resource = Resource::new("proxy.sluice.dev", "v1alpha1", "upstreamclusters");
-        let client = WatchClient::new(
-            client_config(&source),
-            resource,
-            metrics.for_resource("upstreamclusters"),
-        )?;
-        clients.push((client, Target::Gateway(gateway, source.url)));
+        let (client, reporter) =
+            watch_and_report(&source, "proxy.sluice.dev", "upstreamclusters", &metrics)?;
+        let name = source.name.clone().unwrap_or_else(host_name);
+        clients.push((client, Target::Gateway(gateway, source.url, name), reporter));
     }
     if let Some((source, node)) = targets.node {
-        let resource = Resource::new("tunnel.sluice.dev", "v1alpha1", "agents");
-        let client = WatchClient::new(
-            client_config(&source),
-            resource,
-            metrics.for_resource("agents"),
-        )?;
-        clients.push((client, Target::Node(node)));
+        let (client, reporter) =
+            watch_and_report(&source, "tunnel.sluice.dev", "agents", &metrics)?;
+        clients.push((client, Target::Node(node), reporter));
     }
     let (stop, stopped) = oneshot::channel::<()>();
     let (synced, first) = mpsc::channel::<()>();
@@ -102,24 +95,53 @@ pub fn spawn(targets: FeedTargets, registry: &mut Registry) -> anyhow::Result<Op
     }))
 }
 
+/// A watch client of `group/v1alpha1 plural` and a transport for the role's status reports.
+fn watch_and_report(
+    source: &ControlPlaneSource,
+    group: &str,
+    plural: &str,
+    metrics: &WatchMetrics,
+) -> anyhow::Result<(WatchClient, Transport)> {
+    let config = client_config(source);
+    let resource = Resource::new(group, "v1alpha1", plural);
+    let client = WatchClient::new(config.clone(), resource, metrics.for_resource(plural))?;
+    Ok((client, Transport::new(&config)?))
+}
+
 enum Target {
-    Gateway(Arc<Gateway>, String),
+    /// The gateway, the control plane's URL, the gateway's name in status reports.
+    Gateway(Arc<Gateway>, String, String),
     Node(Arc<NodeShared>),
 }
 
 async fn run(
-    clients: Vec<(WatchClient, Target)>,
+    clients: Vec<(WatchClient, Target, Transport)>,
     stopped: oneshot::Receiver<()>,
     synced: mpsc::Sender<()>,
 ) {
     let (stop_all, stopping) = watch::channel(false);
     let mut tasks = Vec::new();
-    for (client, target) in clients {
+    for (client, target, reporter) in clients {
         let snapshots = client.subscribe();
         let mut stop = stopping.clone();
         tasks.push(tokio::spawn(client.run(async move {
             let _ = stop.wait_for(|stopped| *stopped).await;
         })));
+        tasks.push(tokio::spawn(match &target {
+            Target::Gateway(gateway, _, name) => Box::pin(super::status::report_gateway(
+                reporter,
+                gateway.clone(),
+                name.clone(),
+                stopping.clone(),
+            ))
+                as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+            Target::Node(node) => Box::pin(super::status::report_node(
+                reporter,
+                node.clone(),
+                snapshots.clone(),
+                stopping.clone(),
+            )),
+        }));
         tasks.push(tokio::spawn(apply_snapshots(
             snapshots,
             target,
@@ -146,7 +168,7 @@ async fn apply_snapshots(
         let snapshot = snapshots.borrow_and_update().clone();
         if snapshot.synced {
             match &target {
-                Target::Gateway(gateway, url) => apply_clusters(gateway, url, &snapshot),
+                Target::Gateway(gateway, url, _) => apply_clusters(gateway, url, &snapshot),
                 Target::Node(node) => apply_agents(node, &snapshot),
             }
             if !announced {
@@ -201,6 +223,15 @@ fn apply_agents(node: &Arc<NodeShared>, snapshot: &Snapshot) {
             node.evict_revoked(&revoked);
         });
     }
+}
+
+/// This gateway's name in the clusters' status: the host name.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_string())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "sluice-gateway".to_string())
 }
 
 /// An Agent object's id and token digest (the API validated them; a bad one is skipped).

@@ -4,6 +4,7 @@
 mod feeds;
 pub(crate) use feeds::client_config as watch_client_config;
 mod gateway;
+mod status;
 mod tunnel;
 
 use std::path::Path;

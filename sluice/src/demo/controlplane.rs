@@ -84,6 +84,7 @@ impl DemoControlPlane {
         Ok(Self {
             source: sluice_config::ControlPlaneSource {
                 url: url.clone(),
+                name: None,
                 ca_file,
                 token_file: Some(token_file),
                 cert_file: None,

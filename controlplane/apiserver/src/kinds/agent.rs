@@ -1,6 +1,7 @@
 //! `tunnel.sluice.dev/v1alpha1 Agent`: cluster-scoped; an agent a tunnel node lets connect (its
 //! id and the SHA-256 of its token, as `tunnel.agents` lists them in a node's config); its
-//! status names the nodes holding its tunnels.
+//! status names the nodes holding its tunnels (`status.nodes.<node>`, each node writing only
+//! its own entry with a merge patch).
 
 use serde_json::{json, Value};
 use sluice_apimachinery::{FieldError, KindSpec, PrinterColumn};
@@ -31,7 +32,8 @@ pub fn agent() -> KindSpec {
                 "id": {"type": "integer", "minimum": 1},
                 "tokenSha256": {"type": "string"}}},
             "status": {"type": "object", "properties": {
-                "nodes": {"type": "array", "items": {"type": "string"}}}}}}),
+                "nodes": {"type": "object", "additionalProperties": {
+                    "type": "object", "properties": {"connected": {"type": "boolean"}}}}}}}}),
         validate,
     }
 }

@@ -93,6 +93,13 @@ impl NodeShared {
         self.lock_connections().len()
     }
 
+    /// The ids of the agents with at least one connection to this node, sorted.
+    pub fn held_agents(&self) -> Vec<AgentId> {
+        let mut agents: Vec<AgentId> = self.lock_connections().keys().copied().collect();
+        agents.sort_unstable();
+        agents
+    }
+
     /// What ListConnectedAgents answers for this node.
     pub fn list_connected_agents(&self) -> ListConnectedAgentsResponse {
         let idle = self.registry.idle_by_connection();

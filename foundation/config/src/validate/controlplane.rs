@@ -40,6 +40,10 @@ pub(super) fn source(
             String::new()
         }
     };
+    let name = raw
+        .name
+        .as_ref()
+        .and_then(|value| scalar(value, &at("name"), errors));
     let ca_file = readable_file(&raw.ca_file, &at("ca_file"), true, errors);
     let token_file = readable_file(&raw.token_file, &at("token_file"), false, errors);
     let cert_file = readable_file(&raw.cert_file, &at("cert_file"), false, errors);
@@ -52,6 +56,7 @@ pub(super) fn source(
     }
     Some(ControlPlaneSource {
         url,
+        name,
         ca_file: ca_file?,
         token_file,
         cert_file,
