@@ -473,3 +473,90 @@ fn peer_allowlist_networks_are_parsed_and_checked() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn a_gateway_takes_its_clusters_from_a_directory_or_the_control_plane() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.crt");
+    let token = dir.path().join("token");
+    std::fs::write(&ca, "pem").unwrap();
+    std::fs::write(&token, "sluice_x").unwrap();
+    let config = load_str(
+        &format!(
+            "gateway:\n  source:\n    controlplane: {{url: 'https://cp:6443/', name: gw-1, ca_file: '{}', token_file: '{}'}}\n",
+            ca.display(),
+            token.display()
+        ),
+        "gw.yaml",
+    )
+    .expect("valid");
+    let Some(GatewayConfig {
+        source: ClusterSource::ControlPlane(source),
+        ..
+    }) = config.gateway
+    else {
+        panic!("expected a control-plane source");
+    };
+    assert_eq!(source.url, "https://cp:6443");
+    assert_eq!(source.name.as_deref(), Some("gw-1"));
+    assert_eq!(source.token_file.as_deref(), Some(token.as_path()));
+
+    let both = errors_of(&format!(
+        "gateway:\n  clusters_dir: '{}'\n  source: {{controlplane: {{url: 'https://cp', ca_file: '{}', token_file: '{}'}}}}\n",
+        dir.path().display(),
+        ca.display(),
+        token.display()
+    ));
+    assert!(
+        both.iter()
+            .any(|e| e.contains("gateway.source") && e.contains("not both")),
+        "{both:?}"
+    );
+    let clear = errors_of(&format!(
+        "gateway:\n  source: {{controlplane: {{url: 'http://cp', ca_file: '{}'}}}}\n",
+        ca.display()
+    ));
+    assert!(
+        clear
+            .iter()
+            .any(|e| e.contains("gateway.source.controlplane.url") && e.contains("https")),
+        "{clear:?}"
+    );
+    assert!(
+        clear
+            .iter()
+            .any(|e| e.contains("gateway.source.controlplane.token_file")),
+        "{clear:?}"
+    );
+    let missing_ca = errors_of(
+        "gateway:\n  source: {controlplane: {url: 'https://cp', ca_file: /nonexistent/ca}}\n",
+    );
+    assert!(
+        missing_ca
+            .iter()
+            .any(|e| e.contains("ca_file") && e.contains("cannot read")),
+        "{missing_ca:?}"
+    );
+}
+
+#[test]
+fn a_node_takes_its_agents_from_its_list_or_the_control_plane() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.crt");
+    let secret = dir.path().join("jwt");
+    std::fs::write(&ca, "pem").unwrap();
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef").unwrap();
+    let both = errors_of(&format!(
+        "tunnel:\n  agents: [{{id: 1, token_sha256: '{}'}}]\n  agents_from: {{controlplane: {{url: 'https://cp', ca_file: '{}', cert_file: '{}', key_file: '{}'}}}}\n  jwt: {{secret_file: '{}'}}\n",
+        "a".repeat(64),
+        ca.display(),
+        ca.display(),
+        ca.display(),
+        secret.display()
+    ));
+    assert!(
+        both.iter()
+            .any(|e| e.contains("tunnel.agents_from") && e.contains("not both")),
+        "{both:?}"
+    );
+}
