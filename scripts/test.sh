@@ -94,8 +94,9 @@ case "$tier" in
     ;;
 esac
 
+# Every tier builds etcd-client, whose build needs protoc: the packages come first for all.
+install_apt_packages
 if [ "$tier" != lint ] && [ "$tier" != fuzz ]; then
-  install_apt_packages
   install_python_venv
   export SLUICE_PYTHON="$root/.venv/bin/python"
 fi
