@@ -52,10 +52,10 @@ for argument in "$@"; do
 done
 
 if [ "$profile" = release ]; then
-  cargo build --release --locked -p sluice -p sluice-perf -p sluice-apiserver-sim
+  cargo build --release --locked --features sluice/etcd -p sluice -p sluice-perf -p sluice-apiserver-sim
   bin=$CARGO_TARGET_DIR/release
 else
-  cargo build --locked -p sluice -p sluice-perf -p sluice-apiserver-sim
+  cargo build --locked --features sluice/etcd -p sluice -p sluice-perf -p sluice-apiserver-sim
   bin=$CARGO_TARGET_DIR/debug
 fi
 exec "$bin/sluice-perf" "$scenario" --sluice "$bin/sluice" --workspace "$root" \

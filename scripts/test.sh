@@ -23,6 +23,10 @@ if [ -n "${CI:-}" ]; then export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}; fi
 
 log() { printf '\n== %s\n' "$*"; }
 
+# The tests cover the etcd store too (an optional feature: its client's build needs protoc,
+# installed below).
+FEATURES="sluice/etcd sluice-store/etcd"
+
 as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
@@ -65,7 +69,7 @@ run_lint() {
   log "cargo fmt --check"
   cargo fmt --all -- --check
   log "cargo clippy"
-  cargo clippy --workspace --all-targets --locked -- -D warnings
+  cargo clippy --workspace --all-targets --locked --features "$FEATURES" -- -D warnings
 }
 
 run_fuzz_smoke() {
@@ -107,16 +111,16 @@ case "$tier" in
   lint) run_lint ;;
   unit)
     log "unit tests"
-    cargo test --workspace --locked --lib --bins
+    cargo test --workspace --locked --features "$FEATURES" --lib --bins
     ;;
   integration)
     log "integration and end-to-end tests"
-    cargo test --workspace --locked --test '*'
+    cargo test --workspace --locked --features "$FEATURES" --test '*'
     ;;
   all)
     run_lint
     log "all tests"
-    cargo test --workspace --locked --no-fail-fast
+    cargo test --workspace --locked --features "$FEATURES" --no-fail-fast
     ;;
 esac
 if [ "$tier" = all ] || [ "$tier" = integration ]; then run_perf_smoke; fi

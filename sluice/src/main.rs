@@ -106,10 +106,17 @@ fn main() -> ExitCode {
                 },
                 level: "info".to_string(),
             });
+            let store = match serve.etcd.store() {
+                Ok(store) => store,
+                Err(error) => {
+                    eprintln!("sluice controlplane: {error:#}");
+                    return ExitCode::from(2);
+                }
+            };
             controlplane::run(
                 controlplane::ControlPlaneOptions {
                     pki_dir: serve.pki_dir,
-                    store: serve.etcd.store(),
+                    store,
                     tls_cert: serve.tls_cert,
                     tls_key: serve.tls_key,
                     client_ca: serve.client_ca,

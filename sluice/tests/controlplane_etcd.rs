@@ -2,6 +2,8 @@
 //! (kubectl as the admin) are seen by a watcher on the other, a token issued through one
 //! authenticates on the other, and with the etcd leader killed mid-test no write that kubectl
 //! reported as done is lost.
+//! Built with the `etcd` feature only (scripts/test.sh enables it).
+#![cfg(feature = "etcd")]
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;

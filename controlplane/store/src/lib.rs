@@ -17,6 +17,7 @@ mod checks;
 mod compactor;
 mod embedded;
 mod error;
+#[cfg(feature = "etcd")]
 mod etcd;
 mod types;
 
@@ -35,6 +36,7 @@ pub use embedded::{
     DEFAULT_WATCH_BUFFER,
 };
 pub use error::{BoxError, StoreError};
+#[cfg(feature = "etcd")]
 pub use etcd::{EtcdClientCert, EtcdConfig, EtcdStore, EtcdTls};
 pub use types::{Event, KeyValue, ListPage, WatchBatch};
 

@@ -20,9 +20,9 @@ use std::time::Duration;
 use anyhow::Context;
 use sluice_apiserver::bootstrap;
 use sluice_apiserver::server::{ApiServer, ServerLimits};
-use sluice_store::{
-    Compactor, EmbeddedStore, EtcdClientCert, EtcdConfig, EtcdStore, EtcdTls, Store,
-};
+use sluice_store::{Compactor, EmbeddedStore, Store};
+#[cfg(feature = "etcd")]
+use sluice_store::{EtcdClientCert, EtcdConfig, EtcdStore, EtcdTls};
 use tokio::sync::watch;
 
 pub use token::create_token;
@@ -55,7 +55,8 @@ pub enum StoreChoice {
     /// A redb file in the data directory: one machine, nothing to install.
     #[default]
     Embedded,
-    /// An etcd v3 cluster: several replicas may serve it.
+    /// An etcd v3 cluster: several replicas may serve it (builds with the `etcd` feature).
+    #[cfg(feature = "etcd")]
     Etcd(EtcdConfig),
 }
 
@@ -109,21 +110,34 @@ pub struct EtcdArgs {
 
 impl EtcdArgs {
     /// The store these flags choose: etcd when endpoints are given, else the embedded one.
-    pub fn store(self) -> StoreChoice {
+    #[cfg(feature = "etcd")]
+    pub fn store(self) -> anyhow::Result<StoreChoice> {
         if self.etcd_endpoints.is_empty() {
-            return StoreChoice::Embedded;
+            return Ok(StoreChoice::Embedded);
         }
         let client = self
             .etcd_cert
             .zip(self.etcd_key)
             .map(|(cert, key)| EtcdClientCert { cert, key });
-        StoreChoice::Etcd(EtcdConfig {
+        Ok(StoreChoice::Etcd(EtcdConfig {
             endpoints: self.etcd_endpoints,
             prefix: self.etcd_prefix,
             request_timeout: self.etcd_request_timeout,
             tls: self.etcd_ca.map(|ca| EtcdTls { ca, client }),
             ..EtcdConfig::default()
-        })
+        }))
+    }
+
+    /// Without the `etcd` feature only the embedded store exists.
+    #[cfg(not(feature = "etcd"))]
+    pub fn store(self) -> anyhow::Result<StoreChoice> {
+        if self.etcd_endpoints.is_empty() {
+            return Ok(StoreChoice::Embedded);
+        }
+        anyhow::bail!(
+            "--etcd-endpoints: this sluice was built without the `etcd` feature (its etcd client \
+             needs protoc to build): cargo build --release --features etcd"
+        )
     }
 }
 
@@ -204,6 +218,7 @@ pub async fn start(options: ControlPlaneOptions) -> anyhow::Result<RunningContro
                 .with_context(|| format!("opening the store in {}", options.data_dir.display()))?;
             Arc::new(store)
         }
+        #[cfg(feature = "etcd")]
         StoreChoice::Etcd(config) => {
             let store = EtcdStore::connect(config.clone())
                 .await
