@@ -143,13 +143,16 @@ async fn watch_agents(
                             .errors
                             .push(format!("unexpected DELETED of {}", key.name));
                     }
-                    Err(error) => {
+                    // An ERROR event ends the stream: a 410 means re-list (recorded: the
+                    // test expects none), anything else watch again from the last version.
+                    Err(error) if error.needs_relist() => {
                         seen.lock()
                             .unwrap()
                             .errors
                             .push(format!("watch event: {error}"));
                         return;
                     }
+                    Err(error) => eprintln!("watch through replica 2 ended: {error}; resuming"),
                 }
             }
         }

@@ -6,7 +6,6 @@
 //! Without an `etcd` binary the tests skip with a message, unless `CI` is set.
 //! Built with the `etcd` feature only (scripts/test.sh enables it).
 #![cfg(feature = "etcd")]
-
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod common;

@@ -105,50 +105,108 @@ fn under_spec(path: &str) -> String {
     }
 }
 
+/// What a VM agent enforces, from the objects it was sent, and the policies left out for now.
+#[derive(Debug)]
+pub struct LoadedObjects {
+    pub set: crate::model::PolicySet,
+    /// Policies naming a group the agent does not hold (yet): objects arrive on separate
+    /// watches, so a policy may come before its groups or outlive one briefly. Antrea's agent
+    /// likewise realizes a policy once it holds its groups.
+    pub waiting: Vec<String>,
+}
+
 /// The policy set a VM agent enforces, from the objects it was sent: each object becomes its
 /// entry in a policy file (its `spec` with its `metadata.name`), and the whole is checked as one
-/// file is (group references, unique priorities), `origin` naming it in errors.
+/// file is (unique priorities, valid references), `origin` naming it in errors. Policies whose
+/// groups are not all present wait (see [`LoadedObjects::waiting`]).
 pub fn load_objects<'a>(
     address_groups: impl IntoIterator<Item = &'a Value>,
     applied_to_groups: impl IntoIterator<Item = &'a Value>,
     policies: impl IntoIterator<Item = &'a Value>,
     origin: &str,
-) -> Result<crate::model::PolicySet, sluice_config_error::InvalidConfig> {
-    let entries = |objects: &mut dyn Iterator<Item = &'a Value>| -> Vec<Value> {
-        objects
-            .map(|object| {
-                let mut entry = object
-                    .get("spec")
-                    .and_then(Value::as_object)
-                    .cloned()
-                    .unwrap_or_default();
-                let name = object
-                    .pointer("/metadata/name")
-                    .cloned()
-                    .unwrap_or(Value::Null);
-                entry.insert("name".into(), name);
-                Value::Object(entry)
-            })
+) -> Result<LoadedObjects, sluice_config_error::InvalidConfig> {
+    let address_groups = entries(address_groups);
+    let applied_to_groups = entries(applied_to_groups);
+    let names = |groups: &[Value]| -> std::collections::BTreeSet<String> {
+        groups
+            .iter()
+            .filter_map(|group| group.get("name")?.as_str().map(str::to_string))
             .collect()
     };
+    let (known_peers, known_targets) = (names(&address_groups), names(&applied_to_groups));
+    let (ready, waiting): (Vec<Value>, Vec<Value>) = entries(policies)
+        .into_iter()
+        .partition(|policy| references(policy, &known_peers, &known_targets));
     let mut document = Map::new();
-    document.insert(
-        "addressGroups".into(),
-        Value::Array(entries(&mut address_groups.into_iter())),
-    );
-    document.insert(
-        "appliedToGroups".into(),
-        Value::Array(entries(&mut applied_to_groups.into_iter())),
-    );
-    document.insert(
-        "policies".into(),
-        Value::Array(entries(&mut policies.into_iter())),
-    );
-    crate::load::load_str(
-        &Value::Object(document).to_string(),
-        origin,
-        crate::load::Format::Json,
-    )
+    document.insert("addressGroups".into(), Value::Array(address_groups));
+    document.insert("appliedToGroups".into(), Value::Array(applied_to_groups));
+    document.insert("policies".into(), Value::Array(ready));
+    let text = Value::Object(document).to_string();
+    let set = crate::load::load_str(&text, origin, crate::load::Format::Json)?;
+    let waiting = waiting
+        .iter()
+        .map(|policy| {
+            policy
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    Ok(LoadedObjects { set, waiting })
+}
+
+/// Each object as its policy-file entry: its spec with its name.
+fn entries<'a>(objects: impl IntoIterator<Item = &'a Value>) -> Vec<Value> {
+    objects
+        .into_iter()
+        .map(|object| {
+            let mut entry = object
+                .get("spec")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
+            let name = object
+                .pointer("/metadata/name")
+                .cloned()
+                .unwrap_or(Value::Null);
+            entry.insert("name".into(), name);
+            Value::Object(entry)
+        })
+        .collect()
+}
+
+/// Whether every group a policy entry names is among the known ones.
+fn references(
+    policy: &Value,
+    peers: &std::collections::BTreeSet<String>,
+    targets: &std::collections::BTreeSet<String>,
+) -> bool {
+    let listed = |value: Option<&Value>| -> Vec<String> {
+        value
+            .and_then(Value::as_array)
+            .map(|names| {
+                names
+                    .iter()
+                    .filter_map(|name| name.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let targets_known = listed(policy.get("appliedTo"))
+        .iter()
+        .all(|name| targets.contains(name));
+    let rules = policy
+        .get("rules")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let peers_known = rules.iter().all(|rule| {
+        listed(rule.pointer("/peers/addressGroups"))
+            .iter()
+            .all(|name| peers.contains(name))
+    });
+    targets_known && peers_known
 }
 
 #[cfg(test)]

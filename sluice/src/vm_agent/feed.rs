@@ -62,8 +62,11 @@ async fn combine(
                     .map(|object| object.as_ref())
             };
             match sluice_policy::object::load_objects(objects(0), objects(1), objects(2), &origin) {
-                Ok(set) => {
-                    let _ = sender.send(Some(Arc::new(set)));
+                Ok(loaded) => {
+                    if !loaded.waiting.is_empty() {
+                        tracing::info!(policies = ?loaded.waiting, "policies wait for groups this agent does not hold yet");
+                    }
+                    let _ = sender.send(Some(Arc::new(loaded.set)));
                 }
                 Err(error) => {
                     errors.inc();

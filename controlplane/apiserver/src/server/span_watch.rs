@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use super::keys::list_prefix;
 use super::objects::{decode, store_status, without_version};
 use super::visibility::Visibility;
-use super::watch::{line, Watch};
+use super::watch::{line, Watch, STORE_RETRIES, STORE_RETRY_PAUSE};
 use super::ApiServer;
 use crate::kinds::{applied_to_group, network_policy, SpanIndex};
 
@@ -141,6 +141,7 @@ impl SpanWatch {
         }
         let deadline = tokio::time::sleep(self.watch.duration);
         tokio::pin!(deadline);
+        let mut outages = 0;
         let mut stream = self
             .watch
             .store
@@ -160,6 +161,7 @@ impl SpanWatch {
                     }
                 }
                 Some(Ok(batch)) => {
+                    outages = 0;
                     for event in &batch.events {
                         self.objects.apply(event);
                     }
@@ -168,6 +170,14 @@ impl SpanWatch {
                 }
                 Some(Err(StoreError::Lagged { last_revision })) => {
                     stream = self.watch.store.watch(&policy_prefix(), last_revision);
+                }
+                Some(Err(StoreError::Unavailable { .. })) if outages < STORE_RETRIES => {
+                    outages += 1;
+                    tokio::time::sleep(STORE_RETRY_PAUSE).await;
+                    stream = self
+                        .watch
+                        .store
+                        .watch(&policy_prefix(), self.objects.revision);
                 }
                 Some(Err(error)) => {
                     let status = match error {

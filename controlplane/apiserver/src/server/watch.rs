@@ -26,6 +26,11 @@ use super::ApiServer;
 /// Encoded events queued per watch before the watch waits for its client.
 const QUEUE: usize = 64;
 
+/// A watch whose store connection breaks is opened again this many times in a row, this far
+/// apart, before the client is told (with an ERROR event) to watch again itself.
+pub(crate) const STORE_RETRIES: u32 = 50;
+pub(crate) const STORE_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
 impl ApiServer {
     pub(crate) async fn watch(&self, call: &Call<'_>) -> Result<Reply, StatusError> {
         let options = ListOptions::parse(call.query.pairs())?;
@@ -170,6 +175,7 @@ impl Watch {
             sent += 1;
         }
         let mut last = after;
+        let mut outages = 0;
         let mut stream = self.store.watch(&self.prefix, after);
         while ok {
             let item = tokio::select! {
@@ -180,6 +186,7 @@ impl Watch {
             match item {
                 None => break,
                 Some(Ok(batch)) => {
+                    outages = 0;
                     let revision = batch.revision;
                     let (delivered, alive) = self.deliver(batch, &sender, &mut first).await;
                     sent += delivered;
@@ -188,6 +195,13 @@ impl Watch {
                 }
                 Some(Err(StoreError::Lagged { last_revision })) => {
                     last = last_revision;
+                    stream = self.store.watch(&self.prefix, last);
+                }
+                // The store's connection broke (an etcd member died): its history is gap-free,
+                // so watching again from the last revision loses nothing.
+                Some(Err(StoreError::Unavailable { .. })) if outages < STORE_RETRIES => {
+                    outages += 1;
+                    tokio::time::sleep(STORE_RETRY_PAUSE).await;
                     stream = self.store.watch(&self.prefix, last);
                 }
                 Some(Err(error)) => {

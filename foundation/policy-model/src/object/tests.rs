@@ -140,11 +140,17 @@ fn objects_load_as_the_policy_file_they_amount_to() {
     let policy = json!({"metadata": {"name": "web"}, "spec": {
         "priority": 10, "appliedTo": ["web-vms"],
         "rules": [{"direction": "Ingress", "action": "Allow", "peers": {"addressGroups": ["clients"]}}]}});
-    let set = load_objects([&clients], [&group], [&policy], "controlplane").unwrap();
-    assert!(set.address_groups.contains_key("clients"));
-    assert!(set.applied_to_groups.contains_key("web-vms"));
-    assert_eq!(set.policies.len(), 1);
-    // A policy naming a group the agent was not sent is refused as a file would be.
-    let error = load_objects([], [&group], [&policy], "controlplane").unwrap_err();
-    assert!(error.to_string().contains("clients"), "{error}");
+    let loaded = load_objects([&clients], [&group], [&policy], "controlplane").unwrap();
+    assert!(loaded.set.address_groups.contains_key("clients"));
+    assert!(loaded.set.applied_to_groups.contains_key("web-vms"));
+    assert_eq!(loaded.set.policies.len(), 1);
+    assert!(loaded.waiting.is_empty());
+    // A policy naming a group the agent does not hold waits for it instead of failing the set.
+    let loaded = load_objects([], [&group], [&policy], "controlplane").unwrap();
+    assert!(loaded.set.policies.is_empty());
+    assert_eq!(loaded.waiting, ["web"]);
+    // What a file refuses is refused here too: two policies with one priority.
+    let twin = json!({"metadata": {"name": "web-2"}, "spec": policy["spec"].clone()});
+    let error = load_objects([&clients], [&group], [&policy, &twin], "controlplane").unwrap_err();
+    assert!(error.to_string().contains("priority"), "{error}");
 }
