@@ -228,7 +228,31 @@ fn tls_options(tls: &EtcdTls) -> Result<etcd_client::TlsOptions, StoreError> {
     Ok(options)
 }
 
+/// Reads are tried this many times when etcd is unavailable: with a member down, the client's
+/// balancer still picks it for some requests (etcd-client issue 39), and a read is safe to
+/// send again. Writes are not retried: one that reached etcd before the error would apply twice.
+const READ_ATTEMPTS: u32 = 4;
+const READ_RETRY_PAUSE: Duration = Duration::from_millis(50);
+
 impl Shared {
+    /// Runs a read, again on an unavailable etcd (see [`READ_ATTEMPTS`]).
+    async fn read<T, F, R>(&self, mut request: F) -> Result<T, Failure>
+    where
+        F: FnMut() -> R,
+        R: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut attempt = 1;
+        loop {
+            match self.call(request()).await {
+                Err(Failure::Other(StoreError::Unavailable { .. })) if attempt < READ_ATTEMPTS => {
+                    attempt += 1;
+                    tokio::time::sleep(READ_RETRY_PAUSE).await;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
     /// Runs one request with the request timeout.
     async fn call<T>(
         &self,
@@ -266,9 +290,12 @@ impl Shared {
         if at > 0 {
             options = options.with_revision(etcd_revision(at));
         }
-        let mut kv = self.kv.clone();
         let response = self
-            .call(kv.get(self.namespace.key(""), Some(options)))
+            .read(|| {
+                let mut kv = self.kv.clone();
+                let (key, options) = (self.namespace.key(""), options.clone());
+                async move { kv.get(key, Some(options)).await }
+            })
             .await?;
         Ok(response
             .header()
@@ -363,9 +390,13 @@ fn required(kv: Option<KeyValue>) -> Result<KeyValue, StoreError> {
 #[async_trait::async_trait]
 impl Store for EtcdStore {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
-        let mut kv = self.shared.kv.clone();
-        let request = kv.get(self.shared.namespace.key(key), None);
-        match self.shared.call(request).await {
+        let etcd_key = self.shared.namespace.key(key);
+        let read = self.shared.read(|| {
+            let mut kv = self.shared.kv.clone();
+            let etcd_key = etcd_key.clone();
+            async move { kv.get(etcd_key, None).await }
+        });
+        match read.await {
             Ok(response) => response
                 .kvs()
                 .first()
@@ -392,8 +423,12 @@ impl Store for EtcdStore {
             // any write, which etcd keeps as revision 1.
             options = options.with_revision(etcd_revision(at.max(1)));
         }
-        let mut kv = self.shared.kv.clone();
-        let response = match self.shared.call(kv.get(start, Some(options))).await {
+        let read = self.shared.read(|| {
+            let mut kv = self.shared.kv.clone();
+            let (start, options) = (start.clone(), options.clone());
+            async move { kv.get(start, Some(options)).await }
+        });
+        let response = match read.await {
             Ok(response) => response,
             Err(failure) => {
                 let requested = at_revision.unwrap_or(0);
