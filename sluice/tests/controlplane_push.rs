@@ -294,7 +294,7 @@ fn delete_the_agent(cp: &ControlPlane, node: &SluiceProcess) {
     assert!(deleted.status.success(), "{deleted:?}");
     assert!(
         wait_until(Duration::from_secs(5), || common::metric(
-            &node,
+            node,
             "sluice_tunnel_idle_tunnels"
         ) == Some(0.0)),
         "the deleted agent's tunnels stayed open; stderr:\n{}",
@@ -303,7 +303,7 @@ fn delete_the_agent(cp: &ControlPlane, node: &SluiceProcess) {
     // Its reconnections are refused: no tunnel comes back.
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(
-        common::metric(&node, "sluice_tunnel_idle_tunnels"),
+        common::metric(node, "sluice_tunnel_idle_tunnels"),
         Some(0.0)
     );
     assert!(node.stderr().contains("agent revoked"), "{}", node.stderr());
