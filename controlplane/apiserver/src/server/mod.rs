@@ -30,6 +30,8 @@ use crate::auth::{AuthError, Identity, TokenBook};
 
 pub use keys::{list_prefix, object_key};
 pub use metrics::ApiMetrics;
+/// The query parser, public for the fuzz target.
+pub use query::Query;
 pub use tokens::{create_object, store_token, TOKEN_KIND};
 
 /// What one server holds and how long it waits; every bound a client could otherwise push.
