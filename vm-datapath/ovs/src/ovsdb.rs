@@ -215,7 +215,7 @@ impl OvsdbClient {
     }
 
     /// The `_uuid` of the row of `table` named `name`, if there is one.
-    async fn uuid_of(
+    pub(crate) async fn uuid_of(
         &mut self,
         table: &'static str,
         name: &str,
@@ -237,14 +237,14 @@ impl OvsdbClient {
 
     /// Operations that bump `next_cfg`, so [`Self::wait_for_vswitchd`] can tell when
     /// ovs-vswitchd has applied the transaction (what `ovs-vsctl` does).
-    fn bump_next_cfg() -> [Value; 2] {
+    pub(crate) fn bump_next_cfg() -> [Value; 2] {
         [
             json!({"op": "mutate", "table": "Open_vSwitch", "where": [], "mutations": [["next_cfg", "+=", 1]]}),
             json!({"op": "select", "table": "Open_vSwitch", "where": [], "columns": ["next_cfg"]}),
         ]
     }
 
-    fn next_cfg_of(results: &[Value]) -> Result<i64, OvsdbError> {
+    pub(crate) fn next_cfg_of(results: &[Value]) -> Result<i64, OvsdbError> {
         results
             .last()
             .and_then(|r| r["rows"].get(0))
@@ -255,7 +255,7 @@ impl OvsdbClient {
     }
 
     /// Waits until ovs-vswitchd has caught up with configuration number `next_cfg`.
-    async fn wait_for_vswitchd(&mut self, next_cfg: i64, what: &str) -> Result<(), OvsdbError> {
+    pub(crate) async fn wait_for_vswitchd(&mut self, next_cfg: i64, what: &str) -> Result<(), OvsdbError> {
         let deadline = Instant::now() + self.timeout;
         loop {
             let results = self

@@ -1,0 +1,328 @@
+//! The takeover, its repair and its reverse as data: the observed state in, an ordered list of
+//! named [`Step`]s out, each with the operations that undo it. Pure: the executor
+//! (`takeover.rs`) runs the steps on a host and, on a failure, the undos in reverse.
+//!
+//! Every operation is idempotent on the host (adding what exists or deleting what is gone
+//! succeeds), because the kernel itself removes things behind our back: setting a link down
+//! drops its routes and its IPv6 addresses, removing a link's last IPv4 address drops its IPv4
+//! routes. So the undo of "down" re-adds all of them, and later deletes may find nothing to do.
+
+use ipnet::IpNet;
+use sluice_ovs::{NewPort, PortKind};
+
+use crate::record::{
+    format_mac, routes_in_add_order, LinkState, RouteSpec, UplinkRecord, KEY_INTERNAL,
+};
+
+/// One primitive host operation. Links are named, not indexed: renames and re-created ports
+/// change what a name's index is, so the host resolves names when it applies an operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    LinkUp { link: String },
+    LinkDown { link: String },
+    Rename { from: String, to: String },
+    SetMtu { link: String, mtu: u32 },
+    SetMac { link: String, mac: [u8; 6] },
+    /// Turns TX checksum offload off (see `ethtool.rs` for why).
+    TxChecksumOff { link: String },
+    AddAddress { link: String, address: IpNet },
+    DelAddress { link: String, address: IpNet },
+    AddRoute { link: String, route: RouteSpec },
+    DelRoute { link: String, route: RouteSpec },
+    /// Adds the port; an internal one is done when its device exists.
+    AddPort { bridge: String, port: NewPort },
+    /// Deletes the port; an internal one is done when its device is gone.
+    DelPort {
+        bridge: String,
+        name: String,
+        kind: PortKind,
+    },
+}
+
+/// A named step: what to do and how to undo it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub name: String,
+    pub op: Op,
+    /// Applied in order when a later step fails; empty when an earlier step's undo makes it
+    /// moot (e.g. settings of a port whose undo deletes the port).
+    pub undo: Vec<Op>,
+}
+
+fn step(name: String, op: Op, undo: Vec<Op>) -> Step {
+    Step { name, op, undo }
+}
+
+fn add_routes(link: &str, routes: &[RouteSpec]) -> Vec<Op> {
+    routes_in_add_order(routes)
+        .into_iter()
+        .map(|route| Op::AddRoute {
+            link: link.to_string(),
+            route,
+        })
+        .collect()
+}
+
+fn add_addresses(link: &str, addresses: &[IpNet]) -> Vec<Op> {
+    addresses
+        .iter()
+        .map(|address| Op::AddAddress {
+            link: link.to_string(),
+            address: *address,
+        })
+        .collect()
+}
+
+/// The port the takeover adds for the renamed uplink: its `external_ids` carry the record.
+pub fn uplink_port(record: &UplinkRecord) -> NewPort {
+    NewPort {
+        name: record.renamed.clone(),
+        kind: PortKind::System,
+        mac: None,
+        external_ids: record.external_ids(),
+    }
+}
+
+/// The internal port that takes the uplink's name and MAC.
+pub fn internal_port(record: &UplinkRecord) -> NewPort {
+    NewPort {
+        name: record.uplink.clone(),
+        kind: PortKind::Internal,
+        mac: Some(format_mac(&record.mac)),
+        external_ids: [(KEY_INTERNAL.to_string(), record.uplink.clone())].into(),
+    }
+}
+
+/// The operations that make a fresh internal port usable: MTU, checksum offload off on the
+/// userspace datapath, up.
+fn internal_settings(record: &UplinkRecord, netdev: bool) -> Vec<(String, Op)> {
+    let link = &record.uplink;
+    let mut ops = vec![(
+        format!("set the MTU of internal port {link} to {}", record.mtu),
+        Op::SetMtu {
+            link: link.clone(),
+            mtu: record.mtu,
+        },
+    )];
+    if netdev {
+        ops.push((
+            format!("turn TX checksum offload off on {link}"),
+            Op::TxChecksumOff { link: link.clone() },
+        ));
+    }
+    ops.push((format!("set {link} up"), Op::LinkUp { link: link.clone() }));
+    ops
+}
+
+/// Moves the routes and addresses from `from` to `to`: routes out of `from` (default first),
+/// its addresses, then the addresses onto `to` and its routes (default last). Removing before
+/// adding is what the kernel needs (one connected route per prefix and metric) and keeps the
+/// gap to the few microseconds between two netlink requests.
+fn move_addresses(record: &UplinkRecord, from: &str, to: &str) -> Vec<Step> {
+    let mut steps = Vec::new();
+    for route in routes_in_add_order(&record.routes).into_iter().rev() {
+        steps.push(step(
+            format!("delete route {} from {from}", route.dst),
+            Op::DelRoute { link: from.into(), route: route.clone() },
+            vec![Op::AddRoute { link: from.into(), route }],
+        ));
+    }
+    for address in &record.addresses {
+        steps.push(step(
+            format!("delete address {address} from {from}"),
+            Op::DelAddress { link: from.into(), address: *address },
+            vec![Op::AddAddress { link: from.into(), address: *address }],
+        ));
+    }
+    for address in &record.addresses {
+        steps.push(step(
+            format!("add address {address} to {to}"),
+            Op::AddAddress { link: to.into(), address: *address },
+            vec![Op::DelAddress { link: to.into(), address: *address }],
+        ));
+    }
+    for route in routes_in_add_order(&record.routes) {
+        steps.push(step(
+            format!("add route {} to {to}", route.dst),
+            Op::AddRoute { link: to.into(), route: route.clone() },
+            vec![Op::DelRoute { link: to.into(), route }],
+        ));
+    }
+    steps
+}
+
+/// The takeover of the observed uplink `state` onto `bridge` (`netdev`: the bridge is on the
+/// userspace datapath).
+pub fn takeover(state: &LinkState, renamed: &str, bridge: &str, netdev: bool) -> Vec<Step> {
+    let record = UplinkRecord::of(state, renamed);
+    let uplink = &record.uplink;
+    // Setting the uplink down drops its routes and IPv6 addresses: undoing it puts them back.
+    let mut restore_uplink = vec![Op::LinkUp { link: uplink.clone() }];
+    restore_uplink.extend(add_addresses(uplink, &record.addresses));
+    restore_uplink.extend(add_routes(uplink, &record.routes));
+    let mut steps = vec![
+        step(format!("set uplink {uplink} down"), Op::LinkDown { link: uplink.clone() }, restore_uplink),
+        step(
+            format!("rename {uplink} to {renamed}"),
+            Op::Rename { from: uplink.clone(), to: renamed.into() },
+            vec![Op::Rename { from: renamed.into(), to: uplink.clone() }],
+        ),
+        step(
+            format!("set {renamed} up"),
+            Op::LinkUp { link: renamed.into() },
+            vec![Op::LinkDown { link: renamed.into() }],
+        ),
+    ];
+    // The VM keeps talking through the renamed uplink (the kernel still owns it) until the
+    // addresses move: put back what "down" dropped.
+    for address in &record.addresses {
+        steps.push(step(
+            format!("keep address {address} on {renamed}"),
+            Op::AddAddress { link: renamed.into(), address: *address },
+            vec![],
+        ));
+    }
+    for route in routes_in_add_order(&record.routes) {
+        steps.push(step(
+            format!("keep route {} on {renamed}", route.dst),
+            Op::AddRoute { link: renamed.into(), route },
+            vec![],
+        ));
+    }
+    steps.push(step(
+        format!("add {renamed} to bridge {bridge}"),
+        Op::AddPort { bridge: bridge.into(), port: uplink_port(&record) },
+        vec![Op::DelPort { bridge: bridge.into(), name: renamed.into(), kind: PortKind::System }],
+    ));
+    steps.extend(internal_port_steps(&record, bridge, netdev));
+    steps.extend(move_addresses(&record, renamed, uplink));
+    steps
+}
+
+/// Adds the internal port and makes it usable.
+fn internal_port_steps(record: &UplinkRecord, bridge: &str, netdev: bool) -> Vec<Step> {
+    let uplink = &record.uplink;
+    let mut steps = vec![step(
+        format!("add internal port {uplink} to bridge {bridge}"),
+        Op::AddPort { bridge: bridge.into(), port: internal_port(record) },
+        vec![Op::DelPort { bridge: bridge.into(), name: uplink.clone(), kind: PortKind::Internal }],
+    )];
+    // Undone by deleting the port.
+    steps.extend(internal_settings(record, netdev).into_iter().map(|(name, op)| step(name, op, vec![])));
+    steps
+}
+
+/// Completes a takeover found half-done (e.g. the agent died mid-way): only what is missing.
+/// `internal_port` says whether OVSDB has the internal Port, `internal` is its device.
+pub fn repair(
+    record: &UplinkRecord,
+    bridge: &str,
+    netdev: bool,
+    internal_port: bool,
+    internal: Option<&LinkState>,
+    renamed: Option<&LinkState>,
+) -> Vec<Step> {
+    let (uplink, renamed_name) = (&record.uplink, &record.renamed);
+    let Some(internal) = internal.filter(|_| internal_port) else {
+        let mut steps = Vec::new();
+        if internal_port {
+            // A Port row without its device: re-create both.
+            steps.push(step(
+                format!("delete internal port {uplink} without a device"),
+                Op::DelPort { bridge: bridge.into(), name: uplink.clone(), kind: PortKind::Internal },
+                vec![Op::AddPort { bridge: bridge.into(), port: self::internal_port(record) }],
+            ));
+        }
+        steps.extend(internal_port_steps(record, bridge, netdev));
+        steps.extend(move_addresses(record, renamed_name, uplink));
+        return steps;
+    };
+    let mut steps = Vec::new();
+    if internal.mtu != record.mtu {
+        steps.push(step(
+            format!("set the MTU of internal port {uplink} to {}", record.mtu),
+            Op::SetMtu { link: uplink.clone(), mtu: record.mtu },
+            vec![Op::SetMtu { link: uplink.clone(), mtu: internal.mtu }],
+        ));
+    }
+    if netdev && internal.tx_checksum {
+        steps.push(step(format!("turn TX checksum offload off on {uplink}"), Op::TxChecksumOff { link: uplink.clone() }, vec![]));
+    }
+    if !internal.up {
+        steps.push(step(
+            format!("set {uplink} up"),
+            Op::LinkUp { link: uplink.clone() },
+            vec![Op::LinkDown { link: uplink.clone() }],
+        ));
+    }
+    let missing = UplinkRecord {
+        addresses: record.addresses.iter().filter(|a| !internal.addresses.contains(a)).copied().collect(),
+        routes: record
+            .routes
+            .iter()
+            .filter(|r| !internal.routes.iter().any(|have| have.same_route(r)))
+            .cloned()
+            .collect(),
+        ..record.clone()
+    };
+    let mut moves = move_addresses(&missing, renamed_name, uplink);
+    if renamed.is_none() {
+        // Nothing to delete from a renamed uplink that is gone.
+        moves.retain(|s| !matches!(s.op, Op::DelRoute { .. } | Op::DelAddress { .. }));
+    }
+    steps.extend(moves);
+    steps
+}
+
+/// The reverse of a takeover: the addresses and routes back onto the renamed uplink, the
+/// internal port deleted, the uplink out of the bridge, renamed back with its MTU and MAC,
+/// up, its addresses and routes re-added. `renamed` is the renamed uplink as observed now.
+pub fn restore(record: &UplinkRecord, renamed: &LinkState, bridge: &str, netdev: bool) -> Vec<Step> {
+    let (uplink, renamed_name) = (&record.uplink, &record.renamed);
+    let mut steps = move_addresses(record, uplink, renamed_name);
+    // Undoing the delete re-creates a usable internal port (addresses come back from the
+    // undos of the moves above).
+    let mut recreate = vec![Op::AddPort { bridge: bridge.into(), port: internal_port(record) }];
+    recreate.extend(internal_settings(record, netdev).into_iter().map(|(_, op)| op));
+    steps.push(step(
+        format!("delete internal port {uplink} from bridge {bridge}"),
+        Op::DelPort { bridge: bridge.into(), name: uplink.clone(), kind: PortKind::Internal },
+        recreate,
+    ));
+    steps.push(step(
+        format!("delete {renamed_name} from bridge {bridge}"),
+        Op::DelPort { bridge: bridge.into(), name: renamed_name.clone(), kind: PortKind::System },
+        vec![Op::AddPort { bridge: bridge.into(), port: uplink_port(record) }],
+    ));
+    let mut back_up = vec![Op::LinkUp { link: renamed_name.clone() }];
+    back_up.extend(add_addresses(renamed_name, &record.addresses));
+    back_up.extend(add_routes(renamed_name, &record.routes));
+    steps.push(step(format!("set {renamed_name} down"), Op::LinkDown { link: renamed_name.clone() }, back_up));
+    steps.push(step(
+        format!("rename {renamed_name} to {uplink}"),
+        Op::Rename { from: renamed_name.clone(), to: uplink.clone() },
+        vec![Op::Rename { from: uplink.clone(), to: renamed_name.clone() }],
+    ));
+    steps.push(step(
+        format!("set the MTU of {uplink} to {}", record.mtu),
+        Op::SetMtu { link: uplink.clone(), mtu: record.mtu },
+        vec![Op::SetMtu { link: uplink.clone(), mtu: renamed.mtu }],
+    ));
+    steps.push(step(
+        format!("set the MAC of {uplink} to {}", format_mac(&record.mac)),
+        Op::SetMac { link: uplink.clone(), mac: record.mac },
+        vec![Op::SetMac { link: uplink.clone(), mac: renamed.mac }],
+    ));
+    steps.push(step(format!("set {uplink} up"), Op::LinkUp { link: uplink.clone() }, vec![Op::LinkDown { link: uplink.clone() }]));
+    for address in &record.addresses {
+        steps.push(step(
+            format!("add address {address} to {uplink}"),
+            Op::AddAddress { link: uplink.clone(), address: *address },
+            vec![],
+        ));
+    }
+    for route in routes_in_add_order(&record.routes) {
+        steps.push(step(format!("add route {} to {uplink}", route.dst), Op::AddRoute { link: uplink.clone(), route }, vec![]));
+    }
+    steps
+}
