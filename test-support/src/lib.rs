@@ -8,6 +8,7 @@ pub mod examples;
 mod grpc;
 mod http;
 mod netns;
+mod netns_thread;
 mod ovs;
 mod process;
 pub mod raw_h2;
@@ -31,6 +32,7 @@ pub use etcd::{
 pub use grpc::{python_script, spawn_tunnel_client, tunnel_client, GrpcBackend};
 pub use http::{http_get, HttpResponse};
 pub use netns::{NetNs, VethPort};
+pub use netns_thread::in_netns;
 pub use ovs::{unique_name, OvsInstance};
 pub use process::{SluiceLauncher, SluiceProcess};
 pub use redis::{RedisCluster, RedisServer, RedisTls};

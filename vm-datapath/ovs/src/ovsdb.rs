@@ -255,7 +255,11 @@ impl OvsdbClient {
     }
 
     /// Waits until ovs-vswitchd has caught up with configuration number `next_cfg`.
-    pub(crate) async fn wait_for_vswitchd(&mut self, next_cfg: i64, what: &str) -> Result<(), OvsdbError> {
+    pub(crate) async fn wait_for_vswitchd(
+        &mut self,
+        next_cfg: i64,
+        what: &str,
+    ) -> Result<(), OvsdbError> {
         let deadline = Instant::now() + self.timeout;
         loop {
             let results = self

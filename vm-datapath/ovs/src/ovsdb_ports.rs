@@ -149,9 +149,9 @@ impl OvsdbClient {
             if !members.iter().any(|member| member == uuid) {
                 continue;
             }
-            let name = row["name"].as_str().ok_or_else(|| {
-                OvsdbError::Protocol(format!("a Port row without a name: {row}"))
-            })?;
+            let name = row["name"]
+                .as_str()
+                .ok_or_else(|| OvsdbError::Protocol(format!("a Port row without a name: {row}")))?;
             ports.push(PortRecord {
                 name: name.to_string(),
                 external_ids: parse_ovsdb_map(&row["external_ids"])?,
@@ -187,10 +187,13 @@ mod tests {
 
     #[test]
     fn maps_round_trip_and_reject_other_shapes() {
-        let map: BTreeMap<String, String> = [("a", "1"), ("sluice-uplink-routes", "[{\"dst\":\"0.0.0.0/0\"}]")]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let map: BTreeMap<String, String> = [
+            ("a", "1"),
+            ("sluice-uplink-routes", "[{\"dst\":\"0.0.0.0/0\"}]"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
         assert_eq!(parse_ovsdb_map(&ovsdb_map(&map)).unwrap(), map);
         assert!(parse_ovsdb_map(&json!(["map", []])).unwrap().is_empty());
         assert!(parse_ovsdb_map(&json!(["set", []])).is_err());

@@ -40,7 +40,9 @@ pub fn tx_checksum(link: &str) -> std::io::Result<bool> {
 /// One `ethtool_value` command on `link`; returns the value's data after the call.
 fn ethtool_value(link: &str, cmd: u32, data: u32) -> std::io::Result<u32> {
     if link.is_empty() || link.len() >= libc::IFNAMSIZ {
-        return Err(std::io::Error::other(format!("`{link}` is not a link name")));
+        return Err(std::io::Error::other(format!(
+            "`{link}` is not a link name"
+        )));
     }
     let mut value = EthtoolValue { cmd, data };
     let mut request = IfreqData {

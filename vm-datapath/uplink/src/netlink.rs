@@ -146,33 +146,40 @@ impl<'a> NetlinkHost<'a> {
             .ok_or_else(|| HostError::NoSuchLink(name.to_string()))
     }
 
-    async fn addresses(&self, index: u32) -> Result<Vec<IpNet>, HostError> {
+    /// The link's addresses, and the IPv4 ones among them without a broadcast address.
+    async fn addresses(&self, index: u32) -> Result<(Vec<IpNet>, Vec<IpNet>), HostError> {
         let mut stream = self
             .handle
             .address()
             .get()
             .set_link_index_filter(index)
             .execute();
-        let mut addresses = Vec::new();
+        let (mut addresses, mut without_broadcast) = (Vec::new(), Vec::new());
         while let Some(message) = stream.try_next().await? {
-            let (mut local, mut address) = (None, None);
+            let (mut local, mut address, mut broadcast) = (None, None, false);
             for attribute in &message.attributes {
                 match attribute {
                     AddressAttribute::Local(ip) => local = Some(*ip),
                     AddressAttribute::Address(ip) => address = Some(*ip),
+                    AddressAttribute::Broadcast(_) => broadcast = true,
                     _ => {}
                 }
             }
             // IFA_LOCAL is the address itself; IFA_ADDRESS is the peer on point-to-point links.
-            let Some(ip) = local.or(address) else { continue };
+            let Some(ip) = local.or(address) else {
+                continue;
+            };
             if message.header.index != index || is_ipv6_link_local(ip) {
                 continue;
             }
             if let Ok(net) = IpNet::new(ip, message.header.prefix_len) {
+                if ip.is_ipv4() && !broadcast {
+                    without_broadcast.push(net);
+                }
                 addresses.push(net);
             }
         }
-        Ok(addresses)
+        Ok((addresses, without_broadcast))
     }
 
     async fn routes(&self, index: u32) -> Result<Vec<RouteSpec>, HostError> {
@@ -190,7 +197,11 @@ impl<'a> NetlinkHost<'a> {
         Ok(routes)
     }
 
-    async fn set_link(&self, name: &str, change: impl FnOnce(u32) -> LinkMessage) -> Result<(), HostError> {
+    async fn set_link(
+        &self,
+        name: &str,
+        change: impl FnOnce(u32) -> LinkMessage,
+    ) -> Result<(), HostError> {
         let index = self.index(name).await?;
         Ok(self.handle.link().set(change(index)).execute().await?)
     }
@@ -199,21 +210,41 @@ impl<'a> NetlinkHost<'a> {
         let deadline = Instant::now() + DEVICE_TIMEOUT;
         while self.link_message(name).await?.is_some() != present {
             if Instant::now() >= deadline {
-                let what = format!("device {name} {}", if present { "appearing" } else { "going" });
-                return Err(HostError::Timeout { what, timeout: DEVICE_TIMEOUT });
+                let what = format!(
+                    "device {name} {}",
+                    if present { "appearing" } else { "going" }
+                );
+                return Err(HostError::Timeout {
+                    what,
+                    timeout: DEVICE_TIMEOUT,
+                });
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         Ok(())
     }
 
-    async fn address(&self, link: &str, address: IpNet, add: bool) -> Result<(), HostError> {
+    /// Adds (`Some(broadcast)`) or deletes (`None`) `address` on `link`.
+    async fn address(
+        &self,
+        link: &str,
+        address: IpNet,
+        add: Option<bool>,
+    ) -> Result<(), HostError> {
         let index = match (self.index(link).await, add) {
-            (Err(HostError::NoSuchLink(_)), false) => return Ok(()), // nothing left to delete
+            (Err(HostError::NoSuchLink(_)), None) => return Ok(()), // nothing left to delete
             (index, _) => index?,
         };
-        if add {
-            let mut request = self.handle.address().add(index, address.addr(), address.prefix_len());
+        if let Some(broadcast) = add {
+            let mut request =
+                self.handle
+                    .address()
+                    .add(index, address.addr(), address.prefix_len());
+            if !broadcast {
+                // rtnetlink adds the subnet's broadcast address to every IPv4 address.
+                let attributes = &mut request.message_mut().attributes;
+                attributes.retain(|a| !matches!(a, AddressAttribute::Broadcast(_)));
+            }
             if address.addr().is_ipv6() {
                 // The address moves between devices of one host: duplicate detection would only
                 // keep it unusable (tentative) for a second.
@@ -245,9 +276,15 @@ impl<'a> NetlinkHost<'a> {
         };
         let message = route_message(route, index)?;
         if add {
-            tolerate(self.handle.route().add(message).execute().await, &[libc::EEXIST])
+            tolerate(
+                self.handle.route().add(message).execute().await,
+                &[libc::EEXIST],
+            )
         } else {
-            tolerate(self.handle.route().del(message).execute().await, &[libc::ESRCH])
+            tolerate(
+                self.handle.route().del(message).execute().await,
+                &[libc::ESRCH],
+            )
         }
     }
 
@@ -256,8 +293,10 @@ impl<'a> NetlinkHost<'a> {
             return Ok(()); // renamed already
         }
         let to = to.to_string();
-        self.set_link(from, |index| LinkUnspec::new_with_index(index).name(to).build())
-            .await
+        self.set_link(from, |index| {
+            LinkUnspec::new_with_index(index).name(to).build()
+        })
+        .await
     }
 }
 
@@ -275,6 +314,7 @@ impl Host for NetlinkHost<'_> {
                 _ => {}
             }
         }
+        let (addresses, without_broadcast) = self.addresses(index).await?;
         Ok(Some(LinkState {
             name: name.to_string(),
             index,
@@ -283,7 +323,8 @@ impl Host for NetlinkHost<'_> {
             up: message.header.flags.contains(LinkFlags::Up),
             // A device that cannot report it has no offload to turn off.
             tx_checksum: crate::ethtool::tx_checksum(name).unwrap_or(false),
-            addresses: self.addresses(index).await?,
+            addresses,
+            without_broadcast,
             routes: self.routes(index).await?,
         }))
     }
@@ -303,18 +344,22 @@ impl Host for NetlinkHost<'_> {
     async fn apply(&mut self, op: &Op) -> Result<(), HostError> {
         match op {
             Op::LinkUp { link } => {
-                self.set_link(link, |i| LinkUnspec::new_with_index(i).up().build()).await
+                self.set_link(link, |i| LinkUnspec::new_with_index(i).up().build())
+                    .await
             }
             Op::LinkDown { link } => {
-                self.set_link(link, |i| LinkUnspec::new_with_index(i).down().build()).await
+                self.set_link(link, |i| LinkUnspec::new_with_index(i).down().build())
+                    .await
             }
             Op::Rename { from, to } => self.rename(from, to).await,
             Op::SetMtu { link, mtu } => {
-                self.set_link(link, |i| LinkUnspec::new_with_index(i).mtu(*mtu).build()).await
+                self.set_link(link, |i| LinkUnspec::new_with_index(i).mtu(*mtu).build())
+                    .await
             }
             Op::SetMac { link, mac } => {
                 let mac = mac.to_vec();
-                self.set_link(link, |i| LinkUnspec::new_with_index(i).address(mac).build()).await
+                self.set_link(link, |i| LinkUnspec::new_with_index(i).address(mac).build())
+                    .await
             }
             Op::TxChecksumOff { link } => {
                 crate::ethtool::tx_checksum_off(link).map_err(|source| HostError::Io {
@@ -322,8 +367,12 @@ impl Host for NetlinkHost<'_> {
                     source,
                 })
             }
-            Op::AddAddress { link, address } => self.address(link, *address, true).await,
-            Op::DelAddress { link, address } => self.address(link, *address, false).await,
+            Op::AddAddress {
+                link,
+                address,
+                broadcast,
+            } => self.address(link, *address, Some(*broadcast)).await,
+            Op::DelAddress { link, address } => self.address(link, *address, None).await,
             Op::AddRoute { link, route } => self.route(link, route, true).await,
             Op::DelRoute { link, route } => self.route(link, route, false).await,
             Op::AddPort { bridge, port } => {

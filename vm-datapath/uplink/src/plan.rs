@@ -18,19 +18,52 @@ use crate::record::{
 /// change what a name's index is, so the host resolves names when it applies an operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
-    LinkUp { link: String },
-    LinkDown { link: String },
-    Rename { from: String, to: String },
-    SetMtu { link: String, mtu: u32 },
-    SetMac { link: String, mac: [u8; 6] },
+    LinkUp {
+        link: String,
+    },
+    LinkDown {
+        link: String,
+    },
+    Rename {
+        from: String,
+        to: String,
+    },
+    SetMtu {
+        link: String,
+        mtu: u32,
+    },
+    SetMac {
+        link: String,
+        mac: [u8; 6],
+    },
     /// Turns TX checksum offload off (see `ethtool.rs` for why).
-    TxChecksumOff { link: String },
-    AddAddress { link: String, address: IpNet },
-    DelAddress { link: String, address: IpNet },
-    AddRoute { link: String, route: RouteSpec },
-    DelRoute { link: String, route: RouteSpec },
+    TxChecksumOff {
+        link: String,
+    },
+    /// `broadcast`: with the subnet's broadcast address (IPv4), as the kernel reports it for
+    /// most addresses but not for one added without `brd`.
+    AddAddress {
+        link: String,
+        address: IpNet,
+        broadcast: bool,
+    },
+    DelAddress {
+        link: String,
+        address: IpNet,
+    },
+    AddRoute {
+        link: String,
+        route: RouteSpec,
+    },
+    DelRoute {
+        link: String,
+        route: RouteSpec,
+    },
     /// Adds the port; an internal one is done when its device exists.
-    AddPort { bridge: String, port: NewPort },
+    AddPort {
+        bridge: String,
+        port: NewPort,
+    },
     /// Deletes the port; an internal one is done when its device is gone.
     DelPort {
         bridge: String,
@@ -63,13 +96,19 @@ fn add_routes(link: &str, routes: &[RouteSpec]) -> Vec<Op> {
         .collect()
 }
 
-fn add_addresses(link: &str, addresses: &[IpNet]) -> Vec<Op> {
-    addresses
+fn add_address(link: &str, address: IpNet, record: &UplinkRecord) -> Op {
+    Op::AddAddress {
+        link: link.to_string(),
+        address,
+        broadcast: !record.without_broadcast.contains(&address),
+    }
+}
+
+fn add_addresses(link: &str, record: &UplinkRecord) -> Vec<Op> {
+    record
+        .addresses
         .iter()
-        .map(|address| Op::AddAddress {
-            link: link.to_string(),
-            address: *address,
-        })
+        .map(|address| add_address(link, *address, record))
         .collect()
 }
 
@@ -123,29 +162,47 @@ fn move_addresses(record: &UplinkRecord, from: &str, to: &str) -> Vec<Step> {
     for route in routes_in_add_order(&record.routes).into_iter().rev() {
         steps.push(step(
             format!("delete route {} from {from}", route.dst),
-            Op::DelRoute { link: from.into(), route: route.clone() },
-            vec![Op::AddRoute { link: from.into(), route }],
+            Op::DelRoute {
+                link: from.into(),
+                route: route.clone(),
+            },
+            vec![Op::AddRoute {
+                link: from.into(),
+                route,
+            }],
         ));
     }
     for address in &record.addresses {
         steps.push(step(
             format!("delete address {address} from {from}"),
-            Op::DelAddress { link: from.into(), address: *address },
-            vec![Op::AddAddress { link: from.into(), address: *address }],
+            Op::DelAddress {
+                link: from.into(),
+                address: *address,
+            },
+            vec![add_address(from, *address, record)],
         ));
     }
     for address in &record.addresses {
         steps.push(step(
             format!("add address {address} to {to}"),
-            Op::AddAddress { link: to.into(), address: *address },
-            vec![Op::DelAddress { link: to.into(), address: *address }],
+            add_address(to, *address, record),
+            vec![Op::DelAddress {
+                link: to.into(),
+                address: *address,
+            }],
         ));
     }
     for route in routes_in_add_order(&record.routes) {
         steps.push(step(
             format!("add route {} to {to}", route.dst),
-            Op::AddRoute { link: to.into(), route: route.clone() },
-            vec![Op::DelRoute { link: to.into(), route }],
+            Op::AddRoute {
+                link: to.into(),
+                route: route.clone(),
+            },
+            vec![Op::DelRoute {
+                link: to.into(),
+                route,
+            }],
         ));
     }
     steps
@@ -157,20 +214,38 @@ pub fn takeover(state: &LinkState, renamed: &str, bridge: &str, netdev: bool) ->
     let record = UplinkRecord::of(state, renamed);
     let uplink = &record.uplink;
     // Setting the uplink down drops its routes and IPv6 addresses: undoing it puts them back.
-    let mut restore_uplink = vec![Op::LinkUp { link: uplink.clone() }];
-    restore_uplink.extend(add_addresses(uplink, &record.addresses));
+    let mut restore_uplink = vec![Op::LinkUp {
+        link: uplink.clone(),
+    }];
+    restore_uplink.extend(add_addresses(uplink, &record));
     restore_uplink.extend(add_routes(uplink, &record.routes));
     let mut steps = vec![
-        step(format!("set uplink {uplink} down"), Op::LinkDown { link: uplink.clone() }, restore_uplink),
+        step(
+            format!("set uplink {uplink} down"),
+            Op::LinkDown {
+                link: uplink.clone(),
+            },
+            restore_uplink,
+        ),
         step(
             format!("rename {uplink} to {renamed}"),
-            Op::Rename { from: uplink.clone(), to: renamed.into() },
-            vec![Op::Rename { from: renamed.into(), to: uplink.clone() }],
+            Op::Rename {
+                from: uplink.clone(),
+                to: renamed.into(),
+            },
+            vec![Op::Rename {
+                from: renamed.into(),
+                to: uplink.clone(),
+            }],
         ),
         step(
             format!("set {renamed} up"),
-            Op::LinkUp { link: renamed.into() },
-            vec![Op::LinkDown { link: renamed.into() }],
+            Op::LinkUp {
+                link: renamed.into(),
+            },
+            vec![Op::LinkDown {
+                link: renamed.into(),
+            }],
         ),
     ];
     // The VM keeps talking through the renamed uplink (the kernel still owns it) until the
@@ -178,21 +253,31 @@ pub fn takeover(state: &LinkState, renamed: &str, bridge: &str, netdev: bool) ->
     for address in &record.addresses {
         steps.push(step(
             format!("keep address {address} on {renamed}"),
-            Op::AddAddress { link: renamed.into(), address: *address },
+            add_address(renamed, *address, &record),
             vec![],
         ));
     }
     for route in routes_in_add_order(&record.routes) {
         steps.push(step(
             format!("keep route {} on {renamed}", route.dst),
-            Op::AddRoute { link: renamed.into(), route },
+            Op::AddRoute {
+                link: renamed.into(),
+                route,
+            },
             vec![],
         ));
     }
     steps.push(step(
         format!("add {renamed} to bridge {bridge}"),
-        Op::AddPort { bridge: bridge.into(), port: uplink_port(&record) },
-        vec![Op::DelPort { bridge: bridge.into(), name: renamed.into(), kind: PortKind::System }],
+        Op::AddPort {
+            bridge: bridge.into(),
+            port: uplink_port(&record),
+        },
+        vec![Op::DelPort {
+            bridge: bridge.into(),
+            name: renamed.into(),
+            kind: PortKind::System,
+        }],
     ));
     steps.extend(internal_port_steps(&record, bridge, netdev));
     steps.extend(move_addresses(&record, renamed, uplink));
@@ -204,11 +289,22 @@ fn internal_port_steps(record: &UplinkRecord, bridge: &str, netdev: bool) -> Vec
     let uplink = &record.uplink;
     let mut steps = vec![step(
         format!("add internal port {uplink} to bridge {bridge}"),
-        Op::AddPort { bridge: bridge.into(), port: internal_port(record) },
-        vec![Op::DelPort { bridge: bridge.into(), name: uplink.clone(), kind: PortKind::Internal }],
+        Op::AddPort {
+            bridge: bridge.into(),
+            port: internal_port(record),
+        },
+        vec![Op::DelPort {
+            bridge: bridge.into(),
+            name: uplink.clone(),
+            kind: PortKind::Internal,
+        }],
     )];
     // Undone by deleting the port.
-    steps.extend(internal_settings(record, netdev).into_iter().map(|(name, op)| step(name, op, vec![])));
+    steps.extend(
+        internal_settings(record, netdev)
+            .into_iter()
+            .map(|(name, op)| step(name, op, vec![])),
+    );
     steps
 }
 
@@ -229,8 +325,15 @@ pub fn repair(
             // A Port row without its device: re-create both.
             steps.push(step(
                 format!("delete internal port {uplink} without a device"),
-                Op::DelPort { bridge: bridge.into(), name: uplink.clone(), kind: PortKind::Internal },
-                vec![Op::AddPort { bridge: bridge.into(), port: self::internal_port(record) }],
+                Op::DelPort {
+                    bridge: bridge.into(),
+                    name: uplink.clone(),
+                    kind: PortKind::Internal,
+                },
+                vec![Op::AddPort {
+                    bridge: bridge.into(),
+                    port: self::internal_port(record),
+                }],
             ));
         }
         steps.extend(internal_port_steps(record, bridge, netdev));
@@ -241,22 +344,43 @@ pub fn repair(
     if internal.mtu != record.mtu {
         steps.push(step(
             format!("set the MTU of internal port {uplink} to {}", record.mtu),
-            Op::SetMtu { link: uplink.clone(), mtu: record.mtu },
-            vec![Op::SetMtu { link: uplink.clone(), mtu: internal.mtu }],
+            Op::SetMtu {
+                link: uplink.clone(),
+                mtu: record.mtu,
+            },
+            vec![Op::SetMtu {
+                link: uplink.clone(),
+                mtu: internal.mtu,
+            }],
         ));
     }
     if netdev && internal.tx_checksum {
-        steps.push(step(format!("turn TX checksum offload off on {uplink}"), Op::TxChecksumOff { link: uplink.clone() }, vec![]));
+        steps.push(step(
+            format!("turn TX checksum offload off on {uplink}"),
+            Op::TxChecksumOff {
+                link: uplink.clone(),
+            },
+            vec![],
+        ));
     }
     if !internal.up {
         steps.push(step(
             format!("set {uplink} up"),
-            Op::LinkUp { link: uplink.clone() },
-            vec![Op::LinkDown { link: uplink.clone() }],
+            Op::LinkUp {
+                link: uplink.clone(),
+            },
+            vec![Op::LinkDown {
+                link: uplink.clone(),
+            }],
         ));
     }
     let missing = UplinkRecord {
-        addresses: record.addresses.iter().filter(|a| !internal.addresses.contains(a)).copied().collect(),
+        addresses: record
+            .addresses
+            .iter()
+            .filter(|a| !internal.addresses.contains(a))
+            .copied()
+            .collect(),
         routes: record
             .routes
             .iter()
@@ -277,52 +401,116 @@ pub fn repair(
 /// The reverse of a takeover: the addresses and routes back onto the renamed uplink, the
 /// internal port deleted, the uplink out of the bridge, renamed back with its MTU and MAC,
 /// up, its addresses and routes re-added. `renamed` is the renamed uplink as observed now.
-pub fn restore(record: &UplinkRecord, renamed: &LinkState, bridge: &str, netdev: bool) -> Vec<Step> {
+pub fn restore(
+    record: &UplinkRecord,
+    renamed: &LinkState,
+    bridge: &str,
+    netdev: bool,
+) -> Vec<Step> {
     let (uplink, renamed_name) = (&record.uplink, &record.renamed);
     let mut steps = move_addresses(record, uplink, renamed_name);
     // Undoing the delete re-creates a usable internal port (addresses come back from the
     // undos of the moves above).
-    let mut recreate = vec![Op::AddPort { bridge: bridge.into(), port: internal_port(record) }];
-    recreate.extend(internal_settings(record, netdev).into_iter().map(|(_, op)| op));
+    let mut recreate = vec![Op::AddPort {
+        bridge: bridge.into(),
+        port: internal_port(record),
+    }];
+    recreate.extend(
+        internal_settings(record, netdev)
+            .into_iter()
+            .map(|(_, op)| op),
+    );
     steps.push(step(
         format!("delete internal port {uplink} from bridge {bridge}"),
-        Op::DelPort { bridge: bridge.into(), name: uplink.clone(), kind: PortKind::Internal },
+        Op::DelPort {
+            bridge: bridge.into(),
+            name: uplink.clone(),
+            kind: PortKind::Internal,
+        },
         recreate,
     ));
     steps.push(step(
         format!("delete {renamed_name} from bridge {bridge}"),
-        Op::DelPort { bridge: bridge.into(), name: renamed_name.clone(), kind: PortKind::System },
-        vec![Op::AddPort { bridge: bridge.into(), port: uplink_port(record) }],
+        Op::DelPort {
+            bridge: bridge.into(),
+            name: renamed_name.clone(),
+            kind: PortKind::System,
+        },
+        vec![Op::AddPort {
+            bridge: bridge.into(),
+            port: uplink_port(record),
+        }],
     ));
-    let mut back_up = vec![Op::LinkUp { link: renamed_name.clone() }];
-    back_up.extend(add_addresses(renamed_name, &record.addresses));
+    let mut back_up = vec![Op::LinkUp {
+        link: renamed_name.clone(),
+    }];
+    back_up.extend(add_addresses(renamed_name, record));
     back_up.extend(add_routes(renamed_name, &record.routes));
-    steps.push(step(format!("set {renamed_name} down"), Op::LinkDown { link: renamed_name.clone() }, back_up));
+    steps.push(step(
+        format!("set {renamed_name} down"),
+        Op::LinkDown {
+            link: renamed_name.clone(),
+        },
+        back_up,
+    ));
     steps.push(step(
         format!("rename {renamed_name} to {uplink}"),
-        Op::Rename { from: renamed_name.clone(), to: uplink.clone() },
-        vec![Op::Rename { from: uplink.clone(), to: renamed_name.clone() }],
+        Op::Rename {
+            from: renamed_name.clone(),
+            to: uplink.clone(),
+        },
+        vec![Op::Rename {
+            from: uplink.clone(),
+            to: renamed_name.clone(),
+        }],
     ));
     steps.push(step(
         format!("set the MTU of {uplink} to {}", record.mtu),
-        Op::SetMtu { link: uplink.clone(), mtu: record.mtu },
-        vec![Op::SetMtu { link: uplink.clone(), mtu: renamed.mtu }],
+        Op::SetMtu {
+            link: uplink.clone(),
+            mtu: record.mtu,
+        },
+        vec![Op::SetMtu {
+            link: uplink.clone(),
+            mtu: renamed.mtu,
+        }],
     ));
     steps.push(step(
         format!("set the MAC of {uplink} to {}", format_mac(&record.mac)),
-        Op::SetMac { link: uplink.clone(), mac: record.mac },
-        vec![Op::SetMac { link: uplink.clone(), mac: renamed.mac }],
+        Op::SetMac {
+            link: uplink.clone(),
+            mac: record.mac,
+        },
+        vec![Op::SetMac {
+            link: uplink.clone(),
+            mac: renamed.mac,
+        }],
     ));
-    steps.push(step(format!("set {uplink} up"), Op::LinkUp { link: uplink.clone() }, vec![Op::LinkDown { link: uplink.clone() }]));
+    steps.push(step(
+        format!("set {uplink} up"),
+        Op::LinkUp {
+            link: uplink.clone(),
+        },
+        vec![Op::LinkDown {
+            link: uplink.clone(),
+        }],
+    ));
     for address in &record.addresses {
         steps.push(step(
             format!("add address {address} to {uplink}"),
-            Op::AddAddress { link: uplink.clone(), address: *address },
+            add_address(uplink, *address, record),
             vec![],
         ));
     }
     for route in routes_in_add_order(&record.routes) {
-        steps.push(step(format!("add route {} to {uplink}", route.dst), Op::AddRoute { link: uplink.clone(), route }, vec![]));
+        steps.push(step(
+            format!("add route {} to {uplink}", route.dst),
+            Op::AddRoute {
+                link: uplink.clone(),
+                route,
+            },
+            vec![],
+        ));
     }
     steps
 }

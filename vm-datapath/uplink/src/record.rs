@@ -16,6 +16,8 @@ pub const KEY_UPLINK: &str = "sluice-uplink";
 pub const KEY_MAC: &str = "sluice-uplink-mac";
 pub const KEY_MTU: &str = "sluice-uplink-mtu";
 pub const KEY_IPS: &str = "sluice-uplink-ips";
+/// The IPv4 addresses of `KEY_IPS` that had no broadcast address (added without `brd`).
+pub const KEY_IPS_NO_BROADCAST: &str = "sluice-uplink-ips-nobrd";
 pub const KEY_ROUTES: &str = "sluice-uplink-routes";
 /// Marks the internal port that took the uplink's name.
 pub const KEY_INTERNAL: &str = "sluice-internal";
@@ -73,6 +75,8 @@ pub struct LinkState {
     /// IPv4 and IPv6 addresses with their prefix length, link-local IPv6 left out (the kernel
     /// makes those itself).
     pub addresses: Vec<IpNet>,
+    /// The IPv4 addresses among them without a broadcast address.
+    pub without_broadcast: Vec<IpNet>,
     /// Main-table unicast routes out of this link, IPv6 link-local ones left out.
     pub routes: Vec<RouteSpec>,
 }
@@ -86,6 +90,7 @@ pub struct UplinkRecord {
     pub mac: [u8; 6],
     pub mtu: u32,
     pub addresses: Vec<IpNet>,
+    pub without_broadcast: Vec<IpNet>,
     pub routes: Vec<RouteSpec>,
 }
 
@@ -129,13 +134,19 @@ impl UplinkRecord {
             mac: state.mac,
             mtu: state.mtu,
             addresses: state.addresses.clone(),
+            without_broadcast: state.without_broadcast.clone(),
             routes: state.routes.clone(),
         }
     }
 
     /// The uplink Port's `external_ids`.
     pub fn external_ids(&self) -> BTreeMap<String, String> {
-        let ips: Vec<String> = self.addresses.iter().map(IpNet::to_string).collect();
+        let list = |nets: &[IpNet]| {
+            nets.iter()
+                .map(IpNet::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
         // Serializing plain strings, numbers and addresses cannot fail; an empty list is the
         // harmless fallback all the same.
         let routes = serde_json::to_string(&self.routes).unwrap_or_else(|_| "[]".to_string());
@@ -143,7 +154,8 @@ impl UplinkRecord {
             (KEY_UPLINK, self.uplink.clone()),
             (KEY_MAC, format_mac(&self.mac)),
             (KEY_MTU, self.mtu.to_string()),
-            (KEY_IPS, ips.join(",")),
+            (KEY_IPS, list(&self.addresses)),
+            (KEY_IPS_NO_BROADCAST, list(&self.without_broadcast)),
             (KEY_ROUTES, routes),
         ]
         .into_iter()
@@ -165,24 +177,26 @@ impl UplinkRecord {
             key,
             problem,
         };
-        let get = |key: &'static str| {
-            ids.get(key)
-                .ok_or_else(|| fail(key, "missing".to_string()))
-        };
+        let get = |key: &'static str| ids.get(key).ok_or_else(|| fail(key, "missing".to_string()));
         let mac_text = get(KEY_MAC)?;
         let mac = parse_mac(mac_text).ok_or_else(|| fail(KEY_MAC, format!("`{mac_text}`")))?;
         let mtu_text = get(KEY_MTU)?;
         let mtu = mtu_text
             .parse()
             .map_err(|_| fail(KEY_MTU, format!("`{mtu_text}`")))?;
-        let addresses = get(KEY_IPS)?
-            .split(',')
-            .filter(|part| !part.is_empty())
-            .map(|part| {
-                part.parse()
-                    .map_err(|_| fail(KEY_IPS, format!("`{part}`, not a CIDR")))
-            })
-            .collect::<Result<Vec<IpNet>, _>>()?;
+        let cidrs = |key: &'static str, text: &str| {
+            text.split(',')
+                .filter(|part| !part.is_empty())
+                .map(|part| {
+                    part.parse()
+                        .map_err(|_| fail(key, format!("`{part}`, not a CIDR")))
+                })
+                .collect::<Result<Vec<IpNet>, _>>()
+        };
+        let addresses = cidrs(KEY_IPS, get(KEY_IPS)?)?;
+        // Absent from records written before it existed: every address had its broadcast.
+        let no_broadcast = ids.get(KEY_IPS_NO_BROADCAST).map_or("", String::as_str);
+        let without_broadcast = cidrs(KEY_IPS_NO_BROADCAST, no_broadcast)?;
         let routes = serde_json::from_str(get(KEY_ROUTES)?)
             .map_err(|e| fail(KEY_ROUTES, format!("not a route list: {e}")))?;
         Ok(Some(UplinkRecord {
@@ -191,6 +205,7 @@ impl UplinkRecord {
             mac,
             mtu,
             addresses,
+            without_broadcast,
             routes,
         }))
     }
@@ -217,8 +232,15 @@ mod tests {
             renamed: "eth0~".into(),
             mac: [0x02, 0, 0xab, 0xcd, 0xef, 0x01],
             mtu: 9000,
-            addresses: vec!["10.1.2.3/24".parse().unwrap(), "2001:db8::3/64".parse().unwrap()],
-            routes: vec![route("0.0.0.0/0", Some("10.1.2.1")), route("10.1.2.0/24", None)],
+            addresses: vec![
+                "10.1.2.3/24".parse().unwrap(),
+                "2001:db8::3/64".parse().unwrap(),
+            ],
+            without_broadcast: vec!["10.1.2.3/24".parse().unwrap()],
+            routes: vec![
+                route("0.0.0.0/0", Some("10.1.2.1")),
+                route("10.1.2.0/24", None),
+            ],
         }
     }
 
@@ -235,21 +257,30 @@ mod tests {
 
     #[test]
     fn a_port_without_the_key_is_no_record_and_a_broken_one_names_the_key() {
-        assert_eq!(UplinkRecord::from_external_ids("p", &BTreeMap::new()), Ok(None));
+        assert_eq!(
+            UplinkRecord::from_external_ids("p", &BTreeMap::new()),
+            Ok(None)
+        );
         let mut ids = record().external_ids();
         ids.insert(KEY_MTU.into(), "big".into());
         let error = UplinkRecord::from_external_ids("eth0~", &ids).unwrap_err();
         assert_eq!(error.key, KEY_MTU);
         ids.remove(KEY_MAC);
         let error = UplinkRecord::from_external_ids("eth0~", &ids).unwrap_err();
-        assert_eq!(error.to_string(), "external_ids:sluice-uplink-mac of port `eth0~` is missing");
+        assert_eq!(
+            error.to_string(),
+            "external_ids:sluice-uplink-mac of port `eth0~` is missing"
+        );
     }
 
     #[test]
     fn renaming_refuses_names_past_the_kernel_limit() {
         assert_eq!(renamed_name("eth0").as_deref(), Some("eth0~"));
         assert_eq!(renamed_name("enp0s31f6abcdef").as_deref(), None); // 15 + 1
-        assert_eq!(renamed_name("enp0s31f6abcde").as_deref(), Some("enp0s31f6abcde~"));
+        assert_eq!(
+            renamed_name("enp0s31f6abcde").as_deref(),
+            Some("enp0s31f6abcde~")
+        );
         assert_eq!(renamed_name(""), None);
     }
 
@@ -262,7 +293,10 @@ mod tests {
         ]);
         let dsts: Vec<String> = ordered.iter().map(|r| r.dst.to_string()).collect();
         assert_eq!(dsts, ["10.1.2.0/24", "10.9.0.0/16", "0.0.0.0/0"]);
-        assert_eq!(parse_mac("02:00:ab:cd:ef:01"), Some([2, 0, 0xab, 0xcd, 0xef, 1]));
+        assert_eq!(
+            parse_mac("02:00:ab:cd:ef:01"),
+            Some([2, 0, 0xab, 0xcd, 0xef, 1])
+        );
         assert_eq!(parse_mac("02:00:ab:cd:ef"), None);
         assert_eq!(parse_mac("02:00:ab:cd:ef:01:02"), None);
     }

@@ -100,10 +100,9 @@ async fn link<H: Host>(host: &mut H, name: &str) -> Result<Option<LinkState>, Up
 }
 
 async fn is_netdev<H: Host>(host: &mut H, bridge: &str) -> Result<bool, UplinkError> {
-    let datapath = host
-        .datapath_type(bridge)
-        .await
-        .map_err(observing(format!("reading the datapath type of bridge {bridge}")))?;
+    let datapath = host.datapath_type(bridge).await.map_err(observing(format!(
+        "reading the datapath type of bridge {bridge}"
+    )))?;
     Ok(datapath == "netdev")
 }
 
@@ -111,11 +110,17 @@ async fn taken_over<H: Host>(host: &mut H, record: UplinkRecord) -> Result<Taken
     let uplink_ofport = host
         .ofport(&record.renamed)
         .await
-        .map_err(observing(format!("reading the OpenFlow port of {}", record.renamed)))?;
+        .map_err(observing(format!(
+            "reading the OpenFlow port of {}",
+            record.renamed
+        )))?;
     let internal_ofport = host
         .ofport(&record.uplink)
         .await
-        .map_err(observing(format!("reading the OpenFlow port of {}", record.uplink)))?;
+        .map_err(observing(format!(
+            "reading the OpenFlow port of {}",
+            record.uplink
+        )))?;
     Ok(TakenOver {
         uplink: record.uplink,
         renamed: record.renamed,

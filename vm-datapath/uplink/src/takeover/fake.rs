@@ -44,7 +44,12 @@ pub struct FakeHost {
 }
 
 fn route_key(route: &RouteSpec) -> String {
-    format!("{} {:?} {}", route.dst, route.gateway, route.metric.unwrap_or(0))
+    format!(
+        "{} {:?} {}",
+        route.dst,
+        route.gateway,
+        route.metric.unwrap_or(0)
+    )
 }
 
 /// The route the kernel adds for an address on an up link.
@@ -95,7 +100,10 @@ impl FakeHost {
                 return Err(failed(format!("ENETUNREACH: {gateway} from {link}")));
             }
         }
-        target.routes.entry(route_key(route)).or_insert_with(|| route.clone());
+        target
+            .routes
+            .entry(route_key(route))
+            .or_insert_with(|| route.clone());
         Ok(())
     }
 
@@ -158,10 +166,18 @@ impl FakeHost {
 
     fn add_port(&mut self, bridge: &str, port: &NewPort) -> Result<(), HostError> {
         if !self.world.bridges.contains_key(bridge) {
-            return Err(OvsdbError::NotFound { table: "Bridge", name: bridge.to_string() }.into());
+            return Err(OvsdbError::NotFound {
+                table: "Bridge",
+                name: bridge.to_string(),
+            }
+            .into());
         }
         if self.world.ports.contains_key(&port.name) {
-            return Err(OvsdbError::AlreadyExists { table: "Port", name: port.name.clone() }.into());
+            return Err(OvsdbError::AlreadyExists {
+                table: "Port",
+                name: port.name.clone(),
+            }
+            .into());
         }
         match port.kind {
             PortKind::System => {
@@ -171,7 +187,11 @@ impl FakeHost {
                 if self.world.links.contains_key(&port.name) {
                     return Err(failed(format!("device {} exists", port.name)));
                 }
-                let mac = port.mac.as_deref().and_then(crate::record::parse_mac).unwrap_or([2, 0, 0, 0, 0, 0xee]);
+                let mac = port
+                    .mac
+                    .as_deref()
+                    .and_then(crate::record::parse_mac)
+                    .unwrap_or([2, 0, 0, 0, 0, 0xee]);
                 self.next_index += 1;
                 let link = FakeLink {
                     index: self.next_index,
@@ -185,7 +205,9 @@ impl FakeHost {
                 self.world.links.insert(port.name.clone(), link);
             }
         }
-        self.world.ports.insert(port.name.clone(), (bridge.to_string(), port.clone()));
+        self.world
+            .ports
+            .insert(port.name.clone(), (bridge.to_string(), port.clone()));
         Ok(())
     }
 
@@ -207,6 +229,7 @@ impl Host for FakeHost {
             mtu: link.mtu,
             up: link.up,
             tx_checksum: link.tx_checksum,
+            without_broadcast: Vec::new(),
             addresses: link.addresses.iter().copied().collect(),
             routes: link.routes.values().cloned().collect(),
         }))
@@ -214,27 +237,42 @@ impl Host for FakeHost {
 
     async fn bridge_ports(&mut self, bridge: &str) -> Result<Vec<PortRecord>, HostError> {
         if !self.world.bridges.contains_key(bridge) {
-            return Err(OvsdbError::NotFound { table: "Bridge", name: bridge.to_string() }.into());
+            return Err(OvsdbError::NotFound {
+                table: "Bridge",
+                name: bridge.to_string(),
+            }
+            .into());
         }
         Ok(self
             .world
             .ports
             .values()
             .filter(|(b, _)| b == bridge)
-            .map(|(_, port)| PortRecord { name: port.name.clone(), external_ids: port.external_ids.clone() })
+            .map(|(_, port)| PortRecord {
+                name: port.name.clone(),
+                external_ids: port.external_ids.clone(),
+            })
             .collect())
     }
 
     async fn datapath_type(&mut self, bridge: &str) -> Result<String, HostError> {
         self.world.bridges.get(bridge).cloned().ok_or_else(|| {
-            OvsdbError::NotFound { table: "Bridge", name: bridge.to_string() }.into()
+            OvsdbError::NotFound {
+                table: "Bridge",
+                name: bridge.to_string(),
+            }
+            .into()
         })
     }
 
     async fn ofport(&mut self, name: &str) -> Result<u32, HostError> {
         match (self.world.ports.get(name), self.world.links.get(name)) {
             (Some(_), Some(link)) => Ok(link.index),
-            _ => Err(OvsdbError::NotFound { table: "Interface", name: name.to_string() }.into()),
+            _ => Err(OvsdbError::NotFound {
+                table: "Interface",
+                name: name.to_string(),
+            }
+            .into()),
         }
     }
 
@@ -251,7 +289,7 @@ impl Host for FakeHost {
             Op::SetMtu { link, mtu } => self.link_mut(link).map(|l| l.mtu = *mtu),
             Op::SetMac { link, mac } => self.link_mut(link).map(|l| l.mac = *mac),
             Op::TxChecksumOff { link } => self.link_mut(link).map(|l| l.tx_checksum = false),
-            Op::AddAddress { link, address } => self.add_address(link, *address),
+            Op::AddAddress { link, address, .. } => self.add_address(link, *address),
             Op::DelAddress { link, address } => {
                 self.del_address(link, *address);
                 Ok(())

@@ -43,11 +43,27 @@ fn vm() -> World {
     let mut host = FakeHost::new(world);
     run(async {
         for op in [
-            Op::AddAddress { link: "eth0".into(), address: "10.0.0.2/24".parse().unwrap() },
-            Op::AddAddress { link: "eth0".into(), address: "2001:db8::2/64".parse().unwrap() },
-            Op::LinkUp { link: "eth0".into() },
-            Op::AddRoute { link: "eth0".into(), route: route("0.0.0.0/0", "10.0.0.1", None, None) },
-            Op::AddRoute { link: "eth0".into(), route: route("::/0", "2001:db8::1", Some(1024), None) },
+            Op::AddAddress {
+                link: "eth0".into(),
+                address: "10.0.0.2/24".parse().unwrap(),
+                broadcast: true,
+            },
+            Op::AddAddress {
+                link: "eth0".into(),
+                address: "2001:db8::2/64".parse().unwrap(),
+                broadcast: false,
+            },
+            Op::LinkUp {
+                link: "eth0".into(),
+            },
+            Op::AddRoute {
+                link: "eth0".into(),
+                route: route("0.0.0.0/0", "10.0.0.1", None, None),
+            },
+            Op::AddRoute {
+                link: "eth0".into(),
+                route: route("::/0", "2001:db8::1", Some(1024), None),
+            },
             Op::AddRoute {
                 link: "eth0".into(),
                 route: route("10.9.0.0/16", "10.0.0.254", Some(100), Some("10.0.0.2")),
@@ -77,16 +93,25 @@ fn the_takeover_moves_name_mac_mtu_addresses_and_routes_to_the_internal_port() {
     let internal = &world.links["eth0"];
     assert_ne!(internal.index, 2);
     assert_eq!((internal.mac, internal.mtu, internal.up), (MAC, 9000, true));
-    assert!(!internal.tx_checksum, "netdev datapath: checksum offload must be off");
+    assert!(
+        !internal.tx_checksum,
+        "netdev datapath: checksum offload must be off"
+    );
     assert_eq!(internal.addresses, before.links["eth0"].addresses);
     assert_eq!(internal.routes, before.links["eth0"].routes);
     let (bridge, port) = &world.ports["eth0~"];
-    assert_eq!((bridge.as_str(), port.external_ids[KEY_UPLINK].as_str()), ("br0", "eth0"));
+    assert_eq!(
+        (bridge.as_str(), port.external_ids[KEY_UPLINK].as_str()),
+        ("br0", "eth0")
+    );
     assert_eq!(world.ports["eth0"].1.external_ids[KEY_INTERNAL], "eth0");
     assert_eq!(taken.uplink, "eth0");
     assert_eq!(taken.renamed, "eth0~");
     assert_eq!((taken.mac, taken.mtu), (MAC, 9000));
-    assert_eq!((taken.uplink_ofport, taken.internal_ofport), (2, internal.index));
+    assert_eq!(
+        (taken.uplink_ofport, taken.internal_ofport),
+        (2, internal.index)
+    );
     assert_eq!(taken.addresses.len(), 2);
     assert_eq!(taken.routes.len(), 5);
 }
@@ -104,8 +129,16 @@ fn a_failure_at_any_operation_leaves_the_host_as_it_was() {
         let UplinkError::Step { step, rollback, .. } = &error else {
             panic!("failing operation {fail_at}: {error}");
         };
-        assert_eq!(*rollback, Rollback::Complete, "operation {fail_at}, step {step}");
-        assert_eq!(host.world, vm(), "failing operation {fail_at} ({step}): not rolled back");
+        assert_eq!(
+            *rollback,
+            Rollback::Complete,
+            "operation {fail_at}, step {step}"
+        );
+        assert_eq!(
+            host.world,
+            vm(),
+            "failing operation {fail_at} ({step}): not rolled back"
+        );
         assert!(error.to_string().contains(step.as_str()));
     }
 }
@@ -132,7 +165,10 @@ fn a_half_done_takeover_is_repaired() {
     let mut host = FakeHost::new(world.clone());
     run(async {
         for address in &taken.addresses {
-            let op = Op::DelAddress { link: "eth0".into(), address: *address };
+            let op = Op::DelAddress {
+                link: "eth0".into(),
+                address: *address,
+            };
             host.apply(&op).await.unwrap();
         }
     });
@@ -143,11 +179,23 @@ fn a_half_done_takeover_is_repaired() {
 
     // The internal port is gone altogether (e.g. deleted by hand): it is re-created.
     let mut host = FakeHost::new(world.clone());
-    run(host.apply(&Op::DelPort { bridge: "br0".into(), name: "eth0".into(), kind: sluice_ovs::PortKind::Internal }))
-        .unwrap();
+    run(host.apply(&Op::DelPort {
+        bridge: "br0".into(),
+        name: "eth0".into(),
+        kind: sluice_ovs::PortKind::Internal,
+    }))
+    .unwrap();
     let repaired = run(take_over_on(&mut host, "br0", "eth0")).unwrap();
     let internal = &host.world.links["eth0"];
-    assert_eq!((internal.mac, internal.mtu, internal.up, internal.tx_checksum), (MAC, 9000, true, false));
+    assert_eq!(
+        (
+            internal.mac,
+            internal.mtu,
+            internal.up,
+            internal.tx_checksum
+        ),
+        (MAC, 9000, true, false)
+    );
     assert_eq!(internal.routes, world.links["eth0"].routes);
     assert_eq!(repaired.internal_ofport, internal.index);
 }
@@ -164,7 +212,13 @@ fn restore_is_the_exact_reverse_and_rolls_back_at_any_operation() {
         host.fail_at = Some(fail_at);
         let error = run(restore_on(&mut host, "br0", "eth0")).unwrap_err();
         assert!(
-            matches!(&error, UplinkError::Step { rollback: Rollback::Complete, .. }),
+            matches!(
+                &error,
+                UplinkError::Step {
+                    rollback: Rollback::Complete,
+                    ..
+                }
+            ),
             "{error}"
         );
         assert_eq!(host.world, world, "failing operation {fail_at}: {error}");
@@ -179,7 +233,10 @@ fn restore_is_the_exact_reverse_and_rolls_back_at_any_operation() {
 fn refusals_happen_before_any_change() {
     let mut host = FakeHost::new(vm());
     let error = run(take_over_on(&mut host, "br0", "enp0s31f6abcdef")).unwrap_err();
-    assert!(matches!(error, UplinkError::NameTooLong { max: 15, .. }), "{error}");
+    assert!(
+        matches!(error, UplinkError::NameTooLong { max: 15, .. }),
+        "{error}"
+    );
     let error = run(take_over_on(&mut host, "nobridge", "eth0")).unwrap_err();
     assert!(matches!(error, UplinkError::Observe { .. }), "{error}");
     let error = run(take_over_on(&mut host, "br0", "eth9")).unwrap_err();
@@ -230,7 +287,11 @@ fn an_undo_that_fails_is_reported_as_an_incomplete_rollback() {
     }
     let mut twice = Twice(host, add_internal + 1);
     let error = run(take_over_on(&mut twice, "br0", "eth0")).unwrap_err();
-    let UplinkError::Step { rollback: Rollback::Incomplete(failures), .. } = &error else {
+    let UplinkError::Step {
+        rollback: Rollback::Incomplete(failures),
+        ..
+    } = &error
+    else {
         panic!("{error}");
     };
     assert_eq!(failures.len(), 1, "{failures:?}");

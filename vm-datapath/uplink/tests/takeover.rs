@@ -1,0 +1,426 @@
+//! The uplink takeover against the real thing: a private OVS (userspace datapath) whose network
+//! namespace plays the VM, a veth `eth0` from it to a peer namespace, real pings and TCP.
+//! `take_over`/`restore` act on the calling thread's namespace, so they run through
+//! `in_netns` on a thread inside the VM's namespace with a current-thread runtime there.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sluice_ovs::OvsdbClient;
+use sluice_uplink::{TakenOver, UplinkError};
+use test_support::{in_netns, unique_name, NetNs, OvsInstance};
+
+const BRIDGE: &str = "br0";
+/// Pings from the peer lost while the uplink is taken over or restored (at one ping per 20 ms).
+/// Measured here: see the figures the test prints.
+const MAX_LOST_PINGS: u32 = 5;
+
+struct Vm {
+    ovs: OvsInstance,
+    peer: NetNs,
+    /// `10.x.y`, unique to this process.
+    subnet: String,
+}
+
+impl Vm {
+    fn ip(&self, host: u8) -> String {
+        format!("{}.{host}", self.subnet)
+    }
+
+    fn vm(&self, args: &[&str]) -> String {
+        self.ovs
+            .exec_in_netns(args)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    /// The VM's links, addresses and main-table routes, once IPv6 duplicate address detection
+    /// has settled (a re-upped link's link-local address is tentative for a moment).
+    fn snapshot(&self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let text = [
+                self.vm(&["ip", "-j", "link", "show"]),
+                self.vm(&["ip", "-j", "addr", "show"]),
+                self.vm(&["ip", "-j", "-4", "route", "show", "table", "main"]),
+                self.vm(&["ip", "-j", "-6", "route", "show", "table", "main"]),
+            ]
+            .join("\n");
+            if !text.contains("tentative") || Instant::now() > deadline {
+                return text;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A VM namespace (the OVS instance's) with `eth0` = `<subnet>.2/24` and a default route via
+/// the peer's `.1`; the peer also answers on 198.51.100.1 (off-subnet: reached by the default
+/// route); a netdev bridge with a NORMAL flow (the takeover installs no flows).
+fn vm() -> Vm {
+    let ovs = OvsInstance::start().expect("OVS starts");
+    let peer = NetNs::new("peer").expect("peer namespace");
+    let pid = std::process::id();
+    let subnet = format!("10.{}.{}", (pid >> 8) & 0xff, pid & 0xff);
+    let vm = Vm { ovs, peer, subnet };
+    let peer_dev = unique_name("p");
+    vm.vm(&[
+        "ip",
+        "link",
+        "add",
+        "eth0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &peer_dev,
+        "netns",
+        vm.peer.name(),
+    ]);
+    vm.vm(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{}/24", vm.ip(2)),
+        "dev",
+        "eth0",
+    ]);
+    vm.vm(&["ip", "link", "set", "eth0", "up"]);
+    vm.vm(&["ip", "route", "add", "default", "via", &vm.ip(1)]);
+    let peer_cmds: [&[&str]; 4] = [
+        &[
+            "ip",
+            "addr",
+            "add",
+            &format!("{}/24", vm.ip(1)),
+            "dev",
+            &peer_dev,
+        ],
+        &["ip", "addr", "add", "198.51.100.1/32", "dev", "lo"],
+        &["ip", "link", "set", &peer_dev, "up"],
+        // The peer's TCP must reach the userspace datapath with finished checksums (NOTES.md).
+        &["ethtool", "-K", &peer_dev, "tx", "off"],
+    ];
+    for args in peer_cmds {
+        vm.peer
+            .run(args)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    }
+    run(async {
+        let mut ovsdb = connect(&vm.ovs).await;
+        ovsdb.create_bridge(BRIDGE).await.expect("bridge");
+    });
+    vm.ovs
+        .ovs_ofctl(&[
+            "-O",
+            "OpenFlow13",
+            "add-flow",
+            BRIDGE,
+            "priority=0,actions=NORMAL",
+        ])
+        .expect("NORMAL flow");
+    assert!(
+        vm.peer_ping(&vm.ip(2)),
+        "the VM is reachable before the takeover"
+    );
+    vm
+}
+
+impl Vm {
+    fn peer_ping(&self, ip: &str) -> bool {
+        self.peer
+            .exec(&["ping", "-c", "1", "-W", "2", ip])
+            .is_ok_and(|o| o.status.success())
+    }
+
+    fn vm_ping(&self, ip: &str) -> bool {
+        self.ovs
+            .exec_in_netns(&["ping", "-c", "1", "-W", "2", ip])
+            .is_ok()
+    }
+
+    fn start_ping(&self) -> Child {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                self.peer.name(),
+                "ping",
+                "-i",
+                "0.02",
+                "-W",
+                "1",
+                &self.ip(2),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ping starts")
+    }
+}
+
+/// Stops a running ping (SIGINT: it prints its summary) and returns (sent, lost, duplicated).
+fn stop_ping(mut ping: Child) -> (u32, u32, usize) {
+    std::thread::sleep(Duration::from_millis(500)); // let the last replies in
+    let pid = i32::try_from(ping.id()).expect("pid");
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let mut output = String::new();
+    ping.stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut output)
+        .expect("ping output");
+    let _ = ping.wait();
+    let summary = output
+        .lines()
+        .find(|line| line.contains("packets transmitted"))
+        .unwrap_or_else(|| panic!("no ping summary in {output}"));
+    let duplicates = output.lines().filter(|line| line.contains("DUP!")).count();
+    let numbers: Vec<u32> = summary
+        .split(',')
+        .filter_map(|part| part.split_whitespace().next()?.parse().ok())
+        .collect();
+    (numbers[0], numbers[0] - numbers[1], duplicates)
+}
+
+fn run<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(future)
+}
+
+async fn connect(ovs: &OvsInstance) -> OvsdbClient {
+    OvsdbClient::connect(ovs.db_socket(), Duration::from_secs(10))
+        .await
+        .expect("OVSDB")
+}
+
+/// `take_over` inside the VM's namespace.
+fn take_over(vm: &Vm, bridge: &str) -> Result<TakenOver, UplinkError> {
+    let socket = vm.ovs.db_socket();
+    let bridge = bridge.to_string();
+    in_netns(vm.ovs.netns(), move || {
+        run(async move {
+            let mut ovsdb = OvsdbClient::connect(socket, Duration::from_secs(10))
+                .await
+                .expect("OVSDB");
+            sluice_uplink::take_over(&mut ovsdb, &bridge, "eth0").await
+        })
+    })
+    .expect("thread in the VM namespace")
+}
+
+fn recover(vm: &Vm) -> Option<TakenOver> {
+    let socket = vm.ovs.db_socket();
+    in_netns(vm.ovs.netns(), move || {
+        run(async move {
+            let mut ovsdb = OvsdbClient::connect(socket, Duration::from_secs(10))
+                .await
+                .expect("OVSDB");
+            sluice_uplink::recover(&mut ovsdb, BRIDGE).await
+        })
+    })
+    .expect("thread in the VM namespace")
+    .expect("recover")
+}
+
+fn restore(vm: &Vm) -> Result<(), UplinkError> {
+    let socket = vm.ovs.db_socket();
+    in_netns(vm.ovs.netns(), move || {
+        run(async move {
+            let mut ovsdb = OvsdbClient::connect(socket, Duration::from_secs(10))
+                .await
+                .expect("OVSDB");
+            sluice_uplink::restore(&mut ovsdb, BRIDGE, "eth0").await
+        })
+    })
+    .expect("thread in the VM namespace")
+}
+
+/// A TCP exchange from the peer to the VM: a listener inside the VM, a client in the peer.
+fn tcp_works(vm: &Vm) -> bool {
+    let listener = in_netns(vm.ovs.netns(), || TcpListener::bind("0.0.0.0:0"))
+        .expect("thread")
+        .expect("listener");
+    let port = listener.local_addr().expect("port").port();
+    let server = std::thread::spawn(move || -> std::io::Result<Vec<u8>> {
+        let (mut stream, _) = listener.accept()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut hello = [0u8; 5];
+        stream.read_exact(&mut hello)?;
+        stream.write_all(b"world")?;
+        Ok(hello.to_vec())
+    });
+    let address: SocketAddr = format!("{}:{port}", vm.ip(2)).parse().expect("address");
+    let client = in_netns(vm.peer.name(), move || -> std::io::Result<Vec<u8>> {
+        let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(5))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        stream.write_all(b"hello")?;
+        let mut world = [0u8; 5];
+        stream.read_exact(&mut world)?;
+        Ok(world.to_vec())
+    })
+    .expect("thread");
+    if client.is_err() {
+        // Unblock the accept so the server thread ends.
+        let _ = in_netns(vm.peer.name(), move || {
+            TcpStream::connect_timeout(&address, Duration::from_millis(200))
+        });
+    }
+    let served = server.join().expect("server thread");
+    matches!((client, served), (Ok(w), Ok(h)) if w == b"world" && h == b"hello")
+}
+
+#[test]
+fn a_failed_takeover_leaves_the_vm_exactly_as_it_was() {
+    let vm = vm();
+    // A Port named eth0 already exists (a patch port on another bridge: it touches no device),
+    // so the internal port cannot be added after the uplink was renamed and bridged.
+    vm.ovs
+        .ovs_vsctl(&[
+            "add-br",
+            "brx",
+            "--",
+            "set",
+            "bridge",
+            "brx",
+            "datapath_type=netdev",
+            "--",
+            "add-port",
+            "brx",
+            "eth0",
+            "--",
+            "set",
+            "interface",
+            "eth0",
+            "type=patch",
+            "options:peer=nowhere",
+        ])
+        .expect("conflicting port");
+    let before = vm.snapshot();
+    let error = take_over(&vm, BRIDGE).expect_err("the internal port conflicts");
+    println!("injected failure: {error}");
+    assert_eq!(
+        error.step(),
+        Some("add internal port eth0 to bridge br0"),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("rolled back completely"),
+        "{error}"
+    );
+    assert_eq!(
+        vm.snapshot(),
+        before,
+        "the VM changed after a rolled-back takeover"
+    );
+    let ports = vm.ovs.ovs_vsctl(&["list-ports", BRIDGE]).expect("ports");
+    assert_eq!(ports.trim(), "", "eth0~ must be gone from the bridge");
+    assert!(vm.peer_ping(&vm.ip(2)));
+
+    // A missing bridge is refused before anything changes.
+    let error = take_over(&vm, "nobridge").expect_err("no such bridge");
+    assert!(matches!(error, UplinkError::Observe { .. }), "{error}");
+    assert_eq!(vm.snapshot(), before);
+}
+
+#[test]
+fn takeover_keeps_the_vm_reachable_and_restore_gives_it_back() {
+    let vm = vm();
+    let before = vm.snapshot();
+    let mac = vm.vm(&["cat", "/sys/class/net/eth0/address"]);
+
+    let ping = vm.start_ping();
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let taken = take_over(&vm, BRIDGE).expect("takeover");
+    let took = started.elapsed();
+    let (sent, lost, dups) = stop_ping(ping);
+    println!("takeover took {took:?}; ping -i 0.02 from the peer: {lost} of {sent} lost, {dups} duplicated");
+    assert!(
+        lost <= MAX_LOST_PINGS,
+        "{lost} pings lost during the takeover"
+    );
+
+    // The internal port has the uplink's name, MAC, address and the default route.
+    assert_eq!(vm.vm(&["cat", "/sys/class/net/eth0/address"]), mac);
+    let addr = vm.vm(&["ip", "-o", "addr", "show", "dev", "eth0"]);
+    assert!(addr.contains(&format!("{}/24", vm.ip(2))), "{addr}");
+    let renamed = vm.vm(&["ip", "-o", "addr", "show", "dev", "eth0~"]);
+    assert!(
+        !renamed.contains("inet "),
+        "only its IPv6 link-local address stays: {renamed}"
+    );
+    let default = vm.vm(&["ip", "route", "show", "default"]);
+    assert!(
+        default.contains(&format!("via {} dev eth0 ", vm.ip(1))),
+        "{default}"
+    );
+    assert_eq!(
+        vm.ovs
+            .ovs_vsctl(&["port-to-br", "eth0~"])
+            .expect("eth0~")
+            .trim(),
+        BRIDGE
+    );
+    assert_eq!(
+        vm.ovs
+            .ovs_vsctl(&["get", "Interface", "eth0", "type"])
+            .expect("eth0")
+            .trim(),
+        "internal"
+    );
+    let offload = vm.vm(&["ethtool", "-k", "eth0"]);
+    assert!(offload.contains("tx-checksumming: off"), "{offload}");
+    assert_eq!(taken.renamed, "eth0~");
+    assert_eq!(
+        taken.addresses,
+        vec![format!("{}/24", vm.ip(2)).parse().expect("cidr")]
+    );
+    assert!(vm.peer_ping(&vm.ip(2)));
+    assert!(
+        vm.vm_ping("198.51.100.1"),
+        "the default route through the internal port"
+    );
+    assert!(
+        tcp_works(&vm),
+        "TCP from the peer to the VM through the bridge"
+    );
+
+    // Again: a no-op returning the same; after a restart: the same from OVSDB.
+    let during = vm.snapshot();
+    assert_eq!(take_over(&vm, BRIDGE).expect("second takeover"), taken);
+    assert_eq!(vm.snapshot(), during);
+    assert_eq!(recover(&vm), Some(taken));
+
+    let ping = vm.start_ping();
+    std::thread::sleep(Duration::from_millis(300));
+    restore(&vm).expect("restore");
+    let (sent, lost, dups) = stop_ping(ping);
+    println!("restore: ping -i 0.02 from the peer: {lost} of {sent} lost, {dups} duplicated");
+    assert!(
+        lost <= MAX_LOST_PINGS,
+        "{lost} pings lost during the restore"
+    );
+    assert_eq!(
+        vm.snapshot(),
+        before,
+        "restore must give back the VM as it was"
+    );
+    assert_eq!(
+        vm.ovs
+            .ovs_vsctl(&["list-ports", BRIDGE])
+            .expect("ports")
+            .trim(),
+        ""
+    );
+    assert!(vm.peer_ping(&vm.ip(2)));
+    assert!(vm.vm_ping("198.51.100.1"));
+    restore(&vm).expect("restoring twice is fine");
+    assert_eq!(recover(&vm), None);
+}
