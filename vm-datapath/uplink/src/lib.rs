@@ -14,6 +14,7 @@
 
 mod error;
 mod ethtool;
+mod isolation;
 mod netlink;
 pub mod plan;
 pub mod record;
@@ -21,6 +22,7 @@ mod takeover;
 
 pub use error::{HostError, Rollback, UplinkError};
 pub use ethtool::{tx_checksum, tx_checksum_off};
+pub use isolation::Isolation;
 pub use netlink::NetlinkHost;
 pub use record::{LinkState, RouteSpec, UplinkRecord};
 pub use takeover::{execute, recover_on, restore_on, take_over_on, Host, TakenOver};

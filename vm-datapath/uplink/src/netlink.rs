@@ -15,6 +15,7 @@ use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 use sluice_ovs::{OvsdbClient, OvsdbError, PortKind, PortRecord};
 
 use crate::error::{HostError, UplinkError};
+use crate::isolation::Isolation;
 use crate::plan::Op;
 use crate::record::{LinkState, RouteSpec};
 use crate::takeover::Host;
@@ -323,6 +324,10 @@ impl Host for NetlinkHost<'_> {
             up: message.header.flags.contains(LinkFlags::Up),
             // A device that cannot report it has no offload to turn off.
             tx_checksum: crate::ethtool::tx_checksum(name).unwrap_or(false),
+            isolation: Isolation::read(name).map_err(|source| HostError::Io {
+                what: format!("reading the sysctls of {name}"),
+                source,
+            })?,
             addresses,
             without_broadcast,
             routes: self.routes(index).await?,
@@ -360,6 +365,12 @@ impl Host for NetlinkHost<'_> {
                 let mac = mac.to_vec();
                 self.set_link(link, |i| LinkUnspec::new_with_index(i).address(mac).build())
                     .await
+            }
+            Op::SetIsolation { link, isolation } => {
+                isolation.write(link).map_err(|source| HostError::Io {
+                    what: format!("setting the sysctls of {link}"),
+                    source,
+                })
             }
             Op::TxChecksumOff { link } => {
                 crate::ethtool::tx_checksum_off(link).map_err(|source| HostError::Io {

@@ -10,6 +10,7 @@
 use ipnet::IpNet;
 use sluice_ovs::{NewPort, PortKind};
 
+use crate::isolation::Isolation;
 use crate::record::{
     format_mac, routes_in_add_order, LinkState, RouteSpec, UplinkRecord, KEY_INTERNAL,
 };
@@ -35,6 +36,11 @@ pub enum Op {
     SetMac {
         link: String,
         mac: [u8; 6],
+    },
+    /// Sets the sysctls that keep the VM's stack off a bridged device (see `isolation.rs`).
+    SetIsolation {
+        link: String,
+        isolation: Isolation,
     },
     /// Turns TX checksum offload off (see `ethtool.rs` for why).
     TxChecksumOff {
@@ -281,7 +287,32 @@ pub fn takeover(state: &LinkState, renamed: &str, bridge: &str, netdev: bool) ->
     ));
     steps.extend(internal_port_steps(&record, bridge, netdev));
     steps.extend(move_addresses(&record, renamed, uplink));
+    if netdev {
+        steps.push(isolate(renamed, record.isolation));
+    }
     steps
+}
+
+/// Keeps the VM's stack off the bridged uplink (userspace datapath only: see `isolation.rs`);
+/// last, because IPv6 addresses cannot stay on a device with IPv6 off.
+fn isolate(renamed: &str, current: Isolation) -> Step {
+    step(
+        format!("keep the VM's stack off {renamed}"),
+        Op::SetIsolation {
+            link: renamed.into(),
+            isolation: Isolation::ISOLATED,
+        },
+        vec![Op::SetIsolation {
+            link: renamed.into(),
+            isolation: current,
+        }],
+    )
+}
+
+/// [`isolate`] when a repair finds the renamed uplink without it.
+fn isolate_if_needed(renamed: Option<&LinkState>, netdev: bool) -> Option<Step> {
+    let renamed = renamed.filter(|link| netdev && link.isolation != Isolation::ISOLATED)?;
+    Some(isolate(&renamed.name, renamed.isolation))
 }
 
 /// Adds the internal port and makes it usable.
@@ -338,6 +369,7 @@ pub fn repair(
         }
         steps.extend(internal_port_steps(record, bridge, netdev));
         steps.extend(move_addresses(record, renamed_name, uplink));
+        steps.extend(isolate_if_needed(renamed, netdev));
         return steps;
     };
     let mut steps = Vec::new();
@@ -395,6 +427,7 @@ pub fn repair(
         moves.retain(|s| !matches!(s.op, Op::DelRoute { .. } | Op::DelAddress { .. }));
     }
     steps.extend(moves);
+    steps.extend(isolate_if_needed(renamed, netdev));
     steps
 }
 
@@ -408,7 +441,19 @@ pub fn restore(
     netdev: bool,
 ) -> Vec<Step> {
     let (uplink, renamed_name) = (&record.uplink, &record.renamed);
-    let mut steps = move_addresses(record, uplink, renamed_name);
+    // The uplink's own sysctls first: its IPv6 addresses need IPv6 back on.
+    let mut steps = vec![step(
+        format!("give {renamed_name} its sysctls back"),
+        Op::SetIsolation {
+            link: renamed_name.clone(),
+            isolation: record.isolation,
+        },
+        vec![Op::SetIsolation {
+            link: renamed_name.clone(),
+            isolation: renamed.isolation,
+        }],
+    )];
+    steps.extend(move_addresses(record, uplink, renamed_name));
     // Undoing the delete re-creates a usable internal port (addresses come back from the
     // undos of the moves above).
     let mut recreate = vec![Op::AddPort {

@@ -8,6 +8,8 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+use crate::isolation::Isolation;
+
 /// Linux's interface name limit: IFNAMSIZ (16) less the terminating NUL.
 pub const MAX_LINK_NAME: usize = 15;
 
@@ -19,6 +21,8 @@ pub const KEY_IPS: &str = "sluice-uplink-ips";
 /// The IPv4 addresses of `KEY_IPS` that had no broadcast address (added without `brd`).
 pub const KEY_IPS_NO_BROADCAST: &str = "sluice-uplink-ips-nobrd";
 pub const KEY_ROUTES: &str = "sluice-uplink-routes";
+/// The uplink's own `rp_filter`, `arp_ignore`, `disable_ipv6` (see `isolation.rs`).
+pub const KEY_SYSCTLS: &str = "sluice-uplink-sysctls";
 /// Marks the internal port that took the uplink's name.
 pub const KEY_INTERNAL: &str = "sluice-internal";
 
@@ -72,6 +76,8 @@ pub struct LinkState {
     pub up: bool,
     /// TX checksum offload (see `ethtool.rs`).
     pub tx_checksum: bool,
+    /// The sysctls that keep the VM's stack off a bridged device (see `isolation.rs`).
+    pub isolation: Isolation,
     /// IPv4 and IPv6 addresses with their prefix length, link-local IPv6 left out (the kernel
     /// makes those itself).
     pub addresses: Vec<IpNet>,
@@ -92,6 +98,7 @@ pub struct UplinkRecord {
     pub addresses: Vec<IpNet>,
     pub without_broadcast: Vec<IpNet>,
     pub routes: Vec<RouteSpec>,
+    pub isolation: Isolation,
 }
 
 /// Why a Port's `external_ids` do not make an [`UplinkRecord`].
@@ -136,6 +143,7 @@ impl UplinkRecord {
             addresses: state.addresses.clone(),
             without_broadcast: state.without_broadcast.clone(),
             routes: state.routes.clone(),
+            isolation: state.isolation,
         }
     }
 
@@ -157,6 +165,7 @@ impl UplinkRecord {
             (KEY_IPS, list(&self.addresses)),
             (KEY_IPS_NO_BROADCAST, list(&self.without_broadcast)),
             (KEY_ROUTES, routes),
+            (KEY_SYSCTLS, self.isolation.to_external_id()),
         ]
         .into_iter()
         .map(|(key, value)| (key.to_string(), value))
@@ -199,6 +208,11 @@ impl UplinkRecord {
         let without_broadcast = cidrs(KEY_IPS_NO_BROADCAST, no_broadcast)?;
         let routes = serde_json::from_str(get(KEY_ROUTES)?)
             .map_err(|e| fail(KEY_ROUTES, format!("not a route list: {e}")))?;
+        let isolation = match ids.get(KEY_SYSCTLS) {
+            None => Isolation::DEFAULT,
+            Some(text) => Isolation::from_external_id(text)
+                .ok_or_else(|| fail(KEY_SYSCTLS, format!("`{text}`")))?,
+        };
         Ok(Some(UplinkRecord {
             uplink: uplink.clone(),
             renamed: port.to_string(),
@@ -207,6 +221,7 @@ impl UplinkRecord {
             addresses,
             without_broadcast,
             routes,
+            isolation,
         }))
     }
 }
@@ -241,6 +256,11 @@ mod tests {
                 route("0.0.0.0/0", Some("10.1.2.1")),
                 route("10.1.2.0/24", None),
             ],
+            isolation: Isolation {
+                rp_filter: 2,
+                arp_ignore: 1,
+                disable_ipv6: 0,
+            },
         }
     }
 

@@ -9,6 +9,7 @@ use ipnet::IpNet;
 use sluice_ovs::{NewPort, OvsdbError, PortKind, PortRecord};
 
 use crate::error::HostError;
+use crate::isolation::Isolation;
 use crate::plan::Op;
 use crate::record::{LinkState, RouteSpec};
 use crate::takeover::Host;
@@ -20,6 +21,7 @@ pub struct FakeLink {
     pub mtu: u32,
     pub up: bool,
     pub tx_checksum: bool,
+    pub isolation: Isolation,
     pub addresses: BTreeSet<IpNet>,
     /// Keyed by what makes a route unique to the kernel (dst, gateway, metric).
     pub routes: BTreeMap<String, RouteSpec>,
@@ -109,6 +111,9 @@ impl FakeHost {
 
     fn add_address(&mut self, link: &str, address: IpNet) -> Result<(), HostError> {
         let target = self.link_mut(link)?;
+        if address.addr().is_ipv6() && target.isolation.disable_ipv6 == 1 {
+            return Err(failed(format!("EACCES: IPv6 is off on {link}")));
+        }
         target.addresses.insert(address);
         if target.up {
             let route = connected(address);
@@ -199,6 +204,7 @@ impl FakeHost {
                     mtu: 1500,
                     up: false,
                     tx_checksum: true,
+                    isolation: Isolation::DEFAULT,
                     addresses: BTreeSet::new(),
                     routes: BTreeMap::new(),
                 };
@@ -229,6 +235,7 @@ impl Host for FakeHost {
             mtu: link.mtu,
             up: link.up,
             tx_checksum: link.tx_checksum,
+            isolation: link.isolation,
             without_broadcast: Vec::new(),
             addresses: link.addresses.iter().copied().collect(),
             routes: link.routes.values().cloned().collect(),
@@ -288,6 +295,9 @@ impl Host for FakeHost {
             Op::Rename { from, to } => self.rename(from, to),
             Op::SetMtu { link, mtu } => self.link_mut(link).map(|l| l.mtu = *mtu),
             Op::SetMac { link, mac } => self.link_mut(link).map(|l| l.mac = *mac),
+            Op::SetIsolation { link, isolation } => {
+                self.link_mut(link).map(|l| l.isolation = *isolation)
+            }
             Op::TxChecksumOff { link } => self.link_mut(link).map(|l| l.tx_checksum = false),
             Op::AddAddress { link, address, .. } => self.add_address(link, *address),
             Op::DelAddress { link, address } => {

@@ -36,6 +36,11 @@ fn vm() -> World {
         mtu: 9000,
         up: false,
         tx_checksum: true,
+        isolation: crate::Isolation {
+            rp_filter: 2,
+            arp_ignore: 0,
+            disable_ipv6: 0,
+        },
         addresses: BTreeSet::new(),
         routes: BTreeMap::new(),
     };
