@@ -45,6 +45,12 @@ impl Vm {
                 self.vm(&["ip", "-j", "addr", "show"]),
                 self.vm(&["ip", "-j", "-4", "route", "show", "table", "main"]),
                 self.vm(&["ip", "-j", "-6", "route", "show", "table", "main"]),
+                self.vm(&[
+                    "cat",
+                    "/proc/sys/net/ipv4/conf/eth0/rp_filter",
+                    "/proc/sys/net/ipv4/conf/eth0/arp_ignore",
+                    "/proc/sys/net/ipv6/conf/eth0/disable_ipv6",
+                ]),
             ]
             .join("\n");
             if !text.contains("tentative") || Instant::now() > deadline {
@@ -383,6 +389,12 @@ fn takeover_keeps_the_vm_reachable_and_restore_gives_it_back() {
         vec![format!("{}/24", vm.ip(2)).parse().expect("cidr")]
     );
     assert!(vm.peer_ping(&vm.ip(2)));
+    // The VM's stack answers once: through the bridge, not also straight off eth0~.
+    let burst = vm
+        .peer
+        .run(&["ping", "-c", "10", "-i", "0.02", "-W", "1", &vm.ip(2)]);
+    let burst = burst.expect("ping burst after the takeover");
+    assert!(!burst.contains("DUP!"), "duplicated replies: {burst}");
     assert!(
         vm.vm_ping("198.51.100.1"),
         "the default route through the internal port"
