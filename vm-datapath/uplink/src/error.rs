@@ -7,8 +7,9 @@ use crate::record::RecordError;
 /// What one host operation (a netlink request, an OVSDB transaction, an ioctl) failed with.
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
+    /// Boxed: a netlink error can carry a whole message.
     #[error("netlink: {0}")]
-    Netlink(#[from] rtnetlink::Error),
+    Netlink(Box<rtnetlink::Error>),
     #[error(transparent)]
     Ovsdb(#[from] sluice_ovs::OvsdbError),
     #[error("{what}: {source}")]
@@ -22,6 +23,12 @@ pub enum HostError {
     Timeout { what: String, timeout: Duration },
     #[error("{0}")]
     Invalid(String),
+}
+
+impl From<rtnetlink::Error> for HostError {
+    fn from(error: rtnetlink::Error) -> Self {
+        HostError::Netlink(Box::new(error))
+    }
 }
 
 /// How far the rollback after a failed step got.
@@ -55,7 +62,7 @@ pub enum UplinkError {
     Observe {
         what: String,
         #[source]
-        source: HostError,
+        source: Box<HostError>,
     },
     #[error("the takeover record is unreadable: {0}")]
     Record(#[from] RecordError),
@@ -63,7 +70,7 @@ pub enum UplinkError {
     Step {
         step: String,
         #[source]
-        source: HostError,
+        source: Box<HostError>,
         rollback: Rollback,
     },
     #[error("opening a netlink socket: {0}")]
@@ -83,5 +90,8 @@ impl UplinkError {
 /// Wraps an observation's error with what was being observed.
 pub(crate) fn observing(what: impl Into<String>) -> impl FnOnce(HostError) -> UplinkError {
     let what = what.into();
-    move |source| UplinkError::Observe { what, source }
+    move |source| UplinkError::Observe {
+        what,
+        source: Box::new(source),
+    }
 }

@@ -47,7 +47,7 @@ pub async fn execute<H: Host>(host: &mut H, steps: &[Step]) -> Result<(), Uplink
             let rollback = roll_back(host, &steps[..index]).await;
             return Err(UplinkError::Step {
                 step: current.name.clone(),
-                source,
+                source: Box::new(source),
                 rollback,
             });
         }
