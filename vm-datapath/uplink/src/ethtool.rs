@@ -1,10 +1,13 @@
 //! TX checksum offload off, through the SIOCETHTOOL ioctl (what `ethtool -K dev tx off` does).
 //!
-//! Why: a VM's stack hands TCP and UDP to a device with checksum offload on as "checksum
-//! partial" (the NIC is to finish it). OVS's userspace (`netdev`) datapath reads the frame from
-//! the internal port's tap as plain bytes, so the partial checksum leaves the VM unfinished and
-//! the receiver silently drops every TCP segment and UDP datagram, while ping (whose ICMP
-//! checksum the stack always computes) works. With offload off the stack computes it.
+//! Why: a stack hands TCP and UDP to a device with checksum offload on as "checksum partial"
+//! (the device is to finish it). OVS's userspace (`netdev`) datapath reads frames as plain
+//! bytes, so such a checksum is never finished and the receiver silently drops every TCP
+//! segment and UDP datagram while ping (ICMP checksums are always computed) works: the trap
+//! NOTES.md describes for veth ports. The takeover turns it off on the internal port whenever
+//! the bridge is `netdev`. With OVS 3.1 (this machine) an internal port's tap comes with TX
+//! checksumming off already ("off [requested on]": the tap lacks the feature), so this is a
+//! guard for setups that give taps offloads (e.g. OVS's userspace TSO), and a no-op here.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
