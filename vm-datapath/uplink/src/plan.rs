@@ -339,6 +339,24 @@ fn internal_port_steps(record: &UplinkRecord, bridge: &str, netdev: bool) -> Vec
     steps
 }
 
+fn up(link: &str) -> Op {
+    Op::LinkUp { link: link.into() }
+}
+
+fn down(link: &str) -> Op {
+    Op::LinkDown { link: link.into() }
+}
+
+fn del_port(bridge: &str, name: &str, kind: PortKind) -> Op {
+    let (bridge, name) = (bridge.into(), name.into());
+    Op::DelPort { bridge, name, kind }
+}
+
+fn add_port(bridge: &str, port: NewPort) -> Op {
+    let bridge = bridge.into();
+    Op::AddPort { bridge, port }
+}
+
 /// Completes a takeover found half-done (e.g. the agent died mid-way): only what is missing.
 /// `internal_port` says whether OVSDB has the internal Port, `internal` is its device.
 pub fn repair(
@@ -350,36 +368,41 @@ pub fn repair(
     renamed: Option<&LinkState>,
 ) -> Vec<Step> {
     let (uplink, renamed_name) = (&record.uplink, &record.renamed);
-    let Some(internal) = internal.filter(|_| internal_port) else {
-        let mut steps = Vec::new();
-        if internal_port {
-            // A Port row without its device: re-create both.
-            steps.push(step(
-                format!("delete internal port {uplink} without a device"),
-                Op::DelPort {
-                    bridge: bridge.into(),
-                    name: uplink.clone(),
-                    kind: PortKind::Internal,
-                },
-                vec![Op::AddPort {
-                    bridge: bridge.into(),
-                    port: self::internal_port(record),
-                }],
-            ));
+    let mut steps = Vec::new();
+    match internal.filter(|_| internal_port) {
+        Some(internal) => steps.extend(repair_internal(record, netdev, internal, renamed)),
+        None => {
+            if internal_port {
+                // A Port row without its device: re-create both.
+                steps.push(step(
+                    format!("delete internal port {uplink} without a device"),
+                    del_port(bridge, uplink, PortKind::Internal),
+                    vec![add_port(bridge, self::internal_port(record))],
+                ));
+            }
+            steps.extend(internal_port_steps(record, bridge, netdev));
+            steps.extend(move_addresses(record, renamed_name, uplink));
         }
-        steps.extend(internal_port_steps(record, bridge, netdev));
-        steps.extend(move_addresses(record, renamed_name, uplink));
-        steps.extend(isolate_if_needed(renamed, netdev));
-        return steps;
-    };
+    }
+    steps.extend(isolate_if_needed(renamed, netdev));
+    steps
+}
+
+/// The repair of an internal port that exists: its settings, then the addresses and routes
+/// it lacks.
+fn repair_internal(
+    record: &UplinkRecord,
+    netdev: bool,
+    internal: &LinkState,
+    renamed: Option<&LinkState>,
+) -> Vec<Step> {
+    let uplink = &record.uplink;
     let mut steps = Vec::new();
     if internal.mtu != record.mtu {
+        let (link, mtu) = (uplink.clone(), record.mtu);
         steps.push(step(
-            format!("set the MTU of internal port {uplink} to {}", record.mtu),
-            Op::SetMtu {
-                link: uplink.clone(),
-                mtu: record.mtu,
-            },
+            format!("set the MTU of internal port {uplink} to {mtu}"),
+            Op::SetMtu { link, mtu },
             vec![Op::SetMtu {
                 link: uplink.clone(),
                 mtu: internal.mtu,
@@ -387,47 +410,40 @@ pub fn repair(
         ));
     }
     if netdev && internal.tx_checksum {
+        let op = Op::TxChecksumOff {
+            link: uplink.clone(),
+        };
         steps.push(step(
             format!("turn TX checksum offload off on {uplink}"),
-            Op::TxChecksumOff {
-                link: uplink.clone(),
-            },
+            op,
             vec![],
         ));
     }
     if !internal.up {
         steps.push(step(
             format!("set {uplink} up"),
-            Op::LinkUp {
-                link: uplink.clone(),
-            },
-            vec![Op::LinkDown {
-                link: uplink.clone(),
-            }],
+            up(uplink),
+            vec![down(uplink)],
         ));
     }
+    let have_route = |r: &RouteSpec| internal.routes.iter().any(|have| have.same_route(r));
     let missing = UplinkRecord {
-        addresses: record
-            .addresses
-            .iter()
+        addresses: (record.addresses.iter())
             .filter(|a| !internal.addresses.contains(a))
             .copied()
             .collect(),
-        routes: record
-            .routes
-            .iter()
-            .filter(|r| !internal.routes.iter().any(|have| have.same_route(r)))
+        routes: (record.routes.iter())
+            .filter(|r| !have_route(r))
             .cloned()
             .collect(),
         ..record.clone()
     };
-    let mut moves = move_addresses(&missing, renamed_name, uplink);
+    let mut moves = move_addresses(&missing, &record.renamed, uplink);
     if renamed.is_none() {
         // Nothing to delete from a renamed uplink that is gone.
         moves.retain(|s| !matches!(s.op, Op::DelRoute { .. } | Op::DelAddress { .. }));
     }
     steps.extend(moves);
-    steps.extend(isolate_if_needed(renamed, netdev));
     steps
 }
 
@@ -442,24 +458,19 @@ pub fn restore(
 ) -> Vec<Step> {
     let (uplink, renamed_name) = (&record.uplink, &record.renamed);
     // The uplink's own sysctls first: its IPv6 addresses need IPv6 back on.
+    let sysctls = |isolation| Op::SetIsolation {
+        link: renamed_name.clone(),
+        isolation,
+    };
     let mut steps = vec![step(
         format!("give {renamed_name} its sysctls back"),
-        Op::SetIsolation {
-            link: renamed_name.clone(),
-            isolation: record.isolation,
-        },
-        vec![Op::SetIsolation {
-            link: renamed_name.clone(),
-            isolation: renamed.isolation,
-        }],
+        sysctls(record.isolation),
+        vec![sysctls(renamed.isolation)],
     )];
     steps.extend(move_addresses(record, uplink, renamed_name));
     // Undoing the delete re-creates a usable internal port (addresses come back from the
     // undos of the moves above).
-    let mut recreate = vec![Op::AddPort {
-        bridge: bridge.into(),
-        port: internal_port(record),
-    }];
+    let mut recreate = vec![add_port(bridge, internal_port(record))];
     recreate.extend(
         internal_settings(record, netdev)
             .into_iter()
@@ -467,95 +478,79 @@ pub fn restore(
     );
     steps.push(step(
         format!("delete internal port {uplink} from bridge {bridge}"),
-        Op::DelPort {
-            bridge: bridge.into(),
-            name: uplink.clone(),
-            kind: PortKind::Internal,
-        },
+        del_port(bridge, uplink, PortKind::Internal),
         recreate,
     ));
     steps.push(step(
         format!("delete {renamed_name} from bridge {bridge}"),
-        Op::DelPort {
-            bridge: bridge.into(),
-            name: renamed_name.clone(),
-            kind: PortKind::System,
-        },
-        vec![Op::AddPort {
-            bridge: bridge.into(),
-            port: uplink_port(record),
-        }],
+        del_port(bridge, renamed_name, PortKind::System),
+        vec![add_port(bridge, uplink_port(record))],
     ));
-    let mut back_up = vec![Op::LinkUp {
-        link: renamed_name.clone(),
-    }];
+    steps.extend(rename_back(record, renamed));
+    steps
+}
+
+/// The renamed uplink, out of the bridge, back to its name, MTU and MAC, up, with its
+/// addresses and routes.
+fn rename_back(record: &UplinkRecord, renamed: &LinkState) -> Vec<Step> {
+    let (uplink, renamed_name) = (&record.uplink, &record.renamed);
+    let mut back_up = vec![up(renamed_name)];
     back_up.extend(add_addresses(renamed_name, record));
     back_up.extend(add_routes(renamed_name, &record.routes));
-    steps.push(step(
-        format!("set {renamed_name} down"),
-        Op::LinkDown {
-            link: renamed_name.clone(),
-        },
-        back_up,
-    ));
-    steps.push(step(
-        format!("rename {renamed_name} to {uplink}"),
-        Op::Rename {
-            from: renamed_name.clone(),
-            to: uplink.clone(),
-        },
-        vec![Op::Rename {
-            from: uplink.clone(),
-            to: renamed_name.clone(),
-        }],
-    ));
-    steps.push(step(
-        format!("set the MTU of {uplink} to {}", record.mtu),
-        Op::SetMtu {
-            link: uplink.clone(),
-            mtu: record.mtu,
-        },
-        vec![Op::SetMtu {
-            link: uplink.clone(),
-            mtu: renamed.mtu,
-        }],
-    ));
-    steps.push(step(
-        format!("set the MAC of {uplink} to {}", format_mac(&record.mac)),
-        Op::SetMac {
-            link: uplink.clone(),
-            mac: record.mac,
-        },
-        vec![Op::SetMac {
-            link: uplink.clone(),
-            mac: renamed.mac,
-        }],
-    ));
-    steps.push(step(
-        format!("set {uplink} up"),
-        Op::LinkUp {
-            link: uplink.clone(),
-        },
-        vec![Op::LinkDown {
-            link: uplink.clone(),
-        }],
-    ));
+    let rename = |from: &String, to: &String| Op::Rename {
+        from: from.clone(),
+        to: to.clone(),
+    };
+    let mtu = |mtu| Op::SetMtu {
+        link: uplink.clone(),
+        mtu,
+    };
+    let mac = |mac| Op::SetMac {
+        link: uplink.clone(),
+        mac,
+    };
+    let mut steps = vec![
+        step(
+            format!("set {renamed_name} down"),
+            down(renamed_name),
+            back_up,
+        ),
+        step(
+            format!("rename {renamed_name} to {uplink}"),
+            rename(renamed_name, uplink),
+            vec![rename(uplink, renamed_name)],
+        ),
+        step(
+            format!("set the MTU of {uplink} to {}", record.mtu),
+            mtu(record.mtu),
+            vec![mtu(renamed.mtu)],
+        ),
+        step(
+            format!("set the MAC of {uplink} to {}", format_mac(&record.mac)),
+            mac(record.mac),
+            vec![mac(renamed.mac)],
+        ),
+        step(format!("set {uplink} up"), up(uplink), vec![down(uplink)]),
+    ];
+    // Undone by the undo of "up" (down drops them) and of "down" above (re-adds them).
     for address in &record.addresses {
+        let op = add_address(uplink, *address, record);
         steps.push(step(
             format!("add address {address} to {uplink}"),
-            add_address(uplink, *address, record),
+            op,
             vec![],
         ));
     }
     for route in routes_in_add_order(&record.routes) {
-        steps.push(step(
-            format!("add route {} to {uplink}", route.dst),
-            Op::AddRoute {
-                link: uplink.clone(),
-                route,
-            },
-            vec![],
-        ));
+        let name = format!("add route {} to {uplink}", route.dst);
+        let op = Op::AddRoute {
+            link: uplink.clone(),
+            route,
+        };
+        steps.push(step(name, op, vec![]));
     }
     steps
 }
+
+#[cfg(test)]
+mod tests;
