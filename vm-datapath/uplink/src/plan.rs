@@ -357,6 +357,27 @@ fn add_port(bridge: &str, port: NewPort) -> Op {
     Op::AddPort { bridge, port }
 }
 
+/// Renames back an uplink found renamed but not recorded (the agent died between the rename
+/// and adding the port that carries the record): the takeover then starts over from it.
+pub fn unrename(uplink: &str, renamed: &str) -> Vec<Step> {
+    let rename = |from: &str, to: &str| Op::Rename {
+        from: from.into(),
+        to: to.into(),
+    };
+    vec![
+        step(
+            format!("set {renamed} down"),
+            down(renamed),
+            vec![up(renamed)],
+        ),
+        step(
+            format!("rename {renamed} back to {uplink}"),
+            rename(renamed, uplink),
+            vec![rename(uplink, renamed)],
+        ),
+    ]
+}
+
 /// Completes a takeover found half-done (e.g. the agent died mid-way): only what is missing.
 /// `internal_port` says whether OVSDB has the internal Port, `internal` is its device.
 pub fn repair(

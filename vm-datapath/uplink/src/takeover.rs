@@ -160,9 +160,12 @@ pub async fn take_over_on<H: Host>(
         execute(host, &steps).await?;
         return taken_over(host, record).await;
     }
-    let state = link(host, uplink)
-        .await?
-        .ok_or_else(|| UplinkError::NoSuchUplink(uplink.to_string()))?;
+    let mut state = link(host, uplink).await?;
+    if state.is_none() && link(host, &renamed).await?.is_some() {
+        execute(host, &plan::unrename(uplink, &renamed)).await?;
+        state = link(host, uplink).await?;
+    }
+    let state = state.ok_or_else(|| UplinkError::NoSuchUplink(uplink.to_string()))?;
     let steps = plan::takeover(&state, &renamed, bridge, netdev);
     execute(host, &steps).await?;
     taken_over(host, UplinkRecord::of(&state, &renamed)).await

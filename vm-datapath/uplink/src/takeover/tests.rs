@@ -206,6 +206,44 @@ fn a_half_done_takeover_is_repaired() {
 }
 
 #[test]
+fn an_uplink_renamed_but_not_recorded_is_taken_over_from_scratch() {
+    // The agent died right after the rename: eth0~ exists (up again, routes gone), no Port.
+    let mut host = FakeHost::new(vm());
+    run(async {
+        for op in [
+            Op::LinkDown {
+                link: "eth0".into(),
+            },
+            Op::Rename {
+                from: "eth0".into(),
+                to: "eth0~".into(),
+            },
+            Op::LinkUp {
+                link: "eth0~".into(),
+            },
+        ] {
+            host.apply(&op).await.unwrap();
+        }
+    });
+    let taken = run(take_over_on(&mut host, "br0", "eth0")).unwrap();
+    assert_eq!(
+        (taken.uplink.as_str(), taken.renamed.as_str()),
+        ("eth0", "eth0~")
+    );
+    let internal = &host.world.links["eth0"];
+    assert_eq!(
+        internal.addresses,
+        vm().links["eth0"]
+            .addresses
+            .iter()
+            .filter(|a| a.addr().is_ipv4())
+            .copied()
+            .collect()
+    );
+    assert!(host.world.ports.contains_key("eth0~"));
+}
+
+#[test]
 fn restore_is_the_exact_reverse_and_rolls_back_at_any_operation() {
     let (world, _) = taken_over_world();
     let mut host = FakeHost::new(world.clone());
