@@ -1,6 +1,8 @@
 //! Which objects a caller may see: everything, or (a VM agent) only the policy objects whose
 //! span includes its VM, with an applied-to group's members narrowed to that VM's own
-//! interfaces (an agent programs every member it is given, so another VM's must not reach it).
+//! interfaces (an agent programs every member it is given, so another VM's must not reach it),
+//! and only while its VM is `AgentedConnected`; or (a VM agent on the `vm.sluice.dev` kinds)
+//! only the object named as its own VM.
 
 use std::sync::Arc;
 
@@ -16,6 +18,12 @@ pub enum Visibility {
     Span {
         vm: String,
         index: Arc<SpanIndex>,
+        /// Whether the VM's `VirtualMachine` was `AgentedConnected` then: if not, nothing.
+        receives: bool,
+    },
+    /// The object of this name only.
+    Own {
+        name: String,
     },
 }
 
@@ -23,8 +31,18 @@ impl Visibility {
     pub fn allows(&self, spec: &KindSpec, object: &Value) -> bool {
         match self {
             Visibility::All => true,
-            Visibility::Span { vm, index } => PolicyResource::from_plural(&spec.plural)
-                .is_some_and(|resource| index.in_span(resource, object, vm)),
+            Visibility::Span {
+                vm,
+                index,
+                receives,
+            } => {
+                *receives
+                    && PolicyResource::from_plural(&spec.plural)
+                        .is_some_and(|resource| index.in_span(resource, object, vm))
+            }
+            Visibility::Own { name } => {
+                object.pointer("/metadata/name").and_then(Value::as_str) == Some(name)
+            }
         }
     }
 
@@ -66,6 +84,7 @@ mod tests {
         let vm1 = Visibility::Span {
             vm: "vm1".into(),
             index: index.clone(),
+            receives: true,
         };
         assert!(vm1.allows(&spec, &group));
         let shown = vm1.present(&spec, group.clone());
@@ -73,12 +92,28 @@ mod tests {
             shown["spec"]["members"],
             json!([{"name": "vm1-eth0", "vm": "vm1"}])
         );
+        let disconnected = Visibility::Span {
+            vm: "vm1".into(),
+            index: index.clone(),
+            receives: false,
+        };
+        assert!(!disconnected.allows(&spec, &group));
         let vm9 = Visibility::Span {
             vm: "vm9".into(),
             index,
+            receives: true,
         };
         assert!(!vm9.allows(&spec, &group));
         assert!(!vm9.allows(&crate::kinds::agent(), &group));
         assert_eq!(Visibility::All.present(&spec, group.clone()), group);
+    }
+
+    #[test]
+    fn own_shows_only_the_object_of_that_name() {
+        let spec = crate::kinds::virtual_machine();
+        let own = Visibility::Own { name: "vm1".into() };
+        assert!(own.allows(&spec, &json!({"metadata": {"name": "vm1"}})));
+        assert!(!own.allows(&spec, &json!({"metadata": {"name": "vm10"}})));
+        assert!(!own.allows(&spec, &json!({"metadata": {}})));
     }
 }
