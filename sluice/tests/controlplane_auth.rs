@@ -263,6 +263,9 @@ fn populate(cp: &ControlPlane) {
     for object in others {
         kubectl_ok(cp, &["create", "-f", "-"], Some(&object.to_string()));
     }
+    // Agents receive their span only while their VM is AgentedConnected.
+    cp.connect_vm("vm1");
+    cp.connect_vm("vm2");
 }
 
 /// A group, a policy applied to it and the address group it names, all in vm2's span only.

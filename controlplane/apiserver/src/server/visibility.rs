@@ -46,15 +46,18 @@ impl Visibility {
         }
     }
 
-    /// The object as this caller is shown it.
-    pub fn present(&self, spec: &KindSpec, object: Value) -> Value {
-        match self {
-            Visibility::Span { vm, .. }
-                if PolicyResource::from_plural(&spec.plural)
-                    == Some(PolicyResource::AppliedToGroup) =>
-            {
-                own_members(object, vm)
-            }
+    /// The object as this caller is shown it. A VM agent gets policy objects without their
+    /// realization status: the VMManager rewrites it as other VMs connect and realize, and
+    /// each rewrite would otherwise be a MODIFIED event to every agent of the span.
+    pub fn present(&self, spec: &KindSpec, mut object: Value) -> Value {
+        let Visibility::Span { vm, .. } = self else {
+            return object;
+        };
+        if let Some(map) = object.as_object_mut() {
+            map.remove("status");
+        }
+        match PolicyResource::from_plural(&spec.plural) {
+            Some(PolicyResource::AppliedToGroup) => own_members(object, vm),
             _ => object,
         }
     }
@@ -106,6 +109,21 @@ mod tests {
         assert!(!vm9.allows(&spec, &group));
         assert!(!vm9.allows(&crate::kinds::agent(), &group));
         assert_eq!(Visibility::All.present(&spec, group.clone()), group);
+    }
+
+    #[test]
+    fn a_vm_agent_is_not_shown_realization_status() {
+        let policy = json!({"metadata": {"name": "web"}, "spec": {},
+                            "status": {"realizedVMs": 3}});
+        let span = Visibility::Span {
+            vm: "vm1".into(),
+            index: Arc::new(SpanIndex::default()),
+            receives: true,
+        };
+        let shown = span.present(&crate::kinds::network_policy(), policy.clone());
+        assert!(shown.get("status").is_none());
+        let admin = Visibility::All.present(&crate::kinds::network_policy(), policy.clone());
+        assert_eq!(admin, policy);
     }
 
     #[test]
