@@ -261,30 +261,10 @@ impl VmManager {
 
     async fn reconcile_policies(&mut self, cache: &mut Cache) {
         let spec = network_policy();
-        let groups = list_prefix(&applied_to_group(), None);
-        let policies = list_prefix(&spec, None);
-        let under = |prefix: &str| -> Vec<(String, Value)> {
-            cache
-                .policy_objects
-                .iter()
-                .filter(|(key, _)| key.starts_with(prefix))
-                .map(|(key, object)| (key.clone(), object.clone()))
-                .collect()
-        };
-        let (groups, policies) = (under(&groups), under(&policies));
-        let index = SpanIndex::new(
-            groups.iter().map(|(_, object)| object),
-            policies.iter().map(|(_, object)| object),
-        );
-        let states: BTreeMap<String, VmState> = cache
-            .vms
-            .iter()
-            .filter_map(|(name, vm)| Some((name.clone(), VmState::of(vm)?)))
-            .collect();
-        for (key, mut policy) in policies {
-            let span = index.span(PolicyResource::NetworkPolicy, &policy);
+        let index = span_index(cache);
+        for (key, mut policy) in policies_to_write(cache, &index) {
             for _ in 0..WRITE_TRIES {
-                let status = policy_status(&policy, &span, &states, &cache.runtime_infos);
+                let status = policy_status_in(cache, &index, &policy);
                 if policy.get("status") == Some(&status) {
                     break;
                 }
@@ -303,6 +283,44 @@ impl VmManager {
             }
         }
     }
+}
+
+/// The spans of the cached groups and policies (built once per pass).
+fn span_index(cache: &Cache) -> SpanIndex {
+    let under = |prefix: String| {
+        cache
+            .policy_objects
+            .iter()
+            .filter(move |(key, _)| key.starts_with(&prefix))
+            .map(|(_, object)| object)
+    };
+    SpanIndex::new(
+        under(list_prefix(&applied_to_group(), None)),
+        under(list_prefix(&network_policy(), None)),
+    )
+}
+
+/// The NetworkPolicies whose stored status differs from what it should be (only those are
+/// cloned: a pass over unchanged policies copies nothing).
+fn policies_to_write(cache: &Cache, index: &SpanIndex) -> Vec<(String, Value)> {
+    let prefix = list_prefix(&network_policy(), None);
+    cache
+        .policy_objects
+        .iter()
+        .filter(|(key, _)| key.starts_with(&prefix))
+        .filter(|(_, policy)| policy.get("status") != Some(&policy_status_in(cache, index, policy)))
+        .map(|(key, policy)| (key.clone(), policy.clone()))
+        .collect()
+}
+
+/// A policy's realization status: its span, those VMs' states, their reports.
+fn policy_status_in(cache: &Cache, index: &SpanIndex, policy: &Value) -> Value {
+    let span = index.span(PolicyResource::NetworkPolicy, policy);
+    let states: BTreeMap<String, VmState> = span
+        .iter()
+        .filter_map(|vm| Some((vm.clone(), VmState::of(cache.vms.get(vm)?)?)))
+        .collect();
+    policy_status(policy, &span, &states, &cache.runtime_infos)
 }
 
 /// What the VMManager follows, in the order `follow` selects on them.
