@@ -149,6 +149,11 @@ pub struct ControlplaneArgs {
     /// History kept for watchers to resume from; older revisions are compacted away.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration)]
     pub compaction_interval: std::time::Duration,
+    /// How long an Agented VM stays AgentedConnected after its agent's last runtime-info
+    /// report (three missed reports at the agent's default 30 s interval): then it is
+    /// AgentedBootstrap and its agent's policy span is empty until it reports again.
+    #[arg(long, value_name = "DURATION", default_value = "90s", value_parser = humantime::parse_duration)]
+    pub vm_heartbeat_timeout: std::time::Duration,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormatArg,

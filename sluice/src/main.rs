@@ -122,6 +122,7 @@ fn main() -> ExitCode {
                     client_ca: serve.client_ca,
                     hostnames: serve.hostname,
                     compaction_interval: serve.compaction_interval,
+                    vm_heartbeat_timeout: serve.vm_heartbeat_timeout,
                     ..controlplane::ControlPlaneOptions::embedded(serve.listen, serve.data_dir)
                 },
                 addresses_file,

@@ -84,6 +84,9 @@ fn a_vm_agent_enforces_its_span_from_the_control_plane_and_follows_changes() {
     );
     let created = cp.kubectl(&["create", "-f", "-"], Some(&objects));
     assert!(created.status.success(), "{created:?}");
+    // The span needs vm1 AgentedConnected (issue 15); this agent does not report its runtime
+    // info yet, so the fixture reports once (the test ends well within the 90 s timeout).
+    cp.connect_vm("vm1");
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("vm1.token");
     std::fs::write(&token, cp.token("vm-agent", "vm1")).unwrap();

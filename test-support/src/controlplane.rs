@@ -187,6 +187,54 @@ impl ControlPlane {
         (code.trim().parse().unwrap_or(0), body.to_string())
     }
 
+    /// Makes `vm` an Agented VirtualMachine whose agent has reported (a runtime info written
+    /// with a vm-agent token for it), and waits until the VMManager has it AgentedConnected, so
+    /// its agent receives its policy span. Returns that vm-agent token.
+    pub fn connect_vm(&self, vm: &str) -> String {
+        let object = serde_json::json!({"apiVersion": "vm.sluice.dev/v1alpha1",
+            "kind": "VirtualMachine", "metadata": {"name": vm},
+            "spec": {"management": "Agented", "uplink": {"name": "eth0"}}});
+        let (code, body) = self.curl(
+            "POST",
+            "/apis/vm.sluice.dev/v1alpha1/virtualmachines",
+            Some(&object.to_string()),
+        );
+        assert!(
+            code == 201 || code == 409,
+            "creating VM {vm}: {code} {body}"
+        );
+        let token = self.token("vm-agent", vm);
+        let report = serde_json::json!({"apiVersion": "vm.sluice.dev/v1alpha1",
+            "kind": "VirtualMachineRuntimeInfo", "metadata": {"name": vm},
+            "agentState": "Active", "agentVersion": "test"});
+        let output = Command::new("curl")
+            .args(["--silent", "--max-time", "10", "--request", "POST"])
+            .arg("--cacert")
+            .arg(self.ca_file())
+            .args(["--header", &format!("Authorization: Bearer {token}")])
+            .args(["--header", "Content-Type: application/json"])
+            .args(["--data-binary", &report.to_string()])
+            .args(["--write-out", "\n%{http_code}"])
+            .arg(format!(
+                "{}/apis/vm.sluice.dev/v1alpha1/virtualmachineruntimeinfos",
+                self.url()
+            ))
+            .output()
+            .expect("curl is installed");
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            text.ends_with("201") || text.ends_with("409"),
+            "reporting for {vm}: {text}"
+        );
+        let path = format!("/apis/vm.sluice.dev/v1alpha1/virtualmachines/{vm}");
+        let connected = wait_until(Duration::from_secs(10), || {
+            let (_, body) = self.curl("GET", &path, None);
+            body.contains("\"state\":\"AgentedConnected\"")
+        });
+        assert!(connected, "VM {vm} did not become AgentedConnected");
+        token
+    }
+
     /// A kubeconfig for `token` next to the admin's.
     pub fn kubeconfig_for(&self, name: &str, token: &str) -> PathBuf {
         let admin = std::fs::read_to_string(self.kubeconfig()).expect("read admin kubeconfig");

@@ -23,6 +23,7 @@ use sluice_apiserver::server::{ApiServer, ServerLimits};
 use sluice_store::{Compactor, EmbeddedStore, Store};
 #[cfg(feature = "etcd")]
 use sluice_store::{EtcdClientCert, EtcdConfig, EtcdStore, EtcdTls};
+use sluice_vm_manager::{VmManager, VmMetrics};
 use tokio::sync::watch;
 
 pub use token::create_token;
@@ -47,6 +48,9 @@ pub struct ControlPlaneOptions {
     /// History kept for watchers to resume from (kube-apiserver: 5 minutes).
     pub compaction_interval: Duration,
     pub limits: ServerLimits,
+    /// How long after its agent's last runtime-info report an Agented VM stays
+    /// AgentedConnected (the VMManager's staleness timeout).
+    pub vm_heartbeat_timeout: Duration,
 }
 
 /// Which store the API server keeps its objects in.
@@ -75,6 +79,7 @@ impl ControlPlaneOptions {
             hostnames: Vec::new(),
             compaction_interval: Duration::from_secs(300),
             limits: ServerLimits::default(),
+            vm_heartbeat_timeout: sluice_vm_manager::DEFAULT_HEARTBEAT_TIMEOUT,
         }
     }
 }
@@ -246,6 +251,9 @@ pub async fn start_on(
         _ => anyhow::bail!("--tls-cert and --tls-key go together"),
     };
     let tls = bootstrap::server_tls(&cert, &key, options.client_ca.as_deref())?;
+    if options.vm_heartbeat_timeout < Duration::from_secs(1) {
+        anyhow::bail!("--vm-heartbeat-timeout must be at least 1s");
+    }
     let registry = sluice_apiserver::kinds::registry().context("the served kinds")?;
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
@@ -254,13 +262,24 @@ pub async fn start_on(
     let url = format!("https://{address}");
     let kubeconfig = options.data_dir.join("admin.kubeconfig");
     bootstrap_admin(store.as_ref(), &kubeconfig, &url, &pki.ca).await?;
-    let server = ApiServer::new(registry, store.clone(), options.limits.clone());
+    let mut vm_metrics = None;
+    let server = ApiServer::with_metrics(registry, store.clone(), options.limits.clone(), |r| {
+        vm_metrics = Some(VmMetrics::register(r));
+    });
     server
         .load_tokens()
         .await
         .context("reading the stored tokens")?;
     let (stop, stopping) = watch::channel(false);
     tokio::spawn(server.clone().follow_tokens(stopping.clone()));
+    // Every replica runs a VMManager: their status writes are compare-and-swap, so they
+    // converge on one decision rather than needing a leader.
+    let vm_manager = VmManager::new(
+        server.clone(),
+        options.vm_heartbeat_timeout,
+        vm_metrics.unwrap_or_default(),
+    );
+    tokio::spawn(vm_manager.run(stopping.clone()));
     let compactor = Compactor::new(store, options.compaction_interval);
     let compacting = tokio::spawn(compactor.run());
     let served = tokio::spawn({

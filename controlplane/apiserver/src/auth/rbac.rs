@@ -79,6 +79,11 @@ pub enum Decision {
     AllowWithinSpan {
         vm: String,
     },
+    /// Allowed on the object of this name only: the server filters lists and watches to it and
+    /// answers 403 for any other object (a create's body must carry this name).
+    AllowOwn {
+        name: String,
+    },
 }
 
 /// A refused request; answered 403 `Forbidden` with this message.
@@ -92,6 +97,9 @@ const UPSTREAM_CLUSTERS: (&str, &str) = ("proxy.sluice.dev", "upstreamclusters")
 const AGENTS: (&str, &str) = ("tunnel.sluice.dev", "agents");
 const POLICY_GROUP: &str = "policy.sluice.dev";
 const POLICY_RESOURCES: [&str; 3] = ["networkpolicies", "addressgroups", "appliedtogroups"];
+const VM_GROUP: &str = "vm.sluice.dev";
+const VIRTUAL_MACHINES: &str = "virtualmachines";
+const RUNTIME_INFOS: &str = "virtualmachineruntimeinfos";
 
 /// Decides whether `identity` may make `request`.
 pub fn authorize(identity: &Identity, request: &Request<'_>) -> Result<Decision, Denied> {
@@ -100,15 +108,39 @@ pub fn authorize(identity: &Identity, request: &Request<'_>) -> Result<Decision,
         Role::Admin => Some(Decision::Allow),
         Role::Gateway => reads_or_writes_status(request, target == UPSTREAM_CLUSTERS),
         Role::Node => reads_or_writes_status(request, target == AGENTS),
-        Role::VmAgent => (request.group == POLICY_GROUP
-            && POLICY_RESOURCES.contains(&request.resource)
-            && request.subresource.is_none()
-            && request.verb.reads())
-        .then(|| Decision::AllowWithinSpan {
-            vm: identity.subject.clone(),
-        }),
+        Role::VmAgent => vm_agent(&identity.subject, request),
     };
     allowed.ok_or_else(|| denied(identity, request))
+}
+
+/// A VM agent (subject = its VM's name): the policies of its span; its own VirtualMachine,
+/// read only (the VMManager alone writes its status); its own runtime info, read and written
+/// but never listed, watched or deleted.
+fn vm_agent(vm: &str, request: &Request<'_>) -> Option<Decision> {
+    if request.subresource.is_some() {
+        return None;
+    }
+    let own_name = request.name.is_none_or(|name| name == vm);
+    let own = || Decision::AllowOwn {
+        name: vm.to_string(),
+    };
+    match (request.group, request.resource) {
+        (POLICY_GROUP, resource) if POLICY_RESOURCES.contains(&resource) => request
+            .verb
+            .reads()
+            .then(|| Decision::AllowWithinSpan { vm: vm.to_string() }),
+        (VM_GROUP, VIRTUAL_MACHINES) => (request.verb.reads() && own_name).then(own),
+        (VM_GROUP, RUNTIME_INFOS) => {
+            let verb = matches!(
+                request.verb,
+                Verb::Get | Verb::Create | Verb::Update | Verb::Patch
+            );
+            // A create names its object in the body, which the server checks against `name`.
+            let named = request.name.is_some() || request.verb == Verb::Create;
+            (verb && named && own_name).then(own)
+        }
+        _ => None,
+    }
 }
 
 /// The gateway and node rule: read the kind, and update or patch only its `status`.

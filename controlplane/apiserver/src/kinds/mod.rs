@@ -7,9 +7,12 @@ mod agent;
 mod applied_to_group;
 mod network_policy;
 mod policy;
+mod runtime_info;
 pub mod span;
 mod token;
 mod upstream_cluster;
+mod virtual_machine;
+pub mod vm_fields;
 
 use serde_json::Value;
 use sluice_apimachinery::{FieldError, Registry, RegistryError};
@@ -18,9 +21,11 @@ pub use address_group::address_group;
 pub use agent::agent;
 pub use applied_to_group::applied_to_group;
 pub use network_policy::network_policy;
-pub use span::{in_span, PolicyResource, SpanIndex};
+pub use runtime_info::{runtime_info, AGENT_STATES};
+pub use span::{in_span, receives_policies, PolicyResource, SpanIndex};
 pub use token::{token, token_identity};
 pub use upstream_cluster::upstream_cluster;
+pub use virtual_machine::{virtual_machine, CONNECTED, MANAGEMENTS, VM_STATES};
 
 /// Every kind the control plane serves.
 pub fn registry() -> Result<Registry, RegistryError> {
@@ -30,7 +35,9 @@ pub fn registry() -> Result<Registry, RegistryError> {
         .with(network_policy())?
         .with(address_group())?
         .with(applied_to_group())?
-        .with(token())
+        .with(token())?
+        .with(virtual_machine())?
+        .with(runtime_info())
 }
 
 /// An error at `path` (kube notation: `spec.servers[0].endpoint`) quoting the value there.
@@ -76,6 +83,11 @@ mod tests {
         for plural in ["networkpolicies", "addressgroups", "appliedtogroups"] {
             assert!(registry
                 .by_resource("policy.sluice.dev", "v1alpha1", plural)
+                .is_some());
+        }
+        for plural in ["virtualmachines", "virtualmachineruntimeinfos"] {
+            assert!(registry
+                .by_resource("vm.sluice.dev", "v1alpha1", plural)
                 .is_some());
         }
     }

@@ -7,14 +7,14 @@
 //! keeps the source policy's namespace in `sourceRef`, the namespace is `spec.namespace`; the
 //! agent's key for the policy is `spec.namespace/metadata.name` as in a file.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use sluice_apimachinery::{FieldError, KindSpec, PrinterColumn};
 use sluice_policy_model::object::validate_network_policy;
 
 use super::policy::{model_errors, policy_kind, Names};
 
 pub fn network_policy() -> KindSpec {
-    policy_kind(
+    let mut kind = policy_kind(
         Names {
             kind: "NetworkPolicy",
             plural: "networkpolicies",
@@ -40,10 +40,31 @@ pub fn network_policy() -> KindSpec {
                 "string",
                 "the applied-to groups whose interfaces enforce it",
             ),
+            PrinterColumn::new(
+                "Realized",
+                ".status.realizedVMs",
+                "integer",
+                "VMs whose agent reports this generation realized",
+            ),
+            PrinterColumn::new(
+                "Desired",
+                ".status.desiredVMs",
+                "integer",
+                "AgentedConnected VMs in the policy's span",
+            ),
         ],
         "priority, appliedTo, policyTypes and ordered rules, as a policy file's entry",
         validate,
-    )
+    );
+    // Realization status (as Antrea's NetworkPolicy status), written by the VMManager only;
+    // as a subresource it does not bump the generation the agents report back.
+    kind.status_subresource = true;
+    kind.schema["properties"]["status"] = json!({"type": "object", "properties": {
+        "observedGeneration": {"type": "integer"},
+        "desiredVMs": {"type": "integer"},
+        "realizedVMs": {"type": "integer"},
+        "phase": {"type": "string", "description": "Realized, Realizing or Pending"}}});
+    kind
 }
 
 fn validate(object: &Value) -> Vec<FieldError> {
@@ -52,7 +73,6 @@ fn validate(object: &Value) -> Vec<FieldError> {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
     use sluice_apimachinery::FieldErrorKind;
 
     use super::*;
@@ -88,6 +108,24 @@ mod tests {
             .detail
             .contains("\"Permit\" is not an action (Allow, Drop or Reject)"));
         assert_eq!(errors[1].kind, FieldErrorKind::Invalid(json!(70000)));
+    }
+
+    #[test]
+    fn a_status_write_does_not_bump_the_generation() {
+        use sluice_apimachinery::meta::{prepare_status_update, prepare_update};
+        let kind = network_policy();
+        let mut stored = created(&kind, example(test_support::examples::NETWORK_POLICY));
+        stored["metadata"]["resourceVersion"] = json!("5");
+        let mut new = stored.clone();
+        new["status"] = json!({"observedGeneration": 1, "desiredVMs": 1, "realizedVMs": 1,
+                               "phase": "Realized"});
+        let updated = prepare_status_update(&kind, &stored, new.clone()).unwrap();
+        assert_eq!(updated["metadata"]["generation"], json!(1));
+        assert_eq!(updated["status"]["phase"], json!("Realized"));
+        // A write of the main resource keeps the stored status and the generation.
+        let kept = prepare_update(&kind, &stored, new).unwrap();
+        assert_eq!(kept["metadata"]["generation"], json!(1));
+        assert!(kept.get("status").is_none());
     }
 
     #[test]

@@ -15,6 +15,11 @@
 //! object, so a list or watch builds the index once at its revision and checks every object
 //! against it. A watch must also re-check objects already sent when a group or policy changes:
 //! an object that leaves an agent's span is a DELETED event for that agent.
+//!
+//! On top of membership, a VM's agent receives policies only while the VMManager has its
+//! `VirtualMachine` in state `AgentedConnected` ([`receives_policies`]): a VM that is deleted,
+//! switched to agentless or unmanaged, or whose agent stopped reporting, has an empty span, so
+//! its agent's watch sees every policy DELETED (a cloud integration would then cover it).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -112,6 +117,16 @@ impl SpanIndex {
             .cloned()
             .collect()
     }
+}
+
+/// Whether a VM's agent receives any policy: its `VirtualMachine` exists and the VMManager
+/// has it `AgentedConnected`. Anything else (no object, another state, a malformed status) is
+/// no: a span must never widen on doubt.
+pub fn receives_policies(virtual_machine: Option<&Value>) -> bool {
+    virtual_machine
+        .and_then(|vm| vm.pointer("/status/state"))
+        .and_then(Value::as_str)
+        == Some(super::CONNECTED)
 }
 
 /// Whether `object` is sent to `vm`, given every stored applied-to group and policy; for one

@@ -94,8 +94,20 @@ pub struct ApiServer {
 
 impl ApiServer {
     pub fn new(registry: Registry, store: Arc<dyn Store>, limits: ServerLimits) -> Arc<Self> {
+        Self::with_metrics(registry, store, limits, |_| {})
+    }
+
+    /// [`ApiServer::new`], with more metrics on its `/metrics` (the control plane's
+    /// controllers register theirs here).
+    pub fn with_metrics(
+        registry: Registry,
+        store: Arc<dyn Store>,
+        limits: ServerLimits,
+        register: impl FnOnce(&mut prometheus_client::registry::Registry),
+    ) -> Arc<Self> {
         let mut prometheus = prometheus_client::registry::Registry::default();
         let metrics = ApiMetrics::register(&mut prometheus);
+        register(&mut prometheus);
         Arc::new(Self {
             registry,
             store,

@@ -1,6 +1,8 @@
 //! Which objects a caller may see: everything, or (a VM agent) only the policy objects whose
 //! span includes its VM, with an applied-to group's members narrowed to that VM's own
-//! interfaces (an agent programs every member it is given, so another VM's must not reach it).
+//! interfaces (an agent programs every member it is given, so another VM's must not reach it),
+//! and only while its VM is `AgentedConnected`; or (a VM agent on the `vm.sluice.dev` kinds)
+//! only the object named as its own VM.
 
 use std::sync::Arc;
 
@@ -16,6 +18,12 @@ pub enum Visibility {
     Span {
         vm: String,
         index: Arc<SpanIndex>,
+        /// Whether the VM's `VirtualMachine` was `AgentedConnected` then: if not, nothing.
+        receives: bool,
+    },
+    /// The object of this name only.
+    Own {
+        name: String,
     },
 }
 
@@ -23,20 +31,33 @@ impl Visibility {
     pub fn allows(&self, spec: &KindSpec, object: &Value) -> bool {
         match self {
             Visibility::All => true,
-            Visibility::Span { vm, index } => PolicyResource::from_plural(&spec.plural)
-                .is_some_and(|resource| index.in_span(resource, object, vm)),
+            Visibility::Span {
+                vm,
+                index,
+                receives,
+            } => {
+                *receives
+                    && PolicyResource::from_plural(&spec.plural)
+                        .is_some_and(|resource| index.in_span(resource, object, vm))
+            }
+            Visibility::Own { name } => {
+                object.pointer("/metadata/name").and_then(Value::as_str) == Some(name)
+            }
         }
     }
 
-    /// The object as this caller is shown it.
-    pub fn present(&self, spec: &KindSpec, object: Value) -> Value {
-        match self {
-            Visibility::Span { vm, .. }
-                if PolicyResource::from_plural(&spec.plural)
-                    == Some(PolicyResource::AppliedToGroup) =>
-            {
-                own_members(object, vm)
-            }
+    /// The object as this caller is shown it. A VM agent gets policy objects without their
+    /// realization status: the VMManager rewrites it as other VMs connect and realize, and
+    /// each rewrite would otherwise be a MODIFIED event to every agent of the span.
+    pub fn present(&self, spec: &KindSpec, mut object: Value) -> Value {
+        let Visibility::Span { vm, .. } = self else {
+            return object;
+        };
+        if let Some(map) = object.as_object_mut() {
+            map.remove("status");
+        }
+        match PolicyResource::from_plural(&spec.plural) {
+            Some(PolicyResource::AppliedToGroup) => own_members(object, vm),
             _ => object,
         }
     }
@@ -66,6 +87,7 @@ mod tests {
         let vm1 = Visibility::Span {
             vm: "vm1".into(),
             index: index.clone(),
+            receives: true,
         };
         assert!(vm1.allows(&spec, &group));
         let shown = vm1.present(&spec, group.clone());
@@ -73,12 +95,43 @@ mod tests {
             shown["spec"]["members"],
             json!([{"name": "vm1-eth0", "vm": "vm1"}])
         );
+        let disconnected = Visibility::Span {
+            vm: "vm1".into(),
+            index: index.clone(),
+            receives: false,
+        };
+        assert!(!disconnected.allows(&spec, &group));
         let vm9 = Visibility::Span {
             vm: "vm9".into(),
             index,
+            receives: true,
         };
         assert!(!vm9.allows(&spec, &group));
         assert!(!vm9.allows(&crate::kinds::agent(), &group));
         assert_eq!(Visibility::All.present(&spec, group.clone()), group);
+    }
+
+    #[test]
+    fn a_vm_agent_is_not_shown_realization_status() {
+        let policy = json!({"metadata": {"name": "web"}, "spec": {},
+                            "status": {"realizedVMs": 3}});
+        let span = Visibility::Span {
+            vm: "vm1".into(),
+            index: Arc::new(SpanIndex::default()),
+            receives: true,
+        };
+        let shown = span.present(&crate::kinds::network_policy(), policy.clone());
+        assert!(shown.get("status").is_none());
+        let admin = Visibility::All.present(&crate::kinds::network_policy(), policy.clone());
+        assert_eq!(admin, policy);
+    }
+
+    #[test]
+    fn own_shows_only_the_object_of_that_name() {
+        let spec = crate::kinds::virtual_machine();
+        let own = Visibility::Own { name: "vm1".into() };
+        assert!(own.allows(&spec, &json!({"metadata": {"name": "vm1"}})));
+        assert!(!own.allows(&spec, &json!({"metadata": {"name": "vm10"}})));
+        assert!(!own.allows(&spec, &json!({"metadata": {}})));
     }
 }

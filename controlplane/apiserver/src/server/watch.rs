@@ -241,7 +241,16 @@ impl Watch {
         }
         let mut sent = 0;
         let shared = self.sends_every_change_unchanged();
+        // A VM agent's watch of its own VM: other VMs' changes (heartbeats) are skipped by
+        // key, before any decode.
+        let own_key = match &self.visibility {
+            Visibility::Own { name } => Some(super::keys::object_key(&self.spec, None, name)),
+            _ => None,
+        };
         for event in batch.events {
+            if own_key.as_deref().is_some_and(|key| key != event.key()) {
+                continue;
+            }
             if shared {
                 let Some(line) = self.shared_line(&event) else {
                     continue;

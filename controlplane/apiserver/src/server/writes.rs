@@ -148,6 +148,35 @@ impl ApiServer {
         Ok(Reply::ok(decode(&stored)?))
     }
 
+    /// Replaces the status of the stored object `old` (as read, with its resourceVersion) by
+    /// `status`, as a PUT of its `/status` would: same metadata rules and validation, written
+    /// only if nothing changed since `old` (409 `Conflict` otherwise: read again and retry).
+    /// The control plane's own controllers (the VMManager) write through here.
+    pub async fn write_status(
+        &self,
+        spec: &sluice_apimachinery::KindSpec,
+        old: &Value,
+        status: Value,
+    ) -> Result<Value, StatusError> {
+        let mut new = old.clone();
+        if let Some(map) = new.as_object_mut() {
+            map.insert("status".into(), status);
+        }
+        let mut updated = meta::prepare_status_update(spec, old, new)?;
+        prune_unknown_fields(spec, &mut updated);
+        if without_version(old) == without_version(&updated) {
+            return Ok(old.clone());
+        }
+        let name = meta::object_name(old).to_string();
+        let key = super::keys::object_key(spec, None, &name);
+        let stored = self
+            .store
+            .update(&key, encode(&updated), Some(revision_of(old)))
+            .await
+            .map_err(|error| store_status(spec, &name, error))?;
+        decode(&stored)
+    }
+
     pub(crate) async fn delete(&self, call: &Call<'_>) -> Result<Reply, StatusError> {
         let mut attempt = 0;
         loop {

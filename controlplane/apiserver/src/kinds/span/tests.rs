@@ -123,3 +123,24 @@ fn the_examples_span_the_vms_of_their_applied_to_group() {
         assert!(!index.in_span(resource, object, "vm2"), "{resource:?}");
     }
 }
+
+#[test]
+fn only_a_connected_vm_receives_policies() {
+    let vm = |state: Value| {
+        json!({"metadata": {"name": "vm-a"}, "spec": {"management": "Agented"},
+                                   "status": {"state": state}})
+    };
+    assert!(receives_policies(Some(&vm(json!("AgentedConnected")))));
+    for state in [
+        json!("AgentedBootstrap"),
+        json!("Agentless"),
+        json!("Unmanaged"),
+        json!(null),
+        json!(["AgentedConnected"]),
+    ] {
+        assert!(!receives_policies(Some(&vm(state.clone()))), "{state}");
+    }
+    assert!(!receives_policies(None));
+    let no_status = json!({"metadata": {"name": "vm-a"}, "spec": {"management": "Agented"}});
+    assert!(!receives_policies(Some(&no_status)));
+}

@@ -1,0 +1,163 @@
+//! The VMManager's view of the store: the VMs, their runtime infos and the policy objects,
+//! kept current by three store watches, and what a change makes it re-evaluate. Pure: events
+//! in, dirty sets out.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+use sluice_apimachinery::meta::set_resource_version;
+use sluice_store::{Event, KeyValue};
+
+/// The three resources the VMManager follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Followed {
+    Vms,
+    RuntimeInfos,
+    /// Every `policy.sluice.dev` object (groups and policies make the spans).
+    Policies,
+}
+
+/// What the VMManager knows, by name (VMs, runtime infos) or key (policy objects).
+#[derive(Debug, Default)]
+pub struct Cache {
+    pub vms: BTreeMap<String, Value>,
+    pub runtime_infos: BTreeMap<String, Value>,
+    pub policy_objects: BTreeMap<String, Value>,
+    /// VMs to evaluate again.
+    pub dirty_vms: BTreeSet<String>,
+    /// Whether policy statuses must be computed again.
+    pub policies_dirty: bool,
+}
+
+/// A stored row as an object with its resourceVersion; `None` (logged) when it does not parse.
+pub fn decode(row: &KeyValue) -> Option<Value> {
+    match serde_json::from_slice::<Value>(&row.value) {
+        Ok(mut object) => {
+            set_resource_version(&mut object, row.mod_revision);
+            Some(object)
+        }
+        Err(error) => {
+            tracing::warn!(key = %row.key, %error, "a stored object does not parse: skipped");
+            None
+        }
+    }
+}
+
+/// The last segment of a key: a cluster-scoped object's name.
+pub fn name_of(key: &str) -> &str {
+    key.rsplit('/').next().unwrap_or(key)
+}
+
+impl Cache {
+    /// Replaces one resource's objects with a fresh list; everything is re-evaluated.
+    pub fn replace(&mut self, followed: Followed, rows: &[KeyValue]) {
+        let objects = rows
+            .iter()
+            .filter_map(|row| Some((self.slot(followed, &row.key), decode(row)?)))
+            .collect();
+        *self.map(followed) = objects;
+        self.dirty_vms.extend(self.vms.keys().cloned());
+        self.policies_dirty = true;
+    }
+
+    /// Applies a change; returns the name of a runtime info that was written (a heartbeat).
+    pub fn apply(&mut self, followed: Followed, event: &Event) -> Option<String> {
+        let slot = self.slot(followed, event.key());
+        match event {
+            Event::Put { kv, .. } => {
+                if let Some(object) = decode(kv) {
+                    self.map(followed).insert(slot.clone(), object);
+                }
+            }
+            Event::Delete { .. } => {
+                self.map(followed).remove(&slot);
+            }
+        }
+        // Any change may change a state or a realization count.
+        self.policies_dirty = true;
+        match followed {
+            Followed::Vms => {
+                self.dirty_vms.insert(slot);
+                None
+            }
+            Followed::RuntimeInfos => {
+                self.dirty_vms.insert(slot.clone());
+                matches!(event, Event::Put { .. }).then_some(slot)
+            }
+            Followed::Policies => None,
+        }
+    }
+
+    fn slot(&self, followed: Followed, key: &str) -> String {
+        match followed {
+            Followed::Policies => key.to_string(),
+            Followed::Vms | Followed::RuntimeInfos => name_of(key).to_string(),
+        }
+    }
+
+    fn map(&mut self, followed: Followed) -> &mut BTreeMap<String, Value> {
+        match followed {
+            Followed::Vms => &mut self.vms,
+            Followed::RuntimeInfos => &mut self.runtime_infos,
+            Followed::Policies => &mut self.policy_objects,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use serde_json::json;
+
+    fn row(key: &str, value: Value, revision: u64) -> KeyValue {
+        KeyValue {
+            key: key.into(),
+            value: Bytes::from(value.to_string()),
+            create_revision: revision,
+            mod_revision: revision,
+            version: 1,
+        }
+    }
+
+    #[test]
+    fn a_runtime_info_write_is_a_heartbeat_and_a_deletion_is_not() {
+        let mut cache = Cache::default();
+        let key = "/registry/vm.sluice.dev/virtualmachineruntimeinfos/vm1";
+        let put = Event::Put {
+            kv: row(key, json!({"metadata": {"name": "vm1"}}), 5),
+            prev: None,
+        };
+        assert_eq!(
+            cache.apply(Followed::RuntimeInfos, &put),
+            Some("vm1".into())
+        );
+        assert_eq!(
+            cache.runtime_infos["vm1"]["metadata"]["resourceVersion"],
+            json!("5")
+        );
+        assert!(cache.dirty_vms.contains("vm1"));
+        let delete = Event::Delete {
+            prev: row(key, json!({}), 5),
+            revision: 6,
+        };
+        assert_eq!(cache.apply(Followed::RuntimeInfos, &delete), None);
+        assert!(cache.runtime_infos.is_empty());
+    }
+
+    #[test]
+    fn a_fresh_list_makes_everything_dirty_and_skips_garbage() {
+        let mut cache = Cache::default();
+        let rows = [
+            row("/registry/vm.sluice.dev/virtualmachines/vm1", json!({}), 3),
+            KeyValue {
+                value: Bytes::from_static(b"{not json"),
+                ..row("/registry/vm.sluice.dev/virtualmachines/vm2", json!({}), 4)
+            },
+        ];
+        cache.replace(Followed::Vms, &rows);
+        assert_eq!(cache.vms.len(), 1);
+        assert!(cache.dirty_vms.contains("vm1"));
+        assert!(cache.policies_dirty);
+    }
+}

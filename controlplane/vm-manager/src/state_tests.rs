@@ -1,0 +1,189 @@
+use super::*;
+
+const T: Duration = Duration::from_secs(90);
+
+fn at(seconds: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + seconds)
+}
+
+#[test]
+fn the_state_machine_table() {
+    use Management as M;
+    use VmState as S;
+    let now = at(1000);
+    let rows: [(Management, Option<SystemTime>, VmState, Reason); 9] = [
+        (M::Unmanaged, None, S::Unmanaged, Reason::Unmanaged),
+        (M::Unmanaged, Some(at(999)), S::Unmanaged, Reason::Unmanaged),
+        (M::Agentless, None, S::Agentless, Reason::Agentless),
+        (M::Agentless, Some(at(999)), S::Agentless, Reason::Agentless),
+        (M::Agented, None, S::AgentedBootstrap, Reason::NeverReported),
+        (
+            M::Agented,
+            Some(at(999)),
+            S::AgentedConnected,
+            Reason::HeartbeatReceived,
+        ),
+        // Exactly the timeout old is stale: three missed 30 s reports.
+        (
+            M::Agented,
+            Some(at(910)),
+            S::AgentedBootstrap,
+            Reason::HeartbeatMissed,
+        ),
+        (
+            M::Agented,
+            Some(at(911)),
+            S::AgentedConnected,
+            Reason::HeartbeatReceived,
+        ),
+        // Another replica's clock ahead: fresh, not an error.
+        (
+            M::Agented,
+            Some(at(1005)),
+            S::AgentedConnected,
+            Reason::HeartbeatReceived,
+        ),
+    ];
+    for (management, heartbeat, state, reason) in rows {
+        assert_eq!(
+            evaluate(management, heartbeat, now, T),
+            (state, reason),
+            "{management:?} {heartbeat:?}"
+        );
+    }
+}
+
+fn vm(management: &str, status: Value) -> Value {
+    json!({"metadata": {"name": "vm1", "resourceVersion": "7"},
+           "spec": {"management": management, "uplink": {"name": "eth0"}}, "status": status})
+}
+
+fn report() -> Value {
+    json!({"metadata": {"name": "vm1"}, "agentState": "Active", "os": "Debian 12",
+           "agentVersion": "0.1.0", "networkPolicies": {"web": "2", "db": "1"},
+           "conditions": [{"type": "OVSDBConnected", "status": "True"},
+                          {"type": "SomethingElse", "status": "True"}]})
+}
+
+fn inputs<'a>(vm: &'a Value, info: Option<&'a Value>, seen: Option<SystemTime>) -> VmInputs<'a> {
+    VmInputs {
+        vm,
+        runtime_info: info,
+        seen,
+        now: at(1000),
+        timeout: T,
+    }
+}
+
+#[test]
+fn a_connected_vm_carries_its_agents_report() {
+    let vm = vm("Agented", json!({"state": "AgentedBootstrap"}));
+    let info = report();
+    let decision = vm_status(&inputs(&vm, Some(&info), Some(at(999)))).unwrap();
+    assert_eq!(decision.from, Some(VmState::AgentedBootstrap));
+    assert_eq!(decision.to, VmState::AgentedConnected);
+    assert!(decision.transition());
+    let status = &decision.status;
+    assert_eq!(status["lastHeartbeat"], json!(format_rfc3339(at(999))));
+    assert_eq!(status["agentVersion"], json!("0.1.0"));
+    assert_eq!(status["policiesRealized"], json!(2));
+    assert_eq!(status["networkPolicies"]["web"], json!("2"));
+    let types: Vec<&str> = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["AgentConnected", "OVSDBConnected"]);
+    assert_eq!(status["conditions"][0]["status"], json!("True"));
+    assert_eq!(
+        status["conditions"][0]["lastTransitionTime"],
+        json!(format_rfc3339(at(1000)))
+    );
+}
+
+#[test]
+fn the_stored_heartbeat_survives_a_restart_and_replicas_agree() {
+    // A control plane back after 10 minutes has seen no report: the stored time judges.
+    let stored = vm(
+        "Agented",
+        json!({"state": "AgentedConnected", "lastHeartbeat": format_rfc3339(at(400))}),
+    );
+    let info = report();
+    let decision = vm_status(&inputs(&stored, Some(&info), None)).unwrap();
+    assert_eq!(decision.to, VmState::AgentedBootstrap);
+    assert_eq!(decision.reason, Reason::HeartbeatMissed);
+    assert_eq!(
+        decision.status["lastHeartbeat"],
+        json!(format_rfc3339(at(400)))
+    );
+    // A replica that saw the report earlier than the stored one keeps the later time.
+    let newer = vm(
+        "Agented",
+        json!({"state": "AgentedConnected", "lastHeartbeat": format_rfc3339(at(995))}),
+    );
+    let decision = vm_status(&inputs(&newer, Some(&info), Some(at(990)))).unwrap();
+    assert_eq!(
+        decision.status["lastHeartbeat"],
+        json!(format_rfc3339(at(995)))
+    );
+    // No runtime info: never reported, whatever the stored time says.
+    let decision = vm_status(&inputs(&newer, None, Some(at(999)))).unwrap();
+    assert_eq!(decision.to, VmState::AgentedBootstrap);
+    assert_eq!(decision.reason, Reason::NeverReported);
+}
+
+#[test]
+fn conditions_keep_their_transition_time_while_unchanged() {
+    let info = report();
+    let first = vm("Agented", json!({}));
+    let decision = vm_status(&inputs(&first, Some(&info), Some(at(999)))).unwrap();
+    assert_eq!(decision.from, None);
+    let mut later = vm("Agented", decision.status.clone());
+    later["status"]["lastHeartbeat"] = json!(format_rfc3339(at(999)));
+    let mut again = inputs(&later, Some(&info), Some(at(1030)));
+    again.now = at(1040);
+    let next = vm_status(&again).unwrap();
+    assert!(!next.transition());
+    assert_eq!(
+        next.status["conditions"][0]["lastTransitionTime"],
+        json!(format_rfc3339(at(1000)))
+    );
+}
+
+#[test]
+fn agentless_vms_ask_for_security_groups() {
+    let vm = vm("Agentless", json!({"state": "AgentedConnected"}));
+    let decision = vm_status(&inputs(&vm, None, None)).unwrap();
+    assert_eq!(decision.to, VmState::Agentless);
+    let conditions = decision.status["conditions"].as_array().unwrap();
+    assert_eq!(conditions[0]["status"], json!("False"));
+    assert_eq!(conditions[1]["type"], json!("SecurityGroupsRequired"));
+    assert_eq!(conditions[1]["status"], json!("True"));
+    let unknown = json!({"metadata": {"name": "x"}, "spec": {"management": "Other"}});
+    assert!(vm_status(&inputs(&unknown, None, None)).is_none());
+}
+
+#[test]
+fn a_policy_counts_connected_vms_at_its_generation() {
+    let policy = json!({"metadata": {"name": "web", "generation": 2}});
+    let span: BTreeSet<String> = ["vm1", "vm2", "vm3"].map(String::from).into();
+    let mut states = BTreeMap::new();
+    states.insert("vm1".to_string(), VmState::AgentedConnected);
+    states.insert("vm2".to_string(), VmState::AgentedConnected);
+    states.insert("vm3".to_string(), VmState::AgentedBootstrap);
+    let mut infos = BTreeMap::new();
+    infos.insert("vm1".to_string(), json!({"networkPolicies": {"web": "2"}}));
+    infos.insert("vm2".to_string(), json!({"networkPolicies": {"web": "1"}}));
+    infos.insert("vm3".to_string(), json!({"networkPolicies": {"web": "2"}}));
+    let status = policy_status(&policy, &span, &states, &infos);
+    assert_eq!(
+        status,
+        json!({"observedGeneration": 2, "desiredVMs": 2, "realizedVMs": 1, "phase": "Realizing"})
+    );
+    infos.insert("vm2".to_string(), json!({"networkPolicies": {"web": "2"}}));
+    let status = policy_status(&policy, &span, &states, &infos);
+    assert_eq!(status["phase"], json!("Realized"));
+    let status = policy_status(&policy, &BTreeSet::new(), &states, &infos);
+    assert_eq!(status["phase"], json!("Pending"));
+}
