@@ -65,13 +65,25 @@ pub enum Command {
         /// Watch this VM's policies on the control plane (https://host:port) instead of a file;
         /// needs --controlplane-ca and --controlplane-token-file (a vm-agent token whose
         /// subject is this VM).
-        #[arg(long, value_name = "URL", requires_all = ["controlplane_ca", "controlplane_token_file"])]
+        #[arg(long, value_name = "URL", requires_all = ["controlplane_ca", "controlplane_token_file", "vm"])]
         controlplane: Option<String>,
+        /// This VM's name: its VirtualMachine on the control plane (and the subject of the
+        /// token). The agent is No-Op until that object says `Agented`.
+        #[arg(long, value_name = "NAME", requires = "controlplane")]
+        vm: Option<String>,
+        /// Where the agent keeps the policies it enforces, so that a restart without the
+        /// control plane enforces them at once.
+        #[arg(long, value_name = "DIR", default_value = "/var/lib/sluice/vm-agent")]
+        state_dir: PathBuf,
+        /// How often the runtime info (the agent's heartbeat) is reported; it is also reported
+        /// on every change. Keep it well below the control plane's --vm-heartbeat-timeout.
+        #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+        report_interval: std::time::Duration,
         /// CA of the control plane's serving certificate.
         #[arg(long, value_name = "FILE")]
         controlplane_ca: Option<PathBuf>,
         /// The vm-agent bearer token (`sluice controlplane token create --role vm-agent --subject <vm>`).
-        #[arg(long, value_name = "FILE")]
+        #[arg(long, value_name = "FILE", visible_alias = "token-file")]
         controlplane_token_file: Option<PathBuf>,
         /// OVS run directory holding `<bridge>.mgmt` and, by default, `db.sock`.
         #[arg(long, value_name = "DIR", default_value = "/var/run/openvswitch")]

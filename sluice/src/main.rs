@@ -38,6 +38,9 @@ fn main() -> ExitCode {
             bridge,
             policies,
             controlplane,
+            vm,
+            state_dir,
+            report_interval,
             controlplane_ca,
             controlplane_token_file,
             ovs_rundir,
@@ -51,17 +54,25 @@ fn main() -> ExitCode {
                 format: sluice_config::LogFormat::Text,
                 level: "info".to_string(),
             });
+            let lifecycle = controlplane
+                .zip(vm)
+                .map(|(url, vm)| vm_agent::LifecycleOptions {
+                    source: sluice_config::ControlPlaneSource {
+                        url,
+                        name: Some(vm.clone()),
+                        ca_file: controlplane_ca.unwrap_or_default(),
+                        token_file: controlplane_token_file,
+                        cert_file: None,
+                        key_file: None,
+                    },
+                    vm,
+                    state_dir,
+                    report_interval,
+                });
             vm_agent::run(vm_agent::VmAgentOptions {
                 bridge,
                 policies,
-                controlplane: controlplane.map(|url| sluice_config::ControlPlaneSource {
-                    url,
-                    name: None,
-                    ca_file: controlplane_ca.unwrap_or_default(),
-                    token_file: controlplane_token_file,
-                    cert_file: None,
-                    key_file: None,
-                }),
+                lifecycle,
                 ovs_rundir,
                 db_socket,
                 admin,

@@ -1,5 +1,7 @@
-//! `sluice vm-agent --controlplane`: a VM agent enforcing its span of the control plane's
-//! policy objects on a real Open vSwitch bridge (userspace datapath), following changes.
+//! `sluice vm-agent --controlplane --vm vm1`: an agent on the VM's host (its VirtualMachine
+//! names no uplink: the VM's ports are already on the bridge) enforcing its span of the control
+//! plane's policy objects on a real Open vSwitch bridge (userspace datapath), following
+//! changes. The uplink takeover and the rest of the lifecycle: `vm_lifecycle.rs`.
 #![allow(clippy::unwrap_used)]
 
 use std::io::{BufRead as _, BufReader};
@@ -26,15 +28,19 @@ impl Drop for Agent {
 }
 
 impl Agent {
-    fn start(ovs: &OvsInstance, cp: &ControlPlane, token: &std::path::Path) -> Agent {
+    fn start(ovs: &OvsInstance, cp: &ControlPlane, dir: &std::path::Path) -> Agent {
+        let token = dir.join("vm1.token");
+        std::fs::write(&token, cp.token("vm-agent", "vm1")).unwrap();
         let log = tempfile::NamedTempFile::new().unwrap();
         let mut child = Command::new(BIN)
             .args(["vm-agent", "--bridge", BRIDGE, "--admin", "127.0.0.1:0"])
-            .args(["--controlplane", &cp.url()])
+            .args(["--controlplane", &cp.url(), "--vm", "vm1"])
+            .args(["--report-interval", "1s", "--state-dir"])
+            .arg(dir.join("state"))
             .arg("--controlplane-ca")
             .arg(cp.ca_file())
             .arg("--controlplane-token-file")
-            .arg(token)
+            .arg(&token)
             .arg("--ovs-rundir")
             .arg(ovs.rundir())
             .stdin(Stdio::null())
@@ -84,13 +90,12 @@ fn a_vm_agent_enforces_its_span_from_the_control_plane_and_follows_changes() {
     );
     let created = cp.kubectl(&["create", "-f", "-"], Some(&objects));
     assert!(created.status.success(), "{created:?}");
-    // The span needs vm1 AgentedConnected (issue 15); this agent does not report its runtime
-    // info yet, so the fixture reports once (the test ends well within the 90 s timeout).
-    cp.connect_vm("vm1");
+    let vm = r#"{"apiVersion": "vm.sluice.dev/v1alpha1", "kind": "VirtualMachine",
+        "metadata": {"name": "vm1"}, "spec": {"management": "Agented"}}"#;
+    let applied = cp.kubectl(&["apply", "-f", "-"], Some(vm));
+    assert!(applied.status.success(), "{applied:?}");
     let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("vm1.token");
-    std::fs::write(&token, cp.token("vm-agent", "vm1")).unwrap();
-    let agent = Agent::start(&ovs, &cp, &token);
+    let agent = Agent::start(&ovs, &cp, dir.path());
 
     // vm1's interface and the policy's peers are on the bridge; vm4's interface is not (the
     // server sent vm1 only its own members of the group).

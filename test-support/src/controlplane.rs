@@ -24,7 +24,14 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Starts `sluice controlplane` on a free loopback port with a new data directory.
     pub fn start(binary: &str, extra_args: &[&str]) -> std::io::Result<Self> {
-        Self::start_new(binary, extra_args, false)
+        Self::start_new(binary, "127.0.0.1:0", extra_args, false)
+    }
+
+    /// Starts `sluice controlplane` listening on `listen` (e.g. `10.1.2.1:0`, an address other
+    /// namespaces reach; give `--hostname` for it in `extra_args` so the serving certificate
+    /// names it).
+    pub fn start_on(binary: &str, listen: &str, extra_args: &[&str]) -> std::io::Result<Self> {
+        Self::start_new(binary, listen, extra_args, false)
     }
 
     /// Starts another replica of a control plane whose store (etcd) already holds the admin
@@ -32,16 +39,21 @@ impl ControlPlane {
     /// [`ControlPlane::kubectl_via`]). Pass `--pki-dir` of the first in `extra_args` so that
     /// both serve the same certificate.
     pub fn start_replica(binary: &str, extra_args: &[&str]) -> std::io::Result<Self> {
-        Self::start_new(binary, extra_args, true)
+        Self::start_new(binary, "127.0.0.1:0", extra_args, true)
     }
 
-    fn start_new(binary: &str, extra_args: &[&str], replica: bool) -> std::io::Result<Self> {
+    fn start_new(
+        binary: &str,
+        listen: &str,
+        extra_args: &[&str],
+        replica: bool,
+    ) -> std::io::Result<Self> {
         let data = tempfile::tempdir()?;
         let extra_args: Vec<String> = extra_args.iter().map(|arg| arg.to_string()).collect();
         let process = launch(
             Path::new(binary),
             data.path(),
-            "127.0.0.1:0",
+            listen,
             &extra_args,
             !replica,
         )?;

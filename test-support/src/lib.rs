@@ -14,6 +14,7 @@ mod process;
 pub mod raw_h2;
 mod redis;
 mod seccomp;
+mod vm_lan;
 mod wait;
 
 pub use sluice_apiserver_sim::{
@@ -37,6 +38,7 @@ pub use ovs::{unique_name, OvsInstance};
 pub use process::{SluiceLauncher, SluiceProcess};
 pub use redis::{RedisCluster, RedisServer, RedisTls};
 pub use seccomp::{block_io_uring_for_command, block_io_uring_in_this_thread};
+pub use vm_lan::VmLan;
 pub use wait::{wait_for_tcp, wait_until};
 
 /// The monoio drivers every data-plane case runs on, by their config names.

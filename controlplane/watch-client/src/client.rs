@@ -70,6 +70,11 @@ impl WatchClient {
         self.mirror.subscribe()
     }
 
+    /// A receiver of the resourceVersion the snapshots are complete at ([`Mirror::progress`]).
+    pub fn progress(&self) -> watch::Receiver<String> {
+        self.mirror.progress()
+    }
+
     /// Runs until `stop` completes. Never returns early: every failure is logged, the last
     /// snapshot is kept, and the server is tried again after a backoff.
     ///

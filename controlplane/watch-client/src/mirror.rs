@@ -18,6 +18,9 @@ pub struct Mirror {
     /// Objects changed since the last publication.
     dirty: bool,
     publisher: watch::Sender<Arc<Snapshot>>,
+    /// The resourceVersion the published state is complete at, bookmarks included (see
+    /// [`Mirror::progress`]).
+    progress: watch::Sender<String>,
 }
 
 /// How many objects a LIST added, changed and removed relative to the cache.
@@ -31,6 +34,7 @@ pub struct ListOutcome {
 impl Mirror {
     pub fn new() -> (Self, watch::Receiver<Arc<Snapshot>>) {
         let (publisher, receiver) = watch::channel(Arc::new(Snapshot::default()));
+        let (progress, _) = watch::channel(String::new());
         let mirror = Self {
             objects: Objects::new(),
             resource_version: None,
@@ -38,12 +42,22 @@ impl Mirror {
             generation: 0,
             dirty: false,
             publisher,
+            progress,
         };
         (mirror, receiver)
     }
 
     pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
         self.publisher.subscribe()
+    }
+
+    /// The resourceVersion up to which the published snapshots are complete, advanced by
+    /// bookmarks too (which publish no snapshot). A consumer that must know its view has
+    /// caught up with a revision it learnt elsewhere (a VM agent comparing its policy view
+    /// with its VirtualMachine's) waits on this; it is updated only after the snapshot of the
+    /// same events was published, so the latest snapshot is at least that recent.
+    pub fn progress(&self) -> watch::Receiver<String> {
+        self.progress.subscribe()
     }
 
     pub fn resource_version(&self) -> Option<&str> {
@@ -108,9 +122,17 @@ impl Mirror {
     /// Sends a new snapshot if the objects changed since the last one. A bookmark alone does
     /// not publish: consumers rebuild on every snapshot, and nothing they hold changed.
     pub fn publish(&mut self) {
-        if !self.dirty {
-            return;
+        if self.dirty {
+            self.publish_snapshot();
         }
+        if let Some(resource_version) = &self.resource_version {
+            if *self.progress.borrow() != *resource_version {
+                self.progress.send_replace(resource_version.clone());
+            }
+        }
+    }
+
+    fn publish_snapshot(&mut self) {
         self.dirty = false;
         self.generation += 1;
         let snapshot = Snapshot {
@@ -164,6 +186,11 @@ mod tests {
         mirror.publish();
         assert_eq!(receiver.borrow().generation, 2, "nothing changed");
         assert_eq!(mirror.resource_version(), Some("9"));
+        assert_eq!(
+            *mirror.progress().borrow(),
+            "9",
+            "a bookmark advances the progress"
+        );
         mirror.apply(WatchEvent::Deleted {
             key: ObjectKey::new("", "a"),
             resource_version: "10".into(),

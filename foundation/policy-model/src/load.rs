@@ -10,6 +10,7 @@
 //!     members:              # vm: the VM (its vm-agent) the interface is on; optional in a file,
 //!                           # which is one bridge's view, required in the control plane
 //!       - {name: vm1-eth0, ofport: 1, ips: [10.0.0.1], mac: "02:00:0a:00:00:01", vm: vm1}
+//!       - {name: eth0, ips: [10.0.0.9], vm: vm2}   # no ofport: looked up by name on the bridge
 //! policies:
 //!   - name: web
 //!     namespace: default        # optional

@@ -97,11 +97,16 @@ impl AppliedToGroup {
     }
 }
 
+/// The `ofport` of an interface whose document gave none: OpenFlow has no port 0, so it can
+/// never be a real port number.
+pub const UNRESOLVED_PORT: u32 = 0;
+
 /// One VM network interface as attached to the agent's OVS bridge.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VmInterface {
     pub name: String,
-    /// OpenFlow port number on the bridge; egress rules match on it.
+    /// OpenFlow port number on the bridge; egress rules match on it. [`UNRESOLVED_PORT`] when
+    /// the document left it out: the agent fills it in from its bridge before compiling.
     pub ofport: u32,
     /// Addresses of the interface; ingress rules match on them as destination.
     pub ips: Vec<IpAddr>,

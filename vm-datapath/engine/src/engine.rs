@@ -271,6 +271,38 @@ impl PolicyEngine {
         Ok(summary)
     }
 
+    /// Takes every flow of this agent off the bridge (all cookie rounds, stale ones too) and
+    /// leaves the bridge's standalone default behind (`priority=0,actions=NORMAL`, cookie 0):
+    /// the switch forwards as it did before the agent came, instead of dropping everything.
+    /// What a VM agent does when its VM stops being agented.
+    pub async fn withdraw(self) -> Result<(), EngineError> {
+        let mut rounds = rounds_on_switch(&self.client).await?;
+        rounds.insert(self.round);
+        let mut mods: Vec<FlowMod> = rounds
+            .into_iter()
+            .filter(|&round| round != 0)
+            .map(|round| FlowMod::DeleteByCookie {
+                table: None,
+                cookie: u64::from(round) << 48,
+                cookie_mask: COOKIE_ROUND_MASK,
+            })
+            .collect();
+        mods.push(FlowMod::Add(sluice_openflow::flow::Flow {
+            table: 0,
+            priority: 0,
+            cookie: 0,
+            matches: sluice_openflow::flow::Match::default(),
+            actions: vec![Action::Normal],
+        }));
+        self.client.apply_bundle(&mods).await?;
+        self.metrics.flows.set(0);
+        tracing::info!(
+            flow_mods = mods.len(),
+            "policy flows withdrawn from the bridge"
+        );
+        Ok(())
+    }
+
     /// Waits until the switch connection changes (a replay is due).
     pub async fn reconnected(&mut self) {
         if self.connection.changed().await.is_err() {

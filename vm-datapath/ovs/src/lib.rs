@@ -7,9 +7,11 @@
 //!   external_ids and a MAC, a bridge's ports and datapath type).
 
 pub mod client;
+mod interfaces;
 pub mod ovsdb;
 pub mod ovsdb_ports;
 
 pub use client::{ClientConfig, ClientError, OpenFlowClient};
+pub use interfaces::interface_ports;
 pub use ovsdb::{OvsdbClient, OvsdbError, PortKind};
 pub use ovsdb_ports::{NewPort, PortRecord};

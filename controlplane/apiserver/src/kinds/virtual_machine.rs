@@ -94,8 +94,7 @@ fn validate(object: &Value) -> Vec<FieldError> {
         )),
         Some(_) => vm_fields::check_one_of(object, "spec.management", &MANAGEMENTS, &mut errors),
     }
-    let agented = management.and_then(Value::as_str) == Some("Agented");
-    check_uplink(object, agented, &mut errors);
+    check_uplink(object, &mut errors);
     vm_fields::check_one_of(object, "status.state", &VM_STATES, &mut errors);
     vm_fields::check_time(object, "status.lastHeartbeat", &mut errors);
     for field in ["status.agentVersion", "status.os", "status.agentState"] {
@@ -106,12 +105,10 @@ fn validate(object: &Value) -> Vec<FieldError> {
     errors
 }
 
-fn check_uplink(object: &Value, agented: bool, errors: &mut Vec<FieldError>) {
+fn check_uplink(object: &Value, errors: &mut Vec<FieldError>) {
+    // Without an uplink the agent enforces on the VM's ports already on its bridge (an agent on
+    // the VM's host rather than inside it): nothing to take over.
     match object.pointer("/spec/uplink/name") {
-        None | Some(Value::Null) if agented => errors.push(FieldError::required(
-            "spec.uplink.name",
-            "an Agented VM names the uplink its agent takes over",
-        )),
         None | Some(Value::Null) => {}
         Some(Value::String(name)) if interface_name_error(name).is_none() => {}
         Some(other) => errors.push(FieldError::invalid(
@@ -204,9 +201,9 @@ mod tests {
                 .collect()
         };
         assert_eq!(fields(vm(json!({}))), ["spec.management"]);
-        assert_eq!(
-            fields(vm(json!({"management": "Agented"}))),
-            ["spec.uplink.name"]
+        assert!(
+            fields(vm(json!({"management": "Agented"}))).is_empty(),
+            "an agent on the VM's host takes no uplink over"
         );
         assert_eq!(
             fields(vm(json!({"management": "Manual"}))),

@@ -34,7 +34,9 @@ pub(crate) struct RawAppliedToGroup {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct RawVmInterface {
     pub name: String,
-    pub ofport: i64,
+    /// Omitted: the agent looks the port up by `name` on its bridge (a VM's internal port,
+    /// whose number only the VM's own switch knows).
+    pub ofport: Option<i64>,
     #[serde(default)]
     pub ips: Vec<String>,
     pub mac: Option<String>,

@@ -60,6 +60,19 @@ fn valid_document_loads() {
 }
 
 #[test]
+fn an_interface_without_ofport_is_left_for_the_agent_to_resolve() {
+    let text = "appliedToGroups: [{name: g, members: [{name: eth0, ips: [10.0.0.9]}, {name: e1}]}]";
+    let set = load_str(text, "p.yaml", Format::Yaml).expect("ofport is optional");
+    let members = &set.applied_to_groups["g"].members;
+    assert_eq!(members["eth0"].ofport, crate::model::UNRESOLVED_PORT);
+    assert_eq!(
+        members["e1"].ofport,
+        crate::model::UNRESOLVED_PORT,
+        "two unresolved ports do not clash"
+    );
+}
+
+#[test]
 fn json_loads_the_same_as_yaml() {
     let json = r#"{"addressGroups":[{"name":"g","members":["10.0.0.2"]}],
         "appliedToGroups":[{"name":"vm1","members":[{"name":"e0","ofport":1,"ips":["10.0.0.1"]}]}],

@@ -11,7 +11,7 @@ use super::Errors;
 use crate::limits::{MAX_POLICY_PRIORITY, MAX_RULES_PER_POLICY};
 use crate::model::{
     AddressGroup, AppliedToGroup, Direction, IpBlock, MacAddr, NetworkPolicy, Peers, PolicySet,
-    Protocol, Rule, RuleAction, Service, VmInterface,
+    Protocol, Rule, RuleAction, Service, VmInterface, UNRESOLVED_PORT,
 };
 
 /// The group names a policy may refer to.
@@ -170,21 +170,21 @@ pub(crate) fn check_ports_owned_once<'a>(
 ) {
     let mut port_owner: BTreeMap<(Option<&str>, i64), &str> = BTreeMap::new();
     for (path, member) in members {
+        let Some(ofport) = member.ofport else {
+            continue;
+        };
         let bridge = match bridges {
             Bridges::One => None,
             Bridges::PerVm => member.vm.as_deref(),
         };
-        match port_owner.get(&(bridge, member.ofport)) {
+        match port_owner.get(&(bridge, ofport)) {
             Some(owner) if *owner != member.name => errors.push(
                 format!("{path}.ofport"),
-                format!(
-                    "OpenFlow port {} already belongs to interface {owner:?}",
-                    member.ofport
-                ),
+                format!("OpenFlow port {ofport} already belongs to interface {owner:?}"),
             ),
             Some(_) => {}
             None => {
-                port_owner.insert((bridge, member.ofport), &member.name);
+                port_owner.insert((bridge, ofport), &member.name);
             }
         }
     }
@@ -206,13 +206,18 @@ fn validate_interface(
     if let Some(vm) = &raw.vm {
         check_name(vm, &format!("{path}.vm"), errors);
     }
-    // 0xffffff00 and above are reserved port numbers (LOCAL, CONTROLLER, ...).
-    let ofport = match u32::try_from(raw.ofport) {
-        Ok(port) if (1..0xffff_ff00).contains(&port) => port,
-        _ => {
+    // 0xffffff00 and above are reserved port numbers (LOCAL, CONTROLLER, ...). Omitted:
+    // `UNRESOLVED_PORT`, looked up by name on the agent's bridge.
+    let ofport = match raw.ofport.map(u32::try_from) {
+        None => UNRESOLVED_PORT,
+        Some(Ok(port)) if (1..0xffff_ff00).contains(&port) => port,
+        Some(_) => {
             errors.push(
                 format!("{path}.ofport"),
-                format!("{} is not a valid OpenFlow port number", raw.ofport),
+                format!(
+                    "{} is not a valid OpenFlow port number",
+                    raw.ofport.unwrap_or_default()
+                ),
             );
             0
         }

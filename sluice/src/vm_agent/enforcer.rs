@@ -1,0 +1,258 @@
+//! The policy engine on one bridge plus what keeps it true to the switch: a replay after the
+//! OpenFlow connection comes back, clearing `flow-restore-wait` once our flows are on, and
+//! port numbers looked up for interfaces whose documents name them only. Both agent modes
+//! (a policy file, the control plane) drive one of these.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use sluice_ovs::OvsdbClient;
+use sluice_policy::model::{PolicySet, UNRESOLVED_PORT};
+use sluice_policy_engine::{EngineConfig, EngineMetrics, PolicyEngine};
+use tokio::sync::watch;
+
+/// Pause before retrying a replay the switch was not ready for.
+const REPLAY_RETRY: Duration = Duration::from_millis(100);
+
+/// Counters of the policy changes both modes realize.
+#[derive(Clone, Default)]
+pub struct RealizeMetrics {
+    pub reloads: Counter,
+    pub reload_errors: Counter,
+    /// Interfaces left out because no port of their name is on the bridge.
+    pub unresolved_ports: Counter,
+}
+
+impl RealizeMetrics {
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "sluice_policy_reloads",
+            "Policy changes realized (from the file or the control plane)",
+            self.reloads.clone(),
+        );
+        registry.register(
+            "sluice_policy_reload_errors",
+            "Policy changes refused (invalid, or refused by OVS); the last good state stays",
+            self.reload_errors.clone(),
+        );
+        registry.register(
+            "sluice_policy_unresolved_ports",
+            "Applied-to interfaces without an ofport whose name is not a port of the bridge (left out until it appears)",
+            self.unresolved_ports.clone(),
+        );
+    }
+}
+
+pub struct Enforcer {
+    engine: PolicyEngine,
+    _responder: Option<tokio::task::JoinHandle<()>>,
+    db_socket: PathBuf,
+    ovsdb: Option<OvsdbClient>,
+    /// Set when our flows are on the switch but `flow-restore-wait` may still hold it back.
+    restore_wait_due: bool,
+    connection: watch::Receiver<u64>,
+    replay_due: bool,
+    metrics: RealizeMetrics,
+    /// The last set asked for, before port lookup: re-resolved when ports appear.
+    desired: PolicySet,
+}
+
+impl Enforcer {
+    /// Starts the engine on `config`'s bridge with `initial` realized.
+    pub async fn start(
+        config: &EngineConfig,
+        db_socket: &Path,
+        initial: PolicySet,
+        engine_metrics: EngineMetrics,
+        metrics: RealizeMetrics,
+    ) -> anyhow::Result<Self> {
+        let mut ovsdb = connect_ovsdb(db_socket).await;
+        let resolved = resolve_ports(&initial, &mut ovsdb, &metrics).await;
+        let engine = PolicyEngine::start(config, resolved, engine_metrics).await?;
+        let responder = engine.spawn_reject_responder();
+        let mut connection = engine.client().connection_generation();
+        connection.borrow_and_update();
+        let mut enforcer = Enforcer {
+            engine,
+            _responder: responder,
+            db_socket: db_socket.to_path_buf(),
+            ovsdb,
+            restore_wait_due: true,
+            connection,
+            replay_due: false,
+            metrics,
+            desired: initial,
+        };
+        enforcer.clear_restore_wait().await;
+        Ok(enforcer)
+    }
+
+    /// Realizes `desired` (from `source`, for the logs); false when refused (the last good
+    /// state stays, logged and counted).
+    pub async fn apply(&mut self, desired: PolicySet, source: &str) -> bool {
+        self.desired = desired.clone();
+        let resolved = resolve_ports(&desired, &mut self.ovsdb, &self.metrics).await;
+        match self.engine.apply_set(resolved).await {
+            Ok(summary) => {
+                self.metrics.reloads.inc();
+                tracing::info!(
+                    %source,
+                    generation = summary.generation,
+                    flow_mods = summary.flow_mods,
+                    "policies realized"
+                );
+                true
+            }
+            Err(error) => {
+                self.metrics.reload_errors.inc();
+                tracing::error!(%source, %error, "policy change not realized; the last good policies stay");
+                false
+            }
+        }
+    }
+
+    /// Applies the last desired set again: port numbers may have changed (an interface came
+    /// back under a new ofport after a restart of the switch).
+    pub async fn refresh_ports(&mut self) -> bool {
+        let desired = self.desired.clone();
+        let resolved = resolve_ports(&desired, &mut self.ovsdb, &self.metrics).await;
+        if resolved == *self.engine.policy_set() {
+            return true;
+        }
+        self.apply(desired, "port numbers from OVSDB").await
+    }
+
+    /// Resolves when the enforcer needs [`Enforcer::maintain`]: the OpenFlow connection came
+    /// back (a replay is due) or a failed replay is to be retried.
+    pub async fn attention(&mut self) -> anyhow::Result<()> {
+        if self.replay_due {
+            tokio::time::sleep(REPLAY_RETRY).await;
+            return Ok(());
+        }
+        if self.connection.changed().await.is_err() {
+            anyhow::bail!("the OpenFlow client stopped");
+        }
+        self.replay_due = true;
+        Ok(())
+    }
+
+    /// Replays when due; clears `flow-restore-wait` when our flows are on the switch.
+    pub async fn maintain(&mut self) {
+        if self.replay_due {
+            self.connection.borrow_and_update();
+            match self.engine.replay().await {
+                Ok(_) => {
+                    self.replay_due = false;
+                    self.restore_wait_due = true;
+                }
+                Err(error) => tracing::warn!(%error, "replay failed, retrying"),
+            }
+        }
+        if self.restore_wait_due && !self.replay_due {
+            self.clear_restore_wait().await;
+        }
+    }
+
+    /// Whether the OpenFlow connection is up and our state is on it.
+    pub fn in_sync(&self) -> bool {
+        !self.replay_due
+    }
+
+    pub fn ovsdb_connected(&self) -> bool {
+        self.ovsdb.is_some()
+    }
+
+    pub async fn poll_stats(&mut self) {
+        if let Err(error) = self.engine.poll_stats().await {
+            tracing::debug!(%error, "flow stats not read");
+        }
+    }
+
+    /// Takes this agent's flows off the bridge (see [`PolicyEngine::withdraw`]).
+    pub async fn withdraw(self) -> anyhow::Result<()> {
+        Ok(self.engine.withdraw().await?)
+    }
+
+    /// Clears `other_config:flow-restore-wait` (see [`OvsdbClient::clear_flow_restore_wait`]);
+    /// reconnects to OVSDB when needed; retried on the next maintenance when it fails.
+    async fn clear_restore_wait(&mut self) {
+        if self.ovsdb.is_none() {
+            self.ovsdb = connect_ovsdb(&self.db_socket).await;
+        }
+        let Some(client) = self.ovsdb.as_mut() else {
+            return;
+        };
+        match client.clear_flow_restore_wait().await {
+            Ok(cleared) => {
+                if cleared {
+                    tracing::info!("flows restored: cleared other_config:flow-restore-wait");
+                }
+                self.restore_wait_due = false;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "flow-restore-wait not checked; retrying");
+                self.ovsdb = None;
+            }
+        }
+    }
+}
+
+async fn connect_ovsdb(db_socket: &Path) -> Option<OvsdbClient> {
+    match OvsdbClient::connect(db_socket, Duration::from_secs(2)).await {
+        Ok(client) => Some(client),
+        Err(error) => {
+            tracing::warn!(%error, socket = %db_socket.display(), "OVSDB unreachable; retrying later");
+            None
+        }
+    }
+}
+
+/// `desired` with every interface given without an ofport resolved by name on the bridge;
+/// interfaces whose name is no port (yet) are left out (logged, counted), so the compiler
+/// never sees port 0. Without OVSDB, unresolved interfaces are left out the same way.
+async fn resolve_ports(
+    desired: &PolicySet,
+    ovsdb: &mut Option<OvsdbClient>,
+    metrics: &RealizeMetrics,
+) -> PolicySet {
+    let unresolved = desired
+        .applied_to_groups
+        .values()
+        .flat_map(|group| group.members.values())
+        .any(|member| member.ofport == UNRESOLVED_PORT);
+    if !unresolved {
+        return desired.clone();
+    }
+    let ports = match ovsdb.as_mut() {
+        Some(client) => match sluice_ovs::interface_ports(client).await {
+            Ok(ports) => ports,
+            Err(error) => {
+                tracing::warn!(%error, "port numbers not read from OVSDB");
+                *ovsdb = None;
+                Default::default()
+            }
+        },
+        None => Default::default(),
+    };
+    let mut resolved = desired.clone();
+    for group in resolved.applied_to_groups.values_mut() {
+        group.members.retain(|name, member| {
+            if member.ofport != UNRESOLVED_PORT {
+                return true;
+            }
+            match ports.get(name) {
+                Some(&ofport) => {
+                    member.ofport = ofport;
+                    true
+                }
+                None => {
+                    metrics.unresolved_ports.inc();
+                    tracing::warn!(interface = %name, "no port of this name on the bridge yet; its rules wait");
+                    false
+                }
+            }
+        });
+    }
+    resolved
+}
