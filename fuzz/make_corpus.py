@@ -208,5 +208,10 @@ put("reject_packet", eth + b"\x86\xdd" + ipv6(17, udp))
 put("reject_packet", eth + b"\x86\xdd" + ipv6(0, b"\x11\x00\x00\x00\x00\x00\x00\x00" + udp))  # hop-by-hop then UDP
 put("reject_packet", eth + b"\x86\xdd" + ipv6(44, b"\x06\x00\x00\x01\x00\x00\x00\x01" + tcp_syn))  # fragment header
 
+# VM objects: what agents write and the VMManager reads
+put("vm_objects", b'{"apiVersion":"vm.sluice.dev/v1alpha1","kind":"VirtualMachine","metadata":{"name":"vm1","resourceVersion":"7"},"spec":{"management":"Agented","uplink":{"name":"eth0","ips":["10.0.0.2/24"]}},"status":{"state":"AgentedConnected","lastHeartbeat":"2026-11-26T05:00:00Z","conditions":[{"type":"AgentConnected","status":"True","reason":"HeartbeatReceived","lastTransitionTime":"2026-11-26T05:00:00Z"}]}}')
+put("vm_objects", b'{"apiVersion":"vm.sluice.dev/v1alpha1","kind":"VirtualMachineRuntimeInfo","metadata":{"name":"vm1"},"agentState":"Active","os":"linux","agentVersion":"0.1.0","networkPolicies":{"web":"3"},"conditions":[{"type":"OVSDBConnected","status":"True","reason":"Connected"}],"reportedAt":"2026-11-26T05:00:00.123Z"}')
+put("vm_objects", b'{"metadata":{"name":"web"},"spec":{"appliedTo":["g"],"members":[{"name":"eth0","vm":"vm1"}],"rules":[{"peers":{"addressGroups":["a"]}}]}}')
+
 total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(CORPUS) for f in fs)
 print(f"corpus: {total} bytes", file=sys.stderr)

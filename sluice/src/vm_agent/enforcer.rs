@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use sluice_ovs::OvsdbClient;
 use sluice_policy::model::{PolicySet, UNRESOLVED_PORT};
 use sluice_policy_engine::{EngineConfig, EngineMetrics, PolicyEngine};
@@ -20,8 +21,8 @@ const REPLAY_RETRY: Duration = Duration::from_millis(100);
 pub struct RealizeMetrics {
     pub reloads: Counter,
     pub reload_errors: Counter,
-    /// Interfaces left out because no port of their name is on the bridge.
-    pub unresolved_ports: Counter,
+    /// Interfaces left out now because no port of their name is on the bridge.
+    pub unresolved_interfaces: Gauge,
 }
 
 impl RealizeMetrics {
@@ -37,9 +38,9 @@ impl RealizeMetrics {
             self.reload_errors.clone(),
         );
         registry.register(
-            "sluice_policy_unresolved_ports",
-            "Applied-to interfaces without an ofport whose name is not a port of the bridge (left out until it appears)",
-            self.unresolved_ports.clone(),
+            "sluice_policy_unresolved_interfaces",
+            "Applied-to interfaces given without an ofport whose name is no port of the bridge now (left out until it appears)",
+            self.unresolved_interfaces.clone(),
         );
     }
 }
@@ -56,6 +57,8 @@ pub struct Enforcer {
     metrics: RealizeMetrics,
     /// The last set asked for, before port lookup: re-resolved when ports appear.
     desired: PolicySet,
+    /// Interfaces left out at the last lookup (logged when this changes, not at every poll).
+    unresolved: Vec<String>,
 }
 
 impl Enforcer {
@@ -68,7 +71,8 @@ impl Enforcer {
         metrics: RealizeMetrics,
     ) -> anyhow::Result<Self> {
         let mut ovsdb = connect_ovsdb(db_socket).await;
-        let resolved = resolve_ports(&initial, &mut ovsdb, &metrics).await;
+        let (resolved, unresolved) = resolve_ports(&initial, &mut ovsdb).await;
+        note_unresolved(&[], &unresolved, &metrics);
         let engine = PolicyEngine::start(config, resolved, engine_metrics).await?;
         let responder = engine.spawn_reject_responder();
         let mut connection = engine.client().connection_generation();
@@ -83,6 +87,7 @@ impl Enforcer {
             replay_due: false,
             metrics,
             desired: initial,
+            unresolved,
         };
         enforcer.clear_restore_wait().await;
         Ok(enforcer)
@@ -92,7 +97,7 @@ impl Enforcer {
     /// state stays, logged and counted).
     pub async fn apply(&mut self, desired: PolicySet, source: &str) -> bool {
         self.desired = desired.clone();
-        let resolved = resolve_ports(&desired, &mut self.ovsdb, &self.metrics).await;
+        let resolved = self.resolve(&desired).await;
         match self.engine.apply_set(resolved).await {
             Ok(summary) => {
                 self.metrics.reloads.inc();
@@ -116,11 +121,18 @@ impl Enforcer {
     /// back under a new ofport after a restart of the switch).
     pub async fn refresh_ports(&mut self) -> bool {
         let desired = self.desired.clone();
-        let resolved = resolve_ports(&desired, &mut self.ovsdb, &self.metrics).await;
+        let resolved = self.resolve(&desired).await;
         if resolved == *self.engine.policy_set() {
             return true;
         }
         self.apply(desired, "port numbers from OVSDB").await
+    }
+
+    async fn resolve(&mut self, desired: &PolicySet) -> PolicySet {
+        let (resolved, unresolved) = resolve_ports(desired, &mut self.ovsdb).await;
+        note_unresolved(&self.unresolved, &unresolved, &self.metrics);
+        self.unresolved = unresolved;
+        resolved
     }
 
     /// Resolves when the enforcer needs [`Enforcer::maintain`]: the OpenFlow connection came
@@ -208,21 +220,20 @@ async fn connect_ovsdb(db_socket: &Path) -> Option<OvsdbClient> {
     }
 }
 
-/// `desired` with every interface given without an ofport resolved by name on the bridge;
-/// interfaces whose name is no port (yet) are left out (logged, counted), so the compiler
-/// never sees port 0. Without OVSDB, unresolved interfaces are left out the same way.
+/// `desired` with every interface given without an ofport resolved by name on the bridge, and
+/// the names of those whose name is no port (yet): they are left out, so the compiler never
+/// sees port 0. Without OVSDB, unresolved interfaces are left out the same way.
 async fn resolve_ports(
     desired: &PolicySet,
     ovsdb: &mut Option<OvsdbClient>,
-    metrics: &RealizeMetrics,
-) -> PolicySet {
+) -> (PolicySet, Vec<String>) {
     let unresolved = desired
         .applied_to_groups
         .values()
         .flat_map(|group| group.members.values())
         .any(|member| member.ofport == UNRESOLVED_PORT);
     if !unresolved {
-        return desired.clone();
+        return (desired.clone(), Vec::new());
     }
     let ports = match ovsdb.as_mut() {
         Some(client) => match sluice_ovs::interface_ports(client).await {
@@ -235,6 +246,7 @@ async fn resolve_ports(
         },
         None => Default::default(),
     };
+    let mut missing = Vec::new();
     let mut resolved = desired.clone();
     for group in resolved.applied_to_groups.values_mut() {
         group.members.retain(|name, member| {
@@ -247,12 +259,25 @@ async fn resolve_ports(
                     true
                 }
                 None => {
-                    metrics.unresolved_ports.inc();
-                    tracing::warn!(interface = %name, "no port of this name on the bridge yet; its rules wait");
+                    missing.push(name.clone());
                     false
                 }
             }
         });
     }
-    resolved
+    missing.sort();
+    missing.dedup();
+    (resolved, missing)
+}
+
+/// Sets the gauge, and logs when the set of unresolved interfaces changed.
+fn note_unresolved(before: &[String], now: &[String], metrics: &RealizeMetrics) {
+    metrics
+        .unresolved_interfaces
+        .set(i64::try_from(now.len()).unwrap_or(i64::MAX));
+    if before != now && !now.is_empty() {
+        tracing::warn!(interfaces = ?now, "no port of these names on the bridge yet; their rules wait");
+    } else if before != now {
+        tracing::info!("every applied-to interface is on the bridge");
+    }
 }
