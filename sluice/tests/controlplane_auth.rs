@@ -4,14 +4,12 @@
 //! token is 401. And a vm-agent reads exactly its VM's span, followed as groups change.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use test_support::{examples, kubectl_with, ControlPlane};
+use test_support::{examples, kubectl_with, ControlPlane, CurlWatch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 const ZERO_SHA: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -568,44 +566,19 @@ fn kubectl_shows_the_refusal() {
     );
 }
 
-/// A watch through curl: its event lines as they come.
-struct RawWatch {
-    child: Child,
-    lines: Receiver<Value>,
-}
+/// A watch through curl, read event by event.
+struct RawWatch(CurlWatch);
 
 impl RawWatch {
     fn start(cp: &ControlPlane, token: &str, path: &str) -> Self {
-        let mut child = Command::new("curl")
-            .args(["-sS", "-N", "--cacert"])
-            .arg(cp.ca_file())
-            .args(["-H", &format!("Authorization: Bearer {token}")])
-            .arg(format!("{}{path}", cp.url()))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (sender, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let Ok(event) = serde_json::from_str(&line) else {
-                    break;
-                };
-                if sender.send(event).is_err() {
-                    break;
-                }
-            }
-        });
-        Self { child, lines }
+        Self(CurlWatch::start(cp, token, path).unwrap())
     }
 
     /// The next event as (type, name), with the object.
     fn next(&self) -> (String, String, Value) {
         let event = self
-            .lines
-            .recv_timeout(Duration::from_secs(20))
+            .0
+            .next_event(Duration::from_secs(20))
             .expect("a watch event in time");
         let object = event["object"].clone();
         (
@@ -621,13 +594,6 @@ impl RawWatch {
     fn next_pair(&self) -> (String, String) {
         let (event_type, name, _) = self.next();
         (event_type, name)
-    }
-}
-
-impl Drop for RawWatch {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

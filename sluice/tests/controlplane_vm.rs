@@ -6,15 +6,13 @@
 //! restarted after the timeout demotes the VM at once.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use test_support::{examples, wait_until, ControlPlane};
+use test_support::{examples, wait_until, ControlPlane, CurlWatch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 const VMS: &str = "/apis/vm.sluice.dev/v1alpha1/virtualmachines";
@@ -135,35 +133,12 @@ impl Drop for Reporter {
     }
 }
 
-/// A watch through curl: its events as they come.
-struct RawWatch {
-    child: Child,
-    events: Receiver<Value>,
-}
+/// A watch through curl, read event by event.
+struct RawWatch(CurlWatch);
 
 impl RawWatch {
     fn start(cp: &ControlPlane, token: &str, path: &str) -> Self {
-        let mut child = Command::new("curl")
-            .args(["-sS", "-N", "--cacert"])
-            .arg(cp.ca_file())
-            .args(["-H", &format!("Authorization: Bearer {token}")])
-            .arg(format!("{}{path}", cp.url()))
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (sender, events) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(event) = serde_json::from_str::<Value>(&line.unwrap_or_default()) else {
-                    break;
-                };
-                if sender.send(event).is_err() {
-                    break;
-                }
-            }
-        });
-        Self { child, events }
+        Self(CurlWatch::start(cp, token, path).unwrap())
     }
 
     /// The next event that is not a BOOKMARK, within `within`.
@@ -171,7 +146,7 @@ impl RawWatch {
         let deadline = Instant::now() + within;
         loop {
             let left = deadline.checked_duration_since(Instant::now())?;
-            let event = self.events.recv_timeout(left).ok()?;
+            let event = self.0.next_event(left)?;
             if event["type"] != "BOOKMARK" {
                 return Some(event);
             }
@@ -183,7 +158,7 @@ impl RawWatch {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let left = deadline.checked_duration_since(Instant::now()).unwrap();
-            let event = self.events.recv_timeout(left).expect("a bookmark in time");
+            let event = self.0.next_event(left).expect("a bookmark in time");
             assert_eq!(event["type"], "BOOKMARK", "{event}");
             let at: u64 = event["object"]["metadata"]["resourceVersion"]
                 .as_str()
@@ -194,13 +169,6 @@ impl RawWatch {
                 return at;
             }
         }
-    }
-}
-
-impl Drop for RawWatch {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

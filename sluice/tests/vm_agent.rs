@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use test_support::{NetNs, OvsInstance};
+use test_support::{metric_value, NetNs, OvsInstance, VmAgentProcess};
 
 // The Reject meter's flood test, in a file of its own beside this one (not a test binary of its
 // own: it shares the agent and VM helpers above).
@@ -18,12 +18,8 @@ mod reject_meter;
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 const BRIDGE: &str = "brvm";
 
-struct Agent {
-    child: Child,
-    admin: SocketAddr,
-    /// The agent's stderr (its log), printed when a test fails.
-    log: tempfile::NamedTempFile,
-}
+/// The agent process, reached on its admin address.
+struct Agent(VmAgentProcess);
 
 impl Agent {
     fn start(ovs: &OvsInstance, policies: &Path) -> Agent {
@@ -32,8 +28,8 @@ impl Agent {
 
     /// Starts the agent with `extra` flags after the usual ones.
     fn start_with(ovs: &OvsInstance, policies: &Path, extra: &[&str]) -> Agent {
-        let log = tempfile::NamedTempFile::new().unwrap();
-        let mut child = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        command
             .args(["vm-agent", "--bridge", BRIDGE, "--admin", "127.0.0.1:0"])
             .arg("--policies")
             .arg(policies)
@@ -41,23 +37,8 @@ impl Agent {
             .arg(ovs.rundir())
             .args(["--stats-interval", "300ms"])
             .args(extra)
-            .env("RUST_LOG", "info,sluice_policy_engine=debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log.reopen().unwrap())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let admin = line
-            .trim()
-            .strip_prefix("admin listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .parse()
-            .unwrap();
-        let agent = Agent { child, admin, log };
+            .env("RUST_LOG", "info,sluice_policy_engine=debug");
+        let agent = Agent(VmAgentProcess::spawn(command).unwrap());
         assert!(
             wait(Duration::from_secs(20), || agent.get("/readyz").0 == 200),
             "agent never became ready"
@@ -66,7 +47,10 @@ impl Agent {
     }
 
     fn get(&self, path: &str) -> (u16, String) {
-        let Ok(mut stream) = TcpStream::connect_timeout(&self.admin, Duration::from_secs(2)) else {
+        let Ok(admin) = self.0.admin.parse::<SocketAddr>() else {
+            return (0, String::new());
+        };
+        let Ok(mut stream) = TcpStream::connect_timeout(&admin, Duration::from_secs(2)) else {
             return (0, String::new());
         };
         let _ = write!(stream, "GET {path} HTTP/1.1\r\nhost: x\r\n\r\n");
@@ -82,28 +66,15 @@ impl Agent {
     }
 
     fn metric(&self, prefix: &str) -> Option<f64> {
-        let (_, body) = self.get("/metrics");
-        body.lines()
-            .find(|line| line.starts_with(prefix))
-            .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        metric_value(&self.get("/metrics").1, prefix)
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.log.path()).unwrap_or_default()
+        self.0.log()
     }
 
     fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.kill();
-        if std::thread::panicking() {
-            eprintln!("--- agent log ---\n{}", self.log());
-        }
+        self.0.kill();
     }
 }
 

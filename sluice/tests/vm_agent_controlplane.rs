@@ -4,35 +4,25 @@
 //! changes. The uplink takeover and the rest of the lifecycle: `vm_lifecycle.rs`.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use test_support::{examples, http_get, wait_until, ControlPlane, OvsInstance};
+use test_support::{
+    examples, http_get, metric_value, wait_until, ControlPlane, OvsInstance, VmAgentProcess,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 const BRIDGE: &str = "brcp";
 
-struct Agent {
-    child: Child,
-    admin: SocketAddr,
-    log: tempfile::NamedTempFile,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+struct Agent(VmAgentProcess);
 
 impl Agent {
     fn start(ovs: &OvsInstance, cp: &ControlPlane, dir: &std::path::Path) -> Agent {
         let token = dir.join("vm1.token");
         std::fs::write(&token, cp.token("vm-agent", "vm1")).unwrap();
-        let log = tempfile::NamedTempFile::new().unwrap();
-        let mut child = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        command
             .args(["vm-agent", "--bridge", BRIDGE, "--admin", "127.0.0.1:0"])
             .args(["--controlplane", &cp.url(), "--vm", "vm1"])
             .args(["--report-interval", "1s", "--state-dir"])
@@ -42,33 +32,17 @@ impl Agent {
             .arg("--controlplane-token-file")
             .arg(&token)
             .arg("--ovs-rundir")
-            .arg(ovs.rundir())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log.reopen().unwrap())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let admin = line
-            .trim()
-            .strip_prefix("admin listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .parse()
-            .unwrap();
-        Agent { child, admin, log }
+            .arg(ovs.rundir());
+        Agent(VmAgentProcess::spawn(command).unwrap())
     }
 
     fn metric(&self, series: &str) -> Option<f64> {
-        let text = http_get(self.admin, "/metrics").ok()?.body;
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        let admin: SocketAddr = self.0.admin.parse().ok()?;
+        metric_value(&http_get(admin, "/metrics").ok()?.body, series)
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.log.path()).unwrap_or_default()
+        self.0.log()
     }
 }
 

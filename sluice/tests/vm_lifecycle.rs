@@ -7,12 +7,13 @@
 //! the uplink back when the VM turns Agentless.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead as _, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use test_support::{wait_until, ControlPlane, NetNs, OvsInstance, VmLan};
+use test_support::{
+    metric_value, wait_until, ControlPlane, NetNs, OvsInstance, VmAgentProcess, VmLan,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 const BRIDGE: &str = "br-vm";
@@ -22,16 +23,12 @@ const BRIDGE: &str = "br-vm";
 /// longer than 200 ms.
 const MAX_LOST_PROBES: u64 = 10;
 
-struct Agent {
-    child: Child,
-    admin: String,
-    log: tempfile::NamedTempFile,
-}
+struct Agent(VmAgentProcess);
 
 impl Agent {
     fn start(vm: &OvsInstance, cp: &ControlPlane, token: &Path, state: &Path) -> Agent {
-        let log = tempfile::NamedTempFile::new().unwrap();
-        let mut child = Command::new("ip")
+        let mut command = Command::new("ip");
+        command
             .args(["netns", "exec", vm.netns(), BIN, "vm-agent"])
             .args(["--bridge", BRIDGE, "--admin", "127.0.0.1:0", "--vm", "vm1"])
             .args(["--controlplane", &cp.url(), "--report-interval", "1s"])
@@ -42,50 +39,25 @@ impl Agent {
             .arg("--state-dir")
             .arg(state)
             .arg("--ovs-rundir")
-            .arg(vm.rundir())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log.reopen().unwrap())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let admin = line
-            .trim()
-            .strip_prefix("admin listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        Agent { child, admin, log }
+            .arg(vm.rundir());
+        Agent(VmAgentProcess::spawn(command).unwrap())
     }
 
     /// A series of the agent's /metrics (read inside the VM, where the admin port listens).
     fn metric(&self, vm: &OvsInstance, series: &str) -> Option<f64> {
-        let url = format!("http://{}/metrics", self.admin);
+        let url = format!("http://{}/metrics", self.0.admin);
         let text = vm
             .exec_in_netns(&["curl", "--silent", "--max-time", "5", &url])
             .ok()?;
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        metric_value(&text, series)
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.log.path()).unwrap_or_default()
+        self.0.log()
     }
 
     fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.kill();
-        if std::thread::panicking() {
-            eprintln!("--- agent log ---\n{}", self.log());
-        }
+        self.0.kill();
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod certs;
 mod controlplane;
+mod curl_watch;
 mod etcd;
 pub mod examples;
 mod grpc;
@@ -14,6 +15,7 @@ mod process;
 pub mod raw_h2;
 mod redis;
 mod seccomp;
+mod vm_agent;
 mod vm_lan;
 mod wait;
 
@@ -27,6 +29,7 @@ pub fn apiserver_options(certs: &Certificates) -> ApiServerOptions {
 }
 pub use certs::{Certificates, ClientCert};
 pub use controlplane::{kubectl_with, ControlPlane};
+pub use curl_watch::CurlWatch;
 pub use etcd::{
     etcd_installed, etcd_or_skip, EtcdCluster, EtcdServer, EtcdTlsFiles, ETCD_PROGRESS_INTERVAL,
 };
@@ -38,6 +41,7 @@ pub use ovs::{unique_name, OvsInstance};
 pub use process::{SluiceLauncher, SluiceProcess};
 pub use redis::{RedisCluster, RedisServer, RedisTls};
 pub use seccomp::{block_io_uring_for_command, block_io_uring_in_this_thread};
+pub use vm_agent::{metric_value, VmAgentProcess};
 pub use vm_lan::VmLan;
 pub use wait::{wait_for_tcp, wait_until};
 
