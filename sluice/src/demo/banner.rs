@@ -67,6 +67,9 @@ pub fn print_banner(
             controlplane.kubeconfig.display(),
             controlplane.url
         );
+        if let Some(vm) = &demo.vm {
+            let _ = write!(out, "\n{}", vm.describe(&controlplane.kubeconfig));
+        }
     }
     let _ = writeln!(out, "\nPress Ctrl-C to stop.");
     let _ = out.flush();

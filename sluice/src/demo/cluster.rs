@@ -87,7 +87,7 @@ fn node_yaml(settings: &NodeSettings, index: usize, redis_socket: &Path) -> Stri
 }
 
 /// Children die with `up` even if it is killed outright.
-fn die_with_parent(command: &mut Command) {
+pub(super) fn die_with_parent(command: &mut Command) {
     // SAFETY: prctl is async-signal-safe and touches only the calling (child) process.
     unsafe {
         command.pre_exec(|| {

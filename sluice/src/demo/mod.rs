@@ -6,6 +6,7 @@ mod banner;
 pub mod cluster;
 pub mod controlplane;
 pub mod gateway;
+pub mod vm;
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -35,11 +36,15 @@ pub struct UpDemo {
     pub gateway: Option<crate::demo::gateway::DemoGateway>,
     /// The embedded control plane the gateway takes its clusters from.
     pub controlplane: Option<crate::demo::controlplane::DemoControlPlane>,
+    /// The VM policy demo (or why it did not start), on the embedded control plane.
+    pub vm: Option<crate::demo::vm::VmPillar>,
 }
 
 impl Drop for UpDemo {
     fn drop(&mut self) {
-        // The other nodes, Redis and the simulator stop before their directory goes.
+        // The other nodes, Redis and the simulator stop before their directory goes; the VM
+        // agent before the control plane it watches.
+        self.vm = None;
         self.cluster = None;
         self.controlplane = None;
         self.gateway = None;
@@ -80,6 +85,7 @@ impl UpDemo {
             cluster: None,
             gateway: None,
             controlplane: None,
+            vm: None,
         };
         let secret = random_hex(32)?;
         std::fs::OpenOptions::new()
@@ -159,6 +165,7 @@ impl UpDemo {
             reload_interval: std::time::Duration::from_secs(1),
         });
         let mut demo = demo;
+        demo.vm = Some(crate::demo::vm::VmPillar::start(&demo.dir, &controlplane));
         demo.gateway = Some(gateway);
         demo.controlplane = Some(controlplane);
         Ok((config, demo))
