@@ -1,0 +1,478 @@
+//! The counters against the real kernel (runs as root): two network namespaces joined by a
+//! veth pair, the programs on one end, exact traffic sent, exact counts read back; hooks
+//! inspected with the kernel's own TCX query or `tc filter show`.
+
+use std::fs::File;
+use std::io::ErrorKind;
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aya::programs::{SchedClassifier, TcAttachType};
+use prometheus_client::registry::Registry;
+use sluice_ebpf::{
+    AttachMode, Counts, Direction, EbpfCounters, EbpfMetrics, Listener, Protocol, L4,
+};
+
+const A_ADDR: &str = "10.77.0.1";
+const B_ADDR: &str = "10.77.0.2";
+
+fn run(command: &mut Command) -> String {
+    let output = command.output().expect("command runs");
+    assert!(
+        output.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}{:x}x{n}", std::process::id() % 0x10_0000)
+}
+
+/// A network namespace, deleted on drop (with the veth end inside it).
+struct Netns(String);
+
+impl Netns {
+    fn new(prefix: &str) -> Self {
+        let ns = Netns(unique(prefix));
+        run(Command::new("ip").args(["netns", "add", &ns.0]));
+        // No IPv6: no router solicitations or ND in the counts.
+        ns.exec(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
+        ns.exec(&["sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"]);
+        ns.exec(&["ip", "link", "set", "lo", "up"]);
+        ns
+    }
+
+    fn exec(&self, args: &[&str]) -> String {
+        run(Command::new("ip")
+            .args(["netns", "exec", &self.0])
+            .args(args))
+    }
+
+    /// Runs `body` on a thread inside this namespace.
+    fn run<T: Send>(&self, body: impl FnOnce() -> T + Send) -> T {
+        let file = File::open(format!("/run/netns/{}", self.0)).expect("netns file");
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    // SAFETY: setns(2) on an open namespace file; it moves only this thread.
+                    let entered = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+                    assert_eq!(entered, 0, "setns: {}", std::io::Error::last_os_error());
+                    body()
+                })
+                .join()
+                .expect("the thread in the namespace")
+        })
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// Namespace `a` (va, 10.77.0.1) and `b` (vb, 10.77.0.2), veth between, static ARP.
+struct Pair {
+    a: Netns,
+    b: Netns,
+    va: String,
+    vb: String,
+}
+
+impl Pair {
+    fn new() -> Self {
+        let (a, b) = (Netns::new("sea"), Netns::new("seb"));
+        let (va, vb) = (unique("va"), unique("vb"));
+        run(Command::new("ip").args([
+            "link", "add", &va, "netns", &a.0, "type", "veth", "peer", "name", &vb, "netns", &b.0,
+        ]));
+        for (ns, dev, addr) in [(&a, &va, A_ADDR), (&b, &vb, B_ADDR)] {
+            ns.exec(&["ip", "addr", "add", &format!("{addr}/24"), "dev", dev]);
+            ns.exec(&["ip", "link", "set", dev, "up"]);
+        }
+        // Permanent neighbours: no ARP on the wire while we count.
+        let mac = |ns: &Netns, dev: &str| {
+            ns.exec(&["cat", &format!("/sys/class/net/{dev}/address")])
+                .trim()
+                .to_string()
+        };
+        let (mac_a, mac_b) = (mac(&a, &va), mac(&b, &vb));
+        a.exec(&[
+            "ip",
+            "neigh",
+            "replace",
+            B_ADDR,
+            "lladdr",
+            &mac_b,
+            "dev",
+            &va,
+            "nud",
+            "permanent",
+        ]);
+        b.exec(&[
+            "ip",
+            "neigh",
+            "replace",
+            A_ADDR,
+            "lladdr",
+            &mac_a,
+            "dev",
+            &vb,
+            "nud",
+            "permanent",
+        ]);
+        Pair { a, b, va, vb }
+    }
+
+    /// Names of the programs on `vb`'s (ingress, egress) hooks.
+    fn programs_on_vb(&self, mode: AttachMode) -> (Vec<String>, Vec<String>) {
+        let vb = self.vb.clone();
+        match mode {
+            AttachMode::Netlink => (
+                self.tc_filters(&vb, "ingress"),
+                self.tc_filters(&vb, "egress"),
+            ),
+            _ => self.b.run(move || {
+                (
+                    tcx_names(&vb, TcAttachType::Ingress),
+                    tcx_names(&vb, TcAttachType::Egress),
+                )
+            }),
+        }
+    }
+
+    /// BPF filters on a clsact hook, by program name (`tc filter show`).
+    fn tc_filters(&self, dev: &str, hook: &str) -> Vec<String> {
+        let output = Command::new("ip")
+            .args([
+                "netns", "exec", &self.b.0, "tc", "filter", "show", "dev", dev, hook,
+            ])
+            .output()
+            .expect("tc runs");
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter(|line| line.contains(" bpf ") && line.contains("handle"))
+            .map(|line| {
+                line.split_whitespace()
+                    .skip_while(|word| *word != "handle")
+                    .nth(2)
+                    .unwrap_or("?")
+                    .to_string()
+            })
+            .collect()
+    }
+}
+
+fn tcx_names(dev: &str, hook: TcAttachType) -> Vec<String> {
+    let (_, programs) = SchedClassifier::query_tcx(dev, hook).expect("TCX query");
+    programs
+        .iter()
+        .map(|info| info.name_as_str().unwrap_or("?").to_string())
+        .collect()
+}
+
+fn one_each(names: (Vec<String>, Vec<String>)) {
+    assert_eq!(
+        names,
+        (
+            vec!["sluice_ingress".to_string()],
+            vec!["sluice_egress".to_string()]
+        ),
+        "exactly one of our programs per hook"
+    );
+}
+
+fn listeners() -> Vec<Listener> {
+    vec![
+        Listener {
+            name: "refused".to_string(),
+            port: 7000,
+            protocol: L4::Tcp,
+        },
+        Listener {
+            name: "sink".to_string(),
+            port: 9000,
+            protocol: L4::Udp,
+        },
+        Listener {
+            name: "idle".to_string(),
+            port: 7001,
+            protocol: L4::Tcp,
+        },
+    ]
+}
+
+fn load(mode: AttachMode) -> EbpfCounters {
+    EbpfCounters::load_with(&listeners(), mode).expect("the kernel loads the programs")
+}
+
+fn attach(pair: &Pair, counters: EbpfCounters) -> EbpfCounters {
+    let vb = pair.vb.clone();
+    pair.b.run(move || {
+        let mut counters = counters;
+        counters.attach(&vb).expect("attach");
+        counters
+    })
+}
+
+/// Sends `count` UDP datagrams of `size` payload bytes from `from` to `to_addr:port`, where a
+/// socket bound in `to` receives them all (so they did cross).
+fn udp(
+    from: &Netns,
+    from_addr: &str,
+    to: &Netns,
+    to_addr: &str,
+    port: u16,
+    count: usize,
+    size: usize,
+) {
+    let target: SocketAddr = format!("{to_addr}:{port}").parse().expect("address");
+    let receiver = to.run(move || UdpSocket::bind(target).expect("bind the receiver"));
+    receiver
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let source: SocketAddr = format!("{from_addr}:0").parse().expect("address");
+    let sender = from.run(move || UdpSocket::bind(source).expect("bind the sender"));
+    let payload = vec![0x5a; size];
+    let mut buffer = vec![0; size + 1];
+    for _ in 0..count {
+        sender.send_to(&payload, target).expect("send");
+        assert_eq!(receiver.recv(&mut buffer).expect("receive"), size);
+    }
+}
+
+/// `count` TCP connections to a port nothing listens on: each is one SYN, answered by a RST.
+fn refused_connections(from: &Netns, to_addr: &str, port: u16, count: usize) {
+    let target: SocketAddr = format!("{to_addr}:{port}").parse().expect("address");
+    from.run(move || {
+        for _ in 0..count {
+            let error = TcpStream::connect_timeout(&target, Duration::from_secs(5))
+                .expect_err("nothing listens");
+            assert_eq!(error.kind(), ErrorKind::ConnectionRefused);
+        }
+    });
+}
+
+fn counts(packets: u64, bytes: u64, tcp_syn: u64) -> Counts {
+    Counts {
+        packets,
+        bytes,
+        tcp_syn,
+        malformed: 0,
+    }
+}
+
+// Frame sizes: Ethernet 14 + IPv4 20 + UDP 8 + payload; a Linux SYN carries 20 bytes of TCP
+// options (MSS, SACK permitted, timestamps, window scale): 14 + 20 + 40 = 74; a RST/ACK none:
+// 54; an ICMP echo of ping's default 56 bytes: 14 + 20 + 8 + 56 = 98.
+const UDP_IN: (u64, u64) = (10, 100);
+const UDP_OUT: (u64, u64) = (7, 200);
+const CONNECTIONS: u64 = 5;
+const PINGS: u64 = 3;
+
+#[test]
+fn counts_exactly_what_crosses_the_interface_per_direction() {
+    let pair = Pair::new();
+    let counters = attach(&pair, load(AttachMode::Auto));
+    one_each(pair.programs_on_vb(counters.mode()));
+
+    udp(
+        &pair.a,
+        A_ADDR,
+        &pair.b,
+        B_ADDR,
+        9000,
+        UDP_IN.0 as usize,
+        UDP_IN.1 as usize,
+    );
+    udp(
+        &pair.b,
+        B_ADDR,
+        &pair.a,
+        A_ADDR,
+        9001,
+        UDP_OUT.0 as usize,
+        UDP_OUT.1 as usize,
+    );
+    refused_connections(&pair.a, B_ADDR, 7000, CONNECTIONS as usize);
+    pair.a.exec(&[
+        "ping",
+        "-c",
+        &PINGS.to_string(),
+        "-i",
+        "0.2",
+        "-W",
+        "2",
+        B_ADDR,
+    ]);
+
+    let snapshot = counters.read().expect("read");
+    let vb = pair.vb.as_str();
+    let get = |direction, protocol| snapshot.get(vb, direction, protocol);
+    assert_eq!(
+        get(Direction::Ingress, Protocol::Udp),
+        counts(UDP_IN.0, UDP_IN.0 * (42 + UDP_IN.1), 0)
+    );
+    assert_eq!(
+        get(Direction::Egress, Protocol::Udp),
+        counts(UDP_OUT.0, UDP_OUT.0 * (42 + UDP_OUT.1), 0)
+    );
+    assert_eq!(
+        get(Direction::Ingress, Protocol::Tcp),
+        counts(CONNECTIONS, CONNECTIONS * 74, CONNECTIONS)
+    );
+    assert_eq!(
+        get(Direction::Egress, Protocol::Tcp),
+        counts(CONNECTIONS, CONNECTIONS * 54, 0)
+    );
+    assert_eq!(
+        get(Direction::Ingress, Protocol::Icmp),
+        counts(PINGS, PINGS * 98, 0)
+    );
+    assert_eq!(
+        get(Direction::Egress, Protocol::Icmp),
+        counts(PINGS, PINGS * 98, 0)
+    );
+    for direction in Direction::ALL {
+        for protocol in [Protocol::Icmpv6, Protocol::Other] {
+            assert_eq!(
+                get(direction, protocol),
+                Counts::default(),
+                "{direction:?} {protocol:?}"
+            );
+        }
+    }
+    assert_eq!(snapshot.map_full, 0);
+    assert_eq!(snapshot.attached, vec![pair.vb.clone()]);
+
+    // Listener ports: ingress only, whether user space accepted anything or not.
+    let refused = snapshot.listener("refused").expect("registered");
+    assert_eq!(
+        (refused.packets, refused.bytes, refused.syns),
+        (CONNECTIONS, CONNECTIONS * 74, CONNECTIONS)
+    );
+    let sink = snapshot.listener("sink").expect("registered");
+    assert_eq!(
+        (sink.packets, sink.bytes, sink.syns),
+        (UDP_IN.0, UDP_IN.0 * (42 + UDP_IN.1), 0)
+    );
+    let idle = snapshot.listener("idle").expect("registered");
+    assert_eq!((idle.packets, idle.bytes, idle.syns), (0, 0, 0));
+
+    // The same numbers on /metrics, read from the maps at scrape time.
+    let shared = Arc::new(Mutex::new(counters));
+    let metrics = EbpfMetrics::live(Arc::clone(&shared));
+    let mut registry = Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    for line in [
+        format!("sluice_ebpf_packets_total{{interface=\"{vb}\",direction=\"ingress\",protocol=\"udp\"}} 10\n"),
+        format!("sluice_ebpf_tcp_syn_total{{interface=\"{vb}\",direction=\"ingress\",protocol=\"tcp\"}} 5\n"),
+        "sluice_ebpf_listener_syns_total{listener=\"refused\"} 5\n".to_string(),
+        "sluice_ebpf_enabled 1\n".to_string(),
+        "sluice_ebpf_attached_interfaces 1\n".to_string(),
+    ] {
+        assert!(text.contains(&line), "missing {line:?} in:\n{text}");
+    }
+
+    // Detach: the hooks are free, the interface's counters are gone from reads and the map.
+    let mut counters = shared.lock().expect("lock");
+    let vb_name = pair.vb.clone();
+    let counters_ref = &mut *counters;
+    pair.b
+        .run(move || counters_ref.detach(&vb_name).expect("detach"));
+    assert_eq!(pair.programs_on_vb(counters.mode()), (vec![], vec![]));
+    let after = counters.read().expect("read");
+    assert!(
+        after.interfaces.is_empty() && after.attached.is_empty(),
+        "{after:?}"
+    );
+    assert!(matches!(
+        counters.detach(&pair.vb),
+        Err(sluice_ebpf::EbpfError::NotAttached(_))
+    ));
+}
+
+fn attach_twice_then_detach(mode: AttachMode) {
+    let pair = Pair::new();
+    let mut counters = attach(&pair, attach(&pair, load(mode)));
+    assert_eq!(counters.mode(), mode);
+    one_each(pair.programs_on_vb(mode));
+    assert_eq!(counters.attached(), vec![pair.vb.clone()]);
+    let vb = pair.vb.clone();
+    let counters_ref = &mut counters;
+    pair.b
+        .run(move || counters_ref.detach(&vb).expect("detach"));
+    assert_eq!(pair.programs_on_vb(mode), (vec![], vec![]));
+    assert!(counters.attached().is_empty());
+    // Attached again after a detach, then dropped: drop releases the hooks too.
+    let counters = attach(&pair, counters);
+    one_each(pair.programs_on_vb(mode));
+    drop(counters);
+    assert_eq!(pair.programs_on_vb(mode), (vec![], vec![]));
+}
+
+#[test]
+fn attach_is_idempotent_and_detach_releases_the_hooks_tcx() {
+    attach_twice_then_detach(AttachMode::Tcx);
+}
+
+#[test]
+fn attach_is_idempotent_and_detach_releases_the_hooks_netlink() {
+    attach_twice_then_detach(AttachMode::Netlink);
+}
+
+fn restarts_leave_one_program_per_hook(mode: AttachMode) {
+    let pair = Pair::new();
+    // A restart: the old instance is gone before the new one attaches.
+    let old = attach(&pair, load(mode));
+    drop(old);
+    let current = attach(&pair, load(mode));
+    one_each(pair.programs_on_vb(mode));
+    // An overlap: the new instance attaches while the old one still holds the hooks; it takes
+    // them over, and the old one's later drop leaves the new one's programs in place.
+    let newer = attach(&pair, load(mode));
+    one_each(pair.programs_on_vb(mode));
+    drop(current);
+    one_each(pair.programs_on_vb(mode));
+    // ... and they are the ones counting.
+    udp(&pair.a, A_ADDR, &pair.b, B_ADDR, 9000, 3, 10);
+    let snapshot = newer.read().expect("read");
+    assert_eq!(
+        snapshot.get(&pair.vb, Direction::Ingress, Protocol::Udp),
+        counts(3, 3 * 52, 0)
+    );
+    drop(newer);
+    assert_eq!(pair.programs_on_vb(mode), (vec![], vec![]));
+}
+
+#[test]
+fn restarts_leave_one_program_per_hook_tcx() {
+    restarts_leave_one_program_per_hook(AttachMode::Tcx);
+}
+
+#[test]
+fn restarts_leave_one_program_per_hook_netlink() {
+    restarts_leave_one_program_per_hook(AttachMode::Netlink);
+}
+
+#[test]
+fn interfaces_of_another_namespace_are_refused() {
+    let pair = Pair::new();
+    let mut counters = attach(&pair, load(AttachMode::Auto));
+    let va = pair.va.clone();
+    let result = pair.a.run(move || counters.attach(&va).map(|()| counters));
+    assert!(
+        matches!(result, Err(sluice_ebpf::EbpfError::OtherNamespace { .. })),
+        "{result:?}"
+    );
+}
