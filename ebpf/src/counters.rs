@@ -235,13 +235,12 @@ impl EbpfCounters {
                 .ok_or(missing_map(COUNTERS_MAP))?,
         )
         .map_err(EbpfError::map(COUNTERS_MAP))?;
-        let mut entries = Vec::new();
-        for entry in counters.iter() {
-            // A key deleted between listing and lookup (a detach) is simply not in this read.
-            if let Ok((key, values)) = entry {
-                entries.push((key, values.iter().copied().collect::<Vec<_>>()));
-            }
-        }
+        // A key deleted between listing and lookup (a detach) is simply not in this read.
+        let entries: Vec<(CounterKey, Vec<Counts>)> = counters
+            .iter()
+            .flatten()
+            .map(|(key, values)| (key, values.iter().copied().collect()))
+            .collect();
         let listen = PerCpuArray::<&MapData, ListenerCounts>::try_from(
             self.ebpf
                 .map(LISTENER_MAP)

@@ -58,7 +58,14 @@ impl Netns {
 
     /// Runs `body` on a thread inside this namespace.
     fn run<T: Send>(&self, body: impl FnOnce() -> T + Send) -> T {
-        let file = File::open(format!("/run/netns/{}", self.0)).expect("netns file");
+        run_in(&self.0, body)
+    }
+}
+
+/// Runs `body` on a thread inside the namespace `name` (made by `ip netns add`).
+fn run_in<T: Send>(name: &str, body: impl FnOnce() -> T + Send) -> T {
+    {
+        let file = File::open(format!("/run/netns/{name}")).expect("netns file");
         std::thread::scope(|scope| {
             scope
                 .spawn(|| {
@@ -177,6 +184,20 @@ fn tcx_names(dev: &str, hook: TcAttachType) -> Vec<String> {
         .iter()
         .map(|info| info.name_as_str().unwrap_or("?").to_string())
         .collect()
+}
+
+/// Waits (up to 2 s) until `vb`'s hooks are free: a closed link fd is released only once no
+/// process forked meanwhile (a concurrent test's `ip`/`tc`) still holds a copy of it.
+fn released(pair: &Pair, mode: AttachMode) {
+    let mut left = pair.programs_on_vb(mode);
+    for _ in 0..40 {
+        if left == (vec![], vec![]) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        left = pair.programs_on_vb(mode);
+    }
+    panic!("programs left on the hooks: {left:?}");
 }
 
 fn one_each(names: (Vec<String>, Vec<String>)) {
@@ -390,7 +411,7 @@ fn counts_exactly_what_crosses_the_interface_per_direction() {
     let counters_ref = &mut *counters;
     pair.b
         .run(move || counters_ref.detach(&vb_name).expect("detach"));
-    assert_eq!(pair.programs_on_vb(counters.mode()), (vec![], vec![]));
+    released(&pair, counters.mode());
     let after = counters.read().expect("read");
     assert!(
         after.interfaces.is_empty() && after.attached.is_empty(),
@@ -412,13 +433,13 @@ fn attach_twice_then_detach(mode: AttachMode) {
     let counters_ref = &mut counters;
     pair.b
         .run(move || counters_ref.detach(&vb).expect("detach"));
-    assert_eq!(pair.programs_on_vb(mode), (vec![], vec![]));
+    released(&pair, mode);
     assert!(counters.attached().is_empty());
     // Attached again after a detach, then dropped: drop releases the hooks too.
     let counters = attach(&pair, counters);
     one_each(pair.programs_on_vb(mode));
     drop(counters);
-    assert_eq!(pair.programs_on_vb(mode), (vec![], vec![]));
+    released(&pair, mode);
 }
 
 #[test]
@@ -452,7 +473,7 @@ fn restarts_leave_one_program_per_hook(mode: AttachMode) {
         counts(3, 3 * 52, 0)
     );
     drop(newer);
-    assert_eq!(pair.programs_on_vb(mode), (vec![], vec![]));
+    released(&pair, mode);
 }
 
 #[test]
@@ -475,4 +496,103 @@ fn interfaces_of_another_namespace_are_refused() {
         matches!(result, Err(sluice_ebpf::EbpfError::OtherNamespace { .. })),
         "{result:?}"
     );
+}
+
+const CHILD_NETNS: &str = "SLUICE_EBPF_TEST_CHILD_NETNS";
+const CHILD_DEV: &str = "SLUICE_EBPF_TEST_CHILD_DEV";
+const CHILD_MODE: &str = "SLUICE_EBPF_TEST_CHILD_MODE";
+
+/// Not a test of its own: the body of the child process `killed_processes_...` starts (it
+/// returns at once without its environment). Attaches, says so, then waits to be killed.
+#[test]
+fn child_process_holding_the_hooks() {
+    let (Some(netns), Some(dev), Some(mode)) = (
+        std::env::var_os(CHILD_NETNS),
+        std::env::var_os(CHILD_DEV),
+        std::env::var_os(CHILD_MODE),
+    ) else {
+        return;
+    };
+    let netns = netns.to_string_lossy().into_owned();
+    let mode = if mode == "netlink" {
+        AttachMode::Netlink
+    } else {
+        AttachMode::Tcx
+    };
+    let dev = dev.to_string_lossy().into_owned();
+    let counters = run_in(&netns, move || {
+        let mut counters = load(mode);
+        counters.attach(&dev).expect("attach in the child");
+        counters
+    });
+    // Straight to fd 1: the test harness captures println! even in a child run.
+    let mut stdout = std::io::stdout();
+    std::io::Write::write_all(&mut stdout, b"attached\n").expect("stdout");
+    std::io::Write::flush(&mut stdout).expect("stdout");
+    std::thread::sleep(Duration::from_secs(60));
+    drop(counters);
+}
+
+/// A failed assertion must not leave the child holding hooks for a minute.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn killed_processes_leave_one_program_per_hook(mode: AttachMode, label: &str) {
+    use std::io::BufRead;
+    let pair = Pair::new();
+    let mut child = KillOnDrop(
+        Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "child_process_holding_the_hooks",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_NETNS, &pair.b.0)
+            .env(CHILD_DEV, &pair.vb)
+            .env(CHILD_MODE, label)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the child"),
+    );
+    let stdout = child.0.stdout.take().expect("piped");
+    let attached = std::io::BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.ends_with("attached"));
+    assert!(attached, "the child never attached");
+    one_each(pair.programs_on_vb(mode));
+    child.0.kill().expect("SIGKILL the child");
+    child.0.wait().expect("reap the child");
+    // TCX links die with their last fd; a netlink filter stays until a new instance replaces it.
+    match mode {
+        AttachMode::Netlink => one_each(pair.programs_on_vb(mode)),
+        _ => released(&pair, mode),
+    }
+    let counters = attach(&pair, load(mode));
+    one_each(pair.programs_on_vb(mode));
+    udp(&pair.a, A_ADDR, &pair.b, B_ADDR, 9000, 2, 10);
+    let snapshot = counters.read().expect("read");
+    assert_eq!(
+        snapshot.get(&pair.vb, Direction::Ingress, Protocol::Udp),
+        counts(2, 2 * 52, 0)
+    );
+    drop(counters);
+    released(&pair, mode);
+}
+
+#[test]
+fn killed_processes_leave_one_program_per_hook_tcx() {
+    killed_processes_leave_one_program_per_hook(AttachMode::Tcx, "tcx");
+}
+
+#[test]
+fn killed_processes_leave_one_program_per_hook_netlink() {
+    killed_processes_leave_one_program_per_hook(AttachMode::Netlink, "netlink");
 }
