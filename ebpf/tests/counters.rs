@@ -596,3 +596,81 @@ fn killed_processes_leave_one_program_per_hook_tcx() {
 fn killed_processes_leave_one_program_per_hook_netlink() {
     killed_processes_leave_one_program_per_hook(AttachMode::Netlink, "netlink");
 }
+
+/// Sends one raw Ethernet frame out of `dev` (AF_PACKET), from the calling thread's namespace.
+fn send_frame(dev: &str, frame: &[u8]) {
+    let name = std::ffi::CString::new(dev).expect("name");
+    // SAFETY: plain socket(2)/bind(2)/send(2) on a zeroed sockaddr_ll and a live buffer; the fd
+    // is closed before returning.
+    unsafe {
+        let ifindex = libc::if_nametoindex(name.as_ptr());
+        assert_ne!(ifindex, 0, "no {dev}");
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
+        assert!(fd >= 0, "AF_PACKET: {}", std::io::Error::last_os_error());
+        let mut address: libc::sockaddr_ll = std::mem::zeroed();
+        address.sll_family = libc::AF_PACKET as u16;
+        address.sll_ifindex = ifindex as i32;
+        let bound = libc::bind(
+            fd,
+            &address as *const libc::sockaddr_ll as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        );
+        let sent = libc::send(fd, frame.as_ptr() as *const libc::c_void, frame.len(), 0);
+        libc::close(fd);
+        assert_eq!(bound, 0, "bind: {}", std::io::Error::last_os_error());
+        assert_eq!(sent, frame.len() as isize);
+    }
+}
+
+#[test]
+fn truncated_headers_are_counted_as_malformed() {
+    let pair = Pair::new();
+    let counters = attach(&pair, load(AttachMode::Auto));
+    let mac = |ns: &Netns, dev: &str| -> Vec<u8> {
+        ns.exec(&["cat", &format!("/sys/class/net/{dev}/address")])
+            .trim()
+            .split(':')
+            .map(|byte| u8::from_str_radix(byte, 16).expect("hex"))
+            .collect()
+    };
+    let mut ipv4 = mac(&pair.b, &pair.vb);
+    ipv4.extend(mac(&pair.a, &pair.va));
+    ipv4.extend([0x08, 0x00]);
+    let mut vlan_tcp = ipv4.clone();
+    // IPv4 cut after 10 of its 20 header bytes.
+    ipv4.extend([0x45, 0, 0, 30, 0, 0, 0, 0, 64, 6]);
+    // VLAN-tagged IPv4 whose 20-byte header says TCP, with 4 bytes of TCP header.
+    vlan_tcp.truncate(12);
+    vlan_tcp.extend([0x81, 0x00, 0x00, 0x07, 0x08, 0x00]);
+    vlan_tcp.extend([
+        0x45, 0, 0, 24, 0, 0, 0, 0, 64, 6, 0, 0, 10, 77, 0, 1, 10, 77, 0, 2,
+    ]);
+    vlan_tcp.extend([0x1b, 0x58, 0x1b, 0x58]);
+    let va = pair.va.clone();
+    let frames = [ipv4.clone(), vlan_tcp.clone()];
+    pair.a.run(move || {
+        for frame in &frames {
+            send_frame(&va, frame);
+        }
+    });
+    let snapshot = counters.read().expect("read");
+    assert_eq!(
+        snapshot.get(&pair.vb, Direction::Ingress, Protocol::Other),
+        Counts {
+            packets: 1,
+            bytes: ipv4.len() as u64,
+            tcp_syn: 0,
+            malformed: 1
+        }
+    );
+    assert_eq!(
+        snapshot.get(&pair.vb, Direction::Ingress, Protocol::Tcp),
+        Counts {
+            packets: 1,
+            // The receive path moves the tag into skb->vlan_tci before tc: not in skb->len.
+            bytes: vlan_tcp.len() as u64 - 4,
+            tcp_syn: 0,
+            malformed: 1
+        }
+    );
+}
