@@ -38,8 +38,13 @@ impl Netns {
         let ns = Netns(unique(prefix));
         run(Command::new("ip").args(["netns", "add", &ns.0]));
         // No IPv6: no router solicitations or ND in the counts.
-        ns.exec(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
-        ns.exec(&["sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"]);
+        // (through /proc/sys: procps's sysctl is not on every image)
+        ns.exec(&[
+            "sh",
+            "-c",
+            "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6 && \
+             echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6",
+        ]);
         ns.exec(&["ip", "link", "set", "lo", "up"]);
         ns
     }
