@@ -155,39 +155,10 @@ fn counts_exactly_what_crosses_the_interface_per_direction() {
     let idle = snapshot.listener("idle").expect("registered");
     assert_eq!((idle.packets, idle.bytes, idle.syns), (0, 0, 0));
 
-    // The same numbers on /metrics, read from the maps at scrape time.
+    // The same numbers on /metrics, read from the maps at scrape time; then detach.
     let shared = Arc::new(Mutex::new(counters));
-    let metrics = EbpfMetrics::live(Arc::clone(&shared));
-    let mut registry = Registry::default();
-    metrics.register(&mut registry);
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
-    for line in [
-        format!("sluice_ebpf_packets_total{{interface=\"{vb}\",direction=\"ingress\",protocol=\"udp\"}} 10\n"),
-        format!("sluice_ebpf_tcp_syn_total{{interface=\"{vb}\",direction=\"ingress\",protocol=\"tcp\"}} 5\n"),
-        "sluice_ebpf_listener_syns_total{listener=\"refused\"} 5\n".to_string(),
-        "sluice_ebpf_enabled 1\n".to_string(),
-        "sluice_ebpf_attached_interfaces 1\n".to_string(),
-    ] {
-        assert!(text.contains(&line), "missing {line:?} in:\n{text}");
-    }
-
-    // Detach: the hooks are free, the interface's counters are gone from reads and the map.
-    let mut counters = shared.lock().expect("lock");
-    let vb_name = pair.vb.clone();
-    let counters_ref = &mut *counters;
-    pair.b
-        .run(move || counters_ref.detach(&vb_name).expect("detach"));
-    released(&pair, counters.mode());
-    let after = counters.read().expect("read");
-    assert!(
-        after.interfaces.is_empty() && after.attached.is_empty(),
-        "{after:?}"
-    );
-    assert!(matches!(
-        counters.detach(&pair.vb),
-        Err(sluice_ebpf::EbpfError::NotAttached(_))
-    ));
+    assert_on_metrics(&shared, vb);
+    detach_releases(&pair, &shared);
 }
 
 fn attach_twice_then_detach(mode: AttachMode) {
@@ -415,4 +386,49 @@ fn truncated_headers_are_counted_as_malformed() {
             malformed: 1
         }
     );
+}
+
+/// The counts of `counts_exactly_...` as `/metrics` shows them, read at scrape time.
+fn assert_on_metrics(shared: &Arc<Mutex<EbpfCounters>>, vb: &str) {
+    let metrics = EbpfMetrics::live(Arc::clone(shared));
+    let mut registry = Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    for line in [
+        format!("sluice_ebpf_packets_total{{interface=\"{vb}\",direction=\"ingress\",protocol=\"udp\"}} 10\n"),
+        format!("sluice_ebpf_tcp_syn_total{{interface=\"{vb}\",direction=\"ingress\",protocol=\"tcp\"}} 5\n"),
+        "sluice_ebpf_listener_syns_total{listener=\"refused\"} 5\n".to_string(),
+        "sluice_ebpf_enabled 1\n".to_string(),
+        "sluice_ebpf_attached_interfaces 1\n".to_string(),
+    ] {
+        assert!(text.contains(&line), "missing {line:?} in:\n{text}");
+    }
+}
+
+/// Detach: the hooks are free, the interface's counters gone from reads and from the map.
+fn detach_releases(pair: &Pair, shared: &Arc<Mutex<EbpfCounters>>) {
+    let mut counters = shared.lock().expect("lock");
+    let vb_name = pair.vb.clone();
+    let counters_ref = &mut *counters;
+    pair.b
+        .run(move || counters_ref.detach(&vb_name).expect("detach"));
+    released(pair, counters.mode());
+    let after = counters.read().expect("read");
+    assert!(
+        after.interfaces.is_empty() && after.attached.is_empty(),
+        "{after:?}"
+    );
+    assert!(matches!(
+        counters.detach(&pair.vb),
+        Err(sluice_ebpf::EbpfError::NotAttached(_))
+    ));
+    // Attached again (same ifindex): it starts from zero, so detach deleted its keys.
+    let vb_name = pair.vb.clone();
+    let counters_ref = &mut *counters;
+    pair.b
+        .run(move || counters_ref.attach(&vb_name).expect("attach again"));
+    let again = counters.read().expect("read");
+    assert!(again.interfaces.is_empty(), "{again:?}");
+    assert_eq!(again.attached, vec![pair.vb.clone()]);
 }
