@@ -204,3 +204,22 @@ pub(crate) fn ifindex(interface: &str) -> Result<u32, EbpfError> {
     }
     Ok(index)
 }
+
+/// The names of the programs on `interface`'s TCX ingress and egress hooks (in the calling
+/// thread's network namespace), in run order, whoever attached them: how a test or an operator
+/// tells that exactly one of ours sits on each hook. TCX hooks only (kernels >= 6.6); programs
+/// attached through the clsact qdisc show in `tc filter show` instead.
+pub fn tcx_programs(interface: &str) -> Result<(Vec<String>, Vec<String>), EbpfError> {
+    let names = |hook: TcAttachType| -> Result<Vec<String>, EbpfError> {
+        let (_, programs) =
+            SchedClassifier::query_tcx(interface, hook).map_err(|error| EbpfError::Program {
+                program: "query_tcx",
+                source: error,
+            })?;
+        Ok(programs
+            .iter()
+            .map(|info| info.name_as_str().unwrap_or("?").to_string())
+            .collect())
+    };
+    Ok((names(TcAttachType::Ingress)?, names(TcAttachType::Egress)?))
+}

@@ -16,7 +16,7 @@ mod tcx;
 
 pub use counters::{EbpfCounters, ProgramStats};
 pub use error::EbpfError;
-pub use hooks::AttachMode;
+pub use hooks::{tcx_programs, AttachMode};
 pub use layout::{Counts, Direction, Listener, Protocol, L4, MAX_COUNTER_KEYS, MAX_LISTENERS};
 pub use metrics::EbpfMetrics;
 pub use snapshot::{CounterSnapshot, InterfaceCounters, ListenerTraffic};

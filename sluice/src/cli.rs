@@ -105,6 +105,9 @@ pub enum Command {
         /// Packets the Reject meter lets through at once above --reject-rate.
         #[arg(long, value_name = "PACKETS", default_value_t = sluice_policy_engine::meter::DEFAULT_REJECT_BURST, value_parser = clap::value_parser!(u32).range(1..))]
         reject_burst: u32,
+        /// Do not load the eBPF fast-path counters on the bridge's ports (docs/EBPF.md).
+        #[arg(long)]
+        no_ebpf: bool,
     },
     /// Run the control plane: a kube-like API server (kubectl works with it) that pushes
     /// routes, agents and policies to gateways, nodes and VM agents (see docs/CONTROLPLANE.md).

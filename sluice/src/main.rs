@@ -49,6 +49,7 @@ fn main() -> ExitCode {
             stats_interval,
             reject_rate,
             reject_burst,
+            no_ebpf,
         } => {
             logging::init(&sluice_config::LoggingConfig {
                 format: sluice_config::LogFormat::Text,
@@ -81,6 +82,7 @@ fn main() -> ExitCode {
                     rate: reject_rate,
                     burst: reject_burst,
                 },
+                ebpf: !no_ebpf,
             })
         }
         cli::Command::Controlplane {

@@ -33,6 +33,15 @@ pub struct Config {
     pub redis: Option<RedisConfig>,
     /// The Kubernetes API gateway; `None` when this process does not run it.
     pub gateway: Option<GatewayConfig>,
+    /// eBPF counters on the node's data-plane interfaces; `None`: none loaded.
+    pub ebpf: Option<EbpfConfig>,
+}
+
+/// `ebpf:`: the interfaces whose traffic the eBPF programs count, per direction and protocol,
+/// and to the data-plane listeners' ports (docs/EBPF.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EbpfConfig {
+    pub interfaces: Vec<String>,
 }
 
 /// Where the gateway's `UpstreamCluster` objects live.

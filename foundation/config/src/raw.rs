@@ -19,6 +19,13 @@ pub(crate) struct RawConfig {
     pub(crate) agent: Option<RawAgent>,
     pub(crate) redis: Option<RawRedis>,
     pub(crate) gateway: Option<RawGateway>,
+    pub(crate) ebpf: Option<RawEbpf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct RawEbpf {
+    pub(crate) interfaces: Vec<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]

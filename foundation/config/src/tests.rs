@@ -560,3 +560,26 @@ fn a_node_takes_its_agents_from_its_list_or_the_control_plane() {
         "{both:?}"
     );
 }
+
+#[test]
+fn ebpf_names_the_interfaces_to_count_on() {
+    let config = load_str("ebpf:\n  interfaces: [eth0, ens3]\n", "test.yaml").unwrap();
+    assert_eq!(
+        config.ebpf.map(|ebpf| ebpf.interfaces),
+        Some(vec!["eth0".to_string(), "ens3".to_string()])
+    );
+    assert_eq!(load_str("", "test.yaml").unwrap().ebpf, None);
+    assert_eq!(
+        errors_of("ebpf:\n  interfaces: [eth0, eth0, a-name-longer-than-15, \"a/b\", [x]]\n"),
+        [
+            "ebpf.interfaces[1]: \"eth0\" is listed twice",
+            "ebpf.interfaces[2]: \"a-name-longer-than-15\" is not an interface name (1 to 15 bytes)",
+            "ebpf.interfaces[3]: \"a/b\" is not an interface name (no '/', ':', spaces or control characters)",
+            "ebpf.interfaces[4]: expected a single value, found a list",
+        ]
+    );
+    assert_eq!(
+        errors_of("ebpf: {}\n"),
+        ["ebpf.interfaces: is required: the interfaces to count on (e.g. [eth0]); remove `ebpf:` to count nothing"]
+    );
+}

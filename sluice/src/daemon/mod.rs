@@ -1,6 +1,7 @@
 //! Runs the daemon: config in, listeners bound, workers started, stop signal, drain, exit.
 //! Each pillar wires its listeners and background tasks in its own module.
 
+mod ebpf;
 mod feeds;
 pub(crate) use feeds::client_config as watch_client_config;
 mod gateway;
@@ -116,9 +117,10 @@ fn run(
         demo.wire(&mut config, &mut server)?;
     }
     tunnel::wire_agent(&config, &mut server, &mut registry)?;
+    let addresses = server.addresses();
+    let counters = ebpf::wire(&config, &addresses, &mut registry);
     serve_admin(&config, &mut server, registry, admin);
 
-    let addresses = server.addresses();
     let running = server.start()?;
     for (name, address) in &addresses {
         tracing::info!(listener = %name, %address, "listening");
@@ -137,6 +139,7 @@ fn run(
     tracing::info!(signal, drain_timeout = ?config.runtime.drain_timeout, "stopping: no new connections, draining in-flight work");
     let report = running.shutdown();
     pillars.stop();
+    drop(counters);
     tracing::info!(elapsed = ?report.elapsed, connections_cut = report.connections_cut, "stopped");
     // The demo's child processes and directory go last, after the drain.
     #[cfg(feature = "demo")]

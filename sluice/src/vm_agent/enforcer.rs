@@ -10,8 +10,11 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use sluice_ovs::OvsdbClient;
 use sluice_policy::model::{PolicySet, UNRESOLVED_PORT};
-use sluice_policy_engine::{EngineConfig, EngineMetrics, PolicyEngine};
+use sluice_policy_engine::PolicyEngine;
 use tokio::sync::watch;
+
+use super::port_counters::PortCounters;
+use super::Datapath;
 
 /// Pause before retrying a replay the switch was not ready for.
 const REPLAY_RETRY: Duration = Duration::from_millis(100);
@@ -49,6 +52,9 @@ pub struct Enforcer {
     engine: PolicyEngine,
     _responder: Option<tokio::task::JoinHandle<()>>,
     db_socket: PathBuf,
+    bridge: String,
+    /// The eBPF counters that follow the bridge's ports.
+    ports: PortCounters,
     ovsdb: Option<OvsdbClient>,
     /// Set when our flows are on the switch but `flow-restore-wait` may still hold it back.
     restore_wait_due: bool,
@@ -62,25 +68,24 @@ pub struct Enforcer {
 }
 
 impl Enforcer {
-    /// Starts the engine on `config`'s bridge with `initial` realized.
-    pub async fn start(
-        config: &EngineConfig,
-        db_socket: &Path,
-        initial: PolicySet,
-        engine_metrics: EngineMetrics,
-        metrics: RealizeMetrics,
-    ) -> anyhow::Result<Self> {
-        let mut ovsdb = connect_ovsdb(db_socket).await;
+    /// Starts the engine on the datapath's bridge with `initial` realized.
+    pub async fn start(datapath: &Datapath, initial: PolicySet) -> anyhow::Result<Self> {
+        let metrics = datapath.realize.clone();
+        let mut ovsdb = connect_ovsdb(&datapath.db_socket).await;
         let (resolved, unresolved) = resolve_ports(&initial, &mut ovsdb).await;
         note_unresolved(&[], &unresolved, &metrics);
-        let engine = PolicyEngine::start(config, resolved, engine_metrics).await?;
+        let engine =
+            PolicyEngine::start(&datapath.engine, resolved, datapath.engine_metrics.clone())
+                .await?;
         let responder = engine.spawn_reject_responder();
         let mut connection = engine.client().connection_generation();
         connection.borrow_and_update();
         let mut enforcer = Enforcer {
             engine,
             _responder: responder,
-            db_socket: db_socket.to_path_buf(),
+            db_socket: datapath.db_socket.clone(),
+            bridge: datapath.bridge.clone(),
+            ports: datapath.ports.clone(),
             ovsdb,
             restore_wait_due: true,
             connection,
@@ -175,9 +180,14 @@ impl Enforcer {
         self.ovsdb.is_some()
     }
 
+    /// Reads the flow stats, and attaches the eBPF counters to ports that came (releasing
+    /// those gone).
     pub async fn poll_stats(&mut self) {
         if let Err(error) = self.engine.poll_stats().await {
             tracing::debug!(%error, "flow stats not read");
+        }
+        if let Some(ovsdb) = self.ovsdb.as_mut() {
+            self.ports.follow(ovsdb, &self.bridge).await;
         }
     }
 

@@ -22,14 +22,7 @@ pub async fn run(
     let mut file_stamp = stamp(&path);
     let initial =
         sluice_policy::load::load_path(&path).map_err(|error| anyhow::anyhow!("{error}"))?;
-    let mut enforcer = Enforcer::start(
-        &datapath.engine,
-        &datapath.db_socket,
-        initial,
-        datapath.engine_metrics.clone(),
-        datapath.realize.clone(),
-    )
-    .await?;
+    let mut enforcer = Enforcer::start(&datapath, initial).await?;
     ready.store(true, Ordering::Release);
     let mut reload_tick = tokio::time::interval(RELOAD_POLL);
     let mut stats_tick = tokio::time::interval(datapath.stats_interval);

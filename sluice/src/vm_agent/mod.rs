@@ -11,6 +11,7 @@ mod admin;
 mod enforcer;
 mod files;
 mod lifecycle;
+mod port_counters;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,6 +28,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use enforcer::RealizeMetrics;
 pub use lifecycle::LifecycleOptions;
+use port_counters::PortCounters;
 
 /// Options of one agent run (the command-line flags).
 #[derive(Debug, Clone)]
@@ -42,6 +44,8 @@ pub struct VmAgentOptions {
     /// Also how often the Reject meter's dropped packets are read.
     pub stats_interval: Duration,
     pub reject_meter: RejectMeter,
+    /// Count every bridge port's traffic with the eBPF programs (docs/EBPF.md).
+    pub ebpf: bool,
 }
 
 /// The bridge and what enforces on it, shared by both modes.
@@ -52,6 +56,7 @@ pub(crate) struct Datapath {
     pub engine_metrics: EngineMetrics,
     pub realize: RealizeMetrics,
     pub stats_interval: Duration,
+    pub ports: PortCounters,
 }
 
 pub fn run(options: VmAgentOptions) -> std::process::ExitCode {
@@ -81,6 +86,8 @@ async fn run_agent(options: VmAgentOptions) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     engine_metrics.register(&mut registry);
     realize.register(&mut registry);
+    let ports = PortCounters::load(options.ebpf);
+    ports.register(&mut registry);
     let lifecycle_metrics = options
         .lifecycle
         .as_ref()
@@ -121,6 +128,7 @@ async fn run_agent(options: VmAgentOptions) -> anyhow::Result<()> {
         engine_metrics,
         realize,
         stats_interval: options.stats_interval,
+        ports,
     };
     match (options.policies, options.lifecycle, lifecycle_metrics) {
         (Some(path), _, _) => files::run(datapath, path, &ready, shutdown()).await,

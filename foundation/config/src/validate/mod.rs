@@ -18,6 +18,7 @@ use crate::{
 pub(crate) use sluice_config_error::ErrorList as Errors;
 
 mod controlplane;
+mod ebpf;
 mod tunnel;
 
 use tunnel::{tunnel, DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES_LIMIT};
@@ -190,6 +191,7 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
         agent,
         redis,
         gateway,
+        ebpf: raw.ebpf.as_ref().map(|raw| ebpf::ebpf(raw, errors)),
     }
 }
 

@@ -316,6 +316,7 @@ impl Agent {
                 tracing::error!(%error, "flows not withdrawn; the uplink is restored anyway");
             }
         }
+        self.datapath.ports.release_all();
         let uplink = self.taken_over.as_ref().map(|taken| taken.uplink.clone());
         if let Some(uplink) = uplink {
             let bridge = self.datapath.bridge.clone();
@@ -390,16 +391,7 @@ impl Agent {
     }
 
     async fn start_enforcer(&mut self, initial: PolicySet) -> bool {
-        let datapath = &self.datapath;
-        match Enforcer::start(
-            &datapath.engine,
-            &datapath.db_socket,
-            initial,
-            datapath.engine_metrics.clone(),
-            datapath.realize.clone(),
-        )
-        .await
-        {
+        match Enforcer::start(&self.datapath, initial).await {
             Ok(enforcer) => {
                 self.enforcer = Some(enforcer);
                 true
