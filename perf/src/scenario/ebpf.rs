@@ -235,6 +235,7 @@ fn run_once(
 
     let name = format!("trafgen-{}-{round}", case.name());
     let args: Vec<std::ffi::OsString> = vec![
+        "ip".into(),
         "netns".into(),
         "exec".into(),
         pair.a.0.clone().into(),
@@ -249,15 +250,20 @@ fn run_once(
         "--qdisc-path".into(),
     ];
     let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
-    let mut sender = Managed::spawn(&name, &harness.client_cpu, dir, "ip", &args)
-        .context("starting trafgen (apt-get install netsniff-ng)")?;
+    // Its own process group (setsid execs: the pid stays trafgen's): trafgen forks a worker
+    // that a signal to the parent alone does not stop.
+    let mut sender = Flood {
+        process: Managed::spawn(&name, &harness.client_cpu, dir, "setsid", &args)
+            .context("starting trafgen (apt-get install netsniff-ng)")?,
+        stopped: false,
+    };
     std::thread::sleep(warmup);
-    sender.check_alive()?;
+    sender.process.check_alive()?;
     let (rx0, socket0, started) = (pair.rx()?, receiver.read(), Instant::now());
     std::thread::sleep(window);
     let (rx1, socket1, elapsed) = (pair.rx()?, receiver.read(), started.elapsed());
-    sender.check_alive()?;
-    drop(sender);
+    sender.process.check_alive()?;
+    sender.stop();
 
     let seconds = elapsed.as_secs_f64();
     let rx_packets = rx1.packets.saturating_sub(rx0.packets);
@@ -475,6 +481,35 @@ fn markdown(
         text.push_str(&format!("\nErrors:\n{}\n", errors.join("\n")));
     }
     text
+}
+
+/// trafgen in its own process group: SIGINT to the group (parent and worker) stops it.
+struct Flood {
+    process: Managed,
+    stopped: bool,
+}
+
+impl Flood {
+    fn stop(&mut self) {
+        if std::mem::replace(&mut self.stopped, true) {
+            return;
+        }
+        if let Ok(pid) = libc::pid_t::try_from(self.process.pid()) {
+            // SAFETY: signalling the process group of a child we spawned as its leader (setsid).
+            unsafe { libc::kill(-pid, libc::SIGINT) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline && self.process.check_alive().is_ok() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Flood {
+    /// On an error path too; `Managed`'s own drop then reaps (or kills) the parent.
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 fn load_average() -> String {
