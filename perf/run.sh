@@ -7,11 +7,13 @@
 #   perf/run.sh idle [--smoke]     10,000 idle agent tunnels on one node: RSS and CPU
 #   perf/run.sh policy [--smoke]   criterion benches of sluice-benches, lifted into a summary
 #   perf/run.sh controlplane [--smoke]  1,000 watchers + steady writes: embedded store and etcd
+#   perf/run.sh ebpf [--smoke]     veth packet rate with and without the eBPF counters (root)
 #
 # Installs the peers (haproxy, nginx-light, nghttp2-client, wrk, redis-server; etcd-server for
-# controlplane) when missing and
-# builds the release binaries once. SLUICE_PERF_PROFILE=dev builds the dev profile instead (the
-# test suite's smoke run reuses its own build that way; its numbers are not measurements).
+# controlplane; only netsniff-ng, for trafgen, for ebpf) when missing and
+# builds the release binaries once (ebpf: only the harness). SLUICE_PERF_PROFILE=dev builds the
+# dev profile instead (the test suite's smoke run reuses its own build that way; its numbers are
+# not measurements).
 # Extra arguments go to the harness (see `sluice-perf --help`: --client-cpu, --proxy-cpu, ...).
 set -euo pipefail
 
@@ -19,9 +21,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
 scenario=${1:-}
 case "$scenario" in
-  gateway | tunnel | idle | policy | controlplane) shift ;;
+  gateway | tunnel | idle | policy | controlplane | ebpf) shift ;;
   *)
-    echo "usage: perf/run.sh gateway|tunnel|idle|policy|controlplane [--smoke] [harness options]" >&2
+    echo "usage: perf/run.sh gateway|tunnel|idle|policy|controlplane|ebpf [--smoke] [harness options]" >&2
     exit 2
     ;;
 esac
@@ -34,6 +36,12 @@ as_root() {
 
 packages=(haproxy nginx-light nghttp2-client wrk redis-server)
 if [ "$scenario" = controlplane ]; then packages+=(etcd-server); fi
+# The ebpf scenario runs no Sluice process and no peer: trafgen and the harness only.
+build=(--features sluice/etcd -p sluice -p sluice-perf -p sluice-apiserver-sim)
+if [ "$scenario" = ebpf ]; then
+  packages=(netsniff-ng)
+  build=(-p sluice-perf)
+fi
 missing=()
 for package in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed'; then
@@ -52,10 +60,10 @@ for argument in "$@"; do
 done
 
 if [ "$profile" = release ]; then
-  cargo build --release --locked --features sluice/etcd -p sluice -p sluice-perf -p sluice-apiserver-sim
+  cargo build --release --locked "${build[@]}"
   bin=$CARGO_TARGET_DIR/release
 else
-  cargo build --locked --features sluice/etcd -p sluice -p sluice-perf -p sluice-apiserver-sim
+  cargo build --locked "${build[@]}"
   bin=$CARGO_TARGET_DIR/debug
 fi
 exec "$bin/sluice-perf" "$scenario" --sluice "$bin/sluice" --workspace "$root" \

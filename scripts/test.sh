@@ -79,7 +79,7 @@ run_fuzz_smoke() {
 }
 
 run_perf_smoke() {
-  log "perf harness smoke runs (perf/run.sh tunnel|gateway|controlplane --smoke; numbers are not measurements)"
+  log "perf harness smoke runs (perf/run.sh tunnel|gateway|controlplane|ebpf --smoke; numbers are not measurements)"
   # A smoke run passes only if every case left its results and no call failed (perf/check-smoke),
   # not merely because the harness exited 0.
   SLUICE_PERF_PROFILE=dev perf/run.sh tunnel --smoke
@@ -88,6 +88,8 @@ run_perf_smoke() {
   perf/check-smoke gateway direct haproxy nginx sluice-gateway
   SLUICE_PERF_PROFILE=dev perf/run.sh controlplane --smoke
   perf/check-smoke controlplane embedded etcd
+  SLUICE_PERF_PROFILE=dev perf/run.sh ebpf --smoke
+  perf/check-smoke ebpf
 }
 
 case "$tier" in

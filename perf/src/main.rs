@@ -29,6 +29,8 @@ enum Scenario {
     Policy,
     /// 1,000 watchers and steady writes through the control plane: embedded store and etcd.
     Controlplane,
+    /// Packet rate through a veth pair with and without Sluice's eBPF counters, and their cost.
+    Ebpf,
 }
 
 #[derive(Debug, Parser)]
@@ -60,7 +62,7 @@ struct Cli {
     #[arg(long, default_value = "0")]
     upstream_cpu: String,
     /// Run only these cases (tunnel: for example `sluice-1-node`; controlplane: `embedded`,
-    /// `etcd`), to profile one.
+    /// `etcd`; ebpf: `without`, `with`, `with-stats`), to profile one.
     #[arg(long, value_delimiter = ',', value_name = "CASE")]
     only: Vec<String>,
     /// Replace the concurrency levels (tunnel scenario), as CLIENTSxSTREAMS: `50x10,10x10`.
@@ -87,7 +89,11 @@ fn parse_level(text: &str) -> Result<(u32, u32), String> {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     std::fs::create_dir_all(&cli.out)?;
-    let sluice = std::fs::canonicalize(&cli.sluice)?;
+    // The ebpf scenario runs no Sluice process (run.sh builds only the harness for it).
+    let sluice = match cli.scenario {
+        Scenario::Ebpf => cli.sluice.clone(),
+        _ => std::fs::canonicalize(&cli.sluice)?,
+    };
     let apiserver_sim = cli.apiserver_sim.unwrap_or_else(|| {
         sluice
             .parent()
@@ -112,5 +118,6 @@ fn main() -> anyhow::Result<()> {
         Scenario::Idle => scenario::idle::run(&harness),
         Scenario::Policy => scenario::policy::run(&harness),
         Scenario::Controlplane => scenario::controlplane::run(&harness),
+        Scenario::Ebpf => scenario::ebpf::run(&harness),
     }
 }

@@ -1,6 +1,7 @@
 //! The scenarios `perf/run.sh SCENARIO` runs.
 
 pub mod controlplane;
+pub mod ebpf;
 pub mod gateway;
 pub mod idle;
 pub mod policy;
