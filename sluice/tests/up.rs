@@ -2,11 +2,12 @@
 //! printed /metrics, /readyz is 200, and Ctrl-C (SIGINT) stops it with exit 0 within 2 s; as
 //! root with Open vSwitch, its VM policy demo enforces the printed policy and leaves nothing
 //! behind.
+#![allow(clippy::unwrap_used)]
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use test_support::{wait_until, SluiceLauncher};
+use test_support::{wait_until, SluiceLauncher, SluiceProcess};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -59,6 +60,25 @@ fn parse_with_python(text: &str) -> Vec<String> {
         .lines()
         .map(str::to_string)
         .collect()
+}
+
+/// `sluice up --ephemeral-ports` with `args`, once it has printed its whole banner.
+fn start_up(args: &[&str], within: Duration) -> SluiceProcess {
+    let process = SluiceLauncher::new(BIN)
+        .unwrap()
+        .args(["up", "--ephemeral-ports"])
+        .args(args)
+        .spawn()
+        .expect("sluice up starts");
+    assert!(
+        wait_until(within, || process
+            .stdout()
+            .contains("Press Ctrl-C to stop.")),
+        "stdout: {}\nstderr: {}",
+        process.stdout(),
+        process.stderr()
+    );
+    process
 }
 
 #[test]
@@ -256,19 +276,7 @@ fn a_busy_port_fails_start_up_with_the_listener_named() {
 
 #[test]
 fn up_with_three_nodes_routes_the_printed_call_through_redis_and_cleans_up() {
-    let process = SluiceLauncher::new(BIN)
-        .unwrap()
-        .args(["up", "--nodes", "3", "--ephemeral-ports"])
-        .spawn()
-        .expect("sluice up --nodes 3 starts");
-    assert!(
-        wait_until(Duration::from_secs(10), || process
-            .stdout()
-            .contains("Press Ctrl-C to stop.")),
-        "stdout: {}\nstderr: {}",
-        process.stdout(),
-        process.stderr()
-    );
+    let process = start_up(&["--nodes", "3"], Duration::from_secs(10));
     let stdout = process.stdout();
     assert!(stdout.contains("keeps its tunnels on node-3"), "{stdout}");
     let node3_admin = stdout
@@ -394,19 +402,7 @@ fn up_runs_the_vm_policy_demo_enforces_it_and_cleans_up() {
         eprintln!("SKIPPED up_runs_the_vm_policy_demo_enforces_it_and_cleans_up: {reason}");
         return;
     }
-    let process = SluiceLauncher::new(BIN)
-        .unwrap()
-        .args(["up", "--ephemeral-ports", "--workers", "1"])
-        .spawn()
-        .expect("sluice up starts");
-    assert!(
-        wait_until(Duration::from_secs(15), || process
-            .stdout()
-            .contains("Press Ctrl-C to stop.")),
-        "stdout: {}\nstderr: {}",
-        process.stdout(),
-        process.stderr()
-    );
+    let process = start_up(&["--workers", "1"], Duration::from_secs(15));
     let stdout = process.stdout();
     assert!(
         !stdout.contains("VM policy demo: not started"),
