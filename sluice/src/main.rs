@@ -6,6 +6,7 @@ mod daemon;
 #[cfg(feature = "demo")]
 mod demo;
 mod logging;
+mod notify;
 mod policy_cmd;
 mod vm_agent;
 

@@ -196,7 +196,9 @@ pub fn run(options: ControlPlaneOptions, addresses_file: Option<&Path>) -> std::
                 running.url
             );
         }
+        crate::notify::ready("controlplane");
         stop_signal().await?;
+        crate::notify::stopping("controlplane");
         tracing::info!("stopping the control plane: no new connections, open requests finish");
         running.shutdown().await;
         anyhow::Ok(())

@@ -135,7 +135,9 @@ fn run(
         demo.announce(workers, &selection.driver.to_string(), &addresses)?;
     }
 
+    crate::notify::ready("sluice");
     let signal = signals.wait(lifecycle.clone());
+    crate::notify::stopping("sluice");
     tracing::info!(signal, drain_timeout = ?config.runtime.drain_timeout, "stopping: no new connections, draining in-flight work");
     let report = running.shutdown();
     pillars.stop();

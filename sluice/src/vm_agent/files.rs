@@ -24,6 +24,7 @@ pub async fn run(
         sluice_policy::load::load_path(&path).map_err(|error| anyhow::anyhow!("{error}"))?;
     let mut enforcer = Enforcer::start(&datapath, initial).await?;
     ready.store(true, Ordering::Release);
+    crate::notify::ready("vm-agent");
     let mut reload_tick = tokio::time::interval(RELOAD_POLL);
     let mut stats_tick = tokio::time::interval(datapath.stats_interval);
     let mut shutdown = std::pin::pin!(shutdown);
@@ -45,6 +46,7 @@ pub async fn run(
         }
         enforcer.maintain().await;
     }
+    crate::notify::stopping("vm-agent");
     tracing::info!("stopping; the flows stay on the bridge");
     Ok(())
 }

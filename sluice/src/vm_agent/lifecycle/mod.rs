@@ -128,6 +128,7 @@ pub async fn run(
         agent.metrics.report.clone(),
     )?;
     ready.store(true, std::sync::atomic::Ordering::Release);
+    crate::notify::ready("vm-agent");
     let mut reconcile = tokio::time::interval(RECONCILE_INTERVAL);
     let mut stats = tokio::time::interval(agent.datapath.stats_interval);
     let mut shutdown = std::pin::pin!(shutdown);
@@ -156,6 +157,7 @@ pub async fn run(
         }
         agent.publish_report();
     }
+    crate::notify::stopping("vm-agent");
     tracing::info!(
         mode = agent.mode.as_str(),
         "stopping; the flows and the uplink stay as they are"

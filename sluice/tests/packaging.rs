@@ -1,0 +1,137 @@
+//! Packaging (issue 18, first slice): the systemd units in `deploy/systemd/` pass
+//! `systemd-analyze verify` (PID 1 here is not systemd, so units are checked offline), and every
+//! role speaks the `Type=notify` protocol they rely on: `READY=1` once it serves, `STOPPING=1`
+//! when it drains, on the datagram socket named by `NOTIFY_SOCKET`.
+#![allow(clippy::unwrap_used)]
+
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use test_support::SluiceLauncher;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// The unit files, with `/usr/bin/sluice` pointed at this build (verify checks that the
+/// command exists and is executable).
+fn units(dir: &Path) -> Vec<std::path::PathBuf> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/systemd");
+    let mut units = Vec::new();
+    for entry in std::fs::read_dir(source).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("service") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let copy = dir.join(path.file_name().unwrap());
+        std::fs::write(&copy, text.replace("/usr/bin/sluice", BIN)).unwrap();
+        units.push(copy);
+    }
+    units.sort();
+    units
+}
+
+#[test]
+fn every_unit_passes_systemd_analyze_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let units = units(dir.path());
+    let names: Vec<String> = units
+        .iter()
+        .map(|unit| unit.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "sluice-agent.service",
+            "sluice-controlplane.service",
+            "sluice-node.service",
+            "sluice-vm-agent.service"
+        ]
+    );
+    for unit in &units {
+        let output = Command::new("systemd-analyze")
+            .args(["verify", "--man=no"])
+            .arg(unit)
+            .current_dir(dir.path())
+            .output()
+            .expect("systemd-analyze is installed (Debian systemd)");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            output.status.success() && said.trim().is_empty(),
+            "{}: {said}",
+            unit.display()
+        );
+    }
+}
+
+#[test]
+fn a_broken_unit_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let unit = dir.path().join("broken.service");
+    std::fs::write(
+        &unit,
+        format!("[Service]\nType=notify\nExecStart={BIN} run\nProtectSytem=strict\n"),
+    )
+    .unwrap();
+    let output = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&unit)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        said.contains("ProtectSytem"),
+        "the check would miss a typo: {said}"
+    );
+}
+
+/// `sluice run` under a fake service manager: READY=1 after its listeners are up, STOPPING=1
+/// when SIGTERM arrives.
+#[test]
+fn a_node_notifies_ready_and_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket_path = dir.path().join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let launcher = SluiceLauncher::new(BIN).unwrap();
+    let config = launcher
+        .write_file(
+            "node.yaml",
+            "runtime: {workers: 1, drain_timeout: 1s}\nlisteners:\n  admin: {address: '127.0.0.1:0'}\n",
+        )
+        .unwrap();
+    let mut node = launcher
+        .env("NOTIFY_SOCKET", socket_path.to_str().unwrap())
+        .arg("run")
+        .arg("--config")
+        .arg(config)
+        .spawn()
+        .expect("node starts");
+    let mut buffer = [0u8; 512];
+    let read = socket.recv(&mut buffer).expect("READY=1 within 20 s");
+    let message = String::from_utf8_lossy(&buffer[..read]).into_owned();
+    assert!(message.lines().any(|line| line == "READY=1"), "{message:?}");
+    // Ready means serving: the admin endpoint answers.
+    let admin = node.address("admin");
+    assert_eq!(
+        test_support::http_get(admin, "/healthz").unwrap().status,
+        200
+    );
+    node.signal(libc::SIGTERM);
+    let read = socket.recv(&mut buffer).expect("STOPPING=1 on SIGTERM");
+    let message = String::from_utf8_lossy(&buffer[..read]).into_owned();
+    assert!(
+        message.lines().any(|line| line == "STOPPING=1"),
+        "{message:?}"
+    );
+    assert!(node
+        .wait_exit(Duration::from_secs(10))
+        .is_some_and(|status| status.success()));
+}
