@@ -123,6 +123,15 @@ pub enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// A running node's, agent's or VM agent's state from its admin endpoint, in a few lines:
+    /// exit 0 when ready, 2 when not ready, 1 when it cannot be read.
+    Status {
+        /// The admin endpoint (`listeners.admin.address`; a VM agent's `--admin`).
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9901")]
+        admin: std::net::SocketAddr,
+        #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
     /// Validate a configuration file: print every error with its path and exit 2, or print "ok".
     CheckConfig {
         #[arg(value_name = "FILE")]

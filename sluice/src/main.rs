@@ -8,6 +8,7 @@ mod demo;
 mod logging;
 mod notify;
 mod policy_cmd;
+mod status_cmd;
 mod vm_agent;
 
 use std::process::ExitCode;
@@ -21,6 +22,7 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let addresses_file = cli.addresses_file.as_deref();
     match cli.command {
+        cli::Command::Status { admin, timeout } => status_cmd::run(admin, timeout),
         cli::Command::CheckConfig { file } => match sluice_config::load_file(&file) {
             Ok(_) => {
                 println!("ok");

@@ -67,7 +67,13 @@ fn rust_sources(dir: &Path, found: &mut Vec<PathBuf>) {
 fn every_metric_the_rules_use_is_exported() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut sources = Vec::new();
-    for crate_dir in ["dataplane", "controlplane", "vm-datapath", "ebpf", "foundation"] {
+    for crate_dir in [
+        "dataplane",
+        "controlplane",
+        "vm-datapath",
+        "ebpf",
+        "foundation",
+    ] {
         rust_sources(&root.join(crate_dir), &mut sources);
     }
     let text: String = sources
