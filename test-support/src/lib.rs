@@ -8,6 +8,7 @@ mod etcd;
 pub mod examples;
 mod grpc;
 mod http;
+pub mod metric_names;
 mod netns;
 mod netns_thread;
 mod ovs;
