@@ -1,7 +1,9 @@
-//! Packaging (issue 18, first slice): the systemd units in `deploy/systemd/` pass
-//! `systemd-analyze verify` (PID 1 here is not systemd, so units are checked offline), and every
-//! role speaks the `Type=notify` protocol they rely on: `READY=1` once it serves, `STOPPING=1`
-//! when it drains, on the datagram socket named by `NOTIFY_SOCKET`.
+//! Packaging (issue 18): the systemd units in `deploy/systemd/` pass `systemd-analyze verify`
+//! (PID 1 here is not systemd, so units are checked offline); every role speaks the
+//! `Type=notify` protocol they rely on (`READY=1` once it serves, `STOPPING=1` when it drains, on
+//! the datagram socket named by `NOTIFY_SOCKET`); and the Debian package of
+//! `scripts/package-deb.sh` installs, and its node runs on the example config the way its unit
+//! would run it.
 #![allow(clippy::unwrap_used)]
 
 use std::os::unix::net::UnixDatagram;
@@ -134,4 +136,93 @@ fn a_node_notifies_ready_and_stopping() {
     assert!(node
         .wait_exit(Duration::from_secs(10))
         .is_some_and(|status| status.success()));
+}
+
+/// Purges the package when the test ends, whatever happened.
+struct Installed;
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let _ = Command::new("dpkg").args(["--purge", "sluice"]).output();
+    }
+}
+
+/// The value of `key=` in a unit file.
+fn unit_setting(unit: &str, key: &str) -> String {
+    unit.lines()
+        .find_map(|line| line.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key}= in the unit"))
+        .to_string()
+}
+
+/// systemd is not PID 1 here, so `systemctl start` cannot run the unit. Its `ExecStart` runs
+/// instead under `setpriv` with the unit's `User=`, `Group=`, `CapabilityBoundingSet=` and
+/// `NoNewPrivileges=` (the identity and privilege part of its sandbox; the filesystem
+/// protections need systemd itself).
+#[test]
+fn the_debian_package_installs_and_its_node_runs_as_its_unit_would() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED the_debian_package_installs...: installing a package needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/package-deb.sh");
+    let built = Command::new(script)
+        .args(["--binary", BIN, "--fast", "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{built:?}");
+    let deb = String::from_utf8_lossy(&built.stdout).trim().to_string();
+    let installed = Command::new("dpkg")
+        .args(["--install", &deb])
+        .output()
+        .unwrap();
+    let _purge = Installed;
+    assert!(installed.status.success(), "{installed:?}");
+
+    let passwd = Command::new("getent")
+        .args(["passwd", "sluice"])
+        .output()
+        .unwrap();
+    assert!(passwd.status.success(), "no sluice user");
+    let secret = std::fs::metadata("/etc/sluice/jwt.secret").unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&secret.permissions()) & 0o777,
+        0o640
+    );
+    let unit = std::fs::read_to_string("/lib/systemd/system/sluice-node.service").unwrap();
+    let exec: Vec<String> = unit_setting(&unit, "ExecStart")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(exec[0], "/usr/bin/sluice");
+    let capabilities: Vec<String> = unit_setting(&unit, "CapabilityBoundingSet")
+        .split_whitespace()
+        .map(|cap| format!("+{}", cap.trim_start_matches("CAP_").to_lowercase()))
+        .collect();
+    assert_eq!(unit_setting(&unit, "NoNewPrivileges"), "yes");
+    let mut node = Command::new("setpriv")
+        .arg(format!("--reuid={}", unit_setting(&unit, "User")))
+        .arg(format!("--regid={}", unit_setting(&unit, "Group")))
+        .args(["--init-groups", "--no-new-privs", "--inh-caps=-all"])
+        .arg(format!("--bounding-set=-all,{}", capabilities.join(",")))
+        .args(&exec)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let admin: std::net::SocketAddr = "127.0.0.1:9901".parse().unwrap();
+    let ready = test_support::wait_until(Duration::from_secs(20), || {
+        test_support::http_get(admin, "/readyz").is_ok_and(|answer| answer.status == 200)
+    });
+    unsafe { libc::kill(node.id() as i32, libc::SIGTERM) };
+    let output = node.wait_with_output().unwrap();
+    assert!(
+        ready,
+        "the packaged node never became ready: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{output:?}");
 }
