@@ -10,20 +10,22 @@ use sluice_gateway::identity::{strip_client_identity, write_impersonation_header
 use sluice_gateway::status::GatewayError;
 
 /// Hop-by-hop headers (RFC 9110 7.6.1) and `host` (HTTP/2 carries it as :authority).
+const HOP_BY_HOP: [&str; 10] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+];
+
+/// Whether `name` is one of [`HOP_BY_HOP`].
 pub fn is_hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "host"
-    )
+    HOP_BY_HOP.contains(&name.as_str())
 }
 
 /// Appends every end-to-end header of `from` to `to`.
@@ -33,6 +35,16 @@ pub fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
             to.append(name.clone(), value.clone());
         }
     }
+}
+
+/// The response head's headers sent to the client: the upstream's end-to-end headers, taken
+/// from the upstream's map in place rather than copied into a new one (names keep their values
+/// in order; the order between different names may change, which HTTP gives no meaning).
+pub fn response_headers(mut upstream: HeaderMap) -> HeaderMap {
+    for name in HOP_BY_HOP {
+        upstream.remove(name);
+    }
+    upstream
 }
 
 /// The client's bearer token (`Authorization: Bearer <token>`, scheme in any case), if any.
