@@ -2,6 +2,7 @@
 //! impersonation request, dispatch, flow control, upstream pick. Each may end the request with
 //! a [`ProxyError`]; the pure decisions are `sluice-gateway`'s and `upstream.rs`'s.
 
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -22,8 +23,9 @@ pub struct Admitted {
     pub cluster: usize,
     /// Index into the cluster's servers.
     pub server: usize,
-    /// Who the apiserver will see (impersonated).
-    pub user: UserInfo,
+    /// Who the apiserver will see (impersonated); shared with the cache or connection it came
+    /// from, not copied per request.
+    pub user: Rc<UserInfo>,
     pub permit: FlowPermit,
 }
 
@@ -96,7 +98,7 @@ impl GatewayHandler {
         generation: &Generation,
         cluster: usize,
         headers: &HeaderMap,
-    ) -> Result<UserInfo, ProxyError> {
+    ) -> Result<Rc<UserInfo>, ProxyError> {
         if let Some(user) = &client.certificate_user {
             return Ok(user.clone());
         }
@@ -119,7 +121,7 @@ impl GatewayHandler {
             return user.ok_or(GatewayError::Unauthorized.into());
         }
         if compiled.authentication.allow_anonymous {
-            Ok(UserInfo::anonymous())
+            Ok(self.anonymous.clone())
         } else {
             Err(GatewayError::Unauthorized.into())
         }
@@ -131,9 +133,9 @@ impl GatewayHandler {
         &self,
         generation: &Generation,
         cluster: usize,
-        authenticated: UserInfo,
+        authenticated: Rc<UserInfo>,
         headers: &HeaderMap,
-    ) -> Result<UserInfo, ProxyError> {
+    ) -> Result<Rc<UserInfo>, ProxyError> {
         let Some(requested) = requested_impersonation(headers).map_err(GatewayError::from)? else {
             return Ok(authenticated);
         };
@@ -153,7 +155,7 @@ impl GatewayHandler {
                 .into());
             }
         }
-        Ok(requested)
+        Ok(Rc::new(requested))
     }
 }
 

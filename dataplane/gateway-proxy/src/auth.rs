@@ -20,6 +20,7 @@ use crate::review::{
     access_allowed, access_review, review, token_review, token_verdict, TokenVerdict,
     ACCESS_REVIEW_PATH, TOKEN_REVIEW_PATH,
 };
+use crate::review_key::{KeyView, ReviewKey};
 use crate::state::Generation;
 
 /// Entries each segment of a core's cache may hold (see [`ReviewCache`]).
@@ -29,8 +30,8 @@ const FAILURE_SOURCES_LIMIT: usize = 10_000;
 /// Bearer tokens longer than this are refused without asking the apiserver.
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
 
-/// (cluster, what was asked) -> the answer.
-type ReviewKey = (u64, String);
+/// Reviews in flight by what they ask: the event wakes the requests waiting for the answer.
+type PendingReviews = HashMap<ReviewKey, Rc<event_listener::Event>>;
 
 /// Whether a cached answer is one worth keeping under pressure: a user, an allowed check.
 pub trait Verdict {
@@ -75,7 +76,7 @@ impl<V: Verdict> ReviewCache<V> {
     }
 
     /// The answer for `key` unless it expired by `now`.
-    fn get(&self, key: &ReviewKey, now: Instant) -> Option<&V> {
+    fn get(&self, key: &dyn KeyView, now: Instant) -> Option<&V> {
         self.good
             .get(key)
             .or_else(|| self.bad.get(key))
@@ -187,7 +188,7 @@ pub struct CoreAuth {
     /// Reviews in flight: later requests for the same token wait for the first one's answer
     /// instead of sending their own (a burst of new clients must not become a burst of
     /// TokenReviews).
-    pending: RefCell<HashMap<ReviewKey, Rc<event_listener::Event>>>,
+    pending: RefCell<PendingReviews>,
     /// TokenReviews in flight on this core.
     reviewing: Rc<Cell<u32>>,
     /// Rejected tokens per source address.
@@ -205,7 +206,7 @@ impl Drop for ReviewSlot {
 
 /// Wakes the requests waiting on a review, however it ends.
 struct PendingReview<'a> {
-    pending: &'a RefCell<HashMap<ReviewKey, Rc<event_listener::Event>>>,
+    pending: &'a RefCell<PendingReviews>,
     key: ReviewKey,
 }
 
@@ -230,7 +231,7 @@ impl CoreAuth {
         (cluster, source): (usize, IpAddr),
         token: &str,
         (metrics, worker): (&crate::metrics::GatewayMetrics, usize),
-    ) -> Result<Option<UserInfo>, ProxyError> {
+    ) -> Result<Option<Rc<UserInfo>>, ProxyError> {
         let (hits, misses) = (&metrics.auth_cache_hits, &metrics.auth_cache_misses);
         let compiled = &generation.snapshot.clusters()[cluster];
         let settings = &compiled.authentication;
@@ -238,13 +239,18 @@ impl CoreAuth {
             settings.failed_token_review_burst,
             settings.failed_token_reviews_per_minute,
         );
-        let key = (cluster_key(generation, cluster), token.to_string());
+        // Borrowed for the lookups; copied only when this request asks the apiserver itself.
+        let asked = (cluster_key(generation, cluster), token);
         let _review = loop {
-            if let Some(verdict) = self.tokens.borrow().get(&key, Instant::now()) {
+            if let Some(verdict) = self.tokens.borrow().get(&asked, Instant::now()) {
                 hits.inc(worker);
-                return Ok(verdict.clone().into_user());
+                return Ok(verdict.user());
             }
-            let waiting = self.pending.borrow().get(&key).map(|event| event.listen());
+            let waiting = self
+                .pending
+                .borrow()
+                .get(&asked as &dyn KeyView)
+                .map(|event| event.listen());
             match waiting {
                 // Another request of this core is asking: wait, then read the cache again
                 // (if that review failed, this request asks itself).
@@ -263,12 +269,13 @@ impl CoreAuth {
                         }
                         .into());
                     }
+                    let key = (asked.0, token.to_string());
                     self.pending
                         .borrow_mut()
                         .insert(key.clone(), Rc::new(event_listener::Event::new()));
                     break PendingReview {
                         pending: &self.pending,
-                        key: key.clone(),
+                        key,
                     };
                 }
             }
@@ -296,10 +303,29 @@ impl CoreAuth {
                 .borrow_mut()
                 .record_failure(source, limits, Instant::now());
         }
+        let user = verdict.user();
+        let key = (asked.0, token.to_string());
         self.tokens
             .borrow_mut()
-            .insert(key, verdict.clone(), ttl, Instant::now());
-        Ok(verdict.into_user())
+            .insert(key, verdict, ttl, Instant::now());
+        Ok(user)
+    }
+
+    /// Caches `user` for `token` as a TokenReview answer would (tests drive cache hits).
+    #[cfg(test)]
+    pub fn remember_token(
+        &self,
+        generation: &Generation,
+        cluster: usize,
+        token: &str,
+        user: UserInfo,
+    ) {
+        let key = (cluster_key(generation, cluster), token.to_string());
+        let verdict = TokenVerdict::User(Rc::new(user));
+        let ttl = Duration::from_secs(3600);
+        self.tokens
+            .borrow_mut()
+            .insert(key, verdict, ttl, Instant::now());
     }
 
     /// Whether `user` may impersonate what `check` names (SubjectAccessReview, cached).
@@ -408,7 +434,7 @@ mod tests {
             token_review_failure_ttl: Duration::from_secs(10),
             ..Authentication::default()
         };
-        let user = TokenVerdict::User(UserInfo::new("bob", &[]));
+        let user = TokenVerdict::User(UserInfo::new("bob", &[]).into());
         assert_eq!(verdict_ttl(&user, &settings), Duration::from_secs(600));
         assert_eq!(
             verdict_ttl(&TokenVerdict::Rejected, &settings),
@@ -509,7 +535,7 @@ mod tests {
     fn a_flood_of_rejected_tokens_never_evicts_a_users_verdict() {
         let now = Instant::now();
         let mut cache = ReviewCache::with_limit(4);
-        let alice = TokenVerdict::User(UserInfo::new("alice", &[]));
+        let alice = TokenVerdict::User(UserInfo::new("alice", &[]).into());
         cache.insert(
             key("a", "good"),
             alice.clone(),

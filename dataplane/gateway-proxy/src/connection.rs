@@ -118,7 +118,8 @@ impl GatewayHandler {
         let certificate_user = session
             .peer_certificates()
             .and_then(|chain| chain.first())
-            .and_then(|der| user_from_certificate(der).ok());
+            .and_then(|der| user_from_certificate(der).ok())
+            .map(Rc::new);
         let http2 = session.alpn_protocol() == Some(sluice_grpc::tls::ALPN_H2);
         let client = Rc::new(ClientConnection {
             cluster: accepted.generation.snapshot.clusters()[accepted.cluster]

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::request::Parts;
+use http::Response;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use sluice_gateway::request_info::RequestInfo;
@@ -14,7 +15,7 @@ use crate::admit::Admitted;
 use crate::body::{Held, InFlight, ProxyBody};
 use crate::error::{ProxyError, UpstreamFailure};
 use crate::handler::GatewayHandler;
-use crate::headers::{copy_end_to_end, upstream_headers, upstream_request};
+use crate::headers::{response_headers, upstream_headers, upstream_request};
 use crate::state::Generation;
 
 impl GatewayHandler {
@@ -23,7 +24,8 @@ impl GatewayHandler {
         generation: &Arc<Generation>,
         admitted: Admitted,
         info: &RequestInfo<'_>,
-        request: Request<Incoming>,
+        parts: &Parts,
+        body: Incoming,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let Admitted {
             cluster,
@@ -49,9 +51,8 @@ impl GatewayHandler {
             )
             .await
             .map_err(upstream_failed)?;
-        let (parts, body) = request.into_parts();
         let headers = upstream_headers(&parts.headers, &user, runtime.bearer.as_ref())?;
-        let upstream = upstream_request(&parts, server, headers)?;
+        let upstream = upstream_request(parts, server, headers)?;
         let mut send = send
             .ready()
             .await
@@ -78,7 +79,7 @@ impl GatewayHandler {
             }),
         });
         *answer.status_mut() = head.status;
-        copy_end_to_end(&head.headers, answer.headers_mut());
+        *answer.headers_mut() = response_headers(head.headers);
         tracing::debug!(cluster = %compiled.name, user = %user.name, verb = info.verb.as_str(), path = info.path, server = %server.endpoint, status = head.status.as_u16(), "forwarded");
         Ok(answer)
     }

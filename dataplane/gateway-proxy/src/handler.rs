@@ -13,6 +13,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
+use http::request::Parts;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use sluice_gateway::flow_control::{CoreFlowControl, CoreShare};
@@ -33,8 +34,6 @@ const COUNTER_CACHE_LIMIT: usize = 2_000;
 
 /// Flow-control state per cluster, for the generation (number) it was built for.
 type FlowStates = Option<(u64, HashMap<Box<str>, Rc<CoreFlowControl>>)>;
-/// (cluster, verb, resource, code) -> this core's cached request counter.
-type CounterCache = HashMap<(Box<str>, &'static str, Box<str>, u16), PerCoreCounter>;
 
 /// One core's gateway state: never shared with other cores.
 pub struct GatewayHandler {
@@ -48,6 +47,8 @@ pub struct GatewayHandler {
     /// Round-robin cursor per (cluster, policy).
     pub round_robin: RefCell<RoundRobin>,
     counters: RefCell<CounterCache>,
+    /// `system:anonymous`, made once per core and shared by every anonymous request.
+    pub anonymous: Rc<UserInfo>,
     /// This core's budget of refusal log lines.
     refusal_logs: RefCell<crate::answer::LogBudget>,
 }
@@ -57,15 +58,15 @@ pub struct ClientConnection {
     pub cluster: Box<str>,
     /// The client's address (rejected bearer tokens are limited per address).
     pub peer: std::net::IpAddr,
-    /// From a client certificate the cluster's client CA verified.
-    pub certificate_user: Option<UserInfo>,
+    /// From a client certificate the cluster's client CA verified (shared by its requests).
+    pub certificate_user: Option<Rc<UserInfo>>,
 }
 
 /// A request's info, decided on its decoded path (as the apiserver will see it); a path that
 /// does not decode to exactly one path, or that the apiserver cannot interpret, is a 400.
 pub fn request_info<'a>(
     method: &str,
-    decoded: &'a Result<String, PathError>,
+    decoded: &'a Result<Cow<'_, str>, PathError>,
     query: &'a str,
 ) -> Result<RequestInfo<'a>, GatewayError> {
     let path = decoded
@@ -74,16 +75,16 @@ pub fn request_info<'a>(
     RequestInfo::parse(method, path, query).map_err(GatewayError::from)
 }
 
-/// The decoded path of a raw one (see [`request_info`]).
-pub fn decoded_path(raw: &str) -> Result<String, PathError> {
-    decode_path(raw).map(Cow::into_owned)
+/// The decoded path of a raw one (see [`request_info`]): borrowed unless it had escapes.
+pub fn decoded_path(raw: &str) -> Result<Cow<'_, str>, PathError> {
+    decode_path(raw)
 }
 
 /// The verb and resource labels of a request (`unknown` when its path did not parse).
-pub fn request_labels(info: &Result<RequestInfo<'_>, GatewayError>) -> (&'static str, String) {
+pub fn request_labels<'a>(info: &Result<RequestInfo<'a>, GatewayError>) -> (&'static str, &'a str) {
     match info {
-        Ok(info) => (info.verb.as_str(), info.resource.to_string()),
-        Err(_) => ("unknown", String::new()),
+        Ok(info) => (info.verb.as_str(), info.resource),
+        Err(_) => ("unknown", ""),
     }
 }
 
@@ -109,6 +110,7 @@ impl GatewayHandler {
             flow: RefCell::new(None),
             round_robin: RefCell::default(),
             counters: RefCell::default(),
+            anonymous: Rc::new(UserInfo::anonymous()),
             refusal_logs: RefCell::default(),
         }
     }
@@ -121,19 +123,20 @@ impl GatewayHandler {
     ) -> Response<ProxyBody> {
         let started = Instant::now();
         let generation = self.gateway.current();
-        let method = request.method().clone();
-        let path = request.uri().path().to_string();
-        let query = request.uri().query().unwrap_or("").to_string();
-        let decoded = decoded_path(&path);
-        let info = request_info(method.as_str(), &decoded, &query);
+        // The path and query are read where the request holds them: parts and body travel
+        // apart so that nothing is copied to outlive the request.
+        let (parts, body) = request.into_parts();
+        let (method, path) = (&parts.method, parts.uri.path());
+        let decoded = decoded_path(path);
+        let info = request_info(method.as_str(), &decoded, parts.uri.query().unwrap_or(""));
         let (verb, resource) = request_labels(&info);
         let outcome = match info {
-            Ok(info) => self.proxy(client, &generation, &info, request).await,
+            Ok(info) => self.proxy(client, &generation, &info, &parts, body).await,
             Err(error) => Err(error.into()),
         };
-        let resource = resource_label(&resource, outcome.as_ref().err());
+        let resource = resource_label(resource, outcome.as_ref().err());
         let response = outcome.unwrap_or_else(|error| {
-            self.refuse(&error, client, method.as_str(), &path);
+            self.refuse(&error, client, method.as_str(), path);
             crate::answer::response(&error)
         });
         self.finish(
@@ -151,12 +154,11 @@ impl GatewayHandler {
         client: &ClientConnection,
         generation: &Arc<Generation>,
         info: &RequestInfo<'_>,
-        request: Request<Incoming>,
+        parts: &Parts,
+        body: Incoming,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let admitted = self
-            .admit(client, generation, info, request.headers())
-            .await?;
-        self.forward(generation, admitted, info, request).await
+        let admitted = self.admit(client, generation, info, &parts.headers).await?;
+        self.forward(generation, admitted, info, parts, body).await
     }
 
     /// Counts and logs a refusal (the client's answer is built by the caller from the same
@@ -187,16 +189,13 @@ impl GatewayHandler {
 
     fn count(&self, cluster: &str, verb: &'static str, resource: &str, code: u16) {
         let mut counters = self.counters.borrow_mut();
-        let key = (Box::from(cluster), verb, Box::from(resource), code);
-        if let Some(counter) = counters.get(&key) {
+        if let Some(counter) = counters.get(cluster, verb, resource, code) {
             counter.inc(self.worker);
             return;
         }
         let counter = self.gateway.metrics.requests(cluster, verb, resource, code);
         counter.inc(self.worker);
-        if counters.len() < COUNTER_CACHE_LIMIT {
-            counters.insert(key, counter);
-        }
+        counters.insert(cluster, verb, resource, code, counter);
     }
 
     /// This core's flow-control state for `cluster` in `generation` (rebuilt once per reload,
@@ -227,6 +226,55 @@ impl GatewayHandler {
         flow.as_ref()
             .and_then(|(_, states)| states.get(&compiled.name).cloned())
             .unwrap_or_else(|| Rc::new(CoreFlowControl::new(&compiled.schemas, self.share, None)))
+    }
+}
+
+/// One cluster's counters for one (verb, code), by resource.
+type ResourceCounters = HashMap<Box<str>, PerCoreCounter>;
+
+/// (verb, code) -> cluster -> resource -> this core's cached request counter: nested so that a
+/// lookup borrows the request's `&str`s instead of building an owned key per request.
+#[derive(Default)]
+struct CounterCache {
+    counters: HashMap<(&'static str, u16), HashMap<Box<str>, ResourceCounters>>,
+    len: usize,
+}
+
+impl CounterCache {
+    fn get(
+        &self,
+        cluster: &str,
+        verb: &'static str,
+        resource: &str,
+        code: u16,
+    ) -> Option<&PerCoreCounter> {
+        self.counters
+            .get(&(verb, code))?
+            .get(cluster)?
+            .get(resource)
+    }
+
+    /// Keeps `counter` unless the cache is full (a miss then costs a family lookup).
+    fn insert(
+        &mut self,
+        cluster: &str,
+        verb: &'static str,
+        resource: &str,
+        code: u16,
+        counter: PerCoreCounter,
+    ) {
+        if self.len >= COUNTER_CACHE_LIMIT {
+            return;
+        }
+        let resources = self
+            .counters
+            .entry((verb, code))
+            .or_default()
+            .entry(Box::from(cluster))
+            .or_default();
+        if resources.insert(Box::from(resource), counter).is_none() {
+            self.len += 1;
+        }
     }
 }
 

@@ -4,26 +4,29 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
+use http::uri::{self, Scheme, Uri};
 use http::Request;
 use sluice_gateway::cluster::CompiledServer;
 use sluice_gateway::identity::{strip_client_identity, write_impersonation_headers, UserInfo};
 use sluice_gateway::status::GatewayError;
 
 /// Hop-by-hop headers (RFC 9110 7.6.1) and `host` (HTTP/2 carries it as :authority).
+const HOP_BY_HOP: [&str; 10] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+];
+
+/// Whether `name` is one of [`HOP_BY_HOP`].
 pub fn is_hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "host"
-    )
+    HOP_BY_HOP.contains(&name.as_str())
 }
 
 /// Appends every end-to-end header of `from` to `to`.
@@ -33,6 +36,16 @@ pub fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
             to.append(name.clone(), value.clone());
         }
     }
+}
+
+/// The response head's headers sent to the client: the upstream's end-to-end headers, taken
+/// from the upstream's map in place rather than copied into a new one (names keep their values
+/// in order; the order between different names may change, which HTTP gives no meaning).
+pub fn response_headers(mut upstream: HeaderMap) -> HeaderMap {
+    for name in HOP_BY_HOP {
+        upstream.remove(name);
+    }
+    upstream
 }
 
 /// The client's bearer token (`Authorization: Bearer <token>`, scheme in any case), if any.
@@ -87,23 +100,54 @@ pub fn upstream_request(
     server: &CompiledServer,
     headers: HeaderMap,
 ) -> Result<Request<()>, GatewayError> {
+    let uri = match reused_uri(parts, server) {
+        Some(uri) => uri,
+        None => formatted_uri(parts, server)?,
+    };
+    let mut request = Request::new(());
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = uri;
+    *request.headers_mut() = headers;
+    Ok(request)
+}
+
+/// The upstream URI from parts already parsed (the server's authority, the client's path and
+/// query), shared rather than formatted and parsed again per request. `None` unless that gives
+/// exactly what [`formatted_uri`] would: an authority written `host:port` and an origin-form
+/// path.
+fn reused_uri(parts: &Parts, server: &CompiledServer) -> Option<Uri> {
+    let authority = server.uri.authority()?;
+    let written_as_formatted = authority.host() == &*server.host
+        && authority.port_u16() == Some(server.port)
+        && authority.as_str().len() == server.host.len() + 1 + authority.port()?.as_str().len();
+    let path_and_query = parts.uri.path_and_query()?;
+    if !written_as_formatted || !path_and_query.as_str().starts_with('/') {
+        return None;
+    }
+    let mut uri = uri::Parts::default();
+    uri.scheme = Some(if server.tls {
+        Scheme::HTTPS
+    } else {
+        Scheme::HTTP
+    });
+    uri.authority = Some(authority.clone());
+    uri.path_and_query = Some(path_and_query.clone());
+    Uri::from_parts(uri).ok()
+}
+
+/// The upstream URI written out and parsed: `scheme://host:port` and the client's path and
+/// query (`/` when it has none).
+fn formatted_uri(parts: &Parts, server: &CompiledServer) -> Result<Uri, GatewayError> {
     let scheme = if server.tls { "https" } else { "http" };
     let path_and_query = parts
         .uri
         .path_and_query()
         .map_or("/", |path_and_query| path_and_query.as_str());
-    let mut request = Request::builder()
-        .method(parts.method.clone())
-        .uri(format!(
-            "{scheme}://{}:{}{path_and_query}",
-            server.host, server.port
-        ))
-        .body(())
-        .map_err(|error| GatewayError::BadRequest {
+    format!("{scheme}://{}:{}{path_and_query}", server.host, server.port)
+        .parse()
+        .map_err(|error: uri::InvalidUri| GatewayError::BadRequest {
             reason: error.to_string(),
-        })?;
-    *request.headers_mut() = headers;
-    Ok(request)
+        })
 }
 
 #[cfg(test)]
@@ -237,5 +281,33 @@ mod tests {
         };
         let request = upstream_request(&parts, &plain, HeaderMap::new()).unwrap();
         assert_eq!(request.uri().scheme_str(), Some("http"));
+    }
+
+    #[test]
+    fn the_upstream_uri_is_the_same_reused_or_formatted() {
+        let endpoints = [
+            ("https://10.0.0.1:6443", 6443),
+            ("https://api.example.com", 443),
+            ("http://user@h:8080", 8080),
+            ("http://h:80", 80),
+        ];
+        for (endpoint, port) in endpoints {
+            let uri: Uri = endpoint.parse().unwrap();
+            let server = CompiledServer {
+                endpoint: endpoint.into(),
+                tls: uri.scheme_str() != Some("http"),
+                host: uri.host().unwrap().into(),
+                port,
+                uri,
+                disabled: false,
+            };
+            for path in ["/api/v1/pods?limit=1", "/", "/healthz"] {
+                let (parts, ()) = Request::get(path).body(()).unwrap().into_parts();
+                let formatted = formatted_uri(&parts, &server).unwrap();
+                let request = upstream_request(&parts, &server, HeaderMap::new()).unwrap();
+                assert_eq!(request.uri(), &formatted, "{endpoint}{path}");
+                assert_eq!(request.uri().to_string(), formatted.to_string());
+            }
+        }
     }
 }

@@ -28,9 +28,12 @@ mod handler;
 mod headers;
 mod health;
 mod metrics;
+#[cfg(test)]
+mod no_allocation;
 mod pool;
 mod reload;
 mod review;
+mod review_key;
 mod state;
 mod tls;
 mod upgrade;

@@ -3,6 +3,7 @@
 //! reading the answers are plain functions; `post_json` is the only I/O.
 
 use std::future::poll_fn;
+use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -25,14 +26,15 @@ const EXCERPT_BYTES: usize = 200;
 /// What a TokenReview said about a token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenVerdict {
-    User(UserInfo),
+    /// Shared: every cache hit hands the same user to its request without copying it.
+    User(Rc<UserInfo>),
     Rejected,
 }
 
 impl TokenVerdict {
-    pub fn into_user(self) -> Option<UserInfo> {
+    pub fn user(&self) -> Option<Rc<UserInfo>> {
         match self {
-            TokenVerdict::User(user) => Some(user),
+            TokenVerdict::User(user) => Some(user.clone()),
             TokenVerdict::Rejected => None,
         }
     }
@@ -69,7 +71,7 @@ pub fn token_verdict(answer: &Value) -> TokenVerdict {
     if name.is_empty() {
         return TokenVerdict::Rejected;
     }
-    TokenVerdict::User(UserInfo {
+    TokenVerdict::User(Rc::new(UserInfo {
         name,
         uid: user["uid"].as_str().unwrap_or_default().to_string(),
         groups: strings(&user["groups"]),
@@ -82,7 +84,7 @@ pub fn token_verdict(answer: &Value) -> TokenVerdict {
                     .collect()
             })
             .unwrap_or_default(),
-    })
+    }))
 }
 
 /// The SubjectAccessReview object asking whether `user` may impersonate what `check` names.

@@ -238,7 +238,7 @@ impl GatewayHandler {
             }
             Err(error) => Err(error.into()),
         };
-        let resource = crate::handler::resource_label(&labels.1, outcome.as_ref().err());
+        let resource = crate::handler::resource_label(labels.1, outcome.as_ref().err());
         let code = match outcome {
             Ok(status) => status,
             Err(error) => {

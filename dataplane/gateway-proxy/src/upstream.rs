@@ -20,10 +20,11 @@ pub fn first_usable(servers: &[CompiledServer], health: &[Arc<ServerHealth>]) ->
     (0..servers.len()).find(|&index| is_usable(servers, health, index))
 }
 
-/// This core's round-robin cursors, by (cluster, policy).
+/// This core's round-robin cursors, by cluster then policy (nested so that a lookup borrows the
+/// names instead of building an owned key per request).
 #[derive(Debug, Default)]
 pub struct RoundRobin {
-    cursors: HashMap<(Box<str>, Box<str>), usize>,
+    cursors: HashMap<Box<str>, HashMap<Box<str>, usize>>,
 }
 
 impl RoundRobin {
@@ -36,20 +37,40 @@ impl RoundRobin {
         servers: &[CompiledServer],
         health: &[Arc<ServerHealth>],
     ) -> Option<usize> {
-        let usable: Vec<usize> = candidates
-            .iter()
-            .copied()
-            .filter(|&index| is_usable(servers, health, index))
-            .collect();
-        if usable.is_empty() {
+        // Two passes over the candidates instead of collecting the usable ones: no allocation
+        // per request.
+        let usable = || {
+            candidates
+                .iter()
+                .copied()
+                .filter(|&index| is_usable(servers, health, index))
+        };
+        let count = usable().count();
+        if count == 0 {
             return None;
         }
-        let cursor = self
+        let cursor = self.advance(cluster, policy);
+        // The health checker may have taken a server out between the passes: then the first
+        // one still usable (or none).
+        usable().nth(cursor % count).or_else(|| usable().next())
+    }
+
+    /// Moves the (cluster, policy) cursor on and returns it; the names are copied only the
+    /// first time the pair is seen.
+    fn advance(&mut self, cluster: &str, policy: &str) -> usize {
+        let known = self
             .cursors
-            .entry((Box::from(cluster), Box::from(policy)))
-            .or_insert(0);
-        *cursor = cursor.wrapping_add(1);
-        Some(usable[*cursor % usable.len()])
+            .get_mut(cluster)
+            .and_then(|policies| policies.get_mut(policy));
+        if let Some(cursor) = known {
+            *cursor = cursor.wrapping_add(1);
+            return *cursor;
+        }
+        self.cursors
+            .entry(Box::from(cluster))
+            .or_default()
+            .insert(Box::from(policy), 1);
+        1
     }
 }
 
