@@ -202,7 +202,7 @@ fn the_debian_package_installs_and_its_node_runs_as_its_unit_would() {
         .map(|cap| format!("+{}", cap.trim_start_matches("CAP_").to_lowercase()))
         .collect();
     assert_eq!(unit_setting(&unit, "NoNewPrivileges"), "yes");
-    let mut node = Command::new("setpriv")
+    let node = Command::new("setpriv")
         .arg(format!("--reuid={}", unit_setting(&unit, "User")))
         .arg(format!("--regid={}", unit_setting(&unit, "Group")))
         .args(["--init-groups", "--no-new-privs", "--inh-caps=-all"])
