@@ -6,9 +6,18 @@
  * loader rewrites nothing.
  *
  * They never change a packet's fate: every path returns TC_ACT_UNSPEC (TCX_NEXT under TCX:
- * "carry on as if we were not here"). Headers are read with bpf_skb_load_bytes, which also
- * reaches headers outside the skb's linear area, so "malformed" means the frame really is too
- * short, never "the headers were in a paged fragment".
+ * "carry on as if we were not here").
+ *
+ * Two parsers giving the same answers (see docs/EBPF.md, Overhead):
+ * - parse_direct, the fast path: reads the headers straight from skb->data..skb->data_end (the
+ *   skb's linear area), no helper calls. It handles Ethernet, one VLAN tag, IPv4 (any ihl), IPv6
+ *   without extension headers and the TCP/UDP/ICMP headers, which is nearly every frame. It
+ *   never calls a frame malformed for being short: a header that does not fit in the linear
+ *   area may still be in a paged fragment, so it gives up (PARSE_SLOW) instead.
+ * - parse_slow, the fallback: reads with bpf_skb_load_bytes, which also reaches headers outside
+ *   the linear area and fails only past skb->len, so "malformed" means the frame really is too
+ *   short, never "the headers were in a paged fragment". It also walks IPv6 extension headers.
+ * Content checks (IP version, ihl, doff) are the same in both; only length decides who answers.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -62,6 +71,14 @@ struct {
 	__type(value, __u64);
 } sluice_errors SEC(".maps");
 
+/*
+ * Number of listeners in sluice_ports, set by the loader (EbpfLoader::override_global) before
+ * programs are loaded. .rodata is frozen, so the verifier sees a constant: with no listener
+ * (the VM agent registers none) it removes the sluice_ports lookup from the program altogether.
+ * volatile: without it clang would fold the 0 below into the code.
+ */
+volatile const __u32 sluice_listener_count = 0;
+
 /* What the parser learnt about one frame. */
 struct parsed {
 	__u8 protocol;
@@ -71,14 +88,18 @@ struct parsed {
 	__u16 dport; /* host byte order */
 };
 
-static __always_inline void parse_l4(struct __sk_buff *skb, __u32 off, __u8 proto,
-				     int later_fragment, struct parsed *p)
+static __always_inline __u8 protocol_label(__u8 proto)
 {
 	if (proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_ICMP ||
 	    proto == IPPROTO_ICMPV6)
-		p->protocol = proto;
-	else
-		p->protocol = SLUICE_PROTO_OTHER;
+		return proto;
+	return SLUICE_PROTO_OTHER;
+}
+
+static __always_inline void slow_l4(struct __sk_buff *skb, __u32 off, __u8 proto,
+				     int later_fragment, struct parsed *p)
+{
+	p->protocol = protocol_label(proto);
 	/* A fragment after the first carries no L4 header: count it, parse nothing. */
 	if (later_fragment)
 		return;
@@ -106,7 +127,7 @@ static __always_inline void parse_l4(struct __sk_buff *skb, __u32 off, __u8 prot
 	}
 }
 
-static __always_inline void parse_ipv4(struct __sk_buff *skb, __u32 off, struct parsed *p)
+static __always_inline void slow_ipv4(struct __sk_buff *skb, __u32 off, struct parsed *p)
 {
 	struct iphdr ip;
 	if (bpf_skb_load_bytes(skb, off, &ip, sizeof(ip)) < 0 || ip.version != 4 || ip.ihl < 5) {
@@ -114,10 +135,10 @@ static __always_inline void parse_ipv4(struct __sk_buff *skb, __u32 off, struct 
 		return;
 	}
 	int later_fragment = (bpf_ntohs(ip.frag_off) & 0x1fff) != 0;
-	parse_l4(skb, off + ip.ihl * 4, ip.protocol, later_fragment, p);
+	slow_l4(skb, off + ip.ihl * 4, ip.protocol, later_fragment, p);
 }
 
-static __always_inline void parse_ipv6(struct __sk_buff *skb, __u32 off, struct parsed *p)
+static __always_inline void slow_ipv6(struct __sk_buff *skb, __u32 off, struct parsed *p)
 {
 	struct ipv6hdr ip6;
 	if (bpf_skb_load_bytes(skb, off, &ip6, sizeof(ip6)) < 0 || ip6.version != 6) {
@@ -152,7 +173,7 @@ static __always_inline void parse_ipv6(struct __sk_buff *skb, __u32 off, struct 
 			p->protocol = SLUICE_PROTO_OTHER;
 			return;
 		} else {
-			parse_l4(skb, off, next, later_fragment, p);
+			slow_l4(skb, off, next, later_fragment, p);
 			return;
 		}
 	}
@@ -164,7 +185,7 @@ truncated:
 	p->malformed = 1;
 }
 
-static __always_inline void parse(struct __sk_buff *skb, struct parsed *p)
+static __always_inline void parse_slow(struct __sk_buff *skb, struct parsed *p)
 {
 	struct ethhdr eth;
 	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0) {
@@ -184,9 +205,106 @@ static __always_inline void parse(struct __sk_buff *skb, struct parsed *p)
 		off += sizeof(vlan);
 	}
 	if (proto == bpf_htons(ETH_P_IP))
-		parse_ipv4(skb, off, p);
+		slow_ipv4(skb, off, p);
 	else if (proto == bpf_htons(ETH_P_IPV6))
-		parse_ipv6(skb, off, p);
+		slow_ipv6(skb, off, p);
+}
+
+/* parse_direct's verdicts. */
+#define PARSE_DONE 0
+#define PARSE_SLOW 1
+
+/* The L4 header at l4, in the linear area as far as IP goes; same checks as slow_l4. */
+static __always_inline int direct_l4(void *l4, void *data_end, __u8 proto, int later_fragment,
+				     struct parsed *p)
+{
+	p->protocol = protocol_label(proto);
+	if (later_fragment)
+		return PARSE_DONE;
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *tcp = l4;
+		if ((void *)(tcp + 1) > data_end)
+			return PARSE_SLOW;
+		if (tcp->doff < 5) {
+			p->malformed = 1;
+			return PARSE_DONE;
+		}
+		p->syn = tcp->syn && !tcp->ack;
+		p->dport = bpf_ntohs(tcp->dest);
+		p->has_dport = 1;
+	} else if (proto == IPPROTO_UDP) {
+		struct udphdr *udp = l4;
+		if ((void *)(udp + 1) > data_end)
+			return PARSE_SLOW;
+		p->dport = bpf_ntohs(udp->dest);
+		p->has_dport = 1;
+	} else if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6) {
+		/* type, code, checksum: only their presence is checked */
+		if (l4 + 4 > data_end)
+			return PARSE_SLOW;
+	}
+	return PARSE_DONE;
+}
+
+/*
+ * The fast path: PARSE_DONE with *p filled in, or PARSE_SLOW when a header is not (entirely)
+ * in the linear area or is an IPv6 extension header; *p is then to be thrown away.
+ */
+static __always_inline int parse_direct(struct __sk_buff *skb, struct parsed *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return PARSE_SLOW;
+	__u16 proto = eth->h_proto;
+	void *l3 = eth + 1;
+	if (proto == ETH_P_8021Q_BE || proto == ETH_P_8021AD_BE) {
+		__u16 *vlan = l3;
+		if ((void *)(vlan + 2) > data_end)
+			return PARSE_SLOW;
+		proto = vlan[1];
+		l3 = vlan + 2;
+	}
+	if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = l3;
+		if ((void *)(ip + 1) > data_end)
+			return PARSE_SLOW;
+		if (ip->version != 4 || ip->ihl < 5) {
+			p->malformed = 1;
+			return PARSE_DONE;
+		}
+		int later_fragment = (bpf_ntohs(ip->frag_off) & 0x1fff) != 0;
+		/* ihl <= 15: a bounded variable offset, which the verifier accepts. */
+		return direct_l4(l3 + ip->ihl * 4, data_end, ip->protocol, later_fragment, p);
+	}
+	if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = l3;
+		if ((void *)(ip6 + 1) > data_end)
+			return PARSE_SLOW;
+		if (ip6->version != 6) {
+			p->malformed = 1;
+			return PARSE_DONE;
+		}
+		__u8 next = ip6->nexthdr;
+		/* Extension headers are rare: the slow path walks them. */
+		if (next == IPPROTO_HOPOPTS || next == IPPROTO_ROUTING || next == IPPROTO_DSTOPTS ||
+		    next == IPPROTO_AH || next == IPPROTO_FRAGMENT)
+			return PARSE_SLOW;
+		if (next == IPPROTO_NONE)
+			return PARSE_DONE; /* protocol stays SLUICE_PROTO_OTHER */
+		return direct_l4(ip6 + 1, data_end, next, 0, p);
+	}
+	return PARSE_DONE;
+}
+
+static __always_inline void parse(struct __sk_buff *skb, struct parsed *p)
+{
+	if (parse_direct(skb, p) == PARSE_DONE)
+		return;
+	/* Start over: parse_direct may have filled in part of *p. */
+	*p = (struct parsed){ .protocol = SLUICE_PROTO_OTHER };
+	parse_slow(skb, p);
 }
 
 static __always_inline void count_map_full(void)
@@ -242,7 +360,9 @@ static __always_inline int count(struct __sk_buff *skb, __u8 direction)
 		c->malformed += p.malformed;
 	}
 listener:
-	if (direction == SLUICE_DIR_INGRESS && p.has_dport)
+	/* Both conditions are constants to the verifier: egress and a listener-less load drop
+	 * this branch at load time. */
+	if (direction == SLUICE_DIR_INGRESS && sluice_listener_count != 0 && p.has_dport)
 		count_listener(skb, &p);
 	return TC_ACT_UNSPEC;
 }
