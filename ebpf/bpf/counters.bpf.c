@@ -9,14 +9,18 @@
  * "carry on as if we were not here").
  *
  * Two parsers giving the same answers (see docs/EBPF.md, Overhead):
- * - parse_direct, the fast path: reads the headers straight from skb->data..skb->data_end (the
- *   skb's linear area), no helper calls. It handles Ethernet, one VLAN tag, IPv4 (any ihl), IPv6
- *   without extension headers and the TCP/UDP/ICMP headers, which is nearly every frame. It
- *   never calls a frame malformed for being short: a header that does not fit in the linear
- *   area may still be in a paged fragment, so it gives up (PARSE_SLOW) instead.
- * - parse_slow, the fallback: reads with bpf_skb_load_bytes, which also reaches headers outside
- *   the linear area and fails only past skb->len, so "malformed" means the frame really is too
- *   short, never "the headers were in a paged fragment". It also walks IPv6 extension headers.
+ * - parse_headers, the fast path: reads Ethernet, one VLAN tag, IPv4 (any ihl), IPv6 without
+ *   extension headers and the TCP/UDP/ICMP header from memory, no helper call, bounds-checked
+ *   for the verifier. It runs first on the skb's linear area (skb->data..skb->data_end); when a
+ *   header goes past data_end (the rest is in a paged fragment: trafgen's and other zero-copy
+ *   senders' frames carry only the Ethernet header in the linear area) it runs again on a copy
+ *   of the first SLUICE_HDR_MAX bytes, made with one bpf_skb_load_bytes. It never calls a frame
+ *   malformed for being short (PARSE_SHORT) and leaves IPv6 extension headers (PARSE_WALK) to
+ *   the fallback.
+ * - parse_slow, the fallback: reads header by header with bpf_skb_load_bytes, which reaches
+ *   headers outside the linear area and fails only past skb->len, so "malformed" means the frame
+ *   really is too short, never "the headers were in a paged fragment". It walks IPv6 extension
+ *   headers.
  * Content checks (IP version, ihl, doff) are the same in both; only length decides who answers.
  */
 #include <linux/bpf.h>
@@ -72,7 +76,7 @@ struct {
 } sluice_errors SEC(".maps");
 
 /*
- * Number of listeners in sluice_ports, set by the loader (EbpfLoader::override_global) before
+ * Number of listeners in sluice_ports, set by the loader (EbpfLoader::override_global) before the
  * programs are loaded. .rodata is frozen, so the verifier sees a constant: with no listener
  * (the VM agent registers none) it removes the sluice_ports lookup from the program altogether.
  * volatile: without it clang would fold the 0 below into the code.
@@ -210,9 +214,14 @@ static __always_inline void parse_slow(struct __sk_buff *skb, struct parsed *p)
 		slow_ipv6(skb, off, p);
 }
 
-/* parse_direct's verdicts. */
-#define PARSE_DONE 0
-#define PARSE_SLOW 1
+/* parse_headers' verdicts. */
+#define PARSE_DONE 0  /* *p is filled in */
+#define PARSE_SHORT 1 /* a header goes past the end of what we were given */
+#define PARSE_WALK 2  /* IPv6 extension headers: parse_slow walks them */
+
+/* The most header bytes parse_headers reads: Ethernet 14 + VLAN 4 + IPv4 with options 60 + TCP
+ * 20 (IPv6 needs 78). */
+#define SLUICE_HDR_MAX 98
 
 /* The L4 header at l4, in the linear area as far as IP goes; same checks as slow_l4. */
 static __always_inline int direct_l4(void *l4, void *data_end, __u8 proto, int later_fragment,
@@ -224,7 +233,7 @@ static __always_inline int direct_l4(void *l4, void *data_end, __u8 proto, int l
 	if (proto == IPPROTO_TCP) {
 		struct tcphdr *tcp = l4;
 		if ((void *)(tcp + 1) > data_end)
-			return PARSE_SLOW;
+			return PARSE_SHORT;
 		if (tcp->doff < 5) {
 			p->malformed = 1;
 			return PARSE_DONE;
@@ -235,41 +244,41 @@ static __always_inline int direct_l4(void *l4, void *data_end, __u8 proto, int l
 	} else if (proto == IPPROTO_UDP) {
 		struct udphdr *udp = l4;
 		if ((void *)(udp + 1) > data_end)
-			return PARSE_SLOW;
+			return PARSE_SHORT;
 		p->dport = bpf_ntohs(udp->dest);
 		p->has_dport = 1;
 	} else if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6) {
 		/* type, code, checksum: only their presence is checked */
 		if (l4 + 4 > data_end)
-			return PARSE_SLOW;
+			return PARSE_SHORT;
 	}
 	return PARSE_DONE;
 }
 
 /*
- * The fast path: PARSE_DONE with *p filled in, or PARSE_SLOW when a header is not (entirely)
- * in the linear area or is an IPv6 extension header; *p is then to be thrown away.
+ * The fast path over the frame's first bytes, data..data_end (the packet itself or a copy on the
+ * stack): PARSE_DONE with *p filled in, else PARSE_SHORT or PARSE_WALK with *p to be thrown
+ * away. The verifier checks every read: against data_end for the packet, against the copy's
+ * size (the offsets are bounded: ihl <= 15) for the stack.
  */
-static __always_inline int parse_direct(struct __sk_buff *skb, struct parsed *p)
+static __always_inline int parse_headers(void *data, void *data_end, struct parsed *p)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > data_end)
-		return PARSE_SLOW;
+		return PARSE_SHORT;
 	__u16 proto = eth->h_proto;
 	void *l3 = eth + 1;
 	if (proto == ETH_P_8021Q_BE || proto == ETH_P_8021AD_BE) {
 		__u16 *vlan = l3;
 		if ((void *)(vlan + 2) > data_end)
-			return PARSE_SLOW;
+			return PARSE_SHORT;
 		proto = vlan[1];
 		l3 = vlan + 2;
 	}
 	if (proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = l3;
 		if ((void *)(ip + 1) > data_end)
-			return PARSE_SLOW;
+			return PARSE_SHORT;
 		if (ip->version != 4 || ip->ihl < 5) {
 			p->malformed = 1;
 			return PARSE_DONE;
@@ -281,7 +290,7 @@ static __always_inline int parse_direct(struct __sk_buff *skb, struct parsed *p)
 	if (proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = l3;
 		if ((void *)(ip6 + 1) > data_end)
-			return PARSE_SLOW;
+			return PARSE_SHORT;
 		if (ip6->version != 6) {
 			p->malformed = 1;
 			return PARSE_DONE;
@@ -290,7 +299,7 @@ static __always_inline int parse_direct(struct __sk_buff *skb, struct parsed *p)
 		/* Extension headers are rare: the slow path walks them. */
 		if (next == IPPROTO_HOPOPTS || next == IPPROTO_ROUTING || next == IPPROTO_DSTOPTS ||
 		    next == IPPROTO_AH || next == IPPROTO_FRAGMENT)
-			return PARSE_SLOW;
+			return PARSE_WALK;
 		if (next == IPPROTO_NONE)
 			return PARSE_DONE; /* protocol stays SLUICE_PROTO_OTHER */
 		return direct_l4(ip6 + 1, data_end, next, 0, p);
@@ -300,9 +309,25 @@ static __always_inline int parse_direct(struct __sk_buff *skb, struct parsed *p)
 
 static __always_inline void parse(struct __sk_buff *skb, struct parsed *p)
 {
-	if (parse_direct(skb, p) == PARSE_DONE)
+	int verdict = parse_headers((void *)(long)skb->data, (void *)(long)skb->data_end, p);
+	if (verdict == PARSE_DONE)
 		return;
-	/* Start over: parse_direct may have filled in part of *p. */
+	if (verdict == PARSE_SHORT) {
+		/* Headers in a paged fragment: one copy of the first bytes, parsed alike. The verifier
+		 * counts all SLUICE_HDR_MAX bytes of hdr as written by the helper, and parse_headers
+		 * reads only below hdr + len. */
+		__u8 hdr[SLUICE_HDR_MAX];
+		__u32 len = skb->len;
+		if (len > SLUICE_HDR_MAX)
+			len = SLUICE_HDR_MAX;
+		if (len >= sizeof(struct ethhdr) && bpf_skb_load_bytes(skb, 0, hdr, len) == 0) {
+			*p = (struct parsed){ .protocol = SLUICE_PROTO_OTHER };
+			verdict = parse_headers(hdr, hdr + len, p);
+			if (verdict == PARSE_DONE)
+				return;
+		}
+	}
+	/* Really short, or IPv6 extension headers: start over, header by header. */
 	*p = (struct parsed){ .protocol = SLUICE_PROTO_OTHER };
 	parse_slow(skb, p);
 }
