@@ -223,7 +223,7 @@ static __always_inline void parse_slow(struct __sk_buff *skb, struct parsed *p)
  * 20 (IPv6 needs 78). */
 #define SLUICE_HDR_MAX 98
 
-/* The L4 header at l4, in the linear area as far as IP goes; same checks as slow_l4. */
+/* The L4 header at l4, read below data_end as in parse_headers; same checks as slow_l4. */
 static __always_inline int direct_l4(void *l4, void *data_end, __u8 proto, int later_fragment,
 				     struct parsed *p)
 {
