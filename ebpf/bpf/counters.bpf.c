@@ -6,9 +6,22 @@
  * loader rewrites nothing.
  *
  * They never change a packet's fate: every path returns TC_ACT_UNSPEC (TCX_NEXT under TCX:
- * "carry on as if we were not here"). Headers are read with bpf_skb_load_bytes, which also
- * reaches headers outside the skb's linear area, so "malformed" means the frame really is too
- * short, never "the headers were in a paged fragment".
+ * "carry on as if we were not here").
+ *
+ * Two parsers giving the same answers (see docs/EBPF.md, Overhead):
+ * - parse_headers, the fast path: reads Ethernet, one VLAN tag, IPv4 (any ihl), IPv6 without
+ *   extension headers and the TCP/UDP/ICMP header from memory, no helper call, bounds-checked
+ *   for the verifier. It runs first on the skb's linear area (skb->data..skb->data_end); when a
+ *   header goes past data_end (the rest is in a paged fragment: trafgen's and other zero-copy
+ *   senders' frames carry only the Ethernet header in the linear area) it runs again on a copy
+ *   of the first SLUICE_HDR_MAX bytes, made with one bpf_skb_load_bytes. It never calls a frame
+ *   malformed for being short (PARSE_SHORT) and leaves IPv6 extension headers (PARSE_WALK) to
+ *   the fallback.
+ * - parse_slow, the fallback: reads header by header with bpf_skb_load_bytes, which reaches
+ *   headers outside the linear area and fails only past skb->len, so "malformed" means the frame
+ *   really is too short, never "the headers were in a paged fragment". It walks IPv6 extension
+ *   headers.
+ * Content checks (IP version, ihl, doff) are the same in both; only length decides who answers.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -62,6 +75,14 @@ struct {
 	__type(value, __u64);
 } sluice_errors SEC(".maps");
 
+/*
+ * Number of listeners in sluice_ports, set by the loader (EbpfLoader::override_global) before the
+ * programs are loaded. .rodata is frozen, so the verifier sees a constant: with no listener
+ * (the VM agent registers none) it removes the sluice_ports lookup from the program altogether.
+ * volatile: without it clang would fold the 0 below into the code.
+ */
+volatile const __u32 sluice_listener_count = 0;
+
 /* What the parser learnt about one frame. */
 struct parsed {
 	__u8 protocol;
@@ -71,14 +92,18 @@ struct parsed {
 	__u16 dport; /* host byte order */
 };
 
-static __always_inline void parse_l4(struct __sk_buff *skb, __u32 off, __u8 proto,
-				     int later_fragment, struct parsed *p)
+static __always_inline __u8 protocol_label(__u8 proto)
 {
 	if (proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_ICMP ||
 	    proto == IPPROTO_ICMPV6)
-		p->protocol = proto;
-	else
-		p->protocol = SLUICE_PROTO_OTHER;
+		return proto;
+	return SLUICE_PROTO_OTHER;
+}
+
+static __always_inline void slow_l4(struct __sk_buff *skb, __u32 off, __u8 proto,
+				     int later_fragment, struct parsed *p)
+{
+	p->protocol = protocol_label(proto);
 	/* A fragment after the first carries no L4 header: count it, parse nothing. */
 	if (later_fragment)
 		return;
@@ -106,7 +131,7 @@ static __always_inline void parse_l4(struct __sk_buff *skb, __u32 off, __u8 prot
 	}
 }
 
-static __always_inline void parse_ipv4(struct __sk_buff *skb, __u32 off, struct parsed *p)
+static __always_inline void slow_ipv4(struct __sk_buff *skb, __u32 off, struct parsed *p)
 {
 	struct iphdr ip;
 	if (bpf_skb_load_bytes(skb, off, &ip, sizeof(ip)) < 0 || ip.version != 4 || ip.ihl < 5) {
@@ -114,10 +139,10 @@ static __always_inline void parse_ipv4(struct __sk_buff *skb, __u32 off, struct 
 		return;
 	}
 	int later_fragment = (bpf_ntohs(ip.frag_off) & 0x1fff) != 0;
-	parse_l4(skb, off + ip.ihl * 4, ip.protocol, later_fragment, p);
+	slow_l4(skb, off + ip.ihl * 4, ip.protocol, later_fragment, p);
 }
 
-static __always_inline void parse_ipv6(struct __sk_buff *skb, __u32 off, struct parsed *p)
+static __always_inline void slow_ipv6(struct __sk_buff *skb, __u32 off, struct parsed *p)
 {
 	struct ipv6hdr ip6;
 	if (bpf_skb_load_bytes(skb, off, &ip6, sizeof(ip6)) < 0 || ip6.version != 6) {
@@ -152,7 +177,7 @@ static __always_inline void parse_ipv6(struct __sk_buff *skb, __u32 off, struct 
 			p->protocol = SLUICE_PROTO_OTHER;
 			return;
 		} else {
-			parse_l4(skb, off, next, later_fragment, p);
+			slow_l4(skb, off, next, later_fragment, p);
 			return;
 		}
 	}
@@ -164,7 +189,7 @@ truncated:
 	p->malformed = 1;
 }
 
-static __always_inline void parse(struct __sk_buff *skb, struct parsed *p)
+static __always_inline void parse_slow(struct __sk_buff *skb, struct parsed *p)
 {
 	struct ethhdr eth;
 	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0) {
@@ -184,9 +209,127 @@ static __always_inline void parse(struct __sk_buff *skb, struct parsed *p)
 		off += sizeof(vlan);
 	}
 	if (proto == bpf_htons(ETH_P_IP))
-		parse_ipv4(skb, off, p);
+		slow_ipv4(skb, off, p);
 	else if (proto == bpf_htons(ETH_P_IPV6))
-		parse_ipv6(skb, off, p);
+		slow_ipv6(skb, off, p);
+}
+
+/* parse_headers' verdicts. */
+#define PARSE_DONE 0  /* *p is filled in */
+#define PARSE_SHORT 1 /* a header goes past the end of what we were given */
+#define PARSE_WALK 2  /* IPv6 extension headers: parse_slow walks them */
+
+/* The most header bytes parse_headers reads: Ethernet 14 + VLAN 4 + IPv4 with options 60 + TCP
+ * 20 (IPv6 needs 78). */
+#define SLUICE_HDR_MAX 98
+
+/* The L4 header at l4, read below data_end as in parse_headers; same checks as slow_l4. */
+static __always_inline int direct_l4(void *l4, void *data_end, __u8 proto, int later_fragment,
+				     struct parsed *p)
+{
+	p->protocol = protocol_label(proto);
+	if (later_fragment)
+		return PARSE_DONE;
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *tcp = l4;
+		if ((void *)(tcp + 1) > data_end)
+			return PARSE_SHORT;
+		if (tcp->doff < 5) {
+			p->malformed = 1;
+			return PARSE_DONE;
+		}
+		p->syn = tcp->syn && !tcp->ack;
+		p->dport = bpf_ntohs(tcp->dest);
+		p->has_dport = 1;
+	} else if (proto == IPPROTO_UDP) {
+		struct udphdr *udp = l4;
+		if ((void *)(udp + 1) > data_end)
+			return PARSE_SHORT;
+		p->dport = bpf_ntohs(udp->dest);
+		p->has_dport = 1;
+	} else if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6) {
+		/* type, code, checksum: only their presence is checked */
+		if (l4 + 4 > data_end)
+			return PARSE_SHORT;
+	}
+	return PARSE_DONE;
+}
+
+/*
+ * The fast path over the frame's first bytes, data..data_end (the packet itself or a copy on the
+ * stack): PARSE_DONE with *p filled in, else PARSE_SHORT or PARSE_WALK with *p to be thrown
+ * away. The verifier checks every read: against data_end for the packet, against the copy's
+ * size (the offsets are bounded: ihl <= 15) for the stack.
+ */
+static __always_inline int parse_headers(void *data, void *data_end, struct parsed *p)
+{
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return PARSE_SHORT;
+	__u16 proto = eth->h_proto;
+	void *l3 = eth + 1;
+	if (proto == ETH_P_8021Q_BE || proto == ETH_P_8021AD_BE) {
+		__u16 *vlan = l3;
+		if ((void *)(vlan + 2) > data_end)
+			return PARSE_SHORT;
+		proto = vlan[1];
+		l3 = vlan + 2;
+	}
+	if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = l3;
+		if ((void *)(ip + 1) > data_end)
+			return PARSE_SHORT;
+		if (ip->version != 4 || ip->ihl < 5) {
+			p->malformed = 1;
+			return PARSE_DONE;
+		}
+		int later_fragment = (bpf_ntohs(ip->frag_off) & 0x1fff) != 0;
+		/* ihl <= 15: a bounded variable offset, which the verifier accepts. */
+		return direct_l4(l3 + ip->ihl * 4, data_end, ip->protocol, later_fragment, p);
+	}
+	if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = l3;
+		if ((void *)(ip6 + 1) > data_end)
+			return PARSE_SHORT;
+		if (ip6->version != 6) {
+			p->malformed = 1;
+			return PARSE_DONE;
+		}
+		__u8 next = ip6->nexthdr;
+		/* Extension headers are rare: the slow path walks them. */
+		if (next == IPPROTO_HOPOPTS || next == IPPROTO_ROUTING || next == IPPROTO_DSTOPTS ||
+		    next == IPPROTO_AH || next == IPPROTO_FRAGMENT)
+			return PARSE_WALK;
+		if (next == IPPROTO_NONE)
+			return PARSE_DONE; /* protocol stays SLUICE_PROTO_OTHER */
+		return direct_l4(ip6 + 1, data_end, next, 0, p);
+	}
+	return PARSE_DONE;
+}
+
+static __always_inline void parse(struct __sk_buff *skb, struct parsed *p)
+{
+	int verdict = parse_headers((void *)(long)skb->data, (void *)(long)skb->data_end, p);
+	if (verdict == PARSE_DONE)
+		return;
+	if (verdict == PARSE_SHORT) {
+		/* Headers in a paged fragment: one copy of the first bytes, parsed alike. The verifier
+		 * counts all SLUICE_HDR_MAX bytes of hdr as written by the helper, and parse_headers
+		 * reads only below hdr + len. */
+		__u8 hdr[SLUICE_HDR_MAX];
+		__u32 len = skb->len;
+		if (len > SLUICE_HDR_MAX)
+			len = SLUICE_HDR_MAX;
+		if (len >= sizeof(struct ethhdr) && bpf_skb_load_bytes(skb, 0, hdr, len) == 0) {
+			*p = (struct parsed){ .protocol = SLUICE_PROTO_OTHER };
+			verdict = parse_headers(hdr, hdr + len, p);
+			if (verdict == PARSE_DONE)
+				return;
+		}
+	}
+	/* Really short, or IPv6 extension headers: start over, header by header. */
+	*p = (struct parsed){ .protocol = SLUICE_PROTO_OTHER };
+	parse_slow(skb, p);
 }
 
 static __always_inline void count_map_full(void)
@@ -242,7 +385,9 @@ static __always_inline int count(struct __sk_buff *skb, __u8 direction)
 		c->malformed += p.malformed;
 	}
 listener:
-	if (direction == SLUICE_DIR_INGRESS && p.has_dport)
+	/* Both conditions are constants to the verifier: egress and a listener-less load drop
+	 * this branch at load time. */
+	if (direction == SLUICE_DIR_INGRESS && sluice_listener_count != 0 && p.has_dport)
 		count_listener(skb, &p);
 	return TC_ACT_UNSPEC;
 }

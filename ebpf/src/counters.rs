@@ -18,6 +18,9 @@ use crate::EbpfError;
 /// The object compiled from `bpf/counters.bpf.c`, checked in (see `tests/regenerate.rs`).
 static OBJECT: &[u8] = include_bytes!("../bpf/counters.bpf.o");
 
+/// `volatile const` in `bpf/counters.bpf.c`: how many listeners `sluice_ports` holds.
+const LISTENER_COUNT_GLOBAL: &str = "sluice_listener_count";
+
 /// One interface's two links.
 #[derive(Debug)]
 struct Attachment {
@@ -55,7 +58,13 @@ impl EbpfCounters {
     /// As `load`, choosing how programs are attached (tests force the netlink path).
     pub fn load_with(listeners: &[Listener], mode: AttachMode) -> Result<Self, EbpfError> {
         let ports = listener_ports(listeners)?;
-        let mut ebpf = EbpfLoader::new().load(OBJECT).map_err(EbpfError::Load)?;
+        // A constant to the verifier (frozen .rodata): with none, the programs skip the
+        // listener lookup altogether.
+        let listener_count = ports.len() as u32;
+        let mut ebpf = EbpfLoader::new()
+            .override_global(LISTENER_COUNT_GLOBAL, &listener_count, true)
+            .load(OBJECT)
+            .map_err(EbpfError::Load)?;
         for direction in Direction::ALL {
             classifier(&mut ebpf, direction)?
                 .load()
