@@ -390,7 +390,7 @@ fn peer_request(
     let headers = request.headers_mut();
     // The client's metadata as it arrived (it passed this node's limits then), hop headers
     // left out: values are shared, not copied, and nothing is parsed again.
-    headers.reserve(parts.headers.len() + 4);
+    let _ = headers.try_reserve(parts.headers.len() + 4);
     for (name, value) in &parts.headers {
         if !is_hop_header(name) {
             headers.append(name.clone(), value.clone());
