@@ -23,6 +23,7 @@ on_both_drivers!(
     nodes_talk_to_rediss_and_to_each_other_over_mutual_tls,
     a_redis_restart_under_load_spares_local_calls_and_remote_routing_recovers,
     a_single_listed_node_without_a_tunnel_fails_the_call_as_a_wait_that_ran_out,
+    calls_sent_directly_to_the_only_holder_reach_the_backend_exactly_once,
 );
 
 struct Cluster {
@@ -562,4 +563,34 @@ fn a_single_listed_node_without_a_tunnel_fails_the_call_as_a_wait_that_ran_out(d
             .unwrap_or(0.0)
             >= 1.0
     }));
+}
+
+/// One node holds the agent: every call to another node goes to it directly (body with the
+/// headers, no race), including while all its tunnels are busy and calls wait there.
+fn calls_sent_directly_to_the_only_holder_reach_the_backend_exactly_once(driver: &str) {
+    let (cluster, _redis) = cluster(driver);
+    let backend = GrpcBackend::start().unwrap();
+    let (a, c) = (&cluster.nodes[0], &cluster.nodes[2]);
+    // Fewer tunnels than calls in flight: some calls wait on C for a tunnel to come back.
+    let _agent = start_agent(&cluster.secrets, 7, c, backend.address, 5, None);
+    wait_for_idle_tunnels(c, 2.0);
+    let mut args = client_args(a, &cluster.secrets, 7);
+    args.extend(["--clients", "20", "--requests", "10"].map(String::from));
+    let result = tunnel_client("concurrency", &args);
+    assert_eq!(result["mismatches"], 0, "{result}");
+    assert_eq!(
+        metric(c, "sluice_tunnel_private_requests_total{code=\"OK\"}"),
+        Some(200.0),
+        "{result}"
+    );
+    assert_eq!(
+        backend.unary_calls(),
+        200,
+        "calls that reached the backend: {result}"
+    );
+    assert_eq!(
+        metric(a, "sluice_tunnel_routes_total{decision=\"retried\"}").unwrap_or(0.0),
+        0.0,
+        "no call was routed twice: {result}"
+    );
 }
