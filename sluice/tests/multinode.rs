@@ -22,6 +22,8 @@ on_both_drivers!(
     racing_nodes_serve_every_call_exactly_once,
     nodes_talk_to_rediss_and_to_each_other_over_mutual_tls,
     a_redis_restart_under_load_spares_local_calls_and_remote_routing_recovers,
+    a_single_listed_node_without_a_tunnel_fails_the_call_as_a_wait_that_ran_out,
+    calls_sent_directly_to_the_only_holder_reach_the_backend_exactly_once,
 );
 
 struct Cluster {
@@ -38,7 +40,7 @@ fn cluster(driver: &str) -> (Cluster, std::rc::Rc<RedisServer>) {
         "redis:\n  url: '{}'\n  key_prefix: multi\n  unregister_delay: 500ms\n",
         redis.unix_url()
     );
-    let cluster = cluster_on(driver, Box::new(redis.clone()), &redis_yaml, None);
+    let cluster = cluster_on(driver, Box::new(redis.clone()), &redis_yaml, None, "10s");
     (cluster, redis)
 }
 
@@ -47,6 +49,7 @@ fn cluster_on(
     redis: Box<dyn std::any::Any>,
     redis_yaml: &str,
     private_tls: Option<&Certificates>,
+    max_wait: &str,
 ) -> Cluster {
     let secrets = Secrets::on(driver);
     let private_secret = secrets.dir.path().join("private.secret");
@@ -62,7 +65,7 @@ fn cluster_on(
                 "  node_name: {name}\n  private_jwt: {{secret_file: '{}', issuer: sluice-node, audience: sluice-private}}\n",
                 private_secret.display()
             );
-            common::start_node_on(&secrets, "10s", 32 * 1024 * 1024, None, driver, &tunnel_extra, redis_yaml, private_tls)
+            common::start_node_on(&secrets, max_wait, 32 * 1024 * 1024, None, driver, &tunnel_extra, redis_yaml, private_tls)
         })
         .collect();
     Cluster {
@@ -269,7 +272,13 @@ fn routing_works_over_a_redis_cluster(driver: &str) {
         seeds.join(", ")
     );
     let redis_lookups = std::rc::Rc::new(redis);
-    let cluster = cluster_on(driver, Box::new(redis_lookups.clone()), &redis_yaml, None);
+    let cluster = cluster_on(
+        driver,
+        Box::new(redis_lookups.clone()),
+        &redis_yaml,
+        None,
+        "10s",
+    );
     let backend = GrpcBackend::start().unwrap();
     let (a, b, c) = (&cluster.nodes[0], &cluster.nodes[1], &cluster.nodes[2]);
     let _agent = start_agent(&cluster.secrets, 7, c, backend.address, 20, None);
@@ -374,7 +383,7 @@ fn nodes_talk_to_rediss_and_to_each_other_over_mutual_tls(driver: &str) {
         redis.url(),
         certs.ca_cert.display()
     );
-    let cluster = cluster_on(driver, Box::new(redis), &redis_yaml, Some(&certs));
+    let cluster = cluster_on(driver, Box::new(redis), &redis_yaml, Some(&certs), "10s");
     let backend = GrpcBackend::start().unwrap();
     let (a, c) = (&cluster.nodes[0], &cluster.nodes[2]);
     let _agent = start_agent(&cluster.secrets, 7, c, backend.address, 20, None);
@@ -405,7 +414,7 @@ fn a_redis_restart_under_load_spares_local_calls_and_remote_routing_recovers(dri
         redis.unix_url()
     );
     // The test keeps the server itself, to stop and restart it.
-    let cluster = cluster_on(driver, Box::new(()), &redis_yaml, None);
+    let cluster = cluster_on(driver, Box::new(()), &redis_yaml, None, "10s");
     let backend = GrpcBackend::start().unwrap();
     let (a, c) = (&cluster.nodes[0], &cluster.nodes[2]);
     // Agent 7 on A (local to the called node), agent 8 on C (reached through Redis).
@@ -507,4 +516,81 @@ fn a_redis_restart_under_load_spares_local_calls_and_remote_routing_recovers(dri
         assert!(!node.stderr().contains("panicked"), "{}", node.stderr());
     }
     assert!(metric(a, "sluice_tracker_redis_errors_total").unwrap_or(0.0) >= 1.0);
+}
+
+/// Redis lists one node for the agent, and that node has no tunnel of it: the entry node calls
+/// it directly (no race, body sent at once) and still ends the call when its own wait runs out,
+/// with the code and message a wait that found no tunnel in the cluster has always had.
+fn a_single_listed_node_without_a_tunnel_fails_the_call_as_a_wait_that_ran_out(driver: &str) {
+    let redis = std::rc::Rc::new(RedisServer::start().unwrap());
+    let redis_yaml = format!(
+        "redis:\n  url: '{}'\n  key_prefix: multi\n  unregister_delay: 500ms\n",
+        redis.unix_url()
+    );
+    let cluster = cluster_on(driver, Box::new(redis.clone()), &redis_yaml, None, "1s");
+    let (a, c) = (&cluster.nodes[0], &cluster.nodes[2]);
+    let expiry_ms = (unix_now() * 1000.0) as u64 + 60_000;
+    let field = format!("{expiry_ms}|{}", c.address("private"));
+    redis
+        .command(&["HSET", "multi:tunnel:agent:{9}", "node-c", &field])
+        .unwrap();
+    let mut args = client_args(a, &cluster.secrets, 9);
+    args.extend(["--timeout", "10"].map(String::from));
+    let result = tunnel_client("unary", &args);
+    assert_eq!(result["code"], "DEADLINE_EXCEEDED", "{result}");
+    assert_eq!(
+        result["details"], "agent 9 has no free tunnel in the cluster after waiting 1s",
+        "{result}"
+    );
+    let elapsed = result["elapsed"].as_f64().unwrap();
+    assert!((0.9..5.0).contains(&elapsed), "{result}");
+    assert_eq!(
+        metric(a, "sluice_tunnel_routes_total{decision=\"remote\"}"),
+        Some(1.0),
+        "one attempt on node C, not retried"
+    );
+    // Node C saw the call (and was reset when A gave up on it).
+    assert!(wait_until(Duration::from_secs(5), || {
+        metric(
+            c,
+            "sluice_tunnel_private_requests_total{code=\"CANCELLED\"}",
+        )
+        .unwrap_or(0.0)
+            + metric(
+                c,
+                "sluice_tunnel_private_requests_total{code=\"DEADLINE_EXCEEDED\"}",
+            )
+            .unwrap_or(0.0)
+            >= 1.0
+    }));
+}
+
+/// One node holds the agent: every call to another node goes to it directly (body with the
+/// headers, no race), including while all its tunnels are busy and calls wait there.
+fn calls_sent_directly_to_the_only_holder_reach_the_backend_exactly_once(driver: &str) {
+    let (cluster, _redis) = cluster(driver);
+    let backend = GrpcBackend::start().unwrap();
+    let (a, c) = (&cluster.nodes[0], &cluster.nodes[2]);
+    // Fewer tunnels than calls in flight: some calls wait on C for a tunnel to come back.
+    let _agent = start_agent(&cluster.secrets, 7, c, backend.address, 5, None);
+    wait_for_idle_tunnels(c, 2.0);
+    let mut args = client_args(a, &cluster.secrets, 7);
+    args.extend(["--clients", "20", "--requests", "10"].map(String::from));
+    let result = tunnel_client("concurrency", &args);
+    assert_eq!(result["mismatches"], 0, "{result}");
+    assert_eq!(
+        metric(c, "sluice_tunnel_private_requests_total{code=\"OK\"}"),
+        Some(200.0),
+        "{result}"
+    );
+    assert_eq!(
+        backend.unary_calls(),
+        200,
+        "calls that reached the backend: {result}"
+    );
+    assert_eq!(
+        metric(a, "sluice_tunnel_routes_total{decision=\"retried\"}").unwrap_or(0.0),
+        0.0,
+        "no call was routed twice: {result}"
+    );
 }

@@ -296,7 +296,7 @@ fn decode_next<M: prost::Message + Default, T>(
 /// Headers that describe one HTTP/2 hop, or that the node sets itself, and so are not carried
 /// through the tunnel. `authorization` is the caller's credential for this node: it never
 /// reaches the agent or its backend.
-fn is_hop_header(name: &HeaderName) -> bool {
+pub(crate) fn is_hop_header(name: &HeaderName) -> bool {
     matches!(
         name.as_str(),
         "authorization"

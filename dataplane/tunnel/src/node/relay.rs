@@ -1,6 +1,7 @@
 //! Relaying a routed call: down a local tunnel, or through the node that won the race. Errors
 //! come back as [`TunnelError`]s for the endpoint to answer.
 
+use std::cell::Cell;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use sluice_runtime::ConnectionContext;
 use super::answer::{status_headers, Responder};
 use super::pumps::{pump_down, pump_up, take_ready_chunks, whole_request, CallBody, Upload};
 use super::remote::RemoteCall;
+use super::route::{Peer, RouteEvent};
 use super::tunnel::{give_back, TunnelStreams};
 use super::NodeShared;
 use crate::error::{ErrorKind, TunnelError};
@@ -25,12 +27,52 @@ use crate::protocol::GRPC_TIMEOUT;
 use crate::registry::AgentId;
 use crate::wire::frame;
 
-/// What a call sends down a tunnel first.
-pub(super) struct CallHead<'a> {
-    pub(super) method: &'a str,
-    /// The client's metadata, hop headers left out.
-    pub(super) metadata: &'a [MetadataEntry],
-    pub(super) deadline: Option<Instant>,
+/// What a call sends down a tunnel first: its RequestInfo, built once per call (method and
+/// metadata are not copied again for each tunnel the call tries).
+pub(super) struct CallHead {
+    message: ConnectResponse,
+    deadline: Option<Instant>,
+}
+
+impl CallHead {
+    /// `metadata`: the client's, hop headers left out.
+    pub(super) fn new(
+        method: &str,
+        metadata: Vec<MetadataEntry>,
+        deadline: Option<Instant>,
+    ) -> Self {
+        let info = RequestInfo {
+            method_name: method.to_string(),
+            metadata,
+        };
+        Self {
+            message: ConnectResponse {
+                msg: Some(connect_response::Msg::RequestInfo(info)),
+            },
+            deadline,
+        }
+    }
+
+    /// The RequestInfo frame as of now: the remaining deadline travels with the call so the
+    /// backend sees it too.
+    fn frame(&mut self) -> Bytes {
+        let Some(deadline) = self.deadline else {
+            return frame(&self.message);
+        };
+        let Some(connect_response::Msg::RequestInfo(info)) = &mut self.message.msg else {
+            return frame(&self.message);
+        };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        info.metadata.push(MetadataEntry {
+            key: GRPC_TIMEOUT.to_string(),
+            values: vec![Bytes::from(encode_timeout(remaining))],
+        });
+        let framed = frame(&self.message);
+        if let Some(connect_response::Msg::RequestInfo(info)) = &mut self.message.msg {
+            info.metadata.pop();
+        }
+        framed
+    }
 }
 
 /// Sends the call's RequestInfo (with the request itself when it already arrived whole) down
@@ -39,25 +81,10 @@ pub(super) struct CallHead<'a> {
 pub(super) async fn start_local(
     node: &NodeShared,
     tunnel: &mut TunnelStreams,
-    head: &CallHead<'_>,
+    head: &mut CallHead,
     body: &mut CallBody,
 ) -> Result<Upload, TunnelError> {
-    let mut metadata = Vec::with_capacity(head.metadata.len() + 1);
-    metadata.extend_from_slice(head.metadata);
-    // The remaining deadline travels with the call so the backend sees it too.
-    if let Some(deadline) = head.deadline {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        metadata.push(MetadataEntry {
-            key: GRPC_TIMEOUT.to_string(),
-            values: vec![Bytes::from(encode_timeout(remaining))],
-        });
-    }
-    let info = frame(&ConnectResponse {
-        msg: Some(connect_response::Msg::RequestInfo(RequestInfo {
-            method_name: head.method.to_string(),
-            metadata,
-        })),
-    });
+    let info = head.frame();
     // A unary request usually arrived whole with its headers: then RequestInfo, its messages
     // and CloseSend go down the tunnel as one DATA frame.
     if !body.ended {
@@ -131,50 +158,205 @@ pub(super) async fn relay_local(
     }
 }
 
-/// Relays a call whose node won the race: client request to it, its answer back.
+/// Why a call sent directly to one node ended before that node confirmed a tunnel: routing
+/// decides what follows (`RouteEvent::Unconfirmed`, `Expired`, `ClientReset`).
+pub(super) enum Unconfirmed {
+    /// The call's wait for a tunnel ended first.
+    Expired,
+    /// The client reset the call.
+    ClientReset,
+    /// The node answered without a tunnel, or its stream broke; `forwarded`: whether any byte
+    /// of the client's request was taken for it (then the call cannot go elsewhere).
+    Refused {
+        peer: Peer,
+        error: TunnelError,
+        forwarded: bool,
+    },
+}
+
+impl Unconfirmed {
+    pub(super) fn event(&self) -> RouteEvent<'_> {
+        match self {
+            Unconfirmed::Expired => RouteEvent::Expired,
+            Unconfirmed::ClientReset => RouteEvent::ClientReset,
+            Unconfirmed::Refused {
+                peer,
+                error,
+                forwarded,
+            } => RouteEvent::Unconfirmed {
+                peer,
+                error: error.clone(),
+                forwarded: *forwarded,
+            },
+        }
+    }
+}
+
+/// Relays a call another node took: client request to it, its answer back. A call sent
+/// directly (not confirmed yet) streams its body at once and waits, until `until`, for the
+/// node's 100 Continue; before it the call is still being routed, and ends as `Unconfirmed`.
 pub(super) async fn relay_remote(
     call: RemoteCall,
-    client_body: &mut RecvStream,
+    client: &mut CallBody,
     responder: &mut Responder,
     deadline: Option<Instant>,
     agent: AgentId,
-) -> Result<Code, TunnelError> {
+    until: Instant,
+) -> Result<Result<Code, TunnelError>, Unconfirmed> {
     let RemoteCall {
         node: peer_name,
         address,
-        response,
+        mut response,
         send: mut peer_send,
+        confirmed,
     } = call;
-    tracing::trace!(agent, node = %peer_name, "relaying through another node");
+    tracing::trace!(agent, node = %peer_name, confirmed, "relaying through another node");
     let peer_gone = move |error: h2::Error| {
         TunnelError::new(ErrorKind::PeerGone, format!("node {address}: {error}"))
     };
+    let forwarded = Cell::new(false);
+    let confirmed = Cell::new(confirmed);
     // Client -> peer: DATA as it arrives (the peer's node checks the framing).
     let up = async {
-        // Credit goes back to the client only once its bytes went on to the peer node.
-        while let Some(chunk) = recv_data_held(client_body).await {
-            let chunk = chunk.map_err(|_| TunnelError::client_gone())?;
-            let size = chunk.len();
+        // Chunks read before this route (a tunnel that broke before taking them).
+        for chunk in std::mem::take(&mut client.early) {
+            forwarded.set(true);
             send_data(&mut peer_send, chunk, false)
                 .await
                 .map_err(peer_gone)?;
-            release(client_body, size);
+        }
+        if !client.ended {
+            // Credit goes back to the client only once its bytes went on to the peer node.
+            while let Some(chunk) = recv_data_held(&mut client.body).await {
+                let chunk = chunk.map_err(|_| TunnelError::client_gone())?;
+                let size = chunk.len();
+                // Counted as soon as it left the client's stream: a chunk taken but not sent
+                // is lost to any other route as well.
+                forwarded.set(true);
+                send_data(&mut peer_send, chunk, false)
+                    .await
+                    .map_err(peer_gone)?;
+                release(&mut client.body, size);
+            }
         }
         send_data(&mut peer_send, Bytes::new(), true)
             .await
             .map_err(peer_gone)
     };
+    let down = async {
+        if !confirmed.get() {
+            match confirmation(&mut response, until, responder).await {
+                Ok(()) => confirmed.set(true),
+                Err(why) => return Ok(Err(why)),
+            }
+        }
+        pass_remote_answer(response, responder, peer_gone)
+            .await
+            .map(Ok)
+    };
     let outcome = {
         let up = std::pin::pin!(up);
-        let down = std::pin::pin!(pass_remote_answer(response, responder, peer_gone));
+        let down = std::pin::pin!(down);
         run_call(up, down, deadline).await
     };
+    let unconfirmed = |why: UnconfirmedWhy| match why {
+        UnconfirmedWhy::Expired => Unconfirmed::Expired,
+        UnconfirmedWhy::ClientReset => Unconfirmed::ClientReset,
+        UnconfirmedWhy::Refused(why) => Unconfirmed::Refused {
+            error: TunnelError::new(
+                ErrorKind::PeerUnavailable,
+                format!("node {peer_name} ({address}): {why}"),
+            )
+            .with_code(why.code()),
+            peer: (peer_name.clone(), address),
+            forwarded: forwarded.get(),
+        },
+    };
     match outcome {
-        Ok((code, _)) => Ok(code),
+        Ok((Ok(code), _)) => Ok(Ok(code)),
+        Ok((Err(why), _)) => {
+            peer_send.send_reset(h2::Reason::CANCEL);
+            Err(unconfirmed(why))
+        }
+        Err(error) if !confirmed.get() => {
+            // Before the node confirmed its tunnel the call is still being routed: it ends as
+            // a race that found nobody would (the deadline, the client, the node failing).
+            peer_send.send_reset(h2::Reason::CANCEL);
+            Err(unconfirmed(match error.kind() {
+                ErrorKind::DeadlineExceeded => UnconfirmedWhy::Expired,
+                ErrorKind::ClientGone => UnconfirmedWhy::ClientReset,
+                _ => UnconfirmedWhy::Refused(RefusedWhy::Failed(error.message().to_string())),
+            }))
+        }
         Err(error) => {
             peer_send.send_reset(h2::Reason::CANCEL);
-            Err(in_call_to(agent, error))
+            Ok(Err(in_call_to(agent, error)))
         }
+    }
+}
+
+/// `Unconfirmed` before the call's peer and progress are added.
+enum UnconfirmedWhy {
+    Expired,
+    ClientReset,
+    Refused(RefusedWhy),
+}
+
+/// Why a node did not confirm a tunnel.
+#[derive(Debug, thiserror::Error)]
+enum RefusedWhy {
+    #[error("answered {0} {1:?} without a tunnel")]
+    Answered(Code, String),
+    #[error("unexpected {0}")]
+    Unexpected(http::StatusCode),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl RefusedWhy {
+    /// The code a client gets when the call cannot be routed again: the node's own answer,
+    /// UNAVAILABLE otherwise.
+    fn code(&self) -> Code {
+        match self {
+            RefusedWhy::Answered(code, _) => *code,
+            _ => Code::Unavailable,
+        }
+    }
+}
+
+/// Waits until the node a call was sent to directly reports its tunnel (100 Continue; the
+/// private endpoint sends it before it uses a tunnel), answers without one, or `until`.
+async fn confirmation(
+    response: &mut h2::client::ResponseFuture,
+    until: Instant,
+    responder: &mut Responder,
+) -> Result<(), UnconfirmedWhy> {
+    let informational = monoio::select! {
+        informational = poll_fn(|cx| response.poll_informational(cx)) => informational,
+        _ = Box::pin(monoio::time::sleep_until(until.into())) => return Err(UnconfirmedWhy::Expired),
+        _ = responder.reset() => return Err(UnconfirmedWhy::ClientReset),
+    };
+    let refused = |why| Err(UnconfirmedWhy::Refused(why));
+    match informational {
+        Some(Ok(info)) if info.status() == http::StatusCode::CONTINUE => Ok(()),
+        Some(Ok(info)) => refused(RefusedWhy::Unexpected(info.status())),
+        Some(Err(error)) => refused(RefusedWhy::Failed(error.to_string())),
+        // A final answer without a tunnel (none in time, refused, shutting down, ...).
+        None => match poll_fn(|cx| Pin::new(&mut *response).poll(cx)).await {
+            Ok(answer) => {
+                let headers = answer.headers();
+                let code = headers
+                    .get("grpc-status")
+                    .map_or(Code::Unknown, |value| Code::from_header(value.as_bytes()));
+                let message = headers
+                    .get("grpc-message")
+                    .and_then(|value| value.to_str().ok())
+                    .unwrap_or("")
+                    .to_string();
+                refused(RefusedWhy::Answered(code, message))
+            }
+            Err(error) => refused(RefusedWhy::Failed(error.to_string())),
+        },
     }
 }
 

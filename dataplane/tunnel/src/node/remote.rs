@@ -24,7 +24,7 @@ use super::NodeShared;
 use crate::error::{ErrorKind, TunnelError};
 use crate::protocol::{AGENT_ID_HEADER, GRPC_TIMEOUT};
 use crate::registry::AgentId;
-use crate::wire::{metadata_from_headers, metadata_into_headers, MetadataLimits};
+use crate::wire::is_hop_header;
 
 /// TLS for calls to other nodes' private endpoints, and the name their certificates must carry
 /// (`None`: the peer's IP address).
@@ -101,12 +101,15 @@ impl PrivateSigner {
     }
 }
 
-/// A call opened on another node's private endpoint that reported a ready tunnel.
+/// A call opened on another node's private endpoint: one that reported a ready tunnel (won a
+/// race), or one sent directly whose confirmation (100 Continue) is still to come.
 pub(super) struct RemoteCall {
     pub(super) node: String,
     pub(super) address: SocketAddr,
     pub(super) response: ResponseFuture,
     pub(super) send: SendStream<Bytes>,
+    /// Whether the node already reported its tunnel.
+    pub(super) confirmed: bool,
 }
 
 /// How long a core reuses the locator's listing of an agent's nodes. Agents' Redis entries live
@@ -222,14 +225,7 @@ impl RemoteRouting {
         agent: AgentId,
     ) -> Result<RemoteCall, TunnelError> {
         use futures_util::stream::{FuturesUnordered, StreamExt};
-        let token = self
-            .node
-            .private_jwt
-            .as_ref()
-            .and_then(|(_, signer)| signer.token())
-            .ok_or_else(|| {
-                TunnelError::new(ErrorKind::PeerUnavailable, "no private JWT to sign with")
-            })?;
+        let token = self.token()?;
         let token = token.as_str();
         let mut racing: FuturesUnordered<_> = candidates
             .iter()
@@ -241,6 +237,7 @@ impl RemoteRouting {
                         address: *address,
                         response,
                         send,
+                        confirmed: true,
                     })
                     .map_err(|why| format!("node {name} ({address}): {why}"))
             })
@@ -258,6 +255,74 @@ impl RemoteRouting {
         ))
     }
 
+    /// Opens the call on the only candidate node without waiting for its 100 Continue: the
+    /// caller sends the request body at once and watches for the confirmation while it does
+    /// (`relay_remote`). Fails, with nothing of the request sent, when the node cannot be
+    /// reached or the stream cannot be opened.
+    pub(super) async fn direct(
+        &self,
+        candidate: &Peer,
+        parts: &http::request::Parts,
+        deadline: Option<Instant>,
+        agent: AgentId,
+    ) -> Result<RemoteCall, TunnelError> {
+        let (name, address) = candidate;
+        let token = self.token()?;
+        let (response, send) = self
+            .start(*address, parts, deadline, agent, &token)
+            .await
+            .map_err(|why| {
+                TunnelError::new(
+                    ErrorKind::PeerUnavailable,
+                    format!("node {name} ({address}): {why}"),
+                )
+            })?;
+        Ok(RemoteCall {
+            node: name.clone(),
+            address: *address,
+            response,
+            send,
+            confirmed: false,
+        })
+    }
+
+    /// A node token for this call's requests to other nodes.
+    fn token(&self) -> Result<String, TunnelError> {
+        self.node
+            .private_jwt
+            .as_ref()
+            .and_then(|(_, signer)| signer.token())
+            .ok_or_else(|| {
+                TunnelError::new(ErrorKind::PeerUnavailable, "no private JWT to sign with")
+            })
+    }
+
+    /// Sends the call's headers to one node's private endpoint on this core's connection to
+    /// it (opened, or opened again, when there is none that works).
+    async fn start(
+        &self,
+        address: SocketAddr,
+        parts: &http::request::Parts,
+        deadline: Option<Instant>,
+        agent: AgentId,
+        token: &str,
+    ) -> Result<(ResponseFuture, SendStream<Bytes>), PeerFailure> {
+        let request = peer_request(address, parts, deadline, agent, token)?;
+        let mut peer = self.peer(address).await?;
+        match peer.send_request(request, false) {
+            Ok(started) => Ok(started),
+            // The kept connection was closed meanwhile (the peer's idle timeout or connection
+            // age, a GOAWAY): nothing was sent, so one new connection is tried at once rather
+            // than counting the node out of this call.
+            Err(_) => {
+                self.peers.borrow_mut().remove(&address);
+                let request = peer_request(address, parts, deadline, agent, token)?;
+                let mut peer = self.peer(address).await?;
+                Ok(peer.send_request(request, false)?)
+            }
+        }
+    }
+
     /// Opens the call on one node's private endpoint and waits until that node holds a tunnel
     /// for it (100 Continue) or answers without one.
     async fn open(
@@ -268,9 +333,7 @@ impl RemoteRouting {
         agent: AgentId,
         token: &str,
     ) -> Result<(ResponseFuture, SendStream<Bytes>), PeerFailure> {
-        let mut peer = self.peer(address).await?;
-        let request = peer_request(address, parts, deadline, agent, token)?;
-        let (mut response, send) = peer.send_request(request, false)?;
+        let (mut response, send) = self.start(address, parts, deadline, agent, token).await?;
         match poll_fn(|cx| response.poll_informational(cx)).await {
             Some(Ok(info)) if info.status() == http::StatusCode::CONTINUE => Ok((response, send)),
             Some(Ok(info)) => Err(PeerFailure::Unexpected(info.status())),
@@ -324,14 +387,15 @@ fn peer_request(
     token: &str,
 ) -> Result<Request<()>, http::Error> {
     let mut request = Request::post(format!("http://{address}{}", parts.uri.path())).body(())?;
-    // The client's metadata passed this node's limits when the call arrived, and the ceiling
-    // is above any limits configuration sets.
-    let _ = metadata_into_headers(
-        &metadata_from_headers(&parts.headers),
-        request.headers_mut(),
-        &MetadataLimits::CEILING,
-    );
     let headers = request.headers_mut();
+    // The client's metadata as it arrived (it passed this node's limits then), hop headers
+    // left out: values are shared, not copied, and nothing is parsed again.
+    let _ = headers.try_reserve(parts.headers.len() + 4);
+    for (name, value) in &parts.headers {
+        if !is_hop_header(name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
     headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
     headers
         .entry(http::header::CONTENT_TYPE)

@@ -54,6 +54,14 @@ pub enum RouteEvent<'a> {
     ClientReset,
     /// The race among these nodes found none with a ready tunnel.
     RaceLost(&'a [Peer]),
+    /// The one node a call was sent to directly ended it before confirming a tunnel (it
+    /// answered without one, its stream broke); `forwarded`: whether any byte of the client's
+    /// request body went to it. Only a call that forwarded nothing may be routed again.
+    Unconfirmed {
+        peer: &'a Peer,
+        error: TunnelError,
+        forwarded: bool,
+    },
     /// Starting the call failed; `replied`: whether the client already got part of an answer.
     Failed { error: TunnelError, replied: bool },
 }
@@ -73,6 +81,10 @@ pub enum RouteStep {
         candidates: Vec<Peer>,
         until: Instant,
     },
+    /// Send the call to the only candidate at once, request body included, without waiting
+    /// for its 100 Continue first; until the node confirms a tunnel (the 100 still comes), the
+    /// call is bound by `until` as a race is.
+    Direct { candidate: Peer, until: Instant },
     /// Wait for a local tunnel or an arrival until `until`; with `poll`, wake after that long
     /// to ask the locator again.
     Wait {
@@ -81,6 +93,20 @@ pub enum RouteStep {
     },
     /// Answer the client with this error.
     GiveUp(TunnelError),
+}
+
+impl RouteStep {
+    /// How a call reaches other nodes: several candidates are raced (each confirms a tunnel
+    /// with 100 Continue before any body byte leaves this node, so the losers cost nothing);
+    /// a single one has nobody to race, and the round trip of its confirmation is skipped.
+    pub fn remote(mut candidates: Vec<Peer>, until: Instant) -> RouteStep {
+        if candidates.len() == 1 {
+            if let Some(candidate) = candidates.pop() {
+                return RouteStep::Direct { candidate, until };
+            }
+        }
+        RouteStep::Race { candidates, until }
+    }
 }
 
 impl RouteState {
@@ -145,10 +171,7 @@ impl RouteState {
                 if candidates.is_empty() {
                     self.wait(now)
                 } else {
-                    RouteStep::Race {
-                        candidates,
-                        until: self.wait_until,
-                    }
+                    RouteStep::remote(candidates, self.wait_until)
                 }
             }
             RouteEvent::LocatorFailed => self.wait(now),
@@ -159,6 +182,19 @@ impl RouteState {
                 self.tried
                     .extend(peers.iter().map(|(name, _)| name.clone()));
                 RouteStep::Look { retried: true }
+            }
+            RouteEvent::Unconfirmed {
+                peer,
+                error,
+                forwarded,
+            } => {
+                if forwarded {
+                    // Its bytes are gone from this node: routing it again could deliver a
+                    // partial request, so the call ends here.
+                    RouteStep::GiveUp(error)
+                } else {
+                    self.next_step(RouteEvent::RaceLost(std::slice::from_ref(peer)), now)
+                }
             }
             RouteEvent::Failed { error, replied } => {
                 if error.retry_before_reply() && !replied {

@@ -95,15 +95,123 @@ fn all_candidates_failing_routes_again_afresh_without_them() {
             poll: Some(ROUTE_POLL)
         }
     );
-    // A node not tried yet is raced.
+    // A node not tried yet is called (directly: it is the only one left).
     let more = [peer("b", 1), peer("d", 3)];
     let step = state.next_step(RouteEvent::Located(more.to_vec()), later);
     assert_eq!(
         step,
-        RouteStep::Race {
-            candidates: vec![peer("d", 3)],
+        RouteStep::Direct {
+            candidate: peer("d", 3),
             until: now + MAX_WAIT
         }
+    );
+}
+
+#[test]
+fn one_candidate_is_called_directly_and_several_are_raced() {
+    let until = Instant::now() + MAX_WAIT;
+    assert_eq!(
+        RouteStep::remote(vec![peer("b", 1)], until),
+        RouteStep::Direct {
+            candidate: peer("b", 1),
+            until
+        }
+    );
+    for count in 2..5u16 {
+        let candidates: Vec<Peer> = (0..count).map(|port| peer("n", port)).collect();
+        assert_eq!(
+            RouteStep::remote(candidates.clone(), until),
+            RouteStep::Race { candidates, until },
+            "{count} candidates"
+        );
+    }
+}
+
+#[test]
+fn a_located_single_node_is_called_directly() {
+    let now = Instant::now();
+    let mut state = cluster_call(now);
+    state.next_step(RouteEvent::Looked { idle_here: false }, now);
+    let step = state.next_step(RouteEvent::Located(vec![peer("b", 1)]), now);
+    assert_eq!(
+        step,
+        RouteStep::Direct {
+            candidate: peer("b", 1),
+            until: now + MAX_WAIT
+        }
+    );
+}
+
+#[test]
+fn a_direct_call_unconfirmed_before_any_body_byte_left_is_routed_again_without_that_node() {
+    let now = Instant::now();
+    let mut state = cluster_call(now);
+    let b = peer("b", 1);
+    state.next_step(RouteEvent::Located(vec![b.clone()]), now);
+    let refused = TunnelError::new(
+        ErrorKind::PeerUnavailable,
+        "node b: answered without a tunnel",
+    );
+    let step = state.next_step(
+        RouteEvent::Unconfirmed {
+            peer: &b,
+            error: refused,
+            forwarded: false,
+        },
+        now,
+    );
+    assert_eq!(step, RouteStep::Look { retried: true }, "as a lost race");
+    let step = state.next_step(RouteEvent::Looked { idle_here: false }, now);
+    assert_eq!(
+        step,
+        RouteStep::Locate {
+            fresh: true,
+            until: now + MAX_WAIT
+        }
+    );
+    let step = state.next_step(RouteEvent::Located(vec![b]), now);
+    assert_eq!(
+        step,
+        RouteStep::Wait {
+            until: now + MAX_WAIT,
+            poll: Some(ROUTE_POLL)
+        },
+        "the node that answered without a tunnel is not called again"
+    );
+}
+
+#[test]
+fn a_direct_call_unconfirmed_after_its_body_went_out_is_not_routed_again() {
+    let now = Instant::now();
+    let mut state = cluster_call(now);
+    let b = peer("b", 1);
+    state.next_step(RouteEvent::Located(vec![b.clone()]), now);
+    let refused = TunnelError::new(
+        ErrorKind::PeerUnavailable,
+        "node b: answered without a tunnel",
+    );
+    let error = give_up(state.next_step(
+        RouteEvent::Unconfirmed {
+            peer: &b,
+            error: refused.clone(),
+            forwarded: true,
+        },
+        now,
+    ));
+    assert_eq!(error, refused);
+    assert_eq!(error.code(), Code::Unavailable);
+}
+
+#[test]
+fn a_direct_call_that_outlives_its_wait_ends_as_a_race_does() {
+    let now = Instant::now();
+    let mut state = cluster_call(now);
+    state.next_step(RouteEvent::Located(vec![peer("b", 1)]), now);
+    let error = give_up(state.next_step(RouteEvent::Expired, now + MAX_WAIT));
+    assert_eq!(error.code(), Code::DeadlineExceeded);
+    assert_eq!(
+        error.message(),
+        format!("agent {AGENT} has no free tunnel in the cluster after waiting {MAX_WAIT:?}")
     );
 }
 

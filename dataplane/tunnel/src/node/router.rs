@@ -79,6 +79,20 @@ impl Router<'_> {
                         }
                     }
                 }
+                RouteStep::Direct { candidate, until } => {
+                    metrics.route("remote", self.worker);
+                    metrics
+                        .wait_duration
+                        .observe(self.worker, state.waited_for(Instant::now()));
+                    match self.direct(&candidate, until, client).await {
+                        Ok(call) => return Ok(Route::Remote(call)),
+                        Err(event) => {
+                            let candidates = std::slice::from_ref(&candidate);
+                            step = state.next_step(event.event(candidates), Instant::now());
+                            continue;
+                        }
+                    }
+                }
                 RouteStep::Wait { until, poll } => {
                     match self.wait(until, poll, arrival.take(), client).await {
                         Ok(tunnel) => return Ok(self.local(state, tunnel)),
@@ -126,6 +140,28 @@ impl Router<'_> {
         };
         raced.map_err(|error| {
             tracing::info!(agent = self.agent, %error, "no node had a ready tunnel; deciding again");
+            RaceEnd::Lost
+        })
+    }
+
+    /// Opens the call on the only candidate; what follows (body, confirmation) is the
+    /// relay's. Nothing of the request is sent when this fails.
+    async fn direct(
+        &self,
+        candidate: &super::route::Peer,
+        until: Instant,
+        client: &mut impl ClientReset,
+    ) -> Result<RemoteCall, RaceEnd> {
+        let Some(remote) = self.remote else {
+            return Err(RaceEnd::Lost);
+        };
+        let opened = monoio::select! {
+            opened = remote.direct(candidate, self.parts, self.deadline, self.agent) => opened,
+            _ = boxed_sleep_until(until) => return Err(RaceEnd::Expired),
+            _ = client.reset() => return Err(RaceEnd::Reset),
+        };
+        opened.map_err(|error| {
+            tracing::info!(agent = self.agent, %error, "the node holding the agent cannot be reached; deciding again");
             RaceEnd::Lost
         })
     }

@@ -148,11 +148,7 @@ impl ExternalHandler {
         let (parts, body) = request.into_parts();
         let metadata = metadata_from_headers(&parts.headers);
         check_client_metadata(node, &metadata)?;
-        let head = CallHead {
-            method,
-            metadata: &metadata,
-            deadline: target.deadline,
-        };
+        let mut head = CallHead::new(method, metadata, target.deadline);
         let mut body = CallBody {
             body,
             early: Vec::new(),
@@ -187,17 +183,28 @@ impl ExternalHandler {
             let mut tunnel = match route {
                 Route::Local(tunnel) => tunnel,
                 Route::Remote(call) => {
-                    return relay_remote(
+                    let until = state.wait_until();
+                    let relayed = relay_remote(
                         call,
-                        &mut body.body,
+                        &mut body,
                         responder,
                         target.deadline,
                         target.agent,
+                        until,
                     )
-                    .await
+                    .await;
+                    match relayed {
+                        Ok(outcome) => return outcome,
+                        // A node called directly did not take the call after all: routing
+                        // goes on as after a lost race (or ends, when the body went to it).
+                        Err(unconfirmed) => {
+                            step = state.next_step(unconfirmed.event(), Instant::now());
+                            continue;
+                        }
+                    }
                 }
             };
-            match start_local(node, &mut tunnel, &head, &mut body).await {
+            match start_local(node, &mut tunnel, &mut head, &mut body).await {
                 Ok(up) => {
                     node.metrics
                         .wait_duration

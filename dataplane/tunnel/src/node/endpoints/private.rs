@@ -111,11 +111,7 @@ impl PrivateEndpoint {
         let (parts, body) = request.into_parts();
         let metadata = metadata_from_headers(&parts.headers);
         check_client_metadata(node, &metadata)?;
-        let head = CallHead {
-            method: parts.uri.path(),
-            metadata: &metadata,
-            deadline: target.deadline,
-        };
+        let mut head = CallHead::new(parts.uri.path(), metadata, target.deadline);
         let mut body = CallBody {
             body,
             early: Vec::new(),
@@ -156,7 +152,7 @@ impl PrivateEndpoint {
                     return Err(error);
                 }
             }
-            match start_local(node, &mut tunnel, &head, &mut body).await {
+            match start_local(node, &mut tunnel, &mut head, &mut body).await {
                 Ok(up) => {
                     let waited = state.waited_for(Instant::now());
                     node.metrics.wait_duration.observe(conn.worker(), waited);
