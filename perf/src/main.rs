@@ -1,6 +1,7 @@
 //! `sluice-perf`: runs one scenario of the macro benchmark (see `perf/README.md`). Normally
 //! started by `perf/run.sh SCENARIO [--smoke]`, which builds the binaries and installs the peers.
 
+mod affinity;
 mod certs;
 mod loadgen;
 mod machine;

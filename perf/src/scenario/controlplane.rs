@@ -97,7 +97,9 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
     let dir = &super::fresh_work_dir(&harness.out)?;
     // Described before pinning: the machine's CPUs, not the harness's share of them.
     let machine = crate::machine::describe();
-    pin_this_thread(&harness.client_cpu)?;
+    let cpus = crate::affinity::parse_cpus(&harness.client_cpu)?;
+    crate::affinity::pin_this_thread(&cpus)
+        .with_context(|| format!("cannot pin the harness to CPUs {}", harness.client_cpu))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("perf-watchers")
@@ -192,33 +194,6 @@ fn markdown(
         ));
     }
     text
-}
-
-/// Pins the calling thread (and the threads it starts afterwards) to `cpus` (`taskset` syntax:
-/// `1`, `0-1`, `0,2`).
-fn pin_this_thread(cpus: &str) -> anyhow::Result<()> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for part in cpus.split(',') {
-        let (first, last) = match part.split_once('-') {
-            Some((a, b)) => (a.trim().parse::<usize>()?, b.trim().parse::<usize>()?),
-            None => (part.trim().parse::<usize>()?, part.trim().parse::<usize>()?),
-        };
-        for cpu in first..=last {
-            // SAFETY: `set` is a valid cpu_set_t and CPU_SET bounds-checks nothing we exceed
-            // (CPU numbers come from the operator and are below CPU_SETSIZE).
-            unsafe { libc::CPU_SET(cpu, &mut set) };
-        }
-    }
-    // SAFETY: sched_setaffinity on the calling thread (pid 0) with a valid set.
-    let result = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
-    if result != 0 {
-        bail!(
-            "cannot pin the harness to CPUs {cpus}: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(())
 }
 
 struct Etcd {

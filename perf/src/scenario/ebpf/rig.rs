@@ -279,7 +279,7 @@ impl Receiver {
             .run(|| std::net::UdpSocket::bind((B_ADDR, PORT)))?
             .context("binding the receiving socket")?;
         socket.set_read_timeout(Some(Duration::from_millis(100)))?;
-        let cpus = parse_cpus(cpu)?;
+        let cpus = crate::affinity::parse_cpus(cpu)?;
         let read = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = std::thread::Builder::new()
@@ -287,7 +287,10 @@ impl Receiver {
             .spawn({
                 let (read, stop) = (read.clone(), stop.clone());
                 move || {
-                    pin_this_thread(&cpus);
+                    // Best effort: an unpinned reader still reads.
+                    if let Err(error) = crate::affinity::pin_this_thread(&cpus) {
+                        eprintln!("cannot pin the UDP reader: {error}");
+                    }
                     let mut buffer = [0u8; 2048];
                     while !stop.load(Ordering::Relaxed) {
                         if socket.recv(&mut buffer).is_ok() {
@@ -314,40 +317,5 @@ impl Drop for Receiver {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-    }
-}
-
-/// CPU numbers of a `taskset` list (`1`, `0-1`, `0,2`).
-pub(super) fn parse_cpus(list: &str) -> anyhow::Result<Vec<usize>> {
-    let mut cpus = Vec::new();
-    for part in list.split(',') {
-        let (first, last) = match part.split_once('-') {
-            Some((a, b)) => (a.trim().parse::<usize>()?, b.trim().parse::<usize>()?),
-            None => (part.trim().parse::<usize>()?, part.trim().parse::<usize>()?),
-        };
-        cpus.extend(first..=last);
-    }
-    if cpus.is_empty() || cpus.iter().any(|&cpu| cpu >= libc::CPU_SETSIZE as usize) {
-        bail!("bad CPU list {list:?}");
-    }
-    Ok(cpus)
-}
-
-/// Pins the calling thread to `cpus` (best effort: an unpinned reader still reads).
-pub(super) fn pin_this_thread(cpus: &[usize]) {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it (every CPU
-    // number was checked against CPU_SETSIZE by `parse_cpus`).
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &cpu in cpus {
-        // SAFETY: see above.
-        unsafe { libc::CPU_SET(cpu, &mut set) };
-    }
-    // SAFETY: sched_setaffinity on the calling thread (pid 0) with a valid set.
-    let result = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
-    if result != 0 {
-        eprintln!(
-            "cannot pin the UDP reader: {}",
-            std::io::Error::last_os_error()
-        );
     }
 }
