@@ -158,6 +158,7 @@ pub fn parse_log_latencies(log: &str) -> Vec<u64> {
 /// Latency percentiles in microseconds (nearest rank).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Percentiles {
+    pub mean: u64,
     pub p50: u64,
     pub p90: u64,
     pub p99: u64,
@@ -171,11 +172,13 @@ impl Percentiles {
             return None;
         }
         samples.sort_unstable();
+        let mean = samples.iter().sum::<u64>() / samples.len() as u64;
         let rank = |fraction: f64| {
             let index = ((fraction * samples.len() as f64).ceil() as usize).saturating_sub(1);
             samples[index.min(samples.len() - 1)]
         };
         Some(Self {
+            mean,
             p50: rank(0.50),
             p90: rank(0.90),
             p99: rank(0.99),
@@ -264,6 +267,24 @@ pub struct Measured {
     pub latency: Option<Percentiles>,
     /// CPU and RSS of the processes measured, over the counted part of the run.
     pub usage: Vec<crate::measure::ProcessUsage>,
+    /// TCP segments every process on this machine sent over the same part (`/proc/net/snmp`
+    /// `Tcp: OutSegs`): client, proxy and upstream hops together.
+    pub tcp_out_segments: Option<u64>,
+}
+
+/// `OutSegs` of the `Tcp:` lines of `/proc/net/snmp` (a header line of names, then values).
+pub fn parse_tcp_out_segments(snmp: &str) -> Option<u64> {
+    let mut tcp = snmp.lines().filter(|line| line.starts_with("Tcp:"));
+    let names = tcp.next()?.split_whitespace();
+    let values = tcp.next()?.split_whitespace();
+    names
+        .zip(values)
+        .find(|(name, _)| *name == "OutSegs")
+        .and_then(|(_, value)| value.parse().ok())
+}
+
+fn tcp_out_segments() -> Option<u64> {
+    parse_tcp_out_segments(&std::fs::read_to_string("/proc/net/snmp").ok()?)
 }
 
 /// Runs `h2load` and measures the CPU of `processes` over the part h2load counts: the whole run
@@ -291,10 +312,14 @@ pub fn measure(
             (child, crate::measure::CpuMeter::start(processes)?)
         }
     };
+    let segments_before = tcp_out_segments();
     let output = child
         .and_then(|child| child.wait_with_output())
         .context("cannot run h2load (nghttp2-client)")?;
     let usage = meter.finish()?;
+    let tcp_out_segments = segments_before
+        .zip(tcp_out_segments())
+        .map(|(before, after)| after.saturating_sub(before));
     let stdout = String::from_utf8_lossy(&output.stdout);
     let summary = parse_summary(&stdout).with_context(|| {
         format!(
@@ -309,6 +334,7 @@ pub fn measure(
         summary,
         latency: Percentiles::of(parse_log_latencies(&log)),
         usage,
+        tcp_out_segments,
     })
 }
 
@@ -332,6 +358,22 @@ mod tests {
         assert!(summary.requests_per_second > 1000.0);
         assert!(summary.duration_s > 0.0 && summary.duration_s < 60.0);
         assert!(summary.data_bytes > 0);
+    }
+
+    #[test]
+    fn out_segments_come_from_the_tcp_lines_of_snmp() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+                    Tcp: RtoAlgorithm RtoMin OutSegs RetransSegs\nTcp: 1 200 123456 7\n\
+                    Udp: InDatagrams\nUdp: 5\n";
+        assert_eq!(parse_tcp_out_segments(snmp), Some(123_456));
+        assert_eq!(parse_tcp_out_segments("Tcp: OutSegs\n"), None);
+    }
+
+    #[test]
+    fn percentiles_carry_the_mean() {
+        let percentiles = Percentiles::of(vec![100, 200, 600]).unwrap();
+        assert_eq!(percentiles.mean, 300);
+        assert_eq!(percentiles.p50, 200);
     }
 
     #[test]

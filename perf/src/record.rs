@@ -23,6 +23,8 @@ pub struct RunRecord {
     pub proxy: Vec<ProcessUsage>,
     pub proxy_cpu_us_per_request: Option<f64>,
     pub proxy_rss_kib: u64,
+    /// TCP segments sent on the machine per request (all hops), over the counted part.
+    pub segments_per_request: Option<f64>,
 }
 
 impl RunRecord {
@@ -35,6 +37,15 @@ impl RunRecord {
         }
         let ok = total.saturating_sub(self.h2load.errors() + self.grpc_errors.unwrap_or(0));
         self.h2load.requests_per_second * ok as f64 / total as f64
+    }
+
+    /// Fills in the segments per request from the machine's TCP counter.
+    pub fn with_segments(mut self, segments: Option<u64>) -> Self {
+        let served = self.h2load.done;
+        self.segments_per_request = segments
+            .filter(|_| served > 0)
+            .map(|segments| segments as f64 / served as f64);
+        self
     }
 
     /// Fills in the per-request CPU and total RSS from the proxy's usage.
@@ -60,12 +71,14 @@ pub struct CaseSummary {
     pub runs: usize,
     pub requests_per_second: f64,
     pub ok_per_second: f64,
+    pub mean_us: u64,
     pub p50_us: u64,
     pub p90_us: u64,
     pub p99_us: u64,
     pub p999_us: u64,
     pub proxy_cpu_us_per_request: Option<f64>,
     pub proxy_rss_kib: u64,
+    pub segments_per_request: Option<f64>,
     pub errors: u64,
 }
 
@@ -126,6 +139,7 @@ pub fn summarize(records: &[RunRecord]) -> Vec<CaseSummary> {
                 .unwrap_or(0.0),
                 ok_per_second: median_f64(runs.iter().map(|r| r.ok_per_second()).collect())
                     .unwrap_or(0.0),
+                mean_us: latency(|p| p.mean),
                 p50_us: latency(|p| p.p50),
                 p90_us: latency(|p| p.p90),
                 p99_us: latency(|p| p.p99),
@@ -136,6 +150,9 @@ pub fn summarize(records: &[RunRecord]) -> Vec<CaseSummary> {
                         .collect(),
                 ),
                 proxy_rss_kib: runs.iter().map(|r| r.proxy_rss_kib).max().unwrap_or(0),
+                segments_per_request: median_f64(
+                    runs.iter().filter_map(|r| r.segments_per_request).collect(),
+                ),
                 errors: runs
                     .iter()
                     .map(|r| r.h2load.errors() + r.grpc_errors.unwrap_or(0))
@@ -183,6 +200,7 @@ pub(crate) mod tests {
             proxy: Vec::new(),
             proxy_cpu_us_per_request: None,
             proxy_rss_kib: 0,
+            segments_per_request: None,
         }
         .with_proxy(proxy)
     }

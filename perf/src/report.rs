@@ -36,11 +36,11 @@ pub fn results_table(summaries: &[CaseSummary], baseline: &str, peers: &[&str]) 
     let cpu_vs: String = peers.iter().map(|p| format!(" CPU vs {p} |")).collect();
     let _ = writeln!(
         out,
-        "| case | workload | clients x streams | req/s | OK/s | OK/s vs {baseline} |{ok_vs} p50 us | p90 us | p99 us | p99.9 us | proxy CPU us/req |{cpu_vs} proxy RSS MiB | errors | runs |"
+        "| case | workload | clients x streams | req/s | OK/s | OK/s vs {baseline} |{ok_vs} mean us | p50 us | p90 us | p99 us | p99.9 us | proxy CPU us/req |{cpu_vs} proxy RSS MiB | TCP segments/req | errors | runs |"
     );
     let _ = writeln!(
         out,
-        "|---|---|---|--:|--:|--:|{}--:|--:|--:|--:|--:|{}--:|--:|--:|",
+        "|---|---|---|--:|--:|--:|{}--:|--:|--:|--:|--:|--:|{}--:|--:|--:|--:|",
         "--:|".repeat(peers.len()),
         "--:|".repeat(peers.len())
     );
@@ -71,7 +71,7 @@ pub fn results_table(summaries: &[CaseSummary], baseline: &str, peers: &[&str]) 
             .collect();
         let _ = writeln!(
             out,
-            "| {} | {} | {} x {} | {:.0} | {:.0} | {} |{ok_ratios} {} | {} | {} | {} | {} |{cpu_ratios} {} | {} | {} |",
+            "| {} | {} | {} x {} | {:.0} | {:.0} | {} |{ok_ratios} {} | {} | {} | {} | {} | {} |{cpu_ratios} {} | {} | {} | {} |",
             s.case,
             s.workload,
             s.clients,
@@ -79,6 +79,7 @@ pub fn results_table(summaries: &[CaseSummary], baseline: &str, peers: &[&str]) 
             s.requests_per_second,
             s.ok_per_second,
             ratio(Some(s.ok_per_second), base.map(|b| b.ok_per_second)),
+            s.mean_us,
             s.p50_us,
             s.p90_us,
             s.p99_us,
@@ -89,11 +90,17 @@ pub fn results_table(summaries: &[CaseSummary], baseline: &str, peers: &[&str]) 
             } else {
                 format!("{:.1}", s.proxy_rss_kib as f64 / 1024.0)
             },
+            segments(s.segments_per_request),
             s.errors,
             s.runs,
         );
     }
     out
+}
+
+/// Segments per request to one decimal, `-` where not measured.
+pub fn segments(per_request: Option<f64>) -> String {
+    per_request.map_or_else(|| "-".to_string(), |segments| format!("{segments:.1}"))
 }
 
 #[cfg(test)]

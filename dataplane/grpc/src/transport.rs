@@ -73,24 +73,19 @@ pub fn small_frame_budget(settings: &H2Settings) -> usize {
 }
 
 /// A monoio TCP stream as tokio-style consumers (h2, tokio-rustls, hyper) see it.
-pub type CompatStream = monoio_compat::TcpStreamCompat;
+pub type CompatStream = crate::gather::GatherStream;
 
 /// Wraps a monoio stream for tokio-style consumers (h2, tokio-rustls, hyper).
 ///
-/// monoio-compat's completion adapter owns a 64 KiB read and a 64 KiB write buffer per
-/// connection and copies every byte through them (an idle HTTP/2 connection costs ~127 KiB).
-/// monoio's readiness-based `poll-io` streams avoid both (43 KiB per idle connection, 24-40%
-/// less gateway CPU per request in smoke A/Bs), but with them a call hung until its deadline
-/// when connections were retired by age (`attacks_slowloris.rs::connections_retired_by_age_cost_no_call`
-/// failed 3 runs in 8, on both drivers; 0 in 6 with this adapter); the cause is not found yet
-/// (docs/PERFORMANCE.md, "Readiness-based I/O A/B"). `Result` so that a registering adapter
-/// can come back without touching the callers.
+/// The adapter gathers writes until a flush (one socket write and, small responses, one TCP
+/// segment per batch) and sizes its buffers on demand: see `gather.rs`. monoio's
+/// readiness-based `poll-io` streams were tried as well: with them a call hung until its
+/// deadline when connections were retired by age (`attacks_slowloris.rs::connections_retired_by_age_cost_no_call`
+/// failed 3 runs in 8, on both drivers); the cause is not found yet (docs/PERFORMANCE.md,
+/// "Readiness-based I/O A/B"). `Result` so that a registering adapter can come back without
+/// touching the callers.
 pub fn compat(stream: TcpStream) -> std::io::Result<CompatStream> {
-    Ok(monoio_compat::TcpStreamCompat::new_with_buffer_size(
-        stream,
-        64 * 1024,
-        64 * 1024,
-    ))
+    Ok(crate::gather::GatherStream::new(stream))
 }
 
 /// An open HTTP/2 client connection.

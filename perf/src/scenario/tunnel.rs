@@ -307,6 +307,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                     summary,
                     latency,
                     usage,
+                    tcp_out_segments,
                 } = measure(&h2load, dir, &proxy)?;
                 let calls_after = grpc_calls(setup.entry_admin)?;
                 let record = RunRecord {
@@ -322,8 +323,10 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                     proxy: Vec::new(),
                     proxy_cpu_us_per_request: None,
                     proxy_rss_kib: 0,
+                    segments_per_request: None,
                 }
-                .with_proxy(usage);
+                .with_proxy(usage)
+                .with_segments(tcp_out_segments);
                 eprintln!(
                     "  {}x{} #{repeat}: {:.0} req/s, p50 {} us, proxy {} us/req, {} errors",
                     level.0,
@@ -407,6 +410,67 @@ fn hop_cpu_table(records: &[RunRecord]) -> String {
     out
 }
 
+fn met(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "**missed**"
+    }
+}
+
+/// Issue 17's tunnel goals, from this run's medians: hop CPU per call <= 0.8x HAProxy's at
+/// every level, OK/s at 10 x 10 >= 0.5x direct (one node) and >= 0.4x (two nodes), p99 at
+/// 50 x 10 within 2x HAProxy's.
+fn targets(records: &[RunRecord], summaries: &[crate::record::CaseSummary]) -> String {
+    let hop = |case: &str, clients: u32, streams: u32| {
+        let mut values: Vec<f64> = records
+            .iter()
+            .filter(|r| r.case == case && r.clients == clients && r.streams == streams)
+            .filter_map(hop_cpu_per_call)
+            .collect();
+        values.sort_by(f64::total_cmp);
+        values.get(values.len() / 2).copied()
+    };
+    let mut out = String::from("| target | level | measured | status |\n|---|---|---|---|\n");
+    for s in summaries.iter().filter(|s| s.case.starts_with("sluice")) {
+        let level = format!("{} {} x {}", s.case, s.clients, s.streams);
+        if let (Some(sluice), Some(haproxy)) = (
+            hop(&s.case, s.clients, s.streams),
+            hop(HAPROXY, s.clients, s.streams),
+        ) {
+            out.push_str(&format!(
+                "| hop CPU/call <= 0.8x HAProxy | {level} | {sluice:.1} vs {haproxy:.1} us ({:.2}x) | {} |\n",
+                sluice / haproxy,
+                met(sluice <= 0.8 * haproxy)
+            ));
+        }
+        let direct = crate::report::find(summaries, DIRECT, s);
+        let floor = match s.case.as_str() {
+            SLUICE_ONE_NODE => 0.5,
+            _ => 0.4,
+        };
+        if let (Some(direct), (10, 10)) = (direct, (s.clients, s.streams)) {
+            let share = s.ok_per_second / direct.ok_per_second.max(1.0);
+            out.push_str(&format!(
+                "| OK/s >= {floor}x direct | {level} | {:.0} vs {:.0} ({share:.2}x) | {} |\n",
+                s.ok_per_second,
+                direct.ok_per_second,
+                met(share >= floor)
+            ));
+        }
+        let haproxy = crate::report::find(summaries, HAPROXY, s);
+        if let (Some(haproxy), (50, 10)) = (haproxy, (s.clients, s.streams)) {
+            out.push_str(&format!(
+                "| p99 <= 2x HAProxy | {level} | {} vs {} us | {} |\n",
+                s.p99_us,
+                haproxy.p99_us,
+                met(s.p99_us <= 2 * haproxy.p99_us)
+            ));
+        }
+    }
+    out
+}
+
 fn report(
     harness: &Harness,
     plan: &Plan,
@@ -442,6 +506,8 @@ fn report(
         &[HAPROXY, NGINX],
     ));
     markdown.push_str(&hop_cpu_table(records));
+    markdown.push_str("\n## Against the targets of issue 17\n\n");
+    markdown.push_str(&targets(records, &summaries));
     markdown.push_str("\n![throughput](throughput.svg)\n\n![p99 latency](latency-p99.svg)\n");
     write_output(&harness.out, "summary.md", &markdown)?;
 
