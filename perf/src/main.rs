@@ -32,6 +32,8 @@ enum Scenario {
     Controlplane,
     /// Packet rate through a veth pair with and without Sluice's eBPF counters, and their cost.
     Ebpf,
+    /// The gateway with one worker against two: per-request CPU, the split between workers.
+    Scaling,
 }
 
 #[derive(Debug, Parser)]
@@ -120,5 +122,6 @@ fn main() -> anyhow::Result<()> {
         Scenario::Policy => scenario::policy::run(&harness),
         Scenario::Controlplane => scenario::controlplane::run(&harness),
         Scenario::Ebpf => scenario::ebpf::run(&harness),
+        Scenario::Scaling => scenario::scaling::run(&harness),
     }
 }

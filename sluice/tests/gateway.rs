@@ -682,6 +682,16 @@ fn five_hundred_clients_share_the_configured_upstream_connections(driver: &str) 
         (1..=2).contains(&for_clients),
         "{for_clients} connections to the apiserver for 500 clients"
     );
+    // Every request is counted on the core that served it (the runtime dashboard's split).
+    let metrics = test_support::http_get(gateway.process.address("admin"), "/metrics")
+        .unwrap()
+        .body;
+    let per_worker: u64 = metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("sluice_worker_requests_total{worker=\""))
+        .filter_map(|rest| rest.split_once("\"} ")?.1.trim().parse::<u64>().ok())
+        .sum();
+    assert_eq!(per_worker, 2000, "{metrics}");
 }
 
 fn the_python_kubernetes_client_lists_and_watches_through_the_gateway(driver: &str) {

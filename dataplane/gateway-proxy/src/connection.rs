@@ -16,7 +16,8 @@ use sluice_gateway::identity::user_from_certificate;
 use sluice_grpc::transport::CompatStream;
 use sluice_grpc::transport::{IdleClock, GOAWAY_GRACE};
 use sluice_runtime::{
-    CloseReason, ConnectionContext, ConnectionHandler, HandlerFactory, WorkerContext,
+    CloseReason, ConnectionContext, ConnectionHandler, HandlerFactory, RequestCounter,
+    WorkerContext,
 };
 use tokio_rustls::server::TlsStream;
 
@@ -145,7 +146,7 @@ impl GatewayHandler {
             .keep_alive_interval(limits.keepalive_interval)
             .keep_alive_timeout(limits.keepalive_timeout)
             .max_concurrent_streams(1000);
-        let service = self.service(client, &activity);
+        let service = self.service(client, &activity, conn.request_counter());
         let connection = builder.serve_connection(TokioIo::new(stream), service);
         let connection = std::pin::pin!(connection);
         let shut_down = |connection: Pin<&mut _>| {
@@ -189,7 +190,7 @@ impl GatewayHandler {
             }
         }
         let activity = Rc::new(Activity::default());
-        let service = self.service(client, &activity);
+        let service = self.service(client, &activity, conn.request_counter());
         let io = TokioIo::new(Rewind::new(buffer.freeze(), stream));
         // hyper's header read timeout also runs while a kept-alive connection waits for its
         // next request head, so on HTTP/1.1 it is the idle limit between requests too.
@@ -217,6 +218,7 @@ impl GatewayHandler {
         self: &Rc<Self>,
         client: Rc<ClientConnection>,
         activity: &Rc<Activity>,
+        requests: RequestCounter,
     ) -> impl hyper::service::Service<
         http::Request<hyper::body::Incoming>,
         Response = http::Response<ActiveBody>,
@@ -229,6 +231,7 @@ impl GatewayHandler {
             let handler = handler.clone();
             let client = client.clone();
             let active = activity.enter();
+            requests.served();
             async move {
                 let response = handler.serve(&client, request).await;
                 Ok::<_, Infallible>(response.map(|body| ActiveBody::new(body, active)))

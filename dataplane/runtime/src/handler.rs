@@ -139,6 +139,26 @@ impl Retirement {
     }
 }
 
+/// Counts requests served on one connection's listener and worker (`sluice_worker_requests`).
+#[derive(Clone)]
+pub struct RequestCounter {
+    shared: Rc<ListenerShared>,
+}
+
+impl RequestCounter {
+    pub fn served(&self) {
+        self.shared.stats.requests.inc(self.shared.worker);
+    }
+}
+
+impl std::fmt::Debug for RequestCounter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestCounter")
+            .field("listener", &self.shared.name)
+            .finish()
+    }
+}
+
 impl ConnectionContext {
     /// Name of the listener (its config key).
     pub fn listener(&self) -> &str {
@@ -153,6 +173,13 @@ impl ConnectionContext {
     /// Counts one request served (per core, summed at scrape).
     pub fn request_served(&self) {
         self.shared.stats.requests.inc(self.shared.worker);
+    }
+
+    /// A handle that counts requests of this connection from the tasks serving them.
+    pub fn request_counter(&self) -> RequestCounter {
+        RequestCounter {
+            shared: self.shared.clone(),
+        }
     }
 
     pub fn lifecycle(&self) -> &Lifecycle {

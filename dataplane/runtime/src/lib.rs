@@ -26,7 +26,8 @@ mod worker;
 pub use driver::{select_driver, Driver, DriverSelection};
 pub use error::RuntimeError;
 pub use handler::{
-    BackgroundTask, Closing, ConnectionContext, ConnectionHandler, HandlerFactory, WorkerContext,
+    BackgroundTask, Closing, ConnectionContext, ConnectionHandler, HandlerFactory, RequestCounter,
+    WorkerContext,
 };
 pub use lifecycle::{Lifecycle, Phase, StopSignal};
 pub use limits::CloseReason;

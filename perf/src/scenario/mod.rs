@@ -5,6 +5,7 @@ pub mod ebpf;
 pub mod gateway;
 pub mod idle;
 pub mod policy;
+pub mod scaling;
 pub mod tunnel;
 
 use std::path::{Path, PathBuf};
