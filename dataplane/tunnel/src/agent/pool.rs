@@ -21,6 +21,9 @@ pub(super) enum PoolEnd {
     Stopped,
     Lost,
     Refused(TunnelError),
+    /// The node is draining (or retiring the connection): tunnels go on a new connection
+    /// now, while calls in flight finish on the old one.
+    Moved,
 }
 
 /// Tunnel counts of one node connection.
@@ -29,6 +32,8 @@ pub(super) struct Pool {
     pub(super) open: Cell<usize>,
     pub(super) idle: Cell<usize>,
     pub(super) refused: RefCell<Option<TunnelError>>,
+    /// A tunnel was closed because the node's connection goes away (`TunnelEnd::Moved`).
+    pub(super) moving: Cell<bool>,
     pub(super) changed: Event,
 }
 
@@ -95,6 +100,15 @@ pub(super) async fn node_loop(
                 metrics.nodes_connected.dec(0);
                 match outcome {
                     PoolEnd::Stopped => return,
+                    PoolEnd::Moved => {
+                        // At once, no backoff: behind a load balancer this reaches another
+                        // node; a restarting node refuses, and the backoff starts from its
+                        // initial value.
+                        tracing::info!(node = %node.url, connection_id, "node is draining; opening tunnels on a new connection while calls finish on the old one");
+                        metrics.moves.inc(0);
+                        backoff = config.reconnect.initial_backoff;
+                        continue;
+                    }
                     PoolEnd::Lost => {
                         tracing::warn!(node = %node.url, "connection to node lost; reconnecting");
                         backoff = config.reconnect.initial_backoff;
@@ -135,6 +149,16 @@ async fn run_pool(
         if let Some(why) = pool.refused.borrow_mut().take() {
             return PoolEnd::Refused(why);
         }
+        if pool.moving.get() {
+            // No new tunnel on this connection: the node would not take it. The tunnels still
+            // carrying calls keep the connection open until they end; then it closes.
+            drop(send_request);
+            sluice_runtime::spawn_contained(
+                "agent-old-connection",
+                finish_old(driver, stop.clone()),
+            );
+            return PoolEnd::Moved;
+        }
         for _ in 0..tunnels_to_open(pool.idle.get(), pool.open.get(), pool_config) {
             pool.open.set(pool.open.get() + 1);
             sluice_runtime::spawn_contained(
@@ -172,6 +196,17 @@ async fn run_pool(
     };
     let _ = monoio::time::timeout(Duration::from_secs(2), closed).await;
     PoolEnd::Stopped
+}
+
+/// Lets a connection the agent moved away from close by itself (its last call done), or, if
+/// the agent stops first, gives it the stop's grace like [`run_pool`] does.
+async fn finish_old(mut driver: monoio::task::JoinHandle<Option<()>>, stop: Arc<StopSignal>) {
+    monoio::select! {
+        _ = &mut driver => {}
+        _ = stop.wait() => {
+            let _ = monoio::time::timeout(Duration::from_secs(2), driver).await;
+        }
+    }
 }
 
 #[cfg(test)]
