@@ -175,7 +175,12 @@ async fn run_pool(
         let changed = pool.changed.listen();
         monoio::select! {
             _ = changed => {}
-            _ = &mut driver => return PoolEnd::Lost,
+            _ = &mut driver => {
+                // The tunnels end with their connection; one may have read the node's drain
+                // UNAVAILABLE just before it closed (an idle connection closes at once).
+                let _ = monoio::time::timeout(Duration::from_secs(1), all_ended(&pool)).await;
+                return if pool.moving.get() { PoolEnd::Moved } else { PoolEnd::Lost };
+            }
             _ = stop.wait() => break,
         }
     }
@@ -185,17 +190,22 @@ async fn run_pool(
     // waiting for this connection until its drain deadline).
     drop(send_request);
     let closed = async {
-        while pool.open.get() > 0 {
-            let changed = pool.changed.listen();
-            if pool.open.get() == 0 {
-                break;
-            }
-            changed.await;
-        }
+        all_ended(&pool).await;
         driver.await;
     };
     let _ = monoio::time::timeout(Duration::from_secs(2), closed).await;
     PoolEnd::Stopped
+}
+
+/// Returns once no tunnel of the pool is open.
+async fn all_ended(pool: &Pool) {
+    while pool.open.get() > 0 {
+        let changed = pool.changed.listen();
+        if pool.open.get() == 0 {
+            break;
+        }
+        changed.await;
+    }
 }
 
 /// Lets a connection the agent moved away from close by itself (its last call done), or, if
