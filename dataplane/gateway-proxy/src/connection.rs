@@ -145,7 +145,7 @@ impl GatewayHandler {
             .keep_alive_interval(limits.keepalive_interval)
             .keep_alive_timeout(limits.keepalive_timeout)
             .max_concurrent_streams(1000);
-        let service = self.service(client, &activity);
+        let service = self.service(client, &activity, conn.closing());
         let connection = builder.serve_connection(TokioIo::new(stream), service);
         let connection = std::pin::pin!(connection);
         let shut_down = |connection: Pin<&mut _>| {
@@ -189,7 +189,7 @@ impl GatewayHandler {
             }
         }
         let activity = Rc::new(Activity::default());
-        let service = self.service(client, &activity);
+        let service = self.service(client, &activity, conn.closing());
         let io = TokioIo::new(Rewind::new(buffer.freeze(), stream));
         // hyper's header read timeout also runs while a kept-alive connection waits for its
         // next request head, so on HTTP/1.1 it is the idle limit between requests too.
@@ -217,6 +217,7 @@ impl GatewayHandler {
         self: &Rc<Self>,
         client: Rc<ClientConnection>,
         activity: &Rc<Activity>,
+        closing: sluice_runtime::Closing,
     ) -> impl hyper::service::Service<
         http::Request<hyper::body::Incoming>,
         Response = http::Response<ActiveBody>,
@@ -229,9 +230,14 @@ impl GatewayHandler {
             let handler = handler.clone();
             let client = client.clone();
             let active = activity.enter();
+            let watch = crate::activity::is_watch(request.uri()).then(|| closing.clone());
             async move {
                 let response = handler.serve(&client, request).await;
-                Ok::<_, Infallible>(response.map(|body| ActiveBody::new(body, active)))
+                let watch = watch.filter(|_| crate::activity::is_json(&response));
+                Ok::<_, Infallible>(response.map(|body| match watch {
+                    Some(closing) => ActiveBody::watch(body, active, closing),
+                    None => ActiveBody::new(body, active),
+                }))
             }
         })
     }
