@@ -137,9 +137,14 @@ impl Drop for Watch {
     }
 }
 
-/// Lists pods in a loop, taking the gateways in turn. A connection the listener refused
-/// (curl exit 7) goes to the other gateway, as a round robin does; anything else but a 200
-/// counts as a failed request.
+/// curl's exits for a connection that failed before any request went out: refused (7), or
+/// closed during the TLS handshake (35; a connection still in the listen backlog, or accepted
+/// but not through its handshake, when the listener closed).
+const NOT_SENT: [i32; 2] = [7, 35];
+
+/// Lists pods in a loop, taking the gateways in turn. A connection that failed before its
+/// request was sent ([`NOT_SENT`]) goes to the other gateway, as a round robin does; anything
+/// else but a 200 counts as a failed request.
 struct Load {
     ok: Arc<AtomicU64>,
     failed: Arc<std::sync::Mutex<Vec<String>>>,
@@ -166,7 +171,12 @@ impl Load {
                             .output()
                             .unwrap()
                     })
-                    .find(|output| output.status.code() != Some(7));
+                    .find(|output| {
+                        !output
+                            .status
+                            .code()
+                            .is_some_and(|code| NOT_SENT.contains(&code))
+                    });
                 let Some(output) = output else {
                     failures
                         .lock()
