@@ -17,6 +17,8 @@ use crate::body::ProxyBody;
 pub struct Activity {
     in_flight: Cell<usize>,
     arrived: Cell<bool>,
+    /// A request ever arrived on the connection.
+    any: Cell<bool>,
 }
 
 impl Activity {
@@ -24,7 +26,13 @@ impl Activity {
     pub fn enter(self: &Rc<Self>) -> ActiveGuard {
         self.in_flight.set(self.in_flight.get() + 1);
         self.arrived.set(true);
+        self.any.set(true);
         ActiveGuard(self.clone())
+    }
+
+    /// Whether any request arrived on the connection yet.
+    pub fn seen_any(&self) -> bool {
+        self.any.get()
     }
 
     pub fn busy(&self) -> bool {

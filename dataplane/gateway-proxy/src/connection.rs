@@ -105,7 +105,9 @@ impl GatewayHandler {
                 conn.closed_by(CloseReason::HandshakeTimeout);
                 return None;
             }
-            _ = conn.draining() => return None,
+            // A connection accepted just before the drain finishes its handshake (the client
+            // may be sending its request already): it is served, then goes away.
+            _ = drained_for_a_moment(conn) => return None,
         };
         let accepted = match accepted {
             Ok(accepted) => accepted,
@@ -179,7 +181,7 @@ impl GatewayHandler {
                 conn.closed_by(CloseReason::HeaderTimeout);
                 return;
             }
-            _ = conn.draining() => return,
+            _ = drained_for_a_moment(conn) => return,
         };
         if let Ok(head) = parse_request(&buffer[..head_length]) {
             if is_upgrade(&head.headers) {
@@ -243,6 +245,23 @@ impl GatewayHandler {
     }
 }
 
+/// Resolves [`GOAWAY_GRACE`] after the connection started draining.
+async fn drained_for_a_moment(conn: &ConnectionContext) {
+    conn.draining().await;
+    monoio::time::sleep(GOAWAY_GRACE).await;
+}
+
+/// Until the first request arrived, for at most [`GOAWAY_GRACE`]. A connection that started
+/// serving while the process already drained is asked to go away only then: closing it right
+/// away (hyper closes an HTTP/2 connection still in its handshake without a GOAWAY) would drop
+/// the request its client already sent.
+async fn first_request_or_grace(activity: &Activity) {
+    let deadline = monoio::time::Instant::now() + GOAWAY_GRACE;
+    while !activity.seen_any() && monoio::time::Instant::now() < deadline {
+        monoio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 /// Runs a client connection to its end under the listener's limits: closed when nothing was in
 /// flight for `idle_timeout`, asked to finish at drain or `max_connection_age`. hyper's own
 /// timer ends it on `timeout_reason` (unanswered keepalive PING, slow request head).
@@ -255,7 +274,13 @@ async fn drive<C: Future<Output = hyper::Result<()>>>(
     timeout_reason: CloseReason,
 ) {
     let mut clock = IdleClock::new(conn.limits(), monoio::time::Instant::now());
-    let mut drain = std::pin::pin!(conn.connection_draining());
+    let late = conn.is_draining();
+    let mut drain = std::pin::pin!(async {
+        conn.connection_draining().await;
+        if late {
+            first_request_or_grace(activity).await;
+        }
+    });
     let mut draining = false;
     loop {
         monoio::select! {
