@@ -144,6 +144,10 @@ fn three_nodes_restarted_in_turn_under_load_fail_no_call(driver: &str) {
         let spec = &specs[index];
         let node = &mut nodes[index];
         let before = load.ok();
+        assert_eq!(
+            metric(node, "sluice_lifecycle_phase{phase=\"ready\"}"),
+            Some(1.0)
+        );
         node.signal(libc::SIGTERM);
         let status = node
             .wait_exit(Duration::from_secs(30))
