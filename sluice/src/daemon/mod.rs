@@ -164,10 +164,10 @@ struct Pillars {
 
 impl Pillars {
     /// At drain start: this node's tracker entries leave Redis, so other nodes stop sending
-    /// calls here while in-flight ones finish (lookups still work for them).
-    /// A peer may still hold a listing of this node from just before (its cache lives about a
-    /// second): everything keeps serving for this long, readiness already 503, before the
-    /// GOAWAYs, so no call is sent here after this node stopped taking calls.
+    /// calls here while in-flight ones finish (lookups still work for them). A peer may still
+    /// hold a listing of this node from just before (its cache lives about a second), so
+    /// everything keeps serving through a grace, readiness already 503, before the GOAWAYs:
+    /// no call is sent here after this node stopped taking calls.
     fn withdraw(&self, lifecycle: &Lifecycle) {
         const WITHDRAW_GRACE: std::time::Duration = std::time::Duration::from_millis(1500);
         let Some(tracker) = &self.tracker else {
