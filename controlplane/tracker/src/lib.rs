@@ -79,6 +79,7 @@ enum Command {
     ConnectionUp(ConnectionRecord),
     ConnectionDown(AgentId, i64),
     ListConnections(oneshot::Sender<Result<Vec<ConnectionRecord>, LocatorError>>),
+    Withdraw(std::sync::mpsc::Sender<()>),
     Shutdown(std::sync::mpsc::Sender<()>),
 }
 
@@ -122,6 +123,14 @@ impl TrackerHandle {
     /// The nodes holding tunnels of `agent`, unexpired.
     pub async fn lookup(&self, agent: AgentId) -> Result<Vec<NodeEntry>, LocatorError> {
         AgentLocator::lookup(self, agent).await
+    }
+
+    /// Removes everything this node wrote from Redis and writes nothing more, while lookups go
+    /// on: called when a drain starts, so peers stop routing calls here while this node's
+    /// in-flight calls (which may still need lookups) finish. Blocks up to `timeout`.
+    pub fn withdraw(&self, timeout: Duration) -> bool {
+        let (reply, done) = std::sync::mpsc::channel();
+        self.commands.send(Command::Withdraw(reply)).is_ok() && done.recv_timeout(timeout).is_ok()
     }
 
     /// Removes everything this node wrote and stops the tracker (graceful shutdown).
@@ -207,6 +216,24 @@ pub fn spawn(
     Ok(handle)
 }
 
+/// Removes every entry and connection record this node wrote (drain or shutdown); returns how
+/// many agents it held.
+async fn remove_all(
+    store: &Store,
+    held: &mut HashMap<AgentId, Held>,
+    connections: &mut HashMap<(AgentId, i64), ConnectionRecord>,
+) -> usize {
+    let keys: Vec<(AgentId, i64)> = connections.drain().map(|(key, _)| key).collect();
+    if let Err(error) = store.remove_connections(&keys).await {
+        tracing::warn!(%error, "cannot remove this node's connection records from redis; they expire by TTL");
+    }
+    let agents: Vec<AgentId> = held.drain().map(|(agent, _)| agent).collect();
+    if let Err(error) = store.unregister(&agents).await {
+        tracing::warn!(%error, "cannot remove this node's entries from redis; they expire by TTL");
+    }
+    agents.len()
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Held {
     Registered,
@@ -236,6 +263,8 @@ async fn run(
     let mut connections: HashMap<(AgentId, i64), ConnectionRecord> = HashMap::new();
     // Agents whose registration did not reach Redis; retried on every tick.
     let mut unwritten: Vec<AgentId> = Vec::new();
+    // Set by a drain: entries removed, nothing written any more, lookups still answered.
+    let mut withdrawn = false;
     let mut refresh = tokio::time::interval(options.refresh);
     let mut gc = tokio::time::interval(options.gc_interval);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
@@ -244,6 +273,9 @@ async fn run(
     loop {
         tokio::select! {
             command = commands.recv() => match command {
+                // A withdrawn (draining) node advertises nothing more.
+                Some(Command::Register(_)) if withdrawn => {}
+                Some(Command::ConnectionUp(_)) if withdrawn => {}
                 Some(Command::Register(agent)) => {
                     if held.insert(agent, Held::Registered).is_none() {
                         if let Err(error) = store.register(&[agent]).await {
@@ -287,15 +319,16 @@ async fn run(
                         let _ = reply.send(store.list_connections().await.map_err(LocatorError::from));
                     });
                 }
+                Some(Command::Withdraw(reply)) => {
+                    let agents = remove_all(&store, &mut held, &mut connections).await;
+                    unwritten.clear();
+                    let withdrawn_before = std::mem::replace(&mut withdrawn, true);
+                    if !withdrawn_before { metrics.withdrawn.inc(0); }
+                    tracing::info!(agents, "draining: removed this node's agents from redis; peers stop routing here");
+                    let _ = reply.send(());
+                }
                 Some(Command::Shutdown(reply)) => {
-                    let keys: Vec<(AgentId, i64)> = connections.keys().copied().collect();
-                    if let Err(error) = store.remove_connections(&keys).await {
-                        tracing::warn!(%error, "cannot remove this node's connection records on shutdown");
-                    }
-                    let agents: Vec<AgentId> = held.keys().copied().collect();
-                    if let Err(error) = store.unregister(&agents).await {
-                        tracing::warn!(%error, "cannot remove this node's entries from redis on shutdown");
-                    }
+                    remove_all(&store, &mut held, &mut connections).await;
                     let _ = reply.send(());
                     return;
                 }

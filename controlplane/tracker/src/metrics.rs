@@ -1,5 +1,5 @@
 use prometheus_client::registry::Registry;
-use sluice_metrics::{PerCoreCounter, PerCoreHistogram};
+use sluice_metrics::{PerCoreCounter, PerCoreGauge, PerCoreHistogram};
 
 /// Tracker metrics (one thread: slot 0 of each per-core type).
 #[derive(Debug, Clone)]
@@ -8,6 +8,8 @@ pub struct TrackerMetrics {
     pub reads: PerCoreCounter,
     pub errors: PerCoreCounter,
     pub round_trip: PerCoreHistogram,
+    /// 1 once this node took its entries out of Redis for a drain (peers stop routing here).
+    pub withdrawn: PerCoreGauge,
 }
 
 impl TrackerMetrics {
@@ -17,6 +19,7 @@ impl TrackerMetrics {
             reads: PerCoreCounter::new(1),
             errors: PerCoreCounter::new(1),
             round_trip: PerCoreHistogram::new(1, PerCoreHistogram::latency_bounds()),
+            withdrawn: PerCoreGauge::new(1),
         };
         registry.register(
             "sluice_tracker_redis_writes",
@@ -37,6 +40,11 @@ impl TrackerMetrics {
             "sluice_tracker_redis_round_trip_seconds",
             "Time of the agent tracker's Redis round trips",
             metrics.round_trip.clone(),
+        );
+        registry.register(
+            "sluice_tracker_withdrawn",
+            "1 once this node removed its agents from Redis because it drains",
+            metrics.withdrawn.clone(),
         );
         metrics
     }

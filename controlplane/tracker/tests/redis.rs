@@ -147,6 +147,40 @@ fn shutdown_removes_what_the_node_wrote() {
 }
 
 #[test]
+fn a_withdrawn_node_leaves_redis_writes_nothing_more_and_still_answers_lookups() {
+    let redis = RedisServer::start().unwrap();
+    let (draining, metrics) = tracker(redis.url(), options("node-a", "t9"));
+    let (peer, _) = tracker(redis.url(), options("node-b", "t9"));
+    draining.register(4);
+    peer.register(4);
+    assert!(wait_until(Duration::from_secs(5), || block_on(
+        peer.lookup(4)
+    )
+    .unwrap()
+    .len()
+        == 2));
+    assert!(draining.withdraw(Duration::from_secs(5)));
+    assert_eq!(metrics.withdrawn.sum(), 1);
+    let entries = block_on(peer.lookup(4)).unwrap();
+    assert_eq!(
+        entries
+            .iter()
+            .map(|entry| entry.node.as_str())
+            .collect::<Vec<_>>(),
+        vec!["node-b"],
+        "the peer no longer sees the draining node"
+    );
+    // A tunnel that still arrives on the draining node is not advertised; the draining node's
+    // own lookups (for calls it still routes) keep working.
+    let writes = redis.command_calls("hset");
+    draining.register(5);
+    assert_eq!(block_on(draining.lookup(4)).unwrap().len(), 1);
+    assert!(block_on(draining.lookup(5)).unwrap().is_empty());
+    assert_eq!(redis.command_calls("hset"), writes);
+    assert!(draining.shutdown(Duration::from_secs(5)));
+}
+
+#[test]
 fn garbage_collection_removes_expired_fields_of_dead_nodes_only() {
     let redis = RedisServer::start().unwrap();
     let mut options = options("node-a", "t4");

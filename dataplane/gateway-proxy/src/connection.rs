@@ -106,7 +106,9 @@ impl GatewayHandler {
                 conn.closed_by(CloseReason::HandshakeTimeout);
                 return None;
             }
-            _ = conn.draining() => return None,
+            // A connection accepted just before the drain finishes its handshake (the client
+            // may be sending its request already): it is served, then goes away.
+            _ = drained_for_a_moment(conn) => return None,
         };
         let accepted = match accepted {
             Ok(accepted) => accepted,
@@ -146,7 +148,7 @@ impl GatewayHandler {
             .keep_alive_interval(limits.keepalive_interval)
             .keep_alive_timeout(limits.keepalive_timeout)
             .max_concurrent_streams(1000);
-        let service = self.service(client, &activity, conn.request_counter());
+        let service = self.service(client, &activity, conn.request_counter(), conn.closing());
         let connection = builder.serve_connection(TokioIo::new(stream), service);
         let connection = std::pin::pin!(connection);
         let shut_down = |connection: Pin<&mut _>| {
@@ -180,7 +182,7 @@ impl GatewayHandler {
                 conn.closed_by(CloseReason::HeaderTimeout);
                 return;
             }
-            _ = conn.draining() => return,
+            _ = drained_for_a_moment(conn) => return,
         };
         if let Ok(head) = parse_request(&buffer[..head_length]) {
             if is_upgrade(&head.headers) {
@@ -190,7 +192,7 @@ impl GatewayHandler {
             }
         }
         let activity = Rc::new(Activity::default());
-        let service = self.service(client, &activity, conn.request_counter());
+        let service = self.service(client, &activity, conn.request_counter(), conn.closing());
         let io = TokioIo::new(Rewind::new(buffer.freeze(), stream));
         // hyper's header read timeout also runs while a kept-alive connection waits for its
         // next request head, so on HTTP/1.1 it is the idle limit between requests too.
@@ -219,6 +221,7 @@ impl GatewayHandler {
         client: Rc<ClientConnection>,
         activity: &Rc<Activity>,
         requests: RequestCounter,
+        closing: sluice_runtime::Closing,
     ) -> impl hyper::service::Service<
         http::Request<hyper::body::Incoming>,
         Response = http::Response<ActiveBody>,
@@ -232,11 +235,33 @@ impl GatewayHandler {
             let client = client.clone();
             let active = activity.enter();
             requests.served();
+            let watch = crate::activity::is_watch(request.uri()).then(|| closing.clone());
             async move {
                 let response = handler.serve(&client, request).await;
-                Ok::<_, Infallible>(response.map(|body| ActiveBody::new(body, active)))
+                let watch = watch.filter(|_| crate::activity::is_json(&response));
+                Ok::<_, Infallible>(response.map(|body| match watch {
+                    Some(closing) => ActiveBody::watch(body, active, closing),
+                    None => ActiveBody::new(body, active),
+                }))
             }
         })
+    }
+}
+
+/// Resolves [`GOAWAY_GRACE`] after the connection started draining.
+async fn drained_for_a_moment(conn: &ConnectionContext) {
+    conn.draining().await;
+    monoio::time::sleep(GOAWAY_GRACE).await;
+}
+
+/// Until the first request arrived, for at most [`GOAWAY_GRACE`]. A connection that started
+/// serving while the process already drained is asked to go away only then: closing it right
+/// away (hyper closes an HTTP/2 connection still in its handshake without a GOAWAY) would drop
+/// the request its client already sent.
+async fn first_request_or_grace(activity: &Activity) {
+    let deadline = monoio::time::Instant::now() + GOAWAY_GRACE;
+    while !activity.seen_any() && monoio::time::Instant::now() < deadline {
+        monoio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }
 
@@ -252,7 +277,13 @@ async fn drive<C: Future<Output = hyper::Result<()>>>(
     timeout_reason: CloseReason,
 ) {
     let mut clock = IdleClock::new(conn.limits(), monoio::time::Instant::now());
-    let mut drain = std::pin::pin!(conn.connection_draining());
+    let late = conn.is_draining();
+    let mut drain = std::pin::pin!(async {
+        conn.connection_draining().await;
+        if late {
+            first_request_or_grace(activity).await;
+        }
+    });
     let mut draining = false;
     loop {
         monoio::select! {

@@ -4,7 +4,11 @@
 //! `keepalive_timeout`, and GOAWAY when the connection is asked to drain (process stop or
 //! `max_connection_age`).
 
-use std::future::Future;
+use std::cell::RefCell;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,6 +18,7 @@ use http::Request;
 use monoio::time::Instant;
 use monoio_compat::{AsyncRead, AsyncWrite};
 use sluice_runtime::{spawn_contained, CloseReason, ConnectionLimits};
+use tokio::io::ReadBuf;
 
 use crate::transport::{small_frame_budget, H2Settings};
 
@@ -81,8 +86,30 @@ pub async fn serve_limited<T, H, F>(
     settings: &H2Settings,
     limits: ServeLimits<'_>,
     drain: impl Future<Output = ()>,
-    mut handler: H,
+    handler: H,
 ) -> Result<(), h2::Error>
+where
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+    H: FnMut(Request<RecvStream>, SendResponse<Bytes>) -> F,
+    F: Future<Output = ()> + 'static,
+{
+    let io = Shared::new(io);
+    let kept = io.clone();
+    let (result, went_away) = serve_h2(io, settings, limits, drain, handler).await;
+    if went_away {
+        linger(kept).await;
+    }
+    result
+}
+
+/// Serves until the connection ends; also says whether it ended after this side's GOAWAY.
+async fn serve_h2<T, H, F>(
+    io: T,
+    settings: &H2Settings,
+    limits: ServeLimits<'_>,
+    drain: impl Future<Output = ()>,
+    mut handler: H,
+) -> (Result<(), h2::Error>, bool)
 where
     T: AsyncRead + AsyncWrite + Unpin + 'static,
     H: FnMut(Request<RecvStream>, SendResponse<Bytes>) -> F,
@@ -99,9 +126,12 @@ where
     let Ok(connection) = monoio::time::timeout_at(limits.handshake_deadline, handshake).await
     else {
         (limits.on_limit)(CloseReason::HandshakeTimeout);
-        return Ok(());
+        return (Ok(()), false);
     };
-    let mut connection = connection?;
+    let mut connection = match connection {
+        Ok(connection) => connection,
+        Err(error) => return (Err(error), false),
+    };
     let now = Instant::now();
     let mut alarms = Alarms {
         clock: IdleClock::new(&limits.limits, now),
@@ -131,9 +161,9 @@ where
                 // stream, counted in sluice_task_panics_total{task="grpc-stream"}, not the worker.
                 spawn_contained("grpc-stream", handler(request, respond));
             }
-            Next::Stream(Some(Err(error))) if is_peer_gone(&error) => return Ok(()),
-            Next::Stream(Some(Err(error))) => return Err(error),
-            Next::Stream(None) => return Ok(()),
+            Next::Stream(Some(Err(error))) if is_peer_gone(&error) => return (Ok(()), false),
+            Next::Stream(Some(Err(error))) => return (Err(error), draining),
+            Next::Stream(None) => return (Ok(()), draining),
             Next::Drain => {
                 draining = true;
                 alarms.stop_limits();
@@ -147,12 +177,78 @@ where
                         draining = true;
                         connection.graceful_shutdown();
                     }
-                    Ring::Close => return Ok(()),
+                    Ring::Close => return (Ok(()), false),
                 }
                 alarm.as_mut().reset(alarms.next());
             }
         }
     }
+}
+
+/// The connection's I/O, shared between the HTTP/2 server and [`linger`], which needs it back
+/// after the server is done with it.
+struct Shared<T>(Rc<RefCell<T>>);
+
+impl<T> Shared<T> {
+    fn new(io: T) -> Self {
+        Self(Rc::new(RefCell::new(io)))
+    }
+}
+
+impl<T> Clone for Shared<T> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+// Each poll borrows for its own duration only; the server and `linger` never poll at once.
+impl<T: AsyncRead + Unpin> AsyncRead for Shared<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Shared<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_shutdown(cx)
+    }
+}
+
+/// After this side's GOAWAY the server closes once its streams are done, but the peer may have
+/// sent a request (or data) the GOAWAY crossed. Closing a socket with unread bytes sends a
+/// RST, and a RST makes the peer's kernel drop what it had not read yet, the GOAWAY included:
+/// the peer would see a reset instead of "not processed, retry elsewhere". So the write side is
+/// shut (FIN after the GOAWAY) and what arrives is read and dropped until the peer closes, for
+/// at most [`GOAWAY_GRACE`].
+async fn linger<T: AsyncRead + AsyncWrite + Unpin>(mut io: Shared<T>) {
+    let drained = async {
+        let _ = poll_fn(|cx| Pin::new(&mut io).poll_shutdown(cx)).await;
+        let mut scratch = [0u8; 4096];
+        loop {
+            let mut buf = ReadBuf::new(&mut scratch);
+            match poll_fn(|cx| Pin::new(&mut io).poll_read(cx, &mut buf)).await {
+                Ok(()) if !buf.filled().is_empty() => {}
+                _ => return,
+            }
+        }
+    };
+    let _ = monoio::time::timeout(GOAWAY_GRACE, drained).await;
 }
 
 /// What a ring of the alarm asks of the serve loop.

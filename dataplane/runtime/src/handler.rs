@@ -90,7 +90,8 @@ struct ClosingInner {
 }
 
 impl Closing {
-    fn fire(&self) {
+    /// Fired by the connection's serve loop (and by tests of what waits on it).
+    pub fn fire(&self) {
         self.0.fired.store(true, Ordering::Release);
         self.0.event.notify(usize::MAX);
     }

@@ -117,6 +117,13 @@ impl Lifecycle {
         self.phase() == Phase::Ready
     }
 
+    /// Readiness answers 503 "draining" from now on, while everything still serves: a process
+    /// that first takes itself out of rotation (load balancers, the tunnel tracker) and only
+    /// then starts the drain ([`crate::RunningServer::shutdown`]).
+    pub fn announce_drain(&self) {
+        self.set_phase(Phase::Draining);
+    }
+
     pub(crate) fn set_phase(&self, phase: Phase) {
         // A failed process stays failed: `/readyz` keeps answering 503 "failed" while it drains.
         if self.has_failed() {

@@ -120,6 +120,7 @@ impl ServerBuilder {
     /// Adds the runtime's connection and request metrics to `registry`.
     pub fn register_metrics(&self, registry: &mut Registry) {
         registry.register_collector(Box::new(RuntimeCollector {
+            lifecycle: self.lifecycle.clone(),
             workers: self.options.workers,
             listeners: self
                 .listeners

@@ -38,7 +38,17 @@ impl ListenerStats {
 pub(crate) struct RuntimeCollector {
     pub(crate) workers: usize,
     pub(crate) listeners: Vec<(String, Placement, ListenerStats)>,
+    pub(crate) lifecycle: std::sync::Arc<crate::Lifecycle>,
 }
+
+/// Every phase, so the phase gauge has one series each (1 for the current one).
+const PHASES: [crate::Phase; 5] = [
+    crate::Phase::Starting,
+    crate::Phase::Ready,
+    crate::Phase::Draining,
+    crate::Phase::Stopped,
+    crate::Phase::Failed,
+];
 
 type PerListener = fn(&ListenerStats) -> u64;
 
@@ -93,6 +103,18 @@ impl Collector for RuntimeCollector {
             None,
             workers.metric_type(),
         )?)?;
+        let current = self.lifecycle.phase();
+        let mut phases = encoder.encode_descriptor(
+            "sluice_lifecycle_phase",
+            "1 for the process's current phase (starting, ready, draining, stopped, failed)",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        for phase in PHASES {
+            let labels = [("phase", phase.as_str())];
+            ConstGauge::new(i64::from(phase == current))
+                .encode(phases.encode_family(&labels.as_slice())?)?;
+        }
         self.encode_per_listener(
             &mut encoder,
             "sluice_connections_accepted",

@@ -139,6 +139,8 @@ fn run(
     let signal = signals.wait(lifecycle.clone());
     crate::notify::stopping("sluice");
     tracing::info!(signal, drain_timeout = ?config.runtime.drain_timeout, "stopping: no new connections, draining in-flight work");
+    // Peers stop routing calls here before the listeners close and the GOAWAYs go out.
+    pillars.withdraw(&lifecycle);
     let report = running.shutdown();
     pillars.stop();
     drop(counters);
@@ -161,6 +163,24 @@ struct Pillars {
 }
 
 impl Pillars {
+    /// At drain start: this node's tracker entries leave Redis, so other nodes stop sending
+    /// calls here while in-flight ones finish (lookups still work for them). A peer may still
+    /// hold a listing of this node from just before (its cache lives about a second), so
+    /// everything keeps serving through a grace, readiness already 503, before the GOAWAYs:
+    /// no call is sent here after this node stopped taking calls.
+    fn withdraw(&self, lifecycle: &Lifecycle) {
+        const WITHDRAW_GRACE: std::time::Duration = std::time::Duration::from_millis(1500);
+        let Some(tracker) = &self.tracker else {
+            return;
+        };
+        lifecycle.announce_drain();
+        if !tracker.withdraw(std::time::Duration::from_secs(3)) {
+            tracing::warn!("could not remove this node's tracker entries from redis at drain start; peers may still route here until the stop");
+        }
+        tracing::info!(grace = ?WITHDRAW_GRACE, "draining: serving on while other nodes' routes to this node expire");
+        std::thread::sleep(WITHDRAW_GRACE);
+    }
+
     fn stop(self) {
         if let Some(tracker) = &self.tracker {
             // Remove this node's entries at once rather than leaving them to expire.

@@ -12,6 +12,7 @@ pub struct AgentMetrics {
     pub requests: PerCoreCounter,
     pub backend_errors: PerCoreCounter,
     pub connect_failures: PerCoreCounter,
+    pub moves: PerCoreCounter,
 }
 
 impl AgentMetrics {
@@ -23,6 +24,7 @@ impl AgentMetrics {
             requests: PerCoreCounter::new(1),
             backend_errors: PerCoreCounter::new(1),
             connect_failures: PerCoreCounter::new(1),
+            moves: PerCoreCounter::new(1),
         };
         registry.register(
             "sluice_agent_tunnels_open",
@@ -53,6 +55,11 @@ impl AgentMetrics {
             "sluice_agent_connect_failures",
             "Failed attempts to connect to a node (each followed by a backoff)",
             metrics.connect_failures.clone(),
+        );
+        registry.register(
+            "sluice_agent_node_moves",
+            "Node connections left because the node drained or retired them (tunnels reopened on a new connection at once)",
+            metrics.moves.clone(),
         );
         metrics
     }

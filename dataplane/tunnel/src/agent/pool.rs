@@ -21,6 +21,9 @@ pub(super) enum PoolEnd {
     Stopped,
     Lost,
     Refused(TunnelError),
+    /// The node is draining (or retiring the connection): tunnels go on a new connection
+    /// now, while calls in flight finish on the old one.
+    Moved,
 }
 
 /// Tunnel counts of one node connection.
@@ -29,6 +32,8 @@ pub(super) struct Pool {
     pub(super) open: Cell<usize>,
     pub(super) idle: Cell<usize>,
     pub(super) refused: RefCell<Option<TunnelError>>,
+    /// A tunnel was closed because the node's connection goes away (`TunnelEnd::Moved`).
+    pub(super) moving: Cell<bool>,
     pub(super) changed: Event,
 }
 
@@ -95,6 +100,15 @@ pub(super) async fn node_loop(
                 metrics.nodes_connected.dec(0);
                 match outcome {
                     PoolEnd::Stopped => return,
+                    PoolEnd::Moved => {
+                        // At once, no backoff: behind a load balancer this reaches another
+                        // node; a restarting node refuses, and the backoff starts from its
+                        // initial value.
+                        tracing::info!(node = %node.url, connection_id, "node is draining; opening tunnels on a new connection while calls finish on the old one");
+                        metrics.moves.inc(0);
+                        backoff = config.reconnect.initial_backoff;
+                        continue;
+                    }
                     PoolEnd::Lost => {
                         tracing::warn!(node = %node.url, "connection to node lost; reconnecting");
                         backoff = config.reconnect.initial_backoff;
@@ -135,6 +149,16 @@ async fn run_pool(
         if let Some(why) = pool.refused.borrow_mut().take() {
             return PoolEnd::Refused(why);
         }
+        if pool.moving.get() {
+            // No new tunnel on this connection: the node would not take it. The tunnels still
+            // carrying calls keep the connection open until they end; then it closes.
+            drop(send_request);
+            sluice_runtime::spawn_contained(
+                "agent-old-connection",
+                finish_old(driver, stop.clone()),
+            );
+            return PoolEnd::Moved;
+        }
         for _ in 0..tunnels_to_open(pool.idle.get(), pool.open.get(), pool_config) {
             pool.open.set(pool.open.get() + 1);
             sluice_runtime::spawn_contained(
@@ -151,7 +175,12 @@ async fn run_pool(
         let changed = pool.changed.listen();
         monoio::select! {
             _ = changed => {}
-            _ = &mut driver => return PoolEnd::Lost,
+            _ = &mut driver => {
+                // The tunnels end with their connection; one may have read the node's drain
+                // UNAVAILABLE just before it closed (an idle connection closes at once).
+                let _ = monoio::time::timeout(Duration::from_secs(1), all_ended(&pool)).await;
+                return if pool.moving.get() { PoolEnd::Moved } else { PoolEnd::Lost };
+            }
             _ = stop.wait() => break,
         }
     }
@@ -161,17 +190,33 @@ async fn run_pool(
     // waiting for this connection until its drain deadline).
     drop(send_request);
     let closed = async {
-        while pool.open.get() > 0 {
-            let changed = pool.changed.listen();
-            if pool.open.get() == 0 {
-                break;
-            }
-            changed.await;
-        }
+        all_ended(&pool).await;
         driver.await;
     };
     let _ = monoio::time::timeout(Duration::from_secs(2), closed).await;
     PoolEnd::Stopped
+}
+
+/// Returns once no tunnel of the pool is open.
+async fn all_ended(pool: &Pool) {
+    while pool.open.get() > 0 {
+        let changed = pool.changed.listen();
+        if pool.open.get() == 0 {
+            break;
+        }
+        changed.await;
+    }
+}
+
+/// Lets a connection the agent moved away from close by itself (its last call done), or, if
+/// the agent stops first, gives it the stop's grace like [`run_pool`] does.
+async fn finish_old(mut driver: monoio::task::JoinHandle<Option<()>>, stop: Arc<StopSignal>) {
+    monoio::select! {
+        _ = &mut driver => {}
+        _ = stop.wait() => {
+            let _ = monoio::time::timeout(Duration::from_secs(2), driver).await;
+        }
+    }
 }
 
 #[cfg(test)]

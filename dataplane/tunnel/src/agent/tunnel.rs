@@ -33,6 +33,9 @@ pub(super) enum TunnelEnd {
     Broken(TunnelError),
     /// Idle timeout, or the node closed it: normal.
     Closed,
+    /// The node closed it with UNAVAILABLE because its connection is going away (the node
+    /// drains, or retires the connection by age): the pool moves to a new connection.
+    Moved,
 }
 
 /// What an idle tunnel does with what came from the node.
@@ -88,6 +91,7 @@ pub(super) async fn tunnel(
         }
         TunnelEnd::Broken(why) => tracing::debug!(%why, "tunnel ended"),
         TunnelEnd::Closed => {}
+        TunnelEnd::Moved => pool.moving.set(true),
     }
     pool.changed.notify(usize::MAX);
 }
@@ -151,7 +155,10 @@ async fn run_tunnel(
             }
             IdleNext::End => {
                 super::forward::end_tunnel(&mut send);
-                return TunnelEnd::Closed;
+                return match closed_by_drain(&mut recv).await {
+                    true => TunnelEnd::Moved,
+                    false => TunnelEnd::Closed,
+                };
             }
             IdleNext::Break(error) => return TunnelEnd::Broken(error),
         };
@@ -160,6 +167,25 @@ async fn run_tunnel(
             return TunnelEnd::Closed;
         }
     }
+}
+
+/// Whether the node ended an idle tunnel with UNAVAILABLE, which it does when the tunnel's
+/// connection goes away (drain or retirement; see the node's `hold_idle`), as opposed to a
+/// plain end. The trailers arrive with the end of the stream; the timeout only bounds a node
+/// that ends the stream with an empty DATA frame and never sends trailers.
+async fn closed_by_drain(recv: &mut RecvStream) -> bool {
+    let trailers = monoio::time::timeout(std::time::Duration::from_secs(1), recv.trailers()).await;
+    let Ok(Ok(Some(trailers))) = trailers else {
+        return false;
+    };
+    is_drain_status(&trailers)
+}
+
+/// The trailers of a tunnel the node closed because its connection goes away.
+pub(super) fn is_drain_status(trailers: &http::HeaderMap) -> bool {
+    trailers
+        .get("grpc-status")
+        .is_some_and(|status| Code::from_header(status.as_bytes()) == Code::Unavailable)
 }
 
 /// Opens the Connect stream and sends the Descriptor; the node accepts (headers) or refuses
@@ -238,5 +264,21 @@ mod tests {
         assert!(matches!(stray, IdleNext::Break(error) if error.kind() == ErrorKind::NodeProtocol));
         let gone = classify_idle(Some(Err(ReadError::Gone("reset".into()))));
         assert!(matches!(gone, IdleNext::Break(error) if error.kind() == ErrorKind::NodeGone));
+    }
+
+    #[test]
+    fn only_unavailable_trailers_mean_the_node_moves_its_agents() {
+        let trailers = |code: &'static str| {
+            let mut map = http::HeaderMap::new();
+            map.insert("grpc-status", http::HeaderValue::from_static(code));
+            map
+        };
+        assert!(is_drain_status(&trailers("14")), "UNAVAILABLE");
+        assert!(!is_drain_status(&trailers("0")), "a plain end");
+        assert!(
+            !is_drain_status(&trailers("7")),
+            "PERMISSION_DENIED: a revoked token"
+        );
+        assert!(!is_drain_status(&http::HeaderMap::new()));
     }
 }

@@ -157,8 +157,11 @@ impl RouteState {
     /// Decides the next step from the last observation.
     pub fn next_step(&mut self, event: RouteEvent<'_>, now: Instant) -> RouteStep {
         match event {
+            // Bounded like a wait's poll: the tunnel seen idle may be gone by the claim (taken
+            // by another call, or closed by a drain), and the call then looks again, elsewhere
+            // too, instead of waiting its whole max_wait for a tunnel on this node.
             RouteEvent::Looked { idle_here: true } => RouteStep::ClaimLocal {
-                until: self.wait_until,
+                until: self.wait_until.min(now + ROUTE_POLL),
             },
             RouteEvent::Looked { idle_here: false } if now >= self.wait_until => {
                 RouteStep::GiveUp(self.expired())

@@ -32,10 +32,28 @@ fn local_hit_claims_the_idle_tunnel_and_counts_as_local() {
     assert_eq!(
         step,
         RouteStep::ClaimLocal {
-            until: now + MAX_WAIT
+            until: now + ROUTE_POLL.min(MAX_WAIT)
         }
     );
     assert_eq!(state.local_label(), "local");
+}
+
+#[test]
+fn a_claim_that_does_not_come_looks_again_before_the_wait_ends() {
+    // The idle tunnel seen was closed (a drain) or taken: after at most a poll the call asks
+    // the locator, instead of waiting its whole max_wait for this node.
+    let now = Instant::now();
+    let mut state = RouteState::new(AGENT, None, Duration::from_secs(60), true, now);
+    let step = state.next_step(RouteEvent::Looked { idle_here: true }, now);
+    assert_eq!(
+        step,
+        RouteStep::ClaimLocal {
+            until: now + ROUTE_POLL
+        }
+    );
+    let later = now + ROUTE_POLL;
+    let step = state.next_step(RouteEvent::ClaimTimedOut, later);
+    assert!(matches!(step, RouteStep::Locate { .. }), "{step:?}");
 }
 
 #[test]
