@@ -92,12 +92,28 @@ impl Network {
         let hub_dev = format!("h{index}");
         let hub = self.hub.name();
         run(std::process::Command::new("ip").args([
-            "-n", hub, "link", "add", &hub_dev, "type", "veth", "peer", "name", "eth0", "netns",
+            "-n",
+            hub,
+            "link",
+            "add",
+            &hub_dev,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
             ns.name(),
         ]))?;
         let gateway = format!("10.200.{index}.1");
-        self.hub
-            .run(&["ip", "addr", "add", &format!("{gateway}/24"), "dev", &hub_dev])?;
+        self.hub.run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{gateway}/24"),
+            "dev",
+            &hub_dev,
+        ])?;
         self.hub.run(&["ip", "link", "set", &hub_dev, "up"])?;
         let ip = Ipv4Addr::new(10, 200, index as u8, 2);
         ns.run(&["ip", "addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
@@ -145,11 +161,8 @@ impl Network {
         if self.relay.is_none() {
             let relay = DelayRelay::start(self.hub.name(), "slow0", delay, loss)?;
             self.hub.run(&["ip", "link", "set", "slow0", "up"])?;
-            self.hub.run(&[
-                "sysctl",
-                "-qw",
-                "net.ipv4.conf.slow0.rp_filter=0",
-            ])?;
+            self.hub
+                .run(&["sysctl", "-qw", "net.ipv4.conf.slow0.rp_filter=0"])?;
             self.hub.run(&[
                 "ip", "route", "add", "default", "dev", "slow0", "table", SLOW_TABLE,
             ])?;

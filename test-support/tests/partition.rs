@@ -25,7 +25,12 @@ fn listen(network: &Network, host: &str) -> SocketAddr {
 }
 
 /// Connect time (or the error) from `host` to `address`, within `timeout`.
-fn connect(network: &Network, host: &str, address: SocketAddr, timeout: Duration) -> Result<Duration, String> {
+fn connect(
+    network: &Network,
+    host: &str,
+    address: SocketAddr,
+    timeout: Duration,
+) -> Result<Duration, String> {
     network.host(host).run(move || {
         let started = Instant::now();
         TcpStream::connect_timeout(&address, timeout)
@@ -43,12 +48,17 @@ fn a_cut_link_swallows_packets_and_a_slowed_one_delays_them() {
 
     network.cut("left", "right").unwrap();
     // A black hole: no RST, no ICMP; the connect times out. Other links are untouched.
-    assert_eq!(connect(&network, "left", echo, Duration::from_millis(700)), Err("TimedOut".into()));
+    assert_eq!(
+        connect(&network, "left", echo, Duration::from_millis(700)),
+        Err("TimedOut".into())
+    );
     assert!(connect(&network, "other", echo, Duration::from_secs(5)).is_ok());
     network.heal("left", "right").unwrap();
     assert!(connect(&network, "left", echo, Duration::from_secs(5)).is_ok());
 
-    network.slow("left", "right", Duration::from_millis(100), 0.0).unwrap();
+    network
+        .slow("left", "right", Duration::from_millis(100), 0.0)
+        .unwrap();
     // SYN there and SYN-ACK back: two delayed packets.
     let slow = connect(&network, "left", echo, Duration::from_secs(5)).unwrap();
     assert!(slow >= Duration::from_millis(200), "{slow:?}");
