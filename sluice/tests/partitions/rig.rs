@@ -32,7 +32,6 @@ impl Drop for RedisChild {
 
 pub struct Rig {
     pub secrets: Secrets,
-    private_secret: std::path::PathBuf,
     /// Node A and node B.
     pub nodes: Vec<SluiceProcess>,
     agents: Vec<SluiceProcess>,
@@ -62,7 +61,6 @@ impl Rig {
         let backend = net.host(CLIENTS).run(|| GrpcBackend::start().unwrap());
         let mut rig = Self {
             secrets,
-            private_secret,
             nodes,
             agents: Vec::new(),
             backend,
@@ -161,7 +159,6 @@ impl Rig {
         for node in &self.nodes {
             assert!(!node.stderr().contains("panicked"), "{}", node.stderr());
         }
-        let _ = &self.private_secret;
     }
 }
 
