@@ -204,7 +204,7 @@ def steady(args):
     """Sequential unary calls for --duration seconds: when each started and ended, and how."""
     ch = channel(args)
     call = ch.unary_unary("/test.Echo/Unary")
-    ok_ends, failures = [], []
+    ok_ends, ok_elapsed, failures = [], [], []
     stop_at = time.time() + args.duration
     index = 0
     while time.time() < stop_at:
@@ -214,13 +214,14 @@ def steady(args):
             reply = call(payload, metadata=metadata(args), timeout=args.timeout)
             if reply == payload:
                 ok_ends.append(time.time())
+                ok_elapsed.append(time.time() - started)
             else:
                 failures.append([started, time.time(), "MISMATCH", reply[:40].decode(errors="replace")])
         except grpc.RpcError as error:
             failures.append([started, time.time(), error.code().name, error.details()])
         index += 1
         time.sleep(args.delay)
-    return {"calls": index, "ok_ends": ok_ends, "failures": failures}
+    return {"calls": index, "ok_ends": ok_ends, "ok_elapsed": ok_elapsed, "failures": failures}
 
 
 def list_agents(args):

@@ -98,6 +98,29 @@ fn choose(open: &[Load], connecting: u32, max_connections: u32) -> Choice {
     }
 }
 
+/// A connection being set up, counted in `connecting` for as long as this lives. The count
+/// must fall however the set-up ends: done, failed, or dropped with its caller (a health probe
+/// or a client request that timed out mid-connect). A count left behind would make every later
+/// pick wait for a connection nobody is setting up, and the server would never be reached
+/// again (seen after a partition: the health checker never brought the server back).
+struct SettingUp<'a>(&'a ServerConnections);
+
+impl<'a> SettingUp<'a> {
+    fn start(connections: &'a ServerConnections) -> Self {
+        connections.connecting.set(connections.connecting.get() + 1);
+        Self(connections)
+    }
+}
+
+impl Drop for SettingUp<'_> {
+    fn drop(&mut self) {
+        self.0
+            .connecting
+            .set(self.0.connecting.get().saturating_sub(1));
+        self.0.connected.notify(usize::MAX);
+    }
+}
+
 /// This core's upstream connections, by (cluster, server endpoint).
 #[derive(Debug)]
 pub struct CorePool {
@@ -140,19 +163,19 @@ impl CorePool {
                 }
                 Pick::Connect => {}
             }
-            connections.connecting.set(connections.connecting.get() + 1);
-            let connected = monoio::time::timeout(
-                CONNECT_TIMEOUT,
-                connect(
-                    server,
-                    &connections.client_tls,
-                    settings,
-                    (&self.gauge, self.worker),
-                ),
-            )
-            .await;
-            connections.connecting.set(connections.connecting.get() - 1);
-            connections.connected.notify(usize::MAX);
+            let connected = {
+                let _setting_up = SettingUp::start(&connections);
+                monoio::time::timeout(
+                    CONNECT_TIMEOUT,
+                    connect(
+                        server,
+                        &connections.client_tls,
+                        settings,
+                        (&self.gauge, self.worker),
+                    ),
+                )
+                .await
+            };
             match connected {
                 Ok(Ok(connection)) => connections.connections.borrow_mut().push(connection),
                 Ok(Err(error)) => return Err(error),
@@ -436,6 +459,38 @@ mod tests {
             choose(&full, 1, 2),
             Choice::Wait,
             "at the limit with one coming: it may take this stream"
+        );
+    }
+
+    #[test]
+    fn a_set_up_abandoned_midway_frees_its_slot_and_wakes_the_waiters() {
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        let connections = ServerConnections {
+            client_tls: Arc::new(tls),
+            connections: RefCell::default(),
+            connecting: Cell::new(0),
+            connected: event_listener::Event::new(),
+        };
+        let waiter = connections.connected.listen();
+        // A set-up future dropped while pending (its caller timed out) drops its guard.
+        let setting_up = SettingUp::start(&connections);
+        assert_eq!(connections.connecting.get(), 1);
+        assert_eq!(choose(&[], connections.connecting.get(), 1), Choice::Wait);
+        drop(setting_up);
+        assert_eq!(connections.connecting.get(), 0);
+        assert_eq!(
+            choose(&[], connections.connecting.get(), 1),
+            Choice::Connect
+        );
+        assert!(
+            futures_util::FutureExt::now_or_never(waiter).is_some(),
+            "those waiting for the connection are woken to pick again"
         );
     }
 

@@ -5,6 +5,7 @@
 use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use h2::{RecvStream, SendStream};
@@ -60,6 +61,22 @@ pub enum ConnectError {
         #[source]
         source: h2::Error,
     },
+    #[error("no connection to {address} within {after:?} (connect, TLS and HTTP/2 handshakes)")]
+    TimedOut {
+        address: SocketAddr,
+        after: Duration,
+    },
+}
+
+/// Bounds for [`connect_within`]: a peer that swallows packets (a partition, a black-holed
+/// route) fails the connection instead of holding whoever waits on it.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectBounds {
+    /// TCP connect, TLS and HTTP/2 handshakes together.
+    pub connect: Duration,
+    /// TCP_USER_TIMEOUT: once data sent stays unacknowledged this long, the kernel closes the
+    /// connection and every stream on it fails.
+    pub unacked: Duration,
 }
 
 /// How many bytes of small-DATA-frame overhead a connection may have buffered before h2 calls
@@ -119,6 +136,58 @@ pub async fn connect(
     let stream = TcpStream::connect(address)
         .await
         .map_err(|source| ConnectError::Tcp { address, source })?;
+    handshake(stream, address, tls, settings).await
+}
+
+/// [`connect`] within `bounds`.
+pub async fn connect_within(
+    address: SocketAddr,
+    tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
+    settings: &H2Settings,
+    bounds: ConnectBounds,
+) -> Result<ClientConnection, ConnectError> {
+    let connect = async {
+        let stream = TcpStream::connect(address)
+            .await
+            .map_err(|source| ConnectError::Tcp { address, source })?;
+        set_user_timeout(&stream, bounds.unacked)
+            .map_err(|source| ConnectError::Tcp { address, source })?;
+        handshake(stream, address, tls, settings).await
+    };
+    monoio::time::timeout(bounds.connect, connect)
+        .await
+        .map_err(|_| ConnectError::TimedOut {
+            address,
+            after: bounds.connect,
+        })?
+}
+
+fn set_user_timeout(stream: &TcpStream, unacked: Duration) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let millis = libc::c_uint::try_from(unacked.as_millis()).unwrap_or(libc::c_uint::MAX);
+    // SAFETY: setsockopt on the stream's open socket with a c_uint value of the right size.
+    let result = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            std::ptr::from_ref(&millis).cast(),
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        )
+    };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+async fn handshake(
+    stream: TcpStream,
+    address: SocketAddr,
+    tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
+    settings: &H2Settings,
+) -> Result<ClientConnection, ConnectError> {
     let _ = stream.set_nodelay(true);
     let io = compat(stream).map_err(|source| ConnectError::Tcp { address, source })?;
     match tls {

@@ -69,6 +69,7 @@ pub struct TunnelMetrics {
     auth_failures: Family<AuthLabels, Counter>,
     metadata_refused: Family<FromLabels, Counter>,
     peers_refused: Counter,
+    peer_connect_failures: Counter,
     buffer_refused: Counter,
     pub tunnels_connected: PerCoreGauge,
     pub request_duration: PerCoreHistogram,
@@ -107,6 +108,7 @@ impl TunnelMetrics {
             auth_failures: Family::default(),
             metadata_refused: Family::default(),
             peers_refused: Counter::default(),
+            peer_connect_failures: Counter::default(),
             buffer_refused: Counter::default(),
             tunnels_connected: PerCoreGauge::new(workers),
             request_duration: PerCoreHistogram::new(workers, PerCoreHistogram::latency_bounds()),
@@ -175,6 +177,11 @@ impl TunnelMetrics {
             "sluice_tunnel_peer_addresses_refused",
             "Other nodes' advertised addresses (from Redis) not dialled because they are outside tunnel.peer_allowlist",
             self.peers_refused.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_peer_connect_failures",
+            "Connections to other nodes' private endpoints that failed or timed out (tunnel.peer_connect_timeout)",
+            self.peer_connect_failures.clone(),
         );
         registry.register(
             "sluice_tunnel_buffer_refused",
@@ -255,6 +262,11 @@ impl TunnelMetrics {
     /// Counts an advertised peer address outside `tunnel.peer_allowlist`.
     pub fn peer_refused(&self) {
         self.peers_refused.inc();
+    }
+
+    /// Counts a connection to another node that failed or timed out.
+    pub fn peer_connect_failed(&self) {
+        self.peer_connect_failures.inc();
     }
 
     /// Peer addresses refused so far (tests and diagnostics).

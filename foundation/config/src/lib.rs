@@ -235,6 +235,28 @@ pub struct TunnelConfig {
     /// Networks other nodes' advertised private addresses (read from Redis) must lie in before
     /// this node dials them with its private JWT; empty: any address.
     pub peer_allowlist: Vec<IpNetwork>,
+    /// How long this node gives another node to connect and to acknowledge what it sent.
+    pub peer_timeouts: PeerTimeouts,
+}
+
+/// Bounds on reaching another node's private endpoint, so a black-holed peer fails a call with
+/// UNAVAILABLE instead of holding it until the client's deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerTimeouts {
+    /// TCP connect, TLS and HTTP/2 handshakes together (`tunnel.peer_connect_timeout`).
+    pub connect: Duration,
+    /// Longest time data sent on a peer connection may stay unacknowledged before the kernel
+    /// closes it (TCP_USER_TIMEOUT; `tunnel.peer_unacked_timeout`).
+    pub unacked: Duration,
+}
+
+impl Default for PeerTimeouts {
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_secs(3),
+            unacked: Duration::from_secs(10),
+        }
+    }
 }
 
 /// An IP network in CIDR notation (`10.0.0.0/8`, `fd00::/8`; a bare address is a /32 or /128).

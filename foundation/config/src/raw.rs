@@ -133,6 +133,8 @@ pub(crate) struct RawTunnel {
     pub(crate) advertise_address: Leaf,
     pub(crate) peer_tls: Option<RawPeerTls>,
     pub(crate) peer_allowlist: Vec<Value>,
+    pub(crate) peer_connect_timeout: Leaf,
+    pub(crate) peer_unacked_timeout: Leaf,
 }
 
 #[derive(Debug, Default, Deserialize)]

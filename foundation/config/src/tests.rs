@@ -214,6 +214,11 @@ fn tunnel_section_enables_agent_and_external_listeners_with_defaults() {
     let tunnel = config.tunnel.expect("tunnel");
     assert_eq!(tunnel.node_name, "node-a");
     assert_eq!(tunnel.max_wait, Duration::from_secs(20));
+    assert_eq!(tunnel.peer_timeouts, crate::PeerTimeouts::default());
+    assert_eq!(
+        (tunnel.peer_timeouts.connect, tunnel.peer_timeouts.unacked),
+        (Duration::from_secs(3), Duration::from_secs(10))
+    );
     assert_eq!(tunnel.max_message_bytes, 32 * 1024 * 1024);
     assert_eq!(
         (tunnel.max_metadata_entries, tunnel.max_metadata_bytes),
@@ -581,5 +586,34 @@ fn ebpf_names_the_interfaces_to_count_on() {
     assert_eq!(
         errors_of("ebpf: {}\n"),
         ["ebpf.interfaces: is required: the interfaces to count on (e.g. [eth0]); remove `ebpf:` to count nothing"]
+    );
+}
+
+#[test]
+fn peer_timeouts_are_read_and_bounded() {
+    let (_dir, secret, _) = secret_dir();
+    let tunnel = |extra: &str| format!("tunnel:\n  jwt: {{secret_file: '{secret}'}}\n{extra}");
+    let config = load_str(
+        &tunnel("  peer_connect_timeout: 500ms\n  peer_unacked_timeout: 4s\n"),
+        "t.yaml",
+    )
+    .expect("valid");
+    let timeouts = config.tunnel.expect("tunnel").peer_timeouts;
+    assert_eq!(timeouts.connect, Duration::from_millis(500));
+    assert_eq!(timeouts.unacked, Duration::from_secs(4));
+    let errors = errors_of(&tunnel(
+        "  peer_connect_timeout: 0s\n  peer_unacked_timeout: 1h\n",
+    ));
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("tunnel.peer_connect_timeout: 0ns is outside 100ms..=60s")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("tunnel.peer_unacked_timeout: 3600s is outside 1s..=600s")),
+        "{errors:?}"
     );
 }

@@ -137,6 +137,7 @@ impl UpDemo {
             advertise_address: None,
             peer_tls: None,
             peer_allowlist: Vec::new(),
+            peer_timeouts: Default::default(),
         });
         config.agent = Some(demo_agent(agent_token));
 

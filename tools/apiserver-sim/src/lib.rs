@@ -38,6 +38,9 @@ pub struct ApiServerOptions {
     /// Keep every request for [`ApiServer::requests`] (tests assert on them). A load test turns
     /// this off: millions of records would grow without bound and cost the simulator time.
     pub record_requests: bool,
+    /// The address to listen on (port 0: any free port); loopback unless a test puts the
+    /// simulator behind a network link of its own (partition tests).
+    pub bind: std::net::IpAddr,
 }
 
 impl ApiServerOptions {
@@ -51,7 +54,14 @@ impl ApiServerOptions {
             caller_tokens: HashMap::new(),
             max_concurrent_streams: None,
             record_requests: true,
+            bind: std::net::IpAddr::from([127, 0, 0, 1]),
         }
+    }
+
+    /// Listens on `ip` instead of loopback.
+    pub fn bind(mut self, ip: std::net::IpAddr) -> Self {
+        self.bind = ip;
+        self
     }
 
     pub fn caller_token(mut self, token: &str, caller: &str) -> Self {
@@ -141,7 +151,7 @@ pub struct ApiServer {
 impl ApiServer {
     pub fn start_with(options: ApiServerOptions) -> std::io::Result<Self> {
         let tls = tls_config(&options)?;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let listener = std::net::TcpListener::bind((options.bind, 0))?;
         listener.set_nonblocking(true)?;
         let address = listener.local_addr()?;
         let shared = Arc::new(Shared::default());

@@ -67,6 +67,8 @@ pub struct NodeShared {
     peer_tls: Option<PeerTls>,
     /// Networks other nodes' advertised addresses must lie in (empty: any).
     peer_allowlist: Vec<sluice_config::IpNetwork>,
+    /// How long another node gets to connect and to acknowledge what this node sent it.
+    peer_timeouts: sluice_config::PeerTimeouts,
     settings: H2Settings,
     /// Publishes which agents this node holds and finds the others (multi-node); `None`
     /// without Redis.
@@ -152,6 +154,7 @@ impl NodeShared {
             },
             peer_tls: config.peer_tls.as_ref().map(PeerTls::new).transpose()?,
             peer_allowlist: config.peer_allowlist.clone(),
+            peer_timeouts: config.peer_timeouts,
             settings: H2Settings::default(),
             locator,
             private_jwt: config
@@ -202,6 +205,7 @@ pub(crate) mod test_node {
             advertise_address: None,
             peer_tls: None,
             peer_allowlist: Vec::new(),
+            peer_timeouts: Default::default(),
         };
         let metrics = TunnelMetrics::register(&mut Registry::default(), 1);
         NodeShared::new(&config, &listener, &listener, None, metrics, locator).unwrap()

@@ -205,7 +205,15 @@ impl RemoteRouting {
                 .unwrap_or_else(|| ServerName::IpAddress(address.ip().into()));
             (tls.client.clone(), name)
         });
-        let connection = sluice_grpc::transport::connect(address, tls, &self.node.settings).await?;
+        let timeouts = self.node.peer_timeouts;
+        let bounds = sluice_grpc::transport::ConnectBounds {
+            connect: timeouts.connect,
+            unacked: timeouts.unacked,
+        };
+        let connection =
+            sluice_grpc::transport::connect_within(address, tls, &self.node.settings, bounds)
+                .await
+                .inspect_err(|_| self.node.metrics.peer_connect_failed())?;
         let ready = connection.ready().await?;
         self.peers
             .borrow_mut()

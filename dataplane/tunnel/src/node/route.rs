@@ -15,6 +15,12 @@ use crate::registry::AgentId;
 /// was lost (Redis reconnect); pub/sub wakes it sooner.
 pub const ROUTE_POLL: Duration = Duration::from_secs(2);
 
+/// How long a call whose remote routing failed (the locator did not answer, or every node it
+/// lists failed the call) still waits for a tunnel to arrive before it fails with UNAVAILABLE:
+/// enough for an agent's quick reconnect to rescue it, short enough that the client can retry
+/// through another node well inside its deadline instead of burning it on this one.
+pub const REMOTE_FAILURE_GRACE: Duration = Duration::from_secs(1);
+
 /// Another node holding the agent: its name and private endpoint.
 pub type Peer = (String, SocketAddr);
 
@@ -33,6 +39,17 @@ pub struct RouteState {
     waited: bool,
     /// Nodes whose race this call lost; not asked again.
     tried: Vec<String>,
+    /// Since when remote routing has been failing this call, and why (UNAVAILABLE once the
+    /// grace is over); cleared when the locator answers with a node still to try.
+    remote_failure: Option<RemoteFailure>,
+}
+
+/// Why a call cannot be routed to another node.
+#[derive(Debug, Clone)]
+struct RemoteFailure {
+    since: Instant,
+    kind: ErrorKind,
+    message: String,
 }
 
 /// What the driver observed since the last step.
@@ -128,6 +145,7 @@ impl RouteState {
             cluster,
             waited: false,
             tried: Vec::new(),
+            remote_failure: None,
         }
     }
 
@@ -170,16 +188,40 @@ impl RouteState {
                 self.locate_or_wait(now)
             }
             RouteEvent::Located(mut candidates) => {
+                let listed = candidates.clone();
                 candidates.retain(|(name, _)| !self.tried.contains(name));
-                if candidates.is_empty() {
-                    self.wait(now)
-                } else {
-                    RouteStep::remote(candidates, self.wait_until)
+                if !candidates.is_empty() {
+                    self.remote_failure = None;
+                    return RouteStep::remote(candidates, self.wait_until);
                 }
+                if listed.is_empty() {
+                    // Nobody holds the agent: wait for it to arrive anywhere, as long as allowed.
+                    self.remote_failure = None;
+                } else {
+                    self.failed_remotely(
+                        now,
+                        ErrorKind::PeerUnavailable,
+                        peers_failed(self.agent, &listed),
+                    );
+                }
+                self.wait(now)
             }
-            RouteEvent::LocatorFailed => self.wait(now),
+            RouteEvent::LocatorFailed => {
+                let agent = self.agent;
+                let message = format!(
+                    "agent {agent} has no tunnel on this node and the agent tracker (Redis) \
+                     did not answer, so no other node can be asked"
+                );
+                self.failed_remotely(now, ErrorKind::LocatorUnavailable, message);
+                self.wait(now)
+            }
             RouteEvent::Woken => RouteStep::Look { retried: false },
-            RouteEvent::Expired => RouteStep::GiveUp(self.expired()),
+            RouteEvent::Expired => match self.remote_failure.clone() {
+                Some(failure) if now < self.wait_until => {
+                    RouteStep::GiveUp(TunnelError::new(failure.kind, failure.message))
+                }
+                _ => RouteStep::GiveUp(self.expired()),
+            },
             RouteEvent::ClientReset => RouteStep::GiveUp(TunnelError::client_gone()),
             RouteEvent::RaceLost(peers) => {
                 self.tried
@@ -196,6 +238,8 @@ impl RouteState {
                     // partial request, so the call ends here.
                     RouteStep::GiveUp(error)
                 } else {
+                    // Its own words are the clearest reason if nobody else can take the call.
+                    self.failed_remotely(now, error.kind(), error.to_string());
                     self.next_step(RouteEvent::RaceLost(std::slice::from_ref(peer)), now)
                 }
             }
@@ -209,9 +253,33 @@ impl RouteState {
         }
     }
 
+    /// Records the first reason remote routing failed (its grace runs from then).
+    fn failed_remotely(&mut self, now: Instant, kind: ErrorKind, message: String) {
+        if self.remote_failure.is_none() {
+            self.remote_failure = Some(RemoteFailure {
+                since: now,
+                kind,
+                message,
+            });
+        }
+    }
+
+    /// The end of the wait: the node's wait, or sooner the end of a remote failure's grace.
+    fn wait_end(&self) -> Instant {
+        match &self.remote_failure {
+            Some(failure) => self.wait_until.min(failure.since + REMOTE_FAILURE_GRACE),
+            None => self.wait_until,
+        }
+    }
+
     fn locate_or_wait(&mut self, now: Instant) -> RouteStep {
         if now >= self.wait_until {
             return RouteStep::GiveUp(self.expired());
+        }
+        if let Some(failure) = &self.remote_failure {
+            if now >= failure.since + REMOTE_FAILURE_GRACE {
+                return RouteStep::GiveUp(TunnelError::new(failure.kind, failure.message.clone()));
+            }
         }
         if self.cluster {
             RouteStep::Locate {
@@ -229,7 +297,7 @@ impl RouteState {
         }
         self.waited = true;
         RouteStep::Wait {
-            until: self.wait_until,
+            until: self.wait_end(),
             poll: self.cluster.then_some(ROUTE_POLL),
         }
     }
@@ -260,6 +328,19 @@ impl RouteState {
             ),
         )
     }
+}
+
+/// The message of a call every listed node failed: which nodes, and where.
+fn peers_failed(agent: AgentId, listed: &[Peer]) -> String {
+    let nodes = listed
+        .iter()
+        .map(|(name, address)| format!("{name} ({address})"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "agent {agent} is held only by node {nodes}, which could not take the call \
+         (unreachable, or no free tunnel); see this node's log for the cause"
+    )
 }
 
 /// The other nodes a locator listed, as race candidates: this node and unparsable addresses

@@ -103,13 +103,13 @@ fn all_candidates_failing_routes_again_afresh_without_them() {
         },
         "a lost race bypasses the cached listing"
     );
-    // The same nodes listed again are not raced again: the call waits for an arrival.
+    // The same nodes listed again are not raced again: the call waits a grace for an arrival.
     let later = now + Duration::from_millis(10);
     let step = state.next_step(RouteEvent::Located(peers.to_vec()), later);
     assert_eq!(
         step,
         RouteStep::Wait {
-            until: now + MAX_WAIT,
+            until: later + REMOTE_FAILURE_GRACE,
             poll: Some(ROUTE_POLL)
         }
     );
@@ -191,10 +191,17 @@ fn a_direct_call_unconfirmed_before_any_body_byte_left_is_routed_again_without_t
     assert_eq!(
         step,
         RouteStep::Wait {
-            until: now + MAX_WAIT,
+            until: now + REMOTE_FAILURE_GRACE,
             poll: Some(ROUTE_POLL)
         },
         "the node that answered without a tunnel is not called again"
+    );
+    // The call ends with what that node said.
+    let error = give_up(state.next_step(RouteEvent::Expired, now + REMOTE_FAILURE_GRACE));
+    assert_eq!(error.code(), Code::Unavailable);
+    assert!(
+        error.to_string().contains("answered without a tunnel"),
+        "{error}"
     );
 }
 
@@ -351,13 +358,95 @@ fn an_arrival_wakes_the_wait_and_the_next_lookup_is_fresh() {
 }
 
 #[test]
-fn a_locator_failure_falls_back_to_waiting_for_local_tunnels() {
+fn a_locator_failure_waits_a_grace_for_local_tunnels_then_fails_unavailable() {
+    let now = Instant::now();
+    let mut state = cluster_call(now);
+    assert_eq!(
+        state.next_step(RouteEvent::LocatorFailed, now),
+        RouteStep::Wait {
+            until: now + REMOTE_FAILURE_GRACE,
+            poll: Some(ROUTE_POLL)
+        }
+    );
+    // A tunnel arriving here within the grace still serves the call.
+    assert!(matches!(
+        state
+            .clone()
+            .next_step(RouteEvent::Looked { idle_here: true }, now),
+        RouteStep::ClaimLocal { .. }
+    ));
+    let error = give_up(state.next_step(RouteEvent::Expired, now + REMOTE_FAILURE_GRACE));
+    assert_eq!(error.code(), Code::Unavailable);
+    assert_eq!(error.kind(), ErrorKind::LocatorUnavailable);
+    assert!(
+        error.to_string().contains("tracker (Redis) did not answer"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_locator_that_answers_again_within_the_grace_routes_the_call() {
+    let now = Instant::now();
+    let mut state = cluster_call(now);
+    state.next_step(RouteEvent::LocatorFailed, now);
+    let later = now + Duration::from_millis(300);
+    assert!(matches!(
+        state.next_step(RouteEvent::Woken, later),
+        RouteStep::Look { .. }
+    ));
+    assert!(matches!(
+        state.next_step(RouteEvent::Looked { idle_here: false }, later),
+        RouteStep::Locate { fresh: true, .. }
+    ));
+    let step = state.next_step(RouteEvent::Located(vec![peer("b", 1)]), later);
+    assert!(matches!(step, RouteStep::Direct { .. }), "{step:?}");
+    // Redis answered: a later wait is the node's whole wait again.
+    let nobody = state.next_step(RouteEvent::Located(Vec::new()), later);
+    assert_eq!(
+        nobody,
+        RouteStep::Wait {
+            until: now + MAX_WAIT,
+            poll: Some(ROUTE_POLL)
+        }
+    );
+}
+
+#[test]
+fn every_listed_node_failing_ends_the_call_unavailable_after_the_grace() {
+    let now = Instant::now();
+    let mut state = cluster_call(now);
+    let peers = [peer("b", 1)];
+    state.next_step(RouteEvent::RaceLost(&peers), now);
+    state.next_step(RouteEvent::Looked { idle_here: false }, now);
+    state.next_step(RouteEvent::Located(peers.to_vec()), now);
+    let error = give_up(state.next_step(RouteEvent::Expired, now + REMOTE_FAILURE_GRACE));
+    assert_eq!(error.code(), Code::Unavailable);
+    assert_eq!(error.kind(), ErrorKind::PeerUnavailable);
+    assert!(
+        error
+            .to_string()
+            .contains("held only by node b (10.0.0.1:1)"),
+        "{error}"
+    );
+    // Past the grace, a look that finds nothing here gives up at once too.
+    let mut again = cluster_call(now);
+    again.next_step(RouteEvent::RaceLost(&peers), now);
+    again.next_step(RouteEvent::Located(peers.to_vec()), now);
+    let late = now + REMOTE_FAILURE_GRACE;
+    let error = give_up(again.next_step(RouteEvent::Looked { idle_here: false }, late));
+    assert_eq!(error.code(), Code::Unavailable);
+}
+
+#[test]
+fn the_wait_still_ends_with_deadline_exceeded_when_no_node_ever_failed() {
     let now = Instant::now();
     let mut state = cluster_call(now);
     assert!(matches!(
-        state.next_step(RouteEvent::LocatorFailed, now),
+        state.next_step(RouteEvent::Located(Vec::new()), now),
         RouteStep::Wait { .. }
     ));
+    let error = give_up(state.next_step(RouteEvent::Expired, now + MAX_WAIT));
+    assert_eq!(error.code(), Code::DeadlineExceeded);
 }
 
 #[test]

@@ -130,6 +130,7 @@ pub fn start_node_buffered(
         advertise_address: None,
         peer_tls: None,
         peer_allowlist: Vec::new(),
+        peer_timeouts: Default::default(),
     };
     let options = RuntimeOptions {
         workers: 2,

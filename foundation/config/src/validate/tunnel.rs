@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::{duration, readable_file, scalar, secret_from_file, text, unsigned, Errors};
 use crate::raw::{RawJwt, RawPeerTls, RawTunnel};
-use crate::{AgentTokenConfig, IpNetwork, JwtConfig, PeerTlsConfig, TunnelConfig};
+use crate::{AgentTokenConfig, IpNetwork, JwtConfig, PeerTimeouts, PeerTlsConfig, TunnelConfig};
 
 fn node_name_default() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -113,6 +113,37 @@ pub(super) fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
                 network
             })
             .collect(),
+        peer_timeouts: peer_timeouts(raw, errors),
+    }
+}
+
+/// `tunnel.peer_connect_timeout` and `tunnel.peer_unacked_timeout`, each within its range.
+fn peer_timeouts(raw: &RawTunnel, errors: &mut Errors) -> PeerTimeouts {
+    let defaults = PeerTimeouts::default();
+    let bounded =
+        |leaf, path: &str, default, (low, high): (Duration, Duration), errors: &mut Errors| {
+            let value = duration(leaf, path, default, errors);
+            if value < low || value > high {
+                errors.push(path, format!("{value:?} is outside {low:?}..={high:?}"));
+                return default;
+            }
+            value
+        };
+    PeerTimeouts {
+        connect: bounded(
+            &raw.peer_connect_timeout,
+            "tunnel.peer_connect_timeout",
+            defaults.connect,
+            (Duration::from_millis(100), Duration::from_secs(60)),
+            errors,
+        ),
+        unacked: bounded(
+            &raw.peer_unacked_timeout,
+            "tunnel.peer_unacked_timeout",
+            defaults.unacked,
+            (Duration::from_secs(1), Duration::from_secs(600)),
+            errors,
+        ),
     }
 }
 
