@@ -231,9 +231,9 @@ impl RemoteRouting {
         parts: &http::request::Parts,
         deadline: Option<Instant>,
         agent: AgentId,
-    ) -> Result<RemoteCall, TunnelError> {
+    ) -> Result<RemoteCall, PeersFailed> {
         use futures_util::stream::{FuturesUnordered, StreamExt};
-        let token = self.token()?;
+        let token = self.token().map_err(PeersFailed::refused)?;
         let token = token.as_str();
         let mut racing: FuturesUnordered<_> = candidates
             .iter()
@@ -247,20 +247,24 @@ impl RemoteRouting {
                         send,
                         confirmed: true,
                     })
-                    .map_err(|why| format!("node {name} ({address}): {why}"))
+                    .map_err(|why| (why.unreachable(), format!("node {name} ({address}): {why}")))
             })
             .collect();
         let mut failures = Vec::new();
+        let mut unreachable = false;
         while let Some(outcome) = racing.next().await {
             match outcome {
                 Ok(call) => return Ok(call),
-                Err(why) => failures.push(why),
+                Err((silent, why)) => {
+                    unreachable |= silent;
+                    failures.push(why);
+                }
             }
         }
-        Err(TunnelError::new(
-            ErrorKind::PeerUnavailable,
-            failures.join("; "),
-        ))
+        Err(PeersFailed {
+            error: TunnelError::new(ErrorKind::PeerUnavailable, failures.join("; ")),
+            unreachable,
+        })
     }
 
     /// Opens the call on the only candidate node without waiting for its 100 Continue: the
@@ -273,17 +277,18 @@ impl RemoteRouting {
         parts: &http::request::Parts,
         deadline: Option<Instant>,
         agent: AgentId,
-    ) -> Result<RemoteCall, TunnelError> {
+    ) -> Result<RemoteCall, PeersFailed> {
         let (name, address) = candidate;
-        let token = self.token()?;
+        let token = self.token().map_err(PeersFailed::refused)?;
         let (response, send) = self
             .start(*address, parts, deadline, agent, &token)
             .await
-            .map_err(|why| {
-                TunnelError::new(
+            .map_err(|why| PeersFailed {
+                unreachable: why.unreachable(),
+                error: TunnelError::new(
                     ErrorKind::PeerUnavailable,
                     format!("node {name} ({address}): {why}"),
-                )
+                ),
             })?;
         Ok(RemoteCall {
             node: name.clone(),
@@ -374,6 +379,46 @@ enum PeerFailure {
     Answered(String, String),
     #[error("advertised address {0} is outside tunnel.peer_allowlist; not dialled")]
     NotAllowed(SocketAddr),
+}
+
+impl PeerFailure {
+    /// The node did not answer at all (a timeout, no route): a partition, unlike a node that
+    /// refused the connection or the stream, which is going away and whose agents reconnect
+    /// elsewhere. Decides whether a call gives up after the short remote-failure grace.
+    fn unreachable(&self) -> bool {
+        use std::io::ErrorKind as Io;
+        let silent = |kind: Io| {
+            matches!(
+                kind,
+                Io::TimedOut | Io::HostUnreachable | Io::NetworkUnreachable
+            )
+        };
+        match self {
+            PeerFailure::Connect(sluice_grpc::transport::ConnectError::TimedOut { .. }) => true,
+            PeerFailure::Connect(sluice_grpc::transport::ConnectError::Tcp { source, .. }) => {
+                silent(source.kind())
+            }
+            PeerFailure::H2(error) => error.get_io().is_some_and(|io| silent(io.kind())),
+            _ => false,
+        }
+    }
+}
+
+/// Why no node of a race (or the one node of a direct call) took the call.
+#[derive(Debug)]
+pub(super) struct PeersFailed {
+    pub(super) error: TunnelError,
+    /// At least one node did not answer at all (see [`PeerFailure::unreachable`]).
+    pub(super) unreachable: bool,
+}
+
+impl PeersFailed {
+    fn refused(error: TunnelError) -> Self {
+        Self {
+            error,
+            unreachable: false,
+        }
+    }
 }
 
 /// Whether an advertised peer address may be dialled: inside one of the allow-list's networks,

@@ -42,6 +42,9 @@ pub struct RouteState {
     /// Since when remote routing has been failing this call, and why (UNAVAILABLE once the
     /// grace is over); cleared when the locator answers with a node still to try.
     remote_failure: Option<RemoteFailure>,
+    /// A node this call tried did not answer at all: when every listed node is tried, remote
+    /// routing has failed (a partition), not merely moved (nodes restarting).
+    unreachable_tried: bool,
 }
 
 /// Why a call cannot be routed to another node.
@@ -69,8 +72,11 @@ pub enum RouteEvent<'a> {
     Expired,
     /// The client reset the call.
     ClientReset,
-    /// The race among these nodes found none with a ready tunnel.
+    /// The race among these nodes found none with a ready tunnel; each answered (refused the
+    /// connection or the stream: a node going away, whose agents reconnect elsewhere).
     RaceLost(&'a [Peer]),
+    /// As `RaceLost`, but at least one of these nodes did not answer at all (a partition).
+    Unreachable(&'a [Peer]),
     /// The one node a call was sent to directly ended it before confirming a tunnel (it
     /// answered without one, its stream broke); `forwarded`: whether any byte of the client's
     /// request body went to it. Only a call that forwarded nothing may be routed again.
@@ -146,6 +152,7 @@ impl RouteState {
             waited: false,
             tried: Vec::new(),
             remote_failure: None,
+            unreachable_tried: false,
         }
     }
 
@@ -194,8 +201,9 @@ impl RouteState {
                     self.remote_failure = None;
                     return RouteStep::remote(candidates, self.wait_until);
                 }
-                if listed.is_empty() {
-                    // Nobody holds the agent: wait for it to arrive anywhere, as long as allowed.
+                if listed.is_empty() || !self.unreachable_tried {
+                    // Nobody holds the agent, or only nodes that refused the call (going away:
+                    // their agents reconnect elsewhere): wait for it to arrive, as allowed.
                     self.remote_failure = None;
                 } else {
                     self.failed_remotely(
@@ -228,21 +236,24 @@ impl RouteState {
                     .extend(peers.iter().map(|(name, _)| name.clone()));
                 RouteStep::Look { retried: true }
             }
+            RouteEvent::Unreachable(peers) => {
+                self.unreachable_tried = true;
+                self.next_step(RouteEvent::RaceLost(peers), now)
+            }
+            // Its bytes are gone from this node: routing it again could deliver a partial
+            // request, so the call ends here.
+            RouteEvent::Unconfirmed {
+                error,
+                forwarded: true,
+                ..
+            } => RouteStep::GiveUp(error),
+            // It answered, so it is going away rather than cut off: its agents reconnect
+            // elsewhere, and the call waits for them as allowed.
             RouteEvent::Unconfirmed {
                 peer,
-                error,
-                forwarded,
-            } => {
-                if forwarded {
-                    // Its bytes are gone from this node: routing it again could deliver a
-                    // partial request, so the call ends here.
-                    RouteStep::GiveUp(error)
-                } else {
-                    // Its own words are the clearest reason if nobody else can take the call.
-                    self.failed_remotely(now, error.kind(), error.to_string());
-                    self.next_step(RouteEvent::RaceLost(std::slice::from_ref(peer)), now)
-                }
-            }
+                forwarded: false,
+                ..
+            } => self.next_step(RouteEvent::RaceLost(std::slice::from_ref(peer)), now),
             RouteEvent::Failed { error, replied } => {
                 if error.retry_before_reply() && !replied {
                     RouteStep::Look { retried: true }

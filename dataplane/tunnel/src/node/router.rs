@@ -131,16 +131,18 @@ impl Router<'_> {
         client: &mut impl ClientReset,
     ) -> Result<RemoteCall, RaceEnd> {
         let Some(remote) = self.remote else {
-            return Err(RaceEnd::Lost);
+            return Err(RaceEnd::Lost { unreachable: false });
         };
         let raced = monoio::select! {
             raced = remote.race(candidates, self.parts, self.deadline, self.agent) => raced,
             _ = boxed_sleep_until(until) => return Err(RaceEnd::Expired),
             _ = client.reset() => return Err(RaceEnd::Reset),
         };
-        raced.map_err(|error| {
-            tracing::info!(agent = self.agent, %error, "no node had a ready tunnel; deciding again");
-            RaceEnd::Lost
+        raced.map_err(|failed| {
+            tracing::info!(agent = self.agent, error = %failed.error, "no node had a ready tunnel; deciding again");
+            RaceEnd::Lost {
+                unreachable: failed.unreachable,
+            }
         })
     }
 
@@ -153,16 +155,18 @@ impl Router<'_> {
         client: &mut impl ClientReset,
     ) -> Result<RemoteCall, RaceEnd> {
         let Some(remote) = self.remote else {
-            return Err(RaceEnd::Lost);
+            return Err(RaceEnd::Lost { unreachable: false });
         };
         let opened = monoio::select! {
             opened = remote.direct(candidate, self.parts, self.deadline, self.agent) => opened,
             _ = boxed_sleep_until(until) => return Err(RaceEnd::Expired),
             _ = client.reset() => return Err(RaceEnd::Reset),
         };
-        opened.map_err(|error| {
-            tracing::info!(agent = self.agent, %error, "the node holding the agent cannot be reached; deciding again");
-            RaceEnd::Lost
+        opened.map_err(|failed| {
+            tracing::info!(agent = self.agent, error = %failed.error, "the node holding the agent cannot be reached; deciding again");
+            RaceEnd::Lost {
+                unreachable: failed.unreachable,
+            }
         })
     }
 
@@ -220,7 +224,10 @@ async fn boxed_sleep_until(until: Instant) {
 
 /// How a race ended without a winner.
 enum RaceEnd {
-    Lost,
+    /// No node took the call; `unreachable` when one of them did not answer at all.
+    Lost {
+        unreachable: bool,
+    },
     Expired,
     Reset,
 }
@@ -228,7 +235,8 @@ enum RaceEnd {
 impl RaceEnd {
     fn event(self, candidates: &[super::route::Peer]) -> RouteEvent<'_> {
         match self {
-            RaceEnd::Lost => RouteEvent::RaceLost(candidates),
+            RaceEnd::Lost { unreachable: false } => RouteEvent::RaceLost(candidates),
+            RaceEnd::Lost { unreachable: true } => RouteEvent::Unreachable(candidates),
             RaceEnd::Expired => RouteEvent::Expired,
             RaceEnd::Reset => RouteEvent::ClientReset,
         }
