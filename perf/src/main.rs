@@ -32,6 +32,9 @@ enum Scenario {
     Controlplane,
     /// Packet rate through a veth pair with and without Sluice's eBPF counters, and their cost.
     Ebpf,
+    /// Mixed tunnel and gateway load at half capacity for minutes, agents and clients churning:
+    /// RSS, fds, p99 and errors over time.
+    Soak,
 }
 
 #[derive(Debug, Parser)]
@@ -72,6 +75,16 @@ struct Cli {
     /// Replace the number of requests per run (tunnel scenario).
     #[arg(long)]
     requests: Option<u64>,
+    /// How long the soak scenario runs (default 30; 1 with --smoke).
+    #[arg(long, value_name = "MINUTES", value_parser = parse_minutes)]
+    minutes: Option<f64>,
+}
+
+fn parse_minutes(text: &str) -> Result<f64, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|minutes| minutes.is_finite() && *minutes > 0.0 && *minutes <= 24.0 * 60.0)
+        .ok_or_else(|| format!("{text:?} is not a number of minutes between 0 and 1440"))
 }
 
 fn parse_level(text: &str) -> Result<(u32, u32), String> {
@@ -112,6 +125,7 @@ fn main() -> anyhow::Result<()> {
         only: cli.only,
         levels: cli.levels,
         requests: cli.requests,
+        minutes: cli.minutes,
     };
     match cli.scenario {
         Scenario::Gateway => scenario::gateway::run(&harness),
@@ -120,5 +134,6 @@ fn main() -> anyhow::Result<()> {
         Scenario::Policy => scenario::policy::run(&harness),
         Scenario::Controlplane => scenario::controlplane::run(&harness),
         Scenario::Ebpf => scenario::ebpf::run(&harness),
+        Scenario::Soak => scenario::soak::run(&harness),
     }
 }

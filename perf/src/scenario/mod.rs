@@ -5,6 +5,7 @@ pub mod ebpf;
 pub mod gateway;
 pub mod idle;
 pub mod policy;
+pub mod soak;
 pub mod tunnel;
 
 use std::path::{Path, PathBuf};
@@ -32,6 +33,8 @@ pub struct Harness {
     pub levels: Vec<(u32, u32)>,
     /// Requests per run replacing the plan's.
     pub requests: Option<u64>,
+    /// How long the soak runs (default: 30, 1 with `--smoke`).
+    pub minutes: Option<f64>,
 }
 
 /// Writes `text` to `out/name`, creating directories.
