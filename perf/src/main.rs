@@ -78,6 +78,10 @@ struct Cli {
     /// How long the soak scenario runs (default 30; 1 with --smoke).
     #[arg(long, value_name = "MINUTES", value_parser = parse_minutes)]
     minutes: Option<f64>,
+    /// Soak: no run; write summary.md, summary.json and the plot again from the samples an
+    /// earlier run left in --out (raw/samples.json).
+    #[arg(long)]
+    resummarize: bool,
 }
 
 fn parse_minutes(text: &str) -> Result<f64, String> {
@@ -126,6 +130,7 @@ fn main() -> anyhow::Result<()> {
         levels: cli.levels,
         requests: cli.requests,
         minutes: cli.minutes,
+        resummarize: cli.resummarize,
     };
     match cli.scenario {
         Scenario::Gateway => scenario::gateway::run(&harness),

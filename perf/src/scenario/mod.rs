@@ -35,6 +35,8 @@ pub struct Harness {
     pub requests: Option<u64>,
     /// How long the soak runs (default: 30, 1 with `--smoke`).
     pub minutes: Option<f64>,
+    /// Soak: write the report again from the samples of an earlier run in `out`.
+    pub resummarize: bool,
 }
 
 /// Writes `text` to `out/name`, creating directories.

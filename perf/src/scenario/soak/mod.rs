@@ -17,7 +17,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{write_output, Harness};
 use crate::loadgen::{
@@ -37,7 +37,7 @@ const LOAD_FRACTION: f64 = 0.5;
 /// Open-loop connections per workload and window.
 const CLIENTS: u32 = 8;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Plan {
     minutes: f64,
     window: Duration,
@@ -171,7 +171,7 @@ fn finish(running: Running) -> anyhow::Result<(H2loadSummary, Option<Percentiles
 }
 
 /// Requests per second each workload sustains alone, closed loop.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 struct Calibration {
     tunnel_capacity: f64,
     gateway_capacity: f64,
@@ -314,7 +314,26 @@ fn run_window(
     ))
 }
 
+/// The report of an earlier run, from what it left in `harness.out`.
+fn resummarize(harness: &Harness) -> anyhow::Result<()> {
+    let read = |name: &str| -> anyhow::Result<serde_json::Value> {
+        let path = harness.out.join(name);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        Ok(serde_json::from_str(&text)?)
+    };
+    let samples: Vec<Sample> = serde_json::from_value(read("raw/samples.json")?)?;
+    let earlier = read("summary.json")?;
+    let plan: Plan = serde_json::from_value(earlier["plan"].clone())?;
+    let rates: Calibration = serde_json::from_value(earlier["calibration"].clone())?;
+    let driver = earlier["driver"].as_str().map(str::to_string);
+    report(harness, &plan, &rates, &samples, driver.as_deref())
+}
+
 pub fn run(harness: &Harness) -> anyhow::Result<()> {
+    if harness.resummarize {
+        return resummarize(harness);
+    }
     let plan = plan(harness);
     let mut rig = Rig::start(harness)?;
     let body_file = rig.dir.join("body.bin");
@@ -396,6 +415,7 @@ fn report(
         &serde_json::to_string_pretty(&serde_json::json!({
             "plan": plan,
             "calibration": rates,
+            "driver": driver,
             "summary": summary,
         }))?,
     )?;
@@ -458,6 +478,7 @@ mod tests {
             levels: Vec::new(),
             requests: None,
             minutes,
+            resummarize: false,
         }
     }
 

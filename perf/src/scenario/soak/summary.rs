@@ -86,11 +86,25 @@ pub struct SoakSummary {
     pub tunnel_p99: P99Range,
     pub gateway_p99: P99Range,
     pub errors: u64,
-    /// Errors in windows during which an agent was restarted.
+    /// Calls the node ended CANCELLED: the client reset them, which h2load does to the calls
+    /// still in flight when it closes its connections at the end of a window (client churn).
+    pub errors_cancelled_by_client: u64,
+    /// Other errors, in windows during which an agent was restarted.
     pub errors_in_churn_windows: u64,
-    /// Errors in windows with no restart: nothing explains them.
+    /// Other errors, in windows with no restart: nothing explains them.
     pub errors_unexplained: u64,
     pub churn_events: usize,
+}
+
+/// Calls of a window the node ended CANCELLED because the client reset them.
+fn cancelled_by_client(sample: &Sample) -> u64 {
+    sample
+        .tunnel
+        .grpc_codes
+        .get("CANCELLED")
+        .copied()
+        .unwrap_or(0)
+        .min(sample.tunnel.errors)
 }
 
 fn p99_range(values: impl Iterator<Item = Option<u64>>) -> P99Range {
@@ -148,12 +162,12 @@ pub fn summarize(samples: &[Sample], warm_up: usize, window_s: f64) -> Option<So
         .filter_map(|p| process_summary(samples, warm, &p.name))
         .collect();
     let after = &samples[warm..];
-    let errors_of = |s: &Sample| s.tunnel.errors + s.gateway.errors;
-    let errors: u64 = samples.iter().map(errors_of).sum();
+    let errors: u64 = samples.iter().map(|s| s.tunnel.errors + s.gateway.errors).sum();
+    let cancelled: u64 = samples.iter().map(cancelled_by_client).sum();
     let errors_in_churn_windows = samples
         .iter()
         .filter(|s| s.churn.is_some())
-        .map(errors_of)
+        .map(|s| s.tunnel.errors + s.gateway.errors - cancelled_by_client(s))
         .sum();
     Some(SoakSummary {
         windows: samples.len(),
@@ -166,8 +180,9 @@ pub fn summarize(samples: &[Sample], warm_up: usize, window_s: f64) -> Option<So
         tunnel_p99: p99_range(after.iter().map(|s| s.tunnel.p99_us)),
         gateway_p99: p99_range(after.iter().map(|s| s.gateway.p99_us)),
         errors,
+        errors_cancelled_by_client: cancelled,
         errors_in_churn_windows,
-        errors_unexplained: errors - errors_in_churn_windows,
+        errors_unexplained: errors - cancelled - errors_in_churn_windows,
         churn_events: samples.iter().filter(|s| s.churn.is_some()).count(),
     })
 }
@@ -218,7 +233,10 @@ pub fn markdown(summary: &SoakSummary) -> String {
          |---|--:|--:|\n\
          | tunnel (gRPC unary) | {} | {} / {} / {} |\n\
          | gateway (h2 GET over TLS) | {} | {} / {} / {} |\n\n\
-         Errors: {} in all ({} in the {} windows with an agent restart, {} in other windows).\n",
+         Errors: {} in all. {} CANCELLED: calls h2load reset because they were still in flight when it \
+         closed its connections at the end of a window (client churn; the client gave them up, no \
+         failure it saw). Of the others, {} in the {} windows with an agent restart and {} in other \
+         windows (unexplained).\n",
         summary.tunnel_calls,
         ms(summary.tunnel_p99.min_us),
         ms(summary.tunnel_p99.median_us),
@@ -228,6 +246,7 @@ pub fn markdown(summary: &SoakSummary) -> String {
         ms(summary.gateway_p99.median_us),
         ms(summary.gateway_p99.max_us),
         summary.errors,
+        summary.errors_cancelled_by_client,
         summary.errors_in_churn_windows,
         summary.churn_events,
         summary.errors_unexplained,
@@ -354,6 +373,12 @@ mod tests {
         assert_eq!(summary.errors, 3);
         assert_eq!(summary.errors_in_churn_windows, 1);
         assert_eq!(summary.errors_unexplained, 2);
+        assert_eq!(summary.errors_cancelled_by_client, 0);
+        let mut cancelled = samples.clone();
+        cancelled[2].tunnel.grpc_codes = [("CANCELLED".to_string(), 2)].into();
+        let summary = summarize(&cancelled, 2, 10.0).unwrap();
+        assert_eq!(summary.errors_cancelled_by_client, 2);
+        assert_eq!(summary.errors_unexplained, 0);
         assert_eq!(summary.tunnel_calls, 400);
         assert_eq!(summary.tunnel_p99.min_us, Some(1_002));
         assert_eq!(summary.tunnel_p99.max_us, Some(1_004));
