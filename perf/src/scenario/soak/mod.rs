@@ -244,7 +244,10 @@ fn error_codes(metrics: &str) -> BTreeMap<String, u64> {
 }
 
 /// What `after` counts beyond `before`, per code (codes that did not grow left out).
-fn code_delta(before: &BTreeMap<String, u64>, after: BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+fn code_delta(
+    before: &BTreeMap<String, u64>,
+    after: BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
     after
         .into_iter()
         .map(|(code, n)| {
@@ -297,7 +300,7 @@ fn run_window(
             spawn(&gateway, rig.dir.join("window-gateway.log"))?,
         )
     };
-    let churn = if window % plan.churn_every == 0 {
+    let churn = if window.is_multiple_of(plan.churn_every) {
         std::thread::sleep(plan.window / 2);
         rig.restart_churned_agent(harness)?;
         Some(format!("agent-churn restarted (#{})", rig.churn_generation))

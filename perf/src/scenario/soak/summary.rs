@@ -162,7 +162,10 @@ pub fn summarize(samples: &[Sample], warm_up: usize, window_s: f64) -> Option<So
         .filter_map(|p| process_summary(samples, warm, &p.name))
         .collect();
     let after = &samples[warm..];
-    let errors: u64 = samples.iter().map(|s| s.tunnel.errors + s.gateway.errors).sum();
+    let errors: u64 = samples
+        .iter()
+        .map(|s| s.tunnel.errors + s.gateway.errors)
+        .sum();
     let cancelled: u64 = samples.iter().map(cancelled_by_client).sum();
     let errors_in_churn_windows = samples
         .iter()
@@ -345,7 +348,9 @@ mod tests {
                 ..WindowLoad::default()
             },
             connected_tunnels: 10,
-            churn: (agent_pid % 2 == 0).then(|| "restarted agent-churn".to_string()),
+            churn: agent_pid
+                .is_multiple_of(2)
+                .then(|| "restarted agent-churn".to_string()),
         }
     }
 
