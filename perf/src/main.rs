@@ -34,6 +34,9 @@ enum Scenario {
     Ebpf,
     /// The gateway with one worker against two: per-request CPU, the split between workers.
     Scaling,
+    /// Mixed tunnel and gateway load at half capacity for minutes, agents and clients churning:
+    /// RSS, fds, p99 and errors over time.
+    Soak,
 }
 
 #[derive(Debug, Parser)]
@@ -74,6 +77,20 @@ struct Cli {
     /// Replace the number of requests per run (tunnel scenario).
     #[arg(long)]
     requests: Option<u64>,
+    /// How long the soak scenario runs (default 30; 1 with --smoke).
+    #[arg(long, value_name = "MINUTES", value_parser = parse_minutes)]
+    minutes: Option<f64>,
+    /// Soak: no run; write summary.md, summary.json and the plot again from the samples an
+    /// earlier run left in --out (raw/samples.json).
+    #[arg(long)]
+    resummarize: bool,
+}
+
+fn parse_minutes(text: &str) -> Result<f64, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|minutes| minutes.is_finite() && *minutes > 0.0 && *minutes <= 24.0 * 60.0)
+        .ok_or_else(|| format!("{text:?} is not a number of minutes between 0 and 1440"))
 }
 
 fn parse_level(text: &str) -> Result<(u32, u32), String> {
@@ -114,6 +131,8 @@ fn main() -> anyhow::Result<()> {
         only: cli.only,
         levels: cli.levels,
         requests: cli.requests,
+        minutes: cli.minutes,
+        resummarize: cli.resummarize,
     };
     match cli.scenario {
         Scenario::Gateway => scenario::gateway::run(&harness),
@@ -123,5 +142,6 @@ fn main() -> anyhow::Result<()> {
         Scenario::Controlplane => scenario::controlplane::run(&harness),
         Scenario::Ebpf => scenario::ebpf::run(&harness),
         Scenario::Scaling => scenario::scaling::run(&harness),
+        Scenario::Soak => scenario::soak::run(&harness),
     }
 }

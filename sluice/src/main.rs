@@ -148,13 +148,13 @@ fn main() -> ExitCode {
             sluice_config::load_file(&config),
             &runtime,
             addresses_file,
-            daemon::Mode::Run,
+            daemon::Mode::Run { config },
         ),
         cli::Command::Agent { config, runtime } => daemon::run_with(
             load_agent_config(&config),
             &runtime,
             addresses_file,
-            daemon::Mode::Run,
+            daemon::Mode::Run { config },
         ),
         #[cfg(not(feature = "demo"))]
         cli::Command::Up { .. } => {

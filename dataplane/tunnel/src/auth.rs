@@ -147,6 +147,10 @@ pub struct JwtValidator {
     validation: Validation,
     leeway: Duration,
     max_lifetime: Duration,
+    /// Which validator of the node this is (a reload that rotates the key makes the next one):
+    /// a [`VerifiedTokens`] cache filled under another generation is emptied before use, so a
+    /// token signed with a retired key stops working at once.
+    generation: u64,
 }
 
 impl std::fmt::Debug for JwtValidator {
@@ -172,7 +176,18 @@ impl JwtValidator {
             validation,
             leeway: config.leeway,
             max_lifetime: config.max_lifetime,
+            generation: 0,
         }
+    }
+
+    /// This validator as generation `generation` (see [`Self::generation`]).
+    pub fn with_generation(mut self, generation: u64) -> Self {
+        self.generation = generation;
+        self
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Checks signature, algorithm, issuer, audience, exp, nbf, iat (not in the future) and that
@@ -222,6 +237,8 @@ pub struct VerifiedTokens {
     tokens: HashMap<Box<str>, u64>,
     /// Tokens kept at most; beyond it expired ones are dropped, then all.
     capacity: usize,
+    /// The generation of the validator that verified `tokens`.
+    generation: u64,
 }
 
 impl VerifiedTokens {
@@ -237,6 +254,7 @@ impl VerifiedTokens {
         Self {
             tokens: HashMap::new(),
             capacity,
+            generation: 0,
         }
     }
 
@@ -247,6 +265,11 @@ impl VerifiedTokens {
         headers: &HeaderMap,
     ) -> Result<(), AuthError> {
         let token = bearer_token(headers)?;
+        if self.generation != validator.generation {
+            // The key (or issuer, audience, lifetime) changed: earlier verdicts no longer hold.
+            self.tokens.clear();
+            self.generation = validator.generation;
+        }
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
@@ -378,6 +401,35 @@ mod tests {
         cache.tokens.insert(token_text, n - 10);
         assert_eq!(cache.validate(&validator, &good), Err(AuthError::Expired));
         assert!(cache.tokens.is_empty());
+    }
+
+    #[test]
+    fn a_rotated_key_empties_the_cache() {
+        let old = JwtValidator::new(&config());
+        let mut cache = VerifiedTokens::new();
+        let n = now();
+        let signed_with_old = headers(&format!(
+            "Bearer {}",
+            token(SECRET, "gitlab", "gitlab-kas", n, n + 30)
+        ));
+        assert_eq!(cache.validate(&old, &signed_with_old), Ok(()));
+        let new_secret = b"fedcba9876543210fedcba9876543210";
+        let rotated = JwtValidator::new(&JwtConfig {
+            secret: new_secret.to_vec(),
+            ..config()
+        })
+        .with_generation(old.generation() + 1);
+        // The old token was verified before, but not by this key.
+        assert_eq!(
+            cache.validate(&rotated, &signed_with_old),
+            Err(AuthError::BadSignature)
+        );
+        let signed_with_new = headers(&format!(
+            "Bearer {}",
+            token(new_secret, "gitlab", "gitlab-kas", n, n + 30)
+        ));
+        assert_eq!(cache.validate(&rotated, &signed_with_new), Ok(()));
+        assert_eq!(cache.tokens.len(), 1);
     }
 
     #[test]

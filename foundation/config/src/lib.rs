@@ -7,6 +7,7 @@
 
 mod listener;
 mod raw;
+pub mod reload;
 mod validate;
 
 use std::num::NonZeroUsize;

@@ -35,7 +35,7 @@ const CASES: [&str; 4] = [DIRECT, HAPROXY, NGINX, SLUICE];
 /// The cluster's name (TLS server name) in the gateway's config.
 pub(super) const HOST: &str = "kube.perf.test";
 /// A small GET: one pod, about 300 bytes of JSON.
-const GET_PATH: &str = "/api/v1/namespaces/default/pods/pod-00000";
+pub(super) const GET_PATH: &str = "/api/v1/namespaces/default/pods/pod-00000";
 /// A LIST-like answer: every pod of namespace `perf`.
 const LIST_PATH: &str = "/api/v1/namespaces/perf/pods";
 /// Pods in namespace `perf`: about 100 KB of JSON in one LIST answer.

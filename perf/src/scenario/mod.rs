@@ -6,6 +6,7 @@ pub mod gateway;
 pub mod idle;
 pub mod policy;
 pub mod scaling;
+pub mod soak;
 pub mod tunnel;
 
 use std::path::{Path, PathBuf};
@@ -33,6 +34,10 @@ pub struct Harness {
     pub levels: Vec<(u32, u32)>,
     /// Requests per run replacing the plan's.
     pub requests: Option<u64>,
+    /// How long the soak runs (default: 30, 1 with `--smoke`).
+    pub minutes: Option<f64>,
+    /// Soak: write the report again from the samples of an earlier run in `out`.
+    pub resummarize: bool,
 }
 
 /// Writes `text` to `out/name`, creating directories.

@@ -5,10 +5,11 @@ mod ebpf;
 mod feeds;
 pub(crate) use feeds::client_config as watch_client_config;
 mod gateway;
+mod reload;
 mod status;
 mod tunnel;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -26,8 +27,8 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 #[derive(Debug)]
 pub enum Mode {
-    /// `sluice run --config FILE` or `sluice agent --config FILE`.
-    Run,
+    /// `sluice run --config FILE` or `sluice agent --config FILE`: SIGHUP reloads FILE.
+    Run { config: PathBuf },
     /// `sluice up`: the demo; also prints what started and how to try it.
     #[cfg(feature = "demo")]
     Up(Box<crate::demo::UpDemo>),
@@ -51,18 +52,10 @@ pub fn run_with(
             return ExitCode::from(2);
         }
     };
-    if let Some(workers) = args.workers {
-        config.runtime.workers = sluice_config::Workers::Count(
-            usize::from(workers)
-                .try_into()
-                .unwrap_or(std::num::NonZeroUsize::MIN),
-        );
-    }
-    if let Some(driver) = args.driver {
-        config.runtime.driver = driver.into();
-    }
-    crate::logging::init(&config.logging);
-    match run(config, addresses_file, mode) {
+    let overrides = command_line_overrides(args);
+    overrides(&mut config);
+    let log = crate::logging::init(&config.logging);
+    match run(config, addresses_file, mode, (overrides, log)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!("{error:#}");
@@ -72,13 +65,40 @@ pub fn run_with(
     }
 }
 
+/// What the command line changes in a config file (`--workers`, `--driver`): applied at start
+/// and to every reloaded file, so a reload does not see them as changes.
+fn command_line_overrides(args: &RuntimeArgs) -> Box<dyn Fn(&mut Config)> {
+    let (workers, driver) = (args.workers, args.driver);
+    Box::new(move |config| {
+        if let Some(workers) = workers {
+            config.runtime.workers = sluice_config::Workers::Count(
+                usize::from(workers)
+                    .try_into()
+                    .unwrap_or(std::num::NonZeroUsize::MIN),
+            );
+        }
+        if let Some(driver) = driver {
+            config.runtime.driver = driver.into();
+        }
+    })
+}
+
 fn run(
     #[cfg_attr(not(feature = "demo"), allow(unused_mut))] mut config: Config,
     addresses_file: Option<&Path>,
-    #[cfg_attr(not(feature = "demo"), allow(unused_variables))] mode: Mode,
+    mode: Mode,
+    (overrides, log): (
+        Box<dyn Fn(&mut Config)>,
+        Option<crate::logging::LogFilterHandle>,
+    ),
 ) -> anyhow::Result<()> {
-    // Caught from here on, so a stop during start-up still drains instead of killing us.
-    let signals = StopSignals::install()?;
+    // Caught from here on, so a stop during start-up still drains instead of killing us; a
+    // SIGHUP during start-up waits for the reload loop.
+    let signals = match mode {
+        Mode::Run { .. } => StopSignals::install_with_reload()?,
+        #[cfg(feature = "demo")]
+        Mode::Up(_) => StopSignals::install()?,
+    };
     let selection = select_driver(config.runtime.driver, config.runtime.uring_entries)?;
     match &selection.fallback_reason {
         None => tracing::info!(driver = %selection.driver, "I/O driver selected"),
@@ -102,6 +122,7 @@ fn run(
     let node = tunnel::wire_node(&config, &mut server, &mut registry, workers)?;
     let gateway = gateway::wire(&config, &mut server, &mut registry, workers)?;
     let mut targets = feeds::FeedTargets::default();
+    let node_shared = node.as_ref().map(|node| node.node.clone());
     let (tracker, node_feed) = node.map_or((None, None), |node| (node.tracker, node.feed));
     let (reloader, gateway_feed) =
         gateway.map_or((None, None), |gateway| (gateway.reloader, gateway.feed));
@@ -119,6 +140,18 @@ fn run(
     tunnel::wire_agent(&config, &mut server, &mut registry)?;
     let addresses = server.addresses();
     let counters = ebpf::wire(&config, &addresses, &mut registry);
+    let mut reloader = match &mode {
+        Mode::Run { config: path } => Some(reload::Reloader::new(
+            path.clone(),
+            overrides,
+            config.clone(),
+            node_shared,
+            log,
+            &mut registry,
+        )),
+        #[cfg(feature = "demo")]
+        Mode::Up(_) => None,
+    };
     serve_admin(&config, &mut server, registry, admin);
 
     let running = server.start()?;
@@ -136,7 +169,11 @@ fn run(
     }
 
     crate::notify::ready("sluice");
-    let signal = signals.wait(lifecycle.clone());
+    let signal = signals.wait_with_reload(lifecycle.clone(), || {
+        if let Some(reloader) = &mut reloader {
+            reloader.reload();
+        }
+    });
     crate::notify::stopping("sluice");
     tracing::info!(signal, drain_timeout = ?config.runtime.drain_timeout, "stopping: no new connections, draining in-flight work");
     // Peers stop routing calls here before the listeners close and the GOAWAYs go out.

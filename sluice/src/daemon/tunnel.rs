@@ -63,6 +63,7 @@ pub fn wire_node(
     }
     server.serve(external_id, ExternalEndpoint { node: node.clone() });
     Ok(Some(WiredNode {
+        node: node.clone(),
         tracker,
         feed: tunnel.agents_from.clone().map(|source| (source, node)),
     }))
@@ -70,6 +71,8 @@ pub fn wire_node(
 
 /// The node as wired: its Redis tracker, and the control plane to take its agents from.
 pub struct WiredNode {
+    /// What a config reload changes (JWT key, agents, max_wait).
+    pub node: Arc<NodeShared>,
     pub tracker: Option<TrackerHandle>,
     pub feed: Option<(sluice_config::ControlPlaneSource, Arc<NodeShared>)>,
 }

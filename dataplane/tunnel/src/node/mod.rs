@@ -20,7 +20,7 @@ pub mod route;
 mod router;
 mod tunnel;
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -50,9 +50,11 @@ pub struct NodeShared {
     connections: Mutex<bookkeeping::Connections>,
     /// Swapped whole when the allowed agents change (from the control plane).
     tokens: ArcSwap<AgentTokens>,
-    jwt: JwtValidator,
+    /// Swapped whole by a config reload (a rotated key, `tunnel.jwt`).
+    jwt: ArcSwap<JwtValidator>,
     pub node_name: String,
-    pub max_wait: Duration,
+    /// `tunnel.max_wait` in nanoseconds; a config reload stores a new value.
+    max_wait_nanos: AtomicU64,
     pub max_message_bytes: usize,
     /// Metadata one call may carry, from its client or its agent.
     pub metadata_limits: MetadataLimits,
@@ -100,10 +102,40 @@ impl NodeShared {
         }
     }
 
+    /// The validator of client JWTs in force (changed by [`Self::set_jwt`]).
+    pub fn jwt(&self) -> arc_swap::Guard<Arc<JwtValidator>> {
+        self.jwt.load()
+    }
+
+    /// Validates client JWTs with `config` from now on (a reload: a rotated secret, another
+    /// issuer or audience). Calls in flight keep the verdict they had; every core's cache of
+    /// verified tokens is emptied at its next call, so a token of the old key is refused at once.
+    pub fn set_jwt(&self, config: &sluice_config::JwtConfig) {
+        let generation = self.jwt.load().generation() + 1;
+        self.jwt.store(Arc::new(
+            JwtValidator::new(config).with_generation(generation),
+        ));
+    }
+
+    /// Longest time a call waits for a free tunnel of its agent (`tunnel.max_wait`).
+    pub fn max_wait(&self) -> Duration {
+        Duration::from_nanos(self.max_wait_nanos.load(Ordering::Relaxed))
+    }
+
+    /// Applies a reloaded `tunnel.max_wait` to calls that arrive from now on.
+    pub fn set_max_wait(&self, max_wait: Duration) {
+        self.max_wait_nanos
+            .store(duration_nanos(max_wait), Ordering::Relaxed);
+    }
+
     /// Whether a tunnel opened with the token of digest `token` may be parked again.
     pub(crate) fn still_allowed(&self, agent: AgentId, token: &[u8; 32]) -> bool {
         self.tokens.load().allows(agent, token)
     }
+}
+
+fn duration_nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 fn server_tls(
@@ -135,9 +167,9 @@ impl NodeShared {
             registry: ConnectionRegistry::new(),
             connections: Mutex::default(),
             tokens: ArcSwap::from_pointee(AgentTokens::new(&config.agents)),
-            jwt: JwtValidator::new(&config.jwt),
+            jwt: ArcSwap::from_pointee(JwtValidator::new(&config.jwt)),
             node_name: config.node_name.clone(),
-            max_wait: config.max_wait,
+            max_wait_nanos: AtomicU64::new(duration_nanos(config.max_wait)),
             max_message_bytes: config.max_message_bytes,
             metadata_limits: MetadataLimits {
                 entries: config.max_metadata_entries,

@@ -294,7 +294,7 @@ mod tests {
         let started = Instant::now();
         // The test node's max_wait (1 s) ends before the locator poll (2 s): only the arrival
         // can make the call look up the agent again.
-        let mut state = RouteState::new(5, None, node.max_wait, true, started);
+        let mut state = RouteState::new(5, None, node.max_wait(), true, started);
         let mut client = Patient;
         let error = run(async {
             let arrive = async {
@@ -314,7 +314,7 @@ mod tests {
         assert_eq!(node.metrics.routes("remote"), 1);
         assert_eq!(node.metrics.routes("retried"), 1);
         assert_eq!(error.kind(), ErrorKind::NoTunnel);
-        assert!(started.elapsed() >= node.max_wait);
+        assert!(started.elapsed() >= node.max_wait());
     }
 
     #[test]
@@ -329,7 +329,7 @@ mod tests {
             parts: &parts,
             worker: 0,
         };
-        let mut state = RouteState::new(5, None, node.max_wait, false, Instant::now());
+        let mut state = RouteState::new(5, None, node.max_wait(), false, Instant::now());
         let step = state.start();
         let error = run(router.route(&mut state, step, &mut Reset))
             .err()

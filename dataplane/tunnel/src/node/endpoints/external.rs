@@ -106,7 +106,7 @@ impl ExternalHandler {
         let authenticated = self
             .verified_tokens
             .borrow_mut()
-            .validate(&node.jwt, request.headers())
+            .validate(&node.jwt(), request.headers())
             .map_err(|error| refused(&node.metrics, "external", &error));
         let is_authenticated = authenticated.is_ok();
         let outcome = match authenticated.and_then(|()| parse_request(&method, request.headers())) {
@@ -166,7 +166,7 @@ impl ExternalHandler {
         let mut state = RouteState::new(
             target.agent,
             target.deadline,
-            node.max_wait,
+            node.max_wait(),
             cluster,
             Instant::now(),
         );

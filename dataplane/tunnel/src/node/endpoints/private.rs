@@ -128,7 +128,7 @@ impl PrivateEndpoint {
         let mut state = RouteState::new(
             target.agent,
             target.deadline,
-            node.max_wait,
+            node.max_wait(),
             false,
             Instant::now(),
         );
