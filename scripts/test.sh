@@ -83,7 +83,7 @@ run_fuzz_smoke() {
 }
 
 run_perf_smoke() {
-  log "perf harness smoke runs (perf/run.sh tunnel|gateway|controlplane|ebpf|soak --smoke; numbers are not measurements)"
+  log "perf harness smoke runs (perf/run.sh tunnel|gateway|controlplane|ebpf|scaling|soak --smoke; numbers are not measurements)"
   # A smoke run passes only if every case left its results and no call failed (perf/check-smoke),
   # not merely because the harness exited 0.
   SLUICE_PERF_PROFILE=dev perf/run.sh tunnel --smoke
@@ -94,6 +94,8 @@ run_perf_smoke() {
   perf/check-smoke controlplane embedded etcd
   SLUICE_PERF_PROFILE=dev perf/run.sh ebpf --smoke
   perf/check-smoke ebpf
+  SLUICE_PERF_PROFILE=dev perf/run.sh scaling --smoke
+  perf/check-smoke scaling
   # One minute of the soak (scripts/soak.sh runs 30): samples exist, errors are explained by an
   # agent restart, fds stay bounded. Growth figures are reported, never asserted.
   SLUICE_PERF_PROFILE=dev perf/run.sh soak --smoke
