@@ -67,7 +67,10 @@ pub fn run_with(
 
 /// What the command line changes in a config file (`--workers`, `--driver`): applied at start
 /// and to every reloaded file, so a reload does not see them as changes.
-fn command_line_overrides(args: &RuntimeArgs) -> Box<dyn Fn(&mut Config)> {
+/// What the command line changes in every loaded config (start-up and each reload).
+pub(super) type Overrides = Box<dyn Fn(&mut Config)>;
+
+fn command_line_overrides(args: &RuntimeArgs) -> Overrides {
     let (workers, driver) = (args.workers, args.driver);
     Box::new(move |config| {
         if let Some(workers) = workers {
@@ -87,10 +90,7 @@ fn run(
     #[cfg_attr(not(feature = "demo"), allow(unused_mut))] mut config: Config,
     addresses_file: Option<&Path>,
     mode: Mode,
-    (overrides, log): (
-        Box<dyn Fn(&mut Config)>,
-        Option<crate::logging::LogFilterHandle>,
-    ),
+    (overrides, log): (Overrides, Option<crate::logging::LogFilterHandle>),
 ) -> anyhow::Result<()> {
     // Caught from here on, so a stop during start-up still drains instead of killing us; a
     // SIGHUP during start-up waits for the reload loop.

@@ -126,7 +126,7 @@ fn load(path: &std::path::Path) -> Result<(Config, String), InvalidConfig> {
 pub struct Reloader {
     path: PathBuf,
     /// Applies the command line's `--workers` / `--driver` to a reloaded file, as at start-up.
-    overrides: Box<dyn Fn(&mut Config)>,
+    overrides: super::Overrides,
     running: Config,
     node: Option<Arc<NodeShared>>,
     log: Option<LogFilterHandle>,
@@ -136,7 +136,7 @@ pub struct Reloader {
 impl Reloader {
     pub fn new(
         path: PathBuf,
-        overrides: Box<dyn Fn(&mut Config)>,
+        overrides: super::Overrides,
         running: Config,
         node: Option<Arc<NodeShared>>,
         log: Option<LogFilterHandle>,
