@@ -376,6 +376,17 @@ fn hop_cpu_per_call(record: &RunRecord) -> Option<f64> {
         .then(|| cpu_us as f64 / record.h2load.done as f64)
 }
 
+/// The median hop CPU per call of one case at one level, over its repeats.
+fn median_hop_cpu(records: &[RunRecord], case: &str, clients: u32, streams: u32) -> Option<f64> {
+    let mut values: Vec<f64> = records
+        .iter()
+        .filter(|r| r.case == case && r.clients == clients && r.streams == streams)
+        .filter_map(hop_cpu_per_call)
+        .collect();
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied()
+}
+
 fn hop_cpu_table(records: &[RunRecord]) -> String {
     let mut rows: Vec<(String, u32, u32)> = Vec::new();
     for record in records {
@@ -384,15 +395,8 @@ fn hop_cpu_table(records: &[RunRecord]) -> String {
             rows.push(key);
         }
     }
-    let median = |case: &str, clients: u32, streams: u32| {
-        let mut values: Vec<f64> = records
-            .iter()
-            .filter(|r| r.case == case && r.clients == clients && r.streams == streams)
-            .filter_map(hop_cpu_per_call)
-            .collect();
-        values.sort_by(f64::total_cmp);
-        values.get(values.len() / 2).copied()
-    };
+    let median =
+        |case: &str, clients: u32, streams: u32| median_hop_cpu(records, case, clients, streams);
     let mut out = String::from(
         "\nHop CPU per call (issue 7's measure: Sluice's node process(es) without the agent; \
          HAProxy and nginx whole):\n\n| case | clients x streams | hop CPU us/call | vs haproxy | vs nginx |\n\
@@ -422,15 +426,8 @@ fn met(ok: bool) -> &'static str {
 /// every level, OK/s at 10 x 10 >= 0.5x direct (one node) and >= 0.4x (two nodes), p99 at
 /// 50 x 10 within 2x HAProxy's.
 fn targets(records: &[RunRecord], summaries: &[crate::record::CaseSummary]) -> String {
-    let hop = |case: &str, clients: u32, streams: u32| {
-        let mut values: Vec<f64> = records
-            .iter()
-            .filter(|r| r.case == case && r.clients == clients && r.streams == streams)
-            .filter_map(hop_cpu_per_call)
-            .collect();
-        values.sort_by(f64::total_cmp);
-        values.get(values.len() / 2).copied()
-    };
+    let hop =
+        |case: &str, clients: u32, streams: u32| median_hop_cpu(records, case, clients, streams);
     let mut out = String::from("| target | level | measured | status |\n|---|---|---|---|\n");
     for s in summaries.iter().filter(|s| s.case.starts_with("sluice")) {
         let level = format!("{} {} x {}", s.case, s.clients, s.streams);
