@@ -182,9 +182,12 @@ fn a_node_cut_from_its_peer_fails_remote_calls_fast_and_keeps_local_ones() {
         "unary",
         rig.client_args(0, 8, ["--timeout", deadline.as_str()]),
     );
+    // Each core keeps its own peer connection: a call may be the first on its core to meet
+    // the one kept from before the cut (the dial's own error) or find the node already tried
+    // (the routing's summary). Either way the client is told which node is unreachable.
     let details = result["details"].as_str().unwrap_or_default();
     assert!(
-        details.contains("held only by node node-b"),
+        details.contains("node node-b (10.200."),
         "a call after the first names the unreachable node: {result}"
     );
     assert!(slowest < 8.0, "a remote call took {slowest:.1} s to fail");
