@@ -17,19 +17,19 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
+use super::gateway_report::{open_loop_table, targets};
 use super::{write_output, Harness};
 use crate::certs::TlsFiles;
 use crate::loadgen::{measure, H2load, Load};
 use crate::peers::{haproxy_tls_config, nginx_tls_config, start_haproxy_with, start_nginx_with};
 use crate::process::{wait_until, Managed};
 use crate::record::{summarize, CaseSummary, RunRecord};
-use crate::report::{find, ratio};
 use crate::sluice::{admin_get, driver_of, random_hex};
 
-const DIRECT: &str = "direct";
-const HAPROXY: &str = "haproxy";
+pub(super) const DIRECT: &str = "direct";
+pub(super) const HAPROXY: &str = "haproxy";
 const NGINX: &str = "nginx";
-const SLUICE: &str = "sluice-gateway";
+pub(super) const SLUICE: &str = "sluice-gateway";
 const CASES: [&str; 4] = [DIRECT, HAPROXY, NGINX, SLUICE];
 
 /// The cluster's name (TLS server name) in the gateway's config.
@@ -571,142 +571,6 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
 type Metric = fn(&CaseSummary) -> Option<f64>;
 
 /// `value - reference` in microseconds, signed.
-fn added(value: u64, reference: Option<u64>) -> String {
-    reference.map_or_else(
-        || "-".to_string(),
-        |reference| format!("{:+}", i128::from(value) - i128::from(reference)),
-    )
-}
-
-fn open_loop_table(summaries: &[CaseSummary]) -> String {
-    let mut out = String::from(
-        "| case | workload | clients | req/s | mean us | p50 us | p90 us | p99 us | p99.9 us | added p50 us vs direct | added p99 us vs direct | proxy CPU us/req | CPU vs haproxy | TCP segments/req | errors | runs |\n\
-         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
-    );
-    for s in summaries {
-        let direct = find(summaries, DIRECT, s);
-        let haproxy = find(summaries, HAPROXY, s);
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            s.case,
-            s.workload,
-            s.clients,
-            s.requests_per_second,
-            s.mean_us,
-            s.p50_us,
-            s.p90_us,
-            s.p99_us,
-            s.p999_us,
-            added(s.p50_us, direct.map(|d| d.p50_us)),
-            added(s.p99_us, direct.map(|d| d.p99_us)),
-            s.proxy_cpu_us_per_request
-                .map_or_else(|| "-".to_string(), |c| format!("{c:.1}")),
-            ratio(
-                s.proxy_cpu_us_per_request,
-                haproxy.and_then(|h| h.proxy_cpu_us_per_request)
-            ),
-            crate::report::segments(s.segments_per_request),
-            s.errors,
-            s.runs,
-        );
-    }
-    out
-}
-
-fn met(ok: bool) -> &'static str {
-    if ok {
-        "met"
-    } else {
-        "**missed**"
-    }
-}
-
-/// Issue 17's gateway goals, from this run's medians: proxy CPU per request <= 0.6x HAProxy's
-/// on small GETs (0.5x on LISTs) at 64 and 512 clients; at the fixed rate, p50 and mean no
-/// higher than HAProxy's (added p50 <= 100 us as the moonshot); saturation (closed-loop OK/s at
-/// 512 clients) >= HAProxy's; RSS at 512 clients <= HAProxy's; TCP segments per small request
-/// no more than HAProxy's.
-fn targets(closed: &[CaseSummary], open: &[CaseSummary]) -> String {
-    let mut out = String::from("| target | workload | measured | status |\n|---|---|---|---|\n");
-    for s in closed
-        .iter()
-        .filter(|s| s.case == SLUICE && s.clients >= 64)
-    {
-        let Some(haproxy) = find(closed, HAPROXY, s) else {
-            continue;
-        };
-        let row = format!("{} c{}", s.workload, s.clients);
-        let bound = if s.workload.ends_with("list") {
-            0.5
-        } else {
-            0.6
-        };
-        if let (Some(sluice), Some(peer)) =
-            (s.proxy_cpu_us_per_request, haproxy.proxy_cpu_us_per_request)
-        {
-            let _ = writeln!(
-                out,
-                "| proxy CPU/req <= {bound}x HAProxy | {row} | {sluice:.1} vs {peer:.1} us ({:.2}x) | {} |",
-                sluice / peer,
-                met(sluice <= bound * peer)
-            );
-        }
-        if s.clients >= 512 {
-            let _ = writeln!(
-                out,
-                "| saturation OK/s >= HAProxy | {row} | {:.0} vs {:.0} | {} |",
-                s.ok_per_second,
-                haproxy.ok_per_second,
-                met(s.ok_per_second >= haproxy.ok_per_second)
-            );
-            let _ = writeln!(
-                out,
-                "| RSS <= HAProxy | {row} | {:.1} vs {:.1} MiB | {} |",
-                s.proxy_rss_kib as f64 / 1024.0,
-                haproxy.proxy_rss_kib as f64 / 1024.0,
-                met(s.proxy_rss_kib <= haproxy.proxy_rss_kib)
-            );
-        }
-    }
-    for s in open.iter().filter(|s| s.case == SLUICE) {
-        if let Some(haproxy) = find(open, HAPROXY, s) {
-            let _ = writeln!(
-                out,
-                "| p50 and mean <= HAProxy | {} | p50 {} vs {} us, mean {} vs {} us | {} |",
-                s.workload,
-                s.p50_us,
-                haproxy.p50_us,
-                s.mean_us,
-                haproxy.mean_us,
-                met(s.p50_us <= haproxy.p50_us && s.mean_us <= haproxy.mean_us)
-            );
-            if let (Some(sluice), Some(peer)) =
-                (s.segments_per_request, haproxy.segments_per_request)
-            {
-                let _ = writeln!(
-                    out,
-                    "| TCP segments/req <= HAProxy | {} | {sluice:.1} vs {peer:.1} | {} |",
-                    s.workload,
-                    met(sluice <= peer)
-                );
-            }
-        }
-        if let Some(direct) = find(open, DIRECT, s) {
-            let extra = i128::from(s.p50_us) - i128::from(direct.p50_us);
-            let _ = writeln!(
-                out,
-                "| added p50 <= 100 us (moonshot) | {} | {extra:+} us ({} vs {} us direct) | {} |",
-                s.workload,
-                s.p50_us,
-                direct.p50_us,
-                met(extra <= 100)
-            );
-        }
-    }
-    out
-}
-
 fn report(
     harness: &Harness,
     plan: &Plan,
@@ -828,6 +692,7 @@ fn report(
 
 #[cfg(test)]
 mod tests {
+    use super::super::gateway_report::added;
     use super::*;
     use crate::record::tests::record;
 

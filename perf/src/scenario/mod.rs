@@ -3,6 +3,7 @@
 pub mod controlplane;
 pub mod ebpf;
 pub mod gateway;
+mod gateway_report;
 pub mod idle;
 pub mod policy;
 pub mod scaling;
