@@ -176,6 +176,17 @@ impl ControlPlane {
 
     /// curl against the API as the admin: `(HTTP status, body)`.
     pub fn curl(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        self.curl_as(method, path, "application/json", body)
+    }
+
+    /// [`ControlPlane::curl`] with the body's content type (a merge patch, say).
+    pub fn curl_as(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: Option<&str>,
+    ) -> (u16, String) {
         let mut command = Command::new("curl");
         command
             .args(["--silent", "--max-time", "10", "--request", method])
@@ -185,7 +196,7 @@ impl ControlPlane {
                 "--header",
                 &format!("Authorization: Bearer {}", self.admin_token()),
             ])
-            .args(["--header", "Content-Type: application/json"])
+            .args(["--header", &format!("Content-Type: {content_type}")])
             .args(["--write-out", "\n%{http_code}"]);
         if let Some(body) = body {
             command.args(["--data-binary", body]);

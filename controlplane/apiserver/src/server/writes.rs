@@ -10,11 +10,14 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde_json::Value;
 use sluice_apimachinery::meta::{self, begin_delete, DeleteOutcome};
+use sluice_apimachinery::options::ListOptions;
 use sluice_apimachinery::patch;
 use sluice_apimachinery::schema::{prune_unknown_fields, FieldValidation};
 use sluice_apimachinery::{StatusError, StatusReason};
 
-use super::objects::{call_forbidden, decode, encode, store_status, without_version, Call};
+use super::objects::{
+    call_forbidden, decode, encode, matches_selection, store_status, without_version, Call,
+};
 use super::reply::Reply;
 use super::ApiServer;
 
@@ -222,25 +225,54 @@ impl ApiServer {
         }
     }
 
-    /// DELETE on a collection: every selected object the caller may see, one by one.
+    /// DELETE on a collection: every selected object the caller may see, one by one. Each is
+    /// read again before its delete and retried on a conflict, as a single DELETE is: an object
+    /// written between the list and its delete (a controller's status, say) is still deleted,
+    /// unless it no longer matches the selectors.
     pub(crate) async fn delete_collection(&self, call: &Call<'_>) -> Result<Reply, StatusError> {
-        let options = sluice_apimachinery::options::ListOptions::parse(call.query.pairs())?;
+        let options = ListOptions::parse(call.query.pairs())?;
         let (items, page) = self.list_items(call, &options).await?;
         let mut deleted = Vec::with_capacity(items.len());
-        for object in items {
-            let name = meta::object_name(&object).to_string();
-            let namespace = Some(meta::object_namespace(&object)).filter(|ns| !ns.is_empty());
+        for listed in items {
+            let name = meta::object_name(&listed).to_string();
+            let namespace = Some(meta::object_namespace(&listed)).filter(|ns| !ns.is_empty());
             let key = super::keys::object_key(call.spec, namespace, &name);
-            match self.delete_one(call, &key, object).await {
-                Ok(Reply::Json { body, .. }) => deleted.push(body),
-                Ok(_) => {}
-                Err(error) if error.reason == StatusReason::NotFound || is_conflict(&error) => {}
-                Err(error) => return Err(error),
+            if let Some(body) = self.delete_selected(call, &options, &key, &name).await? {
+                deleted.push(body);
             }
         }
         Ok(Reply::ok(sluice_apimachinery::list::list_document(
             call.spec, deleted, &page,
         )))
+    }
+
+    /// Deletes the stored object at `key` if it still matches the collection's selection; `None`
+    /// when it is gone or no longer selected.
+    async fn delete_selected(
+        &self,
+        call: &Call<'_>,
+        options: &ListOptions,
+        key: &str,
+        name: &str,
+    ) -> Result<Option<Value>, StatusError> {
+        let mut attempt = 0;
+        loop {
+            let current = match self.read(call.spec, key, name).await {
+                Ok(current) => current,
+                Err(error) if error.reason == StatusReason::NotFound => return Ok(None),
+                Err(error) => return Err(error),
+            };
+            if !matches_selection(call.spec, &call.visibility, options, &current) {
+                return Ok(None);
+            }
+            match self.delete_one(call, key, current).await {
+                Ok(Reply::Json { body, .. }) => return Ok(Some(body)),
+                Ok(_) => return Ok(None),
+                Err(error) if error.reason == StatusReason::NotFound => return Ok(None),
+                Err(error) if is_conflict(&error) && attempt < CONFLICT_RETRIES => attempt += 1,
+                Err(error) => return Err(error),
+            }
+        }
     }
 
     async fn read_body(&self, call: &Call<'_>, body: Incoming) -> Result<Bytes, StatusError> {
