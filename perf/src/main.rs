@@ -77,6 +77,13 @@ struct Cli {
     /// Replace the number of requests per run (tunnel scenario).
     #[arg(long)]
     requests: Option<u64>,
+    /// Run only the workloads whose name contains one of these (gateway scenario; for example
+    /// `@5000` for the fixed-rate runs, `h2 get` for the HTTP/2 small GETs).
+    #[arg(long, value_delimiter = ',', value_name = "TEXT")]
+    workloads: Vec<String>,
+    /// Measure each run for this many seconds instead of the plan's (gateway scenario).
+    #[arg(long, value_name = "SECONDS")]
+    seconds: Option<u64>,
     /// How long the soak scenario runs (default 30; 1 with --smoke).
     #[arg(long, value_name = "MINUTES", value_parser = parse_minutes)]
     minutes: Option<f64>,
@@ -131,6 +138,8 @@ fn main() -> anyhow::Result<()> {
         only: cli.only,
         levels: cli.levels,
         requests: cli.requests,
+        workloads: cli.workloads,
+        seconds: cli.seconds.map(std::time::Duration::from_secs),
         minutes: cli.minutes,
         resummarize: cli.resummarize,
     };

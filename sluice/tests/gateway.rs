@@ -30,6 +30,7 @@ on_both_drivers!(
     max_requests_inflight_refuses_the_third_and_never_counts_watches,
     exec_style_upgrades_get_their_own_connection_and_carry_bytes_both_ways,
     another_upstream_connection_opens_only_when_the_streams_of_the_others_are_used_up,
+    a_small_answer_ends_its_stream_on_its_data_frame,
 );
 
 /// The cluster's name: clients reach it with this TLS server name.
@@ -597,6 +598,27 @@ fn curl_sequence(
         .collect();
     assert_eq!(answers.len(), count, "{text}");
     answers
+}
+
+/// nghttp (a client nobody here wrote) prints every frame it receives: a small answer is
+/// HEADERS and one DATA frame carrying END_STREAM, as the apiserver sent it, not DATA followed
+/// by an empty END_STREAM frame that costs the client its own TCP segment.
+fn a_small_answer_ends_its_stream_on_its_data_frame(driver: &str) {
+    let gateway = start(driver, 1, "");
+    gateway.servers[0].add_token("token-frames", TokenUser::new("frames", &["ops"]));
+    let output = Command::new("nghttp")
+        .args(["-nv", "-H", "authorization: Bearer token-frames"])
+        .arg(format!("{}/api/v1/namespaces/default/pods", gateway.url()))
+        .output()
+        .expect("nghttp is installed (nghttp2-client)");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let data: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("recv DATA frame"))
+        .collect();
+    assert!(text.contains(":status: 200"), "{text}");
+    assert_eq!(data.len(), 1, "one DATA frame: {data:?}\n{text}");
+    assert!(data[0].contains("flags=0x01"), "END_STREAM on it: {data:?}");
 }
 
 /// Runs h2load against the gateway (no SNI: it dials 127.0.0.1, which the cluster lists as a

@@ -109,7 +109,9 @@ impl http_body::Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ProxyBody::Full(bytes) => bytes.is_none(),
-            ProxyBody::Upstream { finished, .. } => *finished,
+            // h2 knows the upstream stream ended once its END_STREAM is read: saying so lets
+            // hyper flag the last DATA frame instead of sending an empty one after it.
+            ProxyBody::Upstream { recv, finished, .. } => *finished || recv.is_end_stream(),
         }
     }
 }

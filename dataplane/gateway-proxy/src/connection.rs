@@ -149,7 +149,8 @@ impl GatewayHandler {
             .keep_alive_timeout(limits.keepalive_timeout)
             .max_concurrent_streams(1000);
         let service = self.service(client, &activity, conn.request_counter(), conn.closing());
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
+        let io = TokioIo::new(sluice_grpc::frames::FrameIo(stream));
+        let connection = builder.serve_connection(io, service);
         let connection = std::pin::pin!(connection);
         let shut_down = |connection: Pin<&mut _>| {
             hyper::server::conn::http2::Connection::graceful_shutdown(connection)

@@ -338,7 +338,9 @@ async fn handshake<T>(
 where
     T: monoio_compat::AsyncRead + monoio_compat::AsyncWrite + Unpin + 'static,
 {
-    let (send, connection) = builder.handshake::<_, Bytes>(io).await?;
+    let (send, connection) = builder
+        .handshake::<_, Bytes>(sluice_grpc::frames::FrameIo(io))
+        .await?;
     let settled = drive(
         connection,
         driving.closed,

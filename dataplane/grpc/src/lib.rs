@@ -11,6 +11,7 @@
 //! and decode messages into types; a forwarder needs only the framing, on monoio.
 
 pub mod frame;
+pub mod frames;
 mod gather;
 mod serve;
 pub mod status;

@@ -122,7 +122,7 @@ where
         .max_frame_size(settings.max_frame_size)
         .max_header_list_size(settings.max_header_list_size)
         .data_frame_budget(small_frame_budget(settings))
-        .handshake::<T, Bytes>(io);
+        .handshake::<_, Bytes>(crate::frames::FrameIo(io));
     let Ok(connection) = monoio::time::timeout_at(limits.handshake_deadline, handshake).await
     else {
         (limits.on_limit)(CloseReason::HandshakeTimeout);

@@ -217,7 +217,7 @@ where
         .max_header_list_size(settings.max_header_list_size)
         .max_concurrent_reset_streams(4096)
         .data_frame_budget(small_frame_budget(settings))
-        .handshake::<T, Bytes>(io)
+        .handshake::<_, Bytes>(crate::frames::FrameIo(io))
         .await
         .map_err(|source| ConnectError::H2 { address, source })?;
     let driver = spawn_contained("grpc-client-connection", async move {

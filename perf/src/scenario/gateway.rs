@@ -400,7 +400,11 @@ pub(super) fn h2load(
 }
 
 pub fn run(harness: &Harness) -> anyhow::Result<()> {
-    let plan = plan(harness.smoke);
+    let mut plan = plan(harness.smoke);
+    if let Some(seconds) = harness.seconds {
+        plan.duration = seconds;
+        plan.open_loop.duration = seconds;
+    }
     let dir = &super::fresh_work_dir(&harness.out)?;
     let tls = crate::certs::generate(dir, &["127.0.0.1", "localhost", HOST])?;
     let token = random_hex(24)?;
@@ -507,6 +511,13 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                 ));
             }
         }
+        runs.retain(|(workload, ..)| {
+            harness.workloads.is_empty()
+                || harness
+                    .workloads
+                    .iter()
+                    .any(|wanted| workload.contains(wanted.as_str()))
+        });
         for (workload, load, repeat, is_open_loop) in runs {
             let measured = measure(&load, dir, &proxy)?;
             let record = RunRecord {

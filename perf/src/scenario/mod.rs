@@ -35,6 +35,10 @@ pub struct Harness {
     pub levels: Vec<(u32, u32)>,
     /// Requests per run replacing the plan's.
     pub requests: Option<u64>,
+    /// Workload name fragments to run (gateway; empty: all).
+    pub workloads: Vec<String>,
+    /// Measured duration of each run replacing the plan's (gateway).
+    pub seconds: Option<std::time::Duration>,
     /// How long the soak runs (default: 30, 1 with `--smoke`).
     pub minutes: Option<f64>,
     /// Soak: write the report again from the samples of an earlier run in `out`.

@@ -480,6 +480,8 @@ mod tests {
             only: Vec::new(),
             levels: Vec::new(),
             requests: None,
+            workloads: Vec::new(),
+            seconds: None,
             minutes,
             resummarize: false,
         }
