@@ -72,10 +72,36 @@ pub fn select_driver(
 }
 
 fn probe_uring(entries: u32) -> io::Result<()> {
-    RuntimeBuilder::<IoUringDriver>::new()
-        .with_entries(entries)
-        .build()
-        .map(drop)
+    with_cooperative_fallback(|cooperative| {
+        RuntimeBuilder::<IoUringDriver>::new()
+            .with_entries(entries)
+            .uring_builder(ring_setup(cooperative))
+            .build()
+    })
+    .map(drop)
+}
+
+/// The ring's setup flags. Cooperative task running (`IORING_SETUP_COOP_TASKRUN`, Linux 5.19)
+/// lets the kernel finish a completion (a socket read that became ready) when the worker next
+/// enters it, instead of interrupting the worker with an IPI to do it at once. monoio only
+/// looks at completions when it enters the kernel anyway (park or submit), so the interrupt
+/// bought nothing, and with the peers on another CPU it cost about a fifth of a gateway
+/// worker's CPU (`irqentry_exit_to_user_mode` after reschedule IPIs; docs/PERFORMANCE.md).
+fn ring_setup(cooperative: bool) -> io_uring::Builder {
+    let mut builder = io_uring::IoUring::builder();
+    if cooperative {
+        builder.setup_coop_taskrun();
+    }
+    builder
+}
+
+/// Builds with cooperative task running, and without it where the kernel rejects the flag as
+/// unknown (`EINVAL`, before 5.19). Any other error is the ring's own and is returned.
+fn with_cooperative_fallback<T>(mut build: impl FnMut(bool) -> io::Result<T>) -> io::Result<T> {
+    match build(true) {
+        Err(error) if error.raw_os_error() == Some(libc::EINVAL) => build(false),
+        built => built,
+    }
 }
 
 pub(crate) type WorkerRuntime = FusionRuntime<TimeDriver<IoUringDriver>, TimeDriver<LegacyDriver>>;
@@ -86,11 +112,14 @@ pub(crate) fn build_runtime(
     uring_entries: u32,
 ) -> Result<WorkerRuntime, RuntimeError> {
     let built = match driver {
-        Driver::IoUring => RuntimeBuilder::<IoUringDriver>::new()
-            .with_entries(uring_entries)
-            .enable_timer()
-            .build()
-            .map(FusionRuntime::Uring),
+        Driver::IoUring => with_cooperative_fallback(|cooperative| {
+            RuntimeBuilder::<IoUringDriver>::new()
+                .with_entries(uring_entries)
+                .uring_builder(ring_setup(cooperative))
+                .enable_timer()
+                .build()
+        })
+        .map(FusionRuntime::Uring),
         Driver::Legacy => RuntimeBuilder::<LegacyDriver>::new()
             .enable_timer()
             .build()
@@ -120,6 +149,39 @@ mod tests {
             });
             assert_eq!(value, 7, "{driver}");
         }
+    }
+
+    #[test]
+    fn a_kernel_without_cooperative_task_running_gets_a_plain_ring() {
+        let mut tried = Vec::new();
+        let built = with_cooperative_fallback(|cooperative| {
+            tried.push(cooperative);
+            if cooperative {
+                Err(io::Error::from_raw_os_error(libc::EINVAL))
+            } else {
+                Ok("plain")
+            }
+        });
+        assert_eq!(built.expect("falls back"), "plain");
+        assert_eq!(tried, [true, false]);
+    }
+
+    #[test]
+    fn other_ring_errors_are_not_retried() {
+        let mut tries = 0;
+        let built: io::Result<()> = with_cooperative_fallback(|_| {
+            tries += 1;
+            Err(io::Error::from_raw_os_error(libc::ENOMEM))
+        });
+        assert_eq!(built.expect_err("fails").raw_os_error(), Some(libc::ENOMEM));
+        assert_eq!(tries, 1);
+    }
+
+    #[test]
+    fn this_kernel_accepts_cooperative_task_running() {
+        ring_setup(true)
+            .build(8)
+            .expect("Linux 5.19 or later takes IORING_SETUP_COOP_TASKRUN");
     }
 
     #[test]
