@@ -8,7 +8,8 @@
 //! only copies into a buffer and `poll_flush` sends everything gathered in one write, the same
 //! batching HAProxy and nginx do. Every consumer used here flushes after each batch (h2's
 //! codec, hyper's HTTP/1.1 dispatcher, tokio-rustls' `poll_flush`); a writer that never flushes
-//! still gets its bytes out once [`SEND_AT`] is reached.
+//! still gets its bytes out once [`SEND_AT`] is reached. A flush writes straight to the
+//! socket when it has room and uses an io_uring write only for the rest (`send_gathered`).
 //!
 //! The ops own their half of the stream and their buffer and hand both back on completion, so
 //! no reference to this struct outlives a poll (no lifetime tricks), and the boxed op futures
@@ -16,6 +17,7 @@
 
 use std::future::Future;
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -62,6 +64,8 @@ struct ReadSide {
 }
 
 struct WriteSide {
+    /// The socket, for writes that finish at once (see `send_gathered`).
+    fd: RawFd,
     /// `None` while a write is in flight (the op owns it).
     half: Option<OwnedWriteHalf<TcpStream>>,
     /// Accepted from the writer, not yet handed to the socket.
@@ -71,12 +75,15 @@ struct WriteSide {
     op: WriteOp,
     armed: bool,
     shut_down: bool,
-    /// Socket writes started (what the gathering saves is visible in `Debug` and tests).
+    /// Socket writes (what the gathering saves is visible in `Debug` and tests).
     sends: u64,
+    /// Of those, the ones that waited for room through an io_uring write.
+    queued: u64,
 }
 
 impl GatherStream {
     pub fn new(stream: TcpStream) -> Self {
+        let fd = stream.as_raw_fd();
         let (read_half, write_half) = stream.into_split();
         Self {
             read: ReadSide {
@@ -87,6 +94,7 @@ impl GatherStream {
                 armed: false,
             },
             write: WriteSide {
+                fd,
                 half: Some(write_half),
                 gathered: Vec::new(),
                 spare: Vec::new(),
@@ -94,6 +102,7 @@ impl GatherStream {
                 armed: false,
                 shut_down: false,
                 sends: 0,
+                queued: 0,
             },
         }
     }
@@ -150,6 +159,37 @@ impl ReadSide {
     }
 }
 
+/// Writes what the socket takes now without waiting: the bytes sent (0 when its buffer is
+/// full).
+fn send_now(fd: RawFd, bytes: &[u8]) -> io::Result<usize> {
+    let mut sent = 0;
+    while sent < bytes.len() {
+        let rest = &bytes[sent..];
+        // SAFETY: `rest` is valid for `rest.len()` bytes for the duration of the call, and `fd`
+        // is the connection's socket, open for as long as this stream (which owns it) lives.
+        let written = unsafe {
+            libc::send(
+                fd,
+                rest.as_ptr().cast(),
+                rest.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if written > 0 {
+            sent += written as usize;
+            continue;
+        }
+        let error = io::Error::last_os_error();
+        match error.kind() {
+            io::ErrorKind::Interrupted if written < 0 => continue,
+            io::ErrorKind::WouldBlock if written < 0 => break,
+            _ if written < 0 => return Err(error),
+            _ => break,
+        }
+    }
+    Ok(sent)
+}
+
 impl WriteSide {
     /// Collects a finished write, if one was in flight. `Ready(Ok)` when none is in flight.
     fn poll_sent(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -166,8 +206,29 @@ impl WriteSide {
         Poll::Ready(result)
     }
 
-    /// Hands everything gathered to the socket in one write (none may be in flight).
+    /// Hands everything gathered to the socket (none may be in flight): first straight to the
+    /// kernel, and only what does not fit in the socket buffer through an io_uring write.
+    ///
+    /// Why not io_uring alone: monoio submits its queue only when no task is ready to run, so
+    /// under load a queued write waits for the rest of the event-loop turn, and its completion
+    /// costs another wake-up before the next one may start. A non-blocking `send` of a few
+    /// KiB into a socket buffer with room finishes at once (what HAProxy and nginx do); the
+    /// ring remains the path for a full buffer, where waiting is the point. It shows when the
+    /// peers run on another CPU: a burst of requests is answered as each answer is ready rather
+    /// than all at the end of the turn (docs/PERFORMANCE.md, "Issue 17: the proxy alone on
+    /// its CPU").
     fn send_gathered(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match send_now(self.fd, &self.gathered) {
+            Ok(sent) if sent == self.gathered.len() => {
+                self.gathered.clear();
+                self.sends += 1;
+                return Poll::Ready(Ok(()));
+            }
+            Ok(sent) => {
+                self.gathered.drain(..sent);
+            }
+            Err(error) => return Poll::Ready(Err(error)),
+        }
         let Some(mut half) = self.half.take() else {
             return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
         };
@@ -178,6 +239,7 @@ impl WriteSide {
         });
         self.armed = true;
         self.sends += 1;
+        self.queued += 1;
         self.poll_sent(cx)
     }
 
@@ -284,6 +346,7 @@ impl std::fmt::Debug for GatherStream {
             .field("gathered", &self.write.gathered.len())
             .field("sending", &self.write.armed)
             .field("sends", &self.write.sends)
+            .field("queued", &self.write.queued)
             .finish()
     }
 }
@@ -328,6 +391,17 @@ mod tests {
     }
 
     #[monoio::test_all(timer_enabled = true)]
+    async fn a_flush_into_a_socket_with_room_is_done_before_the_event_loop_turns() {
+        let (mut stream, mut peer) = pair().await;
+        stream.write_all(b"HEADERS").await.unwrap();
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let flushed = tokio::io::AsyncWrite::poll_flush(Pin::new(&mut stream), &mut cx);
+        assert!(matches!(flushed, Poll::Ready(Ok(()))), "{flushed:?}");
+        assert_eq!((stream.write.sends, stream.write.queued), (1, 0));
+        assert_eq!(read_exactly(&mut peer, 7).await, b"HEADERS");
+    }
+
+    #[monoio::test_all(timer_enabled = true)]
     async fn vectored_writes_are_gathered_in_order() {
         let (mut stream, mut peer) = pair().await;
         let slices = [
@@ -361,6 +435,29 @@ mod tests {
         let (stream, received) = monoio::join!(writer, reader);
         assert!(received == expected, "bytes arrived reordered or corrupted");
         assert!(stream.write.sends >= (total / GATHER_LIMIT) as u64);
+    }
+
+    #[monoio::test_all(timer_enabled = true)]
+    async fn a_full_socket_buffer_queues_the_rest_and_delivers_it_in_order() {
+        let (mut stream, mut peer) = pair().await;
+        let total = 32 * 1024 * 1024;
+        let data = pattern(total);
+        let expected = data.clone();
+        let writer = async move {
+            for chunk in data.chunks(GATHER_LIMIT) {
+                stream.write_all(chunk).await.unwrap();
+                stream.flush().await.unwrap();
+            }
+            stream
+        };
+        // The peer reads only after a pause, so the socket buffers fill first.
+        let reader = async {
+            monoio::time::sleep(std::time::Duration::from_millis(100)).await;
+            read_exactly(&mut peer, total).await
+        };
+        let (stream, received) = monoio::join!(writer, reader);
+        assert!(received == expected, "bytes arrived reordered or corrupted");
+        assert!(stream.write.queued > 0, "{stream:?}");
     }
 
     #[monoio::test_all(timer_enabled = true)]
