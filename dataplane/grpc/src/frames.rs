@@ -20,12 +20,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 #[derive(Debug)]
 pub struct FrameIo<T>(pub T);
 
-impl<T> FrameIo<T> {
-    pub fn get_ref(&self) -> &T {
-        &self.0
-    }
-}
-
 impl<T: AsyncRead + Unpin> AsyncRead for FrameIo<T> {
     fn poll_read(
         self: Pin<&mut Self>,
