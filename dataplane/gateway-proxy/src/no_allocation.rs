@@ -265,6 +265,32 @@ fn the_request_path_allocates_nothing_in_steady_state() {
     );
 }
 
+/// The upstream pool's lookup of a server's connections (the part of `CorePool::stream` that
+/// runs before a connection is chosen) once the server has been seen on this core.
+#[test]
+fn the_upstream_pool_lookup_allocates_nothing_once_the_server_is_known() {
+    let (gateway, _dir) = gateway();
+    let handler = GatewayHandler::new(gateway, 0, CoreShare::SINGLE);
+    let generation = handler.gateway.current();
+    let cluster = &generation.snapshot.clusters()[0];
+    let tls = &generation.clusters[0].client_tls;
+    for server in &cluster.servers {
+        handler.pool.server(&cluster.name, server, tls);
+    }
+    let rounds = 100;
+    let ((), allocations) = counted(|| {
+        for _ in 0..rounds {
+            for server in &cluster.servers {
+                drop(handler.pool.server(&cluster.name, server, tls));
+            }
+        }
+    });
+    assert_eq!(
+        allocations, 0,
+        "{allocations} allocations in {rounds} rounds"
+    );
+}
+
 /// The request head handed to h2 (`send_request` takes it by value, so it is built per request):
 /// counted apart from the rest of the path and held to a stated bound.
 #[test]

@@ -44,15 +44,12 @@ impl Drop for StreamSlot {
 
 /// The connections of this core to one server.
 #[derive(Debug)]
-struct ServerConnections {
+pub(crate) struct ServerConnections {
     client_tls: Arc<rustls::ClientConfig>,
     connections: RefCell<Vec<Rc<UpstreamConnection>>>,
     connecting: Cell<u32>,
     connected: event_listener::Event,
 }
-
-/// (cluster name, server endpoint).
-type ServerKey = (Box<str>, Box<str>);
 
 /// What a pick found.
 enum Pick {
@@ -83,12 +80,16 @@ enum Choice {
 /// core's share allows (one set-up at a time: the one in progress may well take this stream);
 /// else, when every allowed connection is open and full, queue on the least busy one (h2 waits
 /// for a free stream there).
-fn choose(open: &[Load], connecting: u32, max_connections: u32) -> Choice {
-    let may_open = open.len() as u32 + connecting < max_connections;
-    let least_busy = open
-        .iter()
-        .enumerate()
-        .min_by_key(|(_, load)| load.in_flight);
+fn choose(open: impl IntoIterator<Item = Load>, connecting: u32, max_connections: u32) -> Choice {
+    let mut count = 0u32;
+    let mut least_busy: Option<(usize, Load)> = None;
+    for (index, load) in open.into_iter().enumerate() {
+        count += 1;
+        if least_busy.is_none_or(|(_, least)| load.in_flight < least.in_flight) {
+            least_busy = Some((index, load));
+        }
+    }
+    let may_open = count + connecting < max_connections;
     match least_busy {
         Some((index, load)) if load.in_flight < load.limit || (!may_open && connecting == 0) => {
             Choice::Use(index)
@@ -121,6 +122,9 @@ impl Drop for SettingUp<'_> {
     }
 }
 
+/// One cluster's servers' connections on this core, by server endpoint.
+type ClusterConnections = HashMap<Box<str>, Rc<ServerConnections>>;
+
 /// This core's upstream connections, by (cluster, server endpoint).
 #[derive(Debug)]
 pub struct CorePool {
@@ -128,7 +132,9 @@ pub struct CorePool {
     /// Open upstream connections, this core's slot.
     gauge: sluice_metrics::PerCoreGauge,
     worker: usize,
-    servers: RefCell<HashMap<ServerKey, Rc<ServerConnections>>>,
+    /// By cluster name, then server endpoint (nested so that a lookup borrows the names instead
+    /// of building an owned key per request).
+    servers: RefCell<HashMap<Box<str>, ClusterConnections>>,
 }
 
 impl CorePool {
@@ -197,18 +203,17 @@ impl CorePool {
     ) -> Pick {
         let mut open = connections.connections.borrow_mut();
         open.retain(|connection| !connection.closed.get());
-        let loads: Vec<Load> = open
-            .iter()
-            .map(|connection| Load {
-                in_flight: connection.in_flight.get(),
-                limit: (connection.send.current_max_send_streams() as u32)
-                    .min(settings.max_concurrent_streams)
-                    .max(1),
-            })
-            .collect();
+        // Loads are read in place, not collected: no allocation per request.
+        let loads = open.iter().map(|connection| Load {
+            in_flight: connection.in_flight.get(),
+            limit: (connection.send.current_max_send_streams() as u32)
+                .min(settings.max_concurrent_streams)
+                .max(1),
+        });
         let connecting = connections.connecting.get();
-        tracing::trace!(open = open.len(), connecting, ?loads, "upstream pick");
-        match choose(&loads, connecting, max_connections) {
+        let choice = choose(loads, connecting, max_connections);
+        tracing::trace!(open = open.len(), connecting, ?choice, "upstream pick");
+        match choice {
             Choice::Use(index) => {
                 let connection = open[index].clone();
                 connection.in_flight.set(connection.in_flight.get() + 1);
@@ -219,15 +224,17 @@ impl CorePool {
         }
     }
 
-    fn server(
+    pub(crate) fn server(
         &self,
         cluster: &str,
         server: &CompiledServer,
         client_tls: &Arc<rustls::ClientConfig>,
     ) -> Rc<ServerConnections> {
         let mut servers = self.servers.borrow_mut();
-        let key = (Box::from(cluster), server.endpoint.clone());
-        match servers.get(&key) {
+        let known = servers
+            .get(cluster)
+            .and_then(|by_endpoint| by_endpoint.get(server.endpoint.as_ref()));
+        match known {
             // A reload builds new client credentials: new streams go to new connections, the
             // old ones close once their streams (open watches, say) end.
             Some(existing) if Arc::ptr_eq(&existing.client_tls, client_tls) => existing.clone(),
@@ -238,7 +245,10 @@ impl CorePool {
                     connecting: Cell::new(0),
                     connected: event_listener::Event::new(),
                 });
-                servers.insert(key, fresh.clone());
+                servers
+                    .entry(Box::from(cluster))
+                    .or_default()
+                    .insert(server.endpoint.clone(), fresh.clone());
                 fresh
             }
         }
@@ -434,12 +444,12 @@ mod tests {
     fn the_least_busy_connection_with_a_free_stream_is_used() {
         let open = [load(5, 10), load(2, 10), load(2, 10), load(9, 10)];
         assert_eq!(
-            choose(&open, 0, 4),
+            choose(open, 0, 4),
             Choice::Use(1),
             "first of the least busy"
         );
         assert_eq!(
-            choose(&open, 1, 8),
+            choose(open, 1, 8),
             Choice::Use(1),
             "even while one is set up"
         );
@@ -448,17 +458,17 @@ mod tests {
     #[test]
     fn another_connection_opens_only_when_every_open_one_is_full() {
         let full = [load(10, 10), load(10, 10)];
-        assert_eq!(choose(&full, 0, 3), Choice::Connect);
-        assert_eq!(choose(&[], 0, 1), Choice::Connect, "the first one");
+        assert_eq!(choose(full, 0, 3), Choice::Connect);
+        assert_eq!(choose([], 0, 1), Choice::Connect, "the first one");
     }
 
     #[test]
     fn one_set_up_at_a_time_and_the_rest_wait_for_it() {
         let full = [load(10, 10)];
-        assert_eq!(choose(&full, 1, 3), Choice::Wait);
-        assert_eq!(choose(&[], 1, 1), Choice::Wait);
+        assert_eq!(choose(full, 1, 3), Choice::Wait);
+        assert_eq!(choose([], 1, 1), Choice::Wait);
         assert_eq!(
-            choose(&full, 1, 2),
+            choose(full, 1, 2),
             Choice::Wait,
             "at the limit with one coming: it may take this stream"
         );
@@ -483,13 +493,10 @@ mod tests {
         // A set-up future dropped while pending (its caller timed out) drops its guard.
         let setting_up = SettingUp::start(&connections);
         assert_eq!(connections.connecting.get(), 1);
-        assert_eq!(choose(&[], connections.connecting.get(), 1), Choice::Wait);
+        assert_eq!(choose([], connections.connecting.get(), 1), Choice::Wait);
         drop(setting_up);
         assert_eq!(connections.connecting.get(), 0);
-        assert_eq!(
-            choose(&[], connections.connecting.get(), 1),
-            Choice::Connect
-        );
+        assert_eq!(choose([], connections.connecting.get(), 1), Choice::Connect);
         assert!(
             futures_util::FutureExt::now_or_never(waiter).is_some(),
             "those waiting for the connection are woken to pick again"
@@ -499,7 +506,7 @@ mod tests {
     #[test]
     fn at_the_connection_limit_requests_queue_on_the_least_busy() {
         let full = [load(12, 10), load(11, 10)];
-        assert_eq!(choose(&full, 0, 2), Choice::Use(1));
-        assert_eq!(choose(&full, 0, 1), Choice::Use(1), "over the share too");
+        assert_eq!(choose(full, 0, 2), Choice::Use(1));
+        assert_eq!(choose(full, 0, 1), Choice::Use(1), "over the share too");
     }
 }
