@@ -1,11 +1,12 @@
 //! The binary falls back to epoll when io_uring is blocked (as Docker's seccomp profile does),
 //! says so in its log and metrics, and refuses to start when io_uring was required.
 
+mod common;
+
 use std::time::Duration;
 
+use common::{stop_cleanly, BIN};
 use test_support::{block_io_uring_for_command, http_get, SluiceLauncher};
-
-const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
 #[test]
 fn auto_driver_falls_back_to_legacy_and_reports_it() {
@@ -31,13 +32,7 @@ fn auto_driver_falls_back_to_legacy_and_reports_it() {
         metrics.contains("sluice_build_info{version=\"0.1.0\",driver=\"legacy\"} 1"),
         "{metrics}"
     );
-    process.signal(libc::SIGTERM);
-    assert_eq!(
-        process
-            .wait_exit(Duration::from_secs(5))
-            .and_then(|status| status.code()),
-        Some(0)
-    );
+    stop_cleanly(&mut process);
 }
 
 #[test]

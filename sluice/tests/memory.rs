@@ -1,11 +1,9 @@
 //! The daemon keeps its heap in small pages: mimalloc's huge-page arenas would make each worker
 //! thread's first allocations a 2 MiB resident page (`main.rs`, `keep_memory_in_small_pages`).
 
-use std::time::Duration;
+mod common;
 
-use test_support::SluiceLauncher;
-
-const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+use common::{run_node, stop_cleanly};
 
 /// The `THP_enabled` line of `/proc/PID/status` (kernels since 6.1 print it).
 fn transparent_huge_pages(pid: i32) -> Option<String> {
@@ -18,21 +16,11 @@ fn transparent_huge_pages(pid: i32) -> Option<String> {
 
 #[test]
 fn the_running_daemon_has_transparent_huge_pages_off() {
-    let launcher = SluiceLauncher::new(BIN).unwrap();
-    let config = launcher
-        .write_file(
-            "sluice.yaml",
-            "runtime: {workers: 2, drain_timeout: 2s}\nlisteners: {admin: {address: '127.0.0.1:0'}}\n",
-        )
-        .unwrap();
-    let mut process = launcher
-        .arg("run")
-        .arg("--config")
-        .arg(&config)
-        .spawn()
-        .unwrap();
+    let mut process = run_node(
+        "runtime: {workers: 2, drain_timeout: 2s}\nlisteners: {admin: {address: '127.0.0.1:0'}}\n",
+    );
     let Some(enabled) = transparent_huge_pages(process.pid()) else {
-        process.signal(libc::SIGTERM);
+        stop_cleanly(&mut process);
         eprintln!("SKIP: this kernel's /proc/PID/status has no THP_enabled line");
         return;
     };
@@ -42,11 +30,5 @@ fn the_running_daemon_has_transparent_huge_pages_off() {
         transparent_huge_pages(std::process::id() as i32).as_deref(),
         Some("1")
     );
-    process.signal(libc::SIGTERM);
-    assert_eq!(
-        process
-            .wait_exit(Duration::from_secs(5))
-            .and_then(|status| status.code()),
-        Some(0)
-    );
+    stop_cleanly(&mut process);
 }

@@ -141,7 +141,6 @@ pub fn start_node_on(
     node
 }
 
-/// Asserts that the process runs on `driver` (its `sluice_build_info` series).
 /// `sluice run` on `yaml` (written as `node.yaml` in the process's own directory), ready.
 pub fn run_node(yaml: &str) -> SluiceProcess {
     let launcher = SluiceLauncher::new(BIN).unwrap();
@@ -154,6 +153,16 @@ pub fn run_node(yaml: &str) -> SluiceProcess {
         .expect("node starts")
 }
 
+/// Stops the process with SIGTERM and asserts it exits with 0 within 5 s.
+pub fn stop_cleanly(process: &mut SluiceProcess) {
+    process.signal(libc::SIGTERM);
+    let code = process
+        .wait_exit(Duration::from_secs(5))
+        .and_then(|status| status.code());
+    assert_eq!(code, Some(0), "stderr: {}", process.stderr());
+}
+
+/// Asserts that the process runs on `driver` (its `sluice_build_info` series).
 pub fn assert_driver(process: &SluiceProcess, driver: &str) {
     let metrics = http_get(process.address("admin"), "/metrics")
         .expect("metrics")
