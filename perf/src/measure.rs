@@ -1,5 +1,10 @@
 //! CPU time and memory of the proxy's processes, read from procfs.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
 use serde::Serialize;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -62,28 +67,89 @@ pub struct ProcessUsage {
     pub rss_kib: u64,
 }
 
-/// CPU of a set of processes between `start` and `finish`.
+/// How often [`CpuMeter`] samples resident memory while it runs.
+const RSS_SAMPLE_EVERY: Duration = Duration::from_millis(50);
+
+/// The largest VmRSS of each process, sampled on a thread while a meter runs.
+///
+/// Why not one reading at the end: the load generator has exited by then, so every client
+/// connection is closed and the allocator may already have handed pages back; the memory a
+/// proxy needs *with* 512 clients connected is the peak.
+#[derive(Debug)]
+struct RssPeaks {
+    stop: Arc<AtomicBool>,
+    sampler: Option<JoinHandle<Vec<u64>>>,
+}
+
+impl RssPeaks {
+    fn start(pids: Vec<u32>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let sampler = std::thread::spawn(move || {
+            let mut peaks = vec![0u64; pids.len()];
+            loop {
+                for (peak, &pid) in peaks.iter_mut().zip(&pids) {
+                    // A process that just exited is read once more by `finish`, which reports it.
+                    if let Ok(rss) = rss_kib(pid) {
+                        *peak = (*peak).max(rss);
+                    }
+                }
+                if stopped.load(Ordering::Relaxed) {
+                    return peaks;
+                }
+                std::thread::sleep(RSS_SAMPLE_EVERY);
+            }
+        });
+        Self {
+            stop,
+            sampler: Some(sampler),
+        }
+    }
+
+    /// The peaks, in the order of the pids given to `start` (empty if the sampler died).
+    fn finish(mut self) -> Vec<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.sampler
+            .take()
+            .and_then(|sampler| sampler.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for RssPeaks {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// CPU of a set of processes between `start` and `finish`, and their peak resident memory over
+/// that time.
 #[derive(Debug)]
 pub struct CpuMeter {
     processes: Vec<(String, u32, u64)>,
+    rss: RssPeaks,
 }
 
 impl CpuMeter {
     pub fn start(processes: &[(String, u32)]) -> anyhow::Result<Self> {
-        let processes = processes
+        let processes: Vec<(String, u32, u64)> = processes
             .iter()
             .map(|(name, pid)| Ok((name.clone(), *pid, cpu_micros(*pid)?)))
             .collect::<anyhow::Result<_>>()?;
-        Ok(Self { processes })
+        let rss = RssPeaks::start(processes.iter().map(|(_, pid, _)| *pid).collect());
+        Ok(Self { processes, rss })
     }
 
     pub fn finish(self) -> anyhow::Result<Vec<ProcessUsage>> {
+        let peaks = self.rss.finish();
         self.processes
             .into_iter()
-            .map(|(name, pid, before)| {
+            .enumerate()
+            .map(|(index, (name, pid, before))| {
+                let now = rss_kib(pid)?;
                 Ok(ProcessUsage {
                     cpu_us: cpu_micros(pid)?.saturating_sub(before),
-                    rss_kib: rss_kib(pid)?,
+                    rss_kib: peaks.get(index).copied().unwrap_or(0).max(now),
                     name,
                     pid,
                 })
@@ -117,6 +183,24 @@ mod tests {
         let pid = std::process::id();
         assert!(rss_kib(pid).unwrap() > 0);
         cpu_micros(pid).unwrap();
+    }
+
+    #[test]
+    fn the_meter_reports_the_peak_not_what_is_left_at_the_end() {
+        let pid = std::process::id();
+        let before = rss_kib(pid).unwrap();
+        let meter = CpuMeter::start(&[("self".to_string(), pid)]).unwrap();
+        let held = vec![1u8; 64 << 20];
+        std::thread::sleep(RSS_SAMPLE_EVERY * 4);
+        drop(std::hint::black_box(held));
+        // 64 MiB is past glibc's mmap threshold: freeing it hands the pages back at once, so a
+        // reading taken now alone would not see it.
+        let usage = meter.finish().unwrap();
+        assert!(
+            usage[0].rss_kib >= before + 60 * 1024,
+            "peak {} KiB, before {before} KiB",
+            usage[0].rss_kib
+        );
     }
 
     #[test]
