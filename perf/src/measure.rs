@@ -191,7 +191,8 @@ mod tests {
         let before = rss_kib(pid).unwrap();
         let meter = CpuMeter::start(&[("self".to_string(), pid)]).unwrap();
         let held = vec![1u8; 64 << 20];
-        std::thread::sleep(RSS_SAMPLE_EVERY * 4);
+        // Twenty sampling periods: even a sampler thread starved by a busy machine gets one.
+        std::thread::sleep(RSS_SAMPLE_EVERY * 20);
         drop(std::hint::black_box(held));
         // 64 MiB is past glibc's mmap threshold: freeing it hands the pages back at once, so a
         // reading taken now alone would not see it.
