@@ -23,9 +23,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Why: mimalloc asks the kernel for huge pages (`MADV_HUGEPAGE`) on the arenas it commits
 /// up front, so every thread that allocates at all makes a whole 2 MiB page resident, and a
 /// connection's few KiB land on huge pages that are then only partly used. Measured on the
-/// gateway (docs/PERFORMANCE.md, "Issue 17: memory"): 25 MiB resident idle and 73 MiB with 512
-/// HTTP/2 clients connected, against 14 and 44 MiB with huge pages off, at the same CPU per
-/// request. A proxy's heap is many small, short-lived blocks spread over worker threads, where
+/// gateway (docs/PERFORMANCE.md, "Issue 17: memory"): 25 MiB resident idle and 72-77 MiB with
+/// 512 HTTP/2 clients connected, against 18-19 and 47-51 MiB with this call, at the same CPU
+/// per request. A proxy's heap is many small, short-lived blocks spread over worker threads, where
 /// huge pages buy little TLB reach and cost resident memory. Set before the workers start;
 /// the few pages touched before `main` are the only ones left huge.
 fn keep_memory_in_small_pages() {
