@@ -283,14 +283,16 @@ impl CoreAuth {
         self.reviewing.set(self.reviewing.get() + 1);
         let _slot = ReviewSlot(self.reviewing.clone());
         misses.inc(worker);
-        let answer = review(
+        // Boxed, as the access review below: a review is a whole upstream call (kilobytes of
+        // state), made on a cache miss only, and every request's future would carry it.
+        let answer = Box::pin(review(
             pool,
             generation,
             cluster,
             TOKEN_REVIEW_PATH,
             token_review(token),
             settings.review_timeout,
-        )
+        ))
         .await
         .map_err(|cause| ProxyError::AuthUnavailable {
             cluster: compiled.name.clone(),
@@ -342,14 +344,14 @@ impl CoreAuth {
             return Ok(*allowed);
         }
         let settings = &generation.snapshot.clusters()[cluster].authentication;
-        let answer = review(
+        let answer = Box::pin(review(
             pool,
             generation,
             cluster,
             ACCESS_REVIEW_PATH,
             access_review(user, check),
             settings.review_timeout,
-        )
+        ))
         .await?;
         let allowed = access_allowed(&answer);
         self.access.borrow_mut().insert(

@@ -188,7 +188,9 @@ impl GatewayHandler {
         if let Ok(head) = parse_request(&buffer[..head_length]) {
             if is_upgrade(&head.headers) {
                 let early = buffer.split_off(head_length).freeze();
-                self.upgrade(&client, stream, head, early).await;
+                // Boxed: an upgrade's relay is kilobytes that every HTTP/1.1 connection's
+                // future would otherwise carry, though few connections upgrade.
+                Box::pin(self.upgrade(&client, stream, head, early)).await;
                 return;
             }
         }

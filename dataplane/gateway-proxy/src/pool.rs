@@ -171,7 +171,10 @@ impl CorePool {
             }
             let connected = {
                 let _setting_up = SettingUp::start(&connections);
-                monoio::time::timeout(
+                // Boxed: the TCP, TLS and HTTP/2 handshakes under a timer are kilobytes, and
+                // every request's future would carry them (copied whole each time hyper spawns
+                // a request) although a core connects once per upstream connection.
+                Box::pin(monoio::time::timeout(
                     CONNECT_TIMEOUT,
                     connect(
                         server,
@@ -179,7 +182,7 @@ impl CorePool {
                         settings,
                         (&self.gauge, self.worker),
                     ),
-                )
+                ))
                 .await
             };
             match connected {

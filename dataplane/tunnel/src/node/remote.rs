@@ -210,10 +210,17 @@ impl RemoteRouting {
             connect: timeouts.connect,
             unacked: timeouts.unacked,
         };
-        let connection =
-            sluice_grpc::transport::connect_within(address, tls, &self.node.settings, bounds)
-                .await
-                .inspect_err(|_| self.node.metrics.peer_connect_failed())?;
+        // Boxed: the TCP, TLS and HTTP/2 handshakes under a timer make a future of kilobytes,
+        // and every call's state would carry it (copied whole each time a call is spawned)
+        // although a core connects once per peer.
+        let connection = Box::pin(sluice_grpc::transport::connect_within(
+            address,
+            tls,
+            &self.node.settings,
+            bounds,
+        ))
+        .await
+        .inspect_err(|_| self.node.metrics.peer_connect_failed())?;
         let ready = connection.ready().await?;
         self.peers
             .borrow_mut()

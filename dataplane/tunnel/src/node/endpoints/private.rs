@@ -197,3 +197,16 @@ async fn confirm_ready(responder: &mut Responder, body: &mut CallBody) -> Result
         Some(Some(Err(_))) | None => Err(TunnelError::client_gone()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// As a call on the external endpoint (`a_call_future_stays_small` there): the HTTP/2
+    /// server spawns every forwarded call's future, copying all of it.
+    #[test]
+    fn a_forwarded_call_future_stays_small() {
+        let size = super::super::call_future_size(PrivateEndpoint::serve);
+        assert!(size <= 4096, "a forwarded call's future is {size} bytes");
+    }
+}
