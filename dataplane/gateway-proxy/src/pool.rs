@@ -159,7 +159,9 @@ impl CorePool {
         let connections = self.server(cluster, server, client_tls);
         let max_connections = self.share.split(settings.max_connections_per_server).max(1);
         loop {
-            let listener = connections.connected.listen();
+            // Listening before the pick, so a connection that comes up in between still wakes
+            // this request; on the future's own state, since every request passes here.
+            event_listener::listener!(connections.connected => listener);
             match Self::pick(&connections, settings, max_connections) {
                 Pick::Stream(send, slot) => return Ok((send, slot)),
                 // Every allowed connection is being set up: wait for one.

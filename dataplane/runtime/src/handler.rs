@@ -103,7 +103,9 @@ impl Closing {
     /// Resolves once the connection's serve loop starts closing it.
     pub async fn wait(&self) {
         while !self.is_fired() {
-            let listener = self.0.event.listen();
+            // On the future's own state rather than boxed: a node parks every tunnel it gives
+            // back here, one per call.
+            event_listener::listener!(self.0.event => listener);
             if self.is_fired() {
                 return;
             }
