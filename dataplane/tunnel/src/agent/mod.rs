@@ -121,7 +121,10 @@ impl AgentShared {
         }
         let kind = ErrorKind::BackendUnavailable;
         let backend = &self.task.config.forward_to;
-        let connection = dial(backend, &self.task.backend_tls, &self.settings, kind).await?;
+        // Boxed: the handshakes under a timer are kilobytes that every tunnel's task would
+        // otherwise hold for its whole life, though the agent dials its backend once.
+        let connection =
+            Box::pin(dial(backend, &self.task.backend_tls, &self.settings, kind)).await?;
         let ready = connection
             .ready()
             .await
