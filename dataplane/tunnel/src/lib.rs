@@ -11,6 +11,8 @@ pub mod agent;
 pub mod auth;
 pub mod echo;
 pub mod error;
+#[cfg(test)]
+mod future_size;
 pub mod metrics;
 pub mod node;
 pub mod protocol;

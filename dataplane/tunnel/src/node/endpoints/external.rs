@@ -272,7 +272,7 @@ mod tests {
     /// per peer, is boxed out of it: inline it made a call's future 9,472 bytes.
     #[test]
     fn a_call_future_stays_small() {
-        let size = super::super::call_future_size(ExternalHandler::serve);
+        let size = crate::future_size::of_four(ExternalHandler::serve);
         assert!(size <= 4096, "a call's future is {size} bytes");
     }
 }

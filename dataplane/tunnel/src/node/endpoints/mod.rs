@@ -191,11 +191,3 @@ async fn list_agents(node: &NodeShared, responder: &mut Responder) -> Result<Cod
     let _ = stream.send_trailers(trailers);
     Ok(Code::Ok)
 }
-
-/// The size of the future a call endpoint's `serve` returns, for the tests that keep it small.
-#[cfg(test)]
-fn call_future_size<E, F: std::future::Future>(
-    _serve: fn(Rc<E>, ConnectionContext, Request<RecvStream>, SendResponse<Bytes>) -> F,
-) -> usize {
-    std::mem::size_of::<F>()
-}

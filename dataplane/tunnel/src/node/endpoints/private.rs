@@ -206,7 +206,7 @@ mod tests {
     /// server spawns every forwarded call's future, copying all of it.
     #[test]
     fn a_forwarded_call_future_stays_small() {
-        let size = super::super::call_future_size(PrivateEndpoint::serve);
+        let size = crate::future_size::of_four(PrivateEndpoint::serve);
         assert!(size <= 4096, "a forwarded call's future is {size} bytes");
     }
 }
