@@ -41,7 +41,9 @@ const SEND_AT: usize = 64 * 1024;
 const GATHER_LIMIT: usize = 256 * 1024;
 
 /// A send buffer that grew past this (a large response) is freed once sent instead of kept,
-/// so an idle connection does not hold its largest burst forever.
+/// so an idle connection does not hold its largest burst forever. Whether the socket took it
+/// at once or through the ring: 512 HTTP/1.1 clients of 100 KB LISTs kept ~64 KiB each when
+/// only the ring's path let go (docs/PERFORMANCE.md, "Issue 17: what a connection keeps").
 const KEEP_CAPACITY: usize = 32 * 1024;
 
 type ReadOp = ReusableLocalBoxFuture<(BufResult<usize, Vec<u8>>, OwnedReadHalf<TcpStream>)>;
@@ -221,6 +223,9 @@ impl WriteSide {
         match send_now(self.fd, &self.gathered) {
             Ok(sent) if sent == self.gathered.len() => {
                 self.gathered.clear();
+                if self.gathered.capacity() > KEEP_CAPACITY {
+                    self.gathered = std::mem::take(&mut self.spare);
+                }
                 self.sends += 1;
                 return Poll::Ready(Ok(()));
             }
@@ -458,6 +463,26 @@ mod tests {
         let (stream, received) = monoio::join!(writer, reader);
         assert!(received == expected, "bytes arrived reordered or corrupted");
         assert!(stream.write.queued > 0, "{stream:?}");
+    }
+
+    #[monoio::test_all(timer_enabled = true)]
+    async fn a_large_answer_sent_at_once_leaves_no_large_buffer_behind() {
+        let (mut stream, mut peer) = pair().await;
+        let data = pattern(KEEP_CAPACITY + 1);
+        stream.write_all(&data).await.unwrap();
+        stream.flush().await.unwrap();
+        assert_eq!(
+            stream.write.queued, 0,
+            "the socket took it at once: {stream:?}"
+        );
+        assert!(
+            stream.write.gathered.capacity() <= KEEP_CAPACITY,
+            "{stream:?}"
+        );
+        assert!(read_exactly(&mut peer, data.len()).await == data);
+        stream.write_all(b"next").await.unwrap();
+        stream.flush().await.unwrap();
+        assert_eq!(read_exactly(&mut peer, 4).await, b"next");
     }
 
     #[monoio::test_all(timer_enabled = true)]
