@@ -40,11 +40,14 @@ const SEND_AT: usize = 64 * 1024;
 /// Most bytes gathered per connection; past it `poll_write` waits for the socket (backpressure).
 const GATHER_LIMIT: usize = 256 * 1024;
 
-/// A send buffer that grew past this (a large response) is freed once sent instead of kept,
-/// so an idle connection does not hold its largest burst forever. Whether the socket took it
-/// at once or through the ring: 512 HTTP/1.1 clients of 100 KB LISTs kept ~64 KiB each when
-/// only the ring's path let go (docs/PERFORMANCE.md, "Issue 17: what a connection keeps").
-const KEEP_CAPACITY: usize = 32 * 1024;
+/// A send buffer that grew past this is freed once sent instead of kept, so a connection does
+/// not hold its largest burst for as long as it lives. It holds a batch of small answers but
+/// not a full TLS record (16 KiB of payload): h2 flushes once per large DATA frame, and 512
+/// HTTP/2 clients of 100 KB LISTs kept ~20 KiB each under a 32 KiB limit. Freed on either path
+/// (the socket took it at once, or through the ring): 512 HTTP/1.1 clients of the same LISTs
+/// kept ~64 KiB each when only the ring's path let go (docs/PERFORMANCE.md, "Issue 17: what a
+/// connection keeps").
+const KEEP_CAPACITY: usize = 16 * 1024;
 
 type ReadOp = ReusableLocalBoxFuture<(BufResult<usize, Vec<u8>>, OwnedReadHalf<TcpStream>)>;
 type WriteOp = ReusableLocalBoxFuture<(BufResult<(), Vec<u8>>, OwnedWriteHalf<TcpStream>)>;
