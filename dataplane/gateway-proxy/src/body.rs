@@ -48,6 +48,8 @@ pub enum ProxyBody {
     Full(Option<Bytes>),
     Upstream {
         recv: h2::RecvStream,
+        /// Read before the head was handed on (see `forward::first_data`), relayed first.
+        first: Option<Result<Bytes, h2::Error>>,
         data_done: bool,
         finished: bool,
         /// Boxed: the response enum stays small for the common full bodies.
@@ -73,12 +75,17 @@ impl http_body::Body for ProxyBody {
             ProxyBody::Full(bytes) => Poll::Ready(bytes.take().map(|bytes| Ok(Frame::data(bytes)))),
             ProxyBody::Upstream {
                 recv,
+                first,
                 data_done,
                 finished,
                 ..
             } => {
                 if *finished {
                     return Poll::Ready(None);
+                }
+                if let Some(first) = first.take() {
+                    *finished = first.is_err();
+                    return Poll::Ready(Some(first.map(Frame::data)));
                 }
                 if !*data_done {
                     match ready!(recv.poll_data(cx)) {
@@ -111,7 +118,12 @@ impl http_body::Body for ProxyBody {
             ProxyBody::Full(bytes) => bytes.is_none(),
             // h2 knows the upstream stream ended once its END_STREAM is read: saying so lets
             // hyper flag the last DATA frame instead of sending an empty one after it.
-            ProxyBody::Upstream { recv, finished, .. } => *finished || recv.is_end_stream(),
+            ProxyBody::Upstream {
+                recv,
+                first,
+                finished,
+                ..
+            } => first.is_none() && (*finished || recv.is_end_stream()),
         }
     }
 }

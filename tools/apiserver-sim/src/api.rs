@@ -821,13 +821,22 @@ fn json_response(code: StatusCode, value: &Value) -> Response<ResponseBody> {
     json_bytes(code, Bytes::from(value.to_string()))
 }
 
+/// A kube-apiserver is a Go server, which sets Content-Length itself when the handler's
+/// answer fits its first 4 KiB write buffer, and streams a larger one without it.
+const GO_CONTENT_LENGTH_BELOW: usize = 4096;
+
 fn json_bytes(code: StatusCode, body: Bytes) -> Response<ResponseBody> {
+    let length = body.len();
     let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() = code;
-    response.headers_mut().insert(
+    let headers = response.headers_mut();
+    headers.insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
     );
+    if length < GO_CONTENT_LENGTH_BELOW {
+        headers.insert(http::header::CONTENT_LENGTH, length.into());
+    }
     response
 }
 
