@@ -16,6 +16,12 @@ use serde_json::{json, Value};
 use super::body::{ResponseBody, StreamGuard};
 use super::{lock, Caller, RecordedRequest, Shared};
 
+mod answers;
+mod table;
+
+use answers::{json_bytes, not_found, object_not_found, ok_json, plain, status};
+use table::table_of;
+
 /// A user the TokenReview endpoint returns for a registered token.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TokenUser {
@@ -244,47 +250,6 @@ const RESOURCES: [ResourceKind; 2] = [
 
 fn kind_of(resource: &str) -> Option<&'static ResourceKind> {
     RESOURCES.iter().find(|kind| kind.name == resource)
-}
-
-/// A `meta.k8s.io/v1` Table, which kubectl asks for (`as=Table`) to print server-side columns.
-fn table_of(resource: &str, objects: &[Value], resource_version: &str) -> Value {
-    let second_column = if resource == "pods" { "Status" } else { "Data" };
-    let rows: Vec<Value> = objects
-        .iter()
-        .map(|object| {
-            let second = if resource == "pods" {
-                json!(text(&object["status"]["phase"]))
-            } else {
-                json!(object["data"].as_object().map_or(0, |data| data.len()))
-            };
-            json!({
-                "cells": [text(&object["metadata"]["name"]), second, age(&object["metadata"]["creationTimestamp"])],
-                "object": {
-                    "kind": "PartialObjectMetadata",
-                    "apiVersion": "meta.k8s.io/v1",
-                    "metadata": object["metadata"],
-                },
-            })
-        })
-        .collect();
-    json!({
-        "kind": "Table",
-        "apiVersion": "meta.k8s.io/v1",
-        "metadata": {"resourceVersion": resource_version},
-        "columnDefinitions": [
-            {"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0},
-            {"name": second_column, "type": "string", "format": "", "description": second_column, "priority": 0},
-            {"name": "Age", "type": "string", "format": "", "description": "Age", "priority": 0},
-        ],
-        "rows": rows,
-    })
-}
-
-fn age(timestamp: &Value) -> String {
-    humantime::parse_rfc3339(text(timestamp))
-        .ok()
-        .and_then(|created| SystemTime::now().duration_since(created).ok())
-        .map_or_else(|| "<unknown>".into(), |age| format!("{}s", age.as_secs()))
 }
 
 /// The TLS listener's per-connection and per-request work.
@@ -811,69 +776,6 @@ fn common_name(certificate: &[u8]) -> Option<String> {
     let (_, parsed) = x509_parser::parse_x509_certificate(certificate).ok()?;
     let common_name = parsed.subject().iter_common_name().next()?;
     common_name.as_str().ok().map(str::to_string)
-}
-
-fn ok_json(value: Value) -> Response<ResponseBody> {
-    json_response(StatusCode::OK, &value)
-}
-
-fn json_response(code: StatusCode, value: &Value) -> Response<ResponseBody> {
-    json_bytes(code, Bytes::from(value.to_string()))
-}
-
-/// A kube-apiserver is a Go server, which sets Content-Length itself when the handler's
-/// answer fits its first 4 KiB write buffer, and streams a larger one without it.
-const GO_CONTENT_LENGTH_BELOW: usize = 4096;
-
-fn json_bytes(code: StatusCode, body: Bytes) -> Response<ResponseBody> {
-    let length = body.len();
-    let mut response = Response::new(ResponseBody::full(body));
-    *response.status_mut() = code;
-    let headers = response.headers_mut();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    if length < GO_CONTENT_LENGTH_BELOW {
-        headers.insert(http::header::CONTENT_LENGTH, length.into());
-    }
-    response
-}
-
-fn plain(code: StatusCode, text: &'static str) -> Response<ResponseBody> {
-    let mut response = Response::new(ResponseBody::full(text));
-    *response.status_mut() = code;
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
-}
-
-fn status(code: StatusCode, reason: &str, message: &str) -> Response<ResponseBody> {
-    json_response(
-        code,
-        &json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code.as_u16(),
-        }),
-    )
-}
-
-fn not_found(path: &str) -> Response<ResponseBody> {
-    status(
-        StatusCode::NOT_FOUND,
-        "NotFound",
-        &format!("the simulator does not serve {path}"),
-    )
-}
-
-fn object_not_found(resource: &str, name: &str) -> Response<ResponseBody> {
-    status(
-        StatusCode::NOT_FOUND,
-        "NotFound",
-        &format!("{resource} \"{name}\" not found"),
-    )
 }
 
 /// A header's value as text; `None` if absent or not visible ASCII.

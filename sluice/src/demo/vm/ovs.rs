@@ -46,9 +46,14 @@ impl DemoOvs {
         ovs.ovsdb = Some(ovsdb.spawn().context("starting ovsdb-server")?);
         let socket = ovs.db_socket();
         let started = Instant::now();
-        while !socket.exists() {
+        // Connect, not just look: the socket file exists from bind(), and until listen() a
+        // client is refused (seen under load: `ovs-vsctl init` failed with ECONNREFUSED).
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
             if started.elapsed() > START_TIMEOUT {
-                bail!("ovsdb-server did not create {}", socket.display());
+                bail!(
+                    "ovsdb-server did not accept connections on {}",
+                    socket.display()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
