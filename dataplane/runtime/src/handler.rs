@@ -100,6 +100,11 @@ impl Closing {
         self.0.fired.load(Ordering::Acquire)
     }
 
+    /// Whether both handles belong to the same connection.
+    pub fn is_same(&self, other: &Closing) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// Resolves once the connection's serve loop starts closing it.
     pub async fn wait(&self) {
         while !self.is_fired() {

@@ -169,3 +169,94 @@ fn a_one_shot_agent_or_a_failed_call_gets_its_tunnel_closed() {
         still_serves(&node);
     }
 }
+
+/// A reusable tunnel that carried one call: parked in the node's registry afterwards.
+async fn tunnel_after_one_call(node: &Node) -> (RecvStream, SendStream<Bytes>) {
+    let (mut recv, mut send, refused) = fake_tunnel(node.agent, descriptor_reusable(true)).await;
+    assert_eq!(refused, None);
+    let mut reader = TunnelReader::new(LIMIT);
+    let call = spawn_unary(node, b"x");
+    read_call(&mut recv, &mut reader).await;
+    answer(&mut send, b"y");
+    assert_eq!(call.await.0, "0");
+    (recv, send)
+}
+
+/// The grpc-status of the trailers the node ends a tunnel with.
+async fn closing_status(recv: &mut RecvStream) -> Option<String> {
+    assert!(node_ends_tunnel(recv, Duration::from_secs(5)).await);
+    let trailers = std::future::poll_fn(|cx| recv.poll_trailers(cx)).await;
+    let trailers = trailers.ok().flatten()?;
+    let status = trailers.get("grpc-status")?;
+    Some(status.to_str().unwrap().to_string())
+}
+
+#[test]
+fn a_parked_tunnel_is_closed_at_once_when_the_node_drains() {
+    for driver in [Driver::IoUring, Driver::Legacy] {
+        let mut node = start_node(driver);
+        let running = node.running.take().unwrap();
+        block_on(async {
+            let (mut recv, _send) = tunnel_after_one_call(&node).await;
+            // Nothing owns a parked tunnel: the node must still close it with its answer to a
+            // drain, not leave the connection to be cut at the drain deadline.
+            let shutdown = std::thread::spawn(move || running.shutdown());
+            let status = closing_status(&mut recv).await;
+            assert_eq!(status.as_deref(), Some("14"), "{driver}: UNAVAILABLE");
+            let report = shutdown.join().unwrap();
+            assert_eq!(report.connections_cut, 0, "{driver}: {report:?}");
+        });
+    }
+}
+
+#[test]
+fn a_parked_tunnel_of_a_revoked_agent_is_closed() {
+    for driver in [Driver::IoUring, Driver::Legacy] {
+        let node = start_node(driver);
+        block_on(async {
+            let (mut recv, _send) = tunnel_after_one_call(&node).await;
+            assert_eq!(node.shared.registry.idle_count(), 1, "{driver}");
+            node.shared.set_agents(&[]);
+            assert!(
+                node_ends_tunnel(&mut recv, Duration::from_secs(5)).await,
+                "{driver}"
+            );
+            assert_eq!(node.shared.registry.idle_count(), 0, "{driver}");
+        });
+    }
+}
+
+#[test]
+fn a_tunnel_the_agent_reset_while_parked_is_skipped_and_then_forgotten() {
+    for driver in [Driver::IoUring, Driver::Legacy] {
+        let node = start_node(driver);
+        block_on(async {
+            let (_recv, mut parked) = tunnel_after_one_call(&node).await;
+            parked.send_reset(h2::Reason::CANCEL);
+            monoio::time::sleep(Duration::from_millis(100)).await;
+            // The next call takes the parked tunnel first, finds it gone before the client saw
+            // anything, and goes down a live one.
+            let (mut recv, mut send, _) = fake_tunnel(node.agent, descriptor_reusable(true)).await;
+            let mut reader = TunnelReader::new(LIMIT);
+            let call = spawn_unary(&node, b"again");
+            read_call(&mut recv, &mut reader).await;
+            answer(&mut send, b"pong");
+            assert_eq!(call.await.0, "0", "{driver}");
+
+            // Parked again, then reset by the agent with no call coming: an owner task takes it
+            // over within two seconds and sees the reset.
+            send.send_reset(h2::Reason::CANCEL);
+            let forgotten = monoio::time::timeout(Duration::from_secs(5), async {
+                while node.shared.registry.idle_count() > 0 {
+                    monoio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+            .await;
+            assert!(
+                forgotten.is_ok(),
+                "{driver}: the reset tunnel is still counted idle"
+            );
+        });
+        still_serves(&node);
+    }
+}

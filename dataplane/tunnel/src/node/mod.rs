@@ -1,8 +1,8 @@
 //! The node side of the tunnel.
 //!
 //! Agents park `Connect` streams on the agent endpoint ([`endpoints::agent`]); each becomes an
-//! idle tunnel in the [`ConnectionRegistry`], held by the task that owns its stream
-//! (`tunnel`). Clients call agents on the external endpoint ([`endpoints::external`]); other
+//! idle tunnel in the [`ConnectionRegistry`], held by the task that owns its stream, or parked
+//! there by the call that last used it (`tunnel`). Clients call agents on the external endpoint ([`endpoints::external`]); other
 //! nodes forward calls to the private endpoint ([`endpoints::private`]). A call reads top-down:
 //! authenticate, parse the call (`call`), route ([`route`] decides, `router` does the I/O),
 //! relay through a local tunnel or another node (`relay`, `remote`), answer (`answer`).

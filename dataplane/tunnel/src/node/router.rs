@@ -2,6 +2,7 @@
 //! lookups, races, waits for tunnels and arrivals, timers, the client's reset) and feeds what
 //! happened back to `RouteState::next_step`. It decides nothing itself.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use sluice_locator::EventListener;
@@ -24,7 +25,7 @@ pub(super) enum Route {
 
 /// One call's routing I/O.
 pub(super) struct Router<'a> {
-    pub(super) node: &'a NodeShared,
+    pub(super) node: &'a Arc<NodeShared>,
     /// Other nodes, on the external endpoint of a node with a locator.
     pub(super) remote: Option<&'a RemoteRouting>,
     pub(super) agent: AgentId,
@@ -57,7 +58,7 @@ impl Router<'_> {
                     }
                 }
                 RouteStep::ClaimLocal { until } => {
-                    match within(until, self.node.registry.acquire(self.agent)).await {
+                    match within(until, super::tunnel::claim(self.node, self.agent)).await {
                         Some(tunnel) => return Ok(self.local(state, tunnel)),
                         None => RouteEvent::ClaimTimedOut,
                     }
@@ -191,7 +192,7 @@ impl Router<'_> {
             }
         };
         monoio::select! {
-            tunnel = self.node.registry.acquire(self.agent) => Ok(tunnel),
+            tunnel = super::tunnel::claim(self.node, self.agent) => Ok(tunnel),
             _ = arrival => Err(RouteEvent::Woken),
             _ = poll => Err(RouteEvent::Woken),
             _ = client.reset() => Err(RouteEvent::ClientReset),

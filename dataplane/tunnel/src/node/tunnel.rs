@@ -1,14 +1,17 @@
-//! A tunnel as the node holds it: both directions of an agent's Connect stream, owned by one
-//! task that parks it in the registry until a call claims it.
+//! A tunnel as the node holds it: both directions of an agent's Connect stream. Idle, it is
+//! either parked in the registry by the call that last used it, or owned by a task that offers
+//! it there and watches it until a call claims it.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h2::{RecvStream, SendStream};
 use http::HeaderMap;
 use sluice_grpc::Code;
 use sluice_metrics::PerCoreGauge;
+use sluice_runtime::Closing;
 
 use super::answer::status_headers;
 use super::NodeShared;
@@ -32,7 +35,7 @@ pub struct TunnelStreams {
     pub(super) reusable: bool,
     /// Fired when the agent's connection closes (drain, or retired by age): a parked tunnel
     /// then closes, and the agent opens its tunnels on a new connection.
-    pub(super) closing: sluice_runtime::Closing,
+    pub(super) closing: Closing,
     pub(super) _open: OpenTunnel,
 }
 
@@ -115,8 +118,81 @@ pub(super) async fn hold_idle(node: Arc<NodeShared>, mut streams: TunnelStreams)
     }
 }
 
-/// Gives a tunnel back to the registry from a call that did not use it up.
+/// Gives a tunnel back from a call that did not use it up: parked in the registry for the
+/// next call of its agent, unless it has to close (its connection is closing, its agent was
+/// revoked) or requests wait for an offer; then an owner task takes it (and closes it, or
+/// offers it).
 pub(super) fn give_back(node: &Arc<NodeShared>, tunnel: TunnelStreams) {
+    if !must_close(node, &tunnel) {
+        let (agent, connection_id) = (tunnel.agent, tunnel.connection_id);
+        match node.registry.park(agent, connection_id, tunnel) {
+            Ok(()) => return,
+            Err(refused) => return hold(node, refused),
+        }
+    }
+    hold(node, tunnel);
+}
+
+fn must_close(node: &NodeShared, tunnel: &TunnelStreams) -> bool {
+    tunnel.closing.is_fired() || !node.still_allowed(tunnel.agent, &tunnel.token)
+}
+
+/// Hands a tunnel to an owner task ([`hold_idle`]).
+fn hold(node: &Arc<NodeShared>, tunnel: TunnelStreams) {
     let node = node.clone();
     sluice_runtime::spawn_contained("tunnel-idle", hold_idle(node, tunnel));
+}
+
+/// A tunnel of `agent` for a call. Nothing watched a parked tunnel, so one that has to close
+/// goes to an owner task (which closes it) and the next is taken; one the agent closed while
+/// parked fails at its first send, before the client saw anything (`StaleTunnel`).
+pub(super) async fn claim(node: &Arc<NodeShared>, agent: AgentId) -> TunnelStreams {
+    loop {
+        let tunnel = node.registry.acquire(agent).await;
+        if !must_close(node, &tunnel) {
+            return tunnel;
+        }
+        hold(node, tunnel);
+    }
+}
+
+/// How long a tunnel stays parked before an owner task takes it over and watches it (for the
+/// agent closing it, or its agent being revoked). Under load the next call takes a parked
+/// tunnel within microseconds; this bounds how long one the agent closed goes unnoticed.
+const PARKED_FOR: Duration = Duration::from_secs(1);
+
+/// Once a connection is closing, how soon a tunnel parked on it is closed.
+const CLOSING_SWEEP: Duration = Duration::from_millis(20);
+
+/// Runs beside an agent connection's serve loop, never returning: moves the tunnels parked on
+/// the connection for longer than [`PARKED_FOR`] to owner tasks, and all of them once the
+/// connection is closing (drain, retirement), so its streams end and the connection can close.
+pub(super) async fn unpark_stale(node: &Arc<NodeShared>, closing: &Closing) {
+    loop {
+        if closing.is_fired() {
+            monoio::time::sleep(CLOSING_SWEEP).await;
+        } else {
+            monoio::select! {
+                () = closing.wait() => {}
+                () = monoio::time::sleep(PARKED_FOR) => {}
+            }
+        }
+        let fired = closing.is_fired();
+        let now = Instant::now();
+        let stale = node.registry.unpark(|tunnel, since| {
+            tunnel.closing.is_same(closing)
+                && (fired || now.saturating_duration_since(since) >= PARKED_FOR)
+        });
+        for tunnel in stale {
+            hold(node, tunnel);
+        }
+    }
+}
+
+/// The tunnels still parked on a connection that ended: dropped (their streams are gone).
+pub(super) fn drop_parked(node: &NodeShared, closing: &Closing) {
+    drop(
+        node.registry
+            .unpark(|tunnel, _| tunnel.closing.is_same(closing)),
+    );
 }

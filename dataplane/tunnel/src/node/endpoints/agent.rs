@@ -19,7 +19,7 @@ use sluice_runtime::{
 
 use super::super::answer::{grpc_headers, Responder};
 use super::super::call::header_text;
-use super::super::tunnel::{hold_idle, OpenTunnel, TunnelStreams};
+use super::super::tunnel::{drop_parked, hold_idle, unpark_stale, OpenTunnel, TunnelStreams};
 use super::super::NodeShared;
 use super::{refused, serve_connection, settle};
 use crate::error::{ErrorKind, TunnelError};
@@ -56,7 +56,7 @@ impl ConnectionHandler for AgentEndpoint {
             let node = self.node.clone();
             let handler_conn = conn.clone();
             let handler_announced = announced.clone();
-            serve_connection(
+            let serving = serve_connection(
                 stream,
                 self.node.agent_tls.clone(),
                 &self.node.settings,
@@ -70,8 +70,13 @@ impl ConnectionHandler for AgentEndpoint {
                         respond,
                     )
                 },
-            )
-            .await;
+            );
+            let closing = conn.closing();
+            monoio::select! {
+                () = serving => {}
+                () = unpark_stale(&self.node, &closing) => {}
+            }
+            drop_parked(&self.node, &closing);
             for key in announced.borrow().iter() {
                 self.node.forget_connection(*key);
             }

@@ -155,7 +155,7 @@ impl ExternalHandler {
             ended: false,
         };
         let router = Router {
-            node,
+            node: &self.node,
             remote: self.remote.as_ref(),
             agent: target.agent,
             deadline: target.deadline,

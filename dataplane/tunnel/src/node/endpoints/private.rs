@@ -118,7 +118,7 @@ impl PrivateEndpoint {
             ended: false,
         };
         let router = Router {
-            node,
+            node: &self.node,
             remote: None,
             agent: target.agent,
             deadline: target.deadline,
