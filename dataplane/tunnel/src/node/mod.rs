@@ -203,8 +203,16 @@ pub(crate) mod test_node {
     use prometheus_client::registry::Registry;
     use sluice_config::JwtConfig;
 
-    #[allow(clippy::unwrap_used)]
     pub(crate) fn node(locator: Option<Arc<dyn AgentLocator>>) -> Arc<NodeShared> {
+        node_with(locator, None)
+    }
+
+    /// A test node that checks and signs node-to-node tokens with `private_jwt`.
+    #[allow(clippy::unwrap_used)]
+    pub(crate) fn node_with(
+        locator: Option<Arc<dyn AgentLocator>>,
+        private_jwt: Option<JwtConfig>,
+    ) -> Arc<NodeShared> {
         let listener = ListenerConfig {
             address: "127.0.0.1:0".parse().unwrap(),
             backlog: 16,
@@ -233,7 +241,7 @@ pub(crate) mod test_node {
                 leeway: Duration::from_secs(1),
                 max_lifetime: Duration::from_secs(10),
             },
-            private_jwt: None,
+            private_jwt,
             advertise_address: None,
             peer_tls: None,
             peer_allowlist: Vec::new(),

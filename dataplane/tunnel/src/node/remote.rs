@@ -77,7 +77,8 @@ impl PrivateSigner {
         }
     }
 
-    fn token(&self) -> Option<String> {
+    /// The token for second `now` (seconds since the epoch).
+    fn token(&self, now: u64) -> Option<String> {
         #[derive(serde::Serialize)]
         struct Claims<'a> {
             iss: &'a str,
@@ -85,7 +86,6 @@ impl PrivateSigner {
             iat: u64,
             exp: u64,
         }
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_secs();
         let claims = Claims {
             iss: &self.issuer,
             aud: &self.audience,
@@ -127,6 +127,9 @@ pub(super) struct RemoteRouting {
     peers: RefCell<HashMap<SocketAddr, SendRequest<Bytes>>>,
     /// Per agent: when the locator was last asked and the other nodes it listed.
     listings: RefCell<HashMap<AgentId, (Instant, Vec<Peer>)>>,
+    /// The `authorization` value of this second's node token. A token's claims are whole
+    /// seconds, so every call of one second would sign the same bytes again.
+    signed: RefCell<Option<(u64, HeaderValue)>>,
 }
 
 impl RemoteRouting {
@@ -137,6 +140,7 @@ impl RemoteRouting {
             locator,
             peers: RefCell::default(),
             listings: RefCell::default(),
+            signed: RefCell::default(),
         })
     }
 
@@ -241,7 +245,7 @@ impl RemoteRouting {
     ) -> Result<RemoteCall, PeersFailed> {
         use futures_util::stream::{FuturesUnordered, StreamExt};
         let token = self.token().map_err(PeersFailed::refused)?;
-        let token = token.as_str();
+        let token = &token;
         let mut racing: FuturesUnordered<_> = candidates
             .iter()
             .map(|(name, address)| async move {
@@ -306,15 +310,28 @@ impl RemoteRouting {
         })
     }
 
-    /// A node token for this call's requests to other nodes.
-    fn token(&self) -> Result<String, TunnelError> {
-        self.node
+    /// The `authorization` value (a node token) for this call's requests to other nodes.
+    fn token(&self) -> Result<HeaderValue, TunnelError> {
+        let unsigned =
+            || TunnelError::new(ErrorKind::PeerUnavailable, "no private JWT to sign with");
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_err(|_| unsigned())?
+            .as_secs();
+        if let Some((second, value)) = &*self.signed.borrow() {
+            if *second == now {
+                return Ok(value.clone());
+            }
+        }
+        let value = self
+            .node
             .private_jwt
             .as_ref()
-            .and_then(|(_, signer)| signer.token())
-            .ok_or_else(|| {
-                TunnelError::new(ErrorKind::PeerUnavailable, "no private JWT to sign with")
-            })
+            .and_then(|(_, signer)| signer.token(now))
+            .and_then(|token| HeaderValue::try_from(format!("Bearer {token}")).ok())
+            .ok_or_else(unsigned)?;
+        *self.signed.borrow_mut() = Some((now, value.clone()));
+        Ok(value)
     }
 
     /// Sends the call's headers to one node's private endpoint on this core's connection to
@@ -325,7 +342,7 @@ impl RemoteRouting {
         parts: &http::request::Parts,
         deadline: Option<Instant>,
         agent: AgentId,
-        token: &str,
+        token: &HeaderValue,
     ) -> Result<(ResponseFuture, SendStream<Bytes>), PeerFailure> {
         let request = peer_request(address, parts, deadline, agent, token)?;
         let mut peer = self.peer(address).await?;
@@ -351,7 +368,7 @@ impl RemoteRouting {
         parts: &http::request::Parts,
         deadline: Option<Instant>,
         agent: AgentId,
-        token: &str,
+        token: &HeaderValue,
     ) -> Result<(ResponseFuture, SendStream<Bytes>), PeerFailure> {
         let (mut response, send) = self.start(address, parts, deadline, agent, token).await?;
         match poll_fn(|cx| response.poll_informational(cx)).await {
@@ -444,7 +461,7 @@ fn peer_request(
     parts: &http::request::Parts,
     deadline: Option<Instant>,
     agent: AgentId,
-    token: &str,
+    token: &HeaderValue,
 ) -> Result<Request<()>, http::Error> {
     let mut request = Request::post(format!("http://{address}{}", parts.uri.path())).body(())?;
     let headers = request.headers_mut();
@@ -464,9 +481,7 @@ fn peer_request(
         http::header::EXPECT,
         HeaderValue::from_static("100-continue"),
     );
-    if let Ok(value) = HeaderValue::from_str(&format!("Bearer {token}")) {
-        headers.insert(http::header::AUTHORIZATION, value);
-    }
+    headers.insert(http::header::AUTHORIZATION, token.clone());
     headers.insert(AGENT_ID_HEADER, HeaderValue::from(agent));
     if let Some(deadline) = deadline {
         let remaining = deadline.saturating_duration_since(Instant::now());
@@ -488,6 +503,44 @@ mod tests {
     fn routing(cluster: &Arc<MemoryCluster>) -> RemoteRouting {
         let locator: Arc<dyn AgentLocator> = cluster.locator("n", "10.0.0.1:1");
         RemoteRouting::new(&node(Some(locator))).unwrap()
+    }
+
+    #[test]
+    fn a_routing_node_signs_one_token_per_second_and_shares_it() {
+        let cluster = MemoryCluster::new();
+        let locator: Arc<dyn AgentLocator> = cluster.locator("n", "10.0.0.1:1");
+        let private = sluice_config::JwtConfig {
+            secret: vec![9; 32],
+            secret_file: "p".into(),
+            issuer: "sluice".into(),
+            audience: "sluice-private".into(),
+            leeway: Duration::from_secs(1),
+            max_lifetime: Duration::from_secs(10),
+        };
+        let node = super::super::test_node::node_with(Some(locator), Some(private));
+        let routing = RemoteRouting::new(&node).unwrap();
+        let (first, second) = loop {
+            let before = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_secs();
+            let pair = (routing.token().unwrap(), routing.token().unwrap());
+            let after = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_secs();
+            if before == after {
+                break pair;
+            }
+        };
+        // The same bytes, not signed again: both values share one buffer.
+        assert_eq!(first.as_bytes().as_ptr(), second.as_bytes().as_ptr());
+        let token = first.to_str().unwrap().strip_prefix("Bearer ").unwrap();
+        let (validator, _) = node.private_jwt.as_ref().unwrap();
+        assert!(
+            validator.validate_token(token).is_ok(),
+            "a valid node token"
+        );
     }
 
     #[test]

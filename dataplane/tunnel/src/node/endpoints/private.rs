@@ -3,6 +3,7 @@
 //! loop. A routing node races several nodes: this one reports a ready tunnel (100 Continue)
 //! and gives the tunnel back if another node wins.
 
+use std::cell::RefCell;
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -30,7 +31,7 @@ use super::super::NodeShared;
 use super::{
     check_client_metadata, list_agents, parse_request, refused, serve_calls, settle, Admitted,
 };
-use crate::auth::AuthError;
+use crate::auth::{AuthError, VerifiedTokens};
 use crate::error::TunnelError;
 use crate::wire::metadata_from_headers;
 
@@ -46,11 +47,24 @@ pub struct PrivateEndpoint {
 
 impl HandlerFactory for PrivateEndpoint {
     fn create(&self, _worker: &WorkerContext) -> Rc<dyn ConnectionHandler> {
-        Rc::new(self.clone())
+        Rc::new(PrivateHandler {
+            node: self.node.clone(),
+            verified_tokens: RefCell::default(),
+        })
     }
 }
 
-impl ConnectionHandler for PrivateEndpoint {
+/// Per-core state of the private endpoint.
+#[derive(Debug)]
+pub(in crate::node) struct PrivateHandler {
+    node: Arc<NodeShared>,
+    /// Node tokens this core has verified: a routing node signs one token per second and
+    /// sends it with every call it forwards, so a signature is checked once per second per
+    /// routing node and core, not per call.
+    verified_tokens: RefCell<VerifiedTokens>,
+}
+
+impl ConnectionHandler for PrivateHandler {
     fn handle(
         self: Rc<Self>,
         stream: TcpStream,
@@ -61,7 +75,7 @@ impl ConnectionHandler for PrivateEndpoint {
     }
 }
 
-impl PrivateEndpoint {
+impl PrivateHandler {
     /// One forwarded call: authenticate the node, parse, serve from a local tunnel; `settle`
     /// answers a failure. Owns its handler so the HTTP/2 server spawns this future itself.
     async fn serve(
@@ -74,7 +88,10 @@ impl PrivateEndpoint {
         let node = &*self.node;
         let mut responder = Responder::new(respond);
         let validated = match &node.private_jwt {
-            Some((validator, _)) => validator.validate(request.headers()),
+            Some((validator, _)) => self
+                .verified_tokens
+                .borrow_mut()
+                .validate(validator, request.headers()),
             None => Err(AuthError::InvalidToken("no private JWT configured")),
         };
         let admitted = validated
@@ -206,7 +223,7 @@ mod tests {
     /// server spawns every forwarded call's future, copying all of it.
     #[test]
     fn a_forwarded_call_future_stays_small() {
-        let size = crate::future_size::of_four(PrivateEndpoint::serve);
+        let size = crate::future_size::of_four(PrivateHandler::serve);
         assert!(size <= 4096, "a forwarded call's future is {size} bytes");
     }
 }
