@@ -98,6 +98,13 @@ pub fn data_frame(data: Bytes, compressed: bool, request_side: bool) -> Vec<Byte
 /// What [`data_frame`] puts before a payload of `size` bytes: with [`data_frame_tail`] after
 /// the payload, a message can be forwarded as its bytes arrive instead of whole.
 pub fn data_frame_head(size: usize, compressed: bool, request_side: bool) -> BytesMut {
+    let mut head = BytesMut::new();
+    data_frame_head_into(&mut head, size, compressed, request_side);
+    head
+}
+
+/// [`data_frame_head`], appended to `out`.
+pub fn data_frame_head_into(out: &mut BytesMut, size: usize, compressed: bool, request_side: bool) {
     // Message { data = 1 (bytes), compressed = 2 (bool) }
     let data_key_len = 1 + varint_len(size as u64);
     let compressed_len = if compressed { 2 } else { 0 };
@@ -109,13 +116,21 @@ pub fn data_frame_head(size: usize, compressed: bool, request_side: bool) -> Byt
         (2 << 3) | 2
     };
     let body_len = 1 + varint_len(inner_len as u64) + inner_len;
-    let mut head = BytesMut::with_capacity(MESSAGE_HEADER_LEN + body_len - size - compressed_len);
-    head.put_slice(&message_header(false, body_len));
-    head.put_u8(outer_tag);
-    put_varint(&mut head, inner_len as u64);
-    head.put_u8((1 << 3) | 2);
-    put_varint(&mut head, size as u64);
-    head
+    out.reserve(MESSAGE_HEADER_LEN + body_len - size - compressed_len);
+    out.put_slice(&message_header(false, body_len));
+    out.put_u8(outer_tag);
+    put_varint(out, inner_len as u64);
+    out.put_u8((1 << 3) | 2);
+    put_varint(out, size as u64);
+}
+
+/// [`data_frame`] of a payload copied into `out` (the frame of a small message among others).
+pub fn data_frame_into(out: &mut BytesMut, data: &[u8], compressed: bool, request_side: bool) {
+    data_frame_head_into(out, data.len(), compressed, request_side);
+    let tail = data_frame_tail(compressed);
+    out.reserve(data.len() + tail.len());
+    out.put_slice(data);
+    out.put_slice(tail);
 }
 
 /// What [`data_frame`] puts after the payload.

@@ -1,7 +1,7 @@
 //! The two directions of a local relay: client messages down the tunnel, agent messages back
 //! to the client. Errors name the side that failed; the relay adds the agent and answers.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
 use http::{HeaderMap, HeaderValue, Response};
 use sluice_grpc::transport::{recv_data_held, recv_data_now, release, send_data};
@@ -12,8 +12,8 @@ use super::answer::{grpc_headers, status_headers, Responder};
 use crate::error::{ErrorKind, TunnelError};
 use crate::metrics::TunnelMetrics;
 use crate::wire::{
-    data_frame, data_frame_head, data_frame_tail, frame, frame_into, metadata_into_headers,
-    MetadataLimits, MetadataTooLarge, ReadError, TunnelReader, WireError,
+    data_frame, data_frame_head, data_frame_into, data_frame_tail, frame, frame_into,
+    metadata_into_headers, MetadataLimits, MetadataTooLarge, ReadError, TunnelReader, WireError,
 };
 
 /// Requests up to this size (all messages) are copied into the RequestInfo's DATA frame.
@@ -74,24 +74,28 @@ pub(super) async fn take_ready_chunks(call: &mut CallBody) -> Result<(), TunnelE
     Ok(())
 }
 
-/// `info` followed by every message of a complete request body and CloseSend, as one buffer;
-/// `None` if the body is not well-formed gRPC framing (the pump then reports it the usual way)
-/// or too big to copy.
-pub(super) fn whole_request(info: &[u8], chunks: &[Bytes], limit: usize) -> Option<Bytes> {
+/// The frame `info` writes followed by every message of a complete request body and
+/// CloseSend, as one buffer; `None` if the body is not well-formed gRPC framing (the pump then
+/// reports it the usual way) or too big to copy.
+pub(super) fn whole_request(
+    info: impl FnOnce(&mut BytesMut),
+    chunks: &[Bytes],
+    limit: usize,
+) -> Option<Bytes> {
     let size: usize = chunks.iter().map(Bytes::len).sum();
     if size > WHOLE_REQUEST_LIMIT {
         return None;
     }
-    let mut out = bytes::BytesMut::with_capacity(info.len() + size + 32);
-    out.extend_from_slice(info);
     let mut frames = FrameDecoder::new(limit);
     for chunk in chunks {
         frames.push(chunk.clone());
     }
+    // One buffer for the whole request: RequestInfo (~100 bytes) and per message a frame head
+    // and tail around its payload.
+    let mut out = BytesMut::with_capacity(256 + size + 32);
+    info(&mut out);
     while let Some(message) = frames.next_message().ok()? {
-        for piece in data_frame(message.data, message.compressed, false) {
-            out.extend_from_slice(&piece);
-        }
+        data_frame_into(&mut out, &message.data, message.compressed, false);
     }
     frames.finish().ok()?;
     frame_into(

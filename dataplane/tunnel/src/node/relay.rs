@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use h2::RecvStream;
 use http::{HeaderMap, Response};
 use sluice_grpc::transport::{recv_data, recv_data_held, release, send_data};
@@ -25,7 +25,7 @@ use super::NodeShared;
 use crate::error::{ErrorKind, TunnelError};
 use crate::protocol::GRPC_TIMEOUT;
 use crate::registry::AgentId;
-use crate::wire::frame;
+use crate::wire::frame_into;
 
 /// What a call sends down a tunnel first: its RequestInfo, built once per call (method and
 /// metadata are not copied again for each tunnel the call tries).
@@ -56,22 +56,28 @@ impl CallHead {
     /// The RequestInfo frame as of now: the remaining deadline travels with the call so the
     /// backend sees it too.
     fn frame(&mut self) -> Bytes {
+        let mut out = BytesMut::new();
+        self.frame_into(&mut out);
+        out.freeze()
+    }
+
+    /// [`Self::frame`], appended to `out`.
+    fn frame_into(&mut self, out: &mut BytesMut) {
         let Some(deadline) = self.deadline else {
-            return frame(&self.message);
+            return frame_into(out, &self.message);
         };
         let Some(connect_response::Msg::RequestInfo(info)) = &mut self.message.msg else {
-            return frame(&self.message);
+            return frame_into(out, &self.message);
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
         info.metadata.push(MetadataEntry {
             key: GRPC_TIMEOUT.to_string(),
             values: vec![Bytes::from(encode_timeout(remaining))],
         });
-        let framed = frame(&self.message);
+        frame_into(out, &self.message);
         if let Some(connect_response::Msg::RequestInfo(info)) = &mut self.message.msg {
             info.metadata.pop();
         }
-        framed
     }
 }
 
@@ -84,7 +90,6 @@ pub(super) async fn start_local(
     head: &mut CallHead,
     body: &mut CallBody,
 ) -> Result<Upload, TunnelError> {
-    let info = head.frame();
     // A unary request usually arrived whole with its headers: then RequestInfo, its messages
     // and CloseSend go down the tunnel as one DATA frame.
     if !body.ended {
@@ -92,10 +97,20 @@ pub(super) async fn start_local(
     }
     let whole = body
         .ended
-        .then(|| whole_request(&info, &body.early, node.max_message_bytes))
+        .then(|| {
+            whole_request(
+                |out| head.frame_into(out),
+                &body.early,
+                node.max_message_bytes,
+            )
+        })
         .flatten();
     let sent = whole.is_some();
-    send_data(&mut tunnel.send, whole.unwrap_or(info), false)
+    let first = match whole {
+        Some(whole) => whole,
+        None => head.frame(),
+    };
+    send_data(&mut tunnel.send, first, false)
         .await
         .map_err(|error| TunnelError::new(ErrorKind::StaleTunnel, error.to_string()))?;
     let early = if sent {

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use h2::client::{ResponseFuture, SendRequest};
 use h2::SendStream;
-use http::{HeaderValue, Request};
+use http::uri::Authority;
+use http::{HeaderName, HeaderValue, Request, Uri};
 use rustls_pki_types::ServerName;
 use sluice_config::{JwtConfig, PeerTlsConfig};
 use sluice_grpc::encode_timeout;
@@ -23,6 +24,10 @@ use super::route::{peers_of, Peer};
 use super::NodeShared;
 use crate::error::{ErrorKind, TunnelError};
 use crate::protocol::{AGENT_ID_HEADER, GRPC_TIMEOUT};
+
+// Parsed once: a name given as text is parsed again on every insert.
+const AGENT_ID: HeaderName = HeaderName::from_static(AGENT_ID_HEADER);
+const TIMEOUT: HeaderName = HeaderName::from_static(GRPC_TIMEOUT);
 use crate::registry::AgentId;
 use crate::wire::is_hop_header;
 
@@ -130,6 +135,9 @@ pub(super) struct RemoteRouting {
     /// The `authorization` value of this second's node token. A token's claims are whole
     /// seconds, so every call of one second would sign the same bytes again.
     signed: RefCell<Option<(u64, HeaderValue)>>,
+    /// Each peer's address as the `:authority` of the calls forwarded to it (formatted and
+    /// parsed once, not per call).
+    authorities: RefCell<HashMap<SocketAddr, Authority>>,
 }
 
 impl RemoteRouting {
@@ -141,6 +149,7 @@ impl RemoteRouting {
             peers: RefCell::default(),
             listings: RefCell::default(),
             signed: RefCell::default(),
+            authorities: RefCell::default(),
         })
     }
 
@@ -334,6 +343,17 @@ impl RemoteRouting {
         Ok(value)
     }
 
+    fn authority(&self, address: SocketAddr) -> Result<Authority, http::Error> {
+        if let Some(authority) = self.authorities.borrow().get(&address) {
+            return Ok(authority.clone());
+        }
+        let authority = Authority::try_from(address.to_string())?;
+        self.authorities
+            .borrow_mut()
+            .insert(address, authority.clone());
+        Ok(authority)
+    }
+
     /// Sends the call's headers to one node's private endpoint on this core's connection to
     /// it (opened, or opened again, when there is none that works).
     async fn start(
@@ -344,7 +364,8 @@ impl RemoteRouting {
         agent: AgentId,
         token: &HeaderValue,
     ) -> Result<(ResponseFuture, SendStream<Bytes>), PeerFailure> {
-        let request = peer_request(address, parts, deadline, agent, token)?;
+        let authority = self.authority(address)?;
+        let request = peer_request(&authority, parts, deadline, agent, token)?;
         let mut peer = self.peer(address).await?;
         match peer.send_request(request, false) {
             Ok(started) => Ok(started),
@@ -353,7 +374,7 @@ impl RemoteRouting {
             // than counting the node out of this call.
             Err(_) => {
                 self.peers.borrow_mut().remove(&address);
-                let request = peer_request(address, parts, deadline, agent, token)?;
+                let request = peer_request(&authority, parts, deadline, agent, token)?;
                 let mut peer = self.peer(address).await?;
                 Ok(peer.send_request(request, false)?)
             }
@@ -457,13 +478,18 @@ fn peer_allowed(allowlist: &[sluice_config::IpNetwork], address: SocketAddr) -> 
 /// The call as forwarded to another node: the client's metadata, the node's token, the agent,
 /// the remaining deadline, and a request for readiness first.
 fn peer_request(
-    address: SocketAddr,
+    authority: &Authority,
     parts: &http::request::Parts,
     deadline: Option<Instant>,
     agent: AgentId,
     token: &HeaderValue,
 ) -> Result<Request<()>, http::Error> {
-    let mut request = Request::post(format!("http://{address}{}", parts.uri.path())).body(())?;
+    // The client's parsed path is shared, not formatted and parsed again.
+    let mut uri = http::uri::Parts::default();
+    uri.scheme = Some(http::uri::Scheme::HTTP);
+    uri.authority = Some(authority.clone());
+    uri.path_and_query = parts.uri.path_and_query().cloned();
+    let mut request = Request::post(Uri::from_parts(uri)?).body(())?;
     let headers = request.headers_mut();
     // The client's metadata as it arrived (it passed this node's limits then), hop headers
     // left out: values are shared, not copied, and nothing is parsed again.
@@ -482,11 +508,11 @@ fn peer_request(
         HeaderValue::from_static("100-continue"),
     );
     headers.insert(http::header::AUTHORIZATION, token.clone());
-    headers.insert(AGENT_ID_HEADER, HeaderValue::from(agent));
+    headers.insert(AGENT_ID, HeaderValue::from(agent));
     if let Some(deadline) = deadline {
         let remaining = deadline.saturating_duration_since(Instant::now());
         if let Ok(value) = HeaderValue::from_str(&encode_timeout(remaining)) {
-            headers.insert(GRPC_TIMEOUT, value);
+            headers.insert(TIMEOUT, value);
         }
     }
     Ok(request)
