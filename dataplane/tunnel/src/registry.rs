@@ -278,28 +278,29 @@ impl<T> ConnectionRegistry<T> {
         Ok(())
     }
 
-    /// Takes out the parked tunnels for which `take(tunnel, since)` holds (parked too long, or
-    /// on a connection that is closing), for the caller to hand to owner tasks.
-    pub fn unpark(&self, mut take: impl FnMut(&T, Instant) -> bool) -> Vec<T> {
+    /// Takes out the parked tunnels of `agent` for which `take(tunnel, since)` holds (parked too
+    /// long, or on a connection that is closing), for the caller to hand to owner tasks. Looks
+    /// at that agent's slot alone: each agent connection sweeps its own agents' tunnels, so the
+    /// work grows with the tunnels parked, not with connections times tunnels.
+    pub fn unpark(&self, agent: AgentId, mut take: impl FnMut(&T, Instant) -> bool) -> Vec<T> {
         let mut taken = Vec::new();
         if self.parked.load(Ordering::Relaxed) == 0 {
             return taken;
         }
-        for stripe in self.stripes.iter() {
-            let mut stripe = stripe
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            stripe.retain(|_, slot| {
-                let mut index = 0;
-                while let Some(parked) = slot.parked.get(index) {
-                    if !take(&parked.tunnel, parked.since) {
-                        index += 1;
-                    } else if let Some(parked) = slot.parked.remove(index) {
-                        taken.push(parked.tunnel);
-                    }
-                }
-                !slot.is_empty()
-            });
+        let mut stripe = self.stripe(agent);
+        let Some(slot) = stripe.get_mut(&agent) else {
+            return taken;
+        };
+        let mut index = 0;
+        while let Some(parked) = slot.parked.get(index) {
+            if !take(&parked.tunnel, parked.since) {
+                index += 1;
+            } else if let Some(parked) = slot.parked.remove(index) {
+                taken.push(parked.tunnel);
+            }
+        }
+        if slot.is_empty() {
+            stripe.remove(&agent);
         }
         self.idle.fetch_sub(taken.len(), Ordering::Relaxed);
         self.parked.fetch_sub(taken.len(), Ordering::Relaxed);
@@ -537,15 +538,19 @@ mod tests {
             registry.park(8, 1, tunnel).unwrap();
         }
         registry.park(9, 1, 50).unwrap();
-        let mut odd = registry.unpark(|tunnel, _| tunnel % 2 == 1);
+        let mut odd = registry.unpark(8, |tunnel, _| tunnel % 2 == 1);
         odd.sort_unstable();
         assert_eq!(odd, vec![1, 3]);
         assert_eq!(registry.idle_count(), 3);
-        let recent = registry.unpark(|_, since| since.elapsed() > Duration::from_secs(60));
+        let recent = registry.unpark(8, |_, since| since.elapsed() > Duration::from_secs(60));
         assert!(recent.is_empty(), "nothing was parked for a minute");
+        assert!(
+            registry.unpark(10, |_, _| true).is_empty(),
+            "agent 10 parked nothing"
+        );
         assert_eq!(registry.evict(8), 2);
         assert_eq!(registry.idle_count(), 1);
-        assert_eq!(registry.unpark(|_, _| true), vec![50]);
+        assert_eq!(registry.unpark(9, |_, _| true), vec![50]);
         assert_eq!(registry.idle_count(), 0);
         assert_eq!(registry.tracked_agents(), 0, "emptied slots are reclaimed");
     }

@@ -167,7 +167,12 @@ const CLOSING_SWEEP: Duration = Duration::from_millis(20);
 /// Runs beside an agent connection's serve loop, never returning: moves the tunnels parked on
 /// the connection for longer than [`PARKED_FOR`] to owner tasks, and all of them once the
 /// connection is closing (drain, retirement), so its streams end and the connection can close.
-pub(super) async fn unpark_stale(node: &Arc<NodeShared>, closing: &Closing) {
+/// `agents`: the agents that opened tunnels on this connection so far (one, normally).
+pub(super) async fn unpark_stale(
+    node: &Arc<NodeShared>,
+    closing: &Closing,
+    agents: impl Fn() -> Vec<AgentId>,
+) {
     loop {
         if closing.is_fired() {
             monoio::time::sleep(CLOSING_SWEEP).await;
@@ -179,20 +184,25 @@ pub(super) async fn unpark_stale(node: &Arc<NodeShared>, closing: &Closing) {
         }
         let fired = closing.is_fired();
         let now = Instant::now();
-        let stale = node.registry.unpark(|tunnel, since| {
-            tunnel.closing.is_same(closing)
-                && (fired || now.saturating_duration_since(since) >= PARKED_FOR)
-        });
-        for tunnel in stale {
-            hold(node, tunnel);
+        for agent in agents() {
+            let stale = node.registry.unpark(agent, |tunnel, since| {
+                tunnel.closing.is_same(closing)
+                    && (fired || now.saturating_duration_since(since) >= PARKED_FOR)
+            });
+            for tunnel in stale {
+                hold(node, tunnel);
+            }
         }
     }
 }
 
-/// The tunnels still parked on a connection that ended: dropped (their streams are gone).
-pub(super) fn drop_parked(node: &NodeShared, closing: &Closing) {
-    drop(
-        node.registry
-            .unpark(|tunnel, _| tunnel.closing.is_same(closing)),
-    );
+/// The tunnels of `agents` still parked on a connection that ended: dropped (their streams
+/// are gone).
+pub(super) fn drop_parked(node: &NodeShared, closing: &Closing, agents: &[AgentId]) {
+    for agent in agents {
+        drop(
+            node.registry
+                .unpark(*agent, |tunnel, _| tunnel.closing.is_same(closing)),
+        );
+    }
 }

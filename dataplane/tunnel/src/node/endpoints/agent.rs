@@ -72,16 +72,25 @@ impl ConnectionHandler for AgentEndpoint {
                 },
             );
             let closing = conn.closing();
+            let agents = || announced_agents(&announced);
             monoio::select! {
                 () = serving => {}
-                () = unpark_stale(&self.node, &closing) => {}
+                () = unpark_stale(&self.node, &closing, agents) => {}
             }
-            drop_parked(&self.node, &closing);
+            drop_parked(&self.node, &closing, &announced_agents(&announced));
             for key in announced.borrow().iter() {
                 self.node.forget_connection(*key);
             }
         })
     }
+}
+
+/// The agents a connection announced, each once.
+fn announced_agents(announced: &Announced) -> Vec<AgentId> {
+    let mut agents: Vec<AgentId> = announced.borrow().iter().map(|(agent, _)| *agent).collect();
+    agents.sort_unstable();
+    agents.dedup();
+    agents
 }
 
 /// One `Connect` stream: authenticate the agent, read its Descriptor, accept the stream, and
