@@ -24,12 +24,16 @@ use super::route::{peers_of, Peer};
 use super::NodeShared;
 use crate::error::{ErrorKind, TunnelError};
 use crate::protocol::{AGENT_ID_HEADER, GRPC_TIMEOUT};
+use crate::registry::AgentId;
+use crate::wire::is_hop_header;
 
 // Parsed once: a name given as text is parsed again on every insert.
 const AGENT_ID: HeaderName = HeaderName::from_static(AGENT_ID_HEADER);
 const TIMEOUT: HeaderName = HeaderName::from_static(GRPC_TIMEOUT);
-use crate::registry::AgentId;
-use crate::wire::is_hop_header;
+
+/// Peer authorities a core keeps; peer addresses come from Redis, so the map is bounded
+/// (emptied when full: re-parsing one is cheap, an unbounded map is not).
+const KEPT_AUTHORITIES: usize = 1024;
 
 /// TLS for calls to other nodes' private endpoints, and the name their certificates must carry
 /// (`None`: the peer's IP address).
@@ -348,9 +352,11 @@ impl RemoteRouting {
             return Ok(authority.clone());
         }
         let authority = Authority::try_from(address.to_string())?;
-        self.authorities
-            .borrow_mut()
-            .insert(address, authority.clone());
+        let mut authorities = self.authorities.borrow_mut();
+        if authorities.len() >= KEPT_AUTHORITIES {
+            authorities.clear();
+        }
+        authorities.insert(address, authority.clone());
         Ok(authority)
     }
 
@@ -519,138 +525,5 @@ fn peer_request(
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use sluice_locator::memory::MemoryCluster;
-
-    use super::super::test_node::{node, run};
-    use super::*;
-
-    fn routing(cluster: &Arc<MemoryCluster>) -> RemoteRouting {
-        let locator: Arc<dyn AgentLocator> = cluster.locator("n", "10.0.0.1:1");
-        RemoteRouting::new(&node(Some(locator))).unwrap()
-    }
-
-    #[test]
-    fn a_routing_node_signs_one_token_per_second_and_shares_it() {
-        let cluster = MemoryCluster::new();
-        let locator: Arc<dyn AgentLocator> = cluster.locator("n", "10.0.0.1:1");
-        let private = sluice_config::JwtConfig {
-            secret: vec![9; 32],
-            secret_file: "p".into(),
-            issuer: "sluice".into(),
-            audience: "sluice-private".into(),
-            leeway: Duration::from_secs(1),
-            max_lifetime: Duration::from_secs(10),
-        };
-        let node = super::super::test_node::node_with(Some(locator), Some(private));
-        let routing = RemoteRouting::new(&node).unwrap();
-        let (first, second) = loop {
-            let before = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap()
-                .as_secs();
-            let pair = (routing.token().unwrap(), routing.token().unwrap());
-            let after = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap()
-                .as_secs();
-            if before == after {
-                break pair;
-            }
-        };
-        // The same bytes, not signed again: both values share one buffer.
-        assert_eq!(first.as_bytes().as_ptr(), second.as_bytes().as_ptr());
-        let token = first.to_str().unwrap().strip_prefix("Bearer ").unwrap();
-        let (validator, _) = node.private_jwt.as_ref().unwrap();
-        assert!(
-            validator.validate_token(token).is_ok(),
-            "a valid node token"
-        );
-    }
-
-    #[test]
-    fn a_node_without_a_locator_does_not_route_to_others() {
-        assert!(RemoteRouting::new(&node(None)).is_none());
-    }
-
-    #[test]
-    fn a_listing_is_reused_within_its_ttl_unless_a_fresh_one_is_asked_for() {
-        let cluster = MemoryCluster::new();
-        let routing = routing(&cluster);
-        let (b, c) = (
-            cluster.locator("b", "10.0.0.2:2"),
-            cluster.locator("c", "10.0.0.3:3"),
-        );
-        b.register(9);
-        run(async {
-            let until = Instant::now() + Duration::from_secs(1);
-            let first = routing.remote_nodes(9, until, false).await.unwrap();
-            assert_eq!(
-                first,
-                vec![("b".to_string(), "10.0.0.2:2".parse().unwrap())]
-            );
-            c.register(9);
-            let cached = routing.remote_nodes(9, until, false).await.unwrap();
-            assert_eq!(cached, first, "the core's cached listing");
-            let fresh = routing.remote_nodes(9, until, true).await.unwrap();
-            assert_eq!(fresh.len(), 2, "a fresh lookup sees the new node");
-        });
-    }
-
-    #[test]
-    fn an_empty_listing_is_not_kept() {
-        let cluster = MemoryCluster::new();
-        let routing = routing(&cluster);
-        let b = cluster.locator("b", "10.0.0.2:2");
-        run(async {
-            let until = Instant::now() + Duration::from_secs(1);
-            assert!(routing
-                .remote_nodes(9, until, false)
-                .await
-                .unwrap()
-                .is_empty());
-            b.register(9);
-            let listed = routing.remote_nodes(9, until, false).await.unwrap();
-            assert_eq!(
-                listed.len(),
-                1,
-                "the agent's arrival is seen by the next call"
-            );
-        });
-    }
-
-    #[test]
-    fn a_failing_locator_is_an_error_not_an_empty_listing() {
-        let cluster = MemoryCluster::new();
-        let routing = routing(&cluster);
-        cluster.set_failing(Some("redis is away"));
-        run(async {
-            let until = Instant::now() + Duration::from_secs(1);
-            let error = routing.remote_nodes(9, until, false).await.unwrap_err();
-            assert_eq!(error, LocatorError::Store("redis is away".into()));
-        });
-    }
-
-    #[test]
-    fn advertised_addresses_outside_the_allowlist_are_not_dialled() {
-        let allowlist = [
-            sluice_config::IpNetwork::parse("10.0.0.0/8").unwrap(),
-            sluice_config::IpNetwork::parse("fd00::/8").unwrap(),
-        ];
-        let allowed = |text: &str| peer_allowed(&allowlist, text.parse().unwrap());
-        assert!(allowed("10.1.2.3:8155"));
-        assert!(allowed("[fd00::1]:8155"));
-        assert!(
-            allowed("[::ffff:10.0.0.9]:8155"),
-            "IPv4-mapped counts as IPv4"
-        );
-        assert!(!allowed("169.254.169.254:80"), "the cloud metadata service");
-        assert!(!allowed("127.0.0.1:6443"));
-        assert!(!allowed("11.0.0.1:8155"));
-        assert!(
-            peer_allowed(&[], "192.0.2.1:1".parse().unwrap()),
-            "empty: any"
-        );
-    }
-}
+#[path = "remote_tests.rs"]
+mod tests;
