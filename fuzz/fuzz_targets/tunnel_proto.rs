@@ -10,7 +10,8 @@ use sluice_proto::tunnel::v1::{
     connect_request, connect_response, ConnectRequest, ConnectResponse,
 };
 use sluice_tunnel::wire::{
-    data_frame, metadata_from_headers, metadata_into_headers, MetadataLimits, TunnelReader,
+    data_frame, metadata_into_headers, request_info_frame_into, HeaderMetadata, MetadataLimits,
+    TunnelReader,
 };
 
 fn round_trip<M: prost::Message + Default + PartialEq + std::fmt::Debug>(data: &[u8]) -> Option<M> {
@@ -22,9 +23,20 @@ fn round_trip<M: prost::Message + Default + PartialEq + std::fmt::Debug>(data: &
 
 fn metadata(entries: &[sluice_proto::tunnel::v1::MetadataEntry]) {
     let mut headers = HeaderMap::new();
-    // Over the metadata limits the call is refused; within them the headers are built.
+    // Over the metadata limits the call is refused; within them the headers are built, and
+    // encoded from the header map again they read back as the same entries.
     if metadata_into_headers(entries, &mut headers, &MetadataLimits::default()).is_ok() {
-        let _ = metadata_from_headers(&headers);
+        let carried = HeaderMetadata::of(&headers);
+        let mut frame = bytes::BytesMut::new();
+        request_info_frame_into(&mut frame, "/m", &carried);
+        let mut reader = TunnelReader::new(1 << 20);
+        reader.push(frame.freeze());
+        match reader.next_response().expect("an encoded RequestInfo decodes") {
+            Some(connect_response::Msg::RequestInfo(info)) => {
+                assert_eq!(info.metadata, carried.to_entries());
+            }
+            other => panic!("not a RequestInfo: {other:?}"),
+        }
     }
 }
 

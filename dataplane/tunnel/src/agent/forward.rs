@@ -13,15 +13,15 @@ use sluice_grpc::status::decode_message;
 use sluice_grpc::transport::{recv_data, recv_data_now, recv_trailers_now, send_data};
 use sluice_grpc::{message_pieces, Code, FrameDecoder};
 use sluice_proto::tunnel::v1::{
-    connect_request, connect_response, ConnectRequest, Error, Header, RequestInfo, Trailer,
+    connect_request, connect_response, ConnectRequest, Error, RequestInfo,
 };
 
 use super::AgentShared;
 use crate::error::{ErrorKind, Side, TunnelError};
 use crate::protocol::GRPC_TIMEOUT;
 use crate::wire::{
-    data_frame, frame, frame_into, metadata_from_headers, metadata_into_headers, MetadataLimits,
-    MetadataTooLarge, ReadError, TunnelReader,
+    data_frame, frame, header_frame_into, metadata_into_headers, trailer_frame_into,
+    HeaderMetadata, MetadataLimits, MetadataTooLarge, ReadError, TunnelReader,
 };
 
 /// Relays one call between the tunnel and the backend. Returns whether the tunnel can carry
@@ -284,12 +284,10 @@ async fn pump_to_node(
     };
     if parts.headers.contains_key("grpc-status") {
         // Trailers-only response.
-        batch.push(connect_request::Msg::Trailer(trailer_from(&parts.headers)));
+        trailer_into(&mut batch.out, &parts.headers);
         return batch.flush().await.map_err(node_send_error);
     }
-    batch.push(connect_request::Msg::Header(Header {
-        metadata: metadata_from_headers(&parts.headers),
-    }));
+    header_frame_into(&mut batch.out, &HeaderMetadata::of(&parts.headers));
     let mut frames = FrameDecoder::new(limit);
     loop {
         let chunk = match recv_data_now(&mut body).await {
@@ -317,7 +315,7 @@ async fn pump_to_node(
         }
     };
     let trailers = trailers.map_err(backend_error)?.unwrap_or_default();
-    batch.push(connect_request::Msg::Trailer(trailer_from(&trailers)));
+    trailer_into(&mut batch.out, &trailers);
     batch.flush().await.map_err(node_send_error)
 }
 
@@ -341,10 +339,6 @@ struct Batch<'a> {
 }
 
 impl Batch<'_> {
-    fn push(&mut self, message: connect_request::Msg) {
-        frame_into(&mut self.out, &ConnectRequest { msg: Some(message) });
-    }
-
     /// A backend message; large ones go out as their own slices, uncopied.
     async fn push_message(&mut self, pieces: Vec<Bytes>) -> Result<(), h2::Error> {
         if let [piece] = pieces.as_slice() {
@@ -377,8 +371,8 @@ async fn await_node_close(node_recv: &mut RecvStream) {
     .await;
 }
 
-/// A Trailer from the backend's trailers (or trailers-only headers).
-pub(super) fn trailer_from(headers: &HeaderMap) -> Trailer {
+/// Appends the Trailer frame of the backend's trailers (or trailers-only headers).
+pub(super) fn trailer_into(out: &mut BytesMut, headers: &HeaderMap) {
     let code = headers
         .get("grpc-status")
         .map_or(Code::Unknown, |value| Code::from_header(value.as_bytes()));
@@ -386,15 +380,8 @@ pub(super) fn trailer_from(headers: &HeaderMap) -> Trailer {
         .get("grpc-message")
         .map(|value| decode_message(value.as_bytes()))
         .unwrap_or_default();
-    let mut rest = headers.clone();
-    for name in ["grpc-status", "grpc-message", "content-type"] {
-        rest.remove(name);
-    }
-    Trailer {
-        grpc_status: code.as_u32(),
-        grpc_message: message,
-        metadata: metadata_from_headers(&rest),
-    }
+    let metadata = HeaderMetadata::of_trailers(headers);
+    trailer_frame_into(out, code.as_u32(), &message, &metadata);
 }
 
 #[cfg(test)]

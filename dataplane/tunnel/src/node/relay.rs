@@ -13,7 +13,6 @@ use h2::RecvStream;
 use http::{HeaderMap, Response};
 use sluice_grpc::transport::{recv_data, recv_data_held, release, send_data};
 use sluice_grpc::{encode_timeout, Code};
-use sluice_proto::tunnel::v1::{connect_response, ConnectResponse, MetadataEntry, RequestInfo};
 use sluice_runtime::ConnectionContext;
 
 use super::answer::{status_headers, Responder};
@@ -25,59 +24,43 @@ use super::NodeShared;
 use crate::error::{ErrorKind, TunnelError};
 use crate::protocol::GRPC_TIMEOUT;
 use crate::registry::AgentId;
-use crate::wire::frame_into;
+use crate::wire::{request_info_frame_into, HeaderMetadata};
 
-/// What a call sends down a tunnel first: its RequestInfo, built once per call (method and
-/// metadata are not copied again for each tunnel the call tries).
-pub(super) struct CallHead {
-    message: ConnectResponse,
+/// What a call sends down a tunnel first: its RequestInfo, encoded from the client's method
+/// and headers in place for each tunnel the call tries (nothing is copied beforehand).
+pub(super) struct CallHead<'a> {
+    method: &'a str,
+    headers: &'a HeaderMap,
     deadline: Option<Instant>,
 }
 
-impl CallHead {
-    /// `metadata`: the client's, hop headers left out.
-    pub(super) fn new(
-        method: &str,
-        metadata: Vec<MetadataEntry>,
-        deadline: Option<Instant>,
-    ) -> Self {
-        let info = RequestInfo {
-            method_name: method.to_string(),
-            metadata,
-        };
+impl<'a> CallHead<'a> {
+    /// `headers`: the client's (hop headers are left out when encoding).
+    pub(super) fn new(method: &'a str, headers: &'a HeaderMap, deadline: Option<Instant>) -> Self {
         Self {
-            message: ConnectResponse {
-                msg: Some(connect_response::Msg::RequestInfo(info)),
-            },
+            method,
+            headers,
             deadline,
         }
     }
 
     /// The RequestInfo frame as of now: the remaining deadline travels with the call so the
     /// backend sees it too.
-    fn frame(&mut self) -> Bytes {
+    fn frame(&self) -> Bytes {
         let mut out = BytesMut::new();
         self.frame_into(&mut out);
         out.freeze()
     }
 
     /// [`Self::frame`], appended to `out`.
-    fn frame_into(&mut self, out: &mut BytesMut) {
+    fn frame_into(&self, out: &mut BytesMut) {
+        let metadata = HeaderMetadata::of(self.headers);
         let Some(deadline) = self.deadline else {
-            return frame_into(out, &self.message);
+            return request_info_frame_into(out, self.method, &metadata);
         };
-        let Some(connect_response::Msg::RequestInfo(info)) = &mut self.message.msg else {
-            return frame_into(out, &self.message);
-        };
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        info.metadata.push(MetadataEntry {
-            key: GRPC_TIMEOUT.to_string(),
-            values: vec![Bytes::from(encode_timeout(remaining))],
-        });
-        frame_into(out, &self.message);
-        if let Some(connect_response::Msg::RequestInfo(info)) = &mut self.message.msg {
-            info.metadata.pop();
-        }
+        let remaining = encode_timeout(deadline.saturating_duration_since(Instant::now()));
+        let metadata = metadata.with_entry(GRPC_TIMEOUT, remaining.as_bytes());
+        request_info_frame_into(out, self.method, &metadata);
     }
 }
 
@@ -87,7 +70,7 @@ impl CallHead {
 pub(super) async fn start_local(
     node: &NodeShared,
     tunnel: &mut TunnelStreams,
-    head: &mut CallHead,
+    head: &CallHead<'_>,
     body: &mut CallBody,
 ) -> Result<Upload, TunnelError> {
     // A unary request usually arrived whole with its headers: then RequestInfo, its messages

@@ -32,7 +32,6 @@ use super::{
 };
 use crate::auth::VerifiedTokens;
 use crate::error::TunnelError;
-use crate::wire::metadata_from_headers;
 
 /// The external endpoint's handler factory.
 #[derive(Debug, Clone)]
@@ -146,9 +145,8 @@ impl ExternalHandler {
     ) -> Result<Code, TunnelError> {
         let node = &*self.node;
         let (parts, body) = request.into_parts();
-        let metadata = metadata_from_headers(&parts.headers);
-        check_client_metadata(node, &metadata)?;
-        let mut head = CallHead::new(method, metadata, target.deadline);
+        check_client_metadata(node, &parts.headers)?;
+        let head = CallHead::new(method, &parts.headers, target.deadline);
         let mut body = CallBody {
             body,
             early: Vec::new(),
@@ -204,7 +202,7 @@ impl ExternalHandler {
                     }
                 }
             };
-            match start_local(node, &mut tunnel, &mut head, &mut body).await {
+            match start_local(node, &mut tunnel, &head, &mut body).await {
                 Ok(up) => {
                     node.metrics
                         .wait_duration

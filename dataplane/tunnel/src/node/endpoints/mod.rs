@@ -118,11 +118,9 @@ where
 
 /// A client's metadata over the limits a node forwards (`wire::check_metadata`): counted, and
 /// answered RESOURCE_EXHAUSTED naming the limit.
-fn check_client_metadata(
-    node: &NodeShared,
-    metadata: &[sluice_proto::tunnel::v1::MetadataEntry],
-) -> Result<(), TunnelError> {
-    crate::wire::check_metadata(metadata, &node.metadata_limits).map_err(|error| {
+fn check_client_metadata(node: &NodeShared, headers: &http::HeaderMap) -> Result<(), TunnelError> {
+    let metadata = crate::wire::HeaderMetadata::of(headers);
+    metadata.check(&node.metadata_limits).map_err(|error| {
         node.metrics.metadata_refused("client");
         TunnelError::new(ErrorKind::BadRequest, format!("request {error}"))
             .with_code(Code::ResourceExhausted)

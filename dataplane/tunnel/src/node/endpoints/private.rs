@@ -33,7 +33,6 @@ use super::{
 };
 use crate::auth::{AuthError, VerifiedTokens};
 use crate::error::TunnelError;
-use crate::wire::metadata_from_headers;
 
 /// How long a node that reported a ready tunnel (100 Continue) waits for the routing node to
 /// start the request body before it puts the tunnel back: the winner starts at once.
@@ -126,9 +125,8 @@ impl PrivateHandler {
     ) -> Result<Code, TunnelError> {
         let node = &*self.node;
         let (parts, body) = request.into_parts();
-        let metadata = metadata_from_headers(&parts.headers);
-        check_client_metadata(node, &metadata)?;
-        let mut head = CallHead::new(parts.uri.path(), metadata, target.deadline);
+        check_client_metadata(node, &parts.headers)?;
+        let head = CallHead::new(parts.uri.path(), &parts.headers, target.deadline);
         let mut body = CallBody {
             body,
             early: Vec::new(),
@@ -169,7 +167,7 @@ impl PrivateHandler {
                     return Err(error);
                 }
             }
-            match start_local(node, &mut tunnel, &mut head, &mut body).await {
+            match start_local(node, &mut tunnel, &head, &mut body).await {
                 Ok(up) => {
                     let waited = state.waited_for(Instant::now());
                     node.metrics.wait_duration.observe(conn.worker(), waited);

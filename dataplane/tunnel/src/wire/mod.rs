@@ -1,13 +1,20 @@
-//! Tunnel messages on the wire: protobuf (`sluice.tunnel.v1`) inside gRPC frames, and the
-//! conversion between HTTP/2 headers and tunnel metadata.
+//! Tunnel messages on the wire: protobuf (`sluice.tunnel.v1`) inside gRPC frames; the
+//! conversion between HTTP/2 headers and tunnel metadata is in `metadata`.
+
+mod metadata;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use h2::RecvStream;
-use http::header::{HeaderMap, HeaderName, HeaderValue};
 use sluice_grpc::transport::recv_data;
 use sluice_grpc::{message_header, FrameDecoder, FrameError, MESSAGE_HEADER_LEN};
 use sluice_proto::tunnel::v1::{
-    connect_request, connect_response, ConnectRequest, ConnectResponse, MetadataEntry,
+    connect_request, connect_response, ConnectRequest, ConnectResponse,
+};
+
+pub(crate) use metadata::is_hop_header;
+pub use metadata::{
+    check_metadata, header_frame_into, metadata_into_headers, request_info_frame_into,
+    trailer_frame_into, HeaderMetadata, MetadataLimits, MetadataTooLarge,
 };
 
 /// Why a tunnel peer's bytes are not a valid tunnel message.
@@ -308,137 +315,6 @@ fn decode_next<M: prost::Message + Default, T>(
     take(message).map(Some).ok_or(WireError::Empty)
 }
 
-/// Headers that describe one HTTP/2 hop, or that the node sets itself, and so are not carried
-/// through the tunnel. `authorization` is the caller's credential for this node: it never
-/// reaches the agent or its backend.
-pub(crate) fn is_hop_header(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "authorization"
-            | "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "transfer-encoding"
-            | "upgrade"
-            | "host"
-            | "te"
-            | "content-length"
-            | "grpc-timeout"
-            | "sluice-agent-id"
-    )
-}
-
-/// Request or response headers as tunnel metadata (values exactly as on the wire).
-pub fn metadata_from_headers(headers: &HeaderMap) -> Vec<MetadataEntry> {
-    let mut entries: Vec<MetadataEntry> = Vec::with_capacity(headers.keys_len());
-    for name in headers.keys() {
-        if is_hop_header(name) {
-            continue;
-        }
-        entries.push(MetadataEntry {
-            key: name.as_str().to_string(),
-            values: headers
-                .get_all(name)
-                .iter()
-                .map(|value| Bytes::copy_from_slice(value.as_bytes()))
-                .collect(),
-        });
-    }
-    entries
-}
-
-/// How much metadata one call's headers (or trailers) may carry through a tunnel, from a client
-/// or an agent (`tunnel.max_metadata_entries`, `tunnel.max_metadata_bytes`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MetadataLimits {
-    /// Most values (one per name without values); far above what gRPC peers send (a few dozen).
-    pub entries: usize,
-    /// Most bytes of names and values, each name counted once per value.
-    pub bytes: usize,
-}
-
-impl MetadataLimits {
-    /// The largest limits configuration may set (`HeaderMap` panics past 24,576 distinct
-    /// names). Also what an agent applies to what its node forwards: the node already held the
-    /// call to its own limits, which are at most these.
-    pub const CEILING: Self = Self {
-        entries: sluice_config::METADATA_ENTRIES_CEILING,
-        bytes: sluice_config::METADATA_BYTES_CEILING,
-    };
-}
-
-impl Default for MetadataLimits {
-    /// 512 values and 64 KiB: the bytes are the HTTP/2 header list a node accepts from clients.
-    fn default() -> Self {
-        Self {
-            entries: 512,
-            bytes: 64 * 1024,
-        }
-    }
-}
-
-/// Metadata over [`MetadataLimits`]; refused, never forwarded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("metadata too large: {entries} entries and {bytes} bytes exceed the limit of {} entries and {} bytes", limits.entries, limits.bytes)]
-pub struct MetadataTooLarge {
-    pub entries: usize,
-    pub bytes: usize,
-    pub limits: MetadataLimits,
-}
-
-/// Checks metadata against `limits`, counting without allocating (a hostile peer's metadata may
-/// be millions of entries).
-pub fn check_metadata(
-    entries: &[MetadataEntry],
-    limits: &MetadataLimits,
-) -> Result<(), MetadataTooLarge> {
-    let (mut count, mut bytes) = (0usize, 0usize);
-    for entry in entries {
-        count += entry.values.len().max(1);
-        bytes += entry.key.len() * entry.values.len().max(1)
-            + entry.values.iter().map(Bytes::len).sum::<usize>();
-    }
-    if count > limits.entries || bytes > limits.bytes {
-        return Err(MetadataTooLarge {
-            entries: count,
-            bytes,
-            limits: *limits,
-        });
-    }
-    Ok(())
-}
-
-/// Adds tunnel metadata to headers. Entries that are not valid HTTP/2 headers, or are hop
-/// headers, are skipped and counted in the return value. Metadata over the limits
-/// ([`check_metadata`]) is refused whole and nothing is added.
-pub fn metadata_into_headers(
-    entries: &[MetadataEntry],
-    headers: &mut HeaderMap,
-    limits: &MetadataLimits,
-) -> Result<usize, MetadataTooLarge> {
-    check_metadata(entries, limits)?;
-    let mut skipped = 0;
-    for entry in entries {
-        let Ok(name) = HeaderName::from_bytes(entry.key.as_bytes()) else {
-            skipped += entry.values.len().max(1);
-            continue;
-        };
-        if is_hop_header(&name) {
-            skipped += entry.values.len().max(1);
-            continue;
-        }
-        for value in &entry.values {
-            match HeaderValue::from_bytes(value) {
-                Ok(value) => {
-                    headers.append(name.clone(), value);
-                }
-                Err(_) => skipped += 1,
-            }
-        }
-    }
-    Ok(skipped)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -502,72 +378,6 @@ mod tests {
     }
 
     #[test]
-    fn hop_headers_and_credentials_are_not_carried() {
-        let mut headers = HeaderMap::new();
-        headers.insert("authorization", HeaderValue::from_static("Bearer secret"));
-        headers.insert("sluice-agent-id", HeaderValue::from_static("7"));
-        headers.insert("te", HeaderValue::from_static("trailers"));
-        headers.insert("x-trace", HeaderValue::from_static("a"));
-        headers.append("x-trace", HeaderValue::from_static("b"));
-        headers.insert("trace-bin", HeaderValue::from_static("AAEC"));
-        let entries = metadata_from_headers(&headers);
-        let keys: Vec<&str> = entries.iter().map(|entry| entry.key.as_str()).collect();
-        assert_eq!(keys, vec!["x-trace", "trace-bin"]);
-        let mut back = HeaderMap::new();
-        assert_eq!(
-            metadata_into_headers(&entries, &mut back, &MetadataLimits::default()),
-            Ok(0)
-        );
-        assert_eq!(back.get_all("x-trace").iter().count(), 2);
-        let bad = [MetadataEntry {
-            key: "bad key".into(),
-            values: vec![Bytes::from_static(b"v")],
-        }];
-        assert_eq!(
-            metadata_into_headers(&bad, &mut back, &MetadataLimits::default()),
-            Ok(1)
-        );
-    }
-
-    #[test]
-    fn metadata_over_the_limits_is_refused_without_touching_the_headers() {
-        // 30,000 distinct names made HeaderMap::append panic (its capacity is 24,576 names).
-        let many: Vec<MetadataEntry> = (0..30_000)
-            .map(|index| MetadataEntry {
-                key: format!("x-k{index}"),
-                values: vec![Bytes::from_static(b"v")],
-            })
-            .collect();
-        let mut headers = HeaderMap::new();
-        let limits = MetadataLimits::default();
-        let refused = metadata_into_headers(&many, &mut headers, &limits).unwrap_err();
-        assert_eq!(refused.entries, 30_000);
-        assert!(
-            refused.to_string().contains("limit of 512 entries"),
-            "{refused}"
-        );
-        assert!(headers.is_empty());
-        let big = [MetadataEntry {
-            key: "x-big".into(),
-            values: vec![Bytes::from(vec![b'a'; limits.bytes + 1])],
-        }];
-        assert!(metadata_into_headers(&big, &mut headers, &limits).is_err());
-        let at_limit: Vec<MetadataEntry> = many[..limits.entries].to_vec();
-        assert_eq!(
-            metadata_into_headers(&at_limit, &mut headers, &limits),
-            Ok(0)
-        );
-        // The highest limits configuration may set still stay below HeaderMap's capacity.
-        let ceiling = MetadataLimits::CEILING;
-        assert!(metadata_into_headers(&many, &mut HeaderMap::new(), &ceiling).is_err());
-        let under_ceiling = &many[..ceiling.entries];
-        assert_eq!(
-            metadata_into_headers(under_ceiling, &mut HeaderMap::new(), &ceiling),
-            Ok(0)
-        );
-    }
-
-    #[test]
     fn partly_received_messages_count_against_the_node_budget() {
         let budget = std::sync::Arc::new(BufferBudget::new(1000));
         let mut first = TunnelReader::with_budget(1 << 20, budget.clone());
@@ -616,10 +426,5 @@ mod tests {
             let _ = reader.next_response();
         }
 
-        #[test]
-        fn arbitrary_metadata_never_panics(key in ".{0,20}", value in prop::collection::vec(any::<u8>(), 0..40)) {
-            let entries = [MetadataEntry { key, values: vec![Bytes::from(value)] }];
-            let _ = metadata_into_headers(&entries, &mut HeaderMap::new(), &MetadataLimits::default());
-        }
     }
 }
