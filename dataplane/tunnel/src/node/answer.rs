@@ -5,7 +5,7 @@ use std::future::poll_fn;
 use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::SendStream;
-use http::{HeaderMap, HeaderValue, Response};
+use http::{HeaderMap, HeaderName, HeaderValue, Response};
 use sluice_grpc::status::encode_message as encode_grpc_message;
 use sluice_grpc::Code;
 
@@ -21,11 +21,16 @@ pub(super) fn grpc_headers() -> Response<()> {
     response
 }
 
+/// Inserted by name rather than by `&str`: a name that is not a standard header is copied into
+/// a new allocation each time it is inserted from text.
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+
 pub(super) fn status_headers(headers: &mut HeaderMap, code: Code, message: &str) {
-    headers.insert("grpc-status", HeaderValue::from_static(code.header_value()));
+    headers.insert(GRPC_STATUS, HeaderValue::from_static(code.header_value()));
     if !message.is_empty() {
         if let Ok(value) = HeaderValue::from_str(&encode_grpc_message(message)) {
-            headers.insert("grpc-message", value);
+            headers.insert(GRPC_MESSAGE, value);
         }
     }
 }

@@ -100,20 +100,21 @@ impl ExternalHandler {
     ) {
         let started = Instant::now();
         let node = &*self.node;
-        let method = request.uri().path().to_string();
+        let (parts, body) = request.into_parts();
+        let method = parts.uri.path();
         let mut responder = Responder::new(respond);
         let authenticated = self
             .verified_tokens
             .borrow_mut()
-            .validate(&node.jwt(), request.headers())
+            .validate(&node.jwt(), &parts.headers)
             .map_err(|error| refused(&node.metrics, "external", &error));
         let is_authenticated = authenticated.is_ok();
-        let outcome = match authenticated.and_then(|()| parse_request(&method, request.headers())) {
+        let outcome = match authenticated.and_then(|()| parse_request(method, &parts.headers)) {
             // Boxed: its Redis timeout (a 640-byte, 128-byte aligned timer) stays out of
             // every call's future.
             Ok(Admitted::ListAgents) => Box::pin(list_agents(node, &mut responder)).await,
             Ok(Admitted::Call(target)) => {
-                self.route_and_relay(&conn, &method, target, request, &mut responder)
+                self.route_and_relay(&conn, &parts, body, target, &mut responder)
                     .await
             }
             Err(error) => Err(error),
@@ -122,7 +123,7 @@ impl ExternalHandler {
         // The method is the caller's text: it becomes a label only once the caller proved who
         // it is (and then bounded, see `TunnelMetrics::requests`).
         let label = if is_authenticated {
-            method.as_str()
+            method
         } else {
             crate::metrics::UNAUTHENTICATED_METHOD
         };
@@ -138,15 +139,14 @@ impl ExternalHandler {
     async fn route_and_relay(
         &self,
         conn: &ConnectionContext,
-        method: &str,
+        parts: &http::request::Parts,
+        body: RecvStream,
         target: CallTarget,
-        request: Request<RecvStream>,
         responder: &mut Responder,
     ) -> Result<Code, TunnelError> {
         let node = &*self.node;
-        let (parts, body) = request.into_parts();
         check_client_metadata(node, &parts.headers)?;
-        let head = CallHead::new(method, &parts.headers, target.deadline);
+        let head = CallHead::new(parts.uri.path(), &parts.headers, target.deadline);
         let mut body = CallBody {
             body,
             early: Vec::new(),
@@ -157,7 +157,7 @@ impl ExternalHandler {
             remote: self.remote.as_ref(),
             agent: target.agent,
             deadline: target.deadline,
-            parts: &parts,
+            parts,
             worker: conn.worker(),
         };
         let cluster = self.remote.is_some();
