@@ -265,8 +265,12 @@ pub struct Measured {
     pub summary: H2loadSummary,
     /// Percentiles of the successful requests (`None` without any).
     pub latency: Option<Percentiles>,
-    /// CPU and RSS of the processes measured, over the counted part of the run.
+    /// CPU and RSS of the proxy's processes, over the counted part of the run.
     pub usage: Vec<crate::measure::ProcessUsage>,
+    /// The same of the upstream's processes (the echo backend, the apiserver simulator).
+    pub upstream_usage: Vec<crate::measure::ProcessUsage>,
+    /// h2load's own CPU over the same part, in microseconds.
+    pub client_cpu_us: u64,
     /// TCP segments every process on this machine sent over the same part (`/proc/net/snmp`
     /// `Tcp: OutSegs`): client, proxy and upstream hops together.
     pub tcp_out_segments: Option<u64>,
@@ -287,36 +291,50 @@ fn tcp_out_segments() -> Option<u64> {
     parse_tcp_out_segments(&std::fs::read_to_string("/proc/net/snmp").ok()?)
 }
 
-/// Runs `h2load` and measures the CPU of `processes` over the part h2load counts: the whole run
-/// with [`Load::Requests`], the main duration (after the warm-up) with [`Load::Timed`].
+/// Runs `h2load` and measures the CPU of the `proxy` and `upstream` processes over the part
+/// h2load counts: the whole run with [`Load::Requests`], the main duration (after the warm-up)
+/// with [`Load::Timed`].
 pub fn measure(
     h2load: &H2load,
     dir: &Path,
-    processes: &[(String, u32)],
+    proxy: &[(String, u32)],
+    upstream: &[(String, u32)],
 ) -> anyhow::Result<Measured> {
     use anyhow::Context;
 
+    let processes: Vec<(String, u32)> = proxy.iter().chain(upstream).cloned().collect();
+    let processes = processes.as_slice();
     let log_file = dir.join("h2load-requests.log");
     let mut command = h2load.command(&log_file);
     command
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
-    let (child, meter) = match h2load.load {
+    let children_before = crate::measure::waited_children_cpu_micros();
+    let (child, meter, client_warm_up) = match h2load.load {
         Load::Requests(_) => {
             let meter = crate::measure::CpuMeter::start(processes)?;
-            (command.spawn(), meter)
+            (command.spawn(), meter, 0)
         }
         Load::Timed { warm_up, .. } => {
             let child = command.spawn();
             std::thread::sleep(warm_up);
-            (child, crate::measure::CpuMeter::start(processes)?)
+            let meter = crate::measure::CpuMeter::start(processes)?;
+            // What h2load spent warming up (handshakes included) is left out, as for the proxy.
+            let spent = child.as_ref().map_or(0, |child| {
+                crate::measure::cpu_micros(child.id()).unwrap_or(0)
+            });
+            (child, meter, spent)
         }
     };
     let segments_before = tcp_out_segments();
     let output = child
         .and_then(|child| child.wait_with_output())
         .context("cannot run h2load (nghttp2-client)")?;
-    let usage = meter.finish()?;
+    let client_cpu_us = crate::measure::waited_children_cpu_micros()
+        .saturating_sub(children_before)
+        .saturating_sub(client_warm_up);
+    let mut usage = meter.finish()?;
+    let upstream_usage = usage.split_off(proxy.len().min(usage.len()));
     let tcp_out_segments = segments_before
         .zip(tcp_out_segments())
         .map(|(before, after)| after.saturating_sub(before));
@@ -334,6 +352,8 @@ pub fn measure(
         summary,
         latency: Percentiles::of(parse_log_latencies(&log)),
         usage,
+        upstream_usage,
+        client_cpu_us,
         tcp_out_segments,
     })
 }

@@ -53,6 +53,20 @@ pub fn cpu_micros(pid: u32) -> anyhow::Result<u64> {
     Ok(parse_stat_cpu_ticks(&stat)? * 1_000_000 / clock_ticks_per_second())
 }
 
+/// utime + stime in microseconds of every child process this one has waited for: taken before
+/// and after waiting for one child, the difference is that child's whole CPU, to the
+/// microsecond (`/proc` has no entry left to read once it has exited).
+pub fn waited_children_cpu_micros() -> u64 {
+    // SAFETY: `getrusage` only writes the struct it is given, which is zeroed and owned here.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_CHILDREN is a valid `who`.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) } != 0 {
+        return 0;
+    }
+    let micros = |time: libc::timeval| time.tv_sec as u64 * 1_000_000 + time.tv_usec as u64;
+    micros(usage.ru_utime) + micros(usage.ru_stime)
+}
+
 pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     Ok(parse_status_rss_kib(&status)?)
@@ -176,6 +190,18 @@ mod tests {
             parse_stat_cpu_ticks("1 (x) S 1 2"),
             Err(ProcError::BadField(14))
         );
+    }
+
+    #[test]
+    fn a_waited_childs_cpu_is_counted() {
+        let before = waited_children_cpu_micros();
+        // A child that burns some CPU of its own (not sleeps) before it exits.
+        let status = std::process::Command::new("sh")
+            .args(["-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        assert!(waited_children_cpu_micros() > before);
     }
 
     #[test]

@@ -23,6 +23,10 @@ pub struct RunRecord {
     pub proxy: Vec<ProcessUsage>,
     pub proxy_cpu_us_per_request: Option<f64>,
     pub proxy_rss_kib: u64,
+    /// CPU of the upstream (echo backend, apiserver simulator) per request, same interval.
+    pub upstream_cpu_us_per_request: Option<f64>,
+    /// CPU of the load generator (h2load) per request, same interval.
+    pub client_cpu_us_per_request: Option<f64>,
     /// TCP segments sent on the machine per request (all hops), over the counted part.
     pub segments_per_request: Option<f64>,
 }
@@ -58,6 +62,39 @@ impl RunRecord {
         self.proxy = proxy;
         self
     }
+
+    /// Fills in the upstream's CPU per request.
+    pub fn with_upstream(mut self, upstream: &[ProcessUsage]) -> Self {
+        let served = self.h2load.done;
+        let cpu: u64 = upstream.iter().map(|usage| usage.cpu_us).sum();
+        self.upstream_cpu_us_per_request =
+            (cpu > 0 && served > 0).then(|| cpu as f64 / served as f64);
+        self
+    }
+
+    /// Fills in the load generator's CPU per request.
+    pub fn with_client(mut self, cpu_us: u64) -> Self {
+        let served = self.h2load.done;
+        self.client_cpu_us_per_request =
+            (cpu_us > 0 && served > 0).then(|| cpu_us as f64 / served as f64);
+        self
+    }
+
+    /// The proxy's CPU per request in units of the load generator's CPU per request in the same
+    /// run.
+    ///
+    /// Why: this VM's speed drifts up to 1.6x between runs minutes apart, and a proxy's CPU per
+    /// request drifts with it. h2load sends every case the same requests over the same protocol
+    /// in the same seconds, so its CPU drifts alike and the quotient cancels most of the drift
+    /// (HAProxy's stayed within 0.91-1.02 over rounds whose own CPU ranged 31.1-42.9 us;
+    /// docs/PERFORMANCE.md, "Issue 17: which HTTP/2 stack"). The upstream's CPU would cancel it
+    /// as well, but its work depends on the proxy: one multiplexed connection costs the
+    /// simulator less per request than many.
+    pub fn cpu_per_client_cpu(&self) -> Option<f64> {
+        self.proxy_cpu_us_per_request
+            .zip(self.client_cpu_us_per_request)
+            .map(|(proxy, client)| proxy / client)
+    }
 }
 
 /// Medians over the repeats of one case at one concurrency.
@@ -78,6 +115,10 @@ pub struct CaseSummary {
     pub p999_us: u64,
     pub proxy_cpu_us_per_request: Option<f64>,
     pub proxy_rss_kib: u64,
+    pub upstream_cpu_us_per_request: Option<f64>,
+    pub client_cpu_us_per_request: Option<f64>,
+    /// Median over the runs of each run's [`RunRecord::cpu_per_client_cpu`].
+    pub cpu_per_client_cpu: Option<f64>,
     pub segments_per_request: Option<f64>,
     pub errors: u64,
 }
@@ -150,6 +191,19 @@ pub fn summarize(records: &[RunRecord]) -> Vec<CaseSummary> {
                         .collect(),
                 ),
                 proxy_rss_kib: runs.iter().map(|r| r.proxy_rss_kib).max().unwrap_or(0),
+                upstream_cpu_us_per_request: median_f64(
+                    runs.iter()
+                        .filter_map(|r| r.upstream_cpu_us_per_request)
+                        .collect(),
+                ),
+                client_cpu_us_per_request: median_f64(
+                    runs.iter()
+                        .filter_map(|r| r.client_cpu_us_per_request)
+                        .collect(),
+                ),
+                cpu_per_client_cpu: median_f64(
+                    runs.iter().filter_map(|r| r.cpu_per_client_cpu()).collect(),
+                ),
                 segments_per_request: median_f64(
                     runs.iter().filter_map(|r| r.segments_per_request).collect(),
                 ),
@@ -200,9 +254,61 @@ pub(crate) mod tests {
             proxy: Vec::new(),
             proxy_cpu_us_per_request: None,
             proxy_rss_kib: 0,
+            upstream_cpu_us_per_request: None,
+            client_cpu_us_per_request: None,
             segments_per_request: None,
         }
         .with_proxy(proxy)
+    }
+
+    fn usage(cpu_us: u64) -> ProcessUsage {
+        ProcessUsage {
+            name: "upstream".into(),
+            pid: 2,
+            cpu_us,
+            rss_kib: 1024,
+        }
+    }
+
+    #[test]
+    fn the_upstreams_cpu_per_request_is_summed_over_its_processes() {
+        let run = record("sluice", 1, 100.0, 70_000).with_upstream(&[usage(20_000), usage(15_000)]);
+        assert_eq!(run.upstream_cpu_us_per_request, Some(35.0));
+        let idle = record("sluice", 1, 100.0, 70_000).with_upstream(&[usage(0)]);
+        assert_eq!(idle.upstream_cpu_us_per_request, None);
+    }
+
+    #[test]
+    fn proxy_cpu_in_units_of_the_clients_cpu() {
+        // 1000 requests: the proxy spent 70 us each, h2load 35.
+        let run = record("sluice", 1, 100.0, 70_000).with_client(35_000);
+        assert_eq!(run.client_cpu_us_per_request, Some(35.0));
+        assert_eq!(run.cpu_per_client_cpu(), Some(2.0));
+        // Nothing to divide by: the client not measured.
+        assert_eq!(
+            record("sluice", 1, 100.0, 70_000).cpu_per_client_cpu(),
+            None
+        );
+        let unmeasured = record("sluice", 1, 100.0, 70_000).with_client(0);
+        assert_eq!(unmeasured.cpu_per_client_cpu(), None);
+        // Direct has no proxy, so no quotient either.
+        let direct = record("direct", 1, 100.0, 0).with_client(20_000);
+        assert_eq!(direct.client_cpu_us_per_request, Some(20.0));
+        assert_eq!(direct.cpu_per_client_cpu(), None);
+    }
+
+    #[test]
+    fn the_quotient_is_a_median_of_each_runs_quotient() {
+        // Each run's own quotient (4, 2, 3), not median proxy over median client (2 / 1).
+        let runs = vec![
+            record("a", 1, 100.0, 4000).with_client(1000),
+            record("a", 1, 100.0, 2000).with_client(1000),
+            record("a", 1, 100.0, 1500).with_client(500),
+        ];
+        let summary = &summarize(&runs)[0];
+        assert_eq!(summary.cpu_per_client_cpu, Some(3.0));
+        assert_eq!(summary.client_cpu_us_per_request, Some(1.0));
+        assert_eq!(summary.proxy_cpu_us_per_request, Some(2.0));
     }
 
     #[test]

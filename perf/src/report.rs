@@ -28,19 +28,30 @@ fn cpu(value: Option<f64>) -> String {
     value.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"))
 }
 
+/// The proxy's CPU per request over the client's (see `RunRecord::cpu_per_client_cpu`).
+pub fn quotient(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"))
+}
+
 /// One table row per case and concurrency; throughput ratios against `baseline` (direct) and
-/// every peer, CPU ratios against every peer.
+/// every peer, CPU ratios against every peer: of CPU per request, and of CPU per request in
+/// units of the client's CPU per request (steadier on a machine whose speed drifts).
 pub fn results_table(summaries: &[CaseSummary], baseline: &str, peers: &[&str]) -> String {
     let mut out = String::new();
     let ok_vs: String = peers.iter().map(|p| format!(" OK/s vs {p} |")).collect();
     let cpu_vs: String = peers.iter().map(|p| format!(" CPU vs {p} |")).collect();
+    let per_client_vs: String = peers
+        .iter()
+        .map(|p| format!(" CPU/client CPU vs {p} |"))
+        .collect();
     let _ = writeln!(
         out,
-        "| case | workload | clients x streams | req/s | OK/s | OK/s vs {baseline} |{ok_vs} mean us | p50 us | p90 us | p99 us | p99.9 us | proxy CPU us/req |{cpu_vs} proxy RSS MiB | TCP segments/req | errors | runs |"
+        "| case | workload | clients x streams | req/s | OK/s | OK/s vs {baseline} |{ok_vs} mean us | p50 us | p90 us | p99 us | p99.9 us | proxy CPU us/req |{cpu_vs} upstream CPU us/req | client CPU us/req | proxy CPU/client CPU |{per_client_vs} proxy RSS MiB | TCP segments/req | errors | runs |"
     );
     let _ = writeln!(
         out,
-        "|---|---|---|--:|--:|--:|{}--:|--:|--:|--:|--:|--:|{}--:|--:|--:|--:|",
+        "|---|---|---|--:|--:|--:|{}--:|--:|--:|--:|--:|--:|{}--:|--:|--:|{}--:|--:|--:|--:|",
+        "--:|".repeat(peers.len()),
         "--:|".repeat(peers.len()),
         "--:|".repeat(peers.len())
     );
@@ -69,9 +80,18 @@ pub fn results_table(summaries: &[CaseSummary], baseline: &str, peers: &[&str]) 
                 )
             })
             .collect();
+        let per_client_ratios: String = peer_rows
+            .iter()
+            .map(|p| {
+                format!(
+                    " {} |",
+                    ratio(s.cpu_per_client_cpu, p.and_then(|p| p.cpu_per_client_cpu))
+                )
+            })
+            .collect();
         let _ = writeln!(
             out,
-            "| {} | {} | {} x {} | {:.0} | {:.0} | {} |{ok_ratios} {} | {} | {} | {} | {} | {} |{cpu_ratios} {} | {} | {} | {} |",
+            "| {} | {} | {} x {} | {:.0} | {:.0} | {} |{ok_ratios} {} | {} | {} | {} | {} | {} |{cpu_ratios} {} | {} | {} |{per_client_ratios} {} | {} | {} | {} |",
             s.case,
             s.workload,
             s.clients,
@@ -85,6 +105,9 @@ pub fn results_table(summaries: &[CaseSummary], baseline: &str, peers: &[&str]) 
             s.p99_us,
             s.p999_us,
             cpu(s.proxy_cpu_us_per_request),
+            cpu(s.upstream_cpu_us_per_request),
+            cpu(s.client_cpu_us_per_request),
+            quotient(s.cpu_per_client_cpu),
             if s.proxy_rss_kib == 0 {
                 "-".to_string()
             } else {
@@ -111,11 +134,25 @@ mod tests {
 
     #[test]
     fn ratios_against_direct_and_peer() {
+        let upstream = |cpu_us| {
+            [crate::measure::ProcessUsage {
+                name: "upstream".into(),
+                pid: 2,
+                cpu_us,
+                rss_kib: 0,
+            }]
+        };
         let summaries = summarize(&[
-            record("direct", 1, 1000.0, 0),
-            record("haproxy", 1, 500.0, 10_000),
-            record("nginx", 1, 125.0, 20_000),
-            record("sluice", 1, 250.0, 40_000),
+            record("direct", 1, 1000.0, 0).with_upstream(&upstream(5_000)),
+            record("haproxy", 1, 500.0, 10_000)
+                .with_upstream(&upstream(5_000))
+                .with_client(5_000),
+            record("nginx", 1, 125.0, 20_000)
+                .with_upstream(&upstream(10_000))
+                .with_client(10_000),
+            record("sluice", 1, 250.0, 40_000)
+                .with_upstream(&upstream(9_000))
+                .with_client(8_000),
         ]);
         let table = results_table(&summaries, "direct", &["haproxy", "nginx"]);
         let header: Vec<&str> = table
@@ -141,6 +178,11 @@ mod tests {
         assert_eq!(cell("proxy CPU us/req"), "40.0");
         assert_eq!(cell("CPU vs haproxy"), "4.00x");
         assert_eq!(cell("CPU vs nginx"), "2.00x");
+        assert_eq!(cell("upstream CPU us/req"), "9.0");
+        assert_eq!(cell("client CPU us/req"), "8.0");
+        assert_eq!(cell("proxy CPU/client CPU"), "5.00");
+        assert_eq!(cell("CPU/client CPU vs haproxy"), "2.50x");
+        assert_eq!(cell("CPU/client CPU vs nginx"), "2.50x");
         let direct = table.lines().find(|l| l.starts_with("| direct")).unwrap();
         assert!(direct.contains("| - |"), "{direct}");
     }

@@ -414,6 +414,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
 
     let simulator = start_simulator(harness, dir, &tls, &token)?;
     let mut simulator_process = simulator.process;
+    let upstream = [(simulator_process.name.clone(), simulator_process.pid())];
     let mut closed = Vec::new();
     let mut open = Vec::new();
     let mut driver = None;
@@ -442,7 +443,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                     Load::Requests(20),
                     None,
                 );
-                Ok(measure(&probe, dir, &[])?.summary.status_2xx == 20)
+                Ok(measure(&probe, dir, &[], &[])?.summary.status_2xx == 20)
             },
         )?;
         let sizes = body_sizes(&tls, &token, setup.address)?;
@@ -519,7 +520,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                     .any(|wanted| workload.contains(wanted.as_str()))
         });
         for (workload, load, repeat, is_open_loop) in runs {
-            let measured = measure(&load, dir, &proxy)?;
+            let measured = measure(&load, dir, &proxy, &upstream)?;
             let record = RunRecord {
                 scenario: "gateway".to_string(),
                 case: case.to_string(),
@@ -533,9 +534,13 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                 proxy: Vec::new(),
                 proxy_cpu_us_per_request: None,
                 proxy_rss_kib: 0,
+                upstream_cpu_us_per_request: None,
+                client_cpu_us_per_request: None,
                 segments_per_request: None,
             }
             .with_proxy(measured.usage)
+            .with_upstream(&measured.upstream_usage)
+            .with_client(measured.client_cpu_us)
             .with_segments(measured.tcp_out_segments);
             eprintln!(
                 "  {workload} c{} #{repeat}: {:.0} req/s, p50 {} us, p99 {} us, proxy {} us/req, {} errors",
@@ -612,7 +617,11 @@ fn report(
          `proxy_buffering off`. Sluice: one worker, one upstream connection; clients authenticate \
          with a bearer token checked by TokenReview once and then cached (HAProxy and nginx pass the \
          token through and do no authentication). Proxy CPU is utime+stime of the proxy process over \
-         the counted part of a run divided by the requests done in it.\n\n",
+         the counted part of a run divided by the requests done in it; upstream and client CPU the same \
+         of the simulator and of h2load. \"Proxy CPU/client CPU\" divides the proxy's by h2load's \
+         within each run: h2load does the same work for every case, so the quotient cancels most of \
+         this machine's drift in speed between runs (the simulator's work depends on how the proxy \
+         talks to it).\n\n",
         if harness.smoke { " (smoke: not a measurement)" } else { "" },
         machine.markdown(driver),
         plan.warm_up.as_millis(),

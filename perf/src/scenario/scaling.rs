@@ -124,7 +124,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                 simulator.process.check_alive()?;
                 gateway.process.check_alive()?;
                 let probe = load(1, Load::Requests(20));
-                Ok(measure(&probe, dir, &[])?.summary.status_2xx == 20)
+                Ok(measure(&probe, dir, &[], &[])?.summary.status_2xx == 20)
             },
         )?;
         let proxy = [(gateway.process.name.clone(), gateway.process.pid())];
@@ -134,6 +134,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                 &load(clients, Load::Timed { warm_up, duration }),
                 dir,
                 &proxy,
+                &[],
             )?;
             let after = worker_requests(&admin_get(admin, "/metrics")?);
             let run = scaling_run(case, clients, &measured, delta(&before, &after))

@@ -223,7 +223,7 @@ fn grpc_errors(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<
 
 /// Runs h2load; the summary and the latency percentiles of its successful requests.
 fn run_h2load(h2load: &H2load, dir: &Path) -> anyhow::Result<(H2loadSummary, Option<Percentiles>)> {
-    let measured = measure(h2load, dir, &[])?;
+    let measured = measure(h2load, dir, &[], &[])?;
     Ok((measured.summary, measured.latency))
 }
 
@@ -246,6 +246,10 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
     // The echo backend every case ends at: the demo backend of a `sluice up` process.
     let backend_process = harness.sluice.start_demo(dir, &harness.upstream_cpu)?;
     let backend = backend_process.address("demo-backend")?;
+    let upstream = [(
+        backend_process.process.name.clone(),
+        backend_process.process.pid(),
+    )];
     let driver = admin_get(backend_process.address("admin")?, "/metrics")
         .ok()
         .and_then(|metrics| driver_of(&metrics));
@@ -307,8 +311,10 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                     summary,
                     latency,
                     usage,
+                    upstream_usage,
+                    client_cpu_us,
                     tcp_out_segments,
-                } = measure(&h2load, dir, &proxy)?;
+                } = measure(&h2load, dir, &proxy, &upstream)?;
                 let calls_after = grpc_calls(setup.entry_admin)?;
                 let record = RunRecord {
                     scenario: "tunnel".to_string(),
@@ -323,9 +329,13 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                     proxy: Vec::new(),
                     proxy_cpu_us_per_request: None,
                     proxy_rss_kib: 0,
+                    upstream_cpu_us_per_request: None,
+                    client_cpu_us_per_request: None,
                     segments_per_request: None,
                 }
                 .with_proxy(usage)
+                .with_upstream(&upstream_usage)
+                .with_client(client_cpu_us)
                 .with_segments(tcp_out_segments);
                 eprintln!(
                     "  {}x{} #{repeat}: {:.0} req/s, p50 {} us, proxy {} us/req, {} errors",
@@ -376,15 +386,32 @@ fn hop_cpu_per_call(record: &RunRecord) -> Option<f64> {
         .then(|| cpu_us as f64 / record.h2load.done as f64)
 }
 
-/// The median hop CPU per call of one case at one level, over its repeats.
-fn median_hop_cpu(records: &[RunRecord], case: &str, clients: u32, streams: u32) -> Option<f64> {
+/// Hop CPU per call in units of h2load's CPU per call in the same run (see
+/// `RunRecord::cpu_per_client_cpu` for why).
+fn hop_per_client_cpu(record: &RunRecord) -> Option<f64> {
+    hop_cpu_per_call(record)
+        .zip(record.client_cpu_us_per_request)
+        .map(|(hop, client)| hop / client)
+}
+
+/// The median of `value` for one case at one level, over its repeats.
+fn median_of(
+    records: &[RunRecord],
+    value: fn(&RunRecord) -> Option<f64>,
+    (case, clients, streams): (&str, u32, u32),
+) -> Option<f64> {
     let mut values: Vec<f64> = records
         .iter()
         .filter(|r| r.case == case && r.clients == clients && r.streams == streams)
-        .filter_map(hop_cpu_per_call)
+        .filter_map(value)
         .collect();
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied()
+}
+
+/// The median hop CPU per call of one case at one level, over its repeats.
+fn median_hop_cpu(records: &[RunRecord], case: &str, clients: u32, streams: u32) -> Option<f64> {
+    median_of(records, hop_cpu_per_call, (case, clients, streams))
 }
 
 fn hop_cpu_table(records: &[RunRecord]) -> String {
@@ -397,18 +424,27 @@ fn hop_cpu_table(records: &[RunRecord]) -> String {
     }
     let median =
         |case: &str, clients: u32, streams: u32| median_hop_cpu(records, case, clients, streams);
+    let per_client = |case: &str, clients: u32, streams: u32| {
+        median_of(records, hop_per_client_cpu, (case, clients, streams))
+    };
     let mut out = String::from(
         "\nHop CPU per call (issue 7's measure: Sluice's node process(es) without the agent; \
-         HAProxy and nginx whole):\n\n| case | clients x streams | hop CPU us/call | vs haproxy | vs nginx |\n\
-         |---|---|--:|--:|--:|\n",
+         HAProxy and nginx whole), and the same in units of h2load's CPU per call in the same run \
+         (steadier when the machine's speed drifts between runs):\n\n\
+         | case | clients x streams | hop CPU us/call | vs haproxy | vs nginx | hop CPU/client CPU | vs haproxy | vs nginx |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|\n",
     );
     for (case, clients, streams) in &rows {
         let value = median(case, *clients, *streams);
+        let quotient = per_client(case, *clients, *streams);
         out.push_str(&format!(
-            "| {case} | {clients} x {streams} | {} | {} | {} |\n",
+            "| {case} | {clients} x {streams} | {} | {} | {} | {} | {} | {} |\n",
             value.map_or_else(|| "-".to_string(), |v| format!("{v:.1}")),
             crate::report::ratio(value, median(HAPROXY, *clients, *streams)),
-            crate::report::ratio(value, median(NGINX, *clients, *streams))
+            crate::report::ratio(value, median(NGINX, *clients, *streams)),
+            crate::report::quotient(quotient),
+            crate::report::ratio(quotient, per_client(HAPROXY, *clients, *streams)),
+            crate::report::ratio(quotient, per_client(NGINX, *clients, *streams)),
         ));
     }
     out
@@ -435,8 +471,17 @@ fn targets(records: &[RunRecord], summaries: &[crate::record::CaseSummary]) -> S
             hop(&s.case, s.clients, s.streams),
             hop(HAPROXY, s.clients, s.streams),
         ) {
+            let per_client =
+                |case| median_of(records, hop_per_client_cpu, (case, s.clients, s.streams));
+            let quotients = match (per_client(&s.case), per_client(HAPROXY)) {
+                (Some(sluice), Some(haproxy)) if haproxy > 0.0 => format!(
+                    "; per client CPU {sluice:.2} vs {haproxy:.2} ({:.2}x)",
+                    sluice / haproxy
+                ),
+                _ => String::new(),
+            };
             out.push_str(&format!(
-                "| hop CPU/call <= 0.8x HAProxy | {level} | {sluice:.1} vs {haproxy:.1} us ({:.2}x) | {} |\n",
+                "| hop CPU/call <= 0.8x HAProxy | {level} | {sluice:.1} vs {haproxy:.1} us ({:.2}x){quotients} | {} |\n",
                 sluice / haproxy,
                 met(sluice <= 0.8 * haproxy)
             ));
@@ -486,7 +531,10 @@ fn report(
          Unary gRPC (5-byte message) with h2load; {} requests per run, {} run(s) per row (medians), \
          warm-up {} requests. CPUs: client {}, proxy side {}, echo backend {}. \
          HAProxy and nginx (`grpc_pass`, one process) are plain h2 hops. Proxy CPU is utime+stime of every proxy-side process (node(s) and agent for Sluice) \
-         divided by requests done. req/s counts every answer (h2load); OK/s only calls answered with gRPC status OK \
+         divided by requests done; upstream and client CPU the same of the echo backend and of h2load. \"Proxy CPU/client CPU\" \
+         divides the proxy's by h2load's within each run: h2load does the same work for every case, so the quotient cancels \
+         most of this machine's drift in speed between runs. \
+         req/s counts every answer (h2load); OK/s only calls answered with gRPC status OK \
          (the entry node's sluice_tunnel_requests_total{{code}}; a gRPC error is an HTTP 200 as well), and the ratios use OK/s.\n\n",
         if harness.smoke { " (smoke: not a measurement)" } else { "" },
         machine.markdown(driver),
@@ -571,5 +619,23 @@ mod tests {
             "{table}"
         );
         assert!(!table.contains("| direct"), "{table}");
+    }
+
+    #[test]
+    fn the_hop_in_units_of_the_clients_cpu() {
+        // The node spent 15 us a call and h2load 5 in Sluice's run; HAProxy 10 us while h2load,
+        // on a slower minute of the machine, spent 8.
+        let sluice = record(SLUICE_ONE_NODE, 1, 100.0, 1)
+            .with_proxy(vec![usage("node-1", 15_000), usage("agent", 20_000)])
+            .with_client(5_000);
+        let haproxy = record(HAPROXY, 1, 100.0, 10_000).with_client(8_000);
+        assert_eq!(hop_per_client_cpu(&sluice), Some(3.0));
+        assert_eq!(hop_per_client_cpu(&haproxy), Some(1.25));
+        assert_eq!(hop_per_client_cpu(&record(HAPROXY, 1, 100.0, 10_000)), None);
+        let table = hop_cpu_table(&[haproxy, sluice]);
+        assert!(
+            table.contains("| sluice-1-node | 1 x 1 | 15.0 | 1.50x | - | 3.00 | 2.40x | - |"),
+            "{table}"
+        );
     }
 }

@@ -130,6 +130,27 @@ fn body() -> Bytes {
     Bytes::from_static(BODY.get().copied().unwrap_or_default())
 }
 
+/// The h2 crate and monoio-http's fork share h2's server API, so one body serves both: accept
+/// each stream and answer it from a task of its own.
+macro_rules! serve_with {
+    ($($h2:ident)::+, $io:expr) => {{
+        let mut connection = $($h2)::+::server::Builder::new()
+            .max_concurrent_streams(1000)
+            .handshake::<_, Bytes>($io)
+            .await
+            .map_err(|error| error.to_string())?;
+        while let Some(accepted) = connection.accept().await {
+            let (_request, mut respond) = accepted.map_err(|error| error.to_string())?;
+            monoio::spawn(async move {
+                if let Ok(mut send) = respond.send_response(answer_head(), false) {
+                    let _ = send.send_data(body(), true);
+                }
+            });
+        }
+        Ok(())
+    }};
+}
+
 mod compat {
     use super::*;
     use tokio::io::{AsyncRead, AsyncWrite};
@@ -148,20 +169,7 @@ mod compat {
     where
         T: AsyncRead + AsyncWrite + Unpin + 'static,
     {
-        let mut connection = h2::server::Builder::new()
-            .max_concurrent_streams(1000)
-            .handshake::<_, Bytes>(io)
-            .await
-            .map_err(|error| error.to_string())?;
-        while let Some(accepted) = connection.accept().await {
-            let (_request, mut respond) = accepted.map_err(|error| error.to_string())?;
-            monoio::spawn(async move {
-                if let Ok(mut send) = respond.send_response(answer_head(), false) {
-                    let _ = send.send_data(body(), true);
-                }
-            });
-        }
-        Ok(())
+        serve_with!(h2, io)
     }
 
     #[derive(Clone, Copy)]
@@ -200,19 +208,6 @@ mod fork {
     where
         T: AsyncReadRent + AsyncWriteRent + Unpin + 'static,
     {
-        let mut connection = h2::server::Builder::new()
-            .max_concurrent_streams(1000)
-            .handshake::<_, Bytes>(io)
-            .await
-            .map_err(|error| error.to_string())?;
-        while let Some(accepted) = connection.accept().await {
-            let (_request, mut respond) = accepted.map_err(|error| error.to_string())?;
-            monoio::spawn(async move {
-                if let Ok(mut send) = respond.send_response(answer_head(), false) {
-                    let _ = send.send_data(body(), true);
-                }
-            });
-        }
-        Ok(())
+        serve_with!(h2, io)
     }
 }
