@@ -24,24 +24,43 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// up front, so every thread that allocates at all makes a whole 2 MiB page resident, and a
 /// connection's few KiB land on huge pages that are then only partly used. Measured on the
 /// gateway (docs/PERFORMANCE.md, "Issue 17: memory"): 25 MiB resident idle and 72-77 MiB with
-/// 512 HTTP/2 clients connected, against 18-19 and 47-51 MiB with this call, at the same CPU
-/// per request. A proxy's heap is many small, short-lived blocks spread over worker threads, where
-/// huge pages buy little TLB reach and cost resident memory. Set before the workers start;
-/// the few pages touched before `main` are the only ones left huge.
-fn keep_memory_in_small_pages() {
+/// 512 HTTP/2 clients connected, against 18-19 and 47-51 MiB with the flag set in `main`, at the
+/// same CPU per request. A proxy's heap is many small, short-lived blocks spread over worker
+/// threads, where huge pages buy little TLB reach and cost resident memory.
+///
+/// It runs from `.init_array`, before the Rust runtime's start-up: set in `main`, the flag came
+/// after the runtime's own first allocations had already made mimalloc's first arena two huge
+/// pages (4 MiB of `AnonHugePages` kept for the process's life; "Issue 17: where the goals
+/// stand"). The errno of a refusal is kept for `main` to report, since nothing should print
+/// before the runtime is up.
+extern "C" fn keep_memory_in_small_pages() {
     // SAFETY: PR_SET_THP_DISABLE takes plain integers and reads or writes none of our memory.
-    let refused = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0;
-    if refused {
+    if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0 {
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(-1);
+        THP_REFUSED.store(errno, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static RUN_BEFORE_THE_RUNTIME: extern "C" fn() = keep_memory_in_small_pages;
+
+/// The errno with which the kernel refused PR_SET_THP_DISABLE (0: it did not).
+static THP_REFUSED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+fn report_huge_pages_refused() {
+    let errno = THP_REFUSED.load(std::sync::atomic::Ordering::Relaxed);
+    if errno != 0 {
         // Kernels before 3.15 lack the flag: memory use is then as before, nothing breaks.
         eprintln!(
             "note: transparent huge pages stay on ({})",
-            std::io::Error::last_os_error()
+            std::io::Error::from_raw_os_error(errno)
         );
     }
 }
 
 fn main() -> ExitCode {
-    keep_memory_in_small_pages();
+    report_huge_pages_refused();
     let cli = cli::Cli::parse();
     let addresses_file = cli.addresses_file.as_deref();
     match cli.command {

@@ -1,5 +1,6 @@
 //! The daemon keeps its heap in small pages: mimalloc's huge-page arenas would make each worker
-//! thread's first allocations a 2 MiB resident page (`main.rs`, `keep_memory_in_small_pages`).
+//! thread's first allocations a 2 MiB resident page (`main.rs`, `keep_memory_in_small_pages`),
+//! from the first allocation on.
 
 mod common;
 
@@ -25,6 +26,14 @@ fn the_running_daemon_has_transparent_huge_pages_off() {
         return;
     };
     assert_eq!(enabled, "0", "huge pages are still allowed for the daemon");
+    // Set before the runtime's first allocation, so not even mimalloc's first arena is huge.
+    let rollup = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", process.pid()))
+        .expect("smaps_rollup of the daemon");
+    let huge = rollup
+        .lines()
+        .find_map(|line| line.strip_prefix("AnonHugePages:"))
+        .map(|value| value.trim().to_string());
+    assert_eq!(huge.as_deref(), Some("0 kB"), "{rollup}");
     // This test runner itself is not affected: the flag is the daemon's own.
     assert_eq!(
         transparent_huge_pages(std::process::id() as i32).as_deref(),
