@@ -30,8 +30,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 ///
 /// It runs from `.init_array`, before the Rust runtime's start-up: set in `main`, the flag came
 /// after the runtime's own first allocations had already made mimalloc's first arena two huge
-/// pages (4 MiB of `AnonHugePages` kept for the process's life; "Issue 17: where the goals
-/// stand"). The errno of a refusal is kept for `main` to report, since nothing should print
+/// pages (4 MiB of `AnonHugePages` kept for the process's life; "Issue 17: the first arena in
+/// small pages"). The errno of a refusal is kept for `main` to report, since nothing should print
 /// before the runtime is up.
 extern "C" fn keep_memory_in_small_pages() {
     // SAFETY: PR_SET_THP_DISABLE takes plain integers and reads or writes none of our memory.
