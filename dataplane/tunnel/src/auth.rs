@@ -38,6 +38,10 @@ pub enum AuthError {
     WrongAlgorithm,
     #[error("token lives longer than the allowed {0:?}")]
     TooLongLived(Duration),
+    /// RFC 7515 §4.1.11: a recipient that does not understand a critical extension must reject
+    /// the token, and this node understands none.
+    #[error("token header lists critical extensions (crit), which this node does not support")]
+    CriticalExtension,
 }
 
 impl AuthError {
@@ -55,6 +59,7 @@ impl AuthError {
             AuthError::WrongAudience => "wrong_audience",
             AuthError::WrongAlgorithm => "wrong_algorithm",
             AuthError::TooLongLived(_) => "too_long_lived",
+            AuthError::CriticalExtension => "critical_extension",
         }
     }
 }
@@ -190,8 +195,9 @@ impl JwtValidator {
         self.generation
     }
 
-    /// Checks signature, algorithm, issuer, audience, exp, nbf, iat (not in the future) and that
-    /// the token's lifetime (`exp - iat`) is short.
+    /// Checks signature, algorithm, issuer, audience, exp, nbf, iat (not in the future), that
+    /// the token's lifetime (`exp - iat`) is short and that its header names no critical
+    /// extension (`crit`).
     pub fn validate(&self, headers: &HeaderMap) -> Result<(), AuthError> {
         self.validate_token(bearer_token(headers)?).map(|_| ())
     }
@@ -214,6 +220,9 @@ impl JwtValidator {
                 _ => AuthError::InvalidToken("not a well-formed JWT"),
             },
         )?;
+        if data.header.crit.is_some() {
+            return Err(AuthError::CriticalExtension);
+        }
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
@@ -516,6 +525,35 @@ mod tests {
                 "{expected}"
             );
         }
+    }
+
+    /// Client and node JWTs both pass through `validate_token`; a `crit` header (even an empty
+    /// list, which RFC 7515 forbids outright) is refused, however valid the rest.
+    #[test]
+    fn a_critical_header_is_refused() {
+        let validator = JwtValidator::new(&config());
+        let n = now();
+        let claims = TestClaims {
+            iss: "gitlab",
+            aud: "gitlab-kas",
+            iat: n,
+            exp: n + 5,
+        };
+        for crit in [vec!["exp".to_string()], vec!["b64".to_string()], Vec::new()] {
+            let mut header = Header::new(Algorithm::HS256);
+            header.crit = Some(crit.clone());
+            let signed = encode(&header, &claims, &EncodingKey::from_secret(SECRET)).unwrap();
+            let refused = validator.validate_token(&signed);
+            assert_eq!(refused, Err(AuthError::CriticalExtension), "crit {crit:?}");
+            assert_eq!(AuthError::CriticalExtension.reason(), "critical_extension");
+        }
+        let plain = encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(SECRET),
+        )
+        .unwrap();
+        assert!(validator.validate_token(&plain).is_ok());
     }
 
     #[test]
