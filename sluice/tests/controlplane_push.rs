@@ -40,8 +40,9 @@ fn cluster_json(
     .to_string()
 }
 
-/// A gateway process fed by the control plane with a `gateway` token.
-fn start_gateway(cp: &ControlPlane, subject: &str) -> SluiceProcess {
+/// A gateway process fed by the control plane with a `gateway` token; the clusters' files are
+/// in `credentials` (its `gateway.credentials_dir`).
+fn start_gateway(cp: &ControlPlane, subject: &str, credentials: &std::path::Path) -> SluiceProcess {
     let launcher = SluiceLauncher::new(BIN).unwrap();
     let token = launcher
         .write_file("token", &cp.token("gateway", subject))
@@ -50,7 +51,8 @@ fn start_gateway(cp: &ControlPlane, subject: &str) -> SluiceProcess {
         .write_file(
             "gateway.yaml",
             &format!(
-                "runtime: {{workers: 1, drain_timeout: 2s}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'}}\ngateway:\n  source:\n    controlplane: {{url: '{}', name: {subject}, ca_file: '{}', token_file: '{}'}}\n",
+                "runtime: {{workers: 1, drain_timeout: 2s}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'}}\ngateway:\n  credentials_dir: '{}'\n  source:\n    controlplane: {{url: '{}', name: {subject}, ca_file: '{}', token_file: '{}'}}\n",
+                credentials.display(),
                 cp.url(),
                 cp.ca_file().display(),
                 token.display()
@@ -114,7 +116,10 @@ fn one_control_plane_feeds_two_gateways_and_a_node() {
     let created = cp.kubectl(&["create", "-f", "-"], Some(&one));
     assert!(created.status.success(), "{created:?}");
 
-    let gateways = [start_gateway(&cp, "gw-1"), start_gateway(&cp, "gw-2")];
+    let gateways = [
+        start_gateway(&cp, "gw-1", certs.dir()),
+        start_gateway(&cp, "gw-2", certs.dir()),
+    ];
     let fed = start_fed_node(&cp);
     for gateway in &gateways {
         assert!(

@@ -123,6 +123,17 @@ pub fn response(error: &ProxyError) -> Response<ProxyBody> {
     response
 }
 
+/// [`response`] for a request with `method`: a `HEAD` gets the status and headers without the
+/// body. A response to HEAD carries no content (RFC 9110 9.3.2); over HTTP/2 DATA frames on it
+/// are a protocol error to the client, which then never sees the status.
+pub fn response_to(method: &http::Method, error: &ProxyError) -> Response<ProxyBody> {
+    let mut response = response(error);
+    if method == http::Method::HEAD {
+        *response.body_mut() = ProxyBody::Full(None);
+    }
+    response
+}
+
 /// The error as an HTTP/1.1 response that closes the connection (the upgrade path writes the
 /// raw connection itself).
 pub fn http1_bytes(error: &ProxyError) -> Vec<u8> {
@@ -169,6 +180,20 @@ mod tests {
         let response = super::response(&ProxyError::from(GatewayError::Unauthorized));
         assert_eq!(response.status(), 401);
         assert!(!response.headers().contains_key("retry-after"));
+    }
+
+    #[test]
+    fn a_refused_head_gets_its_status_and_headers_without_a_body() {
+        use http_body::Body as _;
+        let error = ProxyError::from(GatewayError::NoHealthyUpstream {
+            cluster: "c".into(),
+        });
+        let head = response_to(&http::Method::HEAD, &error);
+        assert_eq!(head.status(), 503);
+        assert_eq!(head.headers()["retry-after"], "1");
+        assert!(head.body().is_end_stream(), "no DATA on a HEAD answer");
+        let get = response_to(&http::Method::GET, &error);
+        assert_eq!(body_bytes(&get), error.status_body());
     }
 
     #[test]

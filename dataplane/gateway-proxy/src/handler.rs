@@ -137,7 +137,7 @@ impl GatewayHandler {
         let resource = resource_label(resource, outcome.as_ref().err());
         let response = outcome.unwrap_or_else(|error| {
             self.refuse(&error, client, method.as_str(), path);
-            crate::answer::response(&error)
+            crate::answer::response_to(method, &error)
         });
         self.finish(
             &client.cluster,

@@ -80,18 +80,55 @@ pub fn upstream_headers(
     Ok(headers)
 }
 
+/// Identity header prefixes: the apiserver's request-header authentication (`X-Remote-*`,
+/// set by an authenticating proxy) and impersonation (`Impersonate-*`).
+const IDENTITY_PREFIXES: [&str; 2] = ["x-remote-", "impersonate-"];
+
 /// Removes `X-Remote-*` (`X-Remote-User`, `X-Remote-Group`, `X-Remote-Extra-*`...): the
 /// apiserver's request-header authentication reads them from an authenticating proxy, so a
-/// client must never be able to set them through the gateway.
+/// client must never be able to set them through the gateway. Also removes every identity
+/// header spelled with `_` for `-` (`X_Remote_User`, `Impersonate_User`): nginx, CGI-style
+/// servers and header normalizers treat the two alike, so a proxy or apiserver behind the
+/// gateway might read them as the real ones. Allocates only when the client sent one.
 pub fn strip_request_header_authentication(headers: &mut HeaderMap) {
     let names: Vec<HeaderName> = headers
         .keys()
-        .filter(|name| name.as_str().starts_with("x-remote-"))
+        .filter(|name| name.as_str().starts_with("x-remote-") || is_underscored_identity(name))
         .cloned()
         .collect();
     for name in names {
         headers.remove(name);
     }
+}
+
+/// Whether `name` holds a `_` and, reading `_` as `-`, starts with an identity prefix.
+fn is_underscored_identity(name: &HeaderName) -> bool {
+    let name = name.as_str().as_bytes();
+    name.contains(&b'_')
+        && IDENTITY_PREFIXES.iter().any(|prefix| {
+            name.len() >= prefix.len()
+                && name
+                    .iter()
+                    .zip(prefix.bytes())
+                    .all(|(&byte, expected)| byte == expected || (byte == b'_' && expected == b'-'))
+        })
+}
+
+/// Refuses an upgrade request that announces a body (`Content-Length` other than 0, or any
+/// `Transfer-Encoding`). An upgrade has none: the bytes behind its head belong to the upgraded
+/// protocol. Forwarded, the length would make the apiserver wait for a body that never comes,
+/// holding the relay, its upstream connection and its flow-control permit with no timeout; and
+/// a body the gateway and the apiserver frame differently is how requests are smuggled.
+pub fn refuse_upgrade_body(headers: &HeaderMap) -> Result<(), GatewayError> {
+    let length = headers.get_all(http::header::CONTENT_LENGTH);
+    let announced = length.iter().any(|value| value.as_bytes() != b"0")
+        || headers.contains_key(http::header::TRANSFER_ENCODING);
+    if announced {
+        return Err(GatewayError::BadRequest {
+            reason: "an upgrade request carries no body: Content-Length (other than 0) and Transfer-Encoding are refused".into(),
+        });
+    }
+    Ok(())
 }
 
 /// The request head sent to `server` on an HTTP/2 stream: same method, path and query.
@@ -212,6 +249,57 @@ mod tests {
             assert!(!name.as_str().starts_with("x-remote-"), "{name} forwarded");
         }
         assert_eq!(headers["x-custom"], "a", "other x- headers stay");
+    }
+
+    #[test]
+    fn identity_headers_spelled_with_underscores_never_go_upstream() {
+        let mut client = client_headers();
+        for name in [
+            "x_remote_user",
+            "X_Remote_Group",
+            "x-remote_extra_scopes",
+            "impersonate_user",
+            "Impersonate_Group",
+            "impersonate_extra_scopes",
+            "impersonate-uid_",
+        ] {
+            client.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_static("system:admin"),
+            );
+        }
+        client.append("x_custom_header", HeaderValue::from_static("kept"));
+        let user = UserInfo::new("alice", &[]);
+        let headers = upstream_headers(&client, &user, None).unwrap();
+        let names: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        for (name, value) in &headers {
+            assert_ne!(value, "system:admin", "{name} forwarded: {names:?}");
+        }
+        assert_eq!(headers["x_custom_header"], "kept", "other `_` headers stay");
+        assert_eq!(headers["impersonate-user"], "alice");
+    }
+
+    #[test]
+    fn an_upgrade_announcing_a_body_is_refused() {
+        let head = |extra: &str| {
+            let text = format!(
+                "GET /api/v1/namespaces/default/pods/web/exec HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n{extra}\r\n"
+            );
+            crate::upgrade::parse_request(text.as_bytes())
+                .unwrap()
+                .headers
+        };
+        for extra in [
+            "Content-Length: 10\r\n",
+            "Content-Length: 0\r\nContent-Length: 5\r\n",
+            "Transfer-Encoding: chunked\r\n",
+        ] {
+            let error = refuse_upgrade_body(&head(extra)).unwrap_err();
+            assert_eq!(error.http_status(), 400, "{extra}");
+            assert!(error.to_string().contains("no body"), "{error}");
+        }
+        assert!(refuse_upgrade_body(&head("")).is_ok());
+        assert!(refuse_upgrade_body(&head("Content-Length: 0\r\n")).is_ok());
     }
 
     #[test]

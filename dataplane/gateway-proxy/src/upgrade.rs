@@ -23,7 +23,7 @@ use crate::error::{ProxyError, UpstreamFailure};
 use crate::handler::{
     decoded_path, request_info, request_labels, ClientConnection, GatewayHandler,
 };
-use crate::headers::upstream_headers;
+use crate::headers::{refuse_upgrade_body, upstream_headers};
 use crate::state::Generation;
 
 /// The client's side of an upgrade connection.
@@ -231,12 +231,13 @@ impl GatewayHandler {
         let info = request_info(method.as_str(), &decoded, &query);
         let labels = request_labels(&info);
         let _in_flight = InFlight::new(&self.gateway.metrics, self.worker);
-        let outcome = match info {
-            Ok(info) => {
+        let outcome = match (info, refuse_upgrade_body(&head.headers)) {
+            (Ok(info), Ok(())) => {
                 self.upgrade_admitted(client, &generation, &info, &mut stream, head, early)
                     .await
             }
-            Err(error) => Err(error.into()),
+            (Err(error), _) => Err(error.into()),
+            (_, Err(error)) => Err(error.into()),
         };
         let resource = crate::handler::resource_label(labels.1, outcome.as_ref().err());
         let code = match outcome {

@@ -7,7 +7,7 @@
 //! | verbs           | required      | required          | yes          | yes | matches nothing       |
 //! | apiGroups       | required      | ignored           | yes          | yes | matches nothing       |
 //! | resources       | required      | ignored           | yes          | yes | matches nothing       |
-//! | resourceNames   | optional      | ignored           | yes          | yes | matches every name    |
+//! | resourceNames   | optional      | ignored           | yes          | yes | matches every request |
 //! | users           | optional      | optional          | yes          | yes | all, unless serviceAccounts is set |
 //! | serviceAccounts | optional      | optional          | no           | no  | all, unless users is set |
 //! | userGroups      | optional      | optional          | yes          | yes | matches every user    |
@@ -19,6 +19,14 @@
 //! seed). In a mixed list the negated entries are ignored (the seed's example:
 //! `["-pods", "deployments"]` matches deployments only). For userGroups a negated list matches
 //! users in none of the listed groups.
+//!
+//! A resourceNames list with names in it (positive or negated) matches only requests that carry
+//! a name, as Kubernetes RBAC's `resourceNames` does: a get/update/patch/delete of one object, or
+//! a list/watch narrowed to one object by `fieldSelector=metadata.name=...`. A collection request
+//! (list, watch, deletecollection, create) carries no name and never matches such a rule, so
+//! `resourceNames: ['-admin-cm']` fences `admin-cm` off instead of handing out every object,
+//! `admin-cm` included, through a LIST, WATCH or DELETECOLLECTION. Only an empty list or `*`
+//! matches collection requests.
 //!
 //! A cluster without policies routes everything to all its servers without flow control. A
 //! cluster with policies and a request none matches: [`DispatchMatcher::dispatch`] returns
@@ -180,7 +188,7 @@ impl CompiledRule {
         if info.is_resource_request {
             self.api_groups.matches(info.api_group)
                 && self.resources.matches(info.resource, info.subresource)
-                && self.resource_names.matches(&info.name)
+                && self.resource_names.matches_name(&info.name)
         } else {
             self.non_resource_urls.matches(info.path)
         }
@@ -250,6 +258,15 @@ impl NameSet {
             NameSet::Nothing => false,
             NameSet::OneOf(values) => values.iter().any(|entry| **entry == *value),
             NameSet::NoneOf(values) => !values.iter().any(|entry| **entry == *value),
+        }
+    }
+
+    /// [`Self::matches`] for a request's object name, empty for a collection request: a list of
+    /// names (positive or negated) never matches a request that names no object.
+    fn matches_name(&self, name: &str) -> bool {
+        match self {
+            NameSet::OneOf(_) | NameSet::NoneOf(_) if name.is_empty() => false,
+            _ => self.matches(name),
         }
     }
 

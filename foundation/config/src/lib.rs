@@ -49,6 +49,9 @@ pub struct EbpfConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GatewayConfig {
     pub source: ClusterSource,
+    /// The only directory whose files an `UpstreamCluster` from the control plane may name
+    /// (`None`: such objects may name no files). Local cluster files are not limited.
+    pub credentials_dir: Option<PathBuf>,
     /// How often a clusters directory is checked for changes (hot reload).
     pub reload_interval: Duration,
 }

@@ -33,6 +33,7 @@ pub(crate) struct RawEbpf {
 pub(crate) struct RawGateway {
     pub(crate) clusters_dir: Leaf,
     pub(crate) source: Option<RawSource>,
+    pub(crate) credentials_dir: Leaf,
     pub(crate) reload_interval: Leaf,
 }
 

@@ -480,6 +480,35 @@ fn peer_allowlist_networks_are_parsed_and_checked() {
 }
 
 #[test]
+fn a_gateway_credentials_dir_is_optional_and_must_be_a_readable_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = |credentials: &str| {
+        format!(
+            "gateway: {{clusters_dir: '{}'{credentials}}}\n",
+            dir.path().display()
+        )
+    };
+    let unset = load_str(&text(""), "gw.yaml").expect("valid");
+    assert_eq!(unset.gateway.unwrap().credentials_dir, None);
+    let set = load_str(
+        &text(&format!(", credentials_dir: '{}'", dir.path().display())),
+        "gw.yaml",
+    )
+    .expect("valid");
+    assert_eq!(
+        set.gateway.unwrap().credentials_dir.as_deref(),
+        Some(dir.path())
+    );
+    let missing = errors_of(&text(", credentials_dir: /nonexistent/credentials"));
+    assert!(
+        missing
+            .iter()
+            .any(|e| e.starts_with("gateway.credentials_dir: cannot read directory")),
+        "{missing:?}"
+    );
+}
+
+#[test]
 fn a_gateway_takes_its_clusters_from_a_directory_or_the_control_plane() {
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca.crt");

@@ -4,6 +4,7 @@
 //! messages, so this lives in the foundation both planes may use.
 
 pub mod api;
+pub mod confine;
 mod load;
 pub mod spec;
 mod validate;

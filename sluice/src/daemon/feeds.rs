@@ -44,6 +44,8 @@ impl Drop for Feeds {
 #[derive(Default)]
 pub struct FeedTargets {
     pub gateway: Option<(ControlPlaneSource, Arc<Gateway>)>,
+    /// `gateway.credentials_dir`: the only files the gateway's objects may name.
+    pub gateway_credentials: Option<PathBuf>,
     pub node: Option<(ControlPlaneSource, Arc<NodeShared>)>,
 }
 
@@ -54,11 +56,13 @@ pub fn spawn(targets: FeedTargets, registry: &mut Registry) -> anyhow::Result<Op
     }
     let metrics = WatchMetrics::register(registry);
     let mut clients = Vec::new();
+    let credentials = targets.gateway_credentials;
     if let Some((source, gateway)) = targets.gateway {
         let (client, reporter) =
             watch_and_report(&source, "proxy.sluice.dev", "upstreamclusters", &metrics)?;
         let name = source.name.clone().unwrap_or_else(host_name);
-        clients.push((client, Target::Gateway(gateway, source.url, name), reporter));
+        let target = Target::Gateway(gateway, source.url, name, credentials);
+        clients.push((client, target, reporter));
     }
     if let Some((source, node)) = targets.node {
         let (client, reporter) =
@@ -109,8 +113,9 @@ fn watch_and_report(
 }
 
 enum Target {
-    /// The gateway, the control plane's URL, the gateway's name in status reports.
-    Gateway(Arc<Gateway>, String, String),
+    /// The gateway, the control plane's URL, the gateway's name in status reports, its
+    /// credentials directory.
+    Gateway(Arc<Gateway>, String, String, Option<PathBuf>),
     Node(Arc<NodeShared>),
 }
 
@@ -128,7 +133,7 @@ async fn run(
             let _ = stop.wait_for(|stopped| *stopped).await;
         })));
         tasks.push(tokio::spawn(match &target {
-            Target::Gateway(gateway, _, name) => Box::pin(super::status::report_gateway(
+            Target::Gateway(gateway, _, name, _) => Box::pin(super::status::report_gateway(
                 reporter,
                 gateway.clone(),
                 name.clone(),
@@ -168,7 +173,9 @@ async fn apply_snapshots(
         let snapshot = snapshots.borrow_and_update().clone();
         if snapshot.synced {
             match &target {
-                Target::Gateway(gateway, url, _) => apply_clusters(gateway, url, &snapshot),
+                Target::Gateway(gateway, url, _, credentials) => {
+                    apply_clusters(gateway, url, credentials.as_deref(), &snapshot)
+                }
                 Target::Node(node) => apply_agents(node, &snapshot),
             }
             if !announced {
@@ -183,11 +190,15 @@ async fn apply_snapshots(
     }
 }
 
-fn apply_clusters(gateway: &Gateway, url: &str, snapshot: &Snapshot) {
-    let files_dir = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+fn apply_clusters(
+    gateway: &Gateway,
+    url: &str,
+    credentials: Option<&std::path::Path>,
+    snapshot: &Snapshot,
+) {
     let objects = snapshot.objects.values().map(|object| object.as_ref());
     let origin = format!("{url}/upstreamclusters");
-    let loaded = sluice_upstream_cluster::api::load_objects(objects, &origin, &files_dir)
+    let loaded = sluice_upstream_cluster::api::load_objects(objects, &origin, credentials)
         .map_err(sluice_gateway_proxy::ProxyError::from)
         .and_then(|clusters| gateway.install(clusters));
     match loaded {

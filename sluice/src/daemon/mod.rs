@@ -128,6 +128,10 @@ fn run(
         gateway.map_or((None, None), |gateway| (gateway.reloader, gateway.feed));
     targets.node = node_feed;
     targets.gateway = gateway_feed;
+    targets.gateway_credentials = config
+        .gateway
+        .as_ref()
+        .and_then(|gateway| gateway.credentials_dir.clone());
     let pillars = Pillars {
         tracker,
         reloader,

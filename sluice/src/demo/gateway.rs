@@ -19,7 +19,7 @@ pub struct DemoGateway {
     pub simulator: ApiServer,
     pub clusters_dir: PathBuf,
     pub kubeconfig: PathBuf,
-    ca: PathBuf,
+    pub(crate) ca: PathBuf,
     user_cert: PathBuf,
     user_key: PathBuf,
 }

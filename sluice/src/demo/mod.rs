@@ -163,6 +163,8 @@ impl UpDemo {
         )?;
         config.gateway = Some(sluice_config::GatewayConfig {
             source: sluice_config::ClusterSource::ControlPlane(controlplane.source.clone()),
+            // The pushed cluster names the demo's certificates, all in the CA's directory.
+            credentials_dir: gateway.ca.parent().map(std::path::Path::to_path_buf),
             reload_interval: std::time::Duration::from_secs(1),
         });
         let mut demo = demo;

@@ -49,9 +49,25 @@ pub struct SubjectAccessRule {
     pub group: String,
     pub resource: String,
     pub name: String,
+    /// When set, only a reviewed user with this uid is allowed.
+    pub uid: Option<String>,
+    /// When set, only a reviewed user whose extra holds this (key, value) is allowed.
+    pub extra: Option<(String, String)>,
 }
 
 impl SubjectAccessRule {
+    /// Only for a reviewed user with this uid.
+    pub fn for_uid(mut self, uid: &str) -> Self {
+        self.uid = Some(uid.to_string());
+        self
+    }
+
+    /// Only for a reviewed user whose extra `key` holds `value`.
+    pub fn for_extra(mut self, key: &str, value: &str) -> Self {
+        self.extra = Some((key.to_string(), value.to_string()));
+        self
+    }
+
     /// `user` may impersonate `name` of `resource` (`users`, `groups`, `serviceaccounts`,
     /// `uids`, `userextras`), in the API group Kubernetes uses for it.
     pub fn impersonate(user: &str, resource: &str, name: &str) -> Self {
@@ -65,13 +81,25 @@ impl SubjectAccessRule {
             group: group.into(),
             resource: resource.to_string(),
             name: name.to_string(),
+            uid: None,
+            extra: None,
         }
     }
 
-    fn allows(&self, user: &str, attributes: &Value) -> bool {
+    fn allows(&self, spec: &Value, attributes: &Value) -> bool {
         let field = |name: &str| attributes[name].as_str().unwrap_or("");
         let matches = |rule: &str, value: &str| rule == "*" || rule == value;
-        matches(&self.user, user)
+        let uid = self
+            .uid
+            .as_ref()
+            .is_none_or(|uid| spec["uid"].as_str() == Some(uid));
+        let extra = self.extra.as_ref().is_none_or(|(key, value)| {
+            spec["extra"][key]
+                .as_array()
+                .is_some_and(|values| values.iter().any(|held| held == value))
+        });
+        uid && extra
+            && matches(&self.user, text(&spec["user"]))
             && matches(&self.verb, field("verb"))
             && matches(&self.group, field("group"))
             && matches(&self.resource, field("resource"))
@@ -418,7 +446,9 @@ impl Server {
             authorization,
             x_remote: headers
                 .iter()
-                .filter(|(name, _)| name.as_str().starts_with("x-remote-"))
+                .filter(|(name, _)| {
+                    name.as_str().starts_with("x-remote-") || name.as_str().contains('_')
+                })
                 .map(|(name, value)| format!("{name}: {}", value.to_str().unwrap_or("")))
                 .collect(),
         };
@@ -546,7 +576,6 @@ impl Server {
             );
         };
         let spec = &review["spec"];
-        let user = text(&spec["user"]);
         let attributes = if spec["resourceAttributes"].is_object() {
             spec["resourceAttributes"].clone()
         } else {
@@ -556,7 +585,7 @@ impl Server {
         let allowed = lock(&self.shared.store)
             .access_rules
             .iter()
-            .any(|rule| rule.allows(user, &attributes));
+            .any(|rule| rule.allows(spec, &attributes));
         ok_json(json!({
             "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
             "metadata": {"creationTimestamp": null}, "spec": spec,

@@ -112,7 +112,8 @@ pub struct RecordedRequest {
     /// Keys as sent after `Impersonate-Extra-` (lower case, still percent-encoded).
     pub impersonate_extra: BTreeMap<String, Vec<String>>,
     pub authorization: Option<String>,
-    /// `X-Remote-*` headers (request-header authentication), as `name: value`, lower case.
+    /// `X-Remote-*` headers (request-header authentication) and every header whose name holds
+    /// a `_` (some stacks read `X_Remote_User` as `X-Remote-User`), as `name: value`, lower case.
     pub x_remote: Vec<String>,
 }
 

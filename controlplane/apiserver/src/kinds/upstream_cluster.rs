@@ -122,6 +122,21 @@ mod tests {
     }
 
     #[test]
+    fn a_file_path_climbing_out_with_dot_dot_is_invalid() {
+        // The gateway confines the files an object names to its own credentials directory;
+        // a `..` can only mean to leave it, so the control plane refuses it at once.
+        let mut object = example();
+        object["spec"]["clientConfig"]["bearerTokenFile"] = json!("../../etc/hostname");
+        let errors = validate(&object);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].field, "spec.clientConfig.bearerTokenFile");
+        assert!(
+            errors[0].detail.contains("gateway.credentials_dir"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
     fn server_set_metadata_and_status_are_not_the_gateways_business() {
         let mut object = example();
         object["metadata"]["uid"] = json!("u");

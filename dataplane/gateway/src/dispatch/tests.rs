@@ -228,6 +228,62 @@ fn resource_names_supports_anti_selection_and_star() {
     ));
 }
 
+#[test]
+fn a_negated_name_rule_never_matches_collection_requests() {
+    // The rule meant to fence `admin-cm` off: every configmap but that one.
+    let rule =
+        "verbs: ['*']\napiGroups: ['*']\nresources: [configmaps]\nresourceNames: ['-admin-cm']";
+    let configmaps = "/api/v1/namespaces/default/configmaps";
+    assert!(matches(rule, "GET", &format!("{configmaps}/app-cm")));
+    assert!(matches(rule, "DELETE", &format!("{configmaps}/app-cm")));
+    assert!(!matches(rule, "GET", &format!("{configmaps}/admin-cm")));
+    // list, watch and deletecollection name no object: the rule does not match them.
+    assert!(!matches(rule, "GET", configmaps));
+    assert!(!matches(rule, "GET", &format!("{configmaps}?watch=true")));
+    assert!(!matches(rule, "DELETE", configmaps));
+    assert!(!matches(rule, "POST", configmaps));
+    assert!(!matches(rule, "GET", "/api/v1/configmaps?watch=1"));
+    // A list or watch narrowed to one object carries its name, as RBAC reads it.
+    let watch_one = format!("{configmaps}?watch=1&fieldSelector=metadata.name%3Dapp-cm");
+    assert!(matches(rule, "GET", &watch_one));
+    let watch_admin = format!("{configmaps}?watch=1&fieldSelector=metadata.name%3Dadmin-cm");
+    assert!(!matches(rule, "GET", &watch_admin));
+}
+
+#[test]
+fn a_positive_name_rule_never_matches_collection_requests_but_star_does() {
+    let rule = "verbs: ['*']\napiGroups: ['*']\nresources: [pods]\nresourceNames: [web]";
+    for (method, url) in [("GET", PODS), ("DELETE", PODS), ("POST", PODS)] {
+        assert!(!matches(rule, method, url), "{method} {url}");
+    }
+    let star = "verbs: ['*']\napiGroups: ['*']\nresources: [pods]\nresourceNames: ['*']";
+    assert!(matches(star, "GET", PODS));
+    assert!(matches(star, "DELETE", PODS));
+}
+
+#[test]
+fn a_collection_request_falls_through_to_the_next_policy() {
+    let policies: Vec<DispatchPolicy> = serde_norway::from_str(
+        "- name: fenced\n  rules:\n  - {verbs: ['*'], apiGroups: ['*'], resources: [configmaps], resourceNames: ['-admin-cm']}\n- name: reads\n  rules:\n  - {verbs: [list], apiGroups: ['*'], resources: [configmaps]}\n",
+    )
+    .unwrap();
+    let matcher = DispatchMatcher::compile(&policies, &[], |_| None);
+    let alice = UserInfo::new("alice", &["dev"]);
+    let policy = |method: &str, path: &str| {
+        let info = RequestInfo::parse(method, path, "").unwrap();
+        matcher
+            .dispatch(&info, &alice)
+            .map(|policy| policy.name.to_string())
+    };
+    let configmaps = "/api/v1/namespaces/default/configmaps";
+    assert_eq!(
+        policy("GET", &format!("{configmaps}/app-cm")).as_deref(),
+        Some("fenced")
+    );
+    assert_eq!(policy("GET", configmaps).as_deref(), Some("reads"));
+    assert_eq!(policy("DELETE", configmaps), None, "no policy: 403");
+}
+
 // --- users / serviceAccounts -------------------------------------------------------------
 
 const ANY_POD_RULE: &str = "verbs: ['*']\napiGroups: ['*']\nresources: ['*']\n";

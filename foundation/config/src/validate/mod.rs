@@ -212,12 +212,26 @@ fn gateway(raw: &RawGateway, errors: &mut Errors) -> GatewayConfig {
     };
     GatewayConfig {
         source,
+        credentials_dir: credentials_dir(raw, errors),
         reload_interval: duration(
             &raw.reload_interval,
             "gateway.reload_interval",
             Duration::from_secs(1),
             errors,
         ),
+    }
+}
+
+/// `gateway.credentials_dir`: optional, a readable directory when set.
+fn credentials_dir(raw: &RawGateway, errors: &mut Errors) -> Option<PathBuf> {
+    let path = "gateway.credentials_dir";
+    let text = scalar(raw.credentials_dir.as_ref()?, path, errors)?;
+    match std::fs::read_dir(&text) {
+        Ok(_) => Some(PathBuf::from(text)),
+        Err(error) => {
+            errors.push(path, format!("cannot read directory {text:?}: {error}"));
+            None
+        }
     }
 }
 
