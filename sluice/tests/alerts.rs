@@ -48,3 +48,34 @@ fn every_metric_the_rules_use_is_exported() {
         );
     }
 }
+
+/// The panic alerts select on the label the runtime really exports (they once grouped by
+/// `kind`, which no series carries, so `SluiceWorkerDied` could never fire), and the promtool
+/// tests feed them series labelled the same way.
+#[test]
+fn the_panic_alerts_select_on_the_label_the_runtime_exports() {
+    let label = sluice_runtime::TASK_PANICS_LABEL;
+    let rules = std::fs::read_to_string(prometheus_dir().join("sluice-alerts.yaml")).unwrap();
+    let tests = std::fs::read_to_string(prometheus_dir().join("sluice-alerts.test.yaml")).unwrap();
+    assert!(
+        rules.contains(&format!(
+            "sum by (instance, {label}) (increase(sluice_task_panics_total"
+        )) && rules.contains(&format!("sluice_task_panics_total{{{label}=\"worker\"}}")),
+        "the panic alerts must group and select by `{label}`"
+    );
+    let panic_series: Vec<&str> = tests
+        .lines()
+        .filter(|line| line.contains("series: 'sluice_task_panics_total{"))
+        .collect();
+    assert!(panic_series.len() >= 2, "{panic_series:?}");
+    for series in panic_series {
+        assert!(series.contains(&format!(" {label}=\"")), "{series}");
+    }
+    let dashboard = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/sluice-runtime.json"),
+    )
+    .unwrap();
+    assert!(dashboard.contains(&format!(
+        "sum by (instance, {label}) (increase(sluice_task_panics_total"
+    )));
+}

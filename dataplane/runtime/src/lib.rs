@@ -36,7 +36,9 @@ pub use server::{RunningServer, RuntimeOptions, ServerBuilder, ShutdownReport};
 pub use signals::StopSignals;
 pub use sluice_config::ConnectionLimits;
 pub use stats::ListenerStats;
-pub use task::{contain, panic_message, spawn_contained, task_panics, task_panics_of};
+pub use task::{
+    contain, panic_message, spawn_contained, task_panics, task_panics_of, TASK_PANICS_LABEL,
+};
 
 /// Re-exported so handlers name the same stream type the runtime accepts.
 pub use monoio::net::TcpStream;

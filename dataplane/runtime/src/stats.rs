@@ -170,7 +170,7 @@ impl Collector for RuntimeCollector {
             ConstCounter::new(0u64).metric_type(),
         )?;
         for (task, count) in crate::task::task_panics() {
-            let labels = [("task", task)];
+            let labels = [(crate::task::TASK_PANICS_LABEL, task)];
             ConstCounter::new(count).encode(panics.encode_family(&labels.as_slice())?)?;
         }
         self.encode_per_worker(

@@ -14,6 +14,11 @@ use std::sync::Mutex;
 
 use futures_util::FutureExt;
 
+/// The label of `sluice_task_panics_total` that names the task kind. The alerting rules, the
+/// runtime dashboard and `sluice status` select on it, and `sluice/tests/alerts.rs` reads it
+/// from here, so a rename cannot silence `SluiceWorkerDied` again (it once read `kind`).
+pub const TASK_PANICS_LABEL: &str = "task";
+
 /// Panics caught per task kind, for `sluice_task_panics_total`.
 static TASK_PANICS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
 

@@ -121,7 +121,11 @@ pub fn render(scrape: &Scrape, ready: Option<u16>) -> Vec<String> {
         };
         row(&mut lines, "ebpf counters", state);
     }
-    let panics = by_label(scrape, "sluice_task_panics_total", "kind");
+    let panics = by_label(
+        scrape,
+        "sluice_task_panics_total",
+        sluice_runtime::TASK_PANICS_LABEL,
+    );
     let total: f64 = panics.values().sum();
     row(
         &mut lines,
@@ -195,7 +199,7 @@ sluice_ebpf_enabled 1
 # TYPE sluice_ebpf_attached_interfaces gauge
 sluice_ebpf_attached_interfaces 2
 # TYPE sluice_task_panics counter
-sluice_task_panics_total{kind="connection"} 0
+sluice_task_panics_total{task="connection"} 0
 "#;
 
     #[test]
@@ -213,6 +217,18 @@ sluice_task_panics_total{kind="connection"} 0
                 "  ebpf counters          on 2 interface(s)",
                 "  panics                 none",
             ]
+        );
+    }
+
+    #[test]
+    fn panics_are_read_by_the_label_the_runtime_exports() {
+        let label = sluice_runtime::TASK_PANICS_LABEL;
+        let scrape =
+            format!("sluice_workers 1\nsluice_task_panics_total{{{label}=\"grpc-stream\"}} 2\n");
+        let lines = render(&parse(&scrape).unwrap(), Some(200));
+        assert_eq!(
+            lines.last().unwrap(),
+            "  panics                 grpc-stream 2"
         );
     }
 
