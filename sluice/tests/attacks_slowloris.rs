@@ -16,15 +16,26 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::{
-    agents_yaml, client_args, metric, run_node, start_agent, wait_for_idle_tunnels, Secrets,
+    agents_yaml, assert_driver, client_args, metric, run_node, start_agent, wait_for_idle_tunnels,
+    Secrets,
 };
-use test_support::{spawn_tunnel_client, wait_until, GrpcBackend, SluiceProcess};
+use test_support::{on_both_drivers, spawn_tunnel_client, wait_until, GrpcBackend, SluiceProcess};
+
+// Every case runs once per monoio driver: the limits are enforced by the listeners' timers and
+// accept loops, which are driver code.
+on_both_drivers!(
+    silent_half_open_and_quiet_connections_are_closed_on_their_limits,
+    a_peer_that_never_answers_a_ping_is_closed_and_one_that_answers_stays,
+    one_ip_cannot_hold_more_connections_than_its_cap,
+    connections_retired_by_age_cost_no_call,
+);
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// An empty SETTINGS frame: length 0, type 4, no flags, stream 0.
 const EMPTY_SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
 
-/// A node whose agent and external listeners carry `limits` (YAML flow-map entries).
+/// A node on `driver` (checked) whose agent and external listeners carry `limits` (YAML
+/// flow-map entries).
 fn start_limited_node(secrets: &Secrets, driver: &str, limits: &str) -> SluiceProcess {
     let agents = agents_yaml(secrets);
     let yaml = format!(
@@ -36,7 +47,9 @@ fn start_limited_node(secrets: &Secrets, driver: &str, limits: &str) -> SluicePr
          \x20 jwt: {{secret_file: '{}'}}\n",
         secrets.jwt_secret.display()
     );
-    run_node(&yaml)
+    let node = run_node(&yaml);
+    assert_driver(&node, driver);
+    node
 }
 
 fn closed_count(node: &SluiceProcess, listener: &str, reason: &str) -> f64 {
@@ -93,86 +106,83 @@ fn assert_closed_between(
     );
 }
 
-#[test]
-fn silent_half_open_and_quiet_connections_are_closed_on_their_limits() {
-    for driver in ["uring", "legacy"] {
-        let secrets = Secrets::on(driver);
-        let node = start_limited_node(
-            &secrets,
-            driver,
-            "handshake_timeout: 500ms, header_timeout: 1s, idle_timeout: 1s, keepalive_interval: 0s",
-        );
-        let external = node.address("external");
-        let margin = Duration::from_secs(5);
+fn silent_half_open_and_quiet_connections_are_closed_on_their_limits(driver: &str) {
+    let secrets = Secrets::on(driver);
+    let node = start_limited_node(
+        &secrets,
+        driver,
+        "handshake_timeout: 500ms, header_timeout: 1s, idle_timeout: 1s, keepalive_interval: 0s",
+    );
+    let external = node.address("external");
+    let margin = Duration::from_secs(5);
 
-        let mut silent = connect(external, b"");
-        assert_closed_between(&mut silent, (Duration::from_millis(250), margin), "silent");
-        let mut half = connect(external, &PREFACE[..10]);
-        assert_closed_between(
-            &mut half,
-            (Duration::from_millis(250), margin),
-            "half preface",
-        );
-        let handshakes = |node: &SluiceProcess| closed_count(node, "external", "handshake_timeout");
-        assert!(
-            wait_until(Duration::from_secs(5), || handshakes(&node) >= 2.0),
-            "{driver}: {} handshake timeouts counted",
-            handshakes(&node)
-        );
+    let mut silent = connect(external, b"");
+    assert_closed_between(&mut silent, (Duration::from_millis(250), margin), "silent");
+    let mut half = connect(external, &PREFACE[..10]);
+    assert_closed_between(
+        &mut half,
+        (Duration::from_millis(250), margin),
+        "half preface",
+    );
+    let handshakes = |node: &SluiceProcess| closed_count(node, "external", "handshake_timeout");
+    assert!(
+        wait_until(Duration::from_secs(5), || handshakes(&node) >= 2.0),
+        "{driver}: {} handshake timeouts counted",
+        handshakes(&node)
+    );
 
-        let mut quiet = connect(external, &[PREFACE, EMPTY_SETTINGS].concat());
-        assert_closed_between(
-            &mut quiet,
-            (Duration::from_millis(500), margin),
-            "no request",
-        );
-        assert!(
-            wait_until(Duration::from_secs(5), || closed_count(
-                &node,
-                "external",
-                "header_timeout"
-            ) >= 1.0),
-            "{driver}: header timeout counted"
-        );
+    let mut quiet = connect(external, &[PREFACE, EMPTY_SETTINGS].concat());
+    assert_closed_between(
+        &mut quiet,
+        (Duration::from_millis(500), margin),
+        "no request",
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || closed_count(
+            &node,
+            "external",
+            "header_timeout"
+        ) >= 1.0),
+        "{driver}: header timeout counted"
+    );
 
-        // A real HTTP/2 client makes a call, then goes quiet: GOAWAY and close at the idle limit.
-        let idle_closed = monoio_block_on(async move {
-            let connection = sluice_grpc::transport::connect(
-                external,
-                None,
-                &sluice_grpc::transport::H2Settings::default(),
-            )
+    // A real HTTP/2 client makes a call, then goes quiet: GOAWAY and close at the idle limit.
+    let idle_closed = monoio_block_on(async move {
+        let connection = sluice_grpc::transport::connect(
+            external,
+            None,
+            &sluice_grpc::transport::H2Settings::default(),
+        )
+        .await
+        .unwrap();
+        // One call (refused: no credentials; any answer will do), then nothing.
+        let mut ready = connection.ready().await.unwrap();
+        let request =
+            http::Request::post("http://node/sluice.agents.v1.Agents/ListConnectedAgents")
+                .header("content-type", "application/grpc")
+                .body(())
+                .unwrap();
+        let (response, _send) = ready.send_request(request, true).unwrap();
+        response.await.unwrap();
+        let started = Instant::now();
+        let _keep = connection.send_request;
+        monoio::time::timeout(Duration::from_secs(5), connection.driver)
             .await
-            .unwrap();
-            // One call (refused: no credentials; any answer will do), then nothing.
-            let mut ready = connection.ready().await.unwrap();
-            let request =
-                http::Request::post("http://node/sluice.agents.v1.Agents/ListConnectedAgents")
-                    .header("content-type", "application/grpc")
-                    .body(())
-                    .unwrap();
-            let (response, _send) = ready.send_request(request, true).unwrap();
-            response.await.unwrap();
-            let started = Instant::now();
-            let _keep = connection.send_request;
-            monoio::time::timeout(Duration::from_secs(5), connection.driver)
-                .await
-                .map(|_| started.elapsed())
-        });
-        let idle_closed = idle_closed.expect("the idle connection was closed");
-        assert!(
-            idle_closed >= Duration::from_millis(500),
-            "{driver}: {idle_closed:?}"
-        );
-        assert!(
-            wait_until(Duration::from_secs(5), || closed_count(
-                &node, "external", "idle"
-            ) >= 1.0),
-            "{driver}: idle close counted"
-        );
-        let ready = test_support::http_get(node.address("admin"), "/readyz").unwrap();
-        assert_eq!(ready.status, 200, "{driver}");
-    }
+            .map(|_| started.elapsed())
+    });
+    let idle_closed = idle_closed.expect("the idle connection was closed");
+    assert!(
+        idle_closed >= Duration::from_millis(500),
+        "{driver}: {idle_closed:?}"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || closed_count(
+            &node, "external", "idle"
+        ) >= 1.0),
+        "{driver}: idle close counted"
+    );
+    let ready = test_support::http_get(node.address("admin"), "/readyz").unwrap();
+    assert_eq!(ready.status, 200, "{driver}");
 }
 
 fn monoio_block_on<F: std::future::Future>(future: F) -> F::Output {
@@ -183,12 +193,11 @@ fn monoio_block_on<F: std::future::Future>(future: F) -> F::Output {
         .block_on(future)
 }
 
-#[test]
-fn a_peer_that_never_answers_a_ping_is_closed_and_one_that_answers_stays() {
-    let secrets = Secrets::new();
+fn a_peer_that_never_answers_a_ping_is_closed_and_one_that_answers_stays(driver: &str) {
+    let secrets = Secrets::on(driver);
     let node = start_limited_node(
         &secrets,
-        "auto",
+        driver,
         "header_timeout: 30s, idle_timeout: 30s, keepalive_interval: 300ms, keepalive_timeout: 300ms",
     );
     let external = node.address("external");
@@ -219,12 +228,11 @@ fn a_peer_that_never_answers_a_ping_is_closed_and_one_that_answers_stays() {
     assert!(still_open, "a peer that answers PINGs keeps its connection");
 }
 
-#[test]
-fn one_ip_cannot_hold_more_connections_than_its_cap() {
-    let secrets = Secrets::new();
+fn one_ip_cannot_hold_more_connections_than_its_cap(driver: &str) {
+    let secrets = Secrets::on(driver);
     let node = start_limited_node(
         &secrets,
-        "auto",
+        driver,
         "max_connections_per_ip: 3, header_timeout: 30s, idle_timeout: 30s",
     );
     let external = node.address("external");
@@ -255,11 +263,10 @@ fn one_ip_cannot_hold_more_connections_than_its_cap() {
     );
 }
 
-#[test]
-fn connections_retired_by_age_cost_no_call() {
-    let secrets = Secrets::new();
+fn connections_retired_by_age_cost_no_call(driver: &str) {
+    let secrets = Secrets::on(driver);
     let backend = GrpcBackend::start().expect("grpc backend");
-    let node = start_limited_node(&secrets, "auto", "max_connection_age: 1s");
+    let node = start_limited_node(&secrets, driver, "max_connection_age: 1s");
     let _agent = start_agent(&secrets, 7, &node, backend.address, 8, None);
     wait_for_idle_tunnels(&node, 2.0);
     let mut args = client_args(&node, &secrets, 7);
