@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use http::HeaderMap;
 use libfuzzer_sys::fuzz_target;
-use sluice_proto::agents::v1::ListConnectedAgentsResponse;
+use sluice_proto::agents::v1::{ListConnectedAgentsRequest, ListConnectedAgentsResponse};
 use sluice_proto::tunnel::v1::{
     connect_request, connect_response, ConnectRequest, ConnectResponse,
 };
@@ -57,6 +57,8 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = round_trip::<ListConnectedAgentsResponse>(rest);
+    // What a node decodes from any authenticated client.
+    let _ = round_trip::<ListConnectedAgentsRequest>(rest);
 
     // The same bytes as a tunnel stream, split into chunks of up to 16 bytes.
     let request_side = mode & 0x80 != 0;

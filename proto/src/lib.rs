@@ -64,6 +64,7 @@ mod tests {
             let _ = ConnectRequest::decode(bytes.as_slice());
             let _ = ConnectResponse::decode(bytes.as_slice());
             let _ = super::agents::v1::ListConnectedAgentsResponse::decode(bytes.as_slice());
+            let _ = super::agents::v1::ListConnectedAgentsRequest::decode(bytes.as_slice());
         }
     }
 }

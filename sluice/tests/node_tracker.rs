@@ -63,6 +63,7 @@ fn a_thousand_agents_with_five_tunnels_each_cost_one_write_per_agent(driver: Dri
             refresh: Duration::from_secs(240),
             gc_interval: Duration::from_secs(600),
             unregister_delay: Duration::from_millis(500),
+            max_connections_per_agent: 64,
         },
         TrackerMetrics::unregistered(),
     )

@@ -11,6 +11,7 @@
 
 mod arrivals;
 mod metrics;
+mod records;
 mod store;
 
 use std::collections::HashMap;
@@ -21,7 +22,8 @@ use futures_channel::oneshot;
 use tokio::sync::mpsc;
 
 pub use metrics::TrackerMetrics;
-pub use sluice_locator::{AgentId, Arrivals, ConnectionRecord, NodeEntry};
+use records::Records;
+pub use sluice_locator::{AgentId, Arrivals, ConnectionKey, ConnectionRecord, NodeEntry};
 use sluice_locator::{AgentLocator, Answer, EventListener, LocatorError};
 use store::Store;
 pub use store::{parse_entry, RedisTarget};
@@ -64,6 +66,8 @@ pub struct TrackerOptions {
     pub refresh: Duration,
     pub gc_interval: Duration,
     pub unregister_delay: Duration,
+    /// Most connection records of one agent this node writes (`tunnel.max_connections_per_agent`).
+    pub max_connections_per_agent: usize,
 }
 
 type LookupResult = Result<Vec<NodeEntry>, TrackerError>;
@@ -78,7 +82,11 @@ enum Command {
     ),
     ConnectionUp(ConnectionRecord),
     ConnectionDown(AgentId, i64),
-    ListConnections(oneshot::Sender<Result<Vec<ConnectionRecord>, LocatorError>>),
+    ListConnections(
+        Option<ConnectionKey>,
+        usize,
+        oneshot::Sender<Result<Vec<ConnectionRecord>, LocatorError>>,
+    ),
     Withdraw(std::sync::mpsc::Sender<()>),
     Shutdown(std::sync::mpsc::Sender<()>),
 }
@@ -115,9 +123,13 @@ impl TrackerHandle {
             .send(Command::ConnectionDown(agent, connection_id));
     }
 
-    /// Every unexpired agent connection in the cluster.
-    pub async fn list_connections(&self) -> Result<Vec<ConnectionRecord>, LocatorError> {
-        AgentLocator::list_connections(self).await
+    /// Up to `limit` unexpired agent connections in the cluster, after `after`.
+    pub async fn list_connections(
+        &self,
+        after: Option<ConnectionKey>,
+        limit: usize,
+    ) -> Result<Vec<ConnectionRecord>, LocatorError> {
+        AgentLocator::list_connections(self, after, limit).await
     }
 
     /// The nodes holding tunnels of `agent`, unexpired.
@@ -167,9 +179,15 @@ impl AgentLocator for TrackerHandle {
         answer
     }
 
-    fn list_connections(&self) -> Answer<Vec<ConnectionRecord>> {
+    fn list_connections(
+        &self,
+        after: Option<ConnectionKey>,
+        limit: usize,
+    ) -> Answer<Vec<ConnectionRecord>> {
         let (reply, answer) = Answer::channel();
-        let _ = self.commands.send(Command::ListConnections(reply));
+        let _ = self
+            .commands
+            .send(Command::ListConnections(after, limit, reply));
         answer
     }
 
@@ -221,9 +239,9 @@ pub fn spawn(
 async fn remove_all(
     store: &Store,
     held: &mut HashMap<AgentId, Held>,
-    connections: &mut HashMap<(AgentId, i64), ConnectionRecord>,
+    connections: &mut Records,
 ) -> usize {
-    let keys: Vec<(AgentId, i64)> = connections.drain().map(|(key, _)| key).collect();
+    let keys = connections.drain();
     if let Err(error) = store.remove_connections(&keys).await {
         tracing::warn!(%error, "cannot remove this node's connection records from redis; they expire by TTL");
     }
@@ -260,7 +278,7 @@ async fn run(
         resubscribed_tx,
     ));
     let mut held: HashMap<AgentId, Held> = HashMap::new();
-    let mut connections: HashMap<(AgentId, i64), ConnectionRecord> = HashMap::new();
+    let mut connections = Records::new(options.max_connections_per_agent);
     // Agents whose registration did not reach Redis; retried on every tick.
     let mut unwritten: Vec<AgentId> = Vec::new();
     // Set by a drain: entries removed, nothing written any more, lookups still answered.
@@ -301,22 +319,27 @@ async fn run(
                     }
                 }
                 Some(Command::ConnectionUp(record)) => {
-                    if let Err(error) = store.write_connections(std::slice::from_ref(&record)).await {
+                    // Over the agent's bound nothing is written (the node refuses such
+                    // connections first; this holds whatever it sends).
+                    if !connections.insert(record.clone()) {
+                        metrics.records_refused.inc(0);
+                        tracing::warn!(agent = record.agent, "agent over its connection records in the tracker; not written to redis");
+                    } else if let Err(error) = store.write_connections(std::slice::from_ref(&record)).await {
                         tracing::warn!(%error, "cannot record an agent connection in redis; the next refresh retries");
                     }
-                    connections.insert((record.agent, record.connection_id), record);
                 }
                 Some(Command::ConnectionDown(agent, connection_id)) => {
-                    if connections.remove(&(agent, connection_id)).is_some() {
+                    if connections.remove(agent, connection_id) {
                         if let Err(error) = store.remove_connections(&[(agent, connection_id)]).await {
                             tracing::warn!(%error, "cannot remove an agent connection from redis; it expires by TTL");
                         }
                     }
                 }
-                Some(Command::ListConnections(reply)) => {
+                Some(Command::ListConnections(after, limit, reply)) => {
                     let store = store.clone();
                     tokio::spawn(async move {
-                        let _ = reply.send(store.list_connections().await.map_err(LocatorError::from));
+                        let listed = store.list_connections(after.as_ref(), limit).await;
+                        let _ = reply.send(listed.map_err(LocatorError::from));
                     });
                 }
                 Some(Command::Withdraw(reply)) => {
@@ -341,7 +364,7 @@ async fn run(
             }
             Some(()) = resubscribed.recv() => {
                 // Redis was away, maybe restarted empty: write everything we hold again.
-                let records: Vec<ConnectionRecord> = connections.values().cloned().collect();
+                let records = connections.all();
                 let _ = store.write_connections(&records).await;
                 let agents: Vec<AgentId> = held.keys().copied().collect();
                 tracing::info!(agents = agents.len(), "redis is back; re-registering held agents");
@@ -378,7 +401,7 @@ async fn run(
                 }
             }
             _ = refresh.tick() => {
-                let records: Vec<ConnectionRecord> = connections.values().cloned().collect();
+                let records = connections.all();
                 if let Err(error) = store.write_connections(&records).await {
                     tracing::warn!(%error, "cannot refresh connection records in redis");
                 }

@@ -10,6 +10,8 @@ pub struct TrackerMetrics {
     pub round_trip: PerCoreHistogram,
     /// 1 once this node took its entries out of Redis for a drain (peers stop routing here).
     pub withdrawn: PerCoreGauge,
+    /// Connection records not written because their agent had its bound in the tracker.
+    pub records_refused: PerCoreCounter,
 }
 
 impl TrackerMetrics {
@@ -20,6 +22,7 @@ impl TrackerMetrics {
             errors: PerCoreCounter::new(1),
             round_trip: PerCoreHistogram::new(1, PerCoreHistogram::latency_bounds()),
             withdrawn: PerCoreGauge::new(1),
+            records_refused: PerCoreCounter::new(1),
         };
         registry.register(
             "sluice_tracker_redis_writes",
@@ -45,6 +48,11 @@ impl TrackerMetrics {
             "sluice_tracker_withdrawn",
             "1 once this node removed its agents from Redis because it drains",
             metrics.withdrawn.clone(),
+        );
+        registry.register(
+            "sluice_tracker_records_refused",
+            "Agent connection records not written to Redis because the agent already had tunnel.max_connections_per_agent of them from this node",
+            metrics.records_refused.clone(),
         );
         metrics
     }

@@ -92,6 +92,32 @@ pub fn parse_entry(node: String, value: &str) -> Option<NodeEntry> {
     })
 }
 
+/// One unexpired connection record: field `<node>/<connection id>`, value
+/// `<expires ms>|<since ms>|<version>`; anything else is skipped.
+fn parse_record(
+    agent: AgentId,
+    field: &str,
+    value: &str,
+    now: u64,
+) -> Option<crate::ConnectionRecord> {
+    let (node, connection) = field.rsplit_once('/')?;
+    let mut parts = value.splitn(3, '|');
+    let expires = parts.next()?.parse::<u64>().ok()?;
+    let since_unix_ms = parts.next()?.parse::<i64>().ok()?;
+    let version = parts.next()?;
+    let connection_id = connection.parse::<i64>().ok()?;
+    if expires <= now {
+        return None;
+    }
+    Some(crate::ConnectionRecord {
+        agent,
+        connection_id,
+        version: version.to_string(),
+        node: node.to_string(),
+        since_unix_ms,
+    })
+}
+
 impl Store {
     pub(crate) fn new(
         target: RedisTarget,
@@ -301,58 +327,45 @@ impl Store {
         Ok(())
     }
 
-    /// Every unexpired connection record in the cluster; agents left with none are dropped
-    /// from the index.
+    /// Up to `limit` unexpired connection records in the cluster, in the order of
+    /// (agent, node, connection id), after `after`. Agents are read one hash at a time and the
+    /// reading stops once the page is full, so a listing holds one page and one agent's hash
+    /// (bounded by nodes x `tunnel.max_connections_per_agent`), never every record. Agents
+    /// left with no record are dropped from the index.
     pub(crate) async fn list_connections(
         &self,
+        after: Option<&crate::ConnectionKey>,
+        limit: usize,
     ) -> Result<Vec<crate::ConnectionRecord>, TrackerError> {
         let index = agents_index_key(&self.options.key_prefix);
         let mut members = redis::pipe();
         members.smembers(&index);
-        let (agents,): (Vec<AgentId>,) = self.run(&members, false).await?;
+        let (mut agents,): (Vec<AgentId>,) = self.run(&members, false).await?;
+        agents.sort_unstable();
+        let first = after.map_or(AgentId::MIN, |after| after.agent);
         let now = now_unix_ms();
         let mut records = Vec::new();
-        for agent in agents {
+        for agent in agents.into_iter().filter(|agent| *agent >= first) {
+            if records.len() >= limit {
+                break;
+            }
             let mut read = redis::pipe();
             read.hgetall(connections_key(&self.options.key_prefix, agent));
             let (fields,): (Vec<(String, String)>,) = self.run(&read, false).await?;
-            let before = records.len();
-            for (field, value) in fields {
-                let Some((node, connection)) = field.rsplit_once('/') else {
-                    continue;
-                };
-                let mut parts = value.splitn(3, '|');
-                let (Some(expires), Some(since), Some(version)) =
-                    (parts.next(), parts.next(), parts.next())
-                else {
-                    continue;
-                };
-                let (Ok(expires), Ok(since), Ok(connection_id)) = (
-                    expires.parse::<u64>(),
-                    since.parse::<i64>(),
-                    connection.parse::<i64>(),
-                ) else {
-                    continue;
-                };
-                if expires > now {
-                    records.push(crate::ConnectionRecord {
-                        agent,
-                        connection_id,
-                        version: version.to_string(),
-                        node: node.to_string(),
-                        since_unix_ms: since,
-                    });
-                }
-            }
-            if records.len() == before {
+            let mut of_agent: Vec<crate::ConnectionRecord> = fields
+                .iter()
+                .filter_map(|(field, value)| parse_record(agent, field, value, now))
+                .collect();
+            if of_agent.is_empty() {
                 let mut remove = redis::pipe();
                 remove.srem(&index, agent).ignore();
                 self.run::<()>(&remove, true).await?;
+                continue;
             }
+            of_agent.retain(|record| record.is_after(after));
+            of_agent.sort_by_key(crate::ConnectionRecord::key);
+            records.extend(of_agent.into_iter().take(limit - records.len()));
         }
-        records.sort_by(|a, b| {
-            (a.agent, &a.node, a.connection_id).cmp(&(b.agent, &b.node, b.connection_id))
-        });
         Ok(records)
     }
 
@@ -430,5 +443,26 @@ mod tests {
         );
         assert_eq!(parse_entry("a".into(), "garbage"), None);
         assert_eq!(parse_entry("a".into(), "x|y"), None);
+    }
+
+    #[test]
+    fn records_parse_unexpired_or_are_skipped() {
+        let record = parse_record(7, "node-a/42", "200|100|v1|x", 150).unwrap();
+        assert_eq!(
+            (
+                record.node.as_str(),
+                record.connection_id,
+                record.version.as_str()
+            ),
+            ("node-a", 42, "v1|x")
+        );
+        assert_eq!(record.since_unix_ms, 100);
+        assert!(
+            parse_record(7, "node-a/42", "200|100|v1", 250).is_none(),
+            "expired"
+        );
+        assert!(parse_record(7, "node-a", "200|100|v1", 150).is_none());
+        assert!(parse_record(7, "node-a/x", "200|100|v1", 150).is_none());
+        assert!(parse_record(7, "node-a/1", "200|v1", 150).is_none());
     }
 }

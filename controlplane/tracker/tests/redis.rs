@@ -15,6 +15,7 @@ fn options(node: &str, prefix: &str) -> TrackerOptions {
         refresh: Duration::from_secs(240),
         gc_interval: Duration::from_secs(600),
         unregister_delay: Duration::from_millis(300),
+        max_connections_per_agent: 64,
     }
 }
 

@@ -33,6 +33,9 @@ pub enum ErrorKind {
     ClientProtocol,
     /// The client's call is malformed (missing or bad metadata).
     BadRequest,
+    /// The caller is over its share of a node resource (an agent's connections or tunnels):
+    /// RESOURCE_EXHAUSTED, never retried, since the same caller would be over it again.
+    OverShare,
     /// The client's (or agent's, or node's) credentials were refused.
     Unauthenticated,
     /// The endpoint does not serve the method.
@@ -68,8 +71,8 @@ impl ErrorKind {
     pub fn side(self) -> Side {
         use ErrorKind::*;
         match self {
-            ClientGone | ClientProtocol | BadRequest | Unauthenticated | Unimplemented
-            | DeadlineExceeded => Side::Client,
+            ClientGone | ClientProtocol | BadRequest | OverShare | Unauthenticated
+            | Unimplemented | DeadlineExceeded => Side::Client,
             StaleTunnel | AgentGone | AgentProtocol => Side::Agent,
             PeerUnavailable | PeerGone => Side::PeerNode,
             BackendUnavailable => Side::Backend,
@@ -83,6 +86,7 @@ impl ErrorKind {
         match self {
             ClientGone | NodeGone => Code::Cancelled,
             ClientProtocol | BadRequest => Code::InvalidArgument,
+            OverShare => Code::ResourceExhausted,
             Unauthenticated => Code::Unauthenticated,
             Unimplemented => Code::Unimplemented,
             NoTunnel | DeadlineExceeded => Code::DeadlineExceeded,
@@ -177,6 +181,9 @@ mod tests {
             Code::ResourceExhausted
         );
         assert_eq!(ErrorKind::NodeGone.side(), Side::Node);
+        let over = TunnelError::new(ErrorKind::OverShare, "too many tunnels");
+        assert_eq!(over.code(), Code::ResourceExhausted);
+        assert!(!over.retry_before_reply());
         assert!(ErrorKind::AgentProtocol.is_protocol_violation());
         assert_eq!(gone.to_string(), "reset");
     }

@@ -39,6 +39,35 @@ struct AuthLabels {
     reason: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+/// Why an agent's new connection or tunnel was refused: the label of
+/// `sluice_tunnel_agent_refused_total{reason}` (a fixed set, never the agent's own text or id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentRefusal {
+    /// Over `tunnel.max_connections_per_agent`.
+    Connections,
+    /// Over `tunnel.max_tunnels_per_agent`.
+    Tunnels,
+    /// A malformed or oversized connection id, version or Descriptor.
+    Descriptor,
+}
+
+impl AgentRefusal {
+    pub const ALL: [AgentRefusal; 3] = [Self::Connections, Self::Tunnels, Self::Descriptor];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Connections => "connections",
+            Self::Tunnels => "tunnels",
+            Self::Descriptor => "descriptor",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct PerCore(usize);
 
@@ -71,6 +100,7 @@ pub struct TunnelMetrics {
     peers_refused: Counter,
     peer_connect_failures: Counter,
     buffer_refused: Counter,
+    agent_refused: Family<ReasonLabels, Counter>,
     pub tunnels_connected: PerCoreGauge,
     pub request_duration: PerCoreHistogram,
     pub wait_duration: PerCoreHistogram,
@@ -110,6 +140,7 @@ impl TunnelMetrics {
             peers_refused: Counter::default(),
             peer_connect_failures: Counter::default(),
             buffer_refused: Counter::default(),
+            agent_refused: Family::default(),
             tunnels_connected: PerCoreGauge::new(workers),
             request_duration: PerCoreHistogram::new(workers, PerCoreHistogram::latency_bounds()),
             wait_duration: PerCoreHistogram::new(workers, PerCoreHistogram::latency_bounds()),
@@ -188,6 +219,17 @@ impl TunnelMetrics {
             "Calls refused because the node's buffer for partly received agent messages (tunnel.max_buffered_bytes) was full",
             self.buffer_refused.clone(),
         );
+        for refusal in AgentRefusal::ALL {
+            // Every reason shows from the start, at 0.
+            drop(self.agent_refused.get_or_create(&ReasonLabels {
+                reason: refusal.label(),
+            }));
+        }
+        registry.register(
+            "sluice_tunnel_agent_refused",
+            "Agent connections and tunnels refused for the per-agent limits (tunnel.max_connections_per_agent, max_tunnels_per_agent, max_agent_*), by reason",
+            self.agent_refused.clone(),
+        );
         registry.register(
             "sluice_tunnel_protocol_errors",
             "Malformed frames or messages from agents or clients",
@@ -257,6 +299,24 @@ impl TunnelMetrics {
     /// Calls refused for the buffer budget so far (tests and diagnostics).
     pub fn buffer_refusals(&self) -> u64 {
         self.buffer_refused.get()
+    }
+
+    /// Counts an agent connection or tunnel refused for a per-agent limit.
+    pub fn agent_refused(&self, refusal: AgentRefusal) {
+        self.agent_refused
+            .get_or_create(&ReasonLabels {
+                reason: refusal.label(),
+            })
+            .inc();
+    }
+
+    /// Agent refusals of one reason counted so far (tests and diagnostics).
+    pub fn agent_refusals(&self, refusal: AgentRefusal) -> u64 {
+        self.agent_refused
+            .get_or_create(&ReasonLabels {
+                reason: refusal.label(),
+            })
+            .get()
     }
 
     /// Counts an advertised peer address outside `tunnel.peer_allowlist`.

@@ -241,6 +241,37 @@ pub struct TunnelConfig {
     pub peer_allowlist: Vec<IpNetwork>,
     /// How long this node gives another node to connect and to acknowledge what it sent.
     pub peer_timeouts: PeerTimeouts,
+    /// What one agent may hold on this node, and how large its Descriptor may be.
+    pub agent_limits: AgentLimits,
+}
+
+/// Per-agent bounds on a node (`tunnel.max_*_per_agent`, `tunnel.max_agent_*`): an agent with a
+/// valid token chooses its connection ids, versions and service lists, so each is capped before
+/// it costs memory on the node or a record in Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentLimits {
+    /// Distinct connection ids (agent processes) one agent may have on this node at once.
+    pub connections: usize,
+    /// Tunnels one agent may hold on this node at once, idle or carrying a call.
+    pub tunnels: usize,
+    /// Service names one Descriptor may list.
+    pub services: usize,
+    /// Bytes of the agent version (header or Descriptor).
+    pub version_bytes: usize,
+    /// Most connections one ListConnectedAgents answer carries; more come page by page.
+    pub list_page_size: usize,
+}
+
+impl Default for AgentLimits {
+    fn default() -> Self {
+        Self {
+            connections: 64,
+            tunnels: 2048,
+            services: 64,
+            version_bytes: 128,
+            list_page_size: 500,
+        }
+    }
 }
 
 /// Bounds on reaching another node's private endpoint, so a black-holed peer fails a call with

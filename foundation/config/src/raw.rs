@@ -136,6 +136,11 @@ pub(crate) struct RawTunnel {
     pub(crate) peer_allowlist: Vec<Value>,
     pub(crate) peer_connect_timeout: Leaf,
     pub(crate) peer_unacked_timeout: Leaf,
+    pub(crate) max_connections_per_agent: Leaf,
+    pub(crate) max_tunnels_per_agent: Leaf,
+    pub(crate) max_agent_services: Leaf,
+    pub(crate) max_agent_version_bytes: Leaf,
+    pub(crate) list_page_size: Leaf,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -42,6 +42,34 @@ pub struct ConnectionRecord {
     pub since_unix_ms: i64,
 }
 
+/// Where a page of ListConnectedAgents ends: connections are listed in the order of
+/// (agent, node, connection id), and the next page starts after this key.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ConnectionKey {
+    pub agent: AgentId,
+    pub node: String,
+    pub connection_id: i64,
+}
+
+impl ConnectionRecord {
+    /// The record's place in the listing order.
+    pub fn key(&self) -> ConnectionKey {
+        ConnectionKey {
+            agent: self.agent,
+            node: self.node.clone(),
+            connection_id: self.connection_id,
+        }
+    }
+
+    /// Whether the record lies after `after` in the listing order (`None`: the first page).
+    pub fn is_after(&self, after: Option<&ConnectionKey>) -> bool {
+        after.is_none_or(|after| {
+            (self.agent, self.node.as_str(), self.connection_id)
+                > (after.agent, after.node.as_str(), after.connection_id)
+        })
+    }
+}
+
 /// Why a locator could not answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LocatorError {
@@ -95,8 +123,13 @@ pub trait AgentLocator: Debug + Send + Sync {
     fn connection_down(&self, agent: AgentId, connection_id: i64);
     /// The nodes holding tunnels of `agent` (this node included if it registered the agent).
     fn lookup(&self, agent: AgentId) -> Answer<Vec<NodeEntry>>;
-    /// Every agent connection in the cluster.
-    fn list_connections(&self) -> Answer<Vec<ConnectionRecord>>;
+    /// Up to `limit` agent connections in the cluster, in the order of [`ConnectionKey`], after
+    /// `after` (`None`: from the first). Bounded, so one listing never holds every record.
+    fn list_connections(
+        &self,
+        after: Option<ConnectionKey>,
+        limit: usize,
+    ) -> Answer<Vec<ConnectionRecord>>;
     /// Fires at the next arrival of `agent` anywhere. Create it before looking for a tunnel, so
     /// an arrival between the look and the wait is not missed.
     fn listen(&self, agent: AgentId) -> EventListener;

@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::{
-    AgentId, AgentLocator, Answer, Arrivals, ConnectionRecord, EventListener, LocatorError,
-    NodeEntry,
+    AgentId, AgentLocator, Answer, Arrivals, ConnectionKey, ConnectionRecord, EventListener,
+    LocatorError, NodeEntry,
 };
 
 /// What every [`MemoryLocator`] of one test cluster sees.
@@ -105,11 +105,25 @@ impl AgentLocator for MemoryLocator {
         })
     }
 
-    fn list_connections(&self) -> Answer<Vec<ConnectionRecord>> {
+    fn list_connections(
+        &self,
+        after: Option<ConnectionKey>,
+        limit: usize,
+    ) -> Answer<Vec<ConnectionRecord>> {
         let state = self.cluster.lock();
         Answer::ready(match &state.failing {
             Some(why) => Err(LocatorError::Store(why.clone())),
-            None => Ok(state.connections.clone()),
+            None => {
+                let mut records: Vec<ConnectionRecord> = state
+                    .connections
+                    .iter()
+                    .filter(|record| record.is_after(after.as_ref()))
+                    .cloned()
+                    .collect();
+                records.sort_by_key(ConnectionRecord::key);
+                records.truncate(limit);
+                Ok(records)
+            }
         })
     }
 

@@ -98,6 +98,7 @@ fn spawn_tracker(
         refresh: redis.refresh,
         gc_interval: redis.gc_interval,
         unregister_delay: redis.unregister_delay,
+        max_connections_per_agent: tunnel.agent_limits.connections,
     };
     Ok(sluice_tracker::spawn(
         target,

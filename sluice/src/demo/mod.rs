@@ -138,6 +138,7 @@ impl UpDemo {
             peer_tls: None,
             peer_allowlist: Vec::new(),
             peer_timeouts: Default::default(),
+            agent_limits: Default::default(),
         });
         config.agent = Some(demo_agent(agent_token));
 

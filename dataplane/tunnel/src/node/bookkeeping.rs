@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::MutexGuard;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sluice_locator::ConnectionRecord;
-use sluice_proto::agents::v1::{ConnectedAgent, ListConnectedAgentsResponse};
+use sluice_locator::{ConnectionKey, ConnectionRecord};
+use sluice_proto::agents::v1::ConnectedAgent;
 
 use super::NodeShared;
 use crate::error::{ErrorKind, TunnelError};
@@ -27,20 +27,44 @@ pub(super) type Connections = HashMap<AgentId, HashMap<i64, ConnectionInfo>>;
 const LIST_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl NodeShared {
-    /// Records an agent connection; the agent's first one on this node is announced to the
-    /// locator (one Redis write per agent, not per tunnel).
-    pub(super) fn remember_connection(&self, agent: AgentId, connection_id: i64, version: &str) {
+    /// Records an agent connection unless the agent already has
+    /// `tunnel.max_connections_per_agent` others on this node (then `OverShare`, and nothing
+    /// reaches the locator). The agent's first one is announced to the locator (one Redis write
+    /// per agent, not per tunnel).
+    pub(super) fn admit_connection(
+        &self,
+        agent: AgentId,
+        connection_id: i64,
+        version: &str,
+    ) -> Result<(), TunnelError> {
         let since_unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |elapsed| elapsed.as_millis() as i64);
+        let limit = self.agent_limits.connections;
         let first = {
             let mut connections = self.lock_connections();
             let of_agent = connections.entry(agent).or_default();
             let first = of_agent.is_empty();
-            of_agent.entry(connection_id).or_insert(ConnectionInfo {
-                version: version.to_string(),
-                since_unix_ms,
-            });
+            if of_agent.contains_key(&connection_id) {
+                // Known here already (the agent's new HTTP/2 connection): recorded once.
+                return Ok(());
+            }
+            if of_agent.len() >= limit {
+                return Err(TunnelError::new(
+                    ErrorKind::OverShare,
+                    format!(
+                        "the agent has {} connections on this node, the limit (tunnel.max_connections_per_agent is {limit}); reuse a connection id",
+                        of_agent.len()
+                    ),
+                ));
+            }
+            of_agent.insert(
+                connection_id,
+                ConnectionInfo {
+                    version: version.to_string(),
+                    since_unix_ms,
+                },
+            );
             first
         };
         if let Some(locator) = &self.locator {
@@ -55,6 +79,7 @@ impl NodeShared {
                 since_unix_ms,
             });
         }
+        Ok(())
     }
 
     /// Forgets an agent connection; when the agent's last one leaves, the locator is told (it
@@ -100,59 +125,63 @@ impl NodeShared {
         agents
     }
 
-    /// What ListConnectedAgents answers for this node.
-    pub fn list_connected_agents(&self) -> ListConnectedAgentsResponse {
-        let idle = self.registry.idle_by_connection();
-        let mut agents: Vec<ConnectedAgent> = self
-            .lock_connections()
+    /// Up to `limit` of this node's connections after `after`, in listing order. Only the
+    /// connections past `after` are copied, under the lock.
+    fn local_records(&self, after: Option<&ConnectionKey>, limit: usize) -> Vec<ConnectionRecord> {
+        let node = self.node_name.as_str();
+        let connections = self.lock_connections();
+        let mut keys: Vec<(AgentId, i64)> = connections
             .iter()
-            .flat_map(|(agent, of_agent)| {
-                of_agent
-                    .iter()
-                    .map(move |(connection, info)| (agent, connection, info))
-            })
-            .map(|(agent, connection, info)| ConnectedAgent {
-                agent_id: *agent,
-                connection_id: *connection,
-                agent_version: info.version.clone(),
-                node: self.node_name.clone(),
-                connected_since_unix_ms: info.since_unix_ms,
-                idle_tunnels: idle.get(&(*agent, *connection)).copied().unwrap_or(0),
+            .flat_map(|(agent, of_agent)| of_agent.keys().map(move |id| (*agent, *id)))
+            .filter(|(agent, id)| {
+                after.is_none_or(|after| {
+                    (*agent, node, *id) > (after.agent, &*after.node, after.connection_id)
+                })
             })
             .collect();
-        agents.sort_by_key(|agent| (agent.agent_id, agent.connection_id));
-        ListConnectedAgentsResponse { agents }
+        keys.sort_unstable();
+        keys.truncate(limit);
+        keys.into_iter()
+            .filter_map(|(agent, connection_id)| {
+                let info = connections.get(&agent)?.get(&connection_id)?;
+                Some(ConnectionRecord {
+                    agent,
+                    connection_id,
+                    version: info.version.clone(),
+                    node: self.node_name.clone(),
+                    since_unix_ms: info.since_unix_ms,
+                })
+            })
+            .collect()
     }
 
-    /// This node's connections, or with a locator every node's (the locator marks the node
-    /// holding each connection; idle tunnel counts are known for this node only).
-    pub(super) async fn list_cluster_agents(
+    /// Up to `limit` connections after `after`: this node's, or with a locator every node's.
+    pub(super) async fn list_records(
         &self,
-    ) -> Result<ListConnectedAgentsResponse, TunnelError> {
+        after: Option<ConnectionKey>,
+        limit: usize,
+    ) -> Result<Vec<ConnectionRecord>, TunnelError> {
         let Some(locator) = &self.locator else {
-            return Ok(self.list_connected_agents());
+            return Ok(self.local_records(after.as_ref(), limit));
         };
-        let records = match monoio::time::timeout(LIST_TIMEOUT, locator.list_connections()).await {
-            Ok(Ok(records)) => records,
-            Ok(Err(error)) => {
-                return Err(TunnelError::new(
-                    ErrorKind::LocatorUnavailable,
-                    format!("cannot list the cluster's agents: {error}"),
-                ))
-            }
-            Err(_) => {
-                return Err(TunnelError::new(
-                    ErrorKind::LocatorUnavailable,
-                    "cannot list the cluster's agents: redis did not answer in 5s",
-                ))
-            }
-        };
-        Ok(self.with_idle_counts(records))
+        let listing = locator.list_connections(after, limit);
+        match monoio::time::timeout(LIST_TIMEOUT, listing).await {
+            Ok(Ok(records)) => Ok(records),
+            Ok(Err(error)) => Err(TunnelError::new(
+                ErrorKind::LocatorUnavailable,
+                format!("cannot list the cluster's agents: {error}"),
+            )),
+            Err(_) => Err(TunnelError::new(
+                ErrorKind::LocatorUnavailable,
+                "cannot list the cluster's agents: redis did not answer in 5s",
+            )),
+        }
     }
 
-    fn with_idle_counts(&self, records: Vec<ConnectionRecord>) -> ListConnectedAgentsResponse {
+    /// The answer's entries for `records`; idle tunnel counts are known for this node only.
+    pub(super) fn with_idle_counts(&self, records: Vec<ConnectionRecord>) -> Vec<ConnectedAgent> {
         let idle = self.registry.idle_by_connection();
-        let agents = records
+        records
             .into_iter()
             .map(|record| ConnectedAgent {
                 idle_tunnels: if record.node == self.node_name {
@@ -168,8 +197,7 @@ impl NodeShared {
                 node: record.node,
                 connected_since_unix_ms: record.since_unix_ms,
             })
-            .collect();
-        ListConnectedAgentsResponse { agents }
+            .collect()
     }
 }
 
@@ -181,25 +209,53 @@ mod tests {
     use sluice_locator::memory::MemoryCluster;
     use sluice_locator::AgentLocator;
 
-    use super::super::test_node::node;
+    use super::super::test_node::{node, node_limited};
 
     #[test]
     fn the_first_and_last_connection_of_an_agent_reach_the_locator() {
         let cluster = MemoryCluster::new();
         let locator = cluster.locator("n", "10.0.0.1:1");
         let node = node(Some(locator.clone() as Arc<dyn AgentLocator>));
-        node.remember_connection(4, 1, "v1");
-        node.remember_connection(4, 2, "v1");
+        node.admit_connection(4, 1, "v1").unwrap();
+        node.admit_connection(4, 2, "v1").unwrap();
         assert_eq!(node.connected_agents(), 1);
         let listed =
-            super::super::test_node::run(async { node.list_cluster_agents().await.unwrap() });
-        assert_eq!(listed.agents.len(), 2);
+            super::super::test_node::run(async { node.list_records(None, 10).await.unwrap() });
+        assert_eq!(listed.len(), 2);
         node.forget_connection((4, 1));
         let remaining = futures_executor_lite(locator.lookup(4));
         assert_eq!(remaining.unwrap().len(), 1, "one connection is left");
         node.forget_connection((4, 2));
         assert!(futures_executor_lite(locator.lookup(4)).unwrap().is_empty());
         assert_eq!(node.connected_agents(), 0);
+    }
+
+    /// Over `tunnel.max_connections_per_agent` a new connection id is refused RESOURCE_EXHAUSTED
+    /// and never reaches the locator; a known id and another agent's still pass.
+    #[test]
+    fn an_agent_over_its_connections_is_refused_before_the_locator() {
+        let cluster = MemoryCluster::new();
+        let locator = cluster.locator("n", "10.0.0.1:1");
+        let limits = sluice_config::AgentLimits {
+            connections: 3,
+            ..Default::default()
+        };
+        let node = node_limited(Some(locator.clone() as Arc<dyn AgentLocator>), None, limits);
+        for connection in 0..3 {
+            node.admit_connection(4, connection, "v1").unwrap();
+        }
+        for connection in 3..100 {
+            let refused = node.admit_connection(4, connection, "v").unwrap_err();
+            assert_eq!(refused.code(), sluice_grpc::Code::ResourceExhausted);
+            assert!(refused.message().contains("max_connections_per_agent"));
+        }
+        node.admit_connection(4, 1, "v1").unwrap();
+        node.admit_connection(5, 1000, "v1").unwrap();
+        let listed =
+            super::super::test_node::run(async { node.list_records(None, 1000).await.unwrap() });
+        assert_eq!(listed.iter().filter(|record| record.agent == 4).count(), 3);
+        node.forget_connection((4, 0));
+        node.admit_connection(4, 3, "v1").unwrap();
     }
 
     fn futures_executor_lite<F: std::future::Future>(future: F) -> F::Output {

@@ -13,7 +13,9 @@ mod bookkeeping;
 mod call;
 mod collector;
 pub mod endpoints;
+mod listing;
 mod pumps;
+mod quota;
 mod relay;
 mod remote;
 pub mod route;
@@ -77,6 +79,10 @@ pub struct NodeShared {
     locator: Option<Arc<dyn AgentLocator>>,
     /// Checks tokens on the private endpoint; signs tokens for other nodes' private endpoints.
     private_jwt: Option<(JwtValidator, PrivateSigner)>,
+    /// What one agent may hold here and announce (`tunnel.max_*_per_agent`, `max_agent_*`).
+    agent_limits: sluice_config::AgentLimits,
+    /// Tunnels each agent holds, against `agent_limits.tunnels`.
+    tunnel_counts: Arc<quota::TunnelCounts>,
 }
 
 impl NodeShared {
@@ -126,6 +132,23 @@ impl NodeShared {
     pub fn set_max_wait(&self, max_wait: Duration) {
         self.max_wait_nanos
             .store(duration_nanos(max_wait), Ordering::Relaxed);
+    }
+
+    /// Tunnels `agent` holds on this node now, idle or carrying a call.
+    pub fn tunnels_held(&self, agent: AgentId) -> usize {
+        self.tunnel_counts.held(agent)
+    }
+
+    /// Counts and logs an agent refused for a per-agent limit; returns the error it gets.
+    fn agent_refused(
+        &self,
+        agent: AgentId,
+        refusal: crate::metrics::AgentRefusal,
+        error: crate::error::TunnelError,
+    ) -> crate::error::TunnelError {
+        self.metrics.agent_refused(refusal);
+        tracing::info!(agent, reason = refusal.label(), %error, "agent tunnel refused");
+        error
     }
 
     /// Whether a tunnel opened with the token of digest `token` may be parked again.
@@ -193,6 +216,8 @@ impl NodeShared {
                 .private_jwt
                 .as_ref()
                 .map(|private| (JwtValidator::new(private), PrivateSigner::new(private))),
+            agent_limits: config.agent_limits,
+            tunnel_counts: Arc::default(),
         }))
     }
 }
@@ -212,6 +237,16 @@ pub(crate) mod test_node {
     pub(crate) fn node_with(
         locator: Option<Arc<dyn AgentLocator>>,
         private_jwt: Option<JwtConfig>,
+    ) -> Arc<NodeShared> {
+        node_limited(locator, private_jwt, sluice_config::AgentLimits::default())
+    }
+
+    /// A test node holding agents to `agent_limits`.
+    #[allow(clippy::unwrap_used)]
+    pub(crate) fn node_limited(
+        locator: Option<Arc<dyn AgentLocator>>,
+        private_jwt: Option<JwtConfig>,
+        agent_limits: sluice_config::AgentLimits,
     ) -> Arc<NodeShared> {
         let listener = ListenerConfig {
             address: "127.0.0.1:0".parse().unwrap(),
@@ -246,6 +281,7 @@ pub(crate) mod test_node {
             peer_tls: None,
             peer_allowlist: Vec::new(),
             peer_timeouts: Default::default(),
+            agent_limits,
         };
         let metrics = TunnelMetrics::register(&mut Registry::default(), 1);
         NodeShared::new(&config, &listener, &listener, None, metrics, locator).unwrap()

@@ -37,6 +37,8 @@ pub struct TunnelStreams {
     /// then closes, and the agent opens its tunnels on a new connection.
     pub(super) closing: Closing,
     pub(super) _open: OpenTunnel,
+    /// Its place in the agent's `tunnel.max_tunnels_per_agent`.
+    pub(super) _slot: super::quota::TunnelSlot,
 }
 
 /// Counts a tunnel as connected for as long as it exists, on the core that opened it. Holds

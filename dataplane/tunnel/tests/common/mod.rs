@@ -131,6 +131,7 @@ pub fn start_node_buffered(
         peer_tls: None,
         peer_allowlist: Vec::new(),
         peer_timeouts: Default::default(),
+        agent_limits: Default::default(),
     };
     let options = RuntimeOptions {
         workers: 2,

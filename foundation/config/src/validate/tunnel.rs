@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use super::{duration, readable_file, scalar, secret_from_file, text, unsigned, Errors};
 use crate::raw::{RawJwt, RawPeerTls, RawTunnel};
-use crate::{AgentTokenConfig, IpNetwork, JwtConfig, PeerTimeouts, PeerTlsConfig, TunnelConfig};
+use crate::{
+    AgentLimits, AgentTokenConfig, IpNetwork, JwtConfig, PeerTimeouts, PeerTlsConfig, TunnelConfig,
+};
 
 fn node_name_default() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -114,6 +116,49 @@ pub(super) fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
             })
             .collect(),
         peer_timeouts: peer_timeouts(raw, errors),
+        agent_limits: agent_limits(raw, errors),
+    }
+}
+
+/// `tunnel.max_connections_per_agent`, `max_tunnels_per_agent`, `max_agent_services`,
+/// `max_agent_version_bytes` and `list_page_size`, each within its range.
+fn agent_limits(raw: &RawTunnel, errors: &mut Errors) -> AgentLimits {
+    let defaults = AgentLimits::default();
+    let mut field = |leaf, name: &str, default: usize, range: (u64, u64)| {
+        let path = format!("tunnel.{name}");
+        unsigned(leaf, &path, default as u64, range, errors) as usize
+    };
+    AgentLimits {
+        connections: field(
+            &raw.max_connections_per_agent,
+            "max_connections_per_agent",
+            defaults.connections,
+            (1, 100_000),
+        ),
+        tunnels: field(
+            &raw.max_tunnels_per_agent,
+            "max_tunnels_per_agent",
+            defaults.tunnels,
+            (1, 1_000_000),
+        ),
+        services: field(
+            &raw.max_agent_services,
+            "max_agent_services",
+            defaults.services,
+            (0, 10_000),
+        ),
+        version_bytes: field(
+            &raw.max_agent_version_bytes,
+            "max_agent_version_bytes",
+            defaults.version_bytes,
+            (16, 4096),
+        ),
+        list_page_size: field(
+            &raw.list_page_size,
+            "list_page_size",
+            defaults.list_page_size,
+            (1, 10_000),
+        ),
     }
 }
 

@@ -12,18 +12,18 @@ use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::RecvStream;
 use http::Request;
-use sluice_proto::tunnel::v1::connect_request;
+use sluice_proto::tunnel::v1::{connect_request, Descriptor};
 use sluice_runtime::{
     ConnectionContext, ConnectionHandler, HandlerFactory, TcpStream, WorkerContext,
 };
 
 use super::super::answer::{grpc_headers, Responder};
-use super::super::call::header_text;
 use super::super::tunnel::{drop_parked, hold_idle, unpark_stale, OpenTunnel, TunnelStreams};
-use super::super::NodeShared;
+use super::super::{quota, NodeShared};
 use super::{refused, serve_connection, settle};
 use crate::error::{ErrorKind, TunnelError};
-use crate::protocol::{AGENT_VERSION_HEADER, CONNECTION_ID_HEADER, CONNECT_PATH};
+use crate::metrics::AgentRefusal;
+use crate::protocol::CONNECT_PATH;
 use crate::registry::AgentId;
 use crate::wire::{ReadError, TunnelReader};
 
@@ -144,24 +144,31 @@ async fn open_tunnel(
             tracing::info!(peer = %conn.peer, reason = error.reason(), "agent refused");
             refused(&node.metrics, "agent", &error)
         })?;
-    let headers = request.headers();
-    let connection_id = header_text(headers, CONNECTION_ID_HEADER)
-        .and_then(|text| text.parse::<i64>().ok())
-        .unwrap_or(0);
-    let version = header_text(headers, AGENT_VERSION_HEADER)
-        .unwrap_or("")
-        .to_string();
+    // Every check that the agent's own choices pass comes before the tunnel is accepted and
+    // before anything is recorded (here or, through the locator, in Redis).
+    let (connection_id, version) = quota::announcement(request.headers(), &node.agent_limits)
+        .map_err(|error| node.agent_refused(agent, AgentRefusal::Descriptor, error))?;
+    let version = version.to_string();
+    let slot = node
+        .tunnel_counts
+        .acquire(agent, node.agent_limits.tunnels)
+        .map_err(|error| node.agent_refused(agent, AgentRefusal::Tunnels, error))?;
     let mut recv = request.into_body();
     let mut reader = TunnelReader::with_budget(node.max_message_bytes, node.buffer_budget.clone());
-    let reusable = read_descriptor(&mut reader, &mut recv).await?;
+    let descriptor = read_descriptor(&mut reader, &mut recv).await?;
+    quota::check_descriptor(&descriptor, &node.agent_limits)
+        .map_err(|error| node.agent_refused(agent, AgentRefusal::Descriptor, error))?;
+    let key = (agent, connection_id);
+    if !announced.borrow().contains(&key) {
+        node.admit_connection(agent, connection_id, &version)
+            .map_err(|error| node.agent_refused(agent, AgentRefusal::Connections, error))?;
+        announced.borrow_mut().insert(key);
+        tracing::info!(agent, connection_id, %version, peer = %conn.peer, "agent connected");
+    }
     let send = responder
         .respond
         .send_response(grpc_headers(), false)
         .map_err(|_| TunnelError::client_gone())?;
-    if announced.borrow_mut().insert((agent, connection_id)) {
-        node.remember_connection(agent, connection_id, &version);
-        tracing::info!(agent, connection_id, %version, peer = %conn.peer, "agent connected");
-    }
     Ok(TunnelStreams {
         agent,
         token,
@@ -169,21 +176,22 @@ async fn open_tunnel(
         recv,
         send,
         reader,
-        reusable,
+        reusable: descriptor.reusable,
         closing: conn.closing(),
         _open: OpenTunnel::new(&node.metrics.tunnels_connected, conn.worker()),
+        _slot: slot,
     })
 }
 
-/// The agent's Descriptor, which must open every tunnel; returns whether the tunnel is
-/// reusable. An agent that went away is `ClientGone` (the agent is this endpoint's client).
+/// The agent's Descriptor, which must open every tunnel. An agent that went away is
+/// `ClientGone` (the agent is this endpoint's client).
 async fn read_descriptor(
     reader: &mut TunnelReader,
     recv: &mut RecvStream,
-) -> Result<bool, TunnelError> {
+) -> Result<Descriptor, TunnelError> {
     let first = monoio::time::timeout(DESCRIPTOR_TIMEOUT, reader.read_request(recv)).await;
     match first {
-        Ok(Ok(Some(connect_request::Msg::Descriptor(descriptor)))) => Ok(descriptor.reusable),
+        Ok(Ok(Some(connect_request::Msg::Descriptor(descriptor)))) => Ok(descriptor),
         Ok(Ok(Some(_))) => Err(TunnelError::new(
             ErrorKind::ClientProtocol,
             "a tunnel must start with a Descriptor",

@@ -112,7 +112,7 @@ impl ExternalHandler {
         let outcome = match authenticated.and_then(|()| parse_request(method, &parts.headers)) {
             // Boxed: its Redis timeout (a 640-byte, 128-byte aligned timer) stays out of
             // every call's future.
-            Ok(Admitted::ListAgents) => Box::pin(list_agents(node, &mut responder)).await,
+            Ok(Admitted::ListAgents) => Box::pin(list_agents(node, body, &mut responder)).await,
             Ok(Admitted::Call(target)) => {
                 self.route_and_relay(&conn, &parts, body, target, &mut responder)
                     .await

@@ -177,9 +177,16 @@ fn settle(
     }
 }
 
-/// ListConnectedAgents, answered by the node itself.
-async fn list_agents(node: &NodeShared, responder: &mut Responder) -> Result<Code, TunnelError> {
-    let body = node.list_cluster_agents().await?.encode_to_vec();
+/// ListConnectedAgents, answered by the node itself, one bounded page at a time.
+async fn list_agents(
+    node: &NodeShared,
+    mut request: RecvStream,
+    responder: &mut Responder,
+) -> Result<Code, TunnelError> {
+    let asked = super::listing::read_request(&mut request).await?;
+    let body = super::listing::list_page(node, &asked)
+        .await?
+        .encode_to_vec();
     let Ok(mut stream) = responder.respond.send_response(grpc_headers(), false) else {
         return Err(TunnelError::client_gone());
     };

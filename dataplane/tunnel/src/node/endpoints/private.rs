@@ -99,7 +99,9 @@ impl PrivateHandler {
         let outcome = match admitted {
             // Boxed: its Redis timeout (a 640-byte, 128-byte aligned timer) stays out of
             // every call's future.
-            Ok(Admitted::ListAgents) => Box::pin(list_agents(node, &mut responder)).await,
+            Ok(Admitted::ListAgents) => {
+                Box::pin(list_agents(node, request.into_body(), &mut responder)).await
+            }
             Ok(Admitted::Call(target)) => {
                 self.serve_locally(&conn, target, request, &mut responder)
                     .await
