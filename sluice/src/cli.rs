@@ -178,6 +178,9 @@ pub struct ControlplaneArgs {
     /// AgentedBootstrap and its agent's policy span is empty until it reports again.
     #[arg(long, value_name = "DURATION", default_value = "90s", value_parser = humantime::parse_duration)]
     pub vm_heartbeat_timeout: std::time::Duration,
+    /// Connections, watches and requests in flight: the shares and timeouts.
+    #[command(flatten)]
+    pub limits: Box<crate::controlplane::LimitArgs>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormatArg,

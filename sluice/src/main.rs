@@ -164,6 +164,13 @@ fn main() -> ExitCode {
                 },
                 level: "info".to_string(),
             });
+            let limits = match serve.limits.limits() {
+                Ok(limits) => limits,
+                Err(error) => {
+                    eprintln!("sluice controlplane: {error}");
+                    return ExitCode::from(2);
+                }
+            };
             let store = match serve.etcd.store() {
                 Ok(store) => store,
                 Err(error) => {
@@ -181,6 +188,7 @@ fn main() -> ExitCode {
                     hostnames: serve.hostname,
                     compaction_interval: serve.compaction_interval,
                     vm_heartbeat_timeout: serve.vm_heartbeat_timeout,
+                    limits,
                     ..controlplane::ControlPlaneOptions::embedded(serve.listen, serve.data_dir)
                 },
                 addresses_file,

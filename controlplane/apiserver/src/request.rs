@@ -123,10 +123,12 @@ fn resource<'a>(
     })
 }
 
-/// The verb kube-apiserver derives from the method, whether a name is given, and `watch`.
+/// The verb kube-apiserver derives from the method, whether a name is given, and `watch`:
+/// only a GET of a collection is a watch (kube's RequestInfo), so `?watch=true` on a named GET
+/// or on a write changes nothing; in particular it does not make the request long-running.
 fn verb(method: &str, named: bool, watch: bool) -> Result<Verb, RequestError> {
     Ok(match (method, named) {
-        ("GET" | "HEAD", _) if watch => Verb::Watch,
+        ("GET" | "HEAD", false) if watch => Verb::Watch,
         ("GET" | "HEAD", true) => Verb::Get,
         ("GET" | "HEAD", false) => Verb::List,
         ("POST", false) => Verb::Create,
@@ -169,7 +171,8 @@ mod tests {
                 "watch=true&resourceVersion=5",
                 Verb::Watch,
             ),
-            ("GET", format!("{base}/a"), "watch=1", Verb::Watch),
+            ("GET", format!("{base}/a"), "watch=1", Verb::Get),
+            ("POST", base.to_string(), "watch=true", Verb::Create),
             ("GET", format!("{base}/a"), "", Verb::Get),
             ("POST", base.to_string(), "", Verb::Create),
             ("PUT", format!("{base}/a"), "", Verb::Update),

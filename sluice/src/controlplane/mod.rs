@@ -10,6 +10,7 @@
 //! admin token in the store issues one and writes `admin.kubeconfig`; a replica that finds an
 //! admin token but no kubeconfig in its own data directory issues none (see [`bootstrap_admin`]).
 
+mod limits;
 mod token;
 
 use std::net::SocketAddr;
@@ -26,6 +27,7 @@ use sluice_store::{EtcdClientCert, EtcdConfig, EtcdStore, EtcdTls};
 use sluice_vm_manager::{VmManager, VmMetrics};
 use tokio::sync::watch;
 
+pub use limits::LimitArgs;
 pub use token::create_token;
 
 /// How `sluice controlplane` serves.

@@ -9,7 +9,8 @@ use http::Response;
 use hyper::body::Incoming;
 use sluice_apimachinery::{discovery, openapi, KindSpec, StatusError, StatusReason};
 
-use super::metrics::{ReasonLabels, RequestLabels};
+use super::admission::{Pool, Slot};
+use super::metrics::{AdmissionLabels, ReasonLabels, RequestLabels};
 use super::query::Query;
 use super::reply::{render, Body, Reply};
 use super::visibility::Visibility;
@@ -31,19 +32,32 @@ impl ApiServer {
         peer: &Peer,
     ) -> Response<Body> {
         let started = Instant::now();
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
         let mut labels = Labels {
             verb: "unknown",
             resource: "none".into(),
         };
-        let outcome = self.answer(&parts, body, peer, &mut labels).await;
+        let outcome = self.answer(&mut parts, body, peer, &mut labels).await;
         if let Err(error) = &outcome {
             if error.code >= 500 {
                 tracing::warn!(code = error.code, message = %error.message, "API request failed");
             }
         }
         let watch = matches!(outcome, Ok(Reply::Stream(_)));
-        let response = render(outcome);
+        let retry_after = match &outcome {
+            Err(error) => error
+                .details
+                .as_ref()
+                .and_then(|details| details.retry_after_seconds),
+            Ok(_) => None,
+        };
+        let mut response = render(outcome);
+        if let Some(seconds) = retry_after {
+            response
+                .headers_mut()
+                .entry(http::header::RETRY_AFTER)
+                .or_insert_with(|| http::HeaderValue::from(seconds));
+        }
         self.metrics
             .requests
             .get_or_create(&RequestLabels {
@@ -65,14 +79,16 @@ impl ApiServer {
 
     async fn answer(
         &self,
-        parts: &Parts,
+        parts: &mut Parts,
         body: Incoming,
         peer: &Peer,
         labels: &mut Labels,
     ) -> Result<Reply, StatusError> {
-        let query = Query::parse(parts.uri.query().unwrap_or(""))?;
-        let request = request::parse(parts.method.as_str(), parts.uri.path(), query.raw())
-            .map_err(request_error)?;
+        // Cheap clones (shared bytes) that free `parts` for the identity the watch reads.
+        let (method, uri) = (parts.method.clone(), parts.uri.clone());
+        let query = Query::parse(uri.query().unwrap_or(""))?;
+        let request =
+            request::parse(method.as_str(), uri.path(), query.raw()).map_err(request_error)?;
         let resource = match request {
             ApiRequest::Health(path) => {
                 labels.verb = "health";
@@ -87,6 +103,13 @@ impl ApiServer {
         };
         labels.verb = resource.verb.as_str();
         let identity = self.authenticate(parts, peer)?;
+        // Held until the answer's head is ready (a watch's stream holds a watch slot instead).
+        let _in_flight = self.admit(&self.request_slots, &identity)?;
+        if resource.verb == auth::Verb::Watch {
+            // The watch takes its slot by this identity (see `watch`).
+            parts.extensions.insert(identity.clone());
+        }
+        let parts = &*parts;
         let spec = self
             .registry
             .by_resource(resource.group, resource.version, resource.resource)
@@ -104,8 +127,30 @@ impl ApiServer {
         self.resource(call, body).await
     }
 
-    /// Bearer token, or else a verified client certificate; no anonymous access.
+    /// A slot of `pool` for `identity`, or the 429 naming the share that is used up.
+    pub(crate) fn admit(&self, pool: &Arc<Pool>, identity: &Identity) -> Result<Slot, StatusError> {
+        pool.acquire(identity).map_err(|exhausted| {
+            self.metrics
+                .admission_refused
+                .get_or_create(&AdmissionLabels {
+                    pool: exhausted.kind().as_str(),
+                    role: identity.role.as_str(),
+                    budget: exhausted.budget(),
+                })
+                .inc();
+            exhausted.status()
+        })
+    }
+
+    /// Bearer token, or else a verified client certificate; no anonymous access. A success
+    /// moves the connection out of the unauthenticated part of the connection table.
     fn authenticate(&self, parts: &Parts, peer: &Peer) -> Result<Identity, StatusError> {
+        let identity = self.identify(parts, peer)?;
+        peer.connection.authenticated();
+        Ok(identity)
+    }
+
+    fn identify(&self, parts: &Parts, peer: &Peer) -> Result<Identity, StatusError> {
         let bearer = parts
             .headers
             .get(http::header::AUTHORIZATION)

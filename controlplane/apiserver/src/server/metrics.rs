@@ -22,6 +22,21 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// A pool share: the pool (`watches`, `requests_in_flight`) and the role, never the user.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShareLabels {
+    pub pool: &'static str,
+    pub role: &'static str,
+}
+
+/// A refusal by a share: which pool, whose role, and which budget (`identity`, `role`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionLabels {
+    pub pool: &'static str,
+    pub role: &'static str,
+    pub budget: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabels {
     pub resource: String,
@@ -37,6 +52,9 @@ pub struct ApiMetrics {
     pub watch_events: Family<ResourceLabels, Counter>,
     pub connections: Gauge,
     pub connections_refused: Family<ReasonLabels, Counter>,
+    pub unauthenticated_connections: Gauge,
+    pub admission_in_use: Family<ShareLabels, Gauge>,
+    pub admission_refused: Family<AdmissionLabels, Counter>,
     pub store_revision: Gauge,
     pub tokens: Gauge,
 }
@@ -57,6 +75,9 @@ impl ApiMetrics {
             watch_events: Family::default(),
             connections: Gauge::default(),
             connections_refused: Family::default(),
+            unauthenticated_connections: Gauge::default(),
+            admission_in_use: Family::default(),
+            admission_refused: Family::default(),
             store_revision: Gauge::default(),
             tokens: Gauge::default(),
         }
@@ -98,8 +119,25 @@ impl ApiMetrics {
         );
         prefixed.register(
             "connections_refused",
-            "Connections closed before a request, by reason (limit, handshake timeout, TLS error)",
+            "Connections refused or closed by the server, by reason (limit, evicted for a newer \
+             one, tls, handshake_timeout, first_request_timeout, idle)",
             metrics.connections_refused.clone(),
+        );
+        prefixed.register(
+            "unauthenticated_connections",
+            "Open connections on which no request has authenticated yet",
+            metrics.unauthenticated_connections.clone(),
+        );
+        prefixed.register(
+            "admission_in_use",
+            "Slots in use of a shared pool (watches, requests_in_flight), by role",
+            metrics.admission_in_use.clone(),
+        );
+        prefixed.register(
+            "admission_refused",
+            "Requests answered 429 because a share was used up, by pool, role and budget \
+             (identity: the caller's own cap; role: the role's reservation and the shared part)",
+            metrics.admission_refused.clone(),
         );
         prefixed.register(
             "store_revision",

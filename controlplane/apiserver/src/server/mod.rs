@@ -2,6 +2,8 @@
 //! (HTTP/1.1 and HTTP/2), and the shared state every request reads: the kinds, the store, the
 //! tokens and the metrics.
 
+pub mod admission;
+mod connections;
 mod encoded;
 mod handler;
 mod keys;
@@ -24,9 +26,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use sluice_apimachinery::Registry;
 use sluice_store::Store;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch as signal, Semaphore};
+use tokio::sync::watch as signal;
 
-use crate::auth::{AuthError, Identity, TokenBook};
+use crate::auth::{AuthError, Identity, Role, TokenBook};
+use admission::{BudgetKind, Pool, PoolLimits, RoleShare};
+use connections::{Admitted, ConnectionTable, TableLimits, Tracked};
 
 pub use keys::{list_prefix, object_key};
 pub use metrics::ApiMetrics;
@@ -37,35 +41,96 @@ pub use tokens::{create_object, store_token, TOKEN_KIND};
 /// What one server holds and how long it waits; every bound a client could otherwise push.
 #[derive(Debug, Clone)]
 pub struct ServerLimits {
-    /// Open connections at once; more are closed at accept.
+    /// Open connections at once; past it the oldest unauthenticated one is closed for a new
+    /// one, and with none left new ones are closed at accept.
     pub max_connections: usize,
+    /// Of those, connections that have not authenticated yet (the rest is kept for the admin
+    /// and the roles).
+    pub max_unauthenticated_connections: usize,
+    /// Unauthenticated connections of one source address (IPv4, or IPv6 /64).
+    pub max_unauthenticated_connections_per_address: usize,
     /// Time for the TLS handshake.
     pub handshake_timeout: Duration,
     /// Time for a request's head (and, between requests, for the next one to start).
     pub header_timeout: Duration,
-    /// Time to answer a request other than a watch.
+    /// A connection with no authenticated request yet is closed after this long with no
+    /// request in flight.
+    pub first_request_timeout: Duration,
+    /// An authenticated connection is closed after this long with no request in flight (HTTP/2:
+    /// no stream open).
+    pub idle_timeout: Duration,
+    /// Time to answer any request (a watch: until its stream starts).
     pub request_timeout: Duration,
     /// Largest request body (kube-apiserver's limit is 3 MiB).
     pub max_body_bytes: usize,
-    /// Open watches at once; more get 429.
-    pub max_watches: usize,
+    /// Open watches: the pool and each role's share; past a share, 429.
+    pub watches: PoolLimits,
+    /// Requests being answered at once: the pool and each role's share; past a share, 429.
+    pub requests_in_flight: PoolLimits,
     /// A watch without `timeoutSeconds` ends after this long plus up to as long again.
     pub watch_timeout: Duration,
     /// HTTP/2 PINGs this often find dead peers of long watches.
     pub keepalive_interval: Duration,
+    /// An unanswered PING closes the connection after this long.
+    pub keepalive_timeout: Duration,
+}
+
+/// A pool's default shares: admin, gateway, node, vm-agent (`(reserved, per identity)`).
+fn pool(total: usize, shares: [(usize, usize); 4]) -> PoolLimits {
+    PoolLimits {
+        total,
+        shares: shares.map(|(reserved, per_identity)| RoleShare {
+            reserved,
+            per_identity,
+        }),
+    }
+}
+
+impl ServerLimits {
+    /// Why these limits cannot work (the field and the reason), if they cannot.
+    pub fn check(&self) -> Result<(), String> {
+        self.watches
+            .check()
+            .map_err(|reason| format!("watches: {reason}"))?;
+        self.requests_in_flight
+            .check()
+            .map_err(|reason| format!("requests in flight: {reason}"))?;
+        if self.max_unauthenticated_connections > self.max_connections {
+            return Err(format!(
+                "max_unauthenticated_connections ({}) is more than max_connections ({})",
+                self.max_unauthenticated_connections, self.max_connections
+            ));
+        }
+        if self.max_unauthenticated_connections == 0
+            || self.max_unauthenticated_connections_per_address == 0
+        {
+            return Err(
+                "no connection could ever authenticate: the unauthenticated connection \
+                        limits must be at least 1"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
 }
 
 impl Default for ServerLimits {
     fn default() -> Self {
         Self {
             max_connections: 4096,
+            max_unauthenticated_connections: 1024,
+            max_unauthenticated_connections_per_address: 64,
             handshake_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(30),
+            first_request_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
             request_timeout: Duration::from_secs(60),
             max_body_bytes: 3 * 1024 * 1024,
-            max_watches: 10_000,
+            watches: pool(10_000, [(200, 1000), (1000, 64), (1000, 64), (2000, 16)]),
+            requests_in_flight: pool(400, [(40, 100), (60, 20), (60, 20), (60, 4)]),
             watch_timeout: Duration::from_secs(30 * 60),
             keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(20),
         }
     }
 }
@@ -76,6 +141,8 @@ pub struct Peer {
     pub address: SocketAddr,
     /// The identity a verified client certificate names, when one was sent.
     pub certificate: Option<Result<Identity, AuthError>>,
+    /// The connection's place in the table (an authenticated request promotes it).
+    connection: Arc<Tracked>,
 }
 
 /// The API server's shared state.
@@ -86,8 +153,11 @@ pub struct ApiServer {
     metrics: ApiMetrics,
     prometheus: prometheus_client::registry::Registry,
     limits: ServerLimits,
-    watch_slots: Arc<Semaphore>,
-    connection_slots: Arc<Semaphore>,
+    watch_slots: Arc<Pool>,
+    request_slots: Arc<Pool>,
+    connections: Arc<ConnectionTable>,
+    /// Connection tasks still running (evicted ones included), for the graceful stop.
+    tasks: signal::Sender<usize>,
     /// Watch events shared by the watchers that send them unchanged.
     encoded: Arc<encoded::EncodedEvents>,
 }
@@ -114,8 +184,14 @@ impl ApiServer {
             tokens: ArcSwap::from_pointee(TokenBook::default()),
             metrics,
             prometheus,
-            watch_slots: Arc::new(Semaphore::new(limits.max_watches)),
-            connection_slots: Arc::new(Semaphore::new(limits.max_connections)),
+            watch_slots: Pool::new(BudgetKind::Watches, limits.watches.clone()),
+            request_slots: Pool::new(BudgetKind::Requests, limits.requests_in_flight.clone()),
+            connections: ConnectionTable::new(TableLimits {
+                max_connections: limits.max_connections,
+                max_unauthenticated: limits.max_unauthenticated_connections,
+                max_unauthenticated_per_address: limits.max_unauthenticated_connections_per_address,
+            }),
+            tasks: signal::Sender::new(0),
             encoded: Arc::default(),
             limits,
         })
@@ -152,22 +228,37 @@ impl ApiServer {
                     continue;
                 }
             };
-            let Ok(slot) = self.connection_slots.clone().try_acquire_owned() else {
-                self.refused("limit");
-                continue;
+            let admitted = match self.connections.admit(address.ip()) {
+                Ok((admitted, evicted)) => {
+                    self.metrics
+                        .connections_refused
+                        .get_or_create(&metrics::ReasonLabels { reason: "evicted" })
+                        .inc_by(evicted as u64);
+                    admitted
+                }
+                Err(refused) => {
+                    self.refused(refused.reason());
+                    continue;
+                }
             };
             let server = self.clone();
             let acceptor = acceptor.clone();
             let stop = stop.clone();
             // tokio contains a panicking task; the guard still releases the slot and gauge.
             tokio::spawn(async move {
-                let _open = OpenConnection::new(slot, server.metrics.connections.clone());
-                server.connection(tcp, address, acceptor, stop).await;
+                let open = OpenConnection::new(admitted, &server);
+                let tracked = open.admitted.0.clone();
+                tokio::select! {
+                    _ = server.connection(tcp, address, acceptor, stop, tracked.clone()) => {}
+                    _ = tracked.evicted() => {
+                        tracing::debug!(%address, "closed an unauthenticated connection for a newer one");
+                    }
+                }
+                drop(open);
             });
         }
-        // Every connection holds a slot: all slots back means all connections are done.
-        let all = u32::try_from(self.limits.max_connections).unwrap_or(u32::MAX);
-        if tokio::time::timeout(grace, self.connection_slots.acquire_many(all))
+        let mut tasks = self.tasks.subscribe();
+        if tokio::time::timeout(grace, tasks.wait_for(|open| *open == 0))
             .await
             .is_err()
         {
@@ -181,6 +272,7 @@ impl ApiServer {
         address: SocketAddr,
         acceptor: tokio_rustls::TlsAcceptor,
         mut stop: signal::Receiver<bool>,
+        tracked: Arc<Tracked>,
     ) {
         let _ = tcp.set_nodelay(true);
         let tls =
@@ -192,37 +284,78 @@ impl ApiServer {
                 }
                 Err(_) => return self.refused("handshake_timeout"),
             };
-        let peer = Peer {
+        let certificate = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .map(|certificate| identity_of(certificate.as_ref()));
+        if matches!(certificate, Some(Ok(_))) {
+            tracked.authenticated();
+        }
+        let peer = Arc::new(Peer {
             address,
-            certificate: tls
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|chain| chain.first())
-                .map(|certificate| identity_of(certificate.as_ref())),
-        };
+            certificate,
+            connection: tracked.clone(),
+        });
         let server = self.clone();
-        let peer = Arc::new(peer);
         let service = hyper::service::service_fn(move |request| {
             let server = server.clone();
             let peer = peer.clone();
-            async move {
-                let watch = request.uri().query().is_some_and(is_watch_query);
-                let answer = server.handle(request, &peer);
-                let response = if watch {
-                    answer.await
-                } else {
-                    match tokio::time::timeout(server.limits.request_timeout, answer).await {
-                        Ok(response) => response,
-                        Err(_) => reply::status_response(&sluice_apimachinery::StatusError::new(
-                            sluice_apimachinery::StatusReason::ServiceUnavailable,
-                            "the request took longer than the server's request timeout",
-                        )),
-                    }
-                };
-                Ok::<_, std::convert::Infallible>(response)
-            }
+            async move { Ok::<_, std::convert::Infallible>(server.timed(request, &peer).await) }
         });
+        let builder = self.connection_builder();
+        let connection = builder.serve_connection(TokioIo::new(tls), service);
+        tokio::pin!(connection);
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!(%address, %error, "API connection ended with an error");
+                }
+            }
+            reason = tracked.idle(self.limits.idle_timeout, self.limits.first_request_timeout) => {
+                tracing::debug!(%address, reason, "closing an idle API connection");
+                self.refused(reason);
+                connection.as_mut().graceful_shutdown();
+                // A peer that does not read cannot hold the connection open on the GOAWAY.
+                let _ = tokio::time::timeout(Duration::from_secs(1), connection).await;
+            }
+            _ = stopped(&mut stop) => {
+                connection.as_mut().graceful_shutdown();
+                let _ = connection.await;
+            }
+        }
+    }
+
+    /// One request with the request timeout on its answer's head, whatever it asks: a watch's
+    /// events stream after the head, so no query lifts the timeout of a request that is not
+    /// one. The request counts as in flight on its connection until its body is sent.
+    async fn timed(
+        &self,
+        request: http::Request<hyper::body::Incoming>,
+        peer: &Peer,
+    ) -> http::Response<InFlightBody> {
+        let in_flight = peer.connection.request();
+        let response =
+            match tokio::time::timeout(self.limits.request_timeout, self.handle(request, peer))
+                .await
+            {
+                Ok(response) => response,
+                Err(_) => reply::status_response(&sluice_apimachinery::StatusError::new(
+                    sluice_apimachinery::StatusReason::ServiceUnavailable,
+                    format!(
+                        "the request took longer than the server's request timeout ({:?})",
+                        self.limits.request_timeout
+                    ),
+                )),
+            };
+        response.map(|body| InFlightBody {
+            body,
+            _in_flight: in_flight,
+        })
+    }
+
+    fn connection_builder(&self) -> hyper_util::server::conn::auto::Builder<TokioExecutor> {
         let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -233,22 +366,10 @@ impl ApiServer {
             .http2()
             .timer(TokioTimer::new())
             .keep_alive_interval(self.limits.keepalive_interval)
-            .keep_alive_timeout(Duration::from_secs(20))
+            .keep_alive_timeout(self.limits.keepalive_timeout)
             .max_concurrent_streams(1000)
             .max_header_list_size(64 * 1024);
-        let connection = builder.serve_connection(TokioIo::new(tls), service);
-        tokio::pin!(connection);
-        tokio::select! {
-            result = connection.as_mut() => {
-                if let Err(error) = result {
-                    tracing::debug!(%address, %error, "API connection ended with an error");
-                }
-            }
-            _ = stopped(&mut stop) => {
-                connection.as_mut().graceful_shutdown();
-                let _ = connection.await;
-            }
-        }
+        builder
     }
 
     fn refused(&self, reason: &'static str) {
@@ -260,6 +381,24 @@ impl ApiServer {
 
     fn encode_metrics(&self) -> String {
         self.metrics.tokens.set(self.tokens.load().len() as i64);
+        let (_, unauthenticated) = self.connections.counts();
+        self.metrics
+            .unauthenticated_connections
+            .set(unauthenticated as i64);
+        for (pool, slots) in [
+            (BudgetKind::Watches, &self.watch_slots),
+            (BudgetKind::Requests, &self.request_slots),
+        ] {
+            for role in Role::ALL {
+                self.metrics
+                    .admission_in_use
+                    .get_or_create(&metrics::ShareLabels {
+                        pool: pool.as_str(),
+                        role: role.as_str(),
+                    })
+                    .set(slots.in_use(role) as i64);
+            }
+        }
         let mut text = String::new();
         if prometheus_client::encoding::text::encode(&mut text, &self.prometheus).is_err() {
             text.clear();
@@ -268,32 +407,58 @@ impl ApiServer {
     }
 }
 
-/// A connection's slot and its place in the connections gauge, released however it ends.
+/// A connection's place in the table, the connections gauge and the count of running
+/// connection tasks, released however the task ends.
 struct OpenConnection {
-    _slot: tokio::sync::OwnedSemaphorePermit,
+    admitted: Admitted,
     gauge: prometheus_client::metrics::gauge::Gauge,
+    tasks: signal::Sender<usize>,
 }
 
 impl OpenConnection {
-    fn new(
-        slot: tokio::sync::OwnedSemaphorePermit,
-        gauge: prometheus_client::metrics::gauge::Gauge,
-    ) -> Self {
-        gauge.inc();
-        Self { _slot: slot, gauge }
+    fn new(admitted: Admitted, server: &ApiServer) -> Self {
+        server.metrics.connections.inc();
+        server.tasks.send_modify(|open| *open += 1);
+        Self {
+            admitted,
+            gauge: server.metrics.connections.clone(),
+            tasks: server.tasks.clone(),
+        }
     }
 }
 
 impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.gauge.dec();
+        self.tasks.send_modify(|open| *open -= 1);
     }
 }
 
-fn is_watch_query(query: &str) -> bool {
-    query
-        .split('&')
-        .any(|pair| matches!(pair, "watch" | "watch=1" | "watch=true" | "watch=True"))
+/// A response body that keeps its request in flight on the connection until it is sent (a
+/// watch's stream included), so a connection with a watch open is never idle.
+pub struct InFlightBody {
+    body: reply::Body,
+    _in_flight: connections::InFlight,
+}
+
+impl hyper::body::Body for InFlightBody {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(context)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// The identity a client certificate names (CN = subject, O = role).

@@ -26,7 +26,9 @@ use sluice_apimachinery::list::{bookmark_event, error_event, WatchEventType};
 use sluice_apimachinery::meta::set_resource_version;
 use sluice_apimachinery::{StatusError, StatusReason};
 use sluice_store::{Event, Store, StoreError, WatchBatch, WatchStream};
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::mpsc;
+
+use super::admission::Slot;
 
 use super::keys::{list_prefix, object_key};
 use super::objects::{decode, store_status, without_version};
@@ -114,7 +116,7 @@ impl ApiServer {
         vm: String,
         after: Option<u64>,
         sender: mpsc::Sender<Bytes>,
-        permit: OwnedSemaphorePermit,
+        permit: Slot,
     ) -> Result<(), StatusError> {
         let store = self.store.as_ref();
         let mut objects = read_policies(store, after, None).await?;
@@ -162,12 +164,7 @@ enum Step {
 }
 
 impl SpanWatch {
-    async fn run(
-        mut self,
-        send_initial: bool,
-        sender: mpsc::Sender<Bytes>,
-        _permit: OwnedSemaphorePermit,
-    ) {
+    async fn run(mut self, send_initial: bool, sender: mpsc::Sender<Bytes>, _permit: Slot) {
         let _open = self.watch.open();
         let mut first = true;
         if send_initial {

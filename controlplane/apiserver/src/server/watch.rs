@@ -14,7 +14,10 @@ use sluice_apimachinery::options::ListOptions;
 use sluice_apimachinery::table::{self, ResponseFormat, TableOptions};
 use sluice_apimachinery::{KindSpec, StatusError, StatusReason};
 use sluice_store::{Event, Store, StoreError, WatchBatch};
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::mpsc;
+
+use super::admission::Slot;
+use crate::auth::Identity;
 
 use super::keys::list_prefix;
 use super::metrics::ResourceLabels;
@@ -35,15 +38,13 @@ impl ApiServer {
     pub(crate) async fn watch(&self, call: &Call<'_>) -> Result<Reply, StatusError> {
         let options = ListOptions::parse(call.query.pairs())?;
         let (format, table_options) = call.format()?;
-        let permit = self.watch_slots.clone().try_acquire_owned().map_err(|_| {
+        let identity = call.parts.extensions.get::<Identity>().ok_or_else(|| {
             StatusError::new(
-                StatusReason::TooManyRequests,
-                format!(
-                    "the server holds its maximum of {} watches",
-                    self.limits.max_watches
-                ),
+                StatusReason::InternalError,
+                "a watch reached the server without its caller's identity",
             )
         })?;
+        let permit = self.admit(&self.watch_slots, identity)?;
         let from = options.resource_version.filter(|revision| *revision > 0);
         let watch = Watch {
             spec: call.spec.clone(),
@@ -156,7 +157,7 @@ impl Watch {
         initial: Vec<Value>,
         after: u64,
         sender: mpsc::Sender<Bytes>,
-        _permit: OwnedSemaphorePermit,
+        _permit: Slot,
     ) {
         let labels = ResourceLabels {
             resource: self.spec.plural.clone(),

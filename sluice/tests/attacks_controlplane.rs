@@ -1,0 +1,367 @@
+//! Issue 32, findings 2 and 3, against the real `sluice controlplane`: one principal (a VM
+//! agent's token, or peers without credentials) cannot take a shared resource of the control
+//! plane from the others.
+//!
+//! - Watches: a vm-agent identity stops at its cap, the vm-agent role stops at its reservation
+//!   plus the shared part, and a node, a gateway and the admin still get theirs.
+//! - Connections: 2,000 idle TLS + HTTP/2 connections without credentials from one address
+//!   (the admin's own) while the admin's kubectl keeps working; every one of them is closed.
+//! - `?watch=true` on a named GET or a POST neither makes it a watch nor lifts its timeout.
+//!
+//! The control plane is a tokio server (no monoio driver), so each case runs once.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+use serde_json::Value;
+use sluice_watch_client::{Transport, WatchClientConfig, WatchError};
+use test_support::{wait_until, ControlPlane, CurlWatch};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+const ZERO_SHA: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn transport(cp: &ControlPlane, dir: &Path, name: &str, token: &str) -> Transport {
+    let token_file = dir.join(format!("{name}.token"));
+    std::fs::write(&token_file, token).unwrap();
+    let mut config = WatchClientConfig::new(cp.url(), cp.ca_file());
+    config.token_file = Some(token_file);
+    Transport::new(&config).unwrap()
+}
+
+/// An open watch (its response body and connection), held until dropped.
+type Held = Box<dyn std::any::Any + Send>;
+
+/// Opens watches on `path` until one is refused (at most `bound`): the open ones and the
+/// refusal's `(status, message)`.
+async fn watches_until_refused(
+    transport: &Transport,
+    path: &str,
+    bound: usize,
+) -> (Vec<Held>, Option<(u16, String)>) {
+    let mut open = Vec::new();
+    for _ in 0..bound {
+        match transport.get(path).await {
+            Ok(watch) => open.push(Box::new(watch) as Held),
+            Err(WatchError::Status { status, message }) => return (open, Some((status, message))),
+            Err(other) => panic!("watch {path}: {other}"),
+        }
+    }
+    (open, None)
+}
+
+fn metrics(cp: &ControlPlane) -> String {
+    let output = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert"])
+        .arg(cp.ca_file())
+        .arg(format!("{}/metrics", cp.url()))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+const POLICIES: &str = "/apis/policy.sluice.dev/v1alpha1/networkpolicies?watch=1";
+const AGENTS: &str = "/apis/tunnel.sluice.dev/v1alpha1/agents";
+const CLUSTERS: &str = "/apis/proxy.sluice.dev/v1alpha1/upstreamclusters?watch=1";
+
+/// Finding 2. A pool of 60 watches: reservations admin 5, gateway 10, node 10, vm-agent 10,
+/// 25 shared; one vm-agent identity holds at most 8.
+#[test]
+fn a_vm_agent_stops_at_its_watch_cap_and_the_other_roles_still_watch() {
+    let cp = ControlPlane::start(
+        BIN,
+        &[
+            "--max-watches=60",
+            "--watch-share=admin=5/20",
+            "--watch-share=gateway=10/10",
+            "--watch-share=node=10/10",
+            "--watch-share=vm-agent=10/8",
+        ],
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let vm_tokens: Vec<String> = (1..=5)
+        .map(|index| cp.token("vm-agent", &format!("vm-{index}")))
+        .collect();
+    let node = transport(&cp, dir.path(), "node", &cp.token("node", "node-1"));
+    let gateway = transport(&cp, dir.path(), "gateway", &cp.token("gateway", "gw-1"));
+    runtime().block_on(async {
+        let mut held = Vec::new();
+        // vm-1 alone: refused at its own cap, with a message naming that budget.
+        let vm1 = transport(&cp, dir.path(), "vm-1", &vm_tokens[0]);
+        let (open, refused) = watches_until_refused(&vm1, POLICIES, 100).await;
+        assert_eq!(open.len(), 8, "vm-1 holds its cap of watches");
+        let (status, message) = refused.expect("vm-1 is refused past its cap");
+        assert_eq!(status, 429, "{message}");
+        assert!(
+            message.contains("sluice:vm-agent:vm-1") && message.contains("open watches"),
+            "{message}"
+        );
+        held.extend(open);
+        // More VMs: the role's 10 reserved plus the 25 shared, then the role's budget refuses.
+        let mut role_refusal = None;
+        for (index, token) in vm_tokens.iter().enumerate().skip(1) {
+            let vm = transport(&cp, dir.path(), &format!("vm-{}", index + 1), token);
+            let (open, refused) = watches_until_refused(&vm, POLICIES, 100).await;
+            held.extend(open);
+            if let Some((429, message)) = refused {
+                if message.contains("reserved for role vm-agent") {
+                    role_refusal = Some(message);
+                    break;
+                }
+            }
+        }
+        assert_eq!(
+            held.len(),
+            35,
+            "vm agents hold their reservation and the shared part"
+        );
+        let message = role_refusal.expect("the vm-agent role is refused past its share");
+        assert!(message.contains("25 shared"), "{message}");
+        // The node and the gateway still open every watch of their reservations.
+        let (nodes, refused) = watches_until_refused(&node, &format!("{AGENTS}?watch=1"), 10).await;
+        assert_eq!((nodes.len(), refused), (10, None));
+        let (gateways, refused) = watches_until_refused(&gateway, CLUSTERS, 10).await;
+        assert_eq!((gateways.len(), refused), (10, None));
+        // And the admin lists.
+        let listed = cp.kubectl(&["get", "agents.tunnel.sluice.dev"], None);
+        assert!(listed.status.success(), "{listed:?}");
+        assert_refusal_says_when_to_retry(&cp, &vm_tokens[0]);
+        drop((held, nodes, gateways));
+    });
+}
+
+/// A client told 429 learns when to retry (`Retry-After`, a `TooManyRequests` Status); the
+/// metric names the role and the budget, never the VM.
+fn assert_refusal_says_when_to_retry(cp: &ControlPlane, vm_token: &str) {
+    let answer = Command::new("curl")
+        .args(["-sS", "-i", "--max-time", "10", "--cacert"])
+        .arg(cp.ca_file())
+        .args(["-H", &format!("Authorization: Bearer {vm_token}")])
+        .arg(format!("{}{POLICIES}", cp.url()))
+        .output()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer.stdout).to_lowercase();
+    assert!(
+        answer.starts_with("http/2 429") || answer.starts_with("http/1.1 429"),
+        "{answer}"
+    );
+    assert!(answer.contains("retry-after: 10"), "{answer}");
+    assert!(
+        answer.contains("\"reason\":\"toomanyrequests\""),
+        "{answer}"
+    );
+    let text = metrics(cp);
+    assert!(
+        text.contains(
+            "sluice_controlplane_admission_refused_total{pool=\"watches\",role=\"vm-agent\",budget=\"identity\"}"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("vm-1"), "no user name in a metric label");
+}
+
+fn h2_client(ca: &Path) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Arc::new(config)
+}
+
+/// A TLS + HTTP/2 connection with no credentials that sends the preface and its SETTINGS and
+/// then nothing; `None` when the server closed it before that was done.
+fn idle_h2(
+    cp: &ControlPlane,
+    config: &Arc<rustls::ClientConfig>,
+) -> Option<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
+    let tcp = TcpStream::connect(cp.address).ok()?;
+    tcp.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    let name = ServerName::try_from(cp.address.ip().to_string()).unwrap();
+    let connection = rustls::ClientConnection::new(config.clone(), name).unwrap();
+    let mut stream = rustls::StreamOwned::new(connection, tcp);
+    let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    preface.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    stream.write_all(&preface).ok()?;
+    stream.flush().ok()?;
+    Some(stream)
+}
+
+/// Whether the server has closed `stream` (EOF or reset) within its read timeout.
+fn closed_by_server(stream: &mut rustls::StreamOwned<rustls::ClientConnection, TcpStream>) -> bool {
+    let mut buffer = [0u8; 4096];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(error) => {
+                return !matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                )
+            }
+        }
+    }
+}
+
+/// Finding 3. A table of 512 connections, at most 256 of them unauthenticated and 128 per
+/// address; 2,000 idle unauthenticated connections from 127.0.0.1, the admin's own address.
+#[test]
+fn idle_connections_without_credentials_never_lock_out_the_admin() {
+    const FLOOD: usize = 2000;
+    let cp = ControlPlane::start(
+        BIN,
+        &[
+            "--max-connections=512",
+            "--max-unauthenticated-connections=256",
+            "--max-unauthenticated-connections-per-address=128",
+            "--first-request-timeout=3s",
+        ],
+    )
+    .unwrap();
+    let config = h2_client(&cp.ca_file());
+    let mut flood: Vec<_> = (0..FLOOD).filter_map(|_| idle_h2(&cp, &config)).collect();
+    eprintln!(
+        "{} of {FLOOD} flood connections completed TLS and the preface",
+        flood.len()
+    );
+    assert!(flood.len() >= 128, "the flood got in: {}", flood.len());
+    // While the flood is held (and renewed, as it would be), the admin gets through.
+    for _ in 0..3 {
+        flood.extend((0..200).filter_map(|_| idle_h2(&cp, &config)));
+        let listed = cp.kubectl(&["get", "agents.tunnel.sluice.dev"], None);
+        assert!(
+            listed.status.success(),
+            "the admin's kubectl during the flood: {}",
+            String::from_utf8_lossy(&listed.stderr)
+        );
+        let (code, body) = cp.curl("GET", AGENTS, None);
+        assert_eq!(code, 200, "{body}");
+    }
+    let text = metrics(&cp);
+    let gauge = text
+        .lines()
+        .find_map(|line| line.strip_prefix("sluice_controlplane_unauthenticated_connections "))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .expect("the unauthenticated connections gauge");
+    assert!(
+        gauge <= 256.0,
+        "unauthenticated connections {gauge} over the limit"
+    );
+    assert!(
+        text.contains("sluice_controlplane_connections_refused_total{reason=\"evicted\"}"),
+        "{text}"
+    );
+    // Every idle connection without credentials is closed: displaced by newer ones, or at the
+    // first-request timeout (3 s; each read below waits up to 30 s).
+    let open = flood
+        .iter_mut()
+        .map(closed_by_server)
+        .filter(|closed| !closed)
+        .count();
+    assert_eq!(open, 0, "idle unauthenticated connections left open");
+    assert!(
+        wait_until(Duration::from_secs(20), || metrics(&cp).contains(
+            "sluice_controlplane_connections_refused_total{reason=\"first_request_timeout\"}"
+        )),
+        "the first-request timeout closed connections"
+    );
+}
+
+fn raw_tls_http1(cp: &ControlPlane) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(cp.ca_file()).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let name = ServerName::try_from(cp.address.ip().to_string()).unwrap();
+    let connection = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let tcp = TcpStream::connect(cp.address).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    rustls::StreamOwned::new(connection, tcp)
+}
+
+/// Finding 3's last point: `?watch=true` on a request that is not a watch (a named GET, a
+/// POST) changes nothing; a real watch still streams past the request timeout.
+#[test]
+fn watch_true_on_other_requests_keeps_their_timeout() {
+    let cp = ControlPlane::start(BIN, &["--request-timeout=2s"]).unwrap();
+    let agent = serde_json::json!({"apiVersion": "tunnel.sluice.dev/v1alpha1", "kind": "Agent",
+        "metadata": {"name": "agent-1"}, "spec": {"id": 1, "tokenSha256": ZERO_SHA}});
+    let (code, body) = cp.curl("POST", AGENTS, Some(&agent.to_string()));
+    assert_eq!(code, 201, "{body}");
+    // A named GET with watch=true is that object, answered at once (curl gives up after 10 s).
+    let (code, body) = cp.curl("GET", &format!("{AGENTS}/agent-1?watch=true"), None);
+    assert_eq!(code, 200, "{body}");
+    let object: Value = serde_json::from_str(&body).expect("one JSON object, not a stream");
+    assert_eq!(object["kind"], "Agent", "{body}");
+    // A real watch outlives the request timeout.
+    let watch = CurlWatch::start(&cp, &cp.admin_token(), &format!("{AGENTS}?watch=1")).unwrap();
+    let first = watch
+        .next_event(Duration::from_secs(10))
+        .expect("the ADDED of agent-1");
+    assert_eq!(first["type"], "ADDED", "{first}");
+    std::thread::sleep(Duration::from_secs(3));
+    let later = serde_json::json!({"apiVersion": "tunnel.sluice.dev/v1alpha1", "kind": "Agent",
+        "metadata": {"name": "agent-2"}, "spec": {"id": 2, "tokenSha256": ZERO_SHA}});
+    let (code, body) = cp.curl("POST", AGENTS, Some(&later.to_string()));
+    assert_eq!(code, 201, "{body}");
+    let second = watch
+        .next_event(Duration::from_secs(10))
+        .expect("the watch outlives 2 s");
+    assert_eq!(second["object"]["metadata"]["name"], "agent-2", "{second}");
+    // A POST with watch=true whose body never comes is answered 503 at the request timeout.
+    let mut stream = raw_tls_http1(&cp);
+    let head = format!(
+        "POST {AGENTS}?watch=true HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"apiVersion\"",
+        cp.address,
+        cp.admin_token()
+    );
+    let started = Instant::now();
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.flush().unwrap();
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !String::from_utf8_lossy(&answer).contains("\r\n\r\n{") {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(read) => answer.extend_from_slice(&chunk[..read]),
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 503"),
+        "no answer to a stalled POST ?watch=true after {:?}: {answer:?}",
+        started.elapsed()
+    );
+}
