@@ -181,6 +181,9 @@ pub struct ControlplaneArgs {
     /// Connections, watches and requests in flight: the shares and timeouts.
     #[command(flatten)]
     pub limits: Box<crate::controlplane::LimitArgs>,
+    /// The store's quota and the write budgets.
+    #[command(flatten)]
+    pub store_limits: Box<crate::controlplane::StoreLimitArgs>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormatArg,

@@ -171,6 +171,14 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            let mut limits = limits;
+            let store_quota_bytes = match serve.store_limits.apply(&mut limits) {
+                Ok(quota) => quota,
+                Err(error) => {
+                    eprintln!("sluice controlplane: {error}");
+                    return ExitCode::from(2);
+                }
+            };
             let store = match serve.etcd.store() {
                 Ok(store) => store,
                 Err(error) => {
@@ -189,6 +197,7 @@ fn main() -> ExitCode {
                     compaction_interval: serve.compaction_interval,
                     vm_heartbeat_timeout: serve.vm_heartbeat_timeout,
                     limits,
+                    store_quota_bytes,
                     ..controlplane::ControlPlaneOptions::embedded(serve.listen, serve.data_dir)
                 },
                 addresses_file,

@@ -351,10 +351,13 @@ fn every_role_is_refused_what_it_may_not_do_and_allowed_what_it_may() {
                         ("gateway", "upstreamclusters") | ("node", "agents")
                     );
                     let path = format!("{}/status", kind.object(kind.existing));
-                    // Each kind's status as its reporter writes it.
+                    // Each kind's status as its reporter writes it: its own entry of the
+                    // status map, keyed by its subject (the only one it may change).
+                    let subject = user.rsplit(':').next().unwrap_or(user);
                     let status_of = |text: &str| match kind.plural {
-                        "agents" => json!({"nodes": {text: {"connected": true}}}),
-                        _ => json!({"servers": [{"endpoint": text, "healthy": true}]}),
+                        "agents" => json!({"nodes": {subject: {"connected": text == user}}}),
+                        _ => json!({"gateways": {subject: {
+                            "servers": [{"endpoint": text, "healthy": true}]}}}),
                     };
                     let reported = json!({"status": status_of(user)});
                     let patched = request(

@@ -6,6 +6,7 @@
 
 pub mod discovery;
 pub mod kind;
+pub mod limits;
 pub mod list;
 pub mod meta;
 pub mod names;

@@ -139,6 +139,9 @@ fn metadata_errors(obj: &Value) -> Vec<FieldError> {
                 "must be a map of strings",
             ));
         }
+        if let Some(map) = annotations.as_object() {
+            errors.extend(crate::limits::annotation_errors(map));
+        }
     }
     if let Some(finalizers) = obj.pointer("/metadata/finalizers") {
         let all_strings = finalizers

@@ -167,3 +167,24 @@ fn delete_waits_for_finalizers() {
         "1970-01-01T00:00:10Z"
     );
 }
+
+#[test]
+fn oversized_annotations_are_invalid_on_create_and_update() {
+    let mut big = new_widget("a");
+    big["metadata"]["annotations"] = json!({"note": "x".repeat(1400 * 1024)});
+    let created = prepare_create(&widget(), big.clone(), Some("default"), at(0), "u");
+    let error = created.expect_err("1.4 MiB of annotations");
+    assert_eq!((error.code, error.reason), (422, StatusReason::Invalid));
+    assert!(
+        error
+            .message
+            .contains("metadata.annotations: Too long: may not be more than 262144 bytes"),
+        "{}",
+        error.message
+    );
+    let old = stored("a");
+    let mut update = old.clone();
+    update["metadata"]["annotations"] = big["metadata"]["annotations"].clone();
+    let updated = prepare_update(&widget(), &old, update).expect_err("1.4 MiB on update");
+    assert_eq!(updated.code, 422);
+}

@@ -43,6 +43,10 @@ pub enum StatusReason {
     ServiceUnavailable,
     /// 429: rate limited.
     TooManyRequests,
+    /// 507 Insufficient Storage: the store's quota is full (etcd's `NOSPACE`). Kubernetes
+    /// has no reason for it (it answers etcd's error as a 500); a reason of its own lets
+    /// clients and alerts tell "full" from "broken".
+    StorageQuotaExceeded,
 }
 
 impl StatusReason {
@@ -65,6 +69,7 @@ impl StatusReason {
             Self::InternalError => "InternalError",
             Self::ServiceUnavailable => "ServiceUnavailable",
             Self::TooManyRequests => "TooManyRequests",
+            Self::StorageQuotaExceeded => "StorageQuotaExceeded",
         }
     }
 
@@ -85,12 +90,13 @@ impl StatusReason {
             Self::InternalError => 500,
             Self::ServiceUnavailable => 503,
             Self::TooManyRequests => 429,
+            Self::StorageQuotaExceeded => 507,
         }
     }
 
     /// Whether the same request may succeed if the client retries it unchanged (after
     /// re-reading for a conflict, after a pause for the others). Expired is not: the client
-    /// must re-list.
+    /// must re-list; nor is a full store: a write succeeds again only once space is freed.
     pub fn retryable(self) -> bool {
         matches!(
             self,
@@ -110,6 +116,8 @@ pub enum FieldErrorKind {
     NotSupported(Value, Vec<String>),
     /// The value repeats another one in the same list.
     Duplicate(Value),
+    /// The value is longer than this many bytes (`field.TooLong`).
+    TooLong(usize),
     /// The field may not be set (or changed).
     Forbidden,
 }
@@ -163,6 +171,15 @@ impl FieldError {
         }
     }
 
+    /// A value longer than `max` bytes (the value itself is not quoted: it is the problem).
+    pub fn too_long(field: impl Into<String>, max: usize) -> Self {
+        Self {
+            field: field.into(),
+            kind: FieldErrorKind::TooLong(max),
+            detail: String::new(),
+        }
+    }
+
     /// A field that may not be set or changed.
     pub fn forbidden(field: impl Into<String>, detail: impl Into<String>) -> Self {
         Self {
@@ -179,6 +196,7 @@ impl FieldError {
             FieldErrorKind::Invalid(_) => "FieldValueInvalid",
             FieldErrorKind::NotSupported(..) => "FieldValueNotSupported",
             FieldErrorKind::Duplicate(_) => "FieldValueDuplicate",
+            FieldErrorKind::TooLong(_) => "FieldValueTooLong",
             FieldErrorKind::Forbidden => "FieldValueForbidden",
         }
     }
@@ -190,6 +208,7 @@ impl FieldError {
             FieldErrorKind::Forbidden => "Forbidden".to_string(),
             FieldErrorKind::Invalid(value) => format!("Invalid value: {}", quote(value)),
             FieldErrorKind::Duplicate(value) => format!("Duplicate value: {}", quote(value)),
+            FieldErrorKind::TooLong(max) => format!("Too long: may not be more than {max} bytes"),
             FieldErrorKind::NotSupported(value, supported) => {
                 let quoted: Vec<String> = supported.iter().map(|s| format!("{s:?}")).collect();
                 format!(
@@ -424,6 +443,18 @@ impl StatusError {
         Self::about(spec, name, StatusReason::Forbidden, message)
     }
 
+    /// 429 TooManyRequests with `details.retryAfterSeconds` (served as `Retry-After` too).
+    pub fn too_many_requests(message: impl Into<String>, retry_after_seconds: u32) -> Self {
+        let details = StatusDetails {
+            retry_after_seconds: Some(retry_after_seconds),
+            ..StatusDetails::default()
+        };
+        Self {
+            details: Some(Box::new(details)),
+            ..Self::new(StatusReason::TooManyRequests, message)
+        }
+    }
+
     /// 500 for a failure that is the server's fault.
     pub fn internal(message: impl std::fmt::Display) -> Self {
         Self::new(
@@ -577,5 +608,21 @@ mod tests {
             .to_json()
             .get("details")
             .is_none());
+    }
+
+    #[test]
+    fn limits_have_their_own_codes_and_say_when_to_retry() {
+        let busy = StatusError::too_many_requests("over budget", 3);
+        assert_eq!((busy.code, busy.retryable()), (429, true));
+        assert_eq!(busy.to_json()["details"]["retryAfterSeconds"], json!(3));
+        let full = StatusError::new(StatusReason::StorageQuotaExceeded, "full");
+        assert_eq!((full.code, full.retryable()), (507, false));
+        assert_eq!(full.to_json()["reason"], json!("StorageQuotaExceeded"));
+        let long = FieldError::too_long("metadata.annotations", 262144);
+        assert_eq!(
+            long.to_string(),
+            "metadata.annotations: Too long: may not be more than 262144 bytes"
+        );
+        assert_eq!(long.cause_type(), "FieldValueTooLong");
     }
 }

@@ -72,6 +72,13 @@ pub enum StoreError {
         #[source]
         source: BoxError,
     },
+    /// The store is full: a create or update would take it past its quota (etcd's `NOSPACE`).
+    /// Reads, watches and deletes still work; deletes and then compaction free space.
+    #[error("{full}")]
+    QuotaExceeded {
+        /// Which quota is full, and by how much when the backend knows.
+        full: QuotaFull,
+    },
     /// A stored row cannot be decoded or contradicts the log.
     #[error("corrupt store row at revision {revision}: {reason}")]
     Corrupt {
@@ -80,6 +87,43 @@ pub enum StoreError {
         /// What is wrong with it.
         reason: &'static str,
     },
+}
+
+/// Which quota a refused write met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaFull {
+    /// The embedded store's `quota_bytes`: `used` bytes of log rows (live values and kept
+    /// history) plus this write's `write` bytes would pass `quota`.
+    Embedded {
+        /// Bytes of log rows stored now.
+        used: u64,
+        /// Bytes the refused write would add.
+        write: u64,
+        /// The configured quota.
+        quota: u64,
+    },
+    /// etcd answered `mvcc: database space exceeded`: its `--quota-backend-bytes` is reached
+    /// and its NOSPACE alarm is raised.
+    Etcd,
+}
+
+impl std::fmt::Display for QuotaFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QuotaFull::Embedded { used, write, quota } => write!(
+                f,
+                "the store's quota of {quota} bytes is full ({used} bytes of objects and kept \
+                 history are stored; this write needs {write} more): delete objects, then \
+                 compaction (every --compaction-interval) frees their history, or raise \
+                 --store-quota-bytes"
+            ),
+            QuotaFull::Etcd => f.write_str(
+                "etcd's database space is exceeded (its --quota-backend-bytes): delete objects, \
+                 compact and defragment etcd, then disarm its NOSPACE alarm \
+                 (etcdctl alarm disarm)",
+            ),
+        }
+    }
 }
 
 impl StoreError {
@@ -98,6 +142,7 @@ impl StoreError {
             | StoreError::Compacted { .. }
             | StoreError::InvalidKey { .. }
             | StoreError::ValueTooLarge { .. }
+            | StoreError::QuotaExceeded { .. }
             | StoreError::Corrupt { .. } => false,
         }
     }
@@ -106,7 +151,9 @@ impl StoreError {
     ///
     /// Follows kube-apiserver's storage errors: 410 Gone for a compacted or lagged watch (the
     /// client re-lists or re-watches), 504 for a too-large resource version (the apiserver's
-    /// "Too large resource version", retried by clients), 413 for an oversized value.
+    /// "Too large resource version", retried by clients), 413 for an oversized value, 507
+    /// Insufficient Storage for a full store (a write that repeats unchanged keeps failing
+    /// until space is freed, so it is not retryable as such).
     pub fn http_status(&self) -> u16 {
         match self {
             StoreError::InvalidKey { .. } => 400,
@@ -115,6 +162,7 @@ impl StoreError {
             StoreError::Compacted { .. } | StoreError::Lagged { .. } => 410,
             StoreError::ValueTooLarge { .. } => 413,
             StoreError::Corrupt { .. } => 500,
+            StoreError::QuotaExceeded { .. } => 507,
             StoreError::Unavailable { .. } => 503,
             StoreError::FutureRevision { .. } => 504,
         }
@@ -162,6 +210,13 @@ mod tests {
             (StoreError::InvalidKey { reason: "x" }, 400, false),
             (StoreError::ValueTooLarge { size: 2, max: 1 }, 413, false),
             (StoreError::unavailable("down"), 503, true),
+            (
+                StoreError::QuotaExceeded {
+                    full: QuotaFull::Etcd,
+                },
+                507,
+                false,
+            ),
             (
                 StoreError::Corrupt {
                     revision: 1,

@@ -33,12 +33,12 @@ pub use compactor::Compactor;
 pub use embedded::Record as LogRow;
 pub use embedded::{
     EmbeddedConfig, EmbeddedStore, DEFAULT_MAX_VALUE_BYTES, DEFAULT_PROGRESS_INTERVAL,
-    DEFAULT_WATCH_BUFFER,
+    DEFAULT_QUOTA_BYTES, DEFAULT_WATCH_BUFFER,
 };
-pub use error::{BoxError, StoreError};
+pub use error::{BoxError, QuotaFull, StoreError};
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdClientCert, EtcdConfig, EtcdStore, EtcdTls};
-pub use types::{Event, KeyValue, ListPage, WatchBatch};
+pub use types::{Event, KeyValue, ListPage, StoreUsage, WatchBatch};
 
 /// The changes a watch delivers, in revision order, in batches; a batch without changes is a
 /// progress notification (the watched keys did not change up to its revision).
@@ -117,4 +117,10 @@ pub trait Store: Send + Sync + 'static {
     /// before the compaction point does nothing; past the current revision is
     /// [`StoreError::FutureRevision`].
     async fn compact(&self, revision: u64) -> Result<(), StoreError>;
+
+    /// How full the store is, when the backend counts it (the embedded store does; etcd
+    /// reports its own `etcd_mvcc_db_total_size_in_bytes`). Cheap: no I/O.
+    fn usage(&self) -> Option<StoreUsage> {
+        None
+    }
 }

@@ -76,3 +76,12 @@ impl Event {
         }
     }
 }
+
+/// How full a store is, for its size and quota gauges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreUsage {
+    /// Bytes stored: live values and the history kept until compaction, with their keys.
+    pub used_bytes: u64,
+    /// Past this, creates and updates are refused with [`crate::StoreError::QuotaExceeded`].
+    pub quota_bytes: u64,
+}

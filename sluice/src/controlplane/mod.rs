@@ -11,6 +11,7 @@
 //! admin token but no kubeconfig in its own data directory issues none (see [`bootstrap_admin`]).
 
 mod limits;
+mod store_limits;
 mod token;
 
 use std::net::SocketAddr;
@@ -28,6 +29,7 @@ use sluice_vm_manager::{VmManager, VmMetrics};
 use tokio::sync::watch;
 
 pub use limits::LimitArgs;
+pub use store_limits::StoreLimitArgs;
 pub use token::create_token;
 
 /// How `sluice controlplane` serves.
@@ -50,6 +52,8 @@ pub struct ControlPlaneOptions {
     /// History kept for watchers to resume from (kube-apiserver: 5 minutes).
     pub compaction_interval: Duration,
     pub limits: ServerLimits,
+    /// Bytes the embedded store may hold (objects and kept history) before writes get 507.
+    pub store_quota_bytes: u64,
     /// How long after its agent's last runtime-info report an Agented VM stays
     /// AgentedConnected (the VMManager's staleness timeout).
     pub vm_heartbeat_timeout: Duration,
@@ -81,6 +85,7 @@ impl ControlPlaneOptions {
             hostnames: Vec::new(),
             compaction_interval: Duration::from_secs(300),
             limits: ServerLimits::default(),
+            store_quota_bytes: sluice_store::DEFAULT_QUOTA_BYTES,
             vm_heartbeat_timeout: sluice_vm_manager::DEFAULT_HEARTBEAT_TIMEOUT,
         }
     }
@@ -221,10 +226,17 @@ pub async fn start(options: ControlPlaneOptions) -> anyhow::Result<RunningContro
     let store: Arc<dyn Store> = match &options.store {
         StoreChoice::Embedded => {
             let store_path = options.data_dir.join("store.redb");
-            let store = tokio::task::spawn_blocking(move || EmbeddedStore::open(&store_path))
-                .await
-                .context("opening the store")?
-                .with_context(|| format!("opening the store in {}", options.data_dir.display()))?;
+            let config = sluice_store::EmbeddedConfig {
+                quota_bytes: options.store_quota_bytes,
+                ..sluice_store::EmbeddedConfig::default()
+            };
+            let store =
+                tokio::task::spawn_blocking(move || EmbeddedStore::open_with(&store_path, config))
+                    .await
+                    .context("opening the store")?
+                    .with_context(|| {
+                        format!("opening the store in {}", options.data_dir.display())
+                    })?;
             Arc::new(store)
         }
         #[cfg(feature = "etcd")]

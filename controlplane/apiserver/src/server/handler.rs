@@ -123,6 +123,7 @@ impl ApiServer {
             parts,
             visibility,
             user: identity.user_name(),
+            identity,
         };
         self.resource(call, body).await
     }

@@ -15,6 +15,7 @@ mod span_watch;
 mod tokens;
 mod visibility;
 mod watch;
+pub mod write_budget;
 mod writes;
 
 use std::net::SocketAddr;
@@ -67,6 +68,8 @@ pub struct ServerLimits {
     pub watches: PoolLimits,
     /// Requests being answered at once: the pool and each role's share; past a share, 429.
     pub requests_in_flight: PoolLimits,
+    /// Writes and stored bytes per second of each identity and each role (429 past them).
+    pub write_budgets: write_budget::WriteBudgets,
     /// A watch without `timeoutSeconds` ends after this long plus up to as long again.
     pub watch_timeout: Duration,
     /// HTTP/2 PINGs this often find dead peers of long watches.
@@ -95,6 +98,7 @@ impl ServerLimits {
         self.requests_in_flight
             .check()
             .map_err(|reason| format!("requests in flight: {reason}"))?;
+        self.write_budgets.check()?;
         if self.max_unauthenticated_connections > self.max_connections {
             return Err(format!(
                 "max_unauthenticated_connections ({}) is more than max_connections ({})",
@@ -128,6 +132,7 @@ impl Default for ServerLimits {
             max_body_bytes: 3 * 1024 * 1024,
             watches: pool(10_000, [(200, 1000), (1000, 64), (1000, 64), (2000, 16)]),
             requests_in_flight: pool(400, [(40, 100), (60, 20), (60, 20), (60, 4)]),
+            write_budgets: write_budget::WriteBudgets::default(),
             watch_timeout: Duration::from_secs(30 * 60),
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(20),
@@ -155,6 +160,8 @@ pub struct ApiServer {
     limits: ServerLimits,
     watch_slots: Arc<Pool>,
     request_slots: Arc<Pool>,
+    writes: write_budget::WriteBudget,
+    write_metrics: write_budget::WriteMetrics,
     connections: Arc<ConnectionTable>,
     /// Connection tasks still running (evicted ones included), for the graceful stop.
     tasks: signal::Sender<usize>,
@@ -178,6 +185,7 @@ impl ApiServer {
         let mut prometheus = prometheus_client::registry::Registry::default();
         let metrics = ApiMetrics::register(&mut prometheus);
         register(&mut prometheus);
+        let write_metrics = write_budget::WriteMetrics::register(&mut prometheus, store.clone());
         Arc::new(Self {
             registry,
             store,
@@ -186,6 +194,8 @@ impl ApiServer {
             prometheus,
             watch_slots: Pool::new(BudgetKind::Watches, limits.watches.clone()),
             request_slots: Pool::new(BudgetKind::Requests, limits.requests_in_flight.clone()),
+            writes: write_budget::WriteBudget::new(limits.write_budgets.clone()),
+            write_metrics,
             connections: ConnectionTable::new(TableLimits {
                 max_connections: limits.max_connections,
                 max_unauthenticated: limits.max_unauthenticated_connections,

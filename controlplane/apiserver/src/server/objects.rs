@@ -34,6 +34,8 @@ pub struct Call<'a> {
     pub visibility: Visibility,
     /// The caller's user name, for refusals.
     pub user: String,
+    /// The caller, whose write budget a write spends.
+    pub identity: crate::auth::Identity,
 }
 
 impl Call<'_> {
@@ -260,9 +262,17 @@ pub(crate) fn store_status(spec: &KindSpec, name: &str, error: StoreError) -> St
             Reason::ServiceUnavailable,
             format!("Too large resource version: {requested}, current: {current}"),
         ),
-        StoreError::ValueTooLarge { size, max } => StatusError::new(
-            Reason::RequestEntityTooLarge,
-            format!("the object is {size} bytes; the store holds at most {max}"),
+        StoreError::ValueTooLarge { size, max } => {
+            sluice_apimachinery::limits::object_size_error(spec, name, size, max).unwrap_or_else(
+                || StatusError::new(Reason::RequestEntityTooLarge, "the object is too large"),
+            )
+        }
+        StoreError::QuotaExceeded { full } => StatusError::new(
+            Reason::StorageQuotaExceeded,
+            format!(
+                "{} {name:?} was not written: {full}",
+                spec.qualified_resource()
+            ),
         ),
         StoreError::InvalidKey { reason } => {
             StatusError::bad_request(format!("invalid name: {reason}"))

@@ -2,18 +2,20 @@
 //! decide the new object, and writes it conditionally on the revision it read, so two writers
 //! never lose each other's changes.
 
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde_json::Value;
+use sluice_apimachinery::limits::{object_size_error, MAX_OBJECT_BYTES};
 use sluice_apimachinery::meta::{self, begin_delete, DeleteOutcome};
 use sluice_apimachinery::options::ListOptions;
 use sluice_apimachinery::patch;
 use sluice_apimachinery::schema::{prune_unknown_fields, FieldValidation};
 use sluice_apimachinery::{StatusError, StatusReason};
+use sluice_store::StoreError;
 
 use super::objects::{
     call_forbidden, decode, encode, matches_selection, store_status, without_version, Call,
@@ -50,14 +52,16 @@ impl ApiServer {
         prune_unknown_fields(call.spec, &mut object);
         let name = meta::object_name(&object).to_string();
         let key = super::keys::object_key(call.spec, call.request.namespace, &name);
+        let encoded = self.sized(call, &name, &object)?;
         if dry_run(call)? {
             return Ok(Reply::json(StatusCode::CREATED, object).with_warnings(warnings));
         }
+        self.spend(call, encoded.len())?;
         let stored = self
             .store
-            .create(&key, encode(&object))
+            .create(&key, encoded)
             .await
-            .map_err(|error| store_status(call.spec, &name, error))?;
+            .map_err(|error| self.write_failed(call, &name, error))?;
         Ok(Reply::json(StatusCode::CREATED, decode(&stored)?).with_warnings(warnings))
     }
 
@@ -128,26 +132,30 @@ impl ApiServer {
         mut updated: Value,
     ) -> Result<Reply, StatusError> {
         prune_unknown_fields(call.spec, &mut updated);
+        self.check_status_entries(call, old, &updated)?;
         let revision = revision_of(old);
+        let encoded = self.sized(call, call.name(), &updated)?;
         if dry_run(call)? {
             return Ok(Reply::ok(updated));
         }
         if meta::finalized(&updated) {
+            self.spend(call, 0)?;
             self.store
                 .delete(&call.key(), Some(revision))
                 .await
-                .map_err(|error| store_status(call.spec, call.name(), error))?;
+                .map_err(|error| self.write_failed(call, call.name(), error))?;
             return Ok(Reply::ok(updated));
         }
         // Unchanged objects are not written: `kubectl apply` twice must not bump the version.
         if without_version(old) == without_version(&updated) {
             return Ok(Reply::ok(old.clone()));
         }
+        self.spend(call, encoded.len())?;
         let stored = self
             .store
-            .update(&call.key(), encode(&updated), Some(revision))
+            .update(&call.key(), encoded, Some(revision))
             .await
-            .map_err(|error| store_status(call.spec, call.name(), error))?;
+            .map_err(|error| self.write_failed(call, call.name(), error))?;
         Ok(Reply::ok(decode(&stored)?))
     }
 
@@ -205,21 +213,24 @@ impl ApiServer {
         match begin_delete(&old, SystemTime::now()) {
             DeleteOutcome::DeleteNow => {
                 if !dry {
+                    self.spend(call, 0)?;
                     self.store
                         .delete(key, Some(revision_of(&old)))
                         .await
-                        .map_err(|error| store_status(call.spec, &name, error))?;
+                        .map_err(|error| self.write_failed(call, &name, error))?;
                 }
                 Ok(Reply::ok(old))
             }
             DeleteOutcome::AlreadyDeleting => Ok(Reply::ok(old)),
             DeleteOutcome::MarkDeleting(marked) if dry => Ok(Reply::ok(marked)),
             DeleteOutcome::MarkDeleting(marked) => {
+                let encoded = encode(&marked);
+                self.spend(call, encoded.len())?;
                 let stored = self
                     .store
-                    .update(key, encode(&marked), Some(revision_of(&old)))
+                    .update(key, encoded, Some(revision_of(&old)))
                     .await
-                    .map_err(|error| store_status(call.spec, &name, error))?;
+                    .map_err(|error| self.write_failed(call, &name, error))?;
                 Ok(Reply::json(StatusCode::ACCEPTED, decode(&stored)?))
             }
         }
@@ -273,6 +284,61 @@ impl ApiServer {
                 Err(error) => return Err(error),
             }
         }
+    }
+
+    /// The object as it would be stored, or 413 when it is larger than an object may be.
+    fn sized(&self, call: &Call<'_>, name: &str, object: &Value) -> Result<Bytes, StatusError> {
+        let encoded = encode(object);
+        match object_size_error(call.spec, name, encoded.len(), MAX_OBJECT_BYTES) {
+            None => Ok(encoded),
+            Some(error) => {
+                self.write_metrics
+                    .refused(call.identity.role, "object_size");
+                Err(error)
+            }
+        }
+    }
+
+    /// Spends one write of `bytes` from the caller's write budget, or answers 429.
+    fn spend(&self, call: &Call<'_>, bytes: usize) -> Result<(), StatusError> {
+        let now = Instant::now();
+        self.writes
+            .admit(&call.identity, bytes, now)
+            .map_err(|over| {
+                self.write_metrics
+                    .refused(call.identity.role, over.scope.as_str());
+                over.status(&call.user)
+            })
+    }
+
+    /// The `Status` of a failed store write; a full store is counted.
+    fn write_failed(&self, call: &Call<'_>, name: &str, error: StoreError) -> StatusError {
+        if matches!(error, StoreError::QuotaExceeded { .. }) {
+            self.write_metrics
+                .refused(call.identity.role, "storage_quota");
+        }
+        store_status(call.spec, name, error)
+    }
+
+    /// 403 when a node or gateway changed another's entry of a status map (or anything else
+    /// in the status), naming the field; see `kinds::foreign_status_change`.
+    fn check_status_entries(
+        &self,
+        call: &Call<'_>,
+        old: &Value,
+        new: &Value,
+    ) -> Result<(), StatusError> {
+        let identity = &call.identity;
+        let Some(field) = crate::kinds::foreign_status_change(identity, call.spec, old, new) else {
+            return Ok(());
+        };
+        let mut error = call_forbidden(call);
+        error.message = format!(
+            "{}: a {} may change only its own entry ({:?}) of the status; this write changed \
+             {field} outside it",
+            error.message, identity.role, identity.subject
+        );
+        Err(error)
     }
 
     async fn read_body(&self, call: &Call<'_>, body: Incoming) -> Result<Bytes, StatusError> {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use redb::{ReadableTable, WriteTransaction};
 
 use super::record::Record;
-use super::tables::{self, backend, COMPACT_REVISION, INDEX, LOG, META};
+use super::tables::{self, backend, COMPACT_REVISION, INDEX, LOG, LOG_BYTES, META};
 use crate::error::StoreError;
 
 /// Revisions compacted per transaction: bounds how long one compaction holds the writer and how
@@ -43,11 +43,14 @@ pub(crate) fn step(txn: &WriteTransaction, target: u64) -> Result<Step, StoreErr
     }
     let end = target.min(revisions.compacted.saturating_add(REVISIONS_PER_STEP));
     let newest_in_range = newest_rows(&log, revisions.compacted + 1, end)?;
+    let mut freed = 0;
     for (key, newest) in newest_in_range {
         let record = tables::load_required(&log, newest, "a compacted range lost a row")?;
-        remove_chain(&mut log, record.prev_revision)?;
+        freed += remove_chain(&mut log, record.prev_revision)?;
         if record.deleted {
-            log.remove(newest).map_err(backend)?;
+            if let Some(bytes) = log.remove(newest).map_err(backend)? {
+                freed += tables::row_bytes(bytes.value().len());
+            }
             let indexed = index.get(key.as_str()).map_err(backend)?.map(|g| g.value());
             if indexed == Some(newest) {
                 index.remove(key.as_str()).map_err(backend)?;
@@ -55,6 +58,11 @@ pub(crate) fn step(txn: &WriteTransaction, target: u64) -> Result<Step, StoreErr
         }
     }
     meta.insert(COMPACT_REVISION, end).map_err(backend)?;
+    // A store without the count gets it from its rows when it opens; none is left here.
+    if let Some(used) = tables::log_bytes(&meta)? {
+        meta.insert(LOG_BYTES, used.saturating_sub(freed))
+            .map_err(backend)?;
+    }
     Ok(Step::Advanced(end))
 }
 
@@ -76,20 +84,22 @@ fn newest_rows(
 }
 
 /// Removes the rows a chain links back from `revision`, up to the first one already gone
-/// (everything before it went in an earlier compaction).
+/// (everything before it went in an earlier compaction); returns their [`tables::row_bytes`].
 fn remove_chain(
     log: &mut redb::Table<'_, u64, &'static [u8]>,
     revision: u64,
-) -> Result<(), StoreError> {
+) -> Result<u64, StoreError> {
     let mut revision = revision;
+    let mut freed = 0;
     while revision != 0 {
         let removed = log.remove(revision).map_err(backend)?;
         let Some(bytes) = removed else {
-            return Ok(());
+            return Ok(freed);
         };
+        freed += tables::row_bytes(bytes.value().len());
         revision = Record::decode(revision, bytes.value())?.prev_revision;
     }
-    Ok(())
+    Ok(freed)
 }
 
 #[cfg(test)]
@@ -113,8 +123,26 @@ mod tests {
 
     fn apply(db: &Database, key: &str, op: WriteOp) {
         let txn = db.begin_write().unwrap();
-        write::apply(&txn, key, op).unwrap();
+        write::apply(&txn, key, op, u64::MAX).unwrap();
         txn.commit().unwrap();
+    }
+
+    /// The kept count of log bytes, and the count from the rows themselves.
+    fn log_bytes(db: &Database) -> (u64, u64) {
+        use redb::ReadableDatabase;
+        let txn = db.begin_read().unwrap();
+        let meta = txn.open_table(META).unwrap();
+        let log = txn.open_table(LOG).unwrap();
+        (
+            tables::log_bytes(&meta).unwrap().unwrap_or(0),
+            tables::count_log_bytes(&log).unwrap(),
+        )
+    }
+
+    fn put_new(text: &'static str) -> WriteOp {
+        WriteOp::Create {
+            value: Bytes::from_static(text.as_bytes()),
+        }
     }
 
     fn put(text: &'static str) -> WriteOp {
@@ -185,6 +213,50 @@ mod tests {
         assert_eq!(compact(&db, 7), [Step::Advanced(7), Step::Done]);
         // /c's tombstone at 6 goes; the re-creation at 8 keeps /c in the index.
         assert_eq!(rows(&db), (vec![7, 8], vec!["/a".into(), "/c".into()]));
+    }
+
+    #[test]
+    fn the_kept_byte_count_follows_writes_and_compaction() {
+        let db = database();
+        let create = |text: &'static str| WriteOp::Create {
+            value: Bytes::from_static(text.as_bytes()),
+        };
+        apply(&db, "/a", create("first value"));
+        apply(&db, "/a", put("a second, longer value"));
+        apply(&db, "/b", create("b"));
+        apply(&db, "/b", WriteOp::Delete { expected: None });
+        let (kept, counted) = log_bytes(&db);
+        assert_eq!(kept, counted);
+        compact(&db, 4);
+        let (after, counted) = log_bytes(&db);
+        assert_eq!(after, counted);
+        assert!(after < kept, "compaction freed nothing: {after} of {kept}");
+    }
+
+    #[test]
+    fn puts_past_the_quota_are_refused_and_deletes_are_not() {
+        let db = database();
+        let txn = db.begin_write().unwrap();
+        let big = WriteOp::Create {
+            value: Bytes::from(vec![b'x'; 100]),
+        };
+        let refused = write::apply(&txn, "/a", big, 100);
+        assert!(matches!(
+            refused,
+            Err(StoreError::QuotaExceeded {
+                full: crate::QuotaFull::Embedded {
+                    used: 0,
+                    quota: 100,
+                    ..
+                }
+            })
+        ));
+        drop(txn);
+        apply(&db, "/a", put_new("x"));
+        let (used, _) = log_bytes(&db);
+        let txn = db.begin_write().unwrap();
+        let applied = write::apply(&txn, "/a", WriteOp::Delete { expected: None }, used);
+        assert!(applied.is_ok(), "a delete must pass a full quota");
     }
 
     #[test]

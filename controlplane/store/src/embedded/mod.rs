@@ -21,6 +21,7 @@ mod watch;
 mod write;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -28,10 +29,10 @@ use bytes::Bytes;
 use redb::{Database, ReadableDatabase};
 
 use self::hub::Hub;
-use self::tables::{backend, ListQuery, INDEX, LOG, META};
+use self::tables::{backend, ListQuery, INDEX, LOG, LOG_BYTES, META};
 use self::write::WriteOp;
 use crate::error::StoreError;
-use crate::types::{KeyValue, ListPage};
+use crate::types::{KeyValue, ListPage, StoreUsage};
 use crate::{Store, WatchStream};
 
 /// etcd's default request size limit (`--max-request-bytes`), so objects that fit one fit both.
@@ -40,6 +41,9 @@ pub const DEFAULT_MAX_VALUE_BYTES: usize = 1536 * 1024;
 pub const DEFAULT_WATCH_BUFFER: usize = 1024;
 /// How long a live watch waits without a change before it reports its progress.
 pub const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
+/// etcd's default `--quota-backend-bytes` (2 GiB): a disk that holds etcd's default holds
+/// this store.
+pub const DEFAULT_QUOTA_BYTES: u64 = 2 * 1024 * 1024 * 1024;
 
 /// Limits of an [`EmbeddedStore`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +55,10 @@ pub struct EmbeddedConfig {
     /// A live watch without changes for this long sends an empty batch with its revision, if
     /// the store moved on (at least 1 ms).
     pub progress_interval: Duration,
+    /// Bytes of log rows (live values and the history kept until compaction, with their keys)
+    /// past which creates and updates are refused with [`StoreError::QuotaExceeded`], as
+    /// etcd's `--quota-backend-bytes`; deletes still pass.
+    pub quota_bytes: u64,
 }
 
 impl Default for EmbeddedConfig {
@@ -59,6 +67,7 @@ impl Default for EmbeddedConfig {
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
             watch_buffer: DEFAULT_WATCH_BUFFER,
             progress_interval: DEFAULT_PROGRESS_INTERVAL,
+            quota_bytes: DEFAULT_QUOTA_BYTES,
         }
     }
 }
@@ -71,6 +80,8 @@ pub(crate) struct Inner {
     /// Held from a write's transaction to its publication (see the module comment).
     write_lock: Mutex<()>,
     config: EmbeddedConfig,
+    /// The log's bytes as last committed (the quota gauge reads it without I/O).
+    log_bytes: AtomicU64,
 }
 
 /// The embedded [`Store`]: a redb file holding the MVCC log (see the crate's `README.md`).
@@ -97,15 +108,26 @@ impl EmbeddedStore {
         let db = Database::create(path).map_err(backend)?;
         // Creating the tables up front lets every read transaction open them.
         let txn = db.begin_write().map_err(backend)?;
-        txn.open_table(LOG).map_err(backend)?;
+        let log = txn.open_table(LOG).map_err(backend)?;
         txn.open_table(INDEX).map_err(backend)?;
-        let revisions = tables::revisions(&txn.open_table(META).map_err(backend)?)?;
+        let mut meta = txn.open_table(META).map_err(backend)?;
+        let revisions = tables::revisions(&meta)?;
+        let log_bytes = match tables::log_bytes(&meta)? {
+            Some(bytes) => bytes,
+            None => {
+                let counted = tables::count_log_bytes(&log)?;
+                meta.insert(LOG_BYTES, counted).map_err(backend)?;
+                counted
+            }
+        };
+        drop((log, meta));
         txn.commit().map_err(backend)?;
         let inner = Inner {
             db,
             hub: Hub::new(revisions.current),
             write_lock: Mutex::new(()),
             config,
+            log_bytes: AtomicU64::new(log_bytes),
         };
         Ok(EmbeddedStore {
             inner: Arc::new(inner),
@@ -144,8 +166,10 @@ impl Inner {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let txn = self.db.begin_write().map_err(backend)?;
-        let event = write::apply(&txn, key, op)?;
+        let applied = write::apply(&txn, key, op, self.config.quota_bytes)?;
         txn.commit().map_err(backend)?;
+        self.log_bytes.store(applied.log_bytes, Ordering::Relaxed);
+        let event = applied.event;
         self.hub.publish(&event);
         Ok(match event {
             crate::Event::Put { kv, .. } => kv,
@@ -196,7 +220,15 @@ impl Inner {
             let txn = self.db.begin_write().map_err(backend)?;
             match compact::step(&txn, target)? {
                 compact::Step::Done => return Ok(()),
-                compact::Step::Advanced(_) => txn.commit().map_err(backend)?,
+                compact::Step::Advanced(_) => {
+                    let meta = txn.open_table(META).map_err(backend)?;
+                    let log_bytes = tables::log_bytes(&meta)?;
+                    drop(meta);
+                    txn.commit().map_err(backend)?;
+                    if let Some(bytes) = log_bytes {
+                        self.log_bytes.store(bytes, Ordering::Relaxed);
+                    }
+                }
             }
         }
     }
@@ -284,5 +316,12 @@ impl Store for EmbeddedStore {
     async fn compact(&self, revision: u64) -> Result<(), StoreError> {
         let inner = self.inner.clone();
         blocking(move || inner.compact(revision)).await
+    }
+
+    fn usage(&self) -> Option<StoreUsage> {
+        Some(StoreUsage {
+            used_bytes: self.inner.log_bytes.load(Ordering::Relaxed),
+            quota_bytes: self.inner.config.quota_bytes,
+        })
     }
 }

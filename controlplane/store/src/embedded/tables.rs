@@ -24,6 +24,36 @@ pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta")
 pub(crate) const CURRENT_REVISION: &str = "current_revision";
 /// The compaction point: rows superseded at or before it are gone.
 pub(crate) const COMPACT_REVISION: &str = "compact_revision";
+/// Bytes of the log's rows ([`row_bytes`] each): what the quota bounds. Kept in the same
+/// transaction as the rows, so it never drifts from them.
+pub(crate) const LOG_BYTES: &str = "log_bytes";
+
+/// What one log row counts against the quota: its encoding and its revision key.
+pub(crate) fn row_bytes(encoded_len: usize) -> u64 {
+    encoded_len as u64 + 8
+}
+
+/// The stored [`LOG_BYTES`], `None` in a store written before it was kept.
+pub(crate) fn log_bytes(
+    meta: &impl ReadableTable<&'static str, u64>,
+) -> Result<Option<u64>, StoreError> {
+    Ok(meta
+        .get(LOG_BYTES)
+        .map_err(backend)?
+        .map(|guard| guard.value()))
+}
+
+/// Counts [`LOG_BYTES`] from the rows, once, for a store that never kept it.
+pub(crate) fn count_log_bytes(
+    log: &impl ReadableTable<u64, &'static [u8]>,
+) -> Result<u64, StoreError> {
+    let mut total = 0;
+    for entry in log.range(0..).map_err(backend)? {
+        let (_, bytes) = entry.map_err(backend)?;
+        total += row_bytes(bytes.value().len());
+    }
+    Ok(total)
+}
 
 /// Wraps any redb error; redb's own corruption report keeps its meaning.
 pub(crate) fn backend(error: impl Into<redb::Error>) -> StoreError {

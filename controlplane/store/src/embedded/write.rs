@@ -4,8 +4,8 @@ use bytes::Bytes;
 use redb::{ReadableTable, WriteTransaction};
 
 use super::record::Record;
-use super::tables::{self, backend, CURRENT_REVISION, INDEX, LOG, META};
-use crate::error::StoreError;
+use super::tables::{self, backend, CURRENT_REVISION, INDEX, LOG, LOG_BYTES, META};
+use crate::error::{QuotaFull, StoreError};
 use crate::types::{Event, KeyValue};
 
 /// What a write does to its key.
@@ -19,10 +19,25 @@ pub(crate) enum WriteOp {
     Delete { expected: Option<u64> },
 }
 
+/// A committed-to-be write: its change and the log's bytes after it.
+#[derive(Debug)]
+pub(crate) struct Applied {
+    pub event: Event,
+    pub log_bytes: u64,
+}
+
 /// Appends the row for `op` on `key` at the next revision inside `txn` and returns the change.
 ///
-/// Nothing is written when the op is refused; the caller commits (or drops) the transaction.
-pub(crate) fn apply(txn: &WriteTransaction, key: &str, op: WriteOp) -> Result<Event, StoreError> {
+/// A create or update that would take the log past `quota` bytes is refused; a deletion never
+/// is, since deleting (then compacting) is how a full store gets space back, as with etcd's
+/// NOSPACE alarm. Nothing is written when the op is refused; the caller commits (or drops)
+/// the transaction.
+pub(crate) fn apply(
+    txn: &WriteTransaction,
+    key: &str,
+    op: WriteOp,
+    quota: u64,
+) -> Result<Applied, StoreError> {
     let mut log = txn.open_table(LOG).map_err(backend)?;
     let mut index = txn.open_table(INDEX).map_err(backend)?;
     let mut meta = txn.open_table(META).map_err(backend)?;
@@ -30,11 +45,19 @@ pub(crate) fn apply(txn: &WriteTransaction, key: &str, op: WriteOp) -> Result<Ev
     let newest = index.get(key).map_err(backend)?.map(|guard| guard.value());
     let current = tables::latest_live(&index, &log, key)?;
     let (record, event) = next_row(key, revision, newest.unwrap_or(0), current, op)?;
-    log.insert(revision, record.encode().as_slice())
-        .map_err(backend)?;
+    let encoded = record.encode();
+    let used = tables::log_bytes(&meta)?.unwrap_or(0);
+    let write = tables::row_bytes(encoded.len());
+    if !record.deleted && used.saturating_add(write) > quota {
+        let full = QuotaFull::Embedded { used, write, quota };
+        return Err(StoreError::QuotaExceeded { full });
+    }
+    log.insert(revision, encoded.as_slice()).map_err(backend)?;
     index.insert(key, revision).map_err(backend)?;
     meta.insert(CURRENT_REVISION, revision).map_err(backend)?;
-    Ok(event)
+    let log_bytes = used.saturating_add(write);
+    meta.insert(LOG_BYTES, log_bytes).map_err(backend)?;
+    Ok(Applied { event, log_bytes })
 }
 
 /// The row `op` appends at `revision` given the key's live state `current` and its newest row

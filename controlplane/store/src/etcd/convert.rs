@@ -12,6 +12,9 @@ const COMPACTED: &str = "required revision has been compacted";
 const FUTURE_REVISION: &str = "required revision is a future revision";
 /// etcd's message for a request larger than its `--max-request-bytes`.
 const TOO_LARGE: &str = "request is too large";
+/// etcd's message (`ErrGRPCNoSpace`) for a write past its `--quota-backend-bytes`; its gRPC
+/// code, ResourceExhausted, is shared with "too many requests".
+const NO_SPACE: &str = "database space exceeded";
 
 /// What an etcd failure means to the store. Decided on etcd's messages, the only thing that
 /// tells these cases apart (they share gRPC codes with other failures).
@@ -39,6 +42,11 @@ pub(crate) fn failure(error: etcd_client::Error) -> Failure {
         }
         if message.contains(TOO_LARGE) {
             return Failure::TooLarge;
+        }
+        if message.contains(NO_SPACE) {
+            return Failure::Other(StoreError::QuotaExceeded {
+                full: crate::error::QuotaFull::Etcd,
+            });
         }
     }
     Failure::Other(StoreError::unavailable(error))

@@ -1,0 +1,97 @@
+use super::*;
+
+fn identity(role: Role, subject: &str) -> Identity {
+    Identity::new(role, subject).unwrap()
+}
+
+/// Budgets where vm-agents may make 3 writes of 1000 bytes in a burst, 1 per second after.
+fn small() -> WriteBudgets {
+    let mut budgets = WriteBudgets::default();
+    let vm = budgets.role_mut(Role::VmAgent);
+    vm.writes = Rate::new(1.0, 3.0);
+    vm.bytes = Rate::new(1000.0, 3000.0);
+    vm.role_writes = Rate::new(1.0, 5.0);
+    budgets
+}
+
+#[test]
+fn an_identity_over_its_burst_waits_for_its_refill() {
+    let budget = WriteBudget::new(small());
+    let vm = identity(Role::VmAgent, "vm-1");
+    let start = Instant::now();
+    for _ in 0..3 {
+        budget.admit(&vm, 10, start).unwrap();
+    }
+    let refused = budget.admit(&vm, 10, start).unwrap_err();
+    assert_eq!(refused.scope, Scope::Identity);
+    assert_eq!(refused.retry_after, Duration::from_secs(1));
+    let status = refused.status("sluice:vm-agent:vm-1");
+    assert_eq!(status.code, 429);
+    assert_eq!(status.details.unwrap().retry_after_seconds, Some(1));
+    // One second later one more write fits, and only one.
+    let later = start + Duration::from_secs(1);
+    budget.admit(&vm, 10, later).unwrap();
+    assert!(budget.admit(&vm, 10, later).is_err());
+}
+
+#[test]
+fn bytes_are_budgeted_and_a_write_above_the_burst_needs_a_full_bucket() {
+    let budget = WriteBudget::new(small());
+    let vm = identity(Role::VmAgent, "vm-1");
+    let start = Instant::now();
+    // 10 kB is more than the 3000-byte burst: it passes on a full bucket and empties it.
+    budget.admit(&vm, 10_000, start).unwrap();
+    let refused = budget.admit(&vm, 1, start).unwrap_err();
+    assert_eq!(refused.scope, Scope::Identity);
+    assert_eq!(refused.retry_after, Duration::from_millis(1));
+}
+
+#[test]
+fn a_role_shares_one_budget_and_other_roles_keep_theirs() {
+    let budget = WriteBudget::new(small());
+    let start = Instant::now();
+    // Five VMs, one write each, use up the vm-agent role's burst of 5.
+    for n in 0..5 {
+        budget
+            .admit(&identity(Role::VmAgent, &format!("vm-{n}")), 10, start)
+            .unwrap();
+    }
+    let refused = budget
+        .admit(&identity(Role::VmAgent, "vm-9"), 10, start)
+        .unwrap_err();
+    assert_eq!(refused.scope, Scope::Role);
+    assert!(refused.status("x").message.contains("vm-agent role"));
+    // Nodes, gateways and the admin are not touched by the vm-agents' spending.
+    for role in [Role::Node, Role::Gateway, Role::Admin] {
+        budget.admit(&identity(role, "n-1"), 10, start).unwrap();
+    }
+}
+
+#[test]
+fn a_refused_write_spends_nothing() {
+    let budget = WriteBudget::new(small());
+    let start = Instant::now();
+    let greedy = identity(Role::VmAgent, "vm-1");
+    for _ in 0..3 {
+        budget.admit(&greedy, 10, start).unwrap();
+    }
+    for _ in 0..100 {
+        assert!(budget.admit(&greedy, 10, start).is_err());
+    }
+    // The role's burst of 5 lost only the three admitted writes.
+    budget
+        .admit(&identity(Role::VmAgent, "vm-2"), 10, start)
+        .unwrap();
+    budget
+        .admit(&identity(Role::VmAgent, "vm-3"), 10, start)
+        .unwrap();
+}
+
+#[test]
+fn budgets_that_cannot_work_are_refused_naming_role_and_field() {
+    assert!(WriteBudgets::default().check().is_ok());
+    let mut budgets = WriteBudgets::default();
+    budgets.role_mut(Role::Node).bytes = Rate::new(0.0, 10.0);
+    let error = budgets.check().unwrap_err();
+    assert!(error.contains("node") && error.contains("bytes"), "{error}");
+}
