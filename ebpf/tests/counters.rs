@@ -240,10 +240,11 @@ const CHILD_NETNS: &str = "SLUICE_EBPF_TEST_CHILD_NETNS";
 const CHILD_DEV: &str = "SLUICE_EBPF_TEST_CHILD_DEV";
 const CHILD_MODE: &str = "SLUICE_EBPF_TEST_CHILD_MODE";
 
-/// Not a test of its own: the body of the child process `killed_processes_...` starts (it
-/// returns at once without its environment). Attaches, says so, then waits to be killed.
-#[test]
-fn child_process_holding_the_hooks() {
+/// The child process `killed_processes_...` starts is this test binary again, with the three
+/// variables above set: [`child_entry`] runs it from `.init_array`, before libtest's `main`, so
+/// the child never reaches the tests. Not a `#[test]` that returns without its environment: that
+/// one passed, without running anything, in every ordinary run.
+extern "C" fn child_entry() {
     let (Some(netns), Some(dev), Some(mode)) = (
         std::env::var_os(CHILD_NETNS),
         std::env::var_os(CHILD_DEV),
@@ -251,19 +252,32 @@ fn child_process_holding_the_hooks() {
     ) else {
         return;
     };
-    let netns = netns.to_string_lossy().into_owned();
-    let mode = if mode == "netlink" {
-        AttachMode::Netlink
-    } else {
-        AttachMode::Tcx
-    };
-    let dev = dev.to_string_lossy().into_owned();
-    let counters = run_in(&netns, move || {
+    hold_the_hooks(
+        &netns.to_string_lossy(),
+        &dev.to_string_lossy(),
+        if mode == "netlink" {
+            AttachMode::Netlink
+        } else {
+            AttachMode::Tcx
+        },
+    );
+    std::process::exit(0);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static RUN_THE_CHILD_BEFORE_THE_TESTS: extern "C" fn() = child_entry;
+
+/// The child's body: attaches in `netns`, says so, then waits to be killed. A panic here aborts
+/// the child (it runs in an `extern "C"` function), which the parent sees as never attaching.
+fn hold_the_hooks(netns: &str, dev: &str, mode: AttachMode) {
+    let dev = dev.to_string();
+    let counters = run_in(netns, move || {
         let mut counters = load(mode);
         counters.attach(&dev).expect("attach in the child");
         counters
     });
-    // Straight to fd 1: the test harness captures println! even in a child run.
+    // Straight to fd 1, unbuffered: the parent waits for this line.
     let mut stdout = std::io::stdout();
     std::io::Write::write_all(&mut stdout, b"attached\n").expect("stdout");
     std::io::Write::flush(&mut stdout).expect("stdout");
@@ -286,12 +300,9 @@ fn killed_processes_leave_one_program_per_hook(mode: AttachMode, label: &str) {
     let pair = Pair::new();
     let mut child = KillOnDrop(
         Command::new(std::env::current_exe().expect("test binary"))
-            .args([
-                "--exact",
-                "child_process_holding_the_hooks",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+            // `child_entry` takes over before libtest starts; should it not, this filter
+            // matches no test, so the child never runs the suite again.
+            .args(["--exact", "the_child_runs_from_init_array"])
             .env(CHILD_NETNS, &pair.b.0)
             .env(CHILD_DEV, &pair.vb)
             .env(CHILD_MODE, label)

@@ -7,11 +7,11 @@ use std::path::Path;
 
 #[test]
 fn checked_in_object_matches_a_fresh_build() {
-    if !compile::clang_available() {
-        eprintln!(
-            "\n!!! clang is not on PATH: the regeneration test of ebpf/{} did NOT run !!!\n",
-            compile::OBJECT
-        );
+    if !test_support::prerequisite(
+        "clang",
+        compile::clang_available(),
+        "scripts/test.sh installs it: apt-get install clang llvm",
+    ) {
         return;
     }
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));

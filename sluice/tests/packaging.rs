@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use test_support::SluiceLauncher;
+use test_support::{is_root, prerequisite, SluiceLauncher, ROOT_IN_CI};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -161,8 +161,7 @@ fn unit_setting(unit: &str, key: &str) -> String {
 /// protections need systemd itself).
 #[test]
 fn the_debian_package_installs_and_its_node_runs_as_its_unit_would() {
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED the_debian_package_installs...: installing a package needs root");
+    if !prerequisite("root (dpkg -i installs the package)", is_root(), ROOT_IN_CI) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -7,7 +7,9 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use test_support::{wait_until, SluiceLauncher, SluiceProcess};
+use test_support::{
+    is_root, prerequisite, program_on_path, wait_until, SluiceLauncher, SluiceProcess, ROOT_IN_CI,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -371,35 +373,38 @@ fn printed_line<'a>(stdout: &'a str, needle: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no line with {needle:?} in\n{stdout}"))
 }
 
-/// What the VM demo needs here; the reason to skip when something lacks.
-fn vm_demo_missing() -> Option<String> {
-    // SAFETY: geteuid(2) cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root".into());
+/// Whether the VM demo can run here: root, and the programs it starts (`scripts/test.sh`
+/// installs them: openvswitch-switch, ethtool, netcat-openbsd, iputils-ping). A missing one
+/// fails the test in CI and skips it loudly elsewhere.
+fn vm_demo_prerequisites() -> bool {
+    if !prerequisite(
+        "root (the demo makes network namespaces)",
+        is_root(),
+        ROOT_IN_CI,
+    ) {
+        return false;
     }
-    for program in [
+    [
         "ovs-vswitchd",
         "ovsdb-server",
         "ovsdb-tool",
         "ethtool",
         "nc",
         "ping",
-    ] {
-        let found = Command::new("sh")
-            .args(["-c", &format!("command -v {program}")])
-            .output()
-            .is_ok_and(|output| output.status.success());
-        if !found {
-            return Some(format!("{program} missing (scripts/test.sh installs it)"));
-        }
-    }
-    None
+    ]
+    .into_iter()
+    .all(|program| {
+        prerequisite(
+            program,
+            program_on_path(program),
+            "scripts/test.sh installs it (openvswitch-switch, ethtool, netcat-openbsd, iputils-ping)",
+        )
+    })
 }
 
 #[test]
 fn up_runs_the_vm_policy_demo_enforces_it_and_cleans_up() {
-    if let Some(reason) = vm_demo_missing() {
-        eprintln!("SKIPPED up_runs_the_vm_policy_demo_enforces_it_and_cleans_up: {reason}");
+    if !vm_demo_prerequisites() {
         return;
     }
     let process = start_up(&["--workers", "1"], Duration::from_secs(15));
@@ -528,8 +533,7 @@ fn up_runs_the_vm_policy_demo_enforces_it_and_cleans_up() {
 
 #[test]
 fn up_goes_on_without_the_vm_demo_when_it_fails_to_start_and_cleans_up_its_part() {
-    if let Some(reason) = vm_demo_missing() {
-        eprintln!("SKIPPED up_goes_on_without_the_vm_demo_when_it_fails_to_start: {reason}");
+    if !vm_demo_prerequisites() {
         return;
     }
     // vm2's namespace name is taken before `up` starts (the shell execs it, keeping its pid),

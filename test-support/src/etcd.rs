@@ -14,8 +14,8 @@ pub const ETCD_PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 /// framing, so a value at the store's limit (etcd's default) fits in one request.
 const MAX_REQUEST_BYTES: usize = 1536 * 1024 + 64 * 1024;
 
-/// Whether the `etcd` binary can run here. Tests without it skip with a message, except under
-/// `CI`, where a missing etcd is a failure: use [`etcd_or_skip`].
+/// Whether the `etcd` binary can run here. Tests without it fail in CI and skip loudly
+/// elsewhere: use [`etcd_or_skip`].
 pub fn etcd_installed() -> bool {
     Command::new("etcd")
         .arg("--version")
@@ -25,18 +25,15 @@ pub fn etcd_installed() -> bool {
         .is_ok_and(|status| status.success())
 }
 
-/// `true` when etcd is installed; `false` (after saying why) when it is not and `CI` is unset,
-/// so the test returns early. Panics when it is missing under `CI`.
+/// How CI gets etcd, for the message of a test that finds it missing.
+const ETCD_PROVIDED_BY: &str = "scripts/test.sh installs it: apt-get install etcd-server";
+
+/// `true` when etcd is installed. When it is not: under `CI`, panics naming it
+/// ([`crate::prerequisite`]); elsewhere says loudly that `test` did not run and returns `false`,
+/// so the test returns at once.
+#[must_use = "the test must return when etcd is missing"]
 pub fn etcd_or_skip(test: &str) -> bool {
-    if etcd_installed() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{test}: etcd is not installed, and CI is set (apt-get install etcd-server)"
-    );
-    eprintln!("skipping {test}: etcd is not installed (apt-get install etcd-server)");
-    false
+    crate::prerequisite::prerequisite_of(test, "etcd", etcd_installed(), ETCD_PROVIDED_BY)
 }
 
 /// Certificate files for etcd members whose client URLs speak TLS only and require a client
