@@ -68,6 +68,7 @@ impl GatewayHandler {
         let permit = self.flow_control(generation, cluster).admit(
             policy.flow_control_schema,
             info.is_long_running(),
+            &user,
             Instant::now(),
         )?;
         let server = self

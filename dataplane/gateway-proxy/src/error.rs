@@ -193,7 +193,7 @@ pub enum ClusterFileError {
 
 /// The label values of `sluice_gateway_rejected_total{reason}`, one per way the gateway answers
 /// a client itself (see [`ProxyError::metric_label`]).
-pub const REJECT_REASONS: [&str; 13] = [
+pub const REJECT_REASONS: [&str; 14] = [
     "unknown_host",
     "tls_handshake",
     "bad_request",
@@ -201,6 +201,7 @@ pub const REJECT_REASONS: [&str; 13] = [
     "impersonation_forbidden",
     "no_dispatch_policy",
     "too_many_requests",
+    "fair_share",
     "token_reviews_busy",
     "authentication_failures_limited",
     "no_healthy_upstream",
@@ -220,6 +221,7 @@ impl ProxyError {
                 | GatewayError::ImpersonationForbidden { .. }
                 | GatewayError::NoDispatchPolicy { .. }
                 | GatewayError::TooManyRequests { .. }
+                | GatewayError::FairShare { .. }
                 | GatewayError::TokenReviewsBusy { .. }
                 | GatewayError::AuthenticationFailuresLimited { .. } => Side::Client,
                 GatewayError::AuthenticationUnavailable { .. } => Side::Auth,
@@ -319,6 +321,7 @@ impl ProxyError {
                 GatewayError::ImpersonationForbidden { .. } => "impersonation_forbidden",
                 GatewayError::NoDispatchPolicy { .. } => "no_dispatch_policy",
                 GatewayError::TooManyRequests { .. } => "too_many_requests",
+                GatewayError::FairShare { .. } => "fair_share",
                 GatewayError::TokenReviewsBusy { .. } => "token_reviews_busy",
                 GatewayError::AuthenticationFailuresLimited { .. } => {
                     "authentication_failures_limited"

@@ -10,13 +10,16 @@ use http::Response;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use sluice_gateway::request_info::RequestInfo;
+use sluice_gateway::status::GatewayError;
 
 use crate::admit::Admitted;
 use crate::body::{Held, InFlight, ProxyBody};
 use crate::error::{ProxyError, UpstreamFailure};
 use crate::handler::GatewayHandler;
 use crate::headers::{response_headers, upstream_headers, upstream_request};
+use crate::pool::ClientStreamError;
 use crate::state::Generation;
+use crate::turns::ClientTurn;
 
 impl GatewayHandler {
     pub async fn forward(
@@ -41,16 +44,27 @@ impl GatewayHandler {
             cause,
         };
 
+        let turn = ClientTurn {
+            user: &user.name,
+            long_running: info.is_long_running(),
+            level: permit.level(),
+        };
         let (send, slot) = self
             .pool
-            .stream(
-                &compiled.name,
-                server,
+            .client_stream(
+                (&compiled.name, server),
                 &runtime.client_tls,
                 &compiled.connection_pool,
+                turn,
             )
             .await
-            .map_err(upstream_failed)?;
+            .map_err(|error| match error {
+                ClientStreamError::Refused(refusal) => ProxyError::from(GatewayError::FairShare {
+                    level: permit.level().cloned(),
+                    refusal,
+                }),
+                ClientStreamError::Upstream(cause) => upstream_failed(cause),
+            })?;
         let headers = upstream_headers(&parts.headers, &user, runtime.bearer.as_ref())?;
         let upstream = upstream_request(parts, server, headers)?;
         let mut send = send

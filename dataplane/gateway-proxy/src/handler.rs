@@ -100,7 +100,7 @@ pub fn resource_label<'a>(resource: &'a str, refusal: Option<&ProxyError>) -> &'
 
 impl GatewayHandler {
     pub fn new(gateway: Arc<Gateway>, worker: usize, share: CoreShare) -> Self {
-        let pool = CorePool::new(share, gateway.metrics.upstream_connections.clone(), worker);
+        let pool = CorePool::new(share, &gateway.metrics, worker);
         Self {
             gateway,
             worker,
@@ -164,6 +164,10 @@ impl GatewayHandler {
     /// Counts and logs a refusal (the client's answer is built by the caller from the same
     /// error, see `answer.rs`).
     pub fn refuse(&self, error: &ProxyError, client: &ClientConnection, method: &str, path: &str) {
+        if let ProxyError::Refused(GatewayError::FairShare { level, refusal }) = error {
+            let level = level.as_ref().map(|level| &**level);
+            self.pool.count_refusal(&client.cluster, level, *refusal);
+        }
         crate::answer::record(
             error,
             &self.gateway.metrics,
@@ -215,6 +219,7 @@ impl GatewayHandler {
                 .map(|cluster| {
                     let state = CoreFlowControl::new(
                         &cluster.schemas,
+                        cluster.connection_pool.max_long_running_per_user,
                         self.share,
                         previous.get(&cluster.name).map(|state| state.as_ref()),
                     );
@@ -225,7 +230,15 @@ impl GatewayHandler {
         }
         flow.as_ref()
             .and_then(|(_, states)| states.get(&compiled.name).cloned())
-            .unwrap_or_else(|| Rc::new(CoreFlowControl::new(&compiled.schemas, self.share, None)))
+            .unwrap_or_else(|| {
+                let per_user = compiled.connection_pool.max_long_running_per_user;
+                Rc::new(CoreFlowControl::new(
+                    &compiled.schemas,
+                    per_user,
+                    self.share,
+                    None,
+                ))
+            })
     }
 }
 

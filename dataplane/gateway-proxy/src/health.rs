@@ -58,11 +58,7 @@ impl BackgroundTask for HealthChecker {
         let worker = worker.index;
         Box::pin(async move {
             // Its own connections (one per server), so probes never queue behind client load.
-            let pool = CorePool::new(
-                CoreShare::SINGLE,
-                gateway.metrics.upstream_connections.clone(),
-                worker,
-            );
+            let pool = CorePool::new(CoreShare::SINGLE, &gateway.metrics, worker);
             let mut streaks: HashMap<(Box<str>, Box<str>), Streak> = HashMap::new();
             loop {
                 let round = check_due(&gateway, &pool, &mut streaks);

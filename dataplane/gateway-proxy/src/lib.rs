@@ -23,6 +23,7 @@ mod auth;
 mod body;
 mod connection;
 mod error;
+mod fair_metrics;
 mod forward;
 mod handler;
 mod headers;
@@ -36,8 +37,10 @@ mod review;
 mod review_key;
 mod state;
 mod tls;
+mod turns;
 mod upgrade;
 mod upstream;
+mod upstream_connect;
 
 pub use connection::GatewayEndpoint;
 pub use error::{ApiCallFailure, ClusterFileError, ProxyError, Side, UpstreamFailure};

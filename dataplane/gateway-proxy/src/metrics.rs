@@ -72,6 +72,8 @@ pub struct GatewayMetrics {
     pub auth_cache_misses: PerCoreCounter,
     pub refusal_logs_suppressed: PerCoreCounter,
     pub upgrade_early_dropped: PerCoreCounter,
+    /// Fair shares of upstream streams, per priority level.
+    pub fair: crate::fair_metrics::FairShareMetrics,
     pub reloads_ok: Counter,
     pub reloads_failed: Counter,
 }
@@ -116,6 +118,7 @@ impl GatewayMetrics {
             auth_cache_misses,
             refusal_logs_suppressed: PerCoreCounter::new(workers),
             upgrade_early_dropped: PerCoreCounter::new(workers),
+            fair: crate::fair_metrics::FairShareMetrics::register(registry, workers),
             reloads_ok,
             reloads_failed,
         };

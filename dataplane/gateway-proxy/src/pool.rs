@@ -2,6 +2,12 @@
 //! is multiplexed onto a few long-lived connections; another opens only while all are at their
 //! stream limit (the server's MAX_CONCURRENT_STREAMS or ours, whichever is lower), up to this
 //! core's share of `maxConnectionsPerServer`. Keepalive pings find dead connections.
+//!
+//! Client requests first take their turn for one of the core's streams to the server
+//! (`turns.rs`: fair per user, long-running requests capped to their share, bounded queues and
+//! wait), so streams are never over-subscribed and nobody waits inside h2 unbounded. The
+//! gateway's own reviews use separate connections (`reserved_stream`) that client traffic never
+//! touches, so authentication keeps working whoever holds the client streams.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -10,29 +16,37 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use monoio::net::TcpStream;
 use sluice_gateway::cluster::spec::ConnectionPool;
 use sluice_gateway::cluster::CompiledServer;
+use sluice_gateway::fair_share::{FairShareRefusal, StreamLimits, StreamQueue};
 use sluice_gateway::flow_control::CoreShare;
 
 use crate::error::UpstreamFailure;
+use crate::fair_metrics::{FairShareMetrics, LevelMetrics};
+use crate::metrics::GatewayMetrics;
+use crate::turns::{ask_turn, grant, wait_turn, Asked, ClientTurn, ShareHeld, SharedStreams};
+use crate::upstream_connect::connect;
 
 /// Longest wait for TCP + TLS + HTTP/2 set-up of an upstream connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A server's stream limit per connection until its SETTINGS say (h2's initial assumption).
+pub(crate) const ASSUMED_SERVER_STREAMS: u32 = 100;
 
 /// One upstream HTTP/2 connection.
 #[derive(Debug)]
-struct UpstreamConnection {
-    send: h2::client::SendRequest<Bytes>,
-    in_flight: Cell<u32>,
+pub(crate) struct UpstreamConnection {
+    pub(crate) send: h2::client::SendRequest<Bytes>,
+    pub(crate) in_flight: Cell<u32>,
     /// Set by the connection's driver task when the connection ends.
-    closed: Rc<Cell<bool>>,
+    pub(crate) closed: Rc<Cell<bool>>,
 }
 
 /// Holds one stream slot of a connection; dropping it (when the response ends) frees the slot.
 #[derive(Debug)]
 pub struct StreamSlot {
     connection: Rc<UpstreamConnection>,
+    /// A client request's place in the server's fair share (dropped after the slot above).
+    _share: Option<ShareHeld>,
 }
 
 impl Drop for StreamSlot {
@@ -49,6 +63,47 @@ pub(crate) struct ServerConnections {
     connections: RefCell<Vec<Rc<UpstreamConnection>>>,
     connecting: Cell<u32>,
     connected: event_listener::Event,
+    /// This core's streams to the server, shared fairly by client requests.
+    pub(crate) streams: SharedStreams,
+    /// The lowest stream limit a connection to the server announced (0: none connected yet).
+    server_streams: Cell<u32>,
+}
+
+impl ServerConnections {
+    pub(crate) fn new(client_tls: &Arc<rustls::ClientConfig>) -> Self {
+        Self {
+            client_tls: client_tls.clone(),
+            connections: RefCell::default(),
+            connecting: Cell::new(0),
+            connected: event_listener::Event::new(),
+            streams: RefCell::new(StreamQueue::new(StreamLimits {
+                capacity: 0,
+                long_running_percent: 0,
+                max_queued_per_user: 0,
+                max_queued: 0,
+            })),
+            server_streams: Cell::new(0),
+        }
+    }
+
+    /// The fair-share limits for `settings` with `max_connections` connections: streams are
+    /// what those connections carry at the lower of our limit and the server's. Until a
+    /// connection has told the server's limit, assume what h2 assumes before SETTINGS arrive
+    /// ([`ASSUMED_SERVER_STREAMS`]): granting more could leave requests waiting inside h2 for a
+    /// stream the server never allows, which is the unbounded queue this replaces.
+    fn stream_limits(&self, settings: &ConnectionPool, max_connections: u32) -> StreamLimits {
+        let per_connection = match self.server_streams.get() {
+            0 => ASSUMED_SERVER_STREAMS,
+            announced => announced,
+        }
+        .min(settings.max_concurrent_streams);
+        StreamLimits {
+            capacity: max_connections.saturating_mul(per_connection.max(1)),
+            long_running_percent: settings.long_running_streams_percent,
+            max_queued_per_user: settings.max_queued_per_user,
+            max_queued: settings.max_queued_per_server,
+        }
+    }
 }
 
 /// What a pick found.
@@ -125,30 +180,108 @@ impl Drop for SettingUp<'_> {
 /// One cluster's servers' connections on this core, by server endpoint.
 type ClusterConnections = HashMap<Box<str>, Rc<ServerConnections>>;
 
+/// Connections by cluster name, then server endpoint (nested so that a lookup borrows the
+/// names instead of building an owned key per request).
+type Servers = RefCell<HashMap<Box<str>, ClusterConnections>>;
+
+/// Fair-share metrics by cluster, then level.
+type LevelCache = HashMap<Box<str>, HashMap<Box<str>, Rc<LevelMetrics>>>;
+
+/// Why a client request got no stream.
+#[derive(Debug)]
+pub enum ClientStreamError {
+    /// Over its fair share (answered 429 by the caller).
+    Refused(FairShareRefusal),
+    Upstream(UpstreamFailure),
+}
+
 /// This core's upstream connections, by (cluster, server endpoint).
 #[derive(Debug)]
 pub struct CorePool {
     share: CoreShare,
     /// Open upstream connections, this core's slot.
     gauge: sluice_metrics::PerCoreGauge,
+    fair: FairShareMetrics,
     worker: usize,
-    /// By cluster name, then server endpoint (nested so that a lookup borrows the names instead
-    /// of building an owned key per request).
-    servers: RefCell<HashMap<Box<str>, ClusterConnections>>,
+    servers: Servers,
+    /// The connections of the gateway's own review calls: never used by client requests.
+    reserved: Servers,
+    /// Fair-share metrics by cluster, then level, looked up once per core.
+    levels: RefCell<LevelCache>,
 }
 
 impl CorePool {
-    pub fn new(share: CoreShare, gauge: sluice_metrics::PerCoreGauge, worker: usize) -> Self {
+    pub fn new(share: CoreShare, metrics: &GatewayMetrics, worker: usize) -> Self {
         Self {
             share,
-            gauge,
+            gauge: metrics.upstream_connections.clone(),
+            fair: metrics.fair.clone(),
             worker,
             servers: RefCell::default(),
+            reserved: RefCell::default(),
+            levels: RefCell::default(),
         }
     }
 
+    /// A stream for a client request of `turn.user`, after its fair turn (see the module
+    /// comment): refused over a bound, else on a connection with a free stream.
+    pub async fn client_stream(
+        &self,
+        (cluster, server): (&str, &CompiledServer),
+        client_tls: &Arc<rustls::ClientConfig>,
+        settings: &ConnectionPool,
+        turn: ClientTurn<'_>,
+    ) -> Result<(h2::client::SendRequest<Bytes>, StreamSlot), ClientStreamError> {
+        let connections = self.server(cluster, server, client_tls);
+        let max_connections = self.share.split(settings.max_connections_per_server).max(1);
+        let limits = connections.stream_limits(settings, max_connections);
+        connections.streams.borrow_mut().set_limits(limits, grant);
+        let share = match ask_turn(&connections, turn).map_err(ClientStreamError::Refused)? {
+            Asked::Held(share) => share,
+            // Boxed: only a request that waits carries the timer and the wait.
+            Asked::Queued(ticket, queued) => Box::pin(wait_turn(
+                &connections,
+                turn,
+                (ticket, queued),
+                settings.max_queue_wait,
+                (
+                    self.level_metrics(cluster, turn.level.map(|level| &**level)),
+                    self.worker,
+                ),
+            ))
+            .await
+            .map_err(ClientStreamError::Refused)?,
+        };
+        let opened = self
+            .open_stream(&connections, server, settings, max_connections)
+            .await;
+        // A connection set up meanwhile may have told the server's limit: waiters need not
+        // wait for the next request to be let in.
+        let limits = connections.stream_limits(settings, max_connections);
+        connections.streams.borrow_mut().set_limits(limits, grant);
+        let (send, mut slot) = opened.map_err(ClientStreamError::Upstream)?;
+        slot._share = Some(share);
+        Ok((send, slot))
+    }
+
+    /// A stream on this core's reserved connections to `server` (for the gateway's own
+    /// TokenReview and SubjectAccessReview calls), `reservedConnectionsPerServer` of them.
+    pub async fn reserved_stream(
+        &self,
+        cluster: &str,
+        server: &CompiledServer,
+        client_tls: &Arc<rustls::ClientConfig>,
+        settings: &ConnectionPool,
+    ) -> Result<(h2::client::SendRequest<Bytes>, StreamSlot), UpstreamFailure> {
+        let connections = Self::lookup(&self.reserved, cluster, server, client_tls);
+        let max_connections = settings.reserved_connections_per_server.max(1);
+        self.open_stream(&connections, server, settings, max_connections)
+            .await
+    }
+
     /// A stream handle on a connection to `server` with a free slot, opening a connection if
-    /// this core's share allows and all are busy.
+    /// this core's share allows and all are busy; not queued (for a pool of the gateway's own,
+    /// such as the health checker's).
     pub async fn stream(
         &self,
         cluster: &str,
@@ -158,11 +291,43 @@ impl CorePool {
     ) -> Result<(h2::client::SendRequest<Bytes>, StreamSlot), UpstreamFailure> {
         let connections = self.server(cluster, server, client_tls);
         let max_connections = self.share.split(settings.max_connections_per_server).max(1);
+        self.open_stream(&connections, server, settings, max_connections)
+            .await
+    }
+
+    /// Counts a fair-share refusal under its cluster and level.
+    pub fn count_refusal(&self, cluster: &str, level: Option<&str>, refusal: FairShareRefusal) {
+        self.level_metrics(cluster, level).refused[refusal.index()].inc(self.worker);
+    }
+
+    fn level_metrics(&self, cluster: &str, level: Option<&str>) -> Rc<LevelMetrics> {
+        let name = level.unwrap_or(crate::fair_metrics::NO_LEVEL);
+        let mut levels = self.levels.borrow_mut();
+        if let Some(known) = levels.get(cluster).and_then(|levels| levels.get(name)) {
+            return known.clone();
+        }
+        let metrics = Rc::new(self.fair.level(cluster, level));
+        levels
+            .entry(Box::from(cluster))
+            .or_default()
+            .insert(Box::from(name), metrics.clone());
+        metrics
+    }
+
+    /// A free stream on one of `connections`, opening one when all are at their limit and
+    /// fewer than `max_connections` are open.
+    async fn open_stream(
+        &self,
+        connections: &Rc<ServerConnections>,
+        server: &CompiledServer,
+        settings: &ConnectionPool,
+        max_connections: u32,
+    ) -> Result<(h2::client::SendRequest<Bytes>, StreamSlot), UpstreamFailure> {
         loop {
             // Listening before the pick, so a connection that comes up in between still wakes
             // this request; on the future's own state, since every request passes here.
             event_listener::listener!(connections.connected => listener);
-            match Self::pick(&connections, settings, max_connections) {
+            match Self::pick(connections, settings, max_connections) {
                 Pick::Stream(send, slot) => return Ok((send, slot)),
                 // Every allowed connection is being set up: wait for one.
                 Pick::Wait => {
@@ -172,7 +337,7 @@ impl CorePool {
                 Pick::Connect => {}
             }
             let connected = {
-                let _setting_up = SettingUp::start(&connections);
+                let _setting_up = SettingUp::start(connections);
                 // Boxed: the TCP, TLS and HTTP/2 handshakes under a timer are kilobytes, and
                 // every request's future would carry them (copied whole each time hyper spawns
                 // a request) although a core connects once per upstream connection.
@@ -188,7 +353,14 @@ impl CorePool {
                 .await
             };
             match connected {
-                Ok(Ok(connection)) => connections.connections.borrow_mut().push(connection),
+                Ok(Ok(connection)) => {
+                    let announced = connection.send.current_max_send_streams() as u32;
+                    let known = connections.server_streams.get();
+                    if known == 0 || announced < known {
+                        connections.server_streams.set(announced.max(1));
+                    }
+                    connections.connections.borrow_mut().push(connection);
+                }
                 Ok(Err(error)) => return Err(error),
                 Err(_) => {
                     return Err(UpstreamFailure::ConnectTimeout {
@@ -222,7 +394,13 @@ impl CorePool {
             Choice::Use(index) => {
                 let connection = open[index].clone();
                 connection.in_flight.set(connection.in_flight.get() + 1);
-                Pick::Stream(connection.send.clone(), StreamSlot { connection })
+                Pick::Stream(
+                    connection.send.clone(),
+                    StreamSlot {
+                        connection,
+                        _share: None,
+                    },
+                )
             }
             Choice::Connect => Pick::Connect,
             Choice::Wait => Pick::Wait,
@@ -235,7 +413,16 @@ impl CorePool {
         server: &CompiledServer,
         client_tls: &Arc<rustls::ClientConfig>,
     ) -> Rc<ServerConnections> {
-        let mut servers = self.servers.borrow_mut();
+        Self::lookup(&self.servers, cluster, server, client_tls)
+    }
+
+    fn lookup(
+        servers: &Servers,
+        cluster: &str,
+        server: &CompiledServer,
+        client_tls: &Arc<rustls::ClientConfig>,
+    ) -> Rc<ServerConnections> {
+        let mut servers = servers.borrow_mut();
         let known = servers
             .get(cluster)
             .and_then(|by_endpoint| by_endpoint.get(server.endpoint.as_ref()));
@@ -244,12 +431,7 @@ impl CorePool {
             // old ones close once their streams (open watches, say) end.
             Some(existing) if Arc::ptr_eq(&existing.client_tls, client_tls) => existing.clone(),
             _ => {
-                let fresh = Rc::new(ServerConnections {
-                    client_tls: client_tls.clone(),
-                    connections: RefCell::default(),
-                    connecting: Cell::new(0),
-                    connected: event_listener::Event::new(),
-                });
+                let fresh = Rc::new(ServerConnections::new(client_tls));
                 servers
                     .entry(Box::from(cluster))
                     .or_default()
@@ -258,183 +440,6 @@ impl CorePool {
             }
         }
     }
-}
-
-async fn connect(
-    server: &CompiledServer,
-    client_tls: &Arc<rustls::ClientConfig>,
-    settings: &ConnectionPool,
-    (gauge, worker): (&sluice_metrics::PerCoreGauge, usize),
-) -> Result<Rc<UpstreamConnection>, UpstreamFailure> {
-    let endpoint = || server.endpoint.clone();
-    // Hostnames resolve through the system resolver; apiserver endpoints are usually IPs or
-    // /etc/hosts names, and connections are long-lived, so this is rare.
-    let stream = TcpStream::connect((server.host.as_ref(), server.port))
-        .await
-        .map_err(|source| UpstreamFailure::Connect {
-            endpoint: endpoint(),
-            source,
-        })?;
-    let _ = stream.set_nodelay(true);
-    let io = sluice_grpc::transport::compat(stream).map_err(|source| UpstreamFailure::Connect {
-        endpoint: endpoint(),
-        source,
-    })?;
-    let settings_h2 = sluice_grpc::transport::H2Settings::default();
-    let builder = {
-        let mut builder = h2::client::Builder::new();
-        builder
-            .initial_window_size(settings_h2.initial_stream_window)
-            .initial_connection_window_size(settings_h2.initial_connection_window)
-            .max_frame_size(settings_h2.max_frame_size)
-            .max_header_list_size(settings_h2.max_header_list_size)
-            .max_concurrent_reset_streams(4096)
-            // Until the server's SETTINGS arrive, assume a modest stream limit rather than
-            // none, so a burst right after connecting is not refused (REFUSED_STREAM).
-            .initial_max_send_streams(100)
-            // h2's default small-frame budget cuts long-lived connections (see
-            // `small_frame_budget`); many watches share one of these.
-            .data_frame_budget(sluice_grpc::transport::small_frame_budget(&settings_h2));
-        builder
-    };
-    let closed = Rc::new(Cell::new(false));
-    let driving = Driving {
-        closed: closed.clone(),
-        settings,
-        endpoint: server.endpoint.clone(),
-        gauge: gauge.clone(),
-        worker,
-    };
-    let send = if server.tls {
-        let name =
-            rustls_pki_types::ServerName::try_from(server.host.to_string()).map_err(|source| {
-                UpstreamFailure::ServerName {
-                    endpoint: endpoint(),
-                    source,
-                }
-            })?;
-        let tls = tokio_rustls::TlsConnector::from(client_tls.clone())
-            .connect(name, io)
-            .await
-            .map_err(|source| UpstreamFailure::Tls {
-                endpoint: endpoint(),
-                source,
-            })?;
-        handshake(&builder, tls, driving).await
-    } else {
-        handshake(&builder, io, driving).await
-    }
-    .map_err(|source| UpstreamFailure::Http2Handshake {
-        endpoint: endpoint(),
-        source,
-    })?;
-    Ok(Rc::new(UpstreamConnection {
-        send,
-        in_flight: Cell::new(0),
-        closed,
-    }))
-}
-
-/// What a connection's driver task needs besides the connection.
-struct Driving<'a> {
-    closed: Rc<Cell<bool>>,
-    settings: &'a ConnectionPool,
-    endpoint: Box<str>,
-    gauge: sluice_metrics::PerCoreGauge,
-    worker: usize,
-}
-
-/// HTTP/2 over `io`, its driver task started.
-async fn handshake<T>(
-    builder: &h2::client::Builder,
-    io: T,
-    driving: Driving<'_>,
-) -> Result<h2::client::SendRequest<Bytes>, h2::Error>
-where
-    T: monoio_compat::AsyncRead + monoio_compat::AsyncWrite + Unpin + 'static,
-{
-    let (send, connection) = builder
-        .handshake::<_, Bytes>(sluice_grpc::frames::FrameIo(io))
-        .await?;
-    let settled = drive(
-        connection,
-        driving.closed,
-        driving.settings,
-        driving.endpoint,
-        (driving.gauge, driving.worker),
-    );
-    // Use the connection only once the server's SETTINGS apply, so its stream limit is known
-    // before streams are counted against it.
-    if settled.await.is_err() {
-        return Err(h2::Error::from(h2::Reason::CONNECT_ERROR));
-    }
-    Ok(send)
-}
-
-/// Why keepalive gave a connection up.
-#[derive(Debug, thiserror::Error)]
-enum KeepaliveFailure {
-    #[error(transparent)]
-    Ping(h2::Error),
-    #[error("no answer to the first PING within {0:?}")]
-    FirstPingTimeout(Duration),
-    #[error("no PING answer within {0:?}")]
-    PingTimeout(Duration),
-}
-
-/// Runs a connection and pings it every keepalive interval; a ping unanswered within the
-/// keepalive timeout ends it (its streams fail and new requests go elsewhere). The returned
-/// channel fires when the first PING is answered: a server sends its SETTINGS before that
-/// answer, so from then on the connection's limits are the server's.
-fn drive<T>(
-    mut connection: h2::client::Connection<T, Bytes>,
-    closed: Rc<Cell<bool>>,
-    settings: &ConnectionPool,
-    endpoint: Box<str>,
-    (gauge, worker): (sluice_metrics::PerCoreGauge, usize),
-) -> futures_channel::oneshot::Receiver<()>
-where
-    T: monoio_compat::AsyncRead + monoio_compat::AsyncWrite + Unpin + 'static,
-{
-    let interval = settings.keepalive_interval;
-    let timeout = settings.keepalive_timeout;
-    let mut ping_pong = connection.ping_pong();
-    let (settled, settled_receiver) = futures_channel::oneshot::channel();
-    gauge.inc(worker);
-    sluice_runtime::spawn_contained("gateway-keepalive", async move {
-        let keepalive = async {
-            let Some(ping_pong) = ping_pong.as_mut() else {
-                let _ = settled.send(());
-                return std::future::pending::<KeepaliveFailure>().await;
-            };
-            match monoio::time::timeout(timeout, ping_pong.ping(h2::Ping::opaque())).await {
-                Ok(Ok(_)) => {
-                    let _ = settled.send(());
-                }
-                Ok(Err(error)) => return KeepaliveFailure::Ping(error),
-                Err(_) => return KeepaliveFailure::FirstPingTimeout(timeout),
-            }
-            loop {
-                monoio::time::sleep(interval).await;
-                match monoio::time::timeout(timeout, ping_pong.ping(h2::Ping::opaque())).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(error)) => return KeepaliveFailure::Ping(error),
-                    Err(_) => return KeepaliveFailure::PingTimeout(timeout),
-                }
-            }
-        };
-        monoio::select! {
-            ended = &mut connection => {
-                if let Err(error) = ended {
-                    tracing::debug!(%endpoint, %error, "upstream connection ended");
-                }
-            }
-            why = keepalive => tracing::warn!(%endpoint, %why, "upstream connection dropped: keepalive failed"),
-        }
-        closed.set(true);
-        gauge.dec(worker);
-    });
-    settled_receiver
 }
 
 #[cfg(test)]
@@ -488,12 +493,7 @@ mod tests {
         .unwrap()
         .with_root_certificates(rustls::RootCertStore::empty())
         .with_no_client_auth();
-        let connections = ServerConnections {
-            client_tls: Arc::new(tls),
-            connections: RefCell::default(),
-            connecting: Cell::new(0),
-            connected: event_listener::Event::new(),
-        };
+        let connections = ServerConnections::new(&Arc::new(tls));
         let waiter = connections.connected.listen();
         // A set-up future dropped while pending (its caller timed out) drops its guard.
         let setting_up = SettingUp::start(&connections);

@@ -1,6 +1,8 @@
 //! The review calls the gateway makes to a cluster's apiserver as itself: TokenReview and
-//! SubjectAccessReview, as JSON over a pooled HTTP/2 stream. Building the request objects and
-//! reading the answers are plain functions; `post_json` is the only I/O.
+//! SubjectAccessReview, as JSON over a pooled HTTP/2 stream on the connections reserved for
+//! them (`CorePool::reserved_stream`: client requests, however many, never hold those streams,
+//! so a user holding every client stream cannot starve authentication). Building the request
+//! objects and reading the answers are plain functions; `post_json` is the only I/O.
 
 use std::future::poll_fn;
 use std::rc::Rc;
@@ -151,7 +153,7 @@ async fn post_json(
         .map(|index| &compiled.servers[index])
         .ok_or(ApiCallFailure::NoHealthyServer)?;
     let (send, _slot) = pool
-        .stream(
+        .reserved_stream(
             &compiled.name,
             server,
             &runtime.client_tls,

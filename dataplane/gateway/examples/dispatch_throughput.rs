@@ -27,8 +27,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let text = include_str!("../tests/fixtures/cluster.yaml");
     let snapshot = GatewaySnapshot::compile(parse_clusters(text, Path::new("cluster.yaml"))?)?;
     let cluster = &snapshot.clusters()[0];
-    let flow = CoreFlowControl::new(&cluster.schemas, CoreShare::SINGLE, None);
-    let user = UserInfo::new("alice", &["dev", "system:authenticated"]);
+    let flow = CoreFlowControl::new(&cluster.schemas, 100, CoreShare::SINGLE, None);
+    let user = std::rc::Rc::new(UserInfo::new("alice", &["dev", "system:authenticated"]));
     let requests = [
         (
             "GET",
@@ -61,7 +61,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .is_some()
     });
     measure("flow control (inflight admit + release)", |_| {
-        flow.admit(Some(0), false, now).is_ok()
+        flow.admit(Some(0), false, &user, now).is_ok()
     });
     measure("all phases", |round| {
         let (method, path, query) = requests[round % requests.len()];
@@ -75,8 +75,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .dispatch
             .dispatch(&info, &user)
             .is_some_and(|policy| {
-                flow.admit(policy.flow_control_schema, info.is_long_running(), now)
-                    .is_ok()
+                flow.admit(
+                    policy.flow_control_schema,
+                    info.is_long_running(),
+                    &user,
+                    now,
+                )
+                .is_ok()
             })
     });
     Ok(())

@@ -11,12 +11,19 @@
 //! room (with SO_REUSEPORT spreading connections evenly this evens out; a limit smaller than the
 //! core count leaves some cores with zero, which we accept and document rather than share one
 //! contended counter between cores).
+//!
+//! Long-running requests are not counted by `MaxRequestsInflight` (as in kube-apiserver), but
+//! every request that is not under an `Exempt` schema counts against its user's long-running
+//! budget on this core (`connectionPool.maxLongRunningPerUser`, see `fair_share.rs`); the
+//! permit carries that slot and the request's priority level (its schema's name).
 
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::fair_share::{LongRunningSlot, LongRunningUsers};
+use crate::identity::UserInfo;
 use crate::status::GatewayError;
 
 /// A compiled flow-control schema.
@@ -90,13 +97,29 @@ enum Limiter {
 #[derive(Debug)]
 pub struct CoreFlowControl {
     schemas: Box<[(Arc<str>, Limiter)]>,
+    long_running: LongRunningUsers,
 }
 
-/// Proof a request was admitted; dropping it frees its in-flight slot (if it took one).
+/// Proof a request was admitted; dropping it frees its in-flight slot (if it took one) and its
+/// user's long-running slot (if it is long-running).
 #[derive(Debug)]
 #[must_use = "dropping the permit releases the in-flight slot at once"]
 pub struct FlowPermit {
     slot: Option<Rc<Cell<u32>>>,
+    long_running: Option<LongRunningSlot>,
+    level: Option<Arc<str>>,
+}
+
+impl FlowPermit {
+    /// The priority level: the name of the schema that admitted the request (`None`: none).
+    pub fn level(&self) -> Option<&Arc<str>> {
+        self.level.as_ref()
+    }
+
+    /// Whether the request holds a long-running slot of its user.
+    pub fn holds_long_running_slot(&self) -> bool {
+        self.long_running.is_some()
+    }
 }
 
 impl Drop for FlowPermit {
@@ -108,11 +131,14 @@ impl Drop for FlowPermit {
 }
 
 impl CoreFlowControl {
-    /// State for `schemas` on the core described by `share`. In-flight counters of schemas that
-    /// keep their name and kind are carried over from `previous` (a config reload), so requests
-    /// admitted before the reload still count and still release their slot.
+    /// State for `schemas` on the core described by `share`, each user allowed
+    /// `max_long_running_per_user` long-running requests on it. In-flight counters of schemas
+    /// that keep their name and kind, and the users' long-running counts, are carried over from
+    /// `previous` (a config reload), so requests admitted before the reload still count and
+    /// still release their slot.
     pub fn new(
         schemas: &[FlowControlSchema],
+        max_long_running_per_user: u32,
         share: CoreShare,
         previous: Option<&CoreFlowControl>,
     ) -> Self {
@@ -153,30 +179,74 @@ impl CoreFlowControl {
                 (Arc::from(&*schema.name), limiter)
             })
             .collect();
-        Self { schemas }
+        let long_running = match previous {
+            Some(previous) => {
+                LongRunningUsers::with_limit(&previous.long_running, max_long_running_per_user)
+            }
+            None => LongRunningUsers::new(max_long_running_per_user),
+        };
+        Self {
+            schemas,
+            long_running,
+        }
     }
 
-    /// Admits or rejects a request under schema `schema` (an index from the dispatch policy;
-    /// `None` = no limit). `now` is injectable for tests; the proxy passes `Instant::now()`.
+    /// Admits or rejects a request of `user` under schema `schema` (an index from the dispatch
+    /// policy; `None` = no schema limit). `now` is injectable for tests; the proxy passes
+    /// `Instant::now()`.
     pub fn admit(
         &self,
         schema: Option<usize>,
         long_running: bool,
+        user: &Rc<UserInfo>,
         now: Instant,
     ) -> Result<FlowPermit, GatewayError> {
-        let free = FlowPermit { slot: None };
-        let Some((name, limiter)) = schema.and_then(|index| self.schemas.get(index)) else {
-            return Ok(free);
+        let found = schema.and_then(|index| self.schemas.get(index));
+        let level = found.map(|(name, _)| name.clone());
+        if let Some((_, Limiter::Exempt)) = found {
+            return Ok(FlowPermit {
+                slot: None,
+                long_running: None,
+                level,
+            });
+        }
+        let slot = match found {
+            Some((name, limiter)) => Self::admit_schema(name, limiter, long_running, now)?,
+            None => None,
         };
+        let long_running = if long_running {
+            let taken =
+                self.long_running
+                    .acquire(user)
+                    .map_err(|refusal| GatewayError::FairShare {
+                        level: level.clone(),
+                        refusal,
+                    })?;
+            Some(taken)
+        } else {
+            None
+        };
+        Ok(FlowPermit {
+            slot,
+            long_running,
+            level,
+        })
+    }
+
+    /// One schema's verdict: the in-flight slot taken, if any.
+    fn admit_schema(
+        name: &Arc<str>,
+        limiter: &Limiter,
+        long_running: bool,
+        now: Instant,
+    ) -> Result<Option<Rc<Cell<u32>>>, GatewayError> {
         let admitted = match limiter {
-            Limiter::Exempt => return Ok(free),
-            Limiter::Inflight { .. } if long_running => return Ok(free),
+            Limiter::Exempt => return Ok(None),
+            Limiter::Inflight { .. } if long_running => return Ok(None),
             Limiter::Inflight { max, in_flight } => {
                 if in_flight.get() < *max {
                     in_flight.set(in_flight.get() + 1);
-                    return Ok(FlowPermit {
-                        slot: Some(in_flight.clone()),
-                    });
+                    return Ok(Some(in_flight.clone()));
                 }
                 false
             }
@@ -208,12 +278,17 @@ impl CoreFlowControl {
             }
         };
         if admitted {
-            Ok(free)
+            Ok(None)
         } else {
             Err(GatewayError::TooManyRequests {
                 schema: name.clone(),
             })
         }
+    }
+
+    /// Long-running requests `user` has open on this core.
+    pub fn long_running_of(&self, user: &str) -> u32 {
+        self.long_running.open(user)
     }
 
     /// Requests holding an in-flight slot of `schema` on this core (for metrics).
@@ -236,9 +311,18 @@ mod tests {
                 name: "limit".into(),
                 limit,
             }],
+            100,
             share,
             None,
         )
+    }
+
+    thread_local! {
+        static USER: Rc<UserInfo> = Rc::new(UserInfo::new("alice", &[]));
+    }
+
+    fn alice() -> Rc<UserInfo> {
+        USER.with(Rc::clone)
     }
 
     #[test]
@@ -251,7 +335,7 @@ mod tests {
         let at = |millis: u64| start + Duration::from_millis(millis);
         let admitted = |now: Instant, attempts: u32| {
             (0..attempts)
-                .filter(|_| control.admit(Some(0), false, now).is_ok())
+                .filter(|_| control.admit(Some(0), false, &alice(), now).is_ok())
                 .count()
         };
         // a burst of 20 at t=0: exactly the burst passes
@@ -263,7 +347,11 @@ mod tests {
         assert_eq!(admitted(at(5_000), 20), 5);
         // steady 50 requests/s for one second after that: 10 pass
         let steady = (1..=50)
-            .filter(|step| control.admit(Some(0), false, at(5_000 + step * 20)).is_ok())
+            .filter(|step| {
+                control
+                    .admit(Some(0), false, &alice(), at(5_000 + step * 20))
+                    .is_ok()
+            })
             .count();
         assert_eq!(steady, 10);
     }
@@ -275,8 +363,8 @@ mod tests {
             CoreShare::SINGLE,
         );
         let now = Instant::now();
-        assert!(control.admit(Some(0), false, now).is_ok());
-        let error = control.admit(Some(0), false, now).unwrap_err();
+        assert!(control.admit(Some(0), false, &alice(), now).is_ok());
+        let error = control.admit(Some(0), false, &alice(), now).unwrap_err();
         assert_eq!(error.http_status(), 429);
         assert_eq!(error.retry_after_seconds(), Some(1));
         assert_eq!(
@@ -294,13 +382,13 @@ mod tests {
             CoreShare::SINGLE,
         );
         let now = Instant::now() + Duration::from_secs(10);
-        assert!(control.admit(Some(0), false, now).is_ok());
+        assert!(control.admit(Some(0), false, &alice(), now).is_ok());
         assert!(control
-            .admit(Some(0), false, now - Duration::from_secs(5))
+            .admit(Some(0), false, &alice(), now - Duration::from_secs(5))
             .is_err());
-        assert!(control.admit(Some(0), false, now).is_err());
+        assert!(control.admit(Some(0), false, &alice(), now).is_err());
         assert!(control
-            .admit(Some(0), false, now + Duration::from_millis(100))
+            .admit(Some(0), false, &alice(), now + Duration::from_millis(100))
             .is_ok());
     }
 
@@ -308,18 +396,18 @@ mod tests {
     fn max_inflight_2_rejects_the_third_and_ignores_watches() {
         let control = control(FlowLimit::MaxRequestsInflight { max: 2 }, CoreShare::SINGLE);
         let now = Instant::now();
-        let watch = control.admit(Some(0), true, now).unwrap();
-        let first = control.admit(Some(0), false, now).unwrap();
-        let _second = control.admit(Some(0), false, now).unwrap();
-        let _another_watch = control.admit(Some(0), true, now).unwrap();
+        let watch = control.admit(Some(0), true, &alice(), now).unwrap();
+        let first = control.admit(Some(0), false, &alice(), now).unwrap();
+        let _second = control.admit(Some(0), false, &alice(), now).unwrap();
+        let _another_watch = control.admit(Some(0), true, &alice(), now).unwrap();
         assert_eq!(control.in_flight(0), 2);
-        let third = control.admit(Some(0), false, now).unwrap_err();
+        let third = control.admit(Some(0), false, &alice(), now).unwrap_err();
         assert_eq!(third.http_status(), 429);
         drop(watch);
-        assert!(control.admit(Some(0), false, now).is_err());
+        assert!(control.admit(Some(0), false, &alice(), now).is_err());
         drop(first);
         assert_eq!(control.in_flight(0), 1);
-        let _third = control.admit(Some(0), false, now).unwrap();
+        let _third = control.admit(Some(0), false, &alice(), now).unwrap();
         assert_eq!(control.in_flight(0), 2);
     }
 
@@ -328,8 +416,8 @@ mod tests {
         let control = control(FlowLimit::Exempt, CoreShare::SINGLE);
         let now = Instant::now();
         for _ in 0..1000 {
-            assert!(control.admit(Some(0), false, now).is_ok());
-            assert!(control.admit(None, false, now).is_ok());
+            assert!(control.admit(Some(0), false, &alice(), now).is_ok());
+            assert!(control.admit(None, false, &alice(), now).is_ok());
         }
     }
 
@@ -347,17 +435,17 @@ mod tests {
             for share in shares {
                 let inflight = control(FlowLimit::MaxRequestsInflight { max: 7 }, share);
                 let mut on_core = Vec::new();
-                while let Ok(permit) = inflight.admit(Some(0), false, now) {
+                while let Ok(permit) = inflight.admit(Some(0), false, &alice(), now) {
                     on_core.push(permit);
                 }
                 held.push((inflight, on_core));
                 let bucket = control(FlowLimit::TokenBucket { qps: 10, burst: 5 }, share);
                 bucket_admitted += (0..20)
-                    .filter(|_| bucket.admit(Some(0), false, now).is_ok())
+                    .filter(|_| bucket.admit(Some(0), false, &alice(), now).is_ok())
                     .count();
                 let later = now + Duration::from_secs(1);
                 bucket_refilled += (0..20)
-                    .filter(|_| bucket.admit(Some(0), false, later).is_ok())
+                    .filter(|_| bucket.admit(Some(0), false, &alice(), later).is_ok())
                     .count();
             }
             let total: usize = held.iter().map(|(_, permits)| permits.len()).sum();
@@ -385,24 +473,75 @@ mod tests {
     fn reload_keeps_in_flight_counts_of_the_same_schema() {
         let before = control(FlowLimit::MaxRequestsInflight { max: 2 }, CoreShare::SINGLE);
         let now = Instant::now();
-        let permit = before.admit(Some(0), false, now).unwrap();
+        let permit = before.admit(Some(0), false, &alice(), now).unwrap();
         let after = CoreFlowControl::new(
             &[FlowControlSchema {
                 name: "limit".into(),
                 limit: FlowLimit::MaxRequestsInflight { max: 1 },
             }],
+            100,
             CoreShare::SINGLE,
             Some(&before),
         );
-        assert!(after.admit(Some(0), false, now).is_err());
+        assert!(after.admit(Some(0), false, &alice(), now).is_err());
         drop(permit);
-        assert!(after.admit(Some(0), false, now).is_ok());
+        assert!(after.admit(Some(0), false, &alice(), now).is_ok());
+    }
+
+    #[test]
+    fn a_user_past_its_long_running_budget_gets_429_naming_the_level() {
+        let control = CoreFlowControl::new(
+            &[
+                FlowControlSchema {
+                    name: "workloads".into(),
+                    limit: FlowLimit::MaxRequestsInflight { max: 10 },
+                },
+                FlowControlSchema {
+                    name: "system".into(),
+                    limit: FlowLimit::Exempt,
+                },
+            ],
+            2,
+            CoreShare::SINGLE,
+            None,
+        );
+        let now = Instant::now();
+        let greedy = Rc::new(UserInfo::new("greedy", &[]));
+        let watches: Vec<_> = (0..2)
+            .map(|_| control.admit(Some(0), true, &greedy, now).unwrap())
+            .collect();
+        assert!(watches.iter().all(FlowPermit::holds_long_running_slot));
+        let refused = control.admit(None, true, &greedy, now).unwrap_err();
+        assert_eq!(refused.http_status(), 429);
+        assert_eq!(refused.retry_after_seconds(), Some(1));
+        let refused = control.admit(Some(0), true, &greedy, now).unwrap_err();
+        assert_eq!(
+            refused,
+            GatewayError::FairShare {
+                level: Some("workloads".into()),
+                refusal: crate::fair_share::FairShareRefusal::UserLongRunning,
+            }
+        );
+        // Short requests, other users, and exempt schemas are not held back by it.
+        let get = control.admit(Some(0), false, &greedy, now).unwrap();
+        assert_eq!(get.level().map(|level| &**level), Some("workloads"));
+        assert!(control.admit(Some(0), true, &alice(), now).is_ok());
+        let exempt = control.admit(Some(1), true, &greedy, now).unwrap();
+        assert!(!exempt.holds_long_running_slot());
+        assert_eq!(control.long_running_of("greedy"), 2);
+        drop(watches);
+        assert_eq!(control.long_running_of("greedy"), 0);
+        assert!(control.admit(Some(0), true, &greedy, now).is_ok());
     }
 
     #[test]
     fn unknown_schema_index_is_not_limited() {
         let control = control(FlowLimit::MaxRequestsInflight { max: 0 }, CoreShare::SINGLE);
-        assert!(control.admit(Some(7), false, Instant::now()).is_ok());
-        assert!(control.admit(Some(0), false, Instant::now()).is_err());
+        assert!(control
+            .admit(Some(7), false, &alice(), Instant::now())
+            .is_ok());
+        assert!(control
+            .admit(Some(0), false, &alice(), Instant::now())
+            .is_err());
     }
 }

@@ -38,6 +38,13 @@ pub enum GatewayError {
     /// shared with the compiled config, so rejecting under overload allocates nothing.
     #[error("too many requests: flow control schema {schema:?} is at its limit, retry later")]
     TooManyRequests { schema: Arc<str> },
+    /// The request is over its user's fair share of the apiserver's streams or of long-running
+    /// requests (see `fair_share.rs`); `level` is its flow-control schema, the priority level.
+    #[error("too many requests: {refusal}, retry later")]
+    FairShare {
+        level: Option<Arc<str>>,
+        refusal: crate::fair_share::FairShareRefusal,
+    },
     /// This core already has as many TokenReviews in flight as the cluster allows: a new bearer
     /// token waits for a retry instead of amplifying into one more review.
     #[error("too many bearer tokens are being reviewed for cluster {cluster:?}, retry later")]
@@ -73,6 +80,7 @@ impl GatewayError {
                 StatusCode::FORBIDDEN
             }
             GatewayError::TooManyRequests { .. }
+            | GatewayError::FairShare { .. }
             | GatewayError::TokenReviewsBusy { .. }
             | GatewayError::AuthenticationFailuresLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::NoHealthyUpstream { .. }
@@ -92,6 +100,7 @@ impl GatewayError {
                 "Forbidden"
             }
             GatewayError::TooManyRequests { .. }
+            | GatewayError::FairShare { .. }
             | GatewayError::TokenReviewsBusy { .. }
             | GatewayError::AuthenticationFailuresLimited { .. } => "TooManyRequests",
             GatewayError::NoHealthyUpstream { .. }
@@ -105,6 +114,7 @@ impl GatewayError {
     pub fn retry_after_seconds(&self) -> Option<u32> {
         match self {
             GatewayError::TooManyRequests { .. }
+            | GatewayError::FairShare { .. }
             | GatewayError::TokenReviewsBusy { .. }
             | GatewayError::NoHealthyUpstream { .. }
             | GatewayError::AuthenticationUnavailable { .. }

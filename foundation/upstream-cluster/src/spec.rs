@@ -224,6 +224,21 @@ pub struct ConnectionPool {
     pub keepalive_interval: Duration,
     #[serde(deserialize_with = "duration")]
     pub keepalive_timeout: Duration,
+    /// Share (percent) of a core's streams to one apiserver that long-running requests
+    /// (watch, exec, attach, port-forward, proxy) may hold together, so they never hold all.
+    pub long_running_streams_percent: u32,
+    /// Long-running requests one user may have open at once on one core.
+    pub max_long_running_per_user: u32,
+    /// Requests of one user one core may keep waiting for a stream to one apiserver.
+    pub max_queued_per_user: u32,
+    /// Requests one core may keep waiting for a stream to one apiserver, all users together.
+    pub max_queued_per_server: u32,
+    /// Longest wait for a stream; past it the request is answered 429 with Retry-After.
+    #[serde(deserialize_with = "duration")]
+    pub max_queue_wait: Duration,
+    /// Connections per apiserver and core kept for the gateway's own TokenReview and
+    /// SubjectAccessReview calls: client requests never use them.
+    pub reserved_connections_per_server: u32,
 }
 
 impl Default for ConnectionPool {
@@ -234,6 +249,12 @@ impl Default for ConnectionPool {
             max_concurrent_streams: 1000,
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(15),
+            long_running_streams_percent: 50,
+            max_long_running_per_user: 100,
+            max_queued_per_user: 50,
+            max_queued_per_server: 1000,
+            max_queue_wait: Duration::from_secs(5),
+            reserved_connections_per_server: 1,
         }
     }
 }

@@ -274,3 +274,39 @@ proptest! {
         let _ = parse_clusters(&text, file());
     }
 }
+
+#[test]
+fn fair_share_limits_that_cannot_work_name_their_field() {
+    let text = with(
+        "  healthCheck:",
+        "  connectionPool: {longRunningStreamsPercent: 0, maxLongRunningPerUser: 0, reservedConnectionsPerServer: 0, maxQueuedPerUser: 20, maxQueuedPerServer: 10}\n  healthCheck:",
+    );
+    let errors = messages(parse_clusters(&text, file()).unwrap_err());
+    assert_eq!(
+        errors,
+        [
+            "clusters/a.yaml: spec.connectionPool.longRunningStreamsPercent: must be between 1 and 100",
+            "clusters/a.yaml: spec.connectionPool.maxLongRunningPerUser: must be at least 1",
+            "clusters/a.yaml: spec.connectionPool.reservedConnectionsPerServer: must be at least 1",
+            "clusters/a.yaml: spec.connectionPool.maxQueuedPerUser: must be at most maxQueuedPerServer",
+        ]
+    );
+    let over = with(
+        "  healthCheck:",
+        "  connectionPool: {longRunningStreamsPercent: 101}\n  healthCheck:",
+    );
+    assert_eq!(
+        messages(parse_clusters(&over, file()).unwrap_err()).len(),
+        1
+    );
+    let defaults = parse_clusters(FULL, file()).unwrap();
+    let pool = &defaults[0].cluster.spec.connection_pool;
+    assert_eq!(
+        (
+            pool.long_running_streams_percent,
+            pool.max_long_running_per_user
+        ),
+        (50, 100)
+    );
+    assert_eq!(pool.max_queue_wait, std::time::Duration::from_secs(5));
+}

@@ -210,6 +210,29 @@ fn validate_spec(spec: &UpstreamClusterSpec, problems: &mut Problems) {
             "must be at least 1",
         );
     }
+    if pool.long_running_streams_percent == 0 || pool.long_running_streams_percent > 100 {
+        problems.add(
+            "spec.connectionPool.longRunningStreamsPercent",
+            "must be between 1 and 100",
+        );
+    }
+    for (field, value) in [
+        ("maxLongRunningPerUser", pool.max_long_running_per_user),
+        (
+            "reservedConnectionsPerServer",
+            pool.reserved_connections_per_server,
+        ),
+    ] {
+        if value == 0 {
+            problems.add(format!("spec.connectionPool.{field}"), "must be at least 1");
+        }
+    }
+    if pool.max_queued_per_user > pool.max_queued_per_server {
+        problems.add(
+            "spec.connectionPool.maxQueuedPerUser",
+            "must be at most maxQueuedPerServer",
+        );
+    }
     if pool.keepalive_interval.is_zero() || pool.keepalive_timeout.is_zero() {
         problems.add(
             "spec.connectionPool",
