@@ -4,6 +4,10 @@
 
 #![allow(clippy::all, clippy::pedantic)]
 
+/// The prost version the messages implement, for crates that decode them without depending on
+/// prost themselves (the binary's tests).
+pub use prost;
+
 pub mod tunnel {
     pub mod v1 {
         include!("gen/sluice.tunnel.v1.rs");
