@@ -79,7 +79,7 @@ pub struct LimitArgs {
     #[arg(long, value_name = "N")]
     pub max_requests_in_flight: Option<usize>,
     /// A role's share of the requests in flight, ROLE=RESERVED/PER_IDENTITY (repeatable;
-    /// defaults: admin=40/100, gateway=60/20, node=60/20, vm-agent=60/4).
+    /// defaults: admin=40/100, gateway=60/20, node=60/20, vm-agent=60/8).
     #[arg(long, value_name = "ROLE=RESERVED/PER_IDENTITY", value_parser = share)]
     pub request_share: Vec<ShareArg>,
 }

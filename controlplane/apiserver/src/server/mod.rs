@@ -131,7 +131,7 @@ impl Default for ServerLimits {
             request_timeout: Duration::from_secs(60),
             max_body_bytes: 3 * 1024 * 1024,
             watches: pool(10_000, [(200, 1000), (1000, 64), (1000, 64), (2000, 16)]),
-            requests_in_flight: pool(400, [(40, 100), (60, 20), (60, 20), (60, 4)]),
+            requests_in_flight: pool(400, [(40, 100), (60, 20), (60, 20), (60, 8)]),
             write_budgets: write_budget::WriteBudgets::default(),
             watch_timeout: Duration::from_secs(30 * 60),
             keepalive_interval: Duration::from_secs(30),
