@@ -385,3 +385,73 @@ fn a_node_or_gateway_writes_only_its_own_entry_of_a_status_map() {
         200
     );
 }
+
+#[test]
+fn vm_agents_stop_at_the_stores_reserve_while_nodes_and_the_admin_still_write() {
+    // Budgets out of the way: this is about the store's room, not the rate.
+    let cp = ControlPlane::start(
+        BIN,
+        &[
+            "--store-quota-bytes",
+            "1048576",
+            "--write-budget",
+            "vm-agent=100/1000,1048576/8388608",
+        ],
+    )
+    .unwrap();
+    let admin = cp.admin_token();
+    let vm = cp.connect_vm("vm-1");
+    let info = format!("{INFOS}/vm-1");
+    let created = call(&cp, &admin, "POST", AGENTS, Some(&agent("agent-1", 1, 10)));
+    assert_eq!(created.code, 201, "{created:?}");
+
+    // The admin fills the store 50 KiB at a time; the vm-agent reports after each.
+    let mut reserve = None;
+    for n in 0..30 {
+        let report = json!({"agentVersion": format!("v{n}")}).to_string();
+        let answer = call(&cp, &vm, "PATCH", &info, Some(&report));
+        if answer.code != 200 {
+            reserve = Some(answer);
+            break;
+        }
+        let name = format!("fill-{n}");
+        let filled = call(
+            &cp,
+            &admin,
+            "POST",
+            AGENTS,
+            Some(&agent(&name, n + 2, 50 * KIB)),
+        );
+        assert_eq!(
+            filled.code, 201,
+            "the admin was refused before the vm-agent: {filled:?}"
+        );
+    }
+    let reserve = reserve.expect("the vm-agent was never held back from the reserve");
+    assert_eq!(reserve.code, 507, "{reserve:?}");
+    assert_eq!(
+        reserve.body["reason"], "StorageQuotaExceeded",
+        "{reserve:?}"
+    );
+    assert!(
+        message(&reserve).contains("kept for the admin, nodes and gateways"),
+        "{reserve:?}"
+    );
+
+    // The reserve is there for the roles that keep the system running.
+    let node = cp.token("node", "node-1");
+    let held = json!({"status": {"nodes": {"node-1": {"connected": true}}}}).to_string();
+    let patched = call(
+        &cp,
+        &node,
+        "PATCH",
+        &format!("{AGENTS}/agent-1/status"),
+        Some(&held),
+    );
+    assert_eq!(patched.code, 200, "{patched:?}");
+    let small = call(&cp, &admin, "POST", AGENTS, Some(&agent("small", 99, 10)));
+    assert_eq!(small.code, 201, "{small:?}");
+    let refusals =
+        "sluice_controlplane_write_refusals_total{role=\"vm-agent\",reason=\"storage_reserve\"}";
+    assert!(metric(&cp, refusals).is_some_and(|count| count >= 1.0));
+}

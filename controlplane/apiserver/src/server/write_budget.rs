@@ -14,8 +14,8 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::MetricType;
-use sluice_apimachinery::StatusError;
-use sluice_store::Store;
+use sluice_apimachinery::{StatusError, StatusReason};
+use sluice_store::{Store, StoreUsage};
 
 use crate::auth::{Identity, Role};
 
@@ -339,11 +339,36 @@ fn tracked<'a>(
     Some(pair)
 }
 
+/// Percent of the store's quota only the admin, nodes and gateways may fill: past the rest,
+/// vm-agents' writes are refused, so VMs together cannot take the room the roles that keep
+/// the system running need for their status (a store that counts its size only: embedded).
+pub const SYSTEM_RESERVE_PERCENT: u64 = 10;
+
+/// 507 when a vm-agent's write of `bytes` would reach into the reserve of a store `usage`.
+pub fn reserve_refusal(role: Role, usage: Option<StoreUsage>, bytes: usize) -> Option<StatusError> {
+    let usage = usage.filter(|_| role == Role::VmAgent)?;
+    let reserve = usage.quota_bytes / 100 * SYSTEM_RESERVE_PERCENT;
+    let allowed = usage.quota_bytes - reserve;
+    if usage.used_bytes.saturating_add(bytes as u64) <= allowed {
+        return None;
+    }
+    Some(StatusError::new(
+        StatusReason::StorageQuotaExceeded,
+        format!(
+            "the store is nearly full: {} of its {}-byte quota are used and the last \
+             {SYSTEM_RESERVE_PERCENT}% ({reserve} bytes) is kept for the admin, nodes and \
+             gateways; an admin must delete objects (compaction then frees them) or raise \
+             --store-quota-bytes",
+            usage.used_bytes, usage.quota_bytes
+        ),
+    ))
+}
+
 /// Labels of a refused write: the caller's role (a fixed enum) and why.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusalLabels {
     pub role: &'static str,
-    /// `identity_budget`, `role_budget`, `storage_quota` or `object_size`.
+    /// `identity_budget`, `role_budget`, `storage_quota`, `storage_reserve` or `object_size`.
     pub reason: &'static str,
 }
 
@@ -404,7 +429,7 @@ impl WriteMetrics {
         prefixed.register(
             "write_refusals",
             "Writes refused before the store, by role and reason (identity_budget, \
-             role_budget: 429; storage_quota: 507; object_size: 413)",
+             role_budget: 429; storage_quota, storage_reserve: 507; object_size: 413)",
             metrics.refused.clone(),
         );
         let size = StoreGauge {

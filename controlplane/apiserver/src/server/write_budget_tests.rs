@@ -95,3 +95,24 @@ fn budgets_that_cannot_work_are_refused_naming_role_and_field() {
     let error = budgets.check().unwrap_err();
     assert!(error.contains("node") && error.contains("bytes"), "{error}");
 }
+
+#[test]
+fn vm_agents_stop_short_of_the_reserve_the_other_roles_keep() {
+    let usage = Some(StoreUsage {
+        used_bytes: 890,
+        quota_bytes: 1000,
+    });
+    // 10 bytes take a vm-agent to 900, the edge of the 10% reserve; 11 go past it.
+    assert!(reserve_refusal(Role::VmAgent, usage, 10).is_none());
+    let refused = reserve_refusal(Role::VmAgent, usage, 11).unwrap();
+    assert_eq!(
+        (refused.code, refused.reason),
+        (507, StatusReason::StorageQuotaExceeded)
+    );
+    assert!(refused.message.contains("100 bytes"), "{}", refused.message);
+    for role in [Role::Admin, Role::Node, Role::Gateway] {
+        assert!(reserve_refusal(role, usage, 100).is_none());
+    }
+    // A store that does not count its size (etcd) has no reserve here.
+    assert!(reserve_refusal(Role::VmAgent, None, 1 << 30).is_none());
+}

@@ -21,6 +21,7 @@ use super::objects::{
     call_forbidden, decode, encode, matches_selection, store_status, without_version, Call,
 };
 use super::reply::Reply;
+use super::write_budget::reserve_refusal;
 use super::ApiServer;
 
 /// How often a PATCH or DELETE re-reads and retries after another writer got in between
@@ -299,8 +300,16 @@ impl ApiServer {
         }
     }
 
-    /// Spends one write of `bytes` from the caller's write budget, or answers 429.
+    /// Spends one write of `bytes` from the caller's write budget, or answers 429 (507 for a
+    /// vm-agent's write into the store's reserve).
     fn spend(&self, call: &Call<'_>, bytes: usize) -> Result<(), StatusError> {
+        let role = call.identity.role;
+        if bytes > 0 {
+            if let Some(refused) = reserve_refusal(role, self.store.usage(), bytes) {
+                self.write_metrics.refused(role, "storage_reserve");
+                return Err(refused);
+            }
+        }
         let now = Instant::now();
         self.writes
             .admit(&call.identity, bytes, now)

@@ -1,0 +1,114 @@
+//! The etcd backend against a real `etcd` started with a small `--quota-backend-bytes`: its
+//! NOSPACE refusal is the store's typed quota error (507 at the API), not an outage (503), and
+//! reads and deletes go on, as with the embedded store's quota.
+//!
+//! Without an `etcd` binary the test skips with a message, unless `CI` is set.
+#![cfg(feature = "etcd")]
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sluice_store::{EtcdConfig, EtcdStore, QuotaFull, Store, StoreError};
+use test_support::etcd_or_skip;
+
+/// An etcd member with a 1 MiB backend quota, killed on drop.
+struct SmallEtcd {
+    child: Child,
+    endpoint: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for SmallEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+fn start_small_etcd() -> SmallEtcd {
+    let dir = tempfile::tempdir().unwrap();
+    let (client, peer) = (free_port(), free_port());
+    let endpoint = format!("http://127.0.0.1:{client}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    let child = Command::new("etcd")
+        .args(["--name", "small", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(["--listen-client-urls", &endpoint])
+        .args(["--advertise-client-urls", &endpoint])
+        .args(["--listen-peer-urls", &peer_url])
+        .args(["--initial-advertise-peer-urls", &peer_url])
+        .args(["--initial-cluster", &format!("small={peer_url}")])
+        .args(["--quota-backend-bytes", "1048576"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    SmallEtcd {
+        child,
+        endpoint,
+        _dir: dir,
+    }
+}
+
+async fn connect(endpoint: &str) -> EtcdStore {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let config = EtcdConfig {
+            endpoints: vec![endpoint.to_string()],
+            dial_timeout: Duration::from_millis(500),
+            request_timeout: Duration::from_secs(5),
+            ..EtcdConfig::default()
+        };
+        match EtcdStore::connect(config).await {
+            Ok(store) => return store,
+            Err(error) if Instant::now() < deadline => {
+                let _ = error;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("etcd did not come up: {error}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn etcds_nospace_is_the_typed_quota_error_and_reads_and_deletes_go_on() {
+    if !etcd_or_skip("etcds_nospace_is_the_typed_quota_error_and_reads_and_deletes_go_on") {
+        return;
+    }
+    let etcd = start_small_etcd();
+    let store = connect(&etcd.endpoint).await;
+    let value = || Bytes::from(vec![b'v'; 256 * 1024]);
+    let mut written = Vec::new();
+    let refused = loop {
+        assert!(
+            written.len() < 40,
+            "40 values of 256 KiB never filled a 1 MiB quota"
+        );
+        let key = format!("/k/{}", written.len());
+        match store.create(&key, value()).await {
+            Ok(_) => written.push(key),
+            Err(error) => break error,
+        }
+    };
+    assert!(
+        matches!(
+            refused,
+            StoreError::QuotaExceeded {
+                full: QuotaFull::Etcd
+            }
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(refused.http_status(), 507);
+    assert!(refused.to_string().contains("alarm disarm"), "{refused}");
+    assert!(!written.is_empty());
+    assert!(store.get(&written[0]).await.unwrap().is_some());
+    store.delete(&written[0], None).await.unwrap();
+}
