@@ -4,6 +4,8 @@
 //!
 //! - Watches: a vm-agent identity stops at its cap, the vm-agent role stops at its reservation
 //!   plus the shared part, and a node, a gateway and the admin still get theirs.
+//! - Requests in flight: one VM's stalled requests stop at its cap; another VM and a node are
+//!   still answered.
 //! - Connections: 2,000 idle TLS + HTTP/2 connections without credentials from one address
 //!   (the admin's own) while the admin's kubectl keeps working; every one of them is closed.
 //! - `?watch=true` on a named GET or a POST neither makes it a watch nor lifts its timeout.
@@ -173,6 +175,78 @@ fn assert_refusal_says_when_to_retry(cp: &ControlPlane, vm_token: &str) {
         "{text}"
     );
     assert!(!text.contains("vm-1"), "no user name in a metric label");
+}
+
+/// `(status, body)` of a GET with `token` (curl, at most 10 s).
+fn get_as(cp: &ControlPlane, token: &str, path: &str) -> (u16, String) {
+    let output = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert"])
+        .arg(cp.ca_file())
+        .args(["-H", &format!("Authorization: Bearer {token}")])
+        .args(["-w", "\n%{http_code}"])
+        .arg(format!("{}{path}", cp.url()))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// A POST whose body never completes: in flight until the request timeout.
+fn stalled_post(
+    cp: &ControlPlane,
+    token: &str,
+    path: &str,
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    let mut stream = raw_tls_http1(cp);
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"apiVersion\"",
+        cp.address
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.flush().unwrap();
+    stream
+}
+
+/// Finding 2's other pool: one identity's requests in flight stop at its cap (2 here) while
+/// another VM and a node are still answered.
+#[test]
+fn a_vm_agent_stops_at_its_requests_in_flight_cap() {
+    let cp = ControlPlane::start(BIN, &["--request-share=vm-agent=2/2"]).unwrap();
+    let (vm1, vm2) = (cp.token("vm-agent", "vm-1"), cp.token("vm-agent", "vm-2"));
+    let node = cp.token("node", "node-1");
+    let list = "/apis/policy.sluice.dev/v1alpha1/networkpolicies";
+    let infos = "/apis/vm.sluice.dev/v1alpha1/virtualmachineruntimeinfos";
+    let stalled = [
+        stalled_post(&cp, &vm1, infos),
+        stalled_post(&cp, &vm1, infos),
+    ];
+    let mut refusal = String::new();
+    let refused = wait_until(Duration::from_secs(10), || {
+        let (code, body) = get_as(&cp, &vm1, list);
+        refusal = body;
+        code == 429
+    });
+    assert!(
+        refused,
+        "vm-1 with 2 requests in flight was answered: {refusal}"
+    );
+    assert!(
+        refusal.contains("requests in flight") && refusal.contains("sluice:vm-agent:vm-1"),
+        "{refusal}"
+    );
+    assert_eq!(
+        get_as(&cp, &vm2, list).0,
+        200,
+        "another VM is not held back"
+    );
+    assert_eq!(get_as(&cp, &node, AGENTS).0, 200, "nor is a node");
+    drop(stalled);
+    assert!(
+        wait_until(Duration::from_secs(10), || get_as(&cp, &vm1, list).0 == 200),
+        "vm-1's slots come back when its requests end"
+    );
 }
 
 fn h2_client(ca: &Path) -> Arc<rustls::ClientConfig> {
