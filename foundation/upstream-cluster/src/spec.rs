@@ -251,8 +251,8 @@ impl Default for ConnectionPool {
             keepalive_timeout: Duration::from_secs(15),
             long_running_streams_percent: 50,
             max_long_running_per_user: 100,
-            max_queued_per_user: 50,
-            max_queued_per_server: 1000,
+            max_queued_per_user: 500,
+            max_queued_per_server: 2000,
             max_queue_wait: Duration::from_secs(5),
             reserved_connections_per_server: 1,
         }
