@@ -32,12 +32,12 @@ impl ApiServer {
         peer: &Peer,
     ) -> Response<Body> {
         let started = Instant::now();
-        let (mut parts, body) = request.into_parts();
+        let (parts, body) = request.into_parts();
         let mut labels = Labels {
             verb: "unknown",
             resource: "none".into(),
         };
-        let outcome = self.answer(&mut parts, body, peer, &mut labels).await;
+        let outcome = self.answer(&parts, body, peer, &mut labels).await;
         if let Err(error) = &outcome {
             if error.code >= 500 {
                 tracing::warn!(code = error.code, message = %error.message, "API request failed");
@@ -79,16 +79,14 @@ impl ApiServer {
 
     async fn answer(
         &self,
-        parts: &mut Parts,
+        parts: &Parts,
         body: Incoming,
         peer: &Peer,
         labels: &mut Labels,
     ) -> Result<Reply, StatusError> {
-        // Cheap clones (shared bytes) that free `parts` for the identity the watch reads.
-        let (method, uri) = (parts.method.clone(), parts.uri.clone());
-        let query = Query::parse(uri.query().unwrap_or(""))?;
-        let request =
-            request::parse(method.as_str(), uri.path(), query.raw()).map_err(request_error)?;
+        let query = Query::parse(parts.uri.query().unwrap_or(""))?;
+        let request = request::parse(parts.method.as_str(), parts.uri.path(), query.raw())
+            .map_err(request_error)?;
         let resource = match request {
             ApiRequest::Health(path) => {
                 labels.verb = "health";
@@ -105,11 +103,6 @@ impl ApiServer {
         let identity = self.authenticate(parts, peer)?;
         // Held until the answer's head is ready (a watch's stream holds a watch slot instead).
         let _in_flight = self.admit(&self.request_slots, &identity)?;
-        if resource.verb == auth::Verb::Watch {
-            // The watch takes its slot by this identity (see `watch`).
-            parts.extensions.insert(identity.clone());
-        }
-        let parts = &*parts;
         let spec = self
             .registry
             .by_resource(resource.group, resource.version, resource.resource)

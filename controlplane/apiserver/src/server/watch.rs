@@ -17,7 +17,6 @@ use sluice_store::{Event, Store, StoreError, WatchBatch};
 use tokio::sync::mpsc;
 
 use super::admission::Slot;
-use crate::auth::Identity;
 
 use super::keys::list_prefix;
 use super::metrics::ResourceLabels;
@@ -38,13 +37,7 @@ impl ApiServer {
     pub(crate) async fn watch(&self, call: &Call<'_>) -> Result<Reply, StatusError> {
         let options = ListOptions::parse(call.query.pairs())?;
         let (format, table_options) = call.format()?;
-        let identity = call.parts.extensions.get::<Identity>().ok_or_else(|| {
-            StatusError::new(
-                StatusReason::InternalError,
-                "a watch reached the server without its caller's identity",
-            )
-        })?;
-        let permit = self.admit(&self.watch_slots, identity)?;
+        let permit = self.admit(&self.watch_slots, &call.identity)?;
         let from = options.resource_version.filter(|revision| *revision > 0);
         let watch = Watch {
             spec: call.spec.clone(),
