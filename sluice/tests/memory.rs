@@ -4,8 +4,12 @@
 
 mod common;
 
-use common::{run_node, stop_cleanly};
-use test_support::prerequisite;
+use common::{assert_driver, run_node, stop_cleanly};
+use test_support::{on_both_drivers, prerequisite};
+
+// Each driver's runtime makes its own first allocations (io_uring's rings, epoll's event
+// buffers): once per monoio driver.
+on_both_drivers!(the_running_daemon_has_transparent_huge_pages_off);
 
 /// The `THP_enabled` line of `/proc/PID/status` (kernels since 6.1 print it).
 fn transparent_huge_pages(pid: i32) -> Option<String> {
@@ -16,11 +20,12 @@ fn transparent_huge_pages(pid: i32) -> Option<String> {
         .map(|value| value.trim().to_string())
 }
 
-#[test]
-fn the_running_daemon_has_transparent_huge_pages_off() {
-    let mut process = run_node(
-        "runtime: {workers: 2, drain_timeout: 2s}\nlisteners: {admin: {address: '127.0.0.1:0'}}\n",
-    );
+fn the_running_daemon_has_transparent_huge_pages_off(driver: &str) {
+    let mut process = run_node(&format!(
+        "runtime: {{workers: 2, drain_timeout: 2s, driver: {driver}}}\n\
+         listeners: {{admin: {{address: '127.0.0.1:0'}}}}\n"
+    ));
+    assert_driver(&process, driver);
     let enabled = transparent_huge_pages(process.pid());
     if !prerequisite(
         "the THP_enabled line of /proc/PID/status (Linux 6.1 or later)",

@@ -11,7 +11,14 @@ use std::os::unix::process::CommandExt as _;
 use std::time::Duration;
 
 use common::{agents_yaml, Secrets, BIN};
-use test_support::{http_get, in_netns, metric_value, wait_until, NetNs, SluiceLauncher};
+use test_support::{
+    assert_driver, http_get, in_netns, metric_value, on_both_drivers, wait_until, NetNs,
+    SluiceLauncher,
+};
+
+// The programs count in the kernel, but the node that loads them and answers the connections
+// runs on a monoio driver: once per driver.
+on_both_drivers!(a_node_counts_its_listeners_syns_on_its_interface);
 
 const CONNECTIONS: u32 = 20;
 
@@ -23,12 +30,11 @@ fn metrics(netns: &str, admin: SocketAddr) -> String {
     .unwrap_or_default()
 }
 
-#[test]
-fn a_node_counts_its_listeners_syns_on_its_interface() {
+fn a_node_counts_its_listeners_syns_on_its_interface(driver: &str) {
     let netns = NetNs::new("ebnod").unwrap();
-    let secrets = Secrets::new();
+    let secrets = Secrets::on(driver);
     let yaml = format!(
-        "runtime: {{workers: 1, drain_timeout: 1s}}\n\
+        "runtime: {{workers: 1, drain_timeout: 1s, driver: {driver}}}\n\
          listeners:\n  admin: {{address: '127.0.0.1:0'}}\n  agent: {{address: '127.0.0.1:0'}}\n  external: {{address: '127.0.0.1:0'}}\n\
          tunnel:\n  node_name: ebpf-node\n  agents:\n{}  jwt: {{secret_file: '{}'}}\n\
          ebpf:\n  interfaces: [lo]\n",
@@ -58,6 +64,7 @@ fn a_node_counts_its_listeners_syns_on_its_interface() {
     let admin = node.address("admin");
     let external = node.address("external");
     let text = metrics(netns.name(), admin);
+    assert_driver(&text, driver);
     assert_eq!(
         metric_value(&text, "sluice_ebpf_enabled"),
         Some(1.0),

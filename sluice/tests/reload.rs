@@ -14,15 +14,26 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use common::{agents_yaml, client_args, metric, start_agent, wait_for_idle_tunnels, Secrets, BIN};
+use common::{
+    agents_yaml, assert_driver, client_args, metric, start_agent, wait_for_idle_tunnels, Secrets,
+    BIN,
+};
 use serde_json::Value;
 use test_support::{
-    python, python_script, tunnel_client, GrpcBackend, SluiceLauncher, SluiceProcess,
+    on_both_drivers, python, python_script, tunnel_client, GrpcBackend, SluiceLauncher,
+    SluiceProcess,
 };
+
+// A reload is read and applied by the workers' runtime: once per monoio driver (the node and
+// its agent share it; every reloaded file keeps it).
+on_both_drivers!(
+    a_rotated_jwt_secret_and_a_new_max_wait_apply_on_sighup,
+    an_invalid_file_keeps_the_last_good_config_and_restart_fields_are_named,
+);
 
 fn node_yaml(secrets: &Secrets, level: &str, max_wait: &str, external: &str) -> String {
     format!(
-        "runtime: {{workers: 2, drain_timeout: 2s}}\n\
+        "runtime: {{workers: 2, drain_timeout: 2s, driver: {driver}}}\n\
          logging: {{level: {level}}}\n\
          listeners:\n  admin: {{address: '127.0.0.1:0'}}\n  agent: {{address: '127.0.0.1:0'}}\n  \
          external: {{address: '{external}'}}\n\
@@ -30,6 +41,7 @@ fn node_yaml(secrets: &Secrets, level: &str, max_wait: &str, external: &str) -> 
          jwt: {{secret_file: '{secret}'}}\n",
         agents = agents_yaml(secrets),
         secret = secrets.jwt_secret.display(),
+        driver = secrets.driver,
     )
 }
 
@@ -154,11 +166,11 @@ impl Drop for RotationClient {
     }
 }
 
-#[test]
-fn a_rotated_jwt_secret_and_a_new_max_wait_apply_on_sighup() {
-    let secrets = Secrets::new();
+fn a_rotated_jwt_secret_and_a_new_max_wait_apply_on_sighup(driver: &str) {
+    let secrets = Secrets::on(driver);
     let backend = GrpcBackend::start().expect("grpc backend");
     let node = Node::start(&node_yaml(&secrets, "info", "300ms", "127.0.0.1:0"));
+    assert_driver(&node.process, driver);
     let _agent = start_agent(&secrets, 7, &node.process, backend.address, 10, None);
     wait_for_idle_tunnels(&node.process, 1.0);
     assert_eq!(node.reloads("applied"), 0.0);
@@ -198,11 +210,11 @@ fn a_rotated_jwt_secret_and_a_new_max_wait_apply_on_sighup() {
     assert!(stamp > 1.7e9, "{stamp}");
 }
 
-#[test]
-fn an_invalid_file_keeps_the_last_good_config_and_restart_fields_are_named() {
-    let secrets = Secrets::new();
+fn an_invalid_file_keeps_the_last_good_config_and_restart_fields_are_named(driver: &str) {
+    let secrets = Secrets::on(driver);
     let backend = GrpcBackend::start().expect("grpc backend");
     let node = Node::start(&node_yaml(&secrets, "warn", "300ms", "127.0.0.1:0"));
+    assert_driver(&node.process, driver);
     let _agent = start_agent(&secrets, 7, &node.process, backend.address, 10, None);
     wait_for_idle_tunnels(&node.process, 1.0);
     let config = node.config.display().to_string();

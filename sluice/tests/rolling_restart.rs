@@ -8,7 +8,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{agents_yaml, metric, run_node, start_agent_on, Secrets, BIN};
+use common::{agents_yaml, assert_driver, metric, run_node, start_agent_on, Secrets, BIN};
 use test_support::{
     on_both_drivers, wait_until, GrpcBackend, RedisServer, RollingLoad, SluiceLauncher,
     SluiceProcess, TcpBalancer,
@@ -70,12 +70,14 @@ fn start_balanced_agent(
     );
     let launcher = SluiceLauncher::new(BIN).unwrap();
     let config = launcher.write_file("agent.yaml", &yaml).unwrap();
-    launcher
+    let agent = launcher
         .arg("agent")
         .arg("--config")
         .arg(config)
         .spawn()
-        .expect("agent starts")
+        .expect("agent starts");
+    assert_driver(&agent, &secrets.driver);
+    agent
 }
 
 fn idle_tunnels(node: &SluiceProcess) -> f64 {
@@ -100,13 +102,16 @@ fn three_nodes_restarted_in_turn_under_load_fail_no_call(driver: &str) {
     )
     .unwrap();
     let private_secret = private_secret.display().to_string();
+    // Every node, first started or restarted, is checked to run on `driver` (as the agents are).
     let start = |spec: &NodeSpec| {
-        run_node(&node_yaml(
+        let node = run_node(&node_yaml(
             &secrets,
             spec,
             &redis.unix_url(),
             &private_secret,
-        ))
+        ));
+        assert_driver(&node, driver);
+        node
     };
     let mut specs = ["node-a", "node-b", "node-c"].map(|name| NodeSpec { name, ports: None });
     let mut nodes: Vec<SluiceProcess> = specs.iter().map(&start).collect();

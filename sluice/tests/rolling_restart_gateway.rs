@@ -13,7 +13,8 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use test_support::{
-    on_both_drivers, ApiServer, Certificates, ClientCert, SluiceLauncher, SluiceProcess,
+    assert_driver, http_get, on_both_drivers, ApiServer, Certificates, ClientCert, SluiceLauncher,
+    SluiceProcess,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
@@ -44,6 +45,7 @@ impl Client {
     }
 }
 
+/// A gateway on `driver`, checked to run on it (the first start and every restart).
 fn start_gateway(driver: &str, clusters_dir: &Path, port: u16) -> SluiceProcess {
     let launcher = SluiceLauncher::new(BIN).unwrap();
     let config = launcher
@@ -55,12 +57,15 @@ fn start_gateway(driver: &str, clusters_dir: &Path, port: u16) -> SluiceProcess 
             ),
         )
         .unwrap();
-    launcher
+    let gateway = launcher
         .arg("run")
         .arg("--config")
         .arg(config)
         .spawn()
-        .expect("gateway starts")
+        .expect("gateway starts");
+    let metrics = http_get(gateway.address("admin"), "/metrics").expect("gateway metrics");
+    assert_driver(&metrics.body, driver);
+    gateway
 }
 
 /// A watch through one gateway: the events' resourceVersions come out of `events`.

@@ -7,10 +7,15 @@ mod common;
 use std::process::Command;
 
 use common::{start_node, Secrets, BIN};
+use test_support::on_both_drivers;
 
-#[test]
-fn status_prints_a_running_node_and_fails_clearly_without_one() {
-    let secrets = Secrets::new();
+// The status is read from the node's admin listener, served by the same runtime as the data
+// plane: once per monoio driver.
+on_both_drivers!(status_prints_a_running_node_and_fails_clearly_without_one);
+
+fn status_prints_a_running_node_and_fails_clearly_without_one(driver: &str) {
+    let secrets = Secrets::on(driver);
+    // Checked to run on `driver` (common::start_node_on).
     let node = start_node(&secrets, "2s", 1 << 20, None);
     let admin = node.address("admin").to_string();
     let output = Command::new(BIN)
