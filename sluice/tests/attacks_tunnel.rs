@@ -530,8 +530,8 @@ fn a_hostile_agent_cannot_grow_the_nodes_or_redis_records_past_its_share(driver:
 
 on_both_drivers!(an_agents_tunnels_and_descriptors_are_bounded);
 
-/// With `tunnel.max_tunnels_per_agent: 40`, a malformed connection id, too many services and a
-/// bad service name are INVALID_ARGUMENT; then the hostile agent's 100 Connects on one
+/// With `tunnel.max_tunnels_per_agent: 40`, a malformed connection id, too many services, a
+/// bad service name and a Descriptor larger than the limits allow are INVALID_ARGUMENT; then the hostile agent's 100 Connects on one
 /// connection id get 40 tunnels and 60 RESOURCE_EXHAUSTED naming the limit; each is counted by
 /// reason. Tunnels
 /// it closes are given back (it may open as many again), and another agent keeps its own share.
@@ -566,6 +566,11 @@ fn an_agents_tunnels_and_descriptors_are_bounded(driver: &str) {
             },
             Announce {
                 services: vec!["../etc/passwd".into()],
+                ..announce_like(&announce)
+            },
+            // Larger than any Descriptor the limits allow: refused as its size arrives.
+            Announce {
+                services: vec!["a".repeat(100_000)],
                 ..announce_like(&announce)
             },
         ];
@@ -620,7 +625,7 @@ fn an_agents_tunnels_and_descriptors_are_bounded(driver: &str) {
         .unwrap_or(0.0)
     };
     assert!(refused("tunnels") >= 61.0, "{driver}");
-    assert_eq!(refused("descriptor"), 3.0, "{driver}");
+    assert_eq!(refused("descriptor"), 4.0, "{driver}");
     assert_eq!(refused("connections"), 0.0, "{driver}");
 }
 

@@ -84,6 +84,15 @@ impl Drop for TunnelSlot {
     }
 }
 
+/// The largest Descriptor `limits` allow, encoded: each service name with its tag and length,
+/// the version, and room for the flags. A larger first message is refused before it is buffered.
+pub(super) fn descriptor_bytes(limits: &AgentLimits) -> usize {
+    limits
+        .services
+        .saturating_mul(MAX_SERVICE_NAME_BYTES + 3)
+        .saturating_add(limits.version_bytes + 64)
+}
+
 fn malformed(message: String) -> TunnelError {
     TunnelError::new(ErrorKind::BadRequest, message)
 }
@@ -219,6 +228,25 @@ mod tests {
             let error = announcement(&bad, &limits).unwrap_err();
             assert_eq!(error.code(), Code::InvalidArgument, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_largest_allowed_descriptor_fits_its_read_limit() {
+        use prost::Message as _;
+        let limits = AgentLimits::default();
+        let descriptor = Descriptor {
+            services: vec!["s".repeat(MAX_SERVICE_NAME_BYTES); limits.services],
+            agent_version: "v".repeat(limits.version_bytes),
+            reusable: true,
+        };
+        check_descriptor(&descriptor, &limits).unwrap();
+        let request = sluice_proto::tunnel::v1::ConnectRequest {
+            msg: Some(sluice_proto::tunnel::v1::connect_request::Msg::Descriptor(
+                descriptor,
+            )),
+        };
+        assert!(request.encoded_len() <= descriptor_bytes(&limits));
+        assert!(descriptor_bytes(&limits) < 32 * 1024);
     }
 
     #[test]

@@ -154,10 +154,33 @@ async fn open_tunnel(
         .acquire(agent, node.agent_limits.tunnels)
         .map_err(|error| node.agent_refused(agent, AgentRefusal::Tunnels, error))?;
     let mut recv = request.into_body();
-    let mut reader = TunnelReader::with_budget(node.max_message_bytes, node.buffer_budget.clone());
-    let descriptor = read_descriptor(&mut reader, &mut recv).await?;
-    quota::check_descriptor(&descriptor, &node.agent_limits)
-        .map_err(|error| node.agent_refused(agent, AgentRefusal::Descriptor, error))?;
+    // The Descriptor is read under its own size limit (what the per-agent limits allow), not
+    // the call message limit: a Connect cannot pin megabytes of the node-wide buffer budget.
+    let mut opening = TunnelReader::with_budget(
+        quota::descriptor_bytes(&node.agent_limits),
+        node.buffer_budget.clone(),
+    );
+    let descriptor = read_descriptor(&mut opening, &mut recv)
+        .await
+        .and_then(|descriptor| {
+            quota::check_descriptor(&descriptor, &node.agent_limits)?;
+            // An agent waits for a call after its Descriptor; bytes after it are not a tunnel.
+            match opening.buffered() {
+                0 => Ok(descriptor),
+                _ => Err(TunnelError::new(
+                    ErrorKind::ClientProtocol,
+                    "data after the Descriptor before any call",
+                )),
+            }
+        })
+        .map_err(|error| match error.kind() {
+            ErrorKind::ClientProtocol | ErrorKind::BadRequest => {
+                node.agent_refused(agent, AgentRefusal::Descriptor, error)
+            }
+            _ => error,
+        })?;
+    drop(opening);
+    let reader = TunnelReader::with_budget(node.max_message_bytes, node.buffer_budget.clone());
     let key = (agent, connection_id);
     if !announced.borrow().contains(&key) {
         node.admit_connection(agent, connection_id, &version)
