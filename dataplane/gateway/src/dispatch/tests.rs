@@ -243,6 +243,11 @@ fn a_negated_name_rule_never_matches_collection_requests() {
     assert!(!matches(rule, "DELETE", configmaps));
     assert!(!matches(rule, "POST", configmaps));
     assert!(!matches(rule, "GET", "/api/v1/configmaps?watch=1"));
+    // The legacy /watch/ prefix: a collection names nothing, one object names itself.
+    let legacy = "/api/v1/watch/namespaces/default/configmaps";
+    assert!(!matches(rule, "GET", legacy));
+    assert!(!matches(rule, "GET", &format!("{legacy}/admin-cm")));
+    assert!(matches(rule, "GET", &format!("{legacy}/app-cm")));
     // A list or watch narrowed to one object carries its name, as RBAC reads it.
     let watch_one = format!("{configmaps}?watch=1&fieldSelector=metadata.name%3Dapp-cm");
     assert!(matches(rule, "GET", &watch_one));
