@@ -235,6 +235,8 @@ struct State {
 /// The write budgets of one API server.
 pub struct WriteBudget {
     budgets: WriteBudgets,
+    /// [`MAX_TRACKED_IDENTITIES`]; smaller in tests.
+    max_tracked: usize,
     state: Mutex<State>,
 }
 
@@ -250,6 +252,7 @@ impl WriteBudget {
         });
         Self {
             budgets,
+            max_tracked: MAX_TRACKED_IDENTITIES,
             state: Mutex::new(State {
                 identities: HashMap::new(),
                 roles,
@@ -274,7 +277,8 @@ impl WriteBudget {
                 .max()
                 .unwrap_or_default()
         };
-        let mut mine = tracked(identities, identity, own, now);
+        let max_tracked = self.max_tracked;
+        let mut mine = tracked(identities, identity, &self.budgets, max_tracked, now);
         if let Some(pair) = mine.as_deref() {
             let retry_after = wait(pair, own);
             if !retry_after.is_zero() {
@@ -316,19 +320,27 @@ fn refill(pair: &mut Pair, rates: [Rate; 2], now: Instant) {
 fn tracked<'a>(
     identities: &'a mut HashMap<Identity, Pair>,
     identity: &Identity,
-    rates: [Rate; 2],
+    budgets: &WriteBudgets,
+    max_tracked: usize,
     now: Instant,
 ) -> Option<&'a mut Pair> {
+    let own = |role| {
+        let budget: &RoleBudget = budgets.role(role);
+        [budget.writes, budget.bytes]
+    };
+    let rates = own(identity.role);
     if !identities.contains_key(identity) {
-        if identities.len() >= MAX_TRACKED_IDENTITIES {
-            identities.retain(|_, pair| {
+        if identities.len() >= max_tracked {
+            // Each entry refills at its own role's rates: a full pair is as good as none.
+            identities.retain(|other, pair| {
+                let rates = own(other.role);
                 refill(pair, rates, now);
                 pair.iter()
                     .zip(rates)
                     .any(|(bucket, rate)| bucket.tokens < rate.burst)
             });
         }
-        if identities.len() >= MAX_TRACKED_IDENTITIES {
+        if identities.len() >= max_tracked {
             return None;
         }
         let pair = [Bucket::full(rates[0], now), Bucket::full(rates[1], now)];

@@ -116,3 +116,31 @@ fn vm_agents_stop_short_of_the_reserve_the_other_roles_keep() {
     // A store that does not count its size (etcd) has no reserve here.
     assert!(reserve_refusal(Role::VmAgent, None, 1 << 30).is_none());
 }
+
+#[test]
+fn the_tracked_identities_are_bounded_and_only_full_buckets_are_forgotten() {
+    let mut budget = WriteBudget::new(small());
+    budget.max_tracked = 2;
+    let start = Instant::now();
+    let (a, b, c) = (
+        identity(Role::Node, "node-a"),
+        identity(Role::VmAgent, "vm-b"),
+        identity(Role::VmAgent, "vm-c"),
+    );
+    for _ in 0..3 {
+        budget.admit(&b, 10, start).unwrap();
+    }
+    budget.admit(&a, 10, start).unwrap();
+    // Both tracked and spending: a third identity is held to its role's budget only.
+    budget.admit(&c, 10, start).unwrap();
+    assert_eq!(budget.state.lock().unwrap().identities.len(), 2);
+    // vm-b stays spent however many others come and go.
+    assert_eq!(
+        budget.admit(&b, 10, start).unwrap_err().scope,
+        Scope::Identity
+    );
+    // A minute later every bucket is full again: they are forgotten for newcomers.
+    let later = start + Duration::from_secs(60);
+    budget.admit(&c, 10, later).unwrap();
+    assert!(budget.state.lock().unwrap().identities.contains_key(&c));
+}
