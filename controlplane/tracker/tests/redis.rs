@@ -359,3 +359,66 @@ fn the_tracker_works_on_a_redis_cluster() {
     assert!(node.shutdown(Duration::from_secs(5)));
     assert!(block_on(other.lookup(5)).unwrap().is_empty());
 }
+
+fn record(agent: i64, connection_id: i64, node: &str) -> sluice_tracker::ConnectionRecord {
+    sluice_tracker::ConnectionRecord {
+        agent,
+        connection_id,
+        version: "v1".into(),
+        node: node.into(),
+        since_unix_ms: 1,
+    }
+}
+
+/// Two nodes' records of three agents, listed page by page: every page at most the asked size,
+/// in (agent, node, connection id) order, every record once. And one agent's records from one
+/// node stop at `max_connections_per_agent`, whatever the node sends: the rest never reach
+/// Redis and are counted.
+#[test]
+fn listings_come_in_bounded_pages_and_an_agents_records_are_bounded() {
+    let redis = RedisServer::start().unwrap();
+    let mut bounded = options("node-a", "pages");
+    bounded.max_connections_per_agent = 5;
+    let (a, a_metrics) = tracker(redis.url(), bounded);
+    let (b, _) = tracker(redis.url(), options("node-b", "pages"));
+    for connection in 0..50 {
+        a.connection_up(record(7, connection, "node-a"));
+    }
+    for (agent, connection) in [(3, 1), (7, 2), (7, 100), (9, 4)] {
+        b.connection_up(record(agent, connection, "node-b"));
+    }
+    a.connection_up(record(9, 1, "node-a"));
+    let hash = |agent: i64| format!("pages:tunnel:conns:{{{agent}}}");
+    let hlen = |agent: i64| -> u64 {
+        redis
+            .command(&["HLEN", &hash(agent)])
+            .unwrap()
+            .trim_start_matches(':')
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(wait_until(Duration::from_secs(5), || hlen(9) == 2));
+    assert_eq!(hlen(7), 5 + 2, "agent 7: five from node-a, two from node-b");
+    assert_eq!(a_metrics.records_refused.sum(), 45);
+
+    let mut listed = Vec::new();
+    let mut after = None;
+    loop {
+        let page = block_on(a.list_connections(after.clone(), 3)).unwrap();
+        assert!(page.len() <= 3);
+        listed.extend(
+            page.iter()
+                .map(|r| (r.agent, r.node.clone(), r.connection_id)),
+        );
+        if page.len() < 3 {
+            break;
+        }
+        after = page.last().map(sluice_tracker::ConnectionRecord::key);
+    }
+    let mut expected = vec![(3, "node-b".to_string(), 1)];
+    expected.extend((0..5).map(|c| (7, "node-a".to_string(), c)));
+    expected.extend([(7, "node-b".to_string(), 2), (7, "node-b".to_string(), 100)]);
+    expected.extend([(9, "node-a".to_string(), 1), (9, "node-b".to_string(), 4)]);
+    assert_eq!(listed, expected);
+}
