@@ -11,7 +11,13 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use test_support::{is_root, prerequisite, SluiceLauncher, ROOT_IN_CI};
+use test_support::{
+    assert_driver, is_root, on_both_drivers, prerequisite, SluiceLauncher, ROOT_IN_CI,
+};
+
+// READY=1 comes once the workers' listeners are up and STOPPING=1 when they start draining,
+// both from the runtime: once per monoio driver.
+on_both_drivers!(a_node_notifies_ready_and_stopping);
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -94,8 +100,7 @@ fn a_broken_unit_is_caught() {
 
 /// `sluice run` under a fake service manager: READY=1 after its listeners are up, STOPPING=1
 /// when SIGTERM arrives.
-#[test]
-fn a_node_notifies_ready_and_stopping() {
+fn a_node_notifies_ready_and_stopping(driver: &str) {
     let dir = tempfile::tempdir().unwrap();
     let socket_path = dir.path().join("notify.sock");
     let socket = UnixDatagram::bind(&socket_path).unwrap();
@@ -106,7 +111,10 @@ fn a_node_notifies_ready_and_stopping() {
     let config = launcher
         .write_file(
             "node.yaml",
-            "runtime: {workers: 1, drain_timeout: 1s}\nlisteners:\n  admin: {address: '127.0.0.1:0'}\n",
+            &format!(
+                "runtime: {{workers: 1, drain_timeout: 1s, driver: {driver}}}\n\
+                 listeners:\n  admin: {{address: '127.0.0.1:0'}}\n"
+            ),
         )
         .unwrap();
     let mut node = launcher
@@ -125,6 +133,10 @@ fn a_node_notifies_ready_and_stopping() {
     assert_eq!(
         test_support::http_get(admin, "/healthz").unwrap().status,
         200
+    );
+    assert_driver(
+        &test_support::http_get(admin, "/metrics").unwrap().body,
+        driver,
     );
     node.signal(libc::SIGTERM);
     let read = socket.recv(&mut buffer).expect("STOPPING=1 on SIGTERM");
