@@ -6,6 +6,8 @@
 //!   plus the shared part, and a node, a gateway and the admin still get theirs.
 //! - Requests in flight: one VM's stalled requests stop at its cap; another VM and a node are
 //!   still answered.
+//! - Authenticated connections: one VM, and the VM agents together, stop at their shares; a
+//!   node, a gateway and the admin still connect.
 //! - Connections: 2,000 idle TLS + HTTP/2 connections without credentials from one address
 //!   (the admin's own) while the admin's kubectl keeps working; every one of them is closed.
 //! - `?watch=true` on a named GET or a POST neither makes it a watch nor lifts its timeout.
@@ -247,6 +249,120 @@ fn a_vm_agent_stops_at_its_requests_in_flight_cap() {
         wait_until(Duration::from_secs(10), || get_as(&cp, &vm1, list).0 == 200),
         "vm-1's slots come back when its requests end"
     );
+}
+
+/// One GET with `token` on its own HTTP/1.1 connection, kept open afterwards: the answer's
+/// status and body, and the connection.
+fn kept_get(
+    cp: &ControlPlane,
+    token: &str,
+    path: &str,
+) -> (
+    u16,
+    String,
+    rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
+) {
+    let mut stream = raw_tls_http1(cp);
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {token}\r\n\r\n",
+        cp.address
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    stream.flush().unwrap();
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        let text = String::from_utf8_lossy(&answer).to_lowercase();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length: "))
+                .and_then(|value| value.trim().parse::<usize>().ok());
+            if length.is_some_and(|length| body.len() >= length) {
+                break;
+            }
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(read) => answer.extend_from_slice(&chunk[..read]),
+        }
+    }
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    (status, text, stream)
+}
+
+/// Opens kept connections with `token` until one is refused (at most `bound`).
+fn connections_until_refused(
+    cp: &ControlPlane,
+    token: &str,
+    path: &str,
+    bound: usize,
+) -> (Vec<impl Sized>, Option<String>) {
+    let mut open = Vec::new();
+    for _ in 0..bound {
+        let (status, text, stream) = kept_get(cp, token, path);
+        match status {
+            200 => open.push(stream),
+            429 => return (open, Some(text)),
+            other => panic!("GET {path}: {other} {text}"),
+        }
+    }
+    (open, None)
+}
+
+/// Finding 3's authenticated side: the table's authenticated part (48 of 64 here) is shared
+/// per role and capped per identity, so one VM's token, or all VM agents together, cannot
+/// hold every connection; a node, a gateway and the admin still connect.
+#[test]
+fn one_identity_cannot_hold_every_authenticated_connection() {
+    let cp = ControlPlane::start(
+        BIN,
+        &[
+            "--max-connections=64",
+            "--max-unauthenticated-connections=16",
+            "--connection-share=admin=4/8",
+            "--connection-share=gateway=4/8",
+            "--connection-share=node=4/8",
+            "--connection-share=vm-agent=8/6",
+        ],
+    )
+    .unwrap();
+    let policies = "/apis/policy.sluice.dev/v1alpha1/networkpolicies";
+    let (mut held, mut kept, mut refusals) = (Vec::new(), Vec::new(), Vec::new());
+    for index in 1..=8 {
+        let token = cp.token("vm-agent", &format!("vm-{index}"));
+        let (open, refused) = connections_until_refused(&cp, &token, policies, 20);
+        held.push(open.len());
+        kept.push(open);
+        refusals.push(refused.unwrap_or_default());
+    }
+    // vm-1..vm-6 hold their cap of 6; the role's 8 reserved and 28 shared are then used up.
+    assert_eq!(held, [6, 6, 6, 6, 6, 6, 0, 0], "{refusals:?}");
+    assert!(
+        refusals[0].contains("sluice:vm-agent:vm-1") && refusals[0].contains("open connections"),
+        "{}",
+        refusals[0]
+    );
+    assert!(refusals[0].contains("retry-after: 10"), "{}", refusals[0]);
+    assert!(
+        refusals[6].contains("reserved for role vm-agent"),
+        "{}",
+        refusals[6]
+    );
+    let node = cp.token("node", "node-1");
+    let (nodes, refused) = connections_until_refused(&cp, &node, AGENTS, 4);
+    assert_eq!((nodes.len(), refused), (4, None));
+    let gateway = cp.token("gateway", "gw-1");
+    let clusters = "/apis/proxy.sluice.dev/v1alpha1/upstreamclusters";
+    let (gateways, refused) = connections_until_refused(&cp, &gateway, clusters, 4);
+    assert_eq!((gateways.len(), refused), (4, None));
+    let listed = cp.kubectl(&["get", "agents.tunnel.sluice.dev"], None);
+    assert!(listed.status.success(), "{listed:?}");
 }
 
 fn h2_client(ca: &Path) -> Arc<rustls::ClientConfig> {

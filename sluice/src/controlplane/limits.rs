@@ -50,6 +50,10 @@ pub struct LimitArgs {
     /// Unauthenticated connections of one source address, IPv4 or IPv6 /64 (default 64).
     #[arg(long, value_name = "N")]
     pub max_unauthenticated_connections_per_address: Option<usize>,
+    /// A role's share of the authenticated connections, ROLE=RESERVED/PER_IDENTITY
+    /// (repeatable; defaults: admin=64/256, gateway=512/128, node=512/128, vm-agent=1024/32).
+    #[arg(long, value_name = "ROLE=RESERVED/PER_IDENTITY", value_parser = share)]
+    pub connection_share: Vec<ShareArg>,
     /// Time for the TLS handshake (default 10s).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub handshake_timeout: Option<Duration>,
@@ -102,11 +106,13 @@ impl LimitArgs {
             &mut limits.max_unauthenticated_connections_per_address,
             self.max_unauthenticated_connections_per_address,
         );
-        set(&mut limits.watches.total, self.max_watches);
-        set(
-            &mut limits.requests_in_flight.total,
-            self.max_requests_in_flight,
-        );
+        // A pool resized keeps the default reservations' proportions; shares given override.
+        if let Some(total) = self.max_watches {
+            limits.watches = limits.watches.resized(total);
+        }
+        if let Some(total) = self.max_requests_in_flight {
+            limits.requests_in_flight = limits.requests_in_flight.resized(total);
+        }
         for (flag, value, target) in [
             (
                 "--handshake-timeout",
@@ -146,12 +152,7 @@ impl LimitArgs {
                 *target = value;
             }
         }
-        for arg in &self.watch_share {
-            *limits.watches.share_mut(arg.role) = arg.share;
-        }
-        for arg in &self.request_share {
-            *limits.requests_in_flight.share_mut(arg.role) = arg.share;
-        }
+        self.apply_shares(&mut limits);
         limits.check().map_err(|reason| {
             format!(
                 "--max-connections, --max-watches, --max-requests-in-flight and the shares: \
@@ -159,6 +160,22 @@ impl LimitArgs {
             )
         })?;
         Ok(limits)
+    }
+
+    /// The `--*-share` flags over the (resized) default shares.
+    fn apply_shares(&self, limits: &mut ServerLimits) {
+        let default_pool = ServerLimits::default().authenticated_connections();
+        let mut connections = default_pool.resized(limits.authenticated_connections().total);
+        for arg in &self.connection_share {
+            *connections.share_mut(arg.role) = arg.share;
+        }
+        limits.connection_shares = connections.shares;
+        for arg in &self.watch_share {
+            *limits.watches.share_mut(arg.role) = arg.share;
+        }
+        for arg in &self.request_share {
+            *limits.requests_in_flight.share_mut(arg.role) = arg.share;
+        }
     }
 }
 
@@ -183,6 +200,13 @@ mod tests {
         assert_eq!(limits.watches.shared(), 25);
         assert_eq!(limits.watches.share(Role::VmAgent).per_identity, 8);
         assert_eq!(limits.first_request_timeout, Duration::from_secs(2));
+        let args = LimitArgs {
+            connection_share: vec![share("node=100/7").unwrap()],
+            ..LimitArgs::default()
+        };
+        let connections = args.limits().unwrap().authenticated_connections();
+        assert_eq!(connections.share(Role::Node).per_identity, 7);
+        assert_eq!(connections.total, 4096 - 1024);
         assert_eq!(
             limits.max_connections,
             ServerLimits::default().max_connections
@@ -198,9 +222,20 @@ mod tests {
         assert!(share("node=x/1").unwrap_err().contains("RESERVED"));
         let too_small = LimitArgs {
             max_watches: Some(10),
+            watch_share: vec![share("node=11/1").unwrap()],
             ..LimitArgs::default()
         };
         assert!(too_small.limits().unwrap_err().contains("reservations"));
+        // Smaller pools without shares keep the default proportions.
+        let small = LimitArgs {
+            max_watches: Some(100),
+            max_connections: Some(64),
+            max_unauthenticated_connections: Some(16),
+            ..LimitArgs::default()
+        };
+        let limits = small.limits().unwrap();
+        assert_eq!(limits.watches.share(Role::VmAgent).reserved, 20);
+        assert!(limits.authenticated_connections().check().is_ok());
         let zero = LimitArgs {
             idle_timeout: Some(Duration::ZERO),
             ..LimitArgs::default()

@@ -20,6 +20,8 @@ use crate::auth::{Identity, Role};
 pub enum BudgetKind {
     Watches,
     Requests,
+    /// Authenticated connections (a connection counts for the first identity it carries).
+    Connections,
 }
 
 impl BudgetKind {
@@ -27,6 +29,7 @@ impl BudgetKind {
         match self {
             BudgetKind::Watches => "watches",
             BudgetKind::Requests => "requests_in_flight",
+            BudgetKind::Connections => "connections",
         }
     }
 
@@ -34,13 +37,15 @@ impl BudgetKind {
         match self {
             BudgetKind::Watches => "open watches",
             BudgetKind::Requests => "requests in flight",
+            BudgetKind::Connections => "open connections",
         }
     }
 
-    /// A watch slot frees when some watch ends (minutes); a request slot within a second.
+    /// A watch slot frees when some watch ends (minutes); a request slot within a second; a
+    /// connection when the client closes one of its own (or the idle timeout does).
     fn retry_after_seconds(self) -> u32 {
         match self {
-            BudgetKind::Watches => 10,
+            BudgetKind::Watches | BudgetKind::Connections => 10,
             BudgetKind::Requests => 1,
         }
     }
@@ -69,6 +74,22 @@ impl PoolLimits {
 
     pub fn share_mut(&mut self, role: Role) -> &mut RoleShare {
         &mut self.shares[role_index(role)]
+    }
+
+    /// The same pool at `total`, each reservation scaled to keep its part of the pool (so a
+    /// smaller pool keeps the default proportions instead of failing [`Self::check`]).
+    pub fn resized(&self, total: usize) -> PoolLimits {
+        let scale = |reserved: usize| {
+            let scaled = reserved as u128 * total as u128 / self.total.max(1) as u128;
+            usize::try_from(scaled).unwrap_or(usize::MAX)
+        };
+        PoolLimits {
+            total,
+            shares: self.shares.map(|share| RoleShare {
+                reserved: scale(share.reserved),
+                per_identity: share.per_identity,
+            }),
+        }
     }
 
     /// What is left after the reservations: any role may use it.
@@ -352,6 +373,15 @@ mod tests {
         let usage = pool.usage.lock().unwrap();
         assert!(usage.per_identity.is_empty());
         assert_eq!(usage.per_role, [0; 4]);
+    }
+
+    #[test]
+    fn a_resized_pool_keeps_its_proportions() {
+        let small = limits().resized(10);
+        assert_eq!(small.share(Role::Gateway).reserved, 1);
+        assert_eq!(small.share(Role::Gateway).per_identity, 4);
+        assert!(small.check().is_ok());
+        assert_eq!(limits().resized(40).shared(), 20);
     }
 
     #[test]

@@ -16,6 +16,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+
+use super::admission::Slot;
 // tokio's clock: the idle deadlines are its sleeps.
 use tokio::time::Instant;
 
@@ -50,6 +52,8 @@ pub struct Tracked {
     address: IpAddr,
     opened: Instant,
     authenticated: AtomicBool,
+    /// The connection's place in its identity's share of the authenticated connections.
+    share: Mutex<Option<Slot>>,
     /// Set when the table closed it for a newer connection; the task then ends.
     evicted: AtomicBool,
     wake: Notify,
@@ -60,8 +64,15 @@ pub struct Tracked {
 }
 
 impl Tracked {
-    /// The connection authenticated: it leaves the unauthenticated part of the table.
-    pub fn authenticated(&self) {
+    /// The connection authenticated, holding `share`: it leaves the unauthenticated part of
+    /// the table. (Two requests authenticating at once on one HTTP/2 connection: the second's
+    /// slot is given back.)
+    pub fn authenticated(&self, share: Slot) {
+        let mut held = self.share.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.is_none() {
+            *held = Some(share);
+        }
+        drop(held);
         if !self.authenticated.swap(true, Ordering::AcqRel) {
             self.table.promote(self);
         }
@@ -183,6 +194,7 @@ impl ConnectionTable {
             address: key,
             opened: Instant::now(),
             authenticated: AtomicBool::new(false),
+            share: Mutex::new(None),
             evicted: AtomicBool::new(false),
             wake: Notify::new(),
             in_flight: AtomicUsize::new(0),
@@ -213,6 +225,13 @@ impl ConnectionTable {
     }
 
     fn close(&self, tracked: &Tracked) {
+        drop(
+            tracked
+                .share
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if forget(&mut state, tracked) {
             state.unauthenticated -= 1;
@@ -288,6 +307,25 @@ mod tests {
         })
     }
 
+    /// A slot of a pool large enough never to refuse.
+    fn share() -> Slot {
+        use super::super::admission::{BudgetKind, Pool, PoolLimits, RoleShare};
+        use crate::auth::{Identity, Role};
+        let share = RoleShare {
+            reserved: 0,
+            per_identity: 1000,
+        };
+        let pool = Pool::new(
+            BudgetKind::Connections,
+            PoolLimits {
+                total: 1000,
+                shares: [share; 4],
+            },
+        );
+        pool.acquire(&Identity::new(Role::Admin, "a").unwrap())
+            .unwrap()
+    }
+
     fn ip(text: &str) -> IpAddr {
         text.parse().unwrap()
     }
@@ -318,9 +356,9 @@ mod tests {
     fn authenticated_connections_keep_their_slots() {
         let table = table(4, 2, 10);
         let admin = table.admit(ip("10.0.0.2")).unwrap().0;
-        admin.0.authenticated();
+        admin.0.authenticated(share());
         let role = table.admit(ip("10.0.0.3")).unwrap().0;
-        role.0.authenticated();
+        role.0.authenticated(share());
         assert_eq!(table.counts(), (2, 0));
         // The unauthenticated part (2) fills, then turns over; the admin is never closed.
         let mut flood = Vec::new();
@@ -331,13 +369,37 @@ mod tests {
         assert_eq!(table.counts(), (4, 2));
         // A client from elsewhere still gets in (displacing the flood), and authenticates.
         let late = table.admit(ip("10.0.0.4")).unwrap().0;
-        late.0.authenticated();
+        late.0.authenticated(share());
         let last = table.admit(ip("10.0.0.5")).unwrap().0;
-        last.0.authenticated();
+        last.0.authenticated(share());
         assert_eq!(table.counts(), (4, 0));
         assert_eq!(table.admit(ip("10.0.0.1")).unwrap_err(), Refused::Full);
         drop(last);
         assert!(table.admit(ip("10.0.0.1")).is_ok());
+    }
+
+    #[test]
+    fn a_connection_gives_its_identitys_share_back_when_it_closes() {
+        use super::super::admission::{BudgetKind, Pool, PoolLimits, RoleShare};
+        use crate::auth::{Identity, Role};
+        let one = RoleShare {
+            reserved: 1,
+            per_identity: 1,
+        };
+        let pool = Pool::new(
+            BudgetKind::Connections,
+            PoolLimits {
+                total: 4,
+                shares: [one; 4],
+            },
+        );
+        let vm = Identity::new(Role::VmAgent, "vm-1").unwrap();
+        let table = table(10, 10, 10);
+        let connection = table.admit(ip("10.0.0.1")).unwrap().0;
+        connection.0.authenticated(pool.acquire(&vm).unwrap());
+        assert_eq!(pool.acquire(&vm).unwrap_err().budget(), "identity");
+        drop(connection);
+        assert!(pool.acquire(&vm).is_ok());
     }
 
     #[test]
@@ -366,7 +428,7 @@ mod tests {
         );
         assert!(started.elapsed() >= limits.1);
         let known = table.admit(ip("10.0.0.2")).unwrap().0;
-        known.0.authenticated();
+        known.0.authenticated(share());
         let request = known.0.request();
         let idle = known.0.idle(limits.0, limits.1);
         tokio::pin!(idle);

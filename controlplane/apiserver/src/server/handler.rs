@@ -140,7 +140,12 @@ impl ApiServer {
     /// moves the connection out of the unauthenticated part of the connection table.
     fn authenticate(&self, parts: &Parts, peer: &Peer) -> Result<Identity, StatusError> {
         let identity = self.identify(parts, peer)?;
-        peer.connection.authenticated();
+        if !peer.connection.is_authenticated() {
+            // Over its share the request is refused and the connection stays unauthenticated
+            // (so the first-request timeout or a newer connection closes it).
+            let share = self.admit(&self.connection_slots, &identity)?;
+            peer.connection.authenticated(share);
+        }
         Ok(identity)
     }
 

@@ -22,7 +22,8 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
-/// A pool share: the pool (`watches`, `requests_in_flight`) and the role, never the user.
+/// A pool share: the pool (`watches`, `requests_in_flight`, `connections`) and the role,
+/// never the user.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ShareLabels {
     pub pool: &'static str,
@@ -130,7 +131,7 @@ impl ApiMetrics {
         );
         prefixed.register(
             "admission_in_use",
-            "Slots in use of a shared pool (watches, requests_in_flight), by role",
+            "Slots in use of a shared pool (watches, requests_in_flight, connections), by role",
             metrics.admission_in_use.clone(),
         );
         prefixed.register(

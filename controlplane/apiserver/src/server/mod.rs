@@ -50,6 +50,9 @@ pub struct ServerLimits {
     pub max_unauthenticated_connections: usize,
     /// Unauthenticated connections of one source address (IPv4, or IPv6 /64).
     pub max_unauthenticated_connections_per_address: usize,
+    /// Each role's share of the authenticated part of the table (`max_connections` minus
+    /// `max_unauthenticated_connections`), indexed as [`Role::ALL`]; past a share, 429.
+    pub connection_shares: [RoleShare; 4],
     /// Time for the TLS handshake.
     pub handshake_timeout: Duration,
     /// Time for a request's head (and, between requests, for the next one to start).
@@ -90,8 +93,21 @@ fn pool(total: usize, shares: [(usize, usize); 4]) -> PoolLimits {
 }
 
 impl ServerLimits {
+    /// The authenticated connections' pool: what the unauthenticated part leaves.
+    pub fn authenticated_connections(&self) -> PoolLimits {
+        PoolLimits {
+            total: self
+                .max_connections
+                .saturating_sub(self.max_unauthenticated_connections),
+            shares: self.connection_shares,
+        }
+    }
+
     /// Why these limits cannot work (the field and the reason), if they cannot.
     pub fn check(&self) -> Result<(), String> {
+        self.authenticated_connections()
+            .check()
+            .map_err(|reason| format!("authenticated connections: {reason}"))?;
         self.watches
             .check()
             .map_err(|reason| format!("watches: {reason}"))?;
@@ -124,6 +140,7 @@ impl Default for ServerLimits {
             max_connections: 4096,
             max_unauthenticated_connections: 1024,
             max_unauthenticated_connections_per_address: 64,
+            connection_shares: pool(0, [(64, 256), (512, 128), (512, 128), (1024, 32)]).shares,
             handshake_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(30),
             first_request_timeout: Duration::from_secs(10),
@@ -160,6 +177,7 @@ pub struct ApiServer {
     limits: ServerLimits,
     watch_slots: Arc<Pool>,
     request_slots: Arc<Pool>,
+    connection_slots: Arc<Pool>,
     writes: write_budget::WriteBudget,
     write_metrics: write_budget::WriteMetrics,
     connections: Arc<ConnectionTable>,
@@ -194,6 +212,10 @@ impl ApiServer {
             prometheus,
             watch_slots: Pool::new(BudgetKind::Watches, limits.watches.clone()),
             request_slots: Pool::new(BudgetKind::Requests, limits.requests_in_flight.clone()),
+            connection_slots: Pool::new(
+                BudgetKind::Connections,
+                limits.authenticated_connections(),
+            ),
             writes: write_budget::WriteBudget::new(limits.write_budgets.clone()),
             write_metrics,
             connections: ConnectionTable::new(TableLimits {
@@ -300,8 +322,11 @@ impl ApiServer {
             .peer_certificates()
             .and_then(|chain| chain.first())
             .map(|certificate| identity_of(certificate.as_ref()));
-        if matches!(certificate, Some(Ok(_))) {
-            tracked.authenticated();
+        if let Some(Ok(identity)) = &certificate {
+            match self.admit(&self.connection_slots, identity) {
+                Ok(share) => tracked.authenticated(share),
+                Err(_) => return self.refused("identity_connections"),
+            }
         }
         let peer = Arc::new(Peer {
             address,
@@ -398,6 +423,7 @@ impl ApiServer {
         for (pool, slots) in [
             (BudgetKind::Watches, &self.watch_slots),
             (BudgetKind::Requests, &self.request_slots),
+            (BudgetKind::Connections, &self.connection_slots),
         ] {
             for role in Role::ALL {
                 self.metrics
