@@ -329,3 +329,61 @@ fn agent_tokens(raw: &RawTunnel, errors: &mut Errors) -> Vec<AgentTokenConfig> {
     }
     agents
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use crate::{load_str, AgentLimits};
+
+    fn tunnel_yaml(dir: &tempfile::TempDir, extra: &str) -> String {
+        let secret = dir.path().join("jwt.secret");
+        std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").unwrap();
+        format!(
+            "tunnel:\n  jwt: {{secret_file: '{}'}}\n{extra}",
+            secret.display()
+        )
+    }
+
+    #[test]
+    fn agent_limits_default_and_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = load_str(&tunnel_yaml(&dir, ""), "node.yaml").unwrap();
+        assert_eq!(config.tunnel.unwrap().agent_limits, AgentLimits::default());
+        let yaml = tunnel_yaml(
+            &dir,
+            "  max_connections_per_agent: 3\n  max_tunnels_per_agent: 40\n  max_agent_services: 0\n  max_agent_version_bytes: 16\n  list_page_size: 7\n",
+        );
+        let limits = load_str(&yaml, "node.yaml")
+            .unwrap()
+            .tunnel
+            .unwrap()
+            .agent_limits;
+        assert_eq!(
+            limits,
+            AgentLimits {
+                connections: 3,
+                tunnels: 40,
+                services: 0,
+                version_bytes: 16,
+                list_page_size: 7,
+            }
+        );
+    }
+
+    #[test]
+    fn agent_limits_out_of_range_name_file_field_and_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = tunnel_yaml(
+            &dir,
+            "  max_connections_per_agent: 0\n  max_tunnels_per_agent: many\n  list_page_size: 20000\n",
+        );
+        let error = load_str(&yaml, "node.yaml").unwrap_err().to_string();
+        for expected in [
+            "node.yaml: tunnel.max_connections_per_agent: 0 is out of range 1..=100000",
+            "node.yaml: tunnel.max_tunnels_per_agent",
+            "node.yaml: tunnel.list_page_size: 20000 is out of range 1..=10000",
+        ] {
+            assert!(error.contains(expected), "{expected} in {error}");
+        }
+    }
+}
