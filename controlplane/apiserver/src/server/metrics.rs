@@ -121,7 +121,7 @@ impl ApiMetrics {
         prefixed.register(
             "connections_refused",
             "Connections refused or closed by the server, by reason (limit, evicted for a newer \
-             one, tls, handshake_timeout, first_request_timeout, idle)",
+             one, tls, handshake_timeout, first_request_timeout, idle, identity_connections)",
             metrics.connections_refused.clone(),
         );
         prefixed.register(
