@@ -275,11 +275,17 @@ fn evict_oldest(state: &mut State, address: IpAddr) -> bool {
     true
 }
 
+/// The address holding the most unauthenticated connections; of several, the one whose oldest
+/// is oldest (so a newcomer from a fresh address, an admin among thousands of one-connection
+/// attackers, is the last to go).
 fn busiest_address(state: &State) -> Option<IpAddr> {
     state
         .by_address
         .iter()
-        .max_by_key(|(_, queue)| queue.len())
+        .max_by_key(|(_, queue)| {
+            let oldest = queue.front().map_or(u64::MAX, |tracked| tracked.id);
+            (queue.len(), std::cmp::Reverse(oldest))
+        })
         .map(|(address, _)| *address)
 }
 
@@ -350,6 +356,24 @@ mod tests {
             (2, 2),
             "an evicted connection is not counted twice"
         );
+    }
+
+    #[test]
+    fn among_equal_addresses_the_oldest_connection_goes_first() {
+        let table = table(100, 3, 10);
+        let first = table.admit(ip("10.0.0.1")).unwrap().0;
+        let admin = table.admit(ip("10.0.0.2")).unwrap().0;
+        let third = table.admit(ip("10.0.0.3")).unwrap().0;
+        let (_fourth, closed) = table.admit(ip("10.0.0.4")).unwrap();
+        assert_eq!(closed, 1);
+        assert!(first.0.evicted.load(Ordering::Acquire));
+        assert!(!admin.0.evicted.load(Ordering::Acquire));
+        let _fifth = table.admit(ip("10.0.0.5")).unwrap();
+        assert!(
+            admin.0.evicted.load(Ordering::Acquire),
+            "then the next oldest"
+        );
+        assert!(!third.0.evicted.load(Ordering::Acquire));
     }
 
     #[test]
