@@ -17,6 +17,9 @@ use crate::registry::AgentId;
 pub(super) struct ConnectionInfo {
     version: String,
     since_unix_ms: i64,
+    /// HTTP/2 connections that announced it: an agent moving to a new connection (a drain)
+    /// keeps one record until the last of them closes.
+    holders: usize,
 }
 
 /// Agent connections by agent, then by the agent-chosen connection id: indexed, so an agent
@@ -45,8 +48,9 @@ impl NodeShared {
             let mut connections = self.lock_connections();
             let of_agent = connections.entry(agent).or_default();
             let first = of_agent.is_empty();
-            if of_agent.contains_key(&connection_id) {
+            if let Some(known) = of_agent.get_mut(&connection_id) {
                 // Known here already (the agent's new HTTP/2 connection): recorded once.
+                known.holders += 1;
                 return Ok(());
             }
             if of_agent.len() >= limit {
@@ -63,6 +67,7 @@ impl NodeShared {
                 ConnectionInfo {
                     version: version.to_string(),
                     since_unix_ms,
+                    holders: 1,
                 },
             );
             first
@@ -89,6 +94,13 @@ impl NodeShared {
             let mut connections = self.lock_connections();
             match connections.get_mut(&key.0) {
                 Some(of_agent) => {
+                    if let Some(info) = of_agent.get_mut(&key.1) {
+                        if info.holders > 1 {
+                            // Another HTTP/2 connection still holds it.
+                            info.holders -= 1;
+                            return;
+                        }
+                    }
                     of_agent.remove(&key.1);
                     let last = of_agent.is_empty();
                     if last {
@@ -256,6 +268,26 @@ mod tests {
         assert_eq!(listed.iter().filter(|record| record.agent == 4).count(), 3);
         node.forget_connection((4, 0));
         node.admit_connection(4, 3, "v1").unwrap();
+    }
+
+    /// An agent that moves to a new HTTP/2 connection announces the same connection id there;
+    /// the record stays (and counts once) until the last connection holding it closes.
+    #[test]
+    fn a_connection_id_held_by_two_http2_connections_is_one_record_until_both_close() {
+        let cluster = MemoryCluster::new();
+        let locator = cluster.locator("n", "10.0.0.1:1");
+        let node = node(Some(locator.clone() as Arc<dyn AgentLocator>));
+        node.admit_connection(4, 1, "v1").unwrap();
+        node.admit_connection(4, 1, "v1").unwrap();
+        let listed =
+            || super::super::test_node::run(async { node.list_records(None, 10).await.unwrap() });
+        assert_eq!(listed().len(), 1);
+        node.forget_connection((4, 1));
+        assert_eq!(listed().len(), 1, "the second connection still holds it");
+        assert_eq!(node.connected_agents(), 1);
+        node.forget_connection((4, 1));
+        assert!(listed().is_empty());
+        assert_eq!(node.connected_agents(), 0);
     }
 
     fn futures_executor_lite<F: std::future::Future>(future: F) -> F::Output {
