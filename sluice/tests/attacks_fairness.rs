@@ -35,6 +35,7 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(15);
 on_both_drivers!(
     a_user_with_thousands_of_watches_gets_its_budget_and_starves_nobody,
     token_reviews_pass_even_when_watches_hold_every_client_stream,
+    upgrades_of_all_users_together_stop_at_the_clusters_budget,
 );
 
 struct Rig {
@@ -496,4 +497,70 @@ fn token_reviews_pass_even_when_watches_hold_every_client_stream(driver: &str) {
         rig.server.token_review_calls(),
         reviews_before + tokens.len()
     );
+}
+
+/// An exec upgrade as alice over HTTP/1.1 on its own TLS connection: the connection, once the
+/// answer's head is read, and that head.
+fn exec_upgrade(
+    rig: &Rig,
+) -> (
+    rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>,
+    String,
+) {
+    use std::io::{Read, Write};
+    let identity = Some((rig.alice.cert.as_path(), rig.alice.key.as_path()));
+    let tls = sluice_grpc::tls::client_config(Some(&rig.certs.ca_cert), identity).unwrap();
+    let mut config = (*tls).clone();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connection =
+        rustls::ClientConnection::new(Arc::new(config), ServerName::try_from(HOST).unwrap())
+            .unwrap();
+    let tcp = std::net::TcpStream::connect(rig.process.address("gateway")).unwrap();
+    tcp.set_read_timeout(Some(ANSWER_WITHIN)).unwrap();
+    let mut stream = rustls::StreamOwned::new(connection, tcp);
+    let request = format!(
+        "POST /api/v1/namespaces/default/pods/web/exec?command=sh HTTP/1.1\r\nHost: {HOST}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    (stream, String::from_utf8_lossy(&head).into_owned())
+}
+
+/// Upgrades hold a connection each to an apiserver, so all users' together have a budget per
+/// core (`maxUpgradeConnections`), whatever each user's own: past it a 429 Status, counted; a
+/// closed upgrade frees its slot.
+fn upgrades_of_all_users_together_stop_at_the_clusters_budget(driver: &str) {
+    use std::io::Read;
+    let rig = start(
+        driver,
+        1,
+        "{maxConnectionsPerServer: 2, maxUpgradeConnections: 2}",
+    );
+    let (first, head) = exec_upgrade(&rig);
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    let (_second, head) = exec_upgrade(&rig);
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    let (mut third, head) = exec_upgrade(&rig);
+    assert!(head.starts_with("HTTP/1.1 429 "), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("retry-after: 1"),
+        "{head}"
+    );
+    let mut body = String::new();
+    let _ = third.read_to_string(&mut body);
+    assert!(body.contains("\"reason\":\"TooManyRequests\""), "{body}");
+    assert!(body.contains("exec, attach and port-forward"), "{body}");
+    assert_eq!(fair_share_refused(&rig.process, "cluster_upgrades"), 1.0);
+    // The first upgrade ends: its slot is free again.
+    drop(first);
+    assert!(test_support::wait_until(Duration::from_secs(10), || {
+        exec_upgrade(&rig).1.starts_with("HTTP/1.1 101 ")
+    }));
 }

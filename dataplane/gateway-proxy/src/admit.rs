@@ -65,12 +65,16 @@ impl GatewayHandler {
                 path: info.path.to_string(),
             }
         })?;
-        let permit = self.flow_control(generation, cluster).admit(
+        let flow = self.flow_control(generation, cluster);
+        let mut permit = flow.admit(
             policy.flow_control_schema,
             info.is_long_running(),
             &user,
             Instant::now(),
         )?;
+        if crate::upgrade::is_upgrade(headers) {
+            flow.admit_upgrade(&mut permit)?;
+        }
         let server = self
             .round_robin
             .borrow_mut()

@@ -16,6 +16,8 @@ use std::time::Instant;
 use http::request::Parts;
 use http::{Request, Response};
 use hyper::body::Incoming;
+use sluice_gateway::cluster::spec::ConnectionPool;
+use sluice_gateway::fair_share::LongRunningLimits;
 use sluice_gateway::flow_control::{CoreFlowControl, CoreShare};
 use sluice_gateway::identity::UserInfo;
 use sluice_gateway::request_info::{decode_path, PathError, RequestInfo};
@@ -131,6 +133,11 @@ impl GatewayHandler {
         let info = request_info(method.as_str(), &decoded, parts.uri.query().unwrap_or(""));
         let (verb, resource) = request_labels(&info);
         let outcome = match info {
+            // The newest requests are the ones shed: everything admitted before goes on.
+            Ok(_) if sluice_overload::shedding() => {
+                sluice_overload::count_shed(sluice_overload::Role::Gateway);
+                Err(ProxyError::Overloaded)
+            }
             Ok(info) => self.proxy(client, &generation, &info, &parts, body).await,
             Err(error) => Err(error.into()),
         };
@@ -219,7 +226,7 @@ impl GatewayHandler {
                 .map(|cluster| {
                     let state = CoreFlowControl::new(
                         &cluster.schemas,
-                        cluster.connection_pool.max_long_running_per_user,
+                        long_running_limits(&cluster.connection_pool),
                         self.share,
                         previous.get(&cluster.name).map(|state| state.as_ref()),
                     );
@@ -231,14 +238,22 @@ impl GatewayHandler {
         flow.as_ref()
             .and_then(|(_, states)| states.get(&compiled.name).cloned())
             .unwrap_or_else(|| {
-                let per_user = compiled.connection_pool.max_long_running_per_user;
+                let limits = long_running_limits(&compiled.connection_pool);
                 Rc::new(CoreFlowControl::new(
                     &compiled.schemas,
-                    per_user,
+                    limits,
                     self.share,
                     None,
                 ))
             })
+    }
+}
+
+/// A cluster's long-running budgets per core.
+fn long_running_limits(pool: &ConnectionPool) -> LongRunningLimits {
+    LongRunningLimits {
+        per_user: pool.max_long_running_per_user,
+        upgrades: pool.max_upgrade_connections,
     }
 }
 

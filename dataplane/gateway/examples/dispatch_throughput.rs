@@ -27,7 +27,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let text = include_str!("../tests/fixtures/cluster.yaml");
     let snapshot = GatewaySnapshot::compile(parse_clusters(text, Path::new("cluster.yaml"))?)?;
     let cluster = &snapshot.clusters()[0];
-    let flow = CoreFlowControl::new(&cluster.schemas, 100, CoreShare::SINGLE, None);
+    let flow = CoreFlowControl::new(
+        &cluster.schemas,
+        sluice_gateway::fair_share::LongRunningLimits {
+            per_user: 100,
+            upgrades: 100,
+        },
+        CoreShare::SINGLE,
+        None,
+    );
     let user = std::rc::Rc::new(UserInfo::new("alice", &["dev", "system:authenticated"]));
     let requests = [
         (

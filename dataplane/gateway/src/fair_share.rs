@@ -17,8 +17,12 @@
 //! - [`LongRunningUsers`], one per cluster: a user may have at most `maxLongRunningPerUser`
 //!   long-running requests open on a core. Upgrades (exec, attach, port-forward) do not use
 //!   the shared streams but count here, since they hold an apiserver connection each.
+//! - [`UpgradeSlots`], one per cluster: upgrades (exec, attach, port-forward) one core may hold
+//!   open to the cluster's apiservers, all users together (`maxUpgradeConnections`): each is a
+//!   TLS connection of its own to an apiserver, so without a bound they could hold as many
+//!   connections as the users' budgets add up to.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 
@@ -37,15 +41,18 @@ pub enum FairShareRefusal {
     QueueFull,
     #[error("no apiserver stream became free within the queue wait limit")]
     QueueWait,
+    #[error("the cluster's apiservers hold as many exec, attach and port-forward connections as they may")]
+    ClusterUpgrades,
 }
 
 impl FairShareRefusal {
-    pub const ALL: [FairShareRefusal; 5] = [
+    pub const ALL: [FairShareRefusal; 6] = [
         FairShareRefusal::UserLongRunning,
         FairShareRefusal::ServerLongRunning,
         FairShareRefusal::UserQueueFull,
         FairShareRefusal::QueueFull,
         FairShareRefusal::QueueWait,
+        FairShareRefusal::ClusterUpgrades,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -55,6 +62,7 @@ impl FairShareRefusal {
             FairShareRefusal::UserQueueFull => "user_queue_full",
             FairShareRefusal::QueueFull => "queue_full",
             FairShareRefusal::QueueWait => "queue_wait",
+            FairShareRefusal::ClusterUpgrades => "cluster_upgrades",
         }
     }
 
@@ -334,6 +342,62 @@ impl LongRunningUsers {
         Ok(LongRunningSlot {
             open: self.open.clone(),
             user: user.clone(),
+        })
+    }
+}
+
+/// The per-core long-running budgets of one cluster (from its `connectionPool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LongRunningLimits {
+    /// `maxLongRunningPerUser`.
+    pub per_user: u32,
+    /// `maxUpgradeConnections`.
+    pub upgrades: u32,
+}
+
+/// Upgraded connections (exec, attach, port-forward) open on one core to one cluster's
+/// apiservers (see the module comment); shared by the counters of every config generation.
+#[derive(Debug)]
+pub struct UpgradeSlots {
+    max: u32,
+    open: Rc<Cell<u32>>,
+}
+
+/// One open upgrade; dropping it frees its slot.
+#[derive(Debug)]
+#[must_use = "dropping the slot frees it at once"]
+pub struct UpgradeSlot {
+    open: Rc<Cell<u32>>,
+}
+
+impl Drop for UpgradeSlot {
+    fn drop(&mut self) {
+        self.open.set(self.open.get().saturating_sub(1));
+    }
+}
+
+impl UpgradeSlots {
+    /// Slots for at most `max` upgrades, counting on from `previous` (a config reload).
+    pub fn new(max: u32, previous: Option<&UpgradeSlots>) -> Self {
+        Self {
+            max,
+            open: previous
+                .map(|previous| previous.open.clone())
+                .unwrap_or_default(),
+        }
+    }
+
+    pub fn open(&self) -> u32 {
+        self.open.get()
+    }
+
+    pub fn acquire(&self) -> Result<UpgradeSlot, FairShareRefusal> {
+        if self.open.get() >= self.max {
+            return Err(FairShareRefusal::ClusterUpgrades);
+        }
+        self.open.set(self.open.get() + 1);
+        Ok(UpgradeSlot {
+            open: self.open.clone(),
         })
     }
 }

@@ -14,15 +14,18 @@
 //!
 //! Long-running requests are not counted by `MaxRequestsInflight` (as in kube-apiserver), but
 //! every request that is not under an `Exempt` schema counts against its user's long-running
-//! budget on this core (`connectionPool.maxLongRunningPerUser`, see `fair_share.rs`); the
-//! permit carries that slot and the request's priority level (its schema's name).
+//! budget on this core (`connectionPool.maxLongRunningPerUser`, see `fair_share.rs`), and every
+//! upgrade against the cluster's (`maxUpgradeConnections`, [`CoreFlowControl::admit_upgrade`]);
+//! the permit carries those slots and the request's priority level (its schema's name).
 
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::fair_share::{LongRunningSlot, LongRunningUsers};
+use crate::fair_share::{
+    LongRunningLimits, LongRunningSlot, LongRunningUsers, UpgradeSlot, UpgradeSlots,
+};
 use crate::identity::UserInfo;
 use crate::status::GatewayError;
 
@@ -98,6 +101,7 @@ enum Limiter {
 pub struct CoreFlowControl {
     schemas: Box<[(Arc<str>, Limiter)]>,
     long_running: LongRunningUsers,
+    upgrades: UpgradeSlots,
 }
 
 /// Proof a request was admitted; dropping it frees its in-flight slot (if it took one) and its
@@ -107,6 +111,7 @@ pub struct CoreFlowControl {
 pub struct FlowPermit {
     slot: Option<Rc<Cell<u32>>>,
     long_running: Option<LongRunningSlot>,
+    upgrade: Option<UpgradeSlot>,
     level: Option<Arc<str>>,
 }
 
@@ -131,14 +136,13 @@ impl Drop for FlowPermit {
 }
 
 impl CoreFlowControl {
-    /// State for `schemas` on the core described by `share`, each user allowed
-    /// `max_long_running_per_user` long-running requests on it. In-flight counters of schemas
-    /// that keep their name and kind, and the users' long-running counts, are carried over from
-    /// `previous` (a config reload), so requests admitted before the reload still count and
-    /// still release their slot.
+    /// State for `schemas` on the core described by `share`, with the cluster's long-running
+    /// budgets. In-flight counters of schemas that keep their name and kind, and the
+    /// long-running counts, are carried over from `previous` (a config reload), so requests
+    /// admitted before the reload still count and still release their slot.
     pub fn new(
         schemas: &[FlowControlSchema],
-        max_long_running_per_user: u32,
+        limits: LongRunningLimits,
         share: CoreShare,
         previous: Option<&CoreFlowControl>,
     ) -> Self {
@@ -180,14 +184,15 @@ impl CoreFlowControl {
             })
             .collect();
         let long_running = match previous {
-            Some(previous) => {
-                LongRunningUsers::with_limit(&previous.long_running, max_long_running_per_user)
-            }
-            None => LongRunningUsers::new(max_long_running_per_user),
+            Some(previous) => LongRunningUsers::with_limit(&previous.long_running, limits.per_user),
+            None => LongRunningUsers::new(limits.per_user),
         };
+        let upgrades =
+            UpgradeSlots::new(limits.upgrades, previous.map(|previous| &previous.upgrades));
         Self {
             schemas,
             long_running,
+            upgrades,
         }
     }
 
@@ -207,6 +212,7 @@ impl CoreFlowControl {
             return Ok(FlowPermit {
                 slot: None,
                 long_running: None,
+                upgrade: None,
                 level,
             });
         }
@@ -229,8 +235,24 @@ impl CoreFlowControl {
         Ok(FlowPermit {
             slot,
             long_running,
+            upgrade: None,
             level,
         })
+    }
+
+    /// Counts an admitted request that is an upgrade (exec, attach, port-forward: a connection
+    /// of its own to an apiserver) against the cluster's upgrades on this core, whatever its
+    /// schema; its permit holds the slot for as long as the upgrade lives.
+    pub fn admit_upgrade(&self, permit: &mut FlowPermit) -> Result<(), GatewayError> {
+        let slot = self
+            .upgrades
+            .acquire()
+            .map_err(|refusal| GatewayError::FairShare {
+                level: permit.level.clone(),
+                refusal,
+            })?;
+        permit.upgrade = Some(slot);
+        Ok(())
     }
 
     /// One schema's verdict: the in-flight slot taken, if any.
@@ -311,11 +333,16 @@ mod tests {
                 name: "limit".into(),
                 limit,
             }],
-            100,
+            LIMITS,
             share,
             None,
         )
     }
+
+    const LIMITS: LongRunningLimits = LongRunningLimits {
+        per_user: 100,
+        upgrades: 100,
+    };
 
     thread_local! {
         static USER: Rc<UserInfo> = Rc::new(UserInfo::new("alice", &[]));
@@ -479,7 +506,7 @@ mod tests {
                 name: "limit".into(),
                 limit: FlowLimit::MaxRequestsInflight { max: 1 },
             }],
-            100,
+            LIMITS,
             CoreShare::SINGLE,
             Some(&before),
         );
@@ -501,7 +528,10 @@ mod tests {
                     limit: FlowLimit::Exempt,
                 },
             ],
-            2,
+            LongRunningLimits {
+                per_user: 2,
+                upgrades: 1,
+            },
             CoreShare::SINGLE,
             None,
         );
@@ -532,6 +562,21 @@ mod tests {
         drop(watches);
         assert_eq!(control.long_running_of("greedy"), 0);
         assert!(control.admit(Some(0), true, &greedy, now).is_ok());
+
+        // Upgrades: one per core for the whole cluster here, exempt schemas included.
+        let mut exec = control.admit(Some(1), true, &alice(), now).unwrap();
+        control.admit_upgrade(&mut exec).unwrap();
+        let mut another = control.admit(Some(1), true, &greedy, now).unwrap();
+        let refused = control.admit_upgrade(&mut another).unwrap_err();
+        assert_eq!(
+            refused,
+            GatewayError::FairShare {
+                level: Some("system".into()),
+                refusal: crate::fair_share::FairShareRefusal::ClusterUpgrades,
+            }
+        );
+        drop(exec);
+        assert!(control.admit_upgrade(&mut another).is_ok());
     }
 
     #[test]

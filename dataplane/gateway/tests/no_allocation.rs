@@ -46,7 +46,10 @@ fn per_request_phases_do_not_allocate() {
         GatewaySnapshot::compile(parse_clusters(text, Path::new("cluster.yaml")).unwrap()).unwrap();
     let flow = CoreFlowControl::new(
         &snapshot.clusters()[0].schemas,
-        100,
+        sluice_gateway::fair_share::LongRunningLimits {
+            per_user: 100,
+            upgrades: 100,
+        },
         CoreShare::SINGLE,
         None,
     );
@@ -103,7 +106,7 @@ fn per_request_phases_do_not_allocate() {
     // A user's first long-running request makes the user's entry in the per-user long-running
     // budget; it stays while the user is idle (see `fair_share.rs`), so later ones allocate
     // nothing.
-    drop(flow.admit(Some(0), true, &alice, now));
+    drop(flow.admit(None, true, &alice, now));
     let before = ALLOCATIONS.load(Ordering::SeqCst);
     for _ in 0..10 {
         for (method, path, query, user, expected) in &requests {

@@ -236,6 +236,9 @@ pub struct ConnectionPool {
     /// Longest wait for a stream; past it the request is answered 429 with Retry-After.
     #[serde(deserialize_with = "duration")]
     pub max_queue_wait: Duration,
+    /// exec, attach and port-forward upgrades one core may hold open to the cluster's
+    /// apiservers, all users together (each is a connection of its own).
+    pub max_upgrade_connections: u32,
     /// Connections per apiserver and core kept for the gateway's own TokenReview and
     /// SubjectAccessReview calls: client requests never use them.
     pub reserved_connections_per_server: u32,
@@ -254,6 +257,7 @@ impl Default for ConnectionPool {
             max_queued_per_user: 500,
             max_queued_per_server: 2000,
             max_queue_wait: Duration::from_secs(5),
+            max_upgrade_connections: 500,
             reserved_connections_per_server: 1,
         }
     }

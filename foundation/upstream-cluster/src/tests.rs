@@ -279,7 +279,7 @@ proptest! {
 fn fair_share_limits_that_cannot_work_name_their_field() {
     let text = with(
         "  healthCheck:",
-        "  connectionPool: {longRunningStreamsPercent: 0, maxLongRunningPerUser: 0, reservedConnectionsPerServer: 0, maxQueuedPerUser: 20, maxQueuedPerServer: 10}\n  healthCheck:",
+        "  connectionPool: {longRunningStreamsPercent: 0, maxLongRunningPerUser: 0, maxUpgradeConnections: 0, reservedConnectionsPerServer: 0, maxQueuedPerUser: 20, maxQueuedPerServer: 10}\n  healthCheck:",
     );
     let errors = messages(parse_clusters(&text, file()).unwrap_err());
     assert_eq!(
@@ -287,6 +287,7 @@ fn fair_share_limits_that_cannot_work_name_their_field() {
         [
             "clusters/a.yaml: spec.connectionPool.longRunningStreamsPercent: must be between 1 and 100",
             "clusters/a.yaml: spec.connectionPool.maxLongRunningPerUser: must be at least 1",
+            "clusters/a.yaml: spec.connectionPool.maxUpgradeConnections: must be at least 1",
             "clusters/a.yaml: spec.connectionPool.reservedConnectionsPerServer: must be at least 1",
             "clusters/a.yaml: spec.connectionPool.maxQueuedPerUser: must be at most maxQueuedPerServer",
         ]

@@ -218,6 +218,7 @@ fn validate_spec(spec: &UpstreamClusterSpec, problems: &mut Problems) {
     }
     for (field, value) in [
         ("maxLongRunningPerUser", pool.max_long_running_per_user),
+        ("maxUpgradeConnections", pool.max_upgrade_connections),
         (
             "reservedConnectionsPerServer",
             pool.reserved_connections_per_server,

@@ -259,3 +259,20 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn upgrades_of_all_users_together_are_bounded_and_counted_across_a_reload() {
+    let slots = UpgradeSlots::new(2, None);
+    let first = slots.acquire().unwrap();
+    let _second = slots.acquire().unwrap();
+    assert_eq!(
+        slots.acquire().unwrap_err(),
+        FairShareRefusal::ClusterUpgrades
+    );
+    let reloaded = UpgradeSlots::new(2, Some(&slots));
+    assert!(reloaded.acquire().is_err(), "still counted after a reload");
+    drop(first);
+    assert_eq!(reloaded.open(), 1);
+    let _third = reloaded.acquire().unwrap();
+    assert_eq!(slots.open(), 2);
+}
