@@ -2,8 +2,9 @@
 //!
 //! - `GET /metrics`: Prometheus metrics (OpenMetrics text, which Prometheus negotiates);
 //! - `GET /healthz`: 200 while the process is alive;
-//! - `GET /readyz`: 200 once every listener is bound and config is loaded, 503 while starting or
-//!   draining.
+//! - `GET /readyz`: 200 once every listener is bound and config is loaded, 503 while starting,
+//!   draining or overloaded (an overload action is active: load balancers move new traffic away
+//!   while the process sheds; `/healthz` stays 200 so nothing restarts a process that copes).
 //!
 //! HTTP/1.1 with keep-alive, parsed by `httparse`. It runs on the runtime's dedicated thread so it
 //! keeps answering while the data plane drains. Request heads are bounded in size and time;
@@ -11,6 +12,13 @@
 
 mod http;
 mod metrics;
+
+/// Whether an overload action is active (the process is near its memory or descriptor limit).
+fn overloaded() -> bool {
+    sluice_overload::Action::ALL
+        .into_iter()
+        .any(sluice_overload::is_active)
+}
 
 use std::future::Future;
 use std::pin::Pin;
@@ -232,6 +240,7 @@ impl AdminEndpoint {
             }
             "/healthz" => Response::text(200, "OK", "ok\n"),
             "/readyz" => match conn.lifecycle().phase() {
+                Phase::Ready if overloaded() => Response::text(503, "Service Unavailable", "overloaded\n"),
                 Phase::Ready => Response::text(200, "OK", "ready\n"),
                 phase => Response::text(503, "Service Unavailable", format!("{}\n", phase.as_str())),
             },

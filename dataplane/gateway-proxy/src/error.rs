@@ -72,6 +72,10 @@ pub enum ProxyError {
         cluster: Box<str>,
         cause: ClusterFileError,
     },
+    /// The gateway process is near its memory or file-descriptor limit and sheds new requests
+    /// (requests already admitted go on); another gateway, or this one a moment later, serves it.
+    #[error("the gateway is overloaded (near its memory or file-descriptor limit) and sheds new requests; retry later")]
+    Overloaded,
 }
 
 /// The step of talking to an apiserver that failed.
@@ -193,7 +197,7 @@ pub enum ClusterFileError {
 
 /// The label values of `sluice_gateway_rejected_total{reason}`, one per way the gateway answers
 /// a client itself (see [`ProxyError::metric_label`]).
-pub const REJECT_REASONS: [&str; 14] = [
+pub const REJECT_REASONS: [&str; 15] = [
     "unknown_host",
     "tls_handshake",
     "bad_request",
@@ -208,6 +212,7 @@ pub const REJECT_REASONS: [&str; 14] = [
     "authentication_unavailable",
     "upstream_failed",
     "internal",
+    "overloaded",
 ];
 
 impl ProxyError {
@@ -234,6 +239,7 @@ impl ProxyError {
             ProxyError::AuthUnavailable { .. } => Side::Auth,
             ProxyError::Upstream { .. } => Side::Upstream,
             ProxyError::Config(_) | ProxyError::ClusterFiles { .. } => Side::Config,
+            ProxyError::Overloaded => Side::Internal,
         }
     }
 
@@ -242,7 +248,9 @@ impl ProxyError {
         match self {
             ProxyError::Refused(refusal) => refusal.http_status(),
             ProxyError::Handshake(_) => StatusCode::BAD_REQUEST,
-            ProxyError::AuthUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::AuthUnavailable { .. } | ProxyError::Overloaded => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Config(_) | ProxyError::ClusterFiles { .. } => {
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -256,9 +264,9 @@ impl ProxyError {
             ProxyError::Refused(refusal) => refusal.reason(),
             ProxyError::Handshake(_) => "BadRequest",
             // client-go retries ServiceUnavailable; a 502 from a proxy means the same to it.
-            ProxyError::AuthUnavailable { .. } | ProxyError::Upstream { .. } => {
-                "ServiceUnavailable"
-            }
+            ProxyError::AuthUnavailable { .. }
+            | ProxyError::Upstream { .. }
+            | ProxyError::Overloaded => "ServiceUnavailable",
             ProxyError::Config(_) | ProxyError::ClusterFiles { .. } => "InternalError",
         }
     }
@@ -270,6 +278,7 @@ impl ProxyError {
             ProxyError::AuthUnavailable { .. } | ProxyError::Upstream { .. } => {
                 Some(RETRY_AFTER_SECONDS)
             }
+            ProxyError::Overloaded => Some(sluice_overload::RETRY_AFTER_SECONDS),
             ProxyError::Handshake(_) | ProxyError::Config(_) | ProxyError::ClusterFiles { .. } => {
                 None
             }
@@ -286,7 +295,8 @@ impl ProxyError {
             ProxyError::Refused(_)
             | ProxyError::Handshake(_)
             | ProxyError::Config(_)
-            | ProxyError::ClusterFiles { .. } => false,
+            | ProxyError::ClusterFiles { .. }
+            | ProxyError::Overloaded => false,
         }
     }
 
@@ -304,7 +314,10 @@ impl ProxyError {
                     | GatewayError::AuthenticationFailuresLimited { .. }
                     | GatewayError::AuthenticationUnavailable { .. }
             ),
-            ProxyError::Handshake(_) | ProxyError::AuthUnavailable { .. } => true,
+            // Shed before anything about the client is known.
+            ProxyError::Handshake(_)
+            | ProxyError::AuthUnavailable { .. }
+            | ProxyError::Overloaded => true,
             ProxyError::Upstream { .. }
             | ProxyError::Config(_)
             | ProxyError::ClusterFiles { .. } => false,
@@ -335,6 +348,7 @@ impl ProxyError {
             ProxyError::AuthUnavailable { .. } => "authentication_unavailable",
             ProxyError::Upstream { .. } => "upstream_failed",
             ProxyError::Config(_) | ProxyError::ClusterFiles { .. } => "internal",
+            ProxyError::Overloaded => "overloaded",
         }
     }
 

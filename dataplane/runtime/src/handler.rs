@@ -64,6 +64,9 @@ pub(crate) struct ListenerShared {
     pub(crate) limits: ConnectionLimits,
     /// Open connections per source IP, shared by the listener's workers (with a per-IP cap).
     pub(crate) per_ip: Option<Arc<PeerCounts>>,
+    /// Data listeners pause accepting while the process is overloaded; the dedicated (admin)
+    /// listener never does, so `/metrics` and `/readyz` still answer.
+    pub(crate) overload_gated: bool,
 }
 
 /// Per-connection view handed to a handler.

@@ -171,6 +171,7 @@ impl ServerBuilder {
                 max_connections: listener.config.max_connections_per_worker,
                 limits: listener.config.limits.clone(),
                 per_ip: per_ip.clone(),
+                overload_gated: listener.placement == Placement::Workers,
             };
             match listener.placement {
                 Placement::Workers => {

@@ -103,6 +103,7 @@ pub(crate) struct WorkerListener {
     pub(crate) max_connections: usize,
     pub(crate) limits: sluice_config::ConnectionLimits,
     pub(crate) per_ip: Option<Arc<PeerCounts>>,
+    pub(crate) overload_gated: bool,
 }
 
 pub(crate) struct WorkerSpec {
@@ -175,6 +176,7 @@ async fn serve(spec: WorkerSpec) -> usize {
             stop: spec.stop.clone(),
             limits: listener.limits,
             per_ip: listener.per_ip,
+            overload_gated: listener.overload_gated,
         });
         let handler = listener.factory.create(&worker);
         accept_loops.push(spawn_essential(
@@ -261,6 +263,14 @@ async fn accept_loop(
                 _ = shared.stop.wait() => break,
             }
         }
+        if shared.overload_gated && sluice_overload::stop_accepting() {
+            // New connections wait in the kernel's backlog (and time out there if pressure
+            // lasts) instead of taking descriptors and memory the admitted work needs.
+            monoio::select! {
+                _ = overload_clears() => {}
+                _ = shared.stop.wait() => break,
+            }
+        }
         let accepted = monoio::select! {
             _ = shared.stop.wait() => break,
             accepted = socket.accept() => accepted,
@@ -328,6 +338,16 @@ async fn accept_loop(
     drop(socket);
     tracing::debug!(listener = %shared.name, worker, "listener closed");
 }
+
+/// Returns once the overload monitor lets listeners accept again. Polled: the monitor samples
+/// every few hundred milliseconds anyway, and a paused accept loop costs one timer per period.
+async fn overload_clears() {
+    while sluice_overload::stop_accepting() {
+        monoio::time::sleep(OVERLOAD_POLL).await;
+    }
+}
+
+const OVERLOAD_POLL: Duration = Duration::from_millis(50);
 
 /// Spawns one of the worker's own tasks (accept loops, background tasks): its panic is caught
 /// and counted like any task's, but a worker without it is half-dead, so the process fails

@@ -143,6 +143,43 @@ pub struct RuntimeConfig {
     pub uring_entries: u32,
     /// How long in-flight work may run after a stop signal before it is cut off.
     pub drain_timeout: Duration,
+    /// `runtime.overload`: what the process does near its memory or descriptor limit.
+    pub overload: OverloadConfig,
+}
+
+/// `runtime.overload`: pressure is the highest of resident memory / memory limit and open
+/// descriptors / `RLIMIT_NOFILE`; each action turns on at its percentage and off again
+/// `recover_margin_percent` below it (docs/CONFIG.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverloadConfig {
+    /// How often the monitor samples.
+    pub interval: Duration,
+    pub max_memory: MemoryLimit,
+    pub stop_accepting_percent: u8,
+    pub shed_new_requests_percent: u8,
+    pub recover_margin_percent: u8,
+}
+
+impl Default for OverloadConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(250),
+            max_memory: MemoryLimit::Auto,
+            stop_accepting_percent: 95,
+            shed_new_requests_percent: 98,
+            recover_margin_percent: 5,
+        }
+    }
+}
+
+/// `runtime.overload.max_memory_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryLimit {
+    /// The cgroup's `memory.max` if one is set, else memory is not watched.
+    Auto,
+    /// Memory is not watched (descriptors still are).
+    Off,
+    Bytes(u64),
 }
 
 /// Number of data-plane worker threads (one monoio runtime each).

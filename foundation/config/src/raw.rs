@@ -75,6 +75,17 @@ pub(crate) struct RawRuntime {
     pub(crate) driver: Leaf,
     pub(crate) uring_entries: Leaf,
     pub(crate) drain_timeout: Leaf,
+    pub(crate) overload: RawOverload,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct RawOverload {
+    pub(crate) interval: Leaf,
+    pub(crate) max_memory_bytes: Leaf,
+    pub(crate) stop_accepting_percent: Leaf,
+    pub(crate) shed_new_requests_percent: Leaf,
+    pub(crate) recover_margin_percent: Leaf,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -117,6 +117,10 @@ fn run(
     let mut server = ServerBuilder::new(options, lifecycle.clone());
     let mut registry = Registry::default();
     sluice_admin::register_build_info(&mut registry, VERSION, selection.driver.as_str());
+    // Started before any listener accepts, so a process that starts near its limits never
+    // admits what it cannot carry (docs/CONFIG.md, runtime.overload).
+    sluice_overload::spawn_monitor(&config.runtime.overload)?;
+    registry.register_collector(Box::new(sluice_overload::OverloadCollector));
     let admin = server.bind("admin", &config.listeners.admin, Placement::Dedicated)?;
 
     let node = tunnel::wire_node(&config, &mut server, &mut registry, workers)?;

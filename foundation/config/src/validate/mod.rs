@@ -19,6 +19,7 @@ pub(crate) use sluice_config_error::ErrorList as Errors;
 
 mod controlplane;
 mod ebpf;
+mod overload;
 mod tunnel;
 
 use tunnel::{tunnel, DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES_LIMIT};
@@ -51,6 +52,7 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
             Duration::from_secs(30),
             errors,
         ),
+        overload: overload::overload(&raw.runtime.overload, errors),
     };
     if !runtime.uring_entries.is_power_of_two() {
         errors.push(

@@ -1,0 +1,296 @@
+//! Overload protection (issue 32, build point 6) against the real `sluice run` binary: a gateway
+//! whose `RLIMIT_NOFILE` is lowered to 256 in the child is pushed towards it with idle TCP
+//! connections. Past `shed_new_requests_percent` new requests get 503 `ServiceUnavailable` with
+//! `Retry-After` while a watch admitted before keeps delivering events; past
+//! `stop_accepting_percent` new connections wait in the backlog (the accept counter stays put);
+//! when the connections close the process accepts and serves again. It never exits, and every
+//! transition is in `/metrics` and in the log.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt as _;
+use std::process::{Command, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::Duration;
+
+use test_support::{
+    http_get, on_both_drivers, wait_until, ApiServer, Certificates, ClientCert, SluiceLauncher,
+    SluiceProcess,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+const HOST: &str = "kube.sluice.test";
+/// The child's descriptor limit: low enough that a test reaches it with a few hundred idle
+/// connections, high enough for the gateway's own descriptors (rings, listeners, upstreams).
+const NOFILE: u64 = 256;
+
+// The accept loops and the gateway's request path are driver code: every case runs on both.
+on_both_drivers!(a_gateway_near_its_descriptor_limit_sheds_then_stops_accepting_then_recovers);
+
+struct Gateway {
+    certs: Certificates,
+    server: ApiServer,
+    process: SluiceProcess,
+    alice: ClientCert,
+    _identity: ClientCert,
+}
+
+fn start(driver: &str) -> Gateway {
+    let certs = Certificates::generate(&[HOST]).unwrap();
+    let identity = certs.client("sluice-gateway", &[]).unwrap();
+    let server = ApiServer::start_with(test_support::apiserver_options(&certs)).unwrap();
+    let mut launcher = SluiceLauncher::new(BIN).unwrap();
+    let clusters = launcher.dir().join("clusters");
+    std::fs::create_dir_all(&clusters).unwrap();
+    std::fs::write(
+        clusters.join("cluster.yaml"),
+        format!(
+            "apiVersion: proxy.sluice.dev/v1alpha1\nkind: UpstreamCluster\nmetadata:\n  name: {HOST}\nspec:\n  servers:\n  - endpoint: {url}\n  clientConfig:\n    certFile: {gw_cert}\n    keyFile: {gw_key}\n    caFile: {ca}\n  secureServing:\n    certFile: {cert}\n    keyFile: {key}\n    clientCAFile: {ca}\n  healthCheck: {{interval: 200ms, timeout: 1s}}\n  connectionPool: {{maxConnectionsPerServer: 2}}\n",
+            url = server.url(),
+            gw_cert = identity.cert.display(),
+            gw_key = identity.key.display(),
+            ca = certs.ca_cert.display(),
+            cert = certs.server_cert.display(),
+            key = certs.server_key.display(),
+        ),
+    )
+    .unwrap();
+    // Shedding first (60%), then no accepting (80%), each off again 10 points lower; idle
+    // connections get a minute for their handshake so only the test decides when they go.
+    let config = launcher
+        .write_file(
+            "gateway.yaml",
+            &format!(
+                "runtime:\n  workers: 2\n  drain_timeout: 2s\n  driver: {driver}\n  overload: {{interval: 50ms, max_memory_bytes: off, shed_new_requests_percent: 60, stop_accepting_percent: 80, recover_margin_percent: 10}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0', handshake_timeout: 60s}}\ngateway: {{clusters_dir: '{}'}}\n",
+                clusters.display()
+            ),
+        )
+        .unwrap();
+    // SAFETY: setrlimit is async-signal-safe and touches only the child.
+    unsafe {
+        launcher.command_mut().pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: NOFILE,
+                rlim_max: NOFILE,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let process = launcher
+        .arg("run")
+        .arg("--config")
+        .arg(config)
+        .spawn()
+        .expect("gateway starts");
+    let metrics = http_get(process.address("admin"), "/metrics").unwrap().body;
+    test_support::assert_driver(&metrics, driver);
+    let alice = certs.client("alice", &["dev-team"]).unwrap();
+    Gateway {
+        certs,
+        server,
+        process,
+        alice,
+        _identity: identity,
+    }
+}
+
+impl Gateway {
+    fn metric(&self, series: &str) -> f64 {
+        let text = http_get(self.process.address("admin"), "/metrics")
+            .unwrap()
+            .body;
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
+    }
+
+    fn state(&self, action: &str) -> f64 {
+        self.metric(&format!("sluice_overload_state{{action=\"{action}\"}}"))
+    }
+
+    fn accepted(&self) -> f64 {
+        self.metric("sluice_connections_accepted_total{listener=\"gateway\"}")
+    }
+
+    fn curl(&self, max_time: &str, path: &str) -> Command {
+        let port = self.process.address("gateway").port();
+        let mut command = Command::new("curl");
+        command
+            .args(["--silent", "--http2", "--max-time", max_time])
+            .arg("--cacert")
+            .arg(&self.certs.ca_cert)
+            .arg("--cert")
+            .arg(&self.alice.cert)
+            .arg("--key")
+            .arg(&self.alice.key)
+            .args(["--resolve", &format!("{HOST}:{port}:127.0.0.1")])
+            .arg(format!("https://{HOST}:{port}{path}"));
+        command
+    }
+
+    /// (status, headers, body) of a GET; status 0 when curl got no answer in `max_time`.
+    fn get(&self, max_time: &str, path: &str) -> (u16, String, String) {
+        let output = self
+            .curl(max_time, path)
+            .args([
+                "--dump-header",
+                "/dev/stderr",
+                "--write-out",
+                "\n%{http_code}",
+            ])
+            .output()
+            .expect("curl is installed");
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        let headers = String::from_utf8_lossy(&output.stderr).to_ascii_lowercase();
+        (code.trim().parse().unwrap_or(0), headers, body.to_string())
+    }
+
+    /// Opens idle connections (in batches) until `action` is active; panics past the limit.
+    fn push_until(&self, action: &str, idle: &mut Vec<TcpStream>) {
+        let address = self.process.address("gateway");
+        while self.state(action) == 0.0 {
+            assert!(
+                idle.len() < NOFILE as usize,
+                "{} idle connections and {action} still off",
+                idle.len()
+            );
+            for _ in 0..4 {
+                idle.push(TcpStream::connect(address).unwrap());
+            }
+            wait_until(Duration::from_millis(300), || self.state(action) == 1.0);
+        }
+    }
+}
+
+/// A watch through the gateway whose lines arrive on the receiver.
+fn watch(gateway: &Gateway) -> (std::process::Child, Receiver<String>) {
+    let mut child = gateway
+        .curl("120", "/api/v1/namespaces/default/pods?watch=true")
+        .arg("--no-buffer")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (sender, received) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = sender.send(line);
+        }
+    });
+    (child, received)
+}
+
+fn next_event(events: &Receiver<String>, name: &str) {
+    let event = events.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(event.contains(name), "{event}");
+}
+
+fn a_gateway_near_its_descriptor_limit_sheds_then_stops_accepting_then_recovers(driver: &str) {
+    let gateway = start(driver);
+    assert_eq!(
+        gateway.metric("sluice_overload_resource{resource=\"file_descriptors\",kind=\"limit\"}"),
+        NOFILE as f64
+    );
+    assert_eq!(gateway.get("10", "/api/v1/namespaces/default/pods").0, 200);
+    assert_eq!(gateway.state("shed_new_requests"), 0.0);
+
+    // Admitted before any pressure: a watch, seen to be delivering.
+    gateway.server.create_pod("default", "before");
+    let (mut watch_process, events) = watch(&gateway);
+    next_event(&events, "before");
+
+    // Past 60%: new requests are shed with the documented answer.
+    let mut idle = Vec::new();
+    gateway.push_until("shed_new_requests", &mut idle);
+    let (code, headers, body) = gateway.get("10", "/api/v1/namespaces/default/pods");
+    assert_eq!(code, 503, "{body}");
+    assert!(headers.contains("retry-after: 1"), "{headers}");
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status["kind"], "Status");
+    assert_eq!(status["reason"], "ServiceUnavailable");
+    assert_eq!(status["code"], 503);
+    assert_eq!(status["details"]["retryAfterSeconds"], 1);
+    assert!(
+        status["message"].as_str().unwrap().contains("overloaded"),
+        "{body}"
+    );
+    assert!(gateway.metric("sluice_overload_shed_total{role=\"gateway\"}") >= 1.0);
+    let readyz = http_get(gateway.process.address("admin"), "/readyz").unwrap();
+    assert_eq!(readyz.status, 503, "load balancers move traffic away");
+    assert_eq!(
+        http_get(gateway.process.address("admin"), "/healthz")
+            .unwrap()
+            .status,
+        200
+    );
+    // ...while the watch admitted before keeps delivering.
+    gateway.emit_event("during-shedding");
+    next_event(&events, "during-shedding");
+
+    // Past 80%: nothing more is accepted. A few more connections first take any accept each
+    // worker had already posted when the state flipped.
+    gateway.push_until("stop_accepting", &mut idle);
+    let address = gateway.process.address("gateway");
+    for _ in 0..16 {
+        idle.push(TcpStream::connect(address).unwrap());
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let accepted = gateway.accepted();
+    let (code, _, _) = gateway.get("3", "/api/v1/namespaces/default/pods");
+    assert_eq!(
+        code, 0,
+        "a connection made while not accepting is not served"
+    );
+    assert_eq!(gateway.accepted(), accepted, "no connection was accepted");
+
+    // Pressure falls: both actions turn off, new connections are accepted and served.
+    drop(idle);
+    assert!(
+        wait_until(Duration::from_secs(10), || gateway.state("stop_accepting")
+            == 0.0
+            && gateway.state("shed_new_requests") == 0.0),
+        "overload did not clear"
+    );
+    assert!(wait_until(Duration::from_secs(10), || gateway
+        .get("10", "/api/v1/namespaces/default/pods")
+        .0
+        == 200));
+    assert_eq!(
+        http_get(gateway.process.address("admin"), "/readyz")
+            .unwrap()
+            .status,
+        200
+    );
+    gateway.emit_event("after");
+    next_event(&events, "after");
+
+    for action in ["stop_accepting", "shed_new_requests"] {
+        for to in ["active", "inactive"] {
+            let series =
+                format!("sluice_overload_transitions_total{{action=\"{action}\",to=\"{to}\"}}");
+            assert!(gateway.metric(&series) >= 1.0, "{series}");
+        }
+    }
+    let log = gateway.process.stderr();
+    for line in ["overload action on", "overload action off"] {
+        assert!(log.contains(line), "{line:?} not logged:\n{log}");
+    }
+    assert!(
+        log.contains("stop_accepting") && log.contains("open_fds"),
+        "{log}"
+    );
+    let _ = watch_process.kill();
+    let _ = watch_process.wait();
+}
+
+impl Gateway {
+    /// A new pod: the simulator sends its ADDED event to every watch.
+    fn emit_event(&self, name: &str) {
+        self.server.create_pod("default", name);
+    }
+}
