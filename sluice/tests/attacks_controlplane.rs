@@ -9,7 +9,8 @@
 //! - Authenticated connections: one VM, and the VM agents together, stop at their shares; a
 //!   node, a gateway and the admin still connect.
 //! - Connections: 2,000 idle TLS + HTTP/2 connections without credentials from one address
-//!   (the admin's own) while the admin's kubectl keeps working; every one of them is closed.
+//!   (the admin's own), and 2,000 from 200 addresses, while the admin's kubectl keeps working;
+//!   every one of them is closed.
 //! - `?watch=true` on a named GET or a POST neither makes it a watch nor lifts its timeout.
 //!
 //! The control plane is a tokio server (no monoio driver), so each case runs once.
@@ -387,7 +388,15 @@ fn idle_h2(
     cp: &ControlPlane,
     config: &Arc<rustls::ClientConfig>,
 ) -> Option<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
-    let tcp = TcpStream::connect(cp.address).ok()?;
+    idle_h2_from(cp, config, TcpStream::connect(cp.address).ok()?)
+}
+
+/// [`idle_h2`] on a connected `tcp`.
+fn idle_h2_from(
+    cp: &ControlPlane,
+    config: &Arc<rustls::ClientConfig>,
+    tcp: TcpStream,
+) -> Option<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
     tcp.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
     let name = ServerName::try_from(cp.address.ip().to_string()).unwrap();
     let connection = rustls::ClientConnection::new(config.clone(), name).unwrap();
@@ -478,6 +487,87 @@ fn idle_connections_without_credentials_never_lock_out_the_admin() {
         )),
         "the first-request timeout closed connections"
     );
+}
+
+/// A TCP connection to `to` from `source` (any 127/8 address is local on Linux).
+fn connect_from(source: std::net::Ipv4Addr, to: std::net::SocketAddr) -> Option<TcpStream> {
+    use std::os::fd::FromRawFd;
+    let std::net::SocketAddr::V4(to) = to else {
+        return None;
+    };
+    let address = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let (local, remote) = (address(source, 0), address(*to.ip(), to.port()));
+    let length = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a new socket, owned by the TcpStream from here on; the addresses outlive the calls.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return None;
+        }
+        let stream = TcpStream::from_raw_fd(fd);
+        let bound = libc::bind(fd, (&raw const local).cast(), length);
+        let connected = libc::connect(fd, (&raw const remote).cast(), length);
+        (bound == 0 && connected == 0).then_some(stream)
+    }
+}
+
+/// Finding 3 from many addresses: 2,000 idle connections without credentials spread over 200
+/// addresses (127.0.0.2 to 127.0.0.201, 10 each), so no per-address cap is reached and only
+/// the global unauthenticated part (256 of 512) holds them; the admin still gets in.
+#[test]
+fn idle_connections_from_many_addresses_never_lock_out_the_admin() {
+    let cp = ControlPlane::start(
+        BIN,
+        &[
+            "--max-connections=512",
+            "--max-unauthenticated-connections=256",
+            "--first-request-timeout=3s",
+        ],
+    )
+    .unwrap();
+    let config = h2_client(&cp.ca_file());
+    let mut flood = Vec::new();
+    for round in 0..10 {
+        for host in 2..=201u8 {
+            let source = std::net::Ipv4Addr::new(127, 0, 0, host);
+            if let Some(tcp) = connect_from(source, cp.address) {
+                flood.extend(idle_h2_from(&cp, &config, tcp));
+            }
+        }
+        if round % 3 == 2 {
+            let listed = cp.kubectl(&["get", "agents.tunnel.sluice.dev"], None);
+            assert!(
+                listed.status.success(),
+                "the admin's kubectl during the flood: {}",
+                String::from_utf8_lossy(&listed.stderr)
+            );
+        }
+    }
+    eprintln!(
+        "{} of 2000 flood connections completed TLS and the preface",
+        flood.len()
+    );
+    assert!(flood.len() >= 256, "the flood got in: {}", flood.len());
+    let text = metrics(&cp);
+    assert!(
+        text.contains("sluice_controlplane_connections_refused_total{reason=\"evicted\"}"),
+        "{text}"
+    );
+    let (code, body) = cp.curl("GET", AGENTS, None);
+    assert_eq!(code, 200, "{body}");
+    let open = flood
+        .iter_mut()
+        .map(closed_by_server)
+        .filter(|closed| !closed)
+        .count();
+    assert_eq!(open, 0, "idle unauthenticated connections left open");
 }
 
 fn raw_tls_http1(cp: &ControlPlane) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
