@@ -406,6 +406,10 @@ impl Server {
         if review_delay > 0 && path.ends_with("/tokenreviews") {
             tokio::time::sleep(Duration::from_millis(review_delay)).await;
         }
+        let read_delay = self.shared.read_delay_ms.load(Ordering::SeqCst);
+        if read_delay > 0 && method == http::Method::GET && !query.contains_key("watch") {
+            tokio::time::sleep(Duration::from_millis(read_delay)).await;
+        }
         self.route(&method, &path, &query, &body, table)
             .map(|body| body.with_guard(guard))
     }

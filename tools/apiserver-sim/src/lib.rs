@@ -130,6 +130,8 @@ pub(crate) struct Shared {
     pub(crate) token_reviews: AtomicUsize,
     /// Milliseconds each TokenReview takes before it answers (a slow authenticator).
     pub(crate) token_review_delay_ms: std::sync::atomic::AtomicU64,
+    /// Milliseconds each read (a GET that is not a watch) takes before it answers.
+    pub(crate) read_delay_ms: std::sync::atomic::AtomicU64,
     pub(crate) subject_access_reviews: AtomicUsize,
     pub(crate) store: Mutex<api::Store>,
 }
@@ -243,6 +245,14 @@ impl ApiServer {
     pub fn set_token_review_delay(&self, delay: std::time::Duration) {
         self.shared
             .token_review_delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Every later read (a GET that is not a watch) answers only after `delay`: a slow
+    /// apiserver, such as one listing many objects, so that requests hold their streams.
+    pub fn set_read_delay(&self, delay: std::time::Duration) {
+        self.shared
+            .read_delay_ms
             .store(delay.as_millis() as u64, Ordering::SeqCst);
     }
 
