@@ -636,3 +636,77 @@ fn announce_like<'a>(announce: &Announce<'a>) -> Announce<'a> {
         services: announce.services.clone(),
     }
 }
+
+// Issue 32, finding 8: a JWT `crit` header was accepted. RFC 7515 §4.1.11: a recipient that does
+// not understand a listed critical extension must reject the token; the node understands none.
+on_both_drivers!(a_jwt_naming_critical_extensions_is_refused_on_both_endpoints);
+
+/// A JWT signed with the right key, issuer, audience and lifetime, whose header lists `crit`.
+fn jwt_with_crit(secrets: &Secrets, issuer: &str, audience: &str) -> String {
+    let secret = std::fs::read_to_string(&secrets.jwt_secret).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = serde_json::json!({"iss": issuer, "aud": audience, "iat": now, "exp": now + 5});
+    let mut header = jsonwebtoken::Header::default();
+    header.crit = Some(vec!["exp".into()]);
+    jsonwebtoken::encode(
+        &header,
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(secret.trim_end().as_bytes()),
+    )
+    .unwrap()
+}
+
+/// A client JWT (external endpoint) and a node JWT (private endpoint) that are valid but for
+/// their `crit` header are refused UNAUTHENTICATED and counted as `critical_extension`; the
+/// same client without `crit` is served.
+fn a_jwt_naming_critical_extensions_is_refused_on_both_endpoints(driver: &str) {
+    let redis = RedisServer::start().unwrap();
+    let secrets = Secrets::on(driver);
+    let extra = format!("redis:\n  url: '{}'\n  key_prefix: crit\n", redis.url());
+    let private = format!(
+        "  private_jwt: {{secret_file: '{}', issuer: nodes}}\n",
+        secrets.jwt_secret.display()
+    );
+    let node = start_node_on(
+        &secrets,
+        "1s",
+        1024 * 1024,
+        None,
+        driver,
+        &private,
+        &extra,
+        None,
+    );
+    let path = sluice_tunnel::protocol::LIST_AGENTS_PATH;
+    let client = jwt_with_crit(&secrets, "gitlab", "gitlab-kas");
+    let (status, message) = block_on(call(node.address("external"), &client, path));
+    assert_eq!(status, "16", "{driver}: {message}");
+    assert!(message.contains("crit"), "{driver}: {message}");
+    let peer = jwt_with_crit(&secrets, "nodes", "sluice-private");
+    let (status, message) = block_on(call(node.address("private"), &peer, path));
+    assert_eq!(status, "16", "{driver}: {message}");
+    for endpoint in ["external", "private"] {
+        assert_eq!(
+            metric(
+                &node,
+                &format!(
+                    "sluice_tunnel_auth_failures_total{{endpoint=\"{endpoint}\",reason=\"critical_extension\"}}"
+                )
+            ),
+            Some(1.0),
+            "{driver}: {endpoint}"
+        );
+    }
+    let (status, message) = block_on(call(
+        node.address("external"),
+        &client_jwt(&secrets, 30),
+        path,
+    ));
+    assert_eq!(
+        status, "0",
+        "{driver}: the same client without crit: {message}"
+    );
+}
