@@ -7,7 +7,8 @@
 #   scripts/test.sh integration  integration and end-to-end tests (crates' tests/ folders)
 #   scripts/test.sh fuzz       fuzz smoke: every fuzz target (fuzz/) for $SLUICE_FUZZ_SECONDS (5) s
 #
-# Data-plane tests run each case on both monoio drivers (io_uring and legacy epoll) themselves.
+# Data-plane suites run each case on both monoio drivers (io_uring and legacy epoll) themselves;
+# README.md lists the system-level suites that run on the default driver only.
 # Builds go to $CARGO_TARGET_DIR, by default a directory outside the checkout keyed by the
 # checkout's path: repeated runs of one checkout reuse artifacts, and two checkouts never share
 # (cargo would take one's fresh-looking artifacts for the other's).
