@@ -14,19 +14,71 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use test_support::{
-    http_get, on_both_drivers, wait_until, ApiServer, Certificates, ClientCert, SluiceLauncher,
-    SluiceProcess,
-};
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+use common::{agents_yaml, client_args, start_agent, wait_for_idle_tunnels, Secrets, BIN};
+use test_support::{
+    http_get, on_both_drivers, spawn_tunnel_client, tunnel_client, wait_until, ApiServer,
+    Certificates, ClientCert, GrpcBackend, SluiceLauncher, SluiceProcess,
+};
 const HOST: &str = "kube.sluice.test";
 /// The child's descriptor limit: low enough that a test reaches it with a few hundred idle
 /// connections, high enough for the gateway's own descriptors (rings, listeners, upstreams).
 const NOFILE: u64 = 256;
 
 // The accept loops and the gateway's request path are driver code: every case runs on both.
-on_both_drivers!(a_gateway_near_its_descriptor_limit_sheds_then_stops_accepting_then_recovers);
+on_both_drivers!(
+    a_gateway_near_its_descriptor_limit_sheds_then_stops_accepting_then_recovers,
+    a_node_near_its_descriptor_limit_sheds_new_calls_while_a_stream_admitted_before_completes,
+);
+
+/// Lowers the child's `RLIMIT_NOFILE` to [`NOFILE`] before it runs.
+fn limit_descriptors(launcher: &mut SluiceLauncher) {
+    // SAFETY: setrlimit is async-signal-safe and touches only the child.
+    unsafe {
+        launcher.command_mut().pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: NOFILE,
+                rlim_max: NOFILE,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+fn metric(process: &SluiceProcess, series: &str) -> f64 {
+    let text = http_get(process.address("admin"), "/metrics").unwrap().body;
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
+}
+
+fn state(process: &SluiceProcess, action: &str) -> f64 {
+    metric(
+        process,
+        &format!("sluice_overload_state{{action=\"{action}\"}}"),
+    )
+}
+
+/// Opens idle connections to `listener` (in batches) until `action` is active; panics past the
+/// limit.
+fn push_until(process: &SluiceProcess, listener: &str, action: &str, idle: &mut Vec<TcpStream>) {
+    let address = process.address(listener);
+    while state(process, action) == 0.0 {
+        assert!(
+            idle.len() < NOFILE as usize,
+            "{} idle connections and {action} still off",
+            idle.len()
+        );
+        for _ in 0..4 {
+            idle.push(TcpStream::connect(address).unwrap());
+        }
+        wait_until(Duration::from_millis(200), || state(process, action) == 1.0);
+    }
+}
 
 struct Gateway {
     certs: Certificates,
@@ -67,19 +119,7 @@ fn start(driver: &str) -> Gateway {
             ),
         )
         .unwrap();
-    // SAFETY: setrlimit is async-signal-safe and touches only the child.
-    unsafe {
-        launcher.command_mut().pre_exec(|| {
-            let limit = libc::rlimit {
-                rlim_cur: NOFILE,
-                rlim_max: NOFILE,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    limit_descriptors(&mut launcher);
     let process = launcher
         .arg("run")
         .arg("--config")
@@ -100,16 +140,11 @@ fn start(driver: &str) -> Gateway {
 
 impl Gateway {
     fn metric(&self, series: &str) -> f64 {
-        let text = http_get(self.process.address("admin"), "/metrics")
-            .unwrap()
-            .body;
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
+        metric(&self.process, series)
     }
 
     fn state(&self, action: &str) -> f64 {
-        self.metric(&format!("sluice_overload_state{{action=\"{action}\"}}"))
+        state(&self.process, action)
     }
 
     fn accepted(&self) -> f64 {
@@ -148,22 +183,6 @@ impl Gateway {
         let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
         let headers = String::from_utf8_lossy(&output.stderr).to_ascii_lowercase();
         (code.trim().parse().unwrap_or(0), headers, body.to_string())
-    }
-
-    /// Opens idle connections (in batches) until `action` is active; panics past the limit.
-    fn push_until(&self, action: &str, idle: &mut Vec<TcpStream>) {
-        let address = self.process.address("gateway");
-        while self.state(action) == 0.0 {
-            assert!(
-                idle.len() < NOFILE as usize,
-                "{} idle connections and {action} still off",
-                idle.len()
-            );
-            for _ in 0..4 {
-                idle.push(TcpStream::connect(address).unwrap());
-            }
-            wait_until(Duration::from_millis(300), || self.state(action) == 1.0);
-        }
     }
 }
 
@@ -206,7 +225,7 @@ fn a_gateway_near_its_descriptor_limit_sheds_then_stops_accepting_then_recovers(
 
     // Past 60%: new requests are shed with the documented answer.
     let mut idle = Vec::new();
-    gateway.push_until("shed_new_requests", &mut idle);
+    push_until(&gateway.process, "gateway", "shed_new_requests", &mut idle);
     let (code, headers, body) = gateway.get("10", "/api/v1/namespaces/default/pods");
     assert_eq!(code, 503, "{body}");
     assert!(headers.contains("retry-after: 1"), "{headers}");
@@ -234,7 +253,7 @@ fn a_gateway_near_its_descriptor_limit_sheds_then_stops_accepting_then_recovers(
 
     // Past 80%: nothing more is accepted. A few more connections first take any accept each
     // worker had already posted when the state flipped.
-    gateway.push_until("stop_accepting", &mut idle);
+    push_until(&gateway.process, "gateway", "stop_accepting", &mut idle);
     let address = gateway.process.address("gateway");
     for _ in 0..16 {
         idle.push(TcpStream::connect(address).unwrap());
@@ -293,4 +312,73 @@ impl Gateway {
     fn emit_event(&self, name: &str) {
         self.server.create_pod("default", name);
     }
+}
+
+fn a_node_near_its_descriptor_limit_sheds_new_calls_while_a_stream_admitted_before_completes(
+    driver: &str,
+) {
+    let secrets = Secrets::on(driver);
+    let backend = GrpcBackend::start().unwrap();
+    let mut launcher = SluiceLauncher::new(BIN).unwrap();
+    let config = launcher
+        .write_file(
+            "node.yaml",
+            &format!(
+                "runtime:\n  workers: 2\n  drain_timeout: 2s\n  driver: {driver}\n  overload: {{interval: 50ms, max_memory_bytes: off, shed_new_requests_percent: 60, stop_accepting_percent: 90, recover_margin_percent: 10}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  agent: {{address: '127.0.0.1:0'}}\n  external: {{address: '127.0.0.1:0', handshake_timeout: 60s}}\ntunnel:\n  node_name: overload-node\n  max_wait: 5s\n  agents:\n{agents}  jwt: {{secret_file: '{secret}'}}\n",
+                agents = agents_yaml(&secrets),
+                secret = secrets.jwt_secret.display(),
+            ),
+        )
+        .unwrap();
+    limit_descriptors(&mut launcher);
+    let node = launcher
+        .arg("run")
+        .arg("--config")
+        .arg(config)
+        .spawn()
+        .expect("node starts");
+    common::assert_driver(&node, driver);
+    let _agent = start_agent(&secrets, 7, &node, backend.address, 8, None);
+    wait_for_idle_tunnels(&node, 2.0);
+    let args = client_args(&node, &secrets, 7);
+    assert_eq!(tunnel_client("unary", &args)["code"], "OK");
+
+    // Admitted before any pressure: a stream of 400 messages 50 ms apart (20 s).
+    let mut stream_args = args.clone();
+    stream_args.extend(["--stream", "400:10:50"].map(String::from));
+    let mut stream = spawn_tunnel_client("slow-stream", &stream_args);
+    let mut lines = BufReader::new(stream.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.contains("streaming"), "{first}");
+
+    // Past 60%: a new call is UNAVAILABLE with a message saying why.
+    let mut idle = Vec::new();
+    push_until(&node, "external", "shed_new_requests", &mut idle);
+    let shed = tunnel_client("unary", &args);
+    assert_eq!(shed["code"], "UNAVAILABLE", "{shed}");
+    assert!(
+        shed["details"].as_str().unwrap().contains("overloaded"),
+        "{shed}"
+    );
+    assert!(metric(&node, "sluice_overload_shed_total{role=\"tunnel\"}") >= 1.0);
+    assert!(
+        stream.try_wait().unwrap().is_none(),
+        "the stream admitted before must still be running while calls are shed"
+    );
+
+    // Pressure falls: calls are served again, and the stream completes whole.
+    drop(idle);
+    assert!(
+        wait_until(Duration::from_secs(10), || state(
+            &node,
+            "shed_new_requests"
+        ) == 0.0),
+        "overload did not clear"
+    );
+    assert_eq!(tunnel_client("unary", &args)["code"], "OK");
+    let last = lines.last().unwrap().unwrap();
+    let done: serde_json::Value = serde_json::from_str(&last).unwrap();
+    assert_eq!(done["code"], "OK", "{done}");
+    assert_eq!(done["received"], 400, "{done}");
+    let _ = stream.wait();
 }

@@ -130,7 +130,7 @@ def slow_stream(args):
     ch = channel(args)
     received = 0
     try:
-        for _ in ch.unary_stream("/test.Echo/ServerStream")(b"1000:10:50", metadata=metadata(args), timeout=60):
+        for _ in ch.unary_stream("/test.Echo/ServerStream")(args.stream.encode(), metadata=metadata(args), timeout=60):
             received += 1
             if received == 5:
                 print(json.dumps({"streaming": True}), flush=True)
@@ -242,6 +242,7 @@ def main() -> int:
     parser.add_argument("--delay", type=float, default=1.0)
     parser.add_argument("--timeout", type=float, default=10.0)
     parser.add_argument("--payload", default="ping")
+    parser.add_argument("--stream", default="1000:10:50", help="slow-stream's request: N:SIZE:DELAY_MS")
     parser.add_argument("--issuer", default="gitlab")
     parser.add_argument("--lifetime", type=int, default=30)
     parser.add_argument("--audience", default="gitlab-kas")

@@ -59,6 +59,9 @@ pub enum ErrorKind {
     LocatorUnavailable,
     /// The node is shutting down.
     ShuttingDown,
+    /// The node is near its memory or descriptor limit and sheds new calls (calls already
+    /// admitted go on): UNAVAILABLE, which gRPC clients retry, on this node later or another.
+    Overloaded,
     /// The agent cannot reach its backend, or the backend failed the call.
     BackendUnavailable,
     /// Seen from an agent: the node closed or reset the tunnel (its client went away).
@@ -76,7 +79,9 @@ impl ErrorKind {
             StaleTunnel | AgentGone | AgentProtocol => Side::Agent,
             PeerUnavailable | PeerGone => Side::PeerNode,
             BackendUnavailable => Side::Backend,
-            NoTunnel | LocatorUnavailable | ShuttingDown | NodeGone | NodeProtocol => Side::Node,
+            NoTunnel | LocatorUnavailable | ShuttingDown | Overloaded | NodeGone | NodeProtocol => {
+                Side::Node
+            }
         }
     }
 
@@ -92,7 +97,7 @@ impl ErrorKind {
             NoTunnel | DeadlineExceeded => Code::DeadlineExceeded,
             AgentProtocol | NodeProtocol => Code::Internal,
             StaleTunnel | AgentGone | PeerUnavailable | PeerGone | LocatorUnavailable
-            | ShuttingDown | BackendUnavailable => Code::Unavailable,
+            | ShuttingDown | Overloaded | BackendUnavailable => Code::Unavailable,
         }
     }
 
@@ -186,5 +191,11 @@ mod tests {
         assert!(!over.retry_before_reply());
         assert!(ErrorKind::AgentProtocol.is_protocol_violation());
         assert_eq!(gone.to_string(), "reset");
+        let shed = TunnelError::new(ErrorKind::Overloaded, "overloaded");
+        assert_eq!((shed.side(), shed.code()), (Side::Node, Code::Unavailable));
+        assert!(
+            !shed.retry_before_reply(),
+            "routing elsewhere would not relieve this node"
+        );
     }
 }

@@ -31,7 +31,7 @@ use super::{
     check_client_metadata, list_agents, parse_request, refused, serve_calls, settle, Admitted,
 };
 use crate::auth::VerifiedTokens;
-use crate::error::TunnelError;
+use crate::error::{ErrorKind, TunnelError};
 
 /// The external endpoint's handler factory.
 #[derive(Debug, Clone)]
@@ -110,6 +110,14 @@ impl ExternalHandler {
             .map_err(|error| refused(&node.metrics, "external", &error));
         let is_authenticated = authenticated.is_ok();
         let outcome = match authenticated.and_then(|()| parse_request(method, &parts.headers)) {
+            // The newest calls are the ones shed: every call admitted before goes on.
+            Ok(_) if sluice_overload::shedding() => {
+                sluice_overload::count_shed(sluice_overload::Role::Tunnel);
+                Err(TunnelError::new(
+                    ErrorKind::Overloaded,
+                    "the node is overloaded (near its memory or file-descriptor limit) and sheds new calls; retry later",
+                ))
+            }
             // Boxed: its Redis timeout (a 640-byte, 128-byte aligned timer) stays out of
             // every call's future.
             Ok(Admitted::ListAgents) => Box::pin(list_agents(node, body, &mut responder)).await,
