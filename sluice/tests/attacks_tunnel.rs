@@ -649,8 +649,10 @@ fn jwt_with_crit(secrets: &Secrets, issuer: &str, audience: &str) -> String {
         .unwrap()
         .as_secs();
     let claims = serde_json::json!({"iss": issuer, "aud": audience, "iat": now, "exp": now + 5});
-    let mut header = jsonwebtoken::Header::default();
-    header.crit = Some(vec!["exp".into()]);
+    let header = jsonwebtoken::Header {
+        crit: Some(vec!["exp".into()]),
+        ..Default::default()
+    };
     jsonwebtoken::encode(
         &header,
         &claims,
