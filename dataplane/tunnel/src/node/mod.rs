@@ -147,7 +147,9 @@ impl NodeShared {
         error: crate::error::TunnelError,
     ) -> crate::error::TunnelError {
         self.metrics.agent_refused(refusal);
-        tracing::info!(agent, reason = refusal.label(), %error, "agent tunnel refused");
+        // Debug, not info: an agent over its share retries at will, and a line per attempt
+        // would let it fill the node's disk; the counter carries the rate.
+        tracing::debug!(agent, reason = refusal.label(), %error, "agent tunnel refused");
         error
     }
 
