@@ -327,3 +327,46 @@ fn the_upstream_request_head_allocates_only_what_h2_takes() {
         "{per_request} allocations per upstream head"
     );
 }
+
+/// A client request's fair turn for a stream (`turns.rs`) when a stream is free, and its
+/// release when the response ends: only a request that must wait allocates (its turn, a timer).
+#[test]
+fn an_uncontended_fair_turn_allocates_nothing() {
+    let (gateway, _dir) = gateway();
+    let handler = GatewayHandler::new(gateway, 0, CoreShare::SINGLE);
+    let generation = handler.gateway.current();
+    let cluster = &generation.snapshot.clusters()[0];
+    let tls = &generation.clusters[0].client_tls;
+    let server = handler.pool.server(&cluster.name, &cluster.servers[0], tls);
+    let limits = sluice_gateway::fair_share::StreamLimits {
+        capacity: 4,
+        long_running_percent: 50,
+        max_queued_per_user: 4,
+        max_queued: 8,
+    };
+    server
+        .streams
+        .borrow_mut()
+        .set_limits(limits, crate::turns::grant);
+    let turn = |long_running| crate::turns::ClientTurn {
+        user: "alice",
+        long_running,
+        level: None,
+    };
+    let rounds = 100;
+    let ((), allocations) = counted(|| {
+        for round in 0..rounds {
+            let asked = crate::turns::ask_turn(&server, turn(round % 2 == 0));
+            assert!(matches!(asked, Ok(crate::turns::Asked::Held(_))));
+        }
+    });
+    assert_eq!(
+        allocations, 0,
+        "{allocations} allocations in {rounds} rounds"
+    );
+    assert_eq!(
+        server.streams.borrow().in_use(),
+        0,
+        "every turn was released"
+    );
+}
