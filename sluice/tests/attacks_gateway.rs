@@ -14,12 +14,23 @@ use std::time::{Duration, Instant};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use test_support::{
-    wait_until, ApiServer, Certificates, ClientCert, SluiceLauncher, SluiceProcess, TokenUser,
+    on_both_drivers, wait_until, ApiServer, Certificates, ClientCert, SluiceLauncher,
+    SluiceProcess, TokenUser,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 /// The cluster's name: clients reach it with this TLS server name.
 const HOST: &str = "kube.sluice.test";
+
+on_both_drivers!(
+    a_request_smuggled_behind_a_refused_upgrade_never_reaches_the_apiserver,
+    encoded_paths_are_judged_as_the_apiserver_decodes_them,
+    unauthenticated_clients_cannot_grow_metric_labels_or_flood_the_log,
+    random_bearer_tokens_cannot_amplify_into_token_reviews,
+    token_reviews_in_flight_are_bounded_per_core,
+    request_header_identity_from_clients_is_stripped_and_exposed_secrets_are_named,
+    silent_and_quiet_clients_are_closed_on_the_gateway_limits,
+);
 
 struct Gateway {
     certs: Certificates,
@@ -29,14 +40,19 @@ struct Gateway {
     gateway_identity: ClientCert,
 }
 
-/// A gateway with two cores in front of one simulator; `spec_extra` is appended under `spec:`;
-/// `prepare` runs on the gateway's identity before the gateway starts.
-fn start(spec_extra: &str, prepare: impl FnOnce(&ClientCert)) -> Gateway {
-    start_with_limits(spec_extra, "", prepare)
+/// A gateway with two cores on the monoio `driver` in front of one simulator; `spec_extra` is
+/// appended under `spec:`; `prepare` runs on the gateway's identity before the gateway starts.
+fn start(driver: &str, spec_extra: &str, prepare: impl FnOnce(&ClientCert)) -> Gateway {
+    start_with_limits(driver, spec_extra, "", prepare)
 }
 
 /// [`start`] with `limits` (YAML flow-map entries, each after a comma) on the gateway listener.
-fn start_with_limits(spec_extra: &str, limits: &str, prepare: impl FnOnce(&ClientCert)) -> Gateway {
+fn start_with_limits(
+    driver: &str,
+    spec_extra: &str,
+    limits: &str,
+    prepare: impl FnOnce(&ClientCert),
+) -> Gateway {
     let certs = Certificates::generate(&[HOST]).unwrap();
     let gateway_identity = certs.client("sluice-gateway", &[]).unwrap();
     prepare(&gateway_identity);
@@ -61,7 +77,7 @@ fn start_with_limits(spec_extra: &str, limits: &str, prepare: impl FnOnce(&Clien
         .write_file(
             "gateway.yaml",
             &format!(
-                "runtime: {{workers: 2, drain_timeout: 2s}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'{limits}}}\ngateway: {{clusters_dir: '{}', reload_interval: 200ms}}\n",
+                "runtime: {{workers: 2, drain_timeout: 2s, driver: {driver}}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'{limits}}}\ngateway: {{clusters_dir: '{}', reload_interval: 200ms}}\n",
                 clusters_dir.display()
             ),
         )
@@ -72,6 +88,10 @@ fn start_with_limits(spec_extra: &str, limits: &str, prepare: impl FnOnce(&Clien
         .arg(config)
         .spawn()
         .expect("gateway starts");
+    let metrics = test_support::http_get(process.address("admin"), "/metrics")
+        .unwrap()
+        .body;
+    test_support::assert_driver(&metrics, driver);
     let alice = certs.client("alice", &["dev-team"]).unwrap();
     Gateway {
         certs,
@@ -222,9 +242,8 @@ fn status_reason(body: &str) -> String {
 /// Finding 1: `GET /version` asking for an upgrade, with a second request (an impersonating
 /// read of secrets) in the same write. The apiserver answers the first without switching
 /// protocols; the second must never reach it, and the connection closes.
-#[test]
-fn a_request_smuggled_behind_a_refused_upgrade_never_reaches_the_apiserver() {
-    let gateway = start("", |_| {});
+fn a_request_smuggled_behind_a_refused_upgrade_never_reaches_the_apiserver(driver: &str) {
+    let gateway = start(driver, "", |_| {});
     gateway.server().create_pod("default", "web-1");
     let smuggled = format!(
         "GET /version HTTP/1.1\r\nHost: {HOST}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nGET /api/v1/namespaces/kube-system/secrets HTTP/1.1\r\nHost: {HOST}\r\nImpersonate-User: system:admin\r\nImpersonate-Group: system:masters\r\n\r\n"
@@ -280,9 +299,8 @@ fn a_request_smuggled_behind_a_refused_upgrade_never_reaches_the_apiserver() {
 
 /// Finding 2: a `-secrets` rule is not bypassed by percent-encoding the resource, and paths
 /// that decode two ways are refused with 400 naming the problem.
-#[test]
-fn encoded_paths_are_judged_as_the_apiserver_decodes_them() {
-    let gateway = start(
+fn encoded_paths_are_judged_as_the_apiserver_decodes_them(driver: &str) {
+    let gateway = start(driver,
         "  dispatchPolicies:\n  - name: no-secrets\n    rules:\n    - {verbs: ['*'], apiGroups: ['*'], resources: ['-secrets']}\n    - {verbs: ['*'], nonResourceURLs: ['*']}\n",
         |_| {},
     );
@@ -327,9 +345,8 @@ fn encoded_paths_are_judged_as_the_apiserver_decodes_them() {
 
 /// Finding 5: without credentials, a client cannot mint `resource` label values nor fill the
 /// log with its paths.
-#[test]
-fn unauthenticated_clients_cannot_grow_metric_labels_or_flood_the_log() {
-    let gateway = start("", |_| {});
+fn unauthenticated_clients_cannot_grow_metric_labels_or_flood_the_log(driver: &str) {
+    let gateway = start(driver, "", |_| {});
     let port = gateway.process.address("gateway").port();
     let marker = "zz".repeat(500);
     let requests = 200;
@@ -378,9 +395,9 @@ fn unauthenticated_clients_cannot_grow_metric_labels_or_flood_the_log() {
 
 /// Finding 7: random bearer tokens from one address become a bounded number of TokenReviews,
 /// then 429 with Retry-After; a valid user keeps its cached verdict and is served throughout.
-#[test]
-fn random_bearer_tokens_cannot_amplify_into_token_reviews() {
+fn random_bearer_tokens_cannot_amplify_into_token_reviews(driver: &str) {
     let gateway = start(
+        driver,
         "  authentication: {failedTokenReviewBurst: 5, failedTokenReviewsPerMinute: 6}\n",
         |_| {},
     );
@@ -451,9 +468,12 @@ fn random_bearer_tokens_cannot_amplify_into_token_reviews() {
 /// Finding 7: against a slow authentication backend, new tokens beyond the per-core bound of
 /// reviews in flight are answered 429 at once instead of piling up reviews; clients with a
 /// certificate are served meanwhile.
-#[test]
-fn token_reviews_in_flight_are_bounded_per_core() {
-    let gateway = start("  authentication: {maxConcurrentTokenReviews: 1}\n", |_| {});
+fn token_reviews_in_flight_are_bounded_per_core(driver: &str) {
+    let gateway = start(
+        driver,
+        "  authentication: {maxConcurrentTokenReviews: 1}\n",
+        |_| {},
+    );
     gateway
         .server()
         .set_token_review_delay(Duration::from_millis(1500));
@@ -505,9 +525,8 @@ fn token_reviews_in_flight_are_bounded_per_core() {
 
 /// Finding 10: `X-Remote-*` headers (the apiserver's request-header authentication) from a
 /// client never reach the apiserver; a secret file readable by others is warned about once.
-#[test]
-fn request_header_identity_from_clients_is_stripped_and_exposed_secrets_are_named() {
-    let gateway = start("", |identity| {
+fn request_header_identity_from_clients_is_stripped_and_exposed_secrets_are_named(driver: &str) {
+    let gateway = start(driver, "", |identity| {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&identity.key, std::fs::Permissions::from_mode(0o644)).unwrap();
     });
@@ -553,9 +572,9 @@ fn request_header_identity_from_clients_is_stripped_and_exposed_secrets_are_name
 /// timeout, one that completes TLS and HTTP/2 and then asks nothing at the header timeout; both
 /// are counted, and a well-behaved client is served meanwhile. Limits of 0.5-1 s are asserted
 /// closed within 5 s (a loaded CI) and never before half the limit.
-#[test]
-fn silent_and_quiet_clients_are_closed_on_the_gateway_limits() {
+fn silent_and_quiet_clients_are_closed_on_the_gateway_limits(driver: &str) {
     let gateway = start_with_limits(
+        driver,
         "",
         ", handshake_timeout: 500ms, header_timeout: 1s, idle_timeout: 1s",
         |_| {},
