@@ -262,8 +262,10 @@ pub(crate) fn start_greedy(
                     None => greedy.other.push((0, "no answer".into())),
                 }
             }
-            report.send(greedy).unwrap();
-            while stop.try_recv().is_err() {
+            // The test may be gone already (it failed): nobody to tell.
+            let _ = report.send(greedy);
+            // Until told, or until the test is gone.
+            while matches!(stop.try_recv(), Err(mpsc::TryRecvError::Empty)) {
                 monoio::time::sleep(Duration::from_millis(50)).await;
             }
             drop(open_streams);
