@@ -184,6 +184,9 @@ pub struct ControlplaneArgs {
     /// The store's quota and the write budgets.
     #[command(flatten)]
     pub store_limits: Box<crate::controlplane::StoreLimitArgs>,
+    /// Near the memory or descriptor limit: stop accepting, then shed new requests.
+    #[command(flatten)]
+    pub overload: Box<crate::controlplane::OverloadArgs>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormatArg,

@@ -179,6 +179,13 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            let overload = match serve.overload.config() {
+                Ok(overload) => overload,
+                Err(error) => {
+                    eprintln!("sluice controlplane: {error}");
+                    return ExitCode::from(2);
+                }
+            };
             let store = match serve.etcd.store() {
                 Ok(store) => store,
                 Err(error) => {
@@ -198,6 +205,7 @@ fn main() -> ExitCode {
                     vm_heartbeat_timeout: serve.vm_heartbeat_timeout,
                     limits,
                     store_quota_bytes,
+                    overload,
                     ..controlplane::ControlPlaneOptions::embedded(serve.listen, serve.data_dir)
                 },
                 addresses_file,

@@ -19,7 +19,7 @@ mod common;
 use common::{agents_yaml, client_args, start_agent, wait_for_idle_tunnels, Secrets, BIN};
 use test_support::{
     http_get, on_both_drivers, spawn_tunnel_client, tunnel_client, wait_until, ApiServer,
-    Certificates, ClientCert, GrpcBackend, SluiceLauncher, SluiceProcess,
+    Certificates, ClientCert, ControlPlane, CurlWatch, GrpcBackend, SluiceLauncher, SluiceProcess,
 };
 const HOST: &str = "kube.sluice.test";
 /// The child's descriptor limit: low enough that a test reaches it with a few hundred idle
@@ -381,4 +381,145 @@ fn a_node_near_its_descriptor_limit_sheds_new_calls_while_a_stream_admitted_befo
     assert_eq!(done["code"], "OK", "{done}");
     assert_eq!(done["received"], 400, "{done}");
     let _ = stream.wait();
+}
+
+/// The control plane runs on tokio, not on the data plane's monoio drivers: one case. Its
+/// `/metrics` is on the API port, so while it does not accept the log says so instead.
+#[test]
+fn a_control_plane_near_its_descriptor_limit_sheds_then_stops_accepting_then_recovers() {
+    const AGENTS: &str = "/apis/tunnel.sluice.dev/v1alpha1/agents";
+    let agent = |name: &str, id: u32| {
+        serde_json::json!({"apiVersion": "tunnel.sluice.dev/v1alpha1", "kind": "Agent",
+            "metadata": {"name": name}, "spec": {"id": id, "tokenSha256": "0".repeat(64)}})
+        .to_string()
+    };
+    // `ControlPlane` starts a binary by path: a wrapper lowers the descriptor limit first.
+    let dir = tempfile::tempdir().unwrap();
+    let wrapper = dir.path().join("sluice-nofile");
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nulimit -n {NOFILE} || exit 1\nexec '{BIN}' \"$@\"\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let cp = ControlPlane::start(
+        wrapper.to_str().unwrap(),
+        &[
+            "--overload-interval=50ms",
+            "--overload-max-memory-bytes=off",
+            "--overload-shed-new-requests-percent=60",
+            "--overload-stop-accepting-percent=80",
+            "--overload-recover-margin-percent=10",
+            "--handshake-timeout=60s",
+            "--max-unauthenticated-connections-per-address=1000",
+        ],
+    )
+    .unwrap();
+    let cp_metric = |series: &str| -> f64 {
+        let (code, text) = cp.curl("GET", "/metrics", None);
+        assert_eq!(code, 200, "{text}");
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
+    };
+    let cp_state =
+        |action: &str| cp_metric(&format!("sluice_overload_state{{action=\"{action}\"}}"));
+    let logged_on = |action: &str| {
+        cp.process.stderr().lines().any(|line| {
+            line.contains("overload action on") && line.contains(&format!("\"{action}\""))
+        })
+    };
+    let (code, body) = cp.curl("POST", AGENTS, Some(&agent("agent-1", 1)));
+    assert_eq!(code, 201, "{body}");
+    // Admitted before any pressure: a watch.
+    let watch = CurlWatch::start(&cp, &cp.admin_token(), &format!("{AGENTS}?watch=1")).unwrap();
+    let first = watch.next_event(Duration::from_secs(10)).unwrap();
+    assert_eq!(first["object"]["metadata"]["name"], "agent-1", "{first}");
+
+    // Past 60%: new requests get 503 ServiceUnavailable with Retry-After.
+    let mut idle = Vec::new();
+    while cp_state("shed_new_requests") == 0.0 {
+        assert!(
+            idle.len() < NOFILE as usize,
+            "{} idle connections",
+            idle.len()
+        );
+        for _ in 0..4 {
+            idle.push(TcpStream::connect(cp.address).unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let output = Command::new("curl")
+        .args(["--silent", "--max-time", "10", "--cacert"])
+        .arg(cp.ca_file())
+        .args(["-H", &format!("Authorization: Bearer {}", cp.admin_token())])
+        .args(["--dump-header", "/dev/stderr"])
+        .arg(format!("{}{AGENTS}", cp.url()))
+        .output()
+        .unwrap();
+    let headers = String::from_utf8_lossy(&output.stderr).to_ascii_lowercase();
+    let body = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        headers.starts_with("http/2 503") || headers.starts_with("http/1.1 503"),
+        "{headers}"
+    );
+    assert!(headers.contains("retry-after: 1"), "{headers}");
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status["reason"], "ServiceUnavailable", "{body}");
+    assert!(
+        status["message"].as_str().unwrap().contains("overloaded"),
+        "{body}"
+    );
+    assert_eq!(cp.curl("GET", "/readyz", None).0, 503);
+    assert_eq!(cp.curl("GET", "/healthz", None).0, 200);
+    assert!(cp_metric("sluice_overload_shed_total{role=\"apiserver\"}") >= 1.0);
+
+    // Past 80%: nothing more is accepted (the log says so; /metrics is on the same port).
+    let address = cp.address;
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            if !logged_on("stop_accepting") {
+                for _ in 0..4 {
+                    idle.push(TcpStream::connect(address).unwrap());
+                }
+            }
+            logged_on("stop_accepting")
+        }),
+        "stop_accepting never turned on with {} idle connections",
+        idle.len()
+    );
+    // tokio's accept loop checks the state before each accept: one more connection takes the
+    // accept already waiting when the state flipped.
+    idle.push(TcpStream::connect(address).unwrap());
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        cp.curl("GET", AGENTS, None).0,
+        0,
+        "a connection made while not accepting is not served"
+    );
+
+    // Pressure falls: accepting and serving again; the watch admitted before is still open.
+    drop(idle);
+    assert!(wait_until(Duration::from_secs(20), || cp
+        .curl("GET", "/readyz", None)
+        .0
+        == 200));
+    assert_eq!(cp_state("stop_accepting"), 0.0);
+    assert_eq!(cp_state("shed_new_requests"), 0.0);
+    let (code, body) = cp.curl("POST", AGENTS, Some(&agent("agent-2", 2)));
+    assert_eq!(code, 201, "{body}");
+    let second = watch.next_event(Duration::from_secs(10)).unwrap();
+    assert_eq!(second["object"]["metadata"]["name"], "agent-2", "{second}");
+    for action in ["stop_accepting", "shed_new_requests"] {
+        for to in ["active", "inactive"] {
+            let series =
+                format!("sluice_overload_transitions_total{{action=\"{action}\",to=\"{to}\"}}");
+            assert!(cp_metric(&series) >= 1.0, "{series}");
+        }
+    }
+    assert!(cp.process.stderr().contains("overload action off"));
 }

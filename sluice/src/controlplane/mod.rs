@@ -11,6 +11,7 @@
 //! admin token but no kubeconfig in its own data directory issues none (see [`bootstrap_admin`]).
 
 mod limits;
+mod overload;
 mod store_limits;
 mod token;
 
@@ -29,6 +30,7 @@ use sluice_vm_manager::{VmManager, VmMetrics};
 use tokio::sync::watch;
 
 pub use limits::LimitArgs;
+pub use overload::OverloadArgs;
 pub use store_limits::StoreLimitArgs;
 pub use token::create_token;
 
@@ -57,6 +59,8 @@ pub struct ControlPlaneOptions {
     /// How long after its agent's last runtime-info report an Agented VM stays
     /// AgentedConnected (the VMManager's staleness timeout).
     pub vm_heartbeat_timeout: Duration,
+    /// Near the memory or descriptor limit: stop accepting, shed new requests (`run` only).
+    pub overload: sluice_config::OverloadConfig,
 }
 
 /// Which store the API server keeps its objects in.
@@ -87,6 +91,7 @@ impl ControlPlaneOptions {
             limits: ServerLimits::default(),
             store_quota_bytes: sluice_store::DEFAULT_QUOTA_BYTES,
             vm_heartbeat_timeout: sluice_vm_manager::DEFAULT_HEARTBEAT_TIMEOUT,
+            overload: sluice_config::OverloadConfig::default(),
         }
     }
 }
@@ -187,6 +192,9 @@ pub fn run(options: ControlPlaneOptions, addresses_file: Option<&Path>) -> std::
         }
     };
     let outcome = runtime.block_on(async {
+        // The process's own monitor: an embedded control plane (`sluice up`) shares the
+        // daemon's.
+        sluice_overload::spawn_monitor(&options.overload)?;
         let running = start(options).await?;
         if let Some(path) = addresses_file {
             write_address(path, running.address)?;
@@ -281,6 +289,7 @@ pub async fn start_on(
     let mut vm_metrics = None;
     let server = ApiServer::with_metrics(registry, store.clone(), options.limits.clone(), |r| {
         vm_metrics = Some(VmMetrics::register(r));
+        r.register_collector(Box::new(sluice_overload::OverloadCollector));
     });
     server
         .load_tokens()

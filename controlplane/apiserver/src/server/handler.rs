@@ -87,6 +87,10 @@ impl ApiServer {
         let query = Query::parse(parts.uri.query().unwrap_or(""))?;
         let request = request::parse(parts.method.as_str(), parts.uri.path(), query.raw())
             .map_err(request_error)?;
+        if !matches!(request, ApiRequest::Health(_)) {
+            // The newest requests are the ones shed: those in flight and open watches go on.
+            super::overload::shed()?;
+        }
         let resource = match request {
             ApiRequest::Health(path) => {
                 labels.verb = "health";
@@ -266,7 +270,10 @@ impl ApiServer {
     async fn health(&self, path: &str) -> Result<Reply, StatusError> {
         match path {
             "/metrics" => Ok(Reply::Text(self.encode_metrics())),
-            "/readyz" => match self.store.current_revision().await {
+            "/readyz" => match super::overload::readiness()
+                .map(|()| self.store.current_revision())?
+                .await
+            {
                 Ok(revision) => {
                     self.metrics.store_revision.set(revision as i64);
                     Ok(Reply::Text("ok\n".into()))

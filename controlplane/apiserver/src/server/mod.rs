@@ -9,6 +9,7 @@ mod handler;
 mod keys;
 mod metrics;
 mod objects;
+mod overload;
 mod query;
 mod reply;
 mod span_watch;
@@ -248,6 +249,11 @@ impl ApiServer {
     ) {
         let acceptor = tokio_rustls::TlsAcceptor::from(tls);
         loop {
+            // Near the memory or descriptor limit new connections wait in the backlog.
+            tokio::select! {
+                _ = stopped(&mut stop) => break,
+                _ = overload::accepting() => {}
+            }
             let accepted = tokio::select! {
                 _ = stopped(&mut stop) => break,
                 accepted = listener.accept() => accepted,
