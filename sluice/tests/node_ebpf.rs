@@ -75,6 +75,17 @@ fn a_node_counts_its_listeners_syns_on_its_interface(driver: &str) {
         Some(1.0)
     );
 
+    // Every TCP connection on `lo` is one SYN (without ACK) on its ingress, the scrapes of
+    // /metrics included: the count before, the scrapes since, and ours are all there is in this
+    // namespace, so the interface's count is known exactly.
+    let syns_on_lo =
+        "sluice_ebpf_tcp_syn_total{interface=\"lo\",direction=\"ingress\",protocol=\"tcp\"}";
+    let lo_before = metric_value(&metrics(netns.name(), admin), syns_on_lo).expect(syns_on_lo);
+    let scrapes = std::cell::Cell::new(0u32);
+    let scrape = || {
+        scrapes.set(scrapes.get() + 1);
+        metrics(netns.name(), admin)
+    };
     in_netns(netns.name(), move || {
         for _ in 0..CONNECTIONS {
             drop(TcpStream::connect_timeout(&external, Duration::from_secs(2)).unwrap());
@@ -83,10 +94,8 @@ fn a_node_counts_its_listeners_syns_on_its_interface(driver: &str) {
     .unwrap();
     let syns = "sluice_ebpf_listener_syns_total{listener=\"external\"}";
     assert!(
-        wait_until(Duration::from_secs(5), || metric_value(
-            &metrics(netns.name(), admin),
-            syns
-        ) == Some(f64::from(CONNECTIONS))),
+        wait_until(Duration::from_secs(5), || metric_value(&scrape(), syns)
+            == Some(f64::from(CONNECTIONS))),
         "expected {CONNECTIONS} SYNs to the external listener:\n{}",
         metrics(netns.name(), admin)
             .lines()
@@ -94,19 +103,25 @@ fn a_node_counts_its_listeners_syns_on_its_interface(driver: &str) {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    let text = metrics(netns.name(), admin);
+    let text = scrape();
     assert_eq!(
         metric_value(&text, "sluice_ebpf_listener_syns_total{listener=\"agent\"}"),
         Some(0.0),
         "nothing connected to the agent listener"
     );
-    assert!(
+    assert_eq!(
+        metric_value(&text, syns_on_lo),
+        Some(lo_before + f64::from(CONNECTIONS + scrapes.get())),
+        "{CONNECTIONS} connections and {} scrapes since {lo_before} SYNs:\n{text}",
+        scrapes.get()
+    );
+    // On `lo` each of those SYNs left by the same interface before it came in.
+    assert_eq!(
         metric_value(
             &text,
-            "sluice_ebpf_tcp_syn_total{interface=\"lo\",direction=\"ingress\",protocol=\"tcp\"}"
-        )
-        .unwrap_or(0.0)
-            >= f64::from(CONNECTIONS),
+            "sluice_ebpf_tcp_syn_total{interface=\"lo\",direction=\"egress\",protocol=\"tcp\"}"
+        ),
+        metric_value(&text, syns_on_lo),
         "{text}"
     );
 }

@@ -33,12 +33,13 @@ fn metrics(ovs: &OvsInstance, agent: &VmAgentProcess) -> String {
         .unwrap_or_default()
 }
 
-/// Our programs on `device`'s TCX hooks (ingress, egress), read inside the OVS namespace.
+/// Our programs on `device`'s TCX hooks (ingress, egress), read inside the OVS namespace. A
+/// failed query panics: read as "no programs", it would pass every "released" check.
 fn programs(ovs: &OvsInstance, device: &str) -> (Vec<String>, Vec<String>) {
-    let device = device.to_string();
-    in_netns(ovs.netns(), move || sluice_ebpf::tcx_programs(&device))
+    let name = device.to_string();
+    in_netns(ovs.netns(), move || sluice_ebpf::tcx_programs(&name))
         .unwrap()
-        .unwrap_or_default()
+        .unwrap_or_else(|error| panic!("the TCX query of {device} failed: {error}"))
 }
 
 fn one_each() -> (Vec<String>, Vec<String>) {

@@ -155,25 +155,38 @@ impl Pair {
         }
     }
 
-    /// BPF filters on a clsact hook, by program name (`tc filter show`).
+    /// BPF filters on a clsact hook, by program name (`tc filter show`). A failing `tc` or a
+    /// line it cannot read panics: read as "no filters", either would pass every "released"
+    /// check whatever the hook holds.
     pub fn tc_filters(&self, dev: &str, hook: &str) -> Vec<String> {
-        let output = Command::new("ip")
-            .args([
-                "netns", "exec", &self.b.0, "tc", "filter", "show", "dev", dev, hook,
-            ])
-            .output()
-            .expect("tc runs");
-        String::from_utf8_lossy(&output.stdout)
+        let shown = run(Command::new("ip").args([
+            "netns", "exec", &self.b.0, "tc", "filter", "show", "dev", dev, hook,
+        ]));
+        shown
             .lines()
-            .filter(|line| line.contains(" bpf ") && line.contains("handle"))
-            .map(|line| {
-                line.split_whitespace()
-                    .skip_while(|word| *word != "handle")
-                    .nth(2)
-                    .unwrap_or("?")
-                    .to_string()
+            .filter(|line| !line.trim().is_empty())
+            .filter_map(|line| {
+                filter_name(line).unwrap_or_else(|| {
+                    panic!(
+                        "`tc filter show dev {dev} {hook}`: unreadable line {line:?} in\n{shown}"
+                    )
+                })
             })
             .collect()
+    }
+}
+
+/// One line of `tc filter show`: `Some(None)` for a chain's header (`filter protocol all pref
+/// 49152 bpf chain 0`), `Some(Some(name))` for a BPF filter (`... handle 0x1 NAME direct-action
+/// ...`), `None` for anything else.
+fn filter_name(line: &str) -> Option<Option<String>> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    if words.first() != Some(&"filter") || !words.contains(&"bpf") {
+        return None;
+    }
+    match words.iter().position(|word| *word == "handle") {
+        None => Some(None),
+        Some(handle) => words.get(handle + 2).map(|name| Some(name.to_string())),
     }
 }
 
