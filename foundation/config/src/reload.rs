@@ -50,6 +50,8 @@ pub fn plan(running: &Config, new: &Config) -> ReloadPlan {
     restart(a.driver != b.driver, "runtime.driver");
     restart(a.uring_entries != b.uring_entries, "runtime.uring_entries");
     restart(a.drain_timeout != b.drain_timeout, "runtime.drain_timeout");
+    // The monitor thread is started once with its thresholds.
+    restart(a.overload != b.overload, "runtime.overload");
     restart(
         running.logging.format != new.logging.format,
         "logging.format",
@@ -236,12 +238,14 @@ mod tests {
         let running = node(&key, "", 0);
         let mut new = node(&key, "  max_wait: 3s\n  max_message_bytes: 4096\n", 45_678);
         new.runtime.workers = crate::Workers::Count(std::num::NonZeroUsize::new(7).unwrap());
+        new.runtime.overload.stop_accepting_percent = 90;
         let plan = plan(&running, &new);
         assert_eq!(plan.live, vec!["tunnel.max_wait"]);
         assert_eq!(
             plan.restart,
             vec![
                 "runtime.workers",
+                "runtime.overload",
                 "listeners.external",
                 "tunnel.max_message_bytes"
             ]
@@ -258,7 +262,7 @@ mod tests {
         assert_eq!(applied.listeners, running.listeners);
         assert_eq!(applied.runtime, running.runtime);
         // Reloading the same file again still reports the pending restart fields.
-        assert_eq!(super::plan(&applied, &new).restart.len(), 3);
+        assert_eq!(super::plan(&applied, &new).restart.len(), 4);
         assert!(super::plan(&applied, &new).live.is_empty());
     }
 
