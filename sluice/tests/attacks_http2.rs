@@ -1,8 +1,10 @@
 //! The usual HTTP/2 abuse against the real `sluice run` binary's external listener (issue 13,
 //! attack suite): rapid reset, CONTINUATION flood, SETTINGS and PING floods from a peer that
 //! never reads, an HPACK bomb, zero-window stalls, and 10,000 idle connections. Frames are
-//! written by hand on raw sockets (no client library would send them). Under each, a well-behaved client keeps getting
-//! correct answers, the node stays ready, and its RSS stays within the bound each case states.
+//! written by hand on raw sockets (no client library would send them). Under each, a
+//! well-behaved client keeps getting correct answers, the node stays ready, its peak RSS while
+//! the attack's connections are open stays within the bound each case states, and the attacker
+//! is refused (cut, answered GOAWAY, or no longer read), not only survived.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
@@ -19,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use common::{agents_yaml, assert_driver, client_jwt, rss_kib, Secrets};
 use test_support::raw_h2::{
-    frame, literal, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, PING, RST_STREAM,
-    SETTINGS,
+    frame, literal, read_frame, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, PING,
+    RST_STREAM, SETTINGS,
 };
 use test_support::{http_get, on_both_drivers, SluiceLauncher, SluiceProcess};
 
@@ -36,6 +38,8 @@ on_both_drivers!(
 );
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// HTTP/2's error code for a peer behaving abusively (RFC 9113 7).
+const ENHANCE_YOUR_CALM: u32 = 0xb;
 fn request_block() -> Vec<u8> {
     let mut block = Vec::new();
     literal(&mut block, ":method", "POST");
@@ -188,13 +192,16 @@ fn under_attack(
     let node = start_node(&secrets);
     let external = node.address("external");
     let before = rss_kib(node.pid());
+    reset_peak_rss(node.pid());
     let good = GoodClient::start(external, client_jwt(&secrets, 50));
     let started = Instant::now();
     attack(external, &secrets);
     // The good client keeps going a little after the attack too.
     std::thread::sleep(Duration::from_millis(300));
     good.finish(what, 5);
-    let grown = rss_kib(node.pid()).saturating_sub(before);
+    // The peak since the reset: what the node held while the attack's connections were open,
+    // not what is left once they closed.
+    let grown = peak_rss_kib(node.pid()).saturating_sub(before);
     assert!(
         grown < rss_bound_kib,
         "{what}: node RSS grew by {grown} KiB (bound {rss_bound_kib} KiB); node stderr:\n{}\nstdout:\n{}",
@@ -206,17 +213,54 @@ fn under_attack(
     eprintln!("{what}: {:?}, node RSS +{grown} KiB", started.elapsed());
 }
 
+/// Frames of at least `frame_bytes` each (their acknowledgements no larger) that a flood must
+/// send to be sure the node itself read them: twice what the kernel can buffer on loopback,
+/// the flood in our send and the node's receive buffer, the acknowledgements in the node's send
+/// and our receive buffer (each at most `tcp_rmem`/`tcp_wmem`'s maximum).
+fn frames_beyond_socket_buffers(frame_bytes: usize) -> usize {
+    let maximum = |name: &str| -> usize {
+        let text = std::fs::read_to_string(format!("/proc/sys/net/ipv4/{name}")).unwrap();
+        text.split_whitespace().nth(2).unwrap().parse().unwrap()
+    };
+    let buffered = 2 * (maximum("tcp_rmem") + maximum("tcp_wmem"));
+    2 * buffered / frame_bytes
+}
+
+/// Resets the node's peak resident set (VmHWM) to its current RSS (`clear_refs` 5, proc(5)).
+fn reset_peak_rss(pid: i32) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+}
+
+/// The node's peak resident set since the last [`reset_peak_rss`] (VmHWM), in KiB.
+fn peak_rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
 /// Writes as long as the node reads (it closes the connection, or stops reading, when it has
 /// had enough); how many frames went out.
 fn flood(stream: &mut TcpStream, frames: impl Iterator<Item = Vec<u8>>) -> usize {
+    flood_until_refused(stream, frames).0
+}
+
+/// [`flood`], also saying why it stopped early: the write that failed (the node closed the
+/// connection, or stopped reading until the write timeout), `None` if every frame went out.
+fn flood_until_refused(
+    stream: &mut TcpStream,
+    frames: impl Iterator<Item = Vec<u8>>,
+) -> (usize, Option<std::io::Error>) {
     let mut sent = 0;
     for frame in frames {
-        if stream.write_all(&frame).is_err() {
-            break;
+        if let Err(error) = stream.write_all(&frame) {
+            return (sent, Some(error));
         }
         sent += 1;
     }
-    sent
+    (sent, None)
 }
 
 fn rapid_reset_is_cut_off_and_others_are_served(driver: &str) {
@@ -256,23 +300,30 @@ fn a_continuation_flood_is_refused_without_buffering_it(driver: &str) {
 
 fn settings_and_ping_floods_from_a_peer_that_never_reads_stay_bounded(driver: &str) {
     under_attack(driver, "SETTINGS + PING flood", 64 * 1024, |node, _| {
+        let frames = frames_beyond_socket_buffers(15);
         let mut streams: Vec<TcpStream> = (0..4).map(|_| open(node)).collect();
-        for stream in &mut streams {
+        for (index, stream) in streams.iter_mut().enumerate() {
             stream
                 .set_write_timeout(Some(Duration::from_secs(2)))
                 .unwrap();
             let settings = frame(SETTINGS, 0, 0, &[0, 3, 0, 0, 0, 100]);
             let ping = frame(PING, 0, 0, &[7; 8]);
             // Never read: the acknowledgements back up; the node must not queue them forever.
-            flood(
+            let (sent, stopped) = flood_until_refused(
                 stream,
-                (0..200_000).map(|i| {
+                (0..frames).map(|i| {
                     if i % 2 == 0 {
                         settings.clone()
                     } else {
                         ping.clone()
                     }
                 }),
+            );
+            eprintln!("SETTINGS + PING flood {index}: {sent} of {frames} frames, then {stopped:?}");
+            assert!(
+                stopped.is_some(),
+                "connection {index}: the node read all {frames} frames of a peer that never reads \
+                 its acknowledgements: more than the kernel can buffer, so it queued them itself"
             );
         }
     });
@@ -302,6 +353,39 @@ fn an_hpack_bomb_is_refused_at_the_header_list_limit(driver: &str) {
             })
             .collect::<Vec<_>>();
         flood(&mut stream, frames.into_iter());
+        // What the node answered: it must cut the connection with GOAWAY ENHANCE_YOUR_CALM
+        // (the header list over its limit) and never take the bomb as a request.
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut answered = Vec::new();
+        let closed = loop {
+            match read_frame(&mut stream) {
+                Ok(Some(frame)) => answered.push(frame),
+                Ok(None) => break Ok(()),
+                Err(error) => break Err(error),
+            }
+        };
+        let kinds: Vec<(u8, u32, Option<u32>)> = answered
+            .iter()
+            .map(|frame| (frame.kind, frame.stream, frame.error_code()))
+            .collect();
+        assert!(
+            answered
+                .iter()
+                .any(|frame| frame.kind == GOAWAY && frame.error_code() == Some(ENHANCE_YOUR_CALM)),
+            "no GOAWAY ENHANCE_YOUR_CALM; frames (type, stream, error): {kinds:?}"
+        );
+        assert!(
+            !answered
+                .iter()
+                .any(|frame| frame.stream == 1 && frame.kind == HEADERS),
+            "the bomb was answered as a request: {kinds:?}"
+        );
+        assert!(
+            closed.is_ok(),
+            "the connection stayed open after the GOAWAY: {closed:?}"
+        );
     });
 }
 

@@ -46,3 +46,44 @@ fn string_length(out: &mut Vec<u8>, length: usize) {
     }
     out.push(rest as u8);
 }
+
+/// A frame read back from the peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub kind: u8,
+    pub flags: u8,
+    pub stream: u32,
+    pub payload: Vec<u8>,
+}
+
+impl Frame {
+    /// The error code of a RST_STREAM or GOAWAY frame (RFC 9113 6.4, 6.8).
+    pub fn error_code(&self) -> Option<u32> {
+        let at = match self.kind {
+            RST_STREAM => 0,
+            GOAWAY => 4,
+            _ => return None,
+        };
+        let bytes = self.payload.get(at..at + 4)?;
+        Some(u32::from_be_bytes(bytes.try_into().ok()?))
+    }
+}
+
+/// The next frame from `stream`; `Ok(None)` when the peer closed the connection between frames.
+pub fn read_frame(stream: &mut impl std::io::Read) -> std::io::Result<Option<Frame>> {
+    let mut head = [0u8; 9];
+    match stream.read_exact(&mut head) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(error) => return Err(error),
+    }
+    let length = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let mut payload = vec![0u8; length];
+    stream.read_exact(&mut payload)?;
+    Ok(Some(Frame {
+        kind: head[3],
+        flags: head[4],
+        stream: u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff,
+        payload,
+    }))
+}
