@@ -62,12 +62,23 @@ pub fn cgroup_memory_limit() -> Option<u64> {
 
 /// Reads the process's resident memory and open descriptors now.
 pub fn sample(memory_limit: Option<u64>) -> Sample {
+    let fd_limit = fd_limit();
     Sample {
         rss_bytes: rss_bytes().unwrap_or(0),
         memory_limit,
-        open_fds: std::fs::read_dir("/proc/self/fd").map_or(0, |dir| dir.count() as u64),
-        fd_limit: fd_limit(),
+        open_fds: open_fds_or_full(
+            std::fs::read_dir("/proc/self/fd").map(|dir| dir.count() as u64),
+            fd_limit,
+        ),
+        fd_limit,
     }
+}
+
+/// Listing `/proc/self/fd` takes a descriptor itself, so at the limit it fails with EMFILE:
+/// that is read as "at the limit", never as "no descriptors open" (which would turn the
+/// actions off exactly when they matter).
+fn open_fds_or_full(listed: std::io::Result<u64>, limit: Option<u64>) -> u64 {
+    listed.unwrap_or_else(|_| limit.unwrap_or(0))
 }
 
 fn rss_bytes() -> Option<u64> {
@@ -181,6 +192,14 @@ mod tests {
             ..sample
         };
         assert!((memory.pressure() - 1.2).abs() < 1e-9);
+    }
+
+    #[test]
+    fn an_unreadable_descriptor_list_counts_as_full() {
+        let emfile = || Err(std::io::Error::from_raw_os_error(libc::EMFILE));
+        assert_eq!(open_fds_or_full(emfile(), Some(256)), 256);
+        assert_eq!(open_fds_or_full(Ok(40), Some(256)), 40);
+        assert_eq!(open_fds_or_full(emfile(), None), 0);
     }
 
     #[test]
