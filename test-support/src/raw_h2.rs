@@ -87,3 +87,39 @@ pub fn read_frame(stream: &mut impl std::io::Read) -> std::io::Result<Option<Fra
         payload,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_read_back_as_written_with_their_error_codes() {
+        let mut wire = frame(GOAWAY, 0, 0, &[0, 0, 0, 3, 0, 0, 0, 0xb, b'x']);
+        wire.extend(frame(RST_STREAM, 0, 5, &[0, 0, 0, 7]));
+        wire.extend(frame(HEADERS, END_HEADERS, 1, b"abc"));
+        let mut reader = wire.as_slice();
+        let goaway = read_frame(&mut reader).unwrap().unwrap();
+        assert_eq!((goaway.kind, goaway.stream), (GOAWAY, 0));
+        assert_eq!(goaway.error_code(), Some(0xb));
+        let reset = read_frame(&mut reader).unwrap().unwrap();
+        assert_eq!((reset.stream, reset.error_code()), (5, Some(7)));
+        let headers = read_frame(&mut reader).unwrap().unwrap();
+        assert_eq!(
+            headers,
+            Frame {
+                kind: HEADERS,
+                flags: END_HEADERS,
+                stream: 1,
+                payload: b"abc".to_vec()
+            }
+        );
+        assert_eq!(headers.error_code(), None);
+        assert_eq!(read_frame(&mut reader).unwrap(), None, "the end");
+    }
+
+    #[test]
+    fn a_frame_cut_short_is_an_error() {
+        let wire = frame(PING, 0, 0, &[1; 8]);
+        assert!(read_frame(&mut &wire[..12]).is_err());
+    }
+}
