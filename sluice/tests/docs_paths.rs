@@ -46,7 +46,9 @@ fn path_spans(text: &str) -> Vec<String> {
         .map(|span| {
             let span = span.split("::").next().unwrap_or(span);
             match span.split_once(':') {
-                Some((path, line)) if line.chars().all(|c| c.is_ascii_digit() || "-/".contains(c)) => {
+                Some((path, line))
+                    if line.chars().all(|c| c.is_ascii_digit() || "-/".contains(c)) =>
+                {
                     path.to_string()
                 }
                 _ => span.to_string(),
@@ -99,7 +101,10 @@ fn every_back_ticked_repository_path_in_the_docs_exists() {
             missing.push(format!("{}: `{span}`", doc.display()));
         }
     }
-    assert!(checked >= 200, "only {checked} path spans read: is the extraction broken?");
+    assert!(
+        checked >= 200,
+        "only {checked} path spans read: is the extraction broken?"
+    );
     assert!(
         missing.is_empty(),
         "these docs name paths that do not exist:\n{}",
@@ -111,7 +116,8 @@ fn every_back_ticked_repository_path_in_the_docs_exists() {
 fn a_planted_bad_path_is_caught_and_good_ones_pass() {
     let root = workspace_root();
     let doc = Path::new("docs/ARCHITECTURE.md");
-    let text = "See `dataplane/gateway-proxy/src/pool.rs:78-99`, `sluice/tests/gateway.rs::a_test`, \
+    let text =
+        "See `dataplane/gateway-proxy/src/pool.rs:78-99`, `sluice/tests/gateway.rs::a_test`, \
                 `src/lib.rs` (no such folder beside this doc, so not judged), `/readyz`, \
                 `proxy.sluice.dev/v1alpha1`, `perf/results/gateway/` and the planted \
                 `dataplane/gateway-proxy/src/no_such_module.rs:12` and `foundation/gone/`.";
