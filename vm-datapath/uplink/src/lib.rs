@@ -7,11 +7,14 @@
 //!
 //! - `plan.rs`: the steps as data (pure), `record.rs`: the observed state and the record;
 //! - `takeover.rs`: the executor with rollback, over a [`Host`] trait;
-//! - `netlink.rs`: the real host (rtnetlink on tokio, OVSDB via `sluice-ovs`), `ethtool.rs`.
+//! - `netlink.rs`: the real host (rtnetlink on tokio, OVSDB via `sluice-ovs`), `ethtool.rs`;
+//! - `announce.rs`: the gratuitous ARP and unsolicited neighbour advertisement that tell the
+//!   neighbours the addresses moved (the uplink's carrier drop made them forget).
 //!
 //! The bridge's flows are not installed here: whoever programs the bridge forwards between the
 //! two ports.
 
+mod announce;
 mod error;
 mod ethtool;
 mod isolation;
@@ -20,6 +23,7 @@ pub mod plan;
 pub mod record;
 mod takeover;
 
+pub use announce::{announcements, Announcements};
 pub use error::{HostError, Rollback, UplinkError};
 pub use ethtool::{tx_checksum, tx_checksum_off};
 pub use isolation::Isolation;

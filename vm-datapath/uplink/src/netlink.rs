@@ -394,6 +394,17 @@ impl Host for NetlinkHost<'_> {
                 }
                 Ok(())
             }
+            Op::Announce {
+                link,
+                mac,
+                addresses,
+            } => {
+                let index = self.index(link).await?;
+                crate::announce::send(index, *mac, addresses).map_err(|source| HostError::Io {
+                    what: format!("announcing the addresses of {link}"),
+                    source,
+                })
+            }
             Op::DelPort { bridge, name, kind } => {
                 match self.ovsdb.delete_port(bridge, name).await {
                     Ok(()) | Err(OvsdbError::NotFound { .. }) => {}

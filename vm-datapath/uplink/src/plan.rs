@@ -7,6 +7,8 @@
 //! drops its routes and its IPv6 addresses, removing a link's last IPv4 address drops its IPv4
 //! routes. So the undo of "down" re-adds all of them, and later deletes may find nothing to do.
 
+use std::net::IpAddr;
+
 use ipnet::IpNet;
 use sluice_ovs::{NewPort, PortKind};
 
@@ -76,6 +78,20 @@ pub enum Op {
         name: String,
         kind: PortKind,
     },
+    /// Announces `addresses` at `mac` on `link` (see `announce.rs`). Best effort: a failure
+    /// is counted, not rolled back, since the move itself is done.
+    Announce {
+        link: String,
+        mac: [u8; 6],
+        addresses: Vec<IpAddr>,
+    },
+}
+
+impl Op {
+    /// Whether a failure of this operation leaves the plan standing (no rollback).
+    pub fn is_best_effort(&self) -> bool {
+        matches!(self, Op::Announce { .. })
+    }
 }
 
 /// A named step: what to do and how to undo it.
@@ -290,7 +306,21 @@ pub fn takeover(state: &LinkState, renamed: &str, bridge: &str, netdev: bool) ->
     if netdev {
         steps.push(isolate(renamed, record.isolation));
     }
+    steps.extend(announce(&record, uplink));
     steps
+}
+
+/// Tells the neighbours where the addresses are now: last, once everything is in place.
+/// Nothing to undo (see [`Op::Announce`]); `None` without addresses.
+fn announce(record: &UplinkRecord, link: &str) -> Option<Step> {
+    let addresses: Vec<IpAddr> = record.addresses.iter().map(IpNet::addr).collect();
+    let op = Op::Announce {
+        link: link.into(),
+        mac: record.mac,
+        addresses,
+    };
+    (!record.addresses.is_empty())
+        .then(|| step(format!("announce the addresses of {link}"), op, vec![]))
 }
 
 /// Keeps the VM's stack off the bridged uplink (userspace datapath only: see `isolation.rs`);
@@ -406,6 +436,10 @@ pub fn repair(
         }
     }
     steps.extend(isolate_if_needed(renamed, netdev));
+    // Addresses moved again (e.g. ovs-vswitchd re-created the internal port): announce them.
+    if (steps.iter()).any(|s| matches!(&s.op, Op::AddAddress { link, .. } if link == uplink)) {
+        steps.extend(announce(record, uplink));
+    }
     steps
 }
 
@@ -508,6 +542,8 @@ pub fn restore(
         vec![add_port(bridge, uplink_port(record))],
     ));
     steps.extend(rename_back(record, renamed));
+    // Setting the renamed uplink down dropped carrier on the other end, as the takeover did.
+    steps.extend(announce(record, uplink));
     steps
 }
 

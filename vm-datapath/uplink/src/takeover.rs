@@ -40,10 +40,17 @@ pub struct TakenOver {
     pub internal_ofport: u32,
 }
 
-/// Runs `steps`; on a failure undoes the completed ones in reverse and reports both.
+/// Runs `steps`; on a failure undoes the completed ones in reverse and reports both. A
+/// best-effort step's failure ([`Op::is_best_effort`]) is only counted
+/// ([`crate::announcements`]): what it was to speed up is done.
 pub async fn execute<H: Host>(host: &mut H, steps: &[Step]) -> Result<(), UplinkError> {
     for (index, current) in steps.iter().enumerate() {
-        if let Err(source) = host.apply(&current.op).await {
+        let result = host.apply(&current.op).await;
+        if current.op.is_best_effort() {
+            crate::announce::count(result.is_ok());
+            continue;
+        }
+        if let Err(source) = result {
             let rollback = roll_back(host, &steps[..index]).await;
             return Err(UplinkError::Step {
                 step: current.name.clone(),

@@ -65,6 +65,7 @@ fn the_takeover_renames_while_down_and_moves_routes_around_the_addresses() {
         "add route 10.0.0.0/24 to eth0",
         "add route 0.0.0.0/0 to eth0",
         "keep the VM's stack off eth0~",
+        "announce the addresses of eth0",
     ];
     let positions: Vec<usize> = order.iter().map(|name| position(&steps, name)).collect();
     assert!(positions.windows(2).all(|w| w[0] < w[1]), "{names:#?}");
@@ -133,8 +134,34 @@ fn restore_gives_the_sysctls_back_first_and_renames_after_unbridging() {
     let unbridge = position(&steps, "delete eth0~ from bridge br0");
     assert!(position(&steps, "delete internal port eth0 from bridge br0") < unbridge);
     assert!(unbridge < position(&steps, "rename eth0~ to eth0"));
+    let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(
-        steps.last().map(|s| s.name.as_str()),
-        Some("add route 0.0.0.0/0 to eth0")
+        names[names.len() - 2..],
+        [
+            "add route 0.0.0.0/0 to eth0",
+            "announce the addresses of eth0"
+        ]
     );
+}
+
+#[test]
+fn the_announcement_names_every_moved_address_and_undoes_nothing() {
+    let mut state = uplink();
+    state.addresses.push("2001:db8::2/64".parse().unwrap());
+    let steps = takeover(&state, "eth0~", "br0", false);
+    let last = steps.last().unwrap();
+    let addresses = ["10.0.0.2", "2001:db8::2"].map(|a| a.parse().unwrap());
+    assert_eq!(
+        last.op,
+        Op::Announce {
+            link: "eth0".into(),
+            mac: [2, 0, 0, 0, 0, 1],
+            addresses: addresses.to_vec(),
+        }
+    );
+    assert!(last.op.is_best_effort() && last.undo.is_empty());
+    // Nothing to announce without addresses.
+    state.addresses.clear();
+    let steps = takeover(&state, "eth0~", "br0", false);
+    assert!(!steps.iter().any(|s| s.op.is_best_effort()));
 }

@@ -316,6 +316,8 @@ impl Host for FakeHost {
                 self.del_port(name);
                 Ok(())
             }
+            // Nothing observable changes; the link must exist.
+            Op::Announce { link, .. } => self.link_mut(link).map(|_| ()),
         }
     }
 }
