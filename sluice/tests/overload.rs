@@ -4,10 +4,13 @@
 //! `Retry-After` while a watch admitted before keeps delivering events; past
 //! `stop_accepting_percent` new connections wait in the backlog (the accept counter stays put);
 //! when the connections close the process accepts and serves again. It never exits, and every
-//! transition is in `/metrics` and in the log.
+//! transition is in `/metrics` and in the log. The tunnel's external endpoint (UNAVAILABLE while
+//! a server stream admitted before completes) and the control plane (503, watches go on) are
+//! pushed the same way; a node whose memory limit is below its resident memory shows the memory
+//! side.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt as _;
 use std::process::{Command, Stdio};
@@ -30,6 +33,7 @@ const NOFILE: u64 = 256;
 on_both_drivers!(
     a_gateway_near_its_descriptor_limit_sheds_then_stops_accepting_then_recovers,
     a_node_near_its_descriptor_limit_sheds_new_calls_while_a_stream_admitted_before_completes,
+    a_node_over_its_memory_limit_is_unready_and_serves_nothing_new_but_keeps_running,
 );
 
 /// Lowers the child's `RLIMIT_NOFILE` to [`NOFILE`] before it runs.
@@ -522,4 +526,70 @@ fn a_control_plane_near_its_descriptor_limit_sheds_then_stops_accepting_then_rec
         }
     }
     assert!(cp.process.stderr().contains("overload action off"));
+}
+
+/// The memory side of the monitor in the real binary: a node whose `max_memory_bytes` (16 MiB,
+/// the least the config allows) is below its resident memory from the start reports the figures,
+/// turns both actions on, answers `/readyz` 503 and leaves a new connection unserved, and keeps
+/// running (the admin endpoint answers throughout).
+fn a_node_over_its_memory_limit_is_unready_and_serves_nothing_new_but_keeps_running(driver: &str) {
+    let secrets = Secrets::on(driver);
+    let launcher = SluiceLauncher::new(BIN).unwrap();
+    let config = launcher
+        .write_file(
+            "node.yaml",
+            &format!(
+                "runtime:\n  workers: 2\n  drain_timeout: 2s\n  driver: {driver}\n  overload: {{interval: 50ms, max_memory_bytes: 16777216}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  agent: {{address: '127.0.0.1:0'}}\n  external: {{address: '127.0.0.1:0'}}\ntunnel:\n  node_name: memory-node\n  agents:\n{agents}  jwt: {{secret_file: '{secret}'}}\n",
+                agents = agents_yaml(&secrets),
+                secret = secrets.jwt_secret.display(),
+            ),
+        )
+        .unwrap();
+    let node = launcher
+        .arg("run")
+        .arg("--config")
+        .arg(config)
+        .spawn()
+        .expect("node starts");
+    common::assert_driver(&node, driver);
+    assert!(wait_until(Duration::from_secs(5), || state(
+        &node,
+        "shed_new_requests"
+    ) == 1.0));
+    assert_eq!(state(&node, "stop_accepting"), 1.0);
+    let used = metric(
+        &node,
+        "sluice_overload_resource{resource=\"memory_bytes\",kind=\"used\"}",
+    );
+    let limit = metric(
+        &node,
+        "sluice_overload_resource{resource=\"memory_bytes\",kind=\"limit\"}",
+    );
+    assert_eq!(limit, 16_777_216.0);
+    assert!(used > limit, "resident {used} bytes, limit {limit}");
+    let readyz = http_get(node.address("admin"), "/readyz").unwrap();
+    assert_eq!(readyz.status, 503);
+    assert!(readyz.body.contains("overloaded"), "{}", readyz.body);
+    // A new connection waits in the backlog: the node never sends its SETTINGS.
+    let mut client = TcpStream::connect(node.address("external")).unwrap();
+    client
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    let mut buffer = [0u8; 64];
+    assert!(
+        client.read(&mut buffer).is_err(),
+        "a connection was served while not accepting"
+    );
+    let log = node.stderr();
+    assert!(
+        log.contains("overload action on") && log.contains("rss_bytes"),
+        "{log}"
+    );
+    assert_eq!(
+        http_get(node.address("admin"), "/healthz").unwrap().status,
+        200
+    );
 }

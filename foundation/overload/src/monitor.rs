@@ -117,22 +117,28 @@ pub fn spawn_monitor(config: &OverloadConfig) -> std::io::Result<()> {
         "overload monitor started"
     );
     let mut machine = Machine::new(config);
+    // The first verdict is published before this returns, so a process that starts over a
+    // limit never accepts a connection on the way to its first sample.
+    step(&mut machine, first);
     let interval = config.interval;
     let spawned = std::thread::Builder::new()
         .name("sluice-overload".to_string())
         .spawn(move || loop {
-            let now = sample(memory_limit);
-            record(&now);
-            for transition in machine.observe(now.pressure()).into_iter().flatten() {
-                announce(transition, &now);
-            }
             std::thread::sleep(interval);
+            step(&mut machine, sample(memory_limit));
         });
     if let Err(error) = spawned {
         STARTED.store(false, Ordering::SeqCst);
         return Err(error);
     }
     Ok(())
+}
+
+fn step(machine: &mut Machine, now: Sample) {
+    record(&now);
+    for transition in machine.observe(now.pressure()).into_iter().flatten() {
+        announce(transition, &now);
+    }
 }
 
 fn record(sample: &Sample) {
