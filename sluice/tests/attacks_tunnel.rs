@@ -161,15 +161,14 @@ fn a_hostile_agents_metadata_bomb_is_refused_and_the_node_stays_whole() {
 /// `tunnel.max_metadata_entries` is the limit the node holds clients to: with 16, a call with 20
 /// metadata entries of its own is refused RESOURCE_EXHAUSTED naming the limit and counted, and
 /// one with 4 passes the check (it then waits for agent 7, who never comes).
-#[test]
-fn the_configured_metadata_limit_is_the_one_applied() {
+fn the_configured_metadata_limit_is_the_one_applied(driver: &str) {
     let secrets = Secrets::new();
     let node = start_node_on(
         &secrets,
         "1s",
         32 * 1024 * 1024,
         None,
-        "auto",
+        driver,
         "  max_metadata_entries: 16\n",
         "",
         None,
@@ -192,6 +191,8 @@ fn the_configured_metadata_limit_is_the_one_applied() {
         "passed the check, then waited for the agent: {message}"
     );
 }
+
+on_both_drivers!(the_configured_metadata_limit_is_the_one_applied);
 
 // --- Issue 32, finding 6: one agent's share of the node and of Redis -------------------------
 
