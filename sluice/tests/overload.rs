@@ -243,6 +243,7 @@ fn a_gateway_near_its_descriptor_limit_sheds_then_stops_accepting_then_recovers(
         "{body}"
     );
     assert!(gateway.metric("sluice_overload_shed_total{role=\"gateway\"}") >= 1.0);
+    assert!(gateway.metric("sluice_gateway_rejected_total{reason=\"overloaded\"}") >= 1.0);
     let readyz = http_get(gateway.process.address("admin"), "/readyz").unwrap();
     assert_eq!(readyz.status, 503, "load balancers move traffic away");
     assert_eq!(
