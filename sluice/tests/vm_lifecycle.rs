@@ -2,7 +2,7 @@
 //! (its uplink a veth carrying its address and default route, its own userspace Open vSwitch),
 //! another namespace is its peer, and the real control plane listens on the host. The agent
 //! starts No-Op, takes the uplink over when the VirtualMachine turns Agented (with a ping every
-//! 20 ms running), enforces policies written with kubectl on real TCP/UDP/ICMP, keeps them
+//! 10 ms running), enforces policies written with kubectl on real TCP/UDP/ICMP, keeps them
 //! through a control-plane outage and an agent restart without the control plane, and gives
 //! the uplink back when the VM turns Agentless.
 #![allow(clippy::unwrap_used)]
@@ -12,16 +12,23 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use test_support::{
-    in_netns, metric_value, wait_until, ControlPlane, NetNs, OvsInstance, VmAgentProcess, VmLan,
+    in_netns, metric_value, wait_until, ArpWatch, ControlPlane, NetNs, OvsInstance, PingTrain,
+    VmAgentProcess, VmLan,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 const BRIDGE: &str = "br-vm";
-/// Probes lost while the uplink is taken over, at one every 20 ms. The takeover itself takes
-/// 10-40 ms and lost 0 or 1 here (`uplink takeover: 0 of 47 probes lost` in the output); the
-/// bound leaves room for a loaded machine without hiding a takeover that cuts the VM off for
-/// longer than 200 ms.
-const MAX_LOST_PROBES: u64 = 10;
+/// The peer's probes while the uplink is taken over: one every 10 ms.
+const PROBE_INTERVAL: Duration = Duration::from_millis(10);
+/// The longest the peer may go without a reply while the agent takes the uplink over. The
+/// move itself takes 10-50 ms; 300 ms leaves a loaded 2-core machine room and stays under a
+/// third of the 1 s a neighbour waits when it must resolve the VM again unannounced (the
+/// peer here is behind a Linux bridge and keeps its carrier: that race is exercised by
+/// `vm-datapath/uplink/tests/takeover.rs`, on the uplink's own veth).
+const MAX_GAP: Duration = Duration::from_millis(300);
+/// Probes lost during the takeover (0 or 1 here): one lost probe is a 10 ms hole; the gap above
+/// is the bound that matters, this only keeps losses from hiding behind late replies.
+const MAX_LOST_PROBES: u64 = 2;
 
 struct Agent(VmAgentProcess);
 
@@ -109,57 +116,6 @@ fn link_exists(vm: &OvsInstance, name: &str) -> bool {
 }
 
 /// A ping from the peer every 20 ms until stopped; `stop` returns (sent, received).
-struct Pinger(Option<Child>);
-
-impl Pinger {
-    fn start(peer: &NetNs, target: &str) -> Pinger {
-        let child = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                peer.name(),
-                "ping",
-                "-n",
-                "-q",
-                "-i",
-                "0.02",
-                target,
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        Pinger(Some(child))
-    }
-
-    fn stop(mut self) -> (u64, u64) {
-        let child = self.0.take().unwrap();
-        // SIGINT makes ping print its summary.
-        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-        let output = child.wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&output.stdout);
-        let summary = text
-            .lines()
-            .find(|line| line.contains("packets transmitted"))
-            .unwrap_or_else(|| panic!("no ping summary in {text:?}"));
-        let numbers: Vec<u64> = summary
-            .split(|c: char| !c.is_ascii_digit())
-            .filter_map(|part| part.parse().ok())
-            .collect();
-        (numbers[0], numbers[1])
-    }
-}
-
-impl Drop for Pinger {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 /// Whether a TCP connection from the peer to `ip:port` succeeds within 1 s.
 fn tcp_open(peer: &NetNs, ip: &str, port: u16) -> bool {
     peer.exec(&["nc", "-z", "-n", "-w", "1", ip, &port.to_string()])
@@ -350,7 +306,8 @@ fn a_vm_agent_takes_over_enforces_survives_outages_and_gives_the_uplink_back() {
     );
 
     // Agented: the uplink is taken over while the peer pings every 20 ms.
-    let pinger = Pinger::start(&lan.peer, &lan.vm_ip);
+    let garps = ArpWatch::start(lan.peer.name(), lan.vm_ip.parse().unwrap()).unwrap();
+    let pinger = PingTrain::start(lan.peer.name(), &lan.vm_ip, PROBE_INTERVAL).unwrap();
     std::thread::sleep(Duration::from_millis(500));
     kubectl_ok(&cp, &["apply", "-f", "-"], Some(&vm_object("Agented")));
     assert!(
@@ -361,10 +318,20 @@ fn a_vm_agent_takes_over_enforces_survives_outages_and_gives_the_uplink_back() {
         agent.log()
     );
     std::thread::sleep(Duration::from_millis(500));
-    let (sent, received) = pinger.stop();
-    let lost = sent - received;
-    println!("uplink takeover: {lost} of {sent} probes lost at one per 20 ms");
-    assert!(lost <= MAX_LOST_PROBES, "{lost} of {sent} probes lost");
+    let probes = pinger.stop();
+    println!("uplink takeover, a probe every {PROBE_INTERVAL:?}: {probes}");
+    assert!(
+        probes.longest_gap < MAX_GAP && probes.lost() <= MAX_LOST_PROBES,
+        "the takeover cut the peer off: {probes}"
+    );
+    let announced: Vec<String> = (garps.stop().iter())
+        .map(|mac| mac.map(|byte| format!("{byte:02x}")).join(":"))
+        .collect();
+    assert_eq!(
+        announced,
+        std::slice::from_ref(&original_mac),
+        "the agent announces the move once, from the uplink's MAC, through its pipeline"
+    );
     let (addresses, mac, default_route) = link_state(&vm, "eth0");
     assert_eq!(
         addresses,

@@ -1,6 +1,7 @@
 //! Fixtures shared by Sluice's integration tests. Everything here starts real things (processes,
 //! sockets, certificates) on loopback and cleans them up on drop; nothing is a mock.
 
+mod arp_watch;
 mod certs;
 mod controlplane;
 mod curl_watch;
@@ -34,6 +35,7 @@ pub use sluice_apiserver_sim::{
 pub fn apiserver_options(certs: &Certificates) -> ApiServerOptions {
     ApiServerOptions::new(&certs.server_cert, &certs.server_key, &certs.ca_cert)
 }
+pub use arp_watch::ArpWatch;
 pub use certs::{Certificates, ClientCert};
 pub use controlplane::{kubectl_with, ControlPlane};
 pub use curl_watch::CurlWatch;

@@ -5,14 +5,11 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use sluice_ovs::OvsdbClient;
 use sluice_uplink::{TakenOver, UplinkError};
-use test_support::{in_netns, unique_name, NetNs, OvsInstance, PingReport, PingTrain};
+use test_support::{in_netns, unique_name, ArpWatch, NetNs, OvsInstance, PingReport, PingTrain};
 
 const BRIDGE: &str = "br0";
 /// The peer's ping train: fine enough that an echo request often (in a fifth to a half of the
@@ -162,75 +159,6 @@ impl Vm {
     fn start_ping(&self) -> PingTrain {
         PingTrain::start(self.peer.name(), &self.ip(2), PING_INTERVAL).expect("ping starts")
     }
-}
-
-/// Watches the peer's side of the wire for gratuitous ARPs (sender IP = target IP) of one
-/// address, from a packet socket in the peer's namespace: whether the VM announced the move.
-struct ArpWatch {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Vec<[u8; 6]>>,
-}
-
-impl ArpWatch {
-    fn start(netns: &str, ip: Ipv4Addr) -> ArpWatch {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ready, listening) = mpsc::channel();
-        let netns = netns.to_string();
-        let stopping = Arc::clone(&stop);
-        let thread = std::thread::spawn(move || {
-            in_netns(&netns, move || capture_garps(ip, &stopping, &ready)).expect("peer thread")
-        });
-        listening.recv().expect("the capture socket is open");
-        ArpWatch { stop, thread }
-    }
-
-    /// The sender MACs of the gratuitous ARPs seen.
-    fn stop(self) -> Vec<[u8; 6]> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().expect("capture thread")
-    }
-}
-
-fn capture_garps(ip: Ipv4Addr, stop: &AtomicBool, ready: &mpsc::Sender<()>) -> Vec<[u8; 6]> {
-    const ETH_P_ARP: u16 = 0x0806;
-    // SAFETY: socket(2) with constant arguments, checked; OwnedFd closes it.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_PACKET,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            i32::from(ETH_P_ARP.to_be()),
-        )
-    };
-    assert!(fd >= 0, "{}", std::io::Error::last_os_error());
-    // SAFETY: `fd` is a fresh descriptor nothing else owns.
-    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
-    let timeout = libc::timeval {
-        tv_sec: 0,
-        tv_usec: 50_000,
-    };
-    // SAFETY: SO_RCVTIMEO reads a timeval that lives across the call.
-    let set = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            std::ptr::addr_of!(timeout).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
-    ready.send(()).expect("the test waits");
-    let mut senders = Vec::new();
-    let mut frame = [0u8; 64];
-    while !stop.load(Ordering::Relaxed) {
-        // SAFETY: recv(2) into a buffer of the length given.
-        let n = unsafe { libc::recv(socket.as_raw_fd(), frame.as_mut_ptr().cast(), 64, 0) };
-        let arp = &frame[14..42];
-        if n >= 42 && arp[14..18] == ip.octets() && arp[24..28] == ip.octets() {
-            senders.push(arp[8..14].try_into().expect("6 bytes"));
-        }
-    }
-    senders
 }
 
 /// Stops a ping train once its last replies are in.
@@ -450,7 +378,7 @@ fn takeover_keeps_the_vm_reachable_and_restore_gives_it_back() {
 
     let ip: Ipv4Addr = vm.ip(2).parse().expect("ip");
     let counted = sluice_uplink::announcements();
-    let garps = ArpWatch::start(vm.peer.name(), ip);
+    let garps = ArpWatch::start(vm.peer.name(), ip).expect("ARP capture");
     let ping = vm.start_ping();
     std::thread::sleep(Duration::from_millis(300));
     let started = Instant::now();
@@ -484,7 +412,7 @@ fn takeover_keeps_the_vm_reachable_and_restore_gives_it_back() {
     assert_eq!(vm.snapshot(), during);
     assert_eq!(recover(&vm), Some(taken));
 
-    let garps = ArpWatch::start(vm.peer.name(), ip);
+    let garps = ArpWatch::start(vm.peer.name(), ip).expect("ARP capture");
     let ping = vm.start_ping();
     std::thread::sleep(Duration::from_millis(300));
     restore(&vm).expect("restore");
