@@ -8,8 +8,11 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use sluice_ovs::OvsdbClient;
-use sluice_uplink::{TakenOver, UplinkError};
-use test_support::{in_netns, unique_name, ArpWatch, NetNs, OvsInstance, PingReport, PingTrain};
+use sluice_uplink::plan::{Op, Step};
+use sluice_uplink::{NetlinkHost, TakenOver, UplinkError};
+use test_support::{
+    in_netns, unique_name, wait_until, ArpWatch, NetNs, OvsInstance, PingReport, PingTrain,
+};
 
 const BRIDGE: &str = "br0";
 /// The peer's ping train: fine enough that an echo request often (in a fifth to a half of the
@@ -30,6 +33,8 @@ const MAX_LOST_PINGS: u64 = 3;
 struct Vm {
     ovs: OvsInstance,
     peer: NetNs,
+    /// The peer's end of the VM's `eth0`.
+    peer_dev: String,
     /// `10.x.y`, unique to this process.
     subnet: String,
 }
@@ -79,8 +84,13 @@ fn vm() -> Vm {
     let peer = NetNs::new("peer").expect("peer namespace");
     let pid = std::process::id();
     let subnet = format!("10.{}.{}", (pid >> 8) & 0xff, pid & 0xff);
-    let vm = Vm { ovs, peer, subnet };
     let peer_dev = unique_name("p");
+    let vm = Vm {
+        ovs,
+        peer,
+        peer_dev: peer_dev.clone(),
+        subnet,
+    };
     vm.vm(&[
         "ip",
         "link",
@@ -436,4 +446,93 @@ fn takeover_keeps_the_vm_reachable_and_restore_gives_it_back() {
     assert!(vm.vm_ping("198.51.100.1"));
     restore(&vm).expect("restoring twice is fine");
     assert_eq!(recover(&vm), None);
+}
+
+/// The peer's neighbour entry for `ip`: `ip neigh` output, e.g. `10.1.2.2 lladdr 02:.. STALE`.
+fn peer_neighbour(vm: &Vm, ip: &str) -> String {
+    let args = ["ip", "neigh", "show", ip, "dev", &vm.peer_dev];
+    vm.peer
+        .run(&args)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+/// What the announcement is for, shown on the kernel's own neighbour table: a peer holding an
+/// entry for each of the VM's addresses (here with a wrong MAC, so that the change is visible)
+/// takes the announced MAC at once, for IPv4 from the gratuitous ARP and for IPv6 from the
+/// unsolicited advertisement's override flag; without them it would keep the entry it has.
+#[test]
+fn the_announcement_updates_the_neighbours_entries() {
+    let vm = vm();
+    let (vm_v6, peer_v6) = ("fd00:5a::2", "fd00:5a::1");
+    vm.vm(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        &format!("{vm_v6}/64"),
+        "dev",
+        "eth0",
+        "nodad",
+    ]);
+    let peer_addr = [
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        &format!("{peer_v6}/64"),
+        "dev",
+        &vm.peer_dev,
+        "nodad",
+    ];
+    vm.peer.run(&peer_addr).expect("peer IPv6");
+    let wrong = "02:00:00:00:00:99";
+    let ips = [vm.ip(2), vm_v6.to_string()];
+    for ip in &ips {
+        let args = [
+            "ip",
+            "neigh",
+            "replace",
+            ip,
+            "lladdr",
+            wrong,
+            "dev",
+            &vm.peer_dev,
+            "nud",
+            "stale",
+        ];
+        vm.peer.run(&args).expect("a stale entry");
+        assert!(peer_neighbour(&vm, ip).contains(wrong));
+    }
+    let mac = vm.vm(&["cat", "/sys/class/net/eth0/address"]);
+    let mac_bytes = sluice_uplink::record::parse_mac(mac.trim()).expect("MAC");
+    let addresses = ips.iter().map(|ip| ip.parse().expect("ip")).collect();
+    let step = Step {
+        name: "announce".into(),
+        op: Op::Announce {
+            link: "eth0".into(),
+            mac: mac_bytes,
+            addresses,
+        },
+        undo: vec![],
+    };
+    let counted = sluice_uplink::announcements();
+    let socket = vm.ovs.db_socket();
+    in_netns(vm.ovs.netns(), move || {
+        run(async move {
+            let mut ovsdb = OvsdbClient::connect(socket, Duration::from_secs(10))
+                .await
+                .expect("OVSDB");
+            let mut host = NetlinkHost::new(&mut ovsdb).expect("netlink");
+            sluice_uplink::execute(&mut host, &[step]).await
+        })
+    })
+    .expect("thread in the VM namespace")
+    .expect("announce");
+    assert_eq!(sluice_uplink::announcements().sent, counted.sent + 1);
+    for ip in &ips {
+        let ok = wait_until(Duration::from_secs(2), || {
+            peer_neighbour(&vm, ip).contains(mac.trim())
+        });
+        assert!(ok, "the peer kept {}", peer_neighbour(&vm, ip));
+    }
 }
