@@ -10,6 +10,8 @@
 //! admin token in the store issues one and writes `admin.kubeconfig`; a replica that finds an
 //! admin token but no kubeconfig in its own data directory issues none (see [`bootstrap_admin`]).
 
+#[cfg(test)]
+mod flag_props;
 mod limits;
 mod overload;
 mod store_limits;

@@ -3,6 +3,8 @@
 //! Exit 0 when it is ready, 2 when it answers but is not ready, 1 when it cannot be read.
 
 mod view;
+#[cfg(test)]
+mod view_props;
 
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
