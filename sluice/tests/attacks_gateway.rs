@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use test_support::{
-    on_both_drivers, wait_until, ApiServer, Certificates, ClientCert, SluiceLauncher,
-    SluiceProcess, TokenUser,
+    code_and_body, gateway_curl, on_both_drivers, run_on_driver, upstream_cluster_yaml, wait_until,
+    write_clusters_dir, ApiServer, Certificates, ClientCert, SluiceLauncher, SluiceProcess,
+    TokenUser, HEALTH_CHECK_FAST, SERVE_LOOPBACK,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
@@ -58,21 +59,16 @@ fn start_with_limits(
     prepare(&gateway_identity);
     let server = ApiServer::start_with(test_support::apiserver_options(&certs)).unwrap();
     let launcher = SluiceLauncher::new(BIN).unwrap();
-    let clusters_dir = launcher.dir().join("clusters");
-    std::fs::create_dir_all(&clusters_dir).unwrap();
-    std::fs::write(
-        clusters_dir.join("cluster.yaml"),
-        format!(
-            "apiVersion: proxy.sluice.dev/v1alpha1\nkind: UpstreamCluster\nmetadata:\n  name: {HOST}\nspec:\n  servers:\n  - endpoint: {url}\n  clientConfig:\n    certFile: {gw_cert}\n    keyFile: {gw_key}\n    caFile: {ca}\n  secureServing:\n    certFile: {cert}\n    keyFile: {key}\n    clientCAFile: {ca}\n    extraHostnames: ['127.0.0.1']\n  healthCheck: {{interval: 200ms, timeout: 1s}}\n  connectionPool: {{maxConnectionsPerServer: 2}}\n{spec_extra}",
-            url = server.url(),
-            gw_cert = gateway_identity.cert.display(),
-            gw_key = gateway_identity.key.display(),
-            ca = certs.ca_cert.display(),
-            cert = certs.server_cert.display(),
-            key = certs.server_key.display(),
-        ),
-    )
-    .unwrap();
+    let pool = "  connectionPool: {maxConnectionsPerServer: 2}\n";
+    let cluster = upstream_cluster_yaml(
+        HOST,
+        &[server.url()],
+        &certs,
+        &gateway_identity,
+        SERVE_LOOPBACK,
+        &format!("{HEALTH_CHECK_FAST}{pool}{spec_extra}"),
+    );
+    let clusters_dir = write_clusters_dir(launcher.dir(), &cluster);
     let config = launcher
         .write_file(
             "gateway.yaml",
@@ -82,16 +78,7 @@ fn start_with_limits(
             ),
         )
         .unwrap();
-    let process = launcher
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .spawn()
-        .expect("gateway starts");
-    let metrics = test_support::http_get(process.address("admin"), "/metrics")
-        .unwrap()
-        .body;
-    test_support::assert_driver(&metrics, driver);
+    let process = run_on_driver(launcher, &config, driver);
     let alice = certs.client("alice", &["dev-team"]).unwrap();
     Gateway {
         certs,
@@ -109,20 +96,13 @@ impl Gateway {
 
     /// curl over HTTP/2 to the gateway as `HOST` with `extra` options; (status, body).
     fn curl(&self, extra: &[&str], path: &str) -> (u16, String) {
-        let port = self.process.address("gateway").port();
-        let output = Command::new("curl")
-            .args(["--silent", "--http2", "--max-time", "10", "--path-as-is"])
-            .arg("--cacert")
-            .arg(&self.certs.ca_cert)
-            .args(["--resolve", &format!("{HOST}:{port}:127.0.0.1")])
+        let options = ["--silent", "--http2", "--max-time", "10", "--path-as-is"];
+        let output = gateway_curl(&self.process, HOST, &self.certs, None, &options, path)
             .args(["--write-out", "\n%{http_code}"])
             .args(extra)
-            .arg(format!("https://{HOST}:{port}{path}"))
             .output()
             .expect("curl is installed");
-        let text = String::from_utf8_lossy(&output.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-        (code.trim().parse().unwrap_or(0), body.to_string())
+        code_and_body(&output)
     }
 
     fn alice_curl(&self, extra: &[&str], path: &str) -> (u16, String) {

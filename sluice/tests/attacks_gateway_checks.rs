@@ -9,15 +9,16 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use test_support::{
-    on_both_drivers, wait_until, ApiServer, Certificates, ClientCert, ControlPlane, SluiceLauncher,
-    SluiceProcess, SubjectAccessRule, TokenUser,
+    code_and_body, gateway_curl, on_both_drivers, run_on_driver, upstream_cluster_yaml, wait_until,
+    write_clusters_dir, ApiServer, Certificates, ClientCert, ControlPlane, SluiceLauncher,
+    SluiceProcess, SubjectAccessRule, TokenUser, HEALTH_CHECK_FAST,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
@@ -46,14 +47,8 @@ struct Gateway {
 
 /// The cluster object, `spec_extra` appended under `spec:`; file paths absolute.
 fn cluster_yaml(certs: &Certificates, identity: &ClientCert, url: &str, extra: &str) -> String {
-    format!(
-        "apiVersion: proxy.sluice.dev/v1alpha1\nkind: UpstreamCluster\nmetadata:\n  name: {HOST}\nspec:\n  servers:\n  - endpoint: {url}\n  clientConfig:\n    certFile: {gw_cert}\n    keyFile: {gw_key}\n    caFile: {ca}\n  secureServing:\n    certFile: {cert}\n    keyFile: {key}\n    clientCAFile: {ca}\n  healthCheck: {{interval: 200ms, timeout: 1s}}\n{extra}",
-        gw_cert = identity.cert.display(),
-        gw_key = identity.key.display(),
-        ca = certs.ca_cert.display(),
-        cert = certs.server_cert.display(),
-        key = certs.server_key.display(),
-    )
+    let rest = format!("{HEALTH_CHECK_FAST}{extra}");
+    upstream_cluster_yaml(HOST, &[url.to_string()], certs, identity, "", &rest)
 }
 
 /// A gateway with ONE core (the review caches are per core: two requests on two cores would
@@ -63,10 +58,8 @@ fn start(driver: &str, spec_extra: &str) -> Gateway {
     let identity = certs.client("sluice-gateway", &[]).unwrap();
     let server = ApiServer::start_with(test_support::apiserver_options(&certs)).unwrap();
     let launcher = SluiceLauncher::new(BIN).unwrap();
-    let clusters_dir = launcher.dir().join("clusters");
-    std::fs::create_dir_all(&clusters_dir).unwrap();
     let cluster = cluster_yaml(&certs, &identity, &server.url(), spec_extra);
-    std::fs::write(clusters_dir.join("cluster.yaml"), cluster).unwrap();
+    let clusters_dir = write_clusters_dir(launcher.dir(), &cluster);
     let config = launcher
         .write_file(
             "gateway.yaml",
@@ -76,16 +69,7 @@ fn start(driver: &str, spec_extra: &str) -> Gateway {
             ),
         )
         .unwrap();
-    let process = launcher
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .spawn()
-        .expect("gateway starts");
-    let metrics = test_support::http_get(process.address("admin"), "/metrics")
-        .unwrap()
-        .body;
-    test_support::assert_driver(&metrics, driver);
+    let process = run_on_driver(launcher, &config, driver);
     let alice = certs.client("alice", &["dev-team"]).unwrap();
     Gateway {
         certs,
@@ -99,24 +83,12 @@ fn start(driver: &str, spec_extra: &str) -> Gateway {
 /// curl over HTTP/2 to `process` as `HOST`, trusting `certs`, with `extra` options; the whole
 /// output (stdout: the body, then the status code on the last line).
 fn curl_to(process: &SluiceProcess, certs: &Certificates, extra: &[&str], path: &str) -> Output {
-    let port = process.address("gateway").port();
-    Command::new("curl")
-        .args(["--silent", "--show-error", "--http2", "--max-time", "10"])
-        .arg("--cacert")
-        .arg(&certs.ca_cert)
-        .args(["--resolve", &format!("{HOST}:{port}:127.0.0.1")])
+    let options = ["--silent", "--show-error", "--http2", "--max-time", "10"];
+    gateway_curl(process, HOST, certs, None, &options, path)
         .args(["--write-out", "\n%{http_code}"])
         .args(extra)
-        .arg(format!("https://{HOST}:{port}{path}"))
         .output()
         .expect("curl is installed")
-}
-
-/// (status, body) of a curl output.
-fn code_and_body(output: &Output) -> (u16, String) {
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
 impl Gateway {

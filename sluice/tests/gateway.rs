@@ -8,8 +8,9 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use test_support::{
-    on_both_drivers, wait_until, ApiServer, ApiServerOptions, Certificates, ClientCert,
-    SluiceLauncher, SluiceProcess, SubjectAccessRule, TokenUser,
+    code_and_body, gateway_curl, on_both_drivers, run_on_driver, upstream_cluster_yaml, wait_until,
+    write_clusters_dir, ApiServer, ApiServerOptions, Certificates, ClientCert, SluiceLauncher,
+    SluiceProcess, SubjectAccessRule, TokenUser, HEALTH_CHECK_FAST, SERVE_LOOPBACK,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
@@ -54,10 +55,7 @@ fn cluster_yaml(
     servers: &[ApiServer],
     spec_extra: &str,
 ) -> String {
-    let endpoints: String = servers
-        .iter()
-        .map(|server| format!("  - endpoint: {}\n", server.url()))
-        .collect();
+    let urls: Vec<String> = servers.iter().map(ApiServer::url).collect();
     let pool = if spec_extra.contains("connectionPool:") {
         ""
     } else {
@@ -66,16 +64,10 @@ fn cluster_yaml(
     let health = if spec_extra.contains("healthCheck:") {
         ""
     } else {
-        "  healthCheck: {interval: 200ms, timeout: 1s}\n"
+        HEALTH_CHECK_FAST
     };
-    format!(
-        "apiVersion: proxy.sluice.dev/v1alpha1\nkind: UpstreamCluster\nmetadata:\n  name: {HOST}\nspec:\n  servers:\n{endpoints}  clientConfig:\n    certFile: {gw_cert}\n    keyFile: {gw_key}\n    caFile: {ca}\n  secureServing:\n    certFile: {cert}\n    keyFile: {key}\n    clientCAFile: {ca}\n    extraHostnames: ['127.0.0.1']\n{health}{pool}{spec_extra}",
-        gw_cert = gateway.cert.display(),
-        gw_key = gateway.key.display(),
-        ca = certs.ca_cert.display(),
-        cert = certs.server_cert.display(),
-        key = certs.server_key.display(),
-    )
+    let rest = format!("{health}{pool}{spec_extra}");
+    upstream_cluster_yaml(HOST, &urls, certs, gateway, SERVE_LOOPBACK, &rest)
 }
 
 fn start(driver: &str, servers: usize, spec_extra: &str) -> Gateway {
@@ -104,13 +96,8 @@ fn start_with(
         .collect();
     let spec_extra = spec_extra(&servers);
     let launcher = SluiceLauncher::new(BIN).unwrap();
-    let clusters_dir = launcher.dir().join("clusters");
-    std::fs::create_dir_all(&clusters_dir).unwrap();
-    std::fs::write(
-        clusters_dir.join("cluster.yaml"),
-        cluster_yaml(&certs, &gateway_identity, &servers, &spec_extra),
-    )
-    .unwrap();
+    let cluster = cluster_yaml(&certs, &gateway_identity, &servers, &spec_extra);
+    let clusters_dir = write_clusters_dir(launcher.dir(), &cluster);
     let config = launcher
         .write_file(
             "gateway.yaml",
@@ -120,16 +107,7 @@ fn start_with(
             ),
         )
         .unwrap();
-    let process = launcher
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .spawn()
-        .expect("gateway starts");
-    let metrics = test_support::http_get(process.address("admin"), "/metrics")
-        .unwrap()
-        .body;
-    test_support::assert_driver(&metrics, driver);
+    let process = run_on_driver(launcher, &config, driver);
     let alice = certs.client("alice", &["dev-team", "qa"]).unwrap();
     Gateway {
         certs,
@@ -179,20 +157,13 @@ impl Gateway {
     /// curl over HTTP/2 to the gateway as `HOST`; returns (HTTP status, body). A TLS failure
     /// gives status 0.
     fn curl(&self, extra: &[&str], path: &str) -> (u16, String) {
-        let address = self.process.address("gateway");
-        let output = Command::new("curl")
-            .args(["--silent", "--http2", "--max-time", "10"])
-            .arg("--cacert")
-            .arg(&self.certs.ca_cert)
-            .args(["--resolve", &format!("{HOST}:{}:127.0.0.1", address.port())])
+        let options = ["--silent", "--http2", "--max-time", "10"];
+        let output = gateway_curl(&self.process, HOST, &self.certs, None, &options, path)
             .args(["--write-out", "\n%{http_code}"])
             .args(extra)
-            .arg(format!("https://{HOST}:{}{path}", address.port()))
             .output()
             .expect("curl is installed");
-        let text = String::from_utf8_lossy(&output.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-        (code.trim().parse().unwrap_or(0), body.to_string())
+        code_and_body(&output)
     }
 
     fn alice_curl(&self, extra: &[&str], path: &str) -> (u16, String) {
@@ -210,19 +181,9 @@ impl Gateway {
     /// curl as alice over HTTP/2 to `HOST`, for requests that run in the background or need
     /// their own options (curl takes options after the URL too).
     fn alice_curl_command(&self, path: &str) -> Command {
-        let port = self.process.address("gateway").port();
-        let mut command = Command::new("curl");
-        command
-            .args(["--silent", "--http2", "--max-time", "30"])
-            .arg("--cacert")
-            .arg(&self.certs.ca_cert)
-            .arg("--cert")
-            .arg(&self.alice.cert)
-            .arg("--key")
-            .arg(&self.alice.key)
-            .args(["--resolve", &format!("{HOST}:{port}:127.0.0.1")])
-            .arg(format!("https://{HOST}:{port}{path}"));
-        command
+        let options = ["--silent", "--http2", "--max-time", "30"];
+        let alice = Some(&self.alice);
+        gateway_curl(&self.process, HOST, &self.certs, alice, &options, path)
     }
 
     fn upstream_requests(&self) -> usize {

@@ -21,8 +21,9 @@ mod common;
 
 use common::{agents_yaml, client_args, start_agent, wait_for_idle_tunnels, Secrets, BIN};
 use test_support::{
-    http_get, on_both_drivers, spawn_tunnel_client, tunnel_client, wait_until, ApiServer,
-    Certificates, ClientCert, ControlPlane, CurlWatch, GrpcBackend, SluiceLauncher, SluiceProcess,
+    gateway_curl, http_get, on_both_drivers, run_on_driver, spawn_tunnel_client, tunnel_client,
+    upstream_cluster_yaml, wait_until, write_clusters_dir, ApiServer, Certificates, ClientCert,
+    ControlPlane, CurlWatch, GrpcBackend, SluiceLauncher, SluiceProcess, HEALTH_CHECK_FAST,
 };
 const HOST: &str = "kube.sluice.test";
 /// The child's descriptor limit: low enough that a test reaches it with a few hundred idle
@@ -97,21 +98,10 @@ fn start(driver: &str) -> Gateway {
     let identity = certs.client("sluice-gateway", &[]).unwrap();
     let server = ApiServer::start_with(test_support::apiserver_options(&certs)).unwrap();
     let mut launcher = SluiceLauncher::new(BIN).unwrap();
-    let clusters = launcher.dir().join("clusters");
-    std::fs::create_dir_all(&clusters).unwrap();
-    std::fs::write(
-        clusters.join("cluster.yaml"),
-        format!(
-            "apiVersion: proxy.sluice.dev/v1alpha1\nkind: UpstreamCluster\nmetadata:\n  name: {HOST}\nspec:\n  servers:\n  - endpoint: {url}\n  clientConfig:\n    certFile: {gw_cert}\n    keyFile: {gw_key}\n    caFile: {ca}\n  secureServing:\n    certFile: {cert}\n    keyFile: {key}\n    clientCAFile: {ca}\n  healthCheck: {{interval: 200ms, timeout: 1s}}\n  connectionPool: {{maxConnectionsPerServer: 2}}\n",
-            url = server.url(),
-            gw_cert = identity.cert.display(),
-            gw_key = identity.key.display(),
-            ca = certs.ca_cert.display(),
-            cert = certs.server_cert.display(),
-            key = certs.server_key.display(),
-        ),
-    )
-    .unwrap();
+    let pool = "  connectionPool: {maxConnectionsPerServer: 2}\n";
+    let rest = format!("{HEALTH_CHECK_FAST}{pool}");
+    let cluster = upstream_cluster_yaml(HOST, &[server.url()], &certs, &identity, "", &rest);
+    let clusters = write_clusters_dir(launcher.dir(), &cluster);
     // Shedding first (60%), then no accepting (80%), each off again 10 points lower; idle
     // connections get a minute for their handshake so only the test decides when they go.
     let config = launcher
@@ -124,14 +114,7 @@ fn start(driver: &str) -> Gateway {
         )
         .unwrap();
     limit_descriptors(&mut launcher);
-    let process = launcher
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .spawn()
-        .expect("gateway starts");
-    let metrics = http_get(process.address("admin"), "/metrics").unwrap().body;
-    test_support::assert_driver(&metrics, driver);
+    let process = run_on_driver(launcher, &config, driver);
     let alice = certs.client("alice", &["dev-team"]).unwrap();
     Gateway {
         certs,
@@ -156,19 +139,9 @@ impl Gateway {
     }
 
     fn curl(&self, max_time: &str, path: &str) -> Command {
-        let port = self.process.address("gateway").port();
-        let mut command = Command::new("curl");
-        command
-            .args(["--silent", "--http2", "--max-time", max_time])
-            .arg("--cacert")
-            .arg(&self.certs.ca_cert)
-            .arg("--cert")
-            .arg(&self.alice.cert)
-            .arg("--key")
-            .arg(&self.alice.key)
-            .args(["--resolve", &format!("{HOST}:{port}:127.0.0.1")])
-            .arg(format!("https://{HOST}:{port}{path}"));
-        command
+        let options = ["--silent", "--http2", "--max-time", max_time];
+        let alice = Some(&self.alice);
+        gateway_curl(&self.process, HOST, &self.certs, alice, &options, path)
     }
 
     /// (status, headers, body) of a GET; status 0 when curl got no answer in `max_time`.

@@ -8,6 +8,7 @@ mod curl_watch;
 mod delay_relay;
 mod etcd;
 pub mod examples;
+mod gateway_rig;
 mod grpc;
 mod http;
 pub mod metric_names;
@@ -41,6 +42,10 @@ pub use controlplane::{kubectl_with, ControlPlane};
 pub use curl_watch::CurlWatch;
 pub use etcd::{
     etcd_installed, etcd_or_skip, EtcdCluster, EtcdServer, EtcdTlsFiles, ETCD_PROGRESS_INTERVAL,
+};
+pub use gateway_rig::{
+    code_and_body, gateway_curl, run_on_driver, upstream_cluster_yaml, write_clusters_dir,
+    HEALTH_CHECK_FAST, SERVE_LOOPBACK,
 };
 pub use grpc::{python_script, spawn_tunnel_client, tunnel_client, GrpcBackend};
 pub use http::{http_get, HttpResponse};

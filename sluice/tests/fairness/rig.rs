@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rustls_pki_types::ServerName;
-use test_support::{ApiServer, Certificates, ClientCert, SluiceLauncher, SluiceProcess, TokenUser};
+use test_support::{
+    run_on_driver, upstream_cluster_yaml, write_clusters_dir, ApiServer, Certificates, ClientCert,
+    SluiceLauncher, SluiceProcess, TokenUser, HEALTH_CHECK_FAST, SERVE_LOOPBACK,
+};
 
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 /// The cluster's name: clients reach it with this TLS server name.
@@ -43,21 +46,16 @@ pub(crate) fn start(driver: &str, workers: usize, pool: &str) -> Rig {
     )
     .unwrap();
     let launcher = SluiceLauncher::new(BIN).unwrap();
-    let clusters_dir = launcher.dir().join("clusters");
-    std::fs::create_dir_all(&clusters_dir).unwrap();
-    std::fs::write(
-        clusters_dir.join("cluster.yaml"),
-        format!(
-            "apiVersion: proxy.sluice.dev/v1alpha1\nkind: UpstreamCluster\nmetadata:\n  name: {HOST}\nspec:\n  servers:\n  - endpoint: {url}\n  clientConfig:\n    certFile: {gw_cert}\n    keyFile: {gw_key}\n    caFile: {ca}\n  secureServing:\n    certFile: {cert}\n    keyFile: {key}\n    clientCAFile: {ca}\n    extraHostnames: ['127.0.0.1']\n  healthCheck: {{interval: 200ms, timeout: 1s}}\n  connectionPool: {pool}\n",
-            url = server.url(),
-            gw_cert = gateway_identity.cert.display(),
-            gw_key = gateway_identity.key.display(),
-            ca = certs.ca_cert.display(),
-            cert = certs.server_cert.display(),
-            key = certs.server_key.display(),
-        ),
-    )
-    .unwrap();
+    let rest = format!("{HEALTH_CHECK_FAST}  connectionPool: {pool}\n");
+    let cluster = upstream_cluster_yaml(
+        HOST,
+        &[server.url()],
+        &certs,
+        &gateway_identity,
+        SERVE_LOOPBACK,
+        &rest,
+    );
+    let clusters_dir = write_clusters_dir(launcher.dir(), &cluster);
     let config = launcher
         .write_file(
             "gateway.yaml",
@@ -67,13 +65,7 @@ pub(crate) fn start(driver: &str, workers: usize, pool: &str) -> Rig {
             ),
         )
         .unwrap();
-    let process = launcher
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .spawn()
-        .expect("gateway starts");
-    test_support::assert_driver(&metrics(&process), driver);
+    let process = run_on_driver(launcher, &config, driver);
     Rig {
         alice: certs.client("alice", &["dev-team"]).unwrap(),
         greedy: certs.client("greedy", &["dev-team"]).unwrap(),
