@@ -26,6 +26,28 @@ on_both_drivers!(
     many_users_within_their_budgets_still_leave_half_the_streams,
 );
 
+/// Starts the greedy user's `WATCHES` and waits until every one is answered, each with its
+/// watch or a fair-share 429 (nothing else); what it got, and the sender that ends its watches.
+fn greedy_holds_watches(rig: &Rig) -> (Greedy, mpsc::Sender<()>) {
+    let (report, reported) = mpsc::channel();
+    let (stop, stopped) = mpsc::channel();
+    start_greedy(
+        Client::new(rig, Some(&rig.greedy)),
+        WATCHES,
+        report,
+        stopped,
+    );
+    let greedy = reported
+        .recv_timeout(ANSWER_WITHIN + Duration::from_secs(30))
+        .expect("the greedy user's watches were all answered");
+    assert!(
+        greedy.other.is_empty(),
+        "{:?}",
+        &greedy.other[..greedy.other.len().min(5)]
+    );
+    (greedy, stop)
+}
+
 /// The acceptance case of finding 1. With the defaults but a per-user budget of 40
 /// long-running requests per core: the greedy user's 2,200 watches give it at most 80 (two
 /// cores), every other one a 429 Status at once; alice's GETs keep a p99 under 100 ms (the
@@ -42,23 +64,7 @@ fn a_user_with_thousands_of_watches_gets_its_budget_and_starves_nobody(driver: &
     );
     rig.server.create_pod("default", "web");
     let tokens = add_token_users(&rig.server, "newcomer", 20);
-    let (report, reported) = mpsc::channel();
-    let (stop, stopped) = mpsc::channel();
-    start_greedy(
-        Client::new(&rig, Some(&rig.greedy)),
-        WATCHES,
-        report,
-        stopped,
-    );
-    let greedy = reported
-        .recv_timeout(ANSWER_WITHIN + Duration::from_secs(30))
-        .expect("the greedy user's watches were all answered");
-
-    assert!(
-        greedy.other.is_empty(),
-        "{:?}",
-        &greedy.other[..greedy.other.len().min(5)]
-    );
+    let (greedy, stop) = greedy_holds_watches(&rig);
     let budget = per_user * workers;
     assert!(
         (per_user..=budget).contains(&greedy.accepted),
@@ -128,22 +134,7 @@ fn token_reviews_pass_even_when_watches_hold_every_client_stream(driver: &str) {
         ask(&send, get("/api/v1/namespaces/default/pods", None), false).await
     });
     assert_eq!(warm_up.map(|answer| answer.status), Some(200));
-    let (report, reported) = mpsc::channel();
-    let (stop, stopped) = mpsc::channel();
-    start_greedy(
-        Client::new(&rig, Some(&rig.greedy)),
-        WATCHES,
-        report,
-        stopped,
-    );
-    let greedy = reported
-        .recv_timeout(ANSWER_WITHIN + Duration::from_secs(30))
-        .expect("the greedy user's watches were all answered");
-    assert!(
-        greedy.other.is_empty(),
-        "{:?}",
-        &greedy.other[..greedy.other.len().min(5)]
-    );
+    let (greedy, stop) = greedy_holds_watches(&rig);
     assert_eq!(
         greedy.accepted, SERVER_STREAMS as usize,
         "watches hold every client stream"
