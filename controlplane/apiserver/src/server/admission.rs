@@ -120,7 +120,9 @@ impl PoolLimits {
     }
 }
 
-fn role_index(role: Role) -> usize {
+/// `role`'s position in [`Role::ALL`]: the index of its entry in every per-role table (the
+/// shares here, the write budgets) without a search.
+pub(super) fn role_index(role: Role) -> usize {
     match role {
         Role::Admin => 0,
         Role::Gateway => 1,
@@ -306,6 +308,13 @@ mod tests {
 
     fn vm(name: &str) -> Identity {
         Identity::new(Role::VmAgent, name).unwrap()
+    }
+
+    #[test]
+    fn role_index_is_the_position_in_role_all() {
+        for (index, role) in Role::ALL.into_iter().enumerate() {
+            assert_eq!(role_index(role), index, "{role}");
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ use prometheus_client::metrics::MetricType;
 use sluice_apimachinery::{StatusError, StatusReason};
 use sluice_store::{Store, StoreUsage};
 
+use super::admission::role_index;
 use crate::auth::{Identity, Role};
 
 /// Identities whose buckets are tracked at once; past it, full buckets are pruned, and an
@@ -133,15 +134,6 @@ impl WriteBudgets {
             }
         }
         Ok(())
-    }
-}
-
-fn role_index(role: Role) -> usize {
-    match role {
-        Role::Admin => 0,
-        Role::Gateway => 1,
-        Role::Node => 2,
-        Role::VmAgent => 3,
     }
 }
 
