@@ -443,6 +443,22 @@ impl CorePool {
 }
 
 #[cfg(test)]
+impl ServerConnections {
+    /// Connections whose TLS trusts no server: for the tests of the bookkeeping, which never
+    /// complete a handshake.
+    pub(crate) fn trusting_no_one() -> Self {
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        Self::new(&Arc::new(tls))
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -486,14 +502,7 @@ mod tests {
 
     #[test]
     fn a_set_up_abandoned_midway_frees_its_slot_and_wakes_the_waiters() {
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
-        let connections = ServerConnections::new(&Arc::new(tls));
+        let connections = ServerConnections::trusting_no_one();
         let waiter = connections.connected.listen();
         // A set-up future dropped while pending (its caller timed out) drops its guard.
         let setting_up = SettingUp::start(&connections);
