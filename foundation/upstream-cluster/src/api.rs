@@ -101,20 +101,8 @@ mod tests {
 
     /// A credentials directory with every file the example names, its CA as `ca.pem`.
     fn credentials(object: &mut Value) -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap();
         object["spec"]["clientConfig"]["caFile"] = json!("ca.pem");
-        let names = [
-            "gateway.pem",
-            "gateway-key.pem",
-            "ca.pem",
-            "serving.pem",
-            "serving-key.pem",
-            "client-ca.pem",
-        ];
-        for name in names {
-            std::fs::write(dir.path().join(name), "pem").unwrap();
-        }
-        dir
+        crate::confine::example_credentials()
     }
 
     #[test]

@@ -124,28 +124,30 @@ fn confined(
     }
 }
 
+/// A credentials directory holding every file the example UpstreamCluster names (`ca.pem` for
+/// its CA), for the tests of confinement and of the API's checks.
+#[cfg(test)]
+pub(crate) fn example_credentials() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    for name in [
+        "gateway.pem",
+        "gateway-key.pem",
+        "ca.pem",
+        "serving.pem",
+        "serving-key.pem",
+        "client-ca.pem",
+    ] {
+        std::fs::write(dir.path().join(name), "pem").expect("credential file");
+    }
+    dir
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn cluster() -> UpstreamCluster {
         serde_norway::from_str(test_support::examples::UPSTREAM_CLUSTER).unwrap()
-    }
-
-    /// A credentials directory holding every file the example names (`ca.pem` for its CA).
-    fn credentials() -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap();
-        for name in [
-            "gateway.pem",
-            "gateway-key.pem",
-            "ca.pem",
-            "serving.pem",
-            "serving-key.pem",
-            "client-ca.pem",
-        ] {
-            std::fs::write(dir.path().join(name), "pem").unwrap();
-        }
-        dir
     }
 
     fn with_ca(path: &str) -> UpstreamCluster {
@@ -156,7 +158,7 @@ mod tests {
 
     #[test]
     fn files_inside_the_directory_resolve_against_it() {
-        let dir = credentials();
+        let dir = example_credentials();
         let absolute = dir.path().join("ca.pem");
         for ca in ["ca.pem", "./ca.pem", absolute.to_str().unwrap()] {
             let mut cluster = with_ca(ca);
@@ -174,7 +176,7 @@ mod tests {
 
     #[test]
     fn a_file_outside_the_directory_is_refused_with_its_field() {
-        let dir = credentials();
+        let dir = example_credentials();
         for (ca, why) in [
             ("/etc/hostname", "outside"),
             ("../etc/hostname", "outside"),
@@ -196,7 +198,7 @@ mod tests {
 
     #[test]
     fn a_symbolic_link_leading_out_is_refused() {
-        let dir = credentials();
+        let dir = example_credentials();
         let secret = tempfile::NamedTempFile::new().unwrap();
         std::os::unix::fs::symlink(secret.path(), dir.path().join("link.pem")).unwrap();
         let mut cluster = with_ca("link.pem");
