@@ -332,6 +332,14 @@ fn a_vm_agent_takes_over_enforces_survives_outages_and_gives_the_uplink_back() {
         std::slice::from_ref(&original_mac),
         "the agent announces the move once, from the uplink's MAC, through its pipeline"
     );
+    assert_eq!(
+        agent.metric(
+            &vm,
+            "sluice_vm_agent_steps_total{step=\"announce\",result=\"ok\"}"
+        ),
+        Some(1.0),
+        "the agent counts the one announcement it made"
+    );
     let (addresses, mac, default_route) = link_state(&vm, "eth0");
     assert_eq!(
         addresses,

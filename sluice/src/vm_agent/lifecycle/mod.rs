@@ -84,7 +84,7 @@ impl LifecycleMetrics {
         );
         registry.register(
             "sluice_vm_agent_steps",
-            "Lifecycle steps (takeover, restore, withdraw) by result (ok, error)",
+            "Lifecycle steps (takeover, restore, announce, withdraw) by result (ok, error)",
             metrics.steps.clone(),
         );
         metrics.report.register(registry);
@@ -290,7 +290,10 @@ impl Agent {
         let Some(ovsdb) = self.ovsdb().await else {
             return false;
         };
-        match sluice_uplink::take_over(ovsdb, &bridge, uplink).await {
+        let announced_before = sluice_uplink::announcements();
+        let outcome = sluice_uplink::take_over(ovsdb, &bridge, uplink).await;
+        self.count_announcements(announced_before, uplink);
+        match outcome {
             Ok(taken) => {
                 tracing::info!(uplink, renamed = %taken.renamed, internal_ofport = taken.internal_ofport,
                     "uplink taken over");
@@ -325,7 +328,10 @@ impl Agent {
             let Some(ovsdb) = self.ovsdb().await else {
                 return;
             };
-            if let Err(error) = sluice_uplink::restore(ovsdb, &bridge, &uplink).await {
+            let announced_before = sluice_uplink::announcements();
+            let outcome = sluice_uplink::restore(ovsdb, &bridge, &uplink).await;
+            self.count_announcements(announced_before, &uplink);
+            if let Err(error) = outcome {
                 self.count_step("restore", "error");
                 tracing::error!(%uplink, %error, "uplink not restored; retrying");
                 self.ovsdb = None;
@@ -447,6 +453,24 @@ impl Agent {
                     mode: each.as_str(),
                 })
                 .set(i64::from(each == mode));
+        }
+    }
+
+    /// Counts the announcements (gratuitous ARP, unsolicited NA) a takeover or restore made
+    /// since `before`. A failed one keeps the move (neighbours fall back on their own ARP retry,
+    /// about 1 s without replies), so it is a warning, not an error.
+    fn count_announcements(&self, before: sluice_uplink::Announcements, uplink: &str) {
+        let after = sluice_uplink::announcements();
+        for _ in before.sent..after.sent {
+            self.count_step("announce", "ok");
+        }
+        for _ in before.failed..after.failed {
+            self.count_step("announce", "error");
+            tracing::warn!(
+                uplink,
+                "the move of the uplink's addresses was not announced; \
+                neighbours relearn the VM's MAC on their own ARP/ND retry"
+            );
         }
     }
 
