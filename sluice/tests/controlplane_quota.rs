@@ -91,6 +91,15 @@ fn metric(cp: &ControlPlane, sample: &str) -> Option<f64> {
         .find_map(|line| line.strip_prefix(sample)?.trim().parse().ok())
 }
 
+/// node-1 writes its own entry in agent-1's status (a node role's write): 200.
+fn node_1_holds_agent_1(cp: &ControlPlane) {
+    let node = cp.token("node", "node-1");
+    let held = json!({"status": {"nodes": {"node-1": {"connected": true}}}}).to_string();
+    let path = format!("{AGENTS}/agent-1/status");
+    let patched = call(cp, &node, "PATCH", &path, Some(&held));
+    assert_eq!(patched.code, 200, "{patched:?}");
+}
+
 /// An UpstreamCluster `name` made by the admin (the smallest spec the gateway accepts).
 fn create_cluster(cp: &ControlPlane, name: &str) {
     let object = json!({"apiVersion": "proxy.sluice.dev/v1alpha1", "kind": "UpstreamCluster",
@@ -173,16 +182,7 @@ fn a_vm_agents_large_or_fast_writes_are_refused_while_the_roles_still_write() {
         Some(&agent("agent-1", 1, 10)),
     );
     assert_eq!(created.code, 201, "{created:?}");
-    let node = cp.token("node", "node-1");
-    let held = json!({"status": {"nodes": {"node-1": {"connected": true}}}}).to_string();
-    let patched = call(
-        &cp,
-        &node,
-        "PATCH",
-        &format!("{AGENTS}/agent-1/status"),
-        Some(&held),
-    );
-    assert_eq!(patched.code, 200, "{patched:?}");
+    node_1_holds_agent_1(&cp);
     create_cluster(&cp, "c1.example.com");
     let gateway = cp.token("gateway", "gw-1");
     let health = json!({"status": {"gateways": {"gw-1": {"servers": []}}}}).to_string();
@@ -439,16 +439,7 @@ fn vm_agents_stop_at_the_stores_reserve_while_nodes_and_the_admin_still_write() 
     );
 
     // The reserve is there for the roles that keep the system running.
-    let node = cp.token("node", "node-1");
-    let held = json!({"status": {"nodes": {"node-1": {"connected": true}}}}).to_string();
-    let patched = call(
-        &cp,
-        &node,
-        "PATCH",
-        &format!("{AGENTS}/agent-1/status"),
-        Some(&held),
-    );
-    assert_eq!(patched.code, 200, "{patched:?}");
+    node_1_holds_agent_1(&cp);
     let small = call(&cp, &admin, "POST", AGENTS, Some(&agent("small", 99, 10)));
     assert_eq!(small.code, 201, "{small:?}");
     let refusals =
