@@ -367,6 +367,11 @@ fn one_identity_cannot_hold_every_authenticated_connection() {
 }
 
 fn h2_client(ca: &Path) -> Arc<rustls::ClientConfig> {
+    tls_client(ca, b"h2")
+}
+
+/// A TLS client without credentials that trusts `ca` and offers the one ALPN protocol `alpn`.
+fn tls_client(ca: &Path, alpn: &[u8]) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(ca).unwrap() {
         roots.add(cert.unwrap()).unwrap();
@@ -378,7 +383,7 @@ fn h2_client(ca: &Path) -> Arc<rustls::ClientConfig> {
     .unwrap()
     .with_root_certificates(roots)
     .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     Arc::new(config)
 }
 
@@ -571,20 +576,9 @@ fn idle_connections_from_many_addresses_never_lock_out_the_admin() {
 }
 
 fn raw_tls_http1(cp: &ControlPlane) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(cp.ca_file()).unwrap() {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let config = tls_client(&cp.ca_file(), b"http/1.1");
     let name = ServerName::try_from(cp.address.ip().to_string()).unwrap();
-    let connection = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let connection = rustls::ClientConnection::new(config, name).unwrap();
     let tcp = TcpStream::connect(cp.address).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     rustls::StreamOwned::new(connection, tcp)
