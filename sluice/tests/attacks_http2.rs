@@ -162,15 +162,7 @@ async fn list_agents(node: SocketAddr, token: &str) -> Result<String, String> {
         .ready()
         .await
         .map_err(|e| format!("ready: {e}"))?;
-    let request = http::Request::post(format!(
-        "http://node{}",
-        sluice_tunnel::protocol::LIST_AGENTS_PATH
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .header("authorization", format!("Bearer {token}"))
-    .body(())
-    .unwrap();
+    let request = common::list_agents_request(token);
     let (response, mut send) = ready
         .send_request(request, false)
         .map_err(|e| format!("send: {e}"))?;

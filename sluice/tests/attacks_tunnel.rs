@@ -26,7 +26,9 @@ use sluice_proto::tunnel::v1::{
     connect_request, ConnectRequest, Descriptor, Header, MetadataEntry,
 };
 use sluice_tunnel::wire::frame;
-use test_support::{http_get, on_both_drivers, wait_until, GrpcBackend, RedisServer};
+use test_support::{
+    http_get, on_both_drivers, wait_until, GrpcBackend, RedisServer, SluiceProcess,
+};
 
 fn block_on<F: std::future::Future>(future: F) -> F::Output {
     monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
@@ -208,15 +210,7 @@ struct Page {
 async fn list_page(node: SocketAddr, token: &str, page_size: u32, page_token: &str) -> Page {
     let connection = connect(node, None, &H2Settings::default()).await.unwrap();
     let mut ready = connection.send_request.ready().await.unwrap();
-    let request = Request::post(format!(
-        "http://node{}",
-        sluice_tunnel::protocol::LIST_AGENTS_PATH
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .header("authorization", format!("Bearer {token}"))
-    .body(())
-    .unwrap();
+    let request = common::list_agents_request(token);
     let (response, mut send) = ready.send_request(request, false).unwrap();
     let asked = ListConnectedAgentsRequest {
         page_size,
@@ -374,20 +368,7 @@ fn a_hostile_agent_cannot_grow_the_nodes_or_redis_records_past_its_share(driver:
         "redis:\n  url: '{}'\n  key_prefix: flood\n  ttl: 30s\n  refresh: 20s\n  unregister_delay: 500ms\n",
         redis.url()
     );
-    let private = format!(
-        "  private_jwt: {{secret_file: '{}', issuer: nodes}}\n",
-        secrets.jwt_secret.display()
-    );
-    let node = start_node_on(
-        &secrets,
-        "5s",
-        1024 * 1024,
-        None,
-        driver,
-        &private,
-        &extra,
-        None,
-    );
+    let node = start_node_with_private_jwt(&secrets, "5s", driver, &extra);
     let _agent = start_agent(&secrets, 8, &node, backend.address, 20, None);
     wait_for_idle_tunnels(&node, 2.0);
     let external = node.address("external");
@@ -662,6 +643,30 @@ fn jwt_with_crit(secrets: &Secrets, issuer: &str, audience: &str) -> String {
     .unwrap()
 }
 
+/// A node on `driver` whose private endpoint takes node JWTs signed with the test's secret
+/// (issuer `nodes`), with `max_wait`, messages up to 1 MiB and `extra` top-level config.
+fn start_node_with_private_jwt(
+    secrets: &Secrets,
+    max_wait: &str,
+    driver: &str,
+    extra: &str,
+) -> SluiceProcess {
+    let private = format!(
+        "  private_jwt: {{secret_file: '{}', issuer: nodes}}\n",
+        secrets.jwt_secret.display()
+    );
+    start_node_on(
+        secrets,
+        max_wait,
+        1024 * 1024,
+        None,
+        driver,
+        &private,
+        extra,
+        None,
+    )
+}
+
 /// A client JWT (external endpoint) and a node JWT (private endpoint) that are valid but for
 /// their `crit` header are refused UNAUTHENTICATED and counted as `critical_extension`; the
 /// same client without `crit` is served.
@@ -669,20 +674,7 @@ fn a_jwt_naming_critical_extensions_is_refused_on_both_endpoints(driver: &str) {
     let redis = RedisServer::start().unwrap();
     let secrets = Secrets::on(driver);
     let extra = format!("redis:\n  url: '{}'\n  key_prefix: crit\n", redis.url());
-    let private = format!(
-        "  private_jwt: {{secret_file: '{}', issuer: nodes}}\n",
-        secrets.jwt_secret.display()
-    );
-    let node = start_node_on(
-        &secrets,
-        "1s",
-        1024 * 1024,
-        None,
-        driver,
-        &private,
-        &extra,
-        None,
-    );
+    let node = start_node_with_private_jwt(&secrets, "1s", driver, &extra);
     let path = sluice_tunnel::protocol::LIST_AGENTS_PATH;
     let client = jwt_with_crit(&secrets, "gitlab", "gitlab-kas");
     let (status, message) = block_on(call(node.address("external"), &client, path));

@@ -300,3 +300,17 @@ pub fn rss_kib(pid: i32) -> u64 {
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap()
 }
+
+/// The request head of a ListConnectedAgents call with the bearer `token`; its body (the
+/// request message) is sent apart.
+pub fn list_agents_request(token: &str) -> http::Request<()> {
+    http::Request::post(format!(
+        "http://node{}",
+        sluice_tunnel::protocol::LIST_AGENTS_PATH
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .header("authorization", format!("Bearer {token}"))
+    .body(())
+    .unwrap()
+}
