@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,8 +14,8 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use test_support::{
-    assert_driver, http_get, on_both_drivers, ApiServer, Certificates, ClientCert, SluiceLauncher,
-    SluiceProcess,
+    curl_at, on_both_drivers, run_on_driver, upstream_cluster_yaml, write_clusters_dir, ApiServer,
+    Certificates, ClientCert, SluiceLauncher, SluiceProcess, HEALTH_CHECK_FAST,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
@@ -30,18 +31,9 @@ struct Client {
 
 impl Client {
     fn curl(&self, port: u16, http: &str, path: &str) -> Command {
-        let mut command = Command::new("curl");
-        command
-            .args(["--silent", "--show-error", http])
-            .arg("--cacert")
-            .arg(&self.ca)
-            .arg("--cert")
-            .arg(&self.alice.cert)
-            .arg("--key")
-            .arg(&self.alice.key)
-            .args(["--resolve", &format!("{HOST}:{port}:127.0.0.1")])
-            .arg(format!("https://{HOST}:{port}{path}"));
-        command
+        let address = SocketAddr::from(([127, 0, 0, 1], port));
+        let options = ["--silent", "--show-error", http];
+        curl_at(address, HOST, &self.ca, Some(&self.alice), &options, path)
     }
 }
 
@@ -57,15 +49,7 @@ fn start_gateway(driver: &str, clusters_dir: &Path, port: u16) -> SluiceProcess 
             ),
         )
         .unwrap();
-    let gateway = launcher
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .spawn()
-        .expect("gateway starts");
-    let metrics = http_get(gateway.address("admin"), "/metrics").expect("gateway metrics");
-    assert_driver(&metrics.body, driver);
-    gateway
+    run_on_driver(launcher, &config, driver)
 }
 
 /// A watch through one gateway: the events' resourceVersions come out of `events`.
@@ -232,22 +216,12 @@ fn two_gateways_restarted_in_turn_fail_no_request_and_end_watches_cleanly(driver
     let certs = Certificates::generate(&[HOST]).unwrap();
     let identity = certs.client("sluice-gateway", &[]).unwrap();
     let server = ApiServer::start_with(test_support::apiserver_options(&certs)).unwrap();
-    let clusters = tempfile::tempdir().unwrap();
-    std::fs::write(
-        clusters.path().join("cluster.yaml"),
-        format!(
-            "apiVersion: proxy.sluice.dev/v1alpha1\nkind: UpstreamCluster\nmetadata:\n  name: {HOST}\nspec:\n  servers:\n  - endpoint: {}\n  clientConfig:\n    certFile: {}\n    keyFile: {}\n    caFile: {ca}\n  secureServing:\n    certFile: {}\n    keyFile: {}\n    clientCAFile: {ca}\n  healthCheck: {{interval: 200ms, timeout: 1s}}\n",
-            server.url(),
-            identity.cert.display(),
-            identity.key.display(),
-            certs.server_cert.display(),
-            certs.server_key.display(),
-            ca = certs.ca_cert.display(),
-        ),
-    )
-    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let urls = [server.url()];
+    let cluster = upstream_cluster_yaml(HOST, &urls, &certs, &identity, "", HEALTH_CHECK_FAST);
+    let clusters = write_clusters_dir(dir.path(), &cluster);
     let mut gateways: Vec<SluiceProcess> = (0..2)
-        .map(|_| start_gateway(driver, clusters.path(), 0))
+        .map(|_| start_gateway(driver, &clusters, 0))
         .collect();
     let ports: [u16; 2] = [0, 1].map(|index| gateways[index].address("gateway").port());
     let client = Arc::new(Client {
@@ -318,7 +292,7 @@ fn two_gateways_restarted_in_turn_fail_no_request_and_end_watches_cleanly(driver
         last_version = version;
         drop(resumed);
         assert!(load.wait_for_more(10), "no requests with one gateway down");
-        gateways[index] = start_gateway(driver, clusters.path(), draining);
+        gateways[index] = start_gateway(driver, &clusters, draining);
         assert!(
             load.wait_for_more(20),
             "no requests after the gateway came back"

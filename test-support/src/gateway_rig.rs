@@ -2,6 +2,7 @@
 //! the start of `sluice run` checked against its monoio driver, and curl as a client that
 //! reaches the gateway by the cluster's TLS server name.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -73,9 +74,24 @@ pub fn gateway_curl(
     options: &[&str],
     path: &str,
 ) -> Command {
-    let port = process.address("gateway").port();
+    let address = process.address("gateway");
+    curl_at(address, host, &certs.ca_cert, client, options, path)
+}
+
+/// curl with `options` to `path` on `address` as `host` (resolved to the address, so TLS and
+/// routing see the cluster's name), trusting `ca` and presenting `client` when given; for a
+/// gateway whose address outlives its process (restarts) or lies in another namespace.
+pub fn curl_at(
+    address: SocketAddr,
+    host: &str,
+    ca: &Path,
+    client: Option<&ClientCert>,
+    options: &[&str],
+    path: &str,
+) -> Command {
+    let (ip, port) = (address.ip(), address.port());
     let mut command = Command::new("curl");
-    command.args(options).arg("--cacert").arg(&certs.ca_cert);
+    command.args(options).arg("--cacert").arg(ca);
     if let Some(client) = client {
         command
             .arg("--cert")
@@ -84,7 +100,7 @@ pub fn gateway_curl(
             .arg(&client.key);
     }
     command
-        .args(["--resolve", &format!("{host}:{port}:127.0.0.1")])
+        .args(["--resolve", &format!("{host}:{port}:{ip}")])
         .arg(format!("https://{host}:{port}{path}"));
     command
 }

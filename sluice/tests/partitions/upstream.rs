@@ -6,8 +6,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use test_support::{
-    apiserver_options, http_get, wait_until, ApiServer, Certificates, ClientCert, Network,
-    SluiceLauncher, SluiceProcess,
+    apiserver_options, curl_at, http_get, upstream_cluster_yaml, wait_until, write_clusters_dir,
+    ApiServer, Certificates, ClientCert, Network, SluiceLauncher, SluiceProcess, HEALTH_CHECK_FAST,
 };
 
 use crate::common::BIN;
@@ -40,18 +40,11 @@ impl GatewayRig {
             .host(APISERVER)
             .run(move || ApiServer::start_with(options).unwrap());
         let dir = tempfile::tempdir().unwrap();
-        let clusters_dir = dir.path().join("clusters");
-        std::fs::create_dir_all(&clusters_dir).unwrap();
-        let cluster = format!(
-            "apiVersion: proxy.sluice.dev/v1alpha1\nkind: UpstreamCluster\nmetadata:\n  name: {HOST}\nspec:\n  servers:\n  - endpoint: {url}\n  clientConfig:\n    certFile: {id_cert}\n    keyFile: {id_key}\n    caFile: {ca}\n  secureServing:\n    certFile: {cert}\n    keyFile: {key}\n    clientCAFile: {ca}\n  healthCheck: {{interval: 200ms, timeout: 1s}}\n  connectionPool: {{maxConnectionsPerServer: 2, keepaliveInterval: 1s, keepaliveTimeout: 1s}}\n",
-            url = server.url(),
-            id_cert = identity.cert.display(),
-            id_key = identity.key.display(),
-            ca = certs.ca_cert.display(),
-            cert = certs.server_cert.display(),
-            key = certs.server_key.display(),
-        );
-        std::fs::write(clusters_dir.join("cluster.yaml"), cluster).unwrap();
+        let pool = "  connectionPool: {maxConnectionsPerServer: 2, keepaliveInterval: 1s, keepaliveTimeout: 1s}\n";
+        let rest = format!("{HEALTH_CHECK_FAST}{pool}");
+        let urls = [server.url()];
+        let cluster = upstream_cluster_yaml(HOST, &urls, &certs, &identity, "", &rest);
+        let clusters_dir = write_clusters_dir(dir.path(), &cluster);
         let ip = net.host(GATEWAY).ip;
         let launcher = SluiceLauncher::new(BIN).unwrap();
         let config = launcher
@@ -86,27 +79,17 @@ impl GatewayRig {
     /// curl as alice over HTTP/2 to `HOST`, run in the clients' namespace.
     fn curl_command(&self, path: &str, max_time: &str) -> Command {
         let address = self.gateway.address("gateway");
-        let mut command = Command::new("curl");
+        let options = [
+            "--silent",
+            "--show-error",
+            "--http2",
+            "--max-time",
+            max_time,
+        ];
+        let (ca, alice) = (&self.certs.ca_cert, Some(&self.alice));
+        let mut command = curl_at(address, HOST, ca, alice, &options, path);
         command
-            .args([
-                "--silent",
-                "--show-error",
-                "--http2",
-                "--max-time",
-                max_time,
-            ])
-            .arg("--cacert")
-            .arg(&self.certs.ca_cert)
-            .arg("--cert")
-            .arg(&self.alice.cert)
-            .arg("--key")
-            .arg(&self.alice.key)
-            .args([
-                "--resolve",
-                &format!("{HOST}:{}:{}", address.port(), address.ip()),
-            ])
             .args(["--write-out", "\n%{http_code}"])
-            .arg(format!("https://{HOST}:{}{path}", address.port()))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
