@@ -62,7 +62,15 @@ impl EtcdServer {
     /// A member whose client URL is `https://` and requires a client certificate.
     pub fn start_tls(tls: EtcdTlsFiles) -> std::io::Result<Self> {
         Ok(Self {
-            cluster: EtcdCluster::start_with(1, Some(tls))?,
+            cluster: EtcdCluster::start_with(1, Some(tls), None)?,
+        })
+    }
+
+    /// A member whose backend refuses writes (NOSPACE) past `bytes` (`--quota-backend-bytes`),
+    /// for the tests of what a full etcd means to the store and the API.
+    pub fn start_with_quota(bytes: u64) -> std::io::Result<Self> {
+        Ok(Self {
+            cluster: EtcdCluster::start_with(1, None, Some(bytes))?,
         })
     }
 
@@ -87,6 +95,8 @@ pub struct EtcdCluster {
     members: Vec<Member>,
     dir: tempfile::TempDir,
     tls: Option<EtcdTlsFiles>,
+    /// `--quota-backend-bytes`, when not etcd's default.
+    quota_backend_bytes: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -105,13 +115,17 @@ static CLUSTERS: AtomicU64 = AtomicU64::new(0);
 impl EtcdCluster {
     /// Starts `size` members and waits until every one reports healthy (a leader is elected).
     pub fn start(size: usize) -> std::io::Result<Self> {
-        Self::start_with(size, None)
+        Self::start_with(size, None, None)
     }
 
-    fn start_with(size: usize, tls: Option<EtcdTlsFiles>) -> std::io::Result<Self> {
+    fn start_with(
+        size: usize,
+        tls: Option<EtcdTlsFiles>,
+        quota_backend_bytes: Option<u64>,
+    ) -> std::io::Result<Self> {
         let mut last_error = None;
         for _ in 0..5 {
-            match Self::try_start(size, tls.clone()) {
+            match Self::try_start(size, tls.clone(), quota_backend_bytes) {
                 Ok(cluster) => return Ok(cluster),
                 Err(error) => last_error = Some(error),
             }
@@ -119,7 +133,11 @@ impl EtcdCluster {
         Err(last_error.unwrap_or_else(|| std::io::Error::other("etcd did not start")))
     }
 
-    fn try_start(size: usize, tls: Option<EtcdTlsFiles>) -> std::io::Result<Self> {
+    fn try_start(
+        size: usize,
+        tls: Option<EtcdTlsFiles>,
+        quota_backend_bytes: Option<u64>,
+    ) -> std::io::Result<Self> {
         let dir = tempfile::tempdir()?;
         // Hold every listener until all ports are chosen, so no two members get the same one.
         let listeners = (0..size * 3)
@@ -139,7 +157,12 @@ impl EtcdCluster {
                 child: None,
             })
             .collect();
-        let mut cluster = Self { members, dir, tls };
+        let mut cluster = Self {
+            members,
+            dir,
+            tls,
+            quota_backend_bytes,
+        };
         let token = format!(
             "sluice-test-{}-{}",
             std::process::id(),
@@ -233,6 +256,9 @@ impl EtcdCluster {
                 .arg("--trusted-ca-file")
                 .arg(&tls.ca)
                 .arg("--client-cert-auth");
+        }
+        if let Some(bytes) = self.quota_backend_bytes {
+            command.args(["--quota-backend-bytes", &bytes.to_string()]);
         }
         let child = command
             .args(["--name", &member.name])

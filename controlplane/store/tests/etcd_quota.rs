@@ -6,56 +6,14 @@
 #![cfg(feature = "etcd")]
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use sluice_store::{EtcdConfig, EtcdStore, QuotaFull, Store, StoreError};
-use test_support::etcd_or_skip;
+use test_support::{etcd_or_skip, EtcdServer};
 
-/// An etcd member with a 1 MiB backend quota, killed on drop.
-struct SmallEtcd {
-    child: Child,
-    endpoint: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for SmallEtcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
-fn start_small_etcd() -> SmallEtcd {
-    let dir = tempfile::tempdir().unwrap();
-    let (client, peer) = (free_port(), free_port());
-    let endpoint = format!("http://127.0.0.1:{client}");
-    let peer_url = format!("http://127.0.0.1:{peer}");
-    let child = Command::new("etcd")
-        .args(["--name", "small", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .args(["--listen-client-urls", &endpoint])
-        .args(["--advertise-client-urls", &endpoint])
-        .args(["--listen-peer-urls", &peer_url])
-        .args(["--initial-advertise-peer-urls", &peer_url])
-        .args(["--initial-cluster", &format!("small={peer_url}")])
-        .args(["--quota-backend-bytes", "1048576"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    SmallEtcd {
-        child,
-        endpoint,
-        _dir: dir,
-    }
-}
+/// The backend quota of the test's etcd member: 1 MiB, filled by a few writes.
+const QUOTA_BYTES: u64 = 1024 * 1024;
 
 async fn connect(endpoint: &str) -> EtcdStore {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -82,8 +40,8 @@ async fn etcds_nospace_is_the_typed_quota_error_and_reads_and_deletes_go_on() {
     if !etcd_or_skip("etcds_nospace_is_the_typed_quota_error_and_reads_and_deletes_go_on") {
         return;
     }
-    let etcd = start_small_etcd();
-    let store = connect(&etcd.endpoint).await;
+    let etcd = EtcdServer::start_with_quota(QUOTA_BYTES).unwrap();
+    let store = connect(&etcd.endpoint()).await;
     let value = || Bytes::from(vec![b'v'; 256 * 1024]);
     let mut written = Vec::new();
     let refused = loop {
