@@ -414,6 +414,19 @@ fn idle_h2_from(
 }
 
 /// Whether the server has closed `stream` (EOF or reset) within its read timeout.
+/// Every connection of `flood` has been closed by the control plane (each read waits up to the
+/// stream's read timeout).
+fn assert_all_closed_by_server(
+    flood: &mut [rustls::StreamOwned<rustls::ClientConnection, TcpStream>],
+) {
+    let open = flood
+        .iter_mut()
+        .map(closed_by_server)
+        .filter(|closed| !closed)
+        .count();
+    assert_eq!(open, 0, "idle unauthenticated connections left open");
+}
+
 fn closed_by_server(stream: &mut rustls::StreamOwned<rustls::ClientConnection, TcpStream>) -> bool {
     let mut buffer = [0u8; 4096];
     loop {
@@ -480,12 +493,7 @@ fn idle_connections_without_credentials_never_lock_out_the_admin() {
     );
     // Every idle connection without credentials is closed: displaced by newer ones, or at the
     // first-request timeout (3 s; each read below waits up to 30 s).
-    let open = flood
-        .iter_mut()
-        .map(closed_by_server)
-        .filter(|closed| !closed)
-        .count();
-    assert_eq!(open, 0, "idle unauthenticated connections left open");
+    assert_all_closed_by_server(&mut flood);
     assert!(
         wait_until(Duration::from_secs(20), || metrics(&cp).contains(
             "sluice_controlplane_connections_refused_total{reason=\"first_request_timeout\"}"
@@ -567,12 +575,7 @@ fn idle_connections_from_many_addresses_never_lock_out_the_admin() {
     );
     let (code, body) = cp.curl("GET", AGENTS, None);
     assert_eq!(code, 200, "{body}");
-    let open = flood
-        .iter_mut()
-        .map(closed_by_server)
-        .filter(|closed| !closed)
-        .count();
-    assert_eq!(open, 0, "idle unauthenticated connections left open");
+    assert_all_closed_by_server(&mut flood);
 }
 
 fn raw_tls_http1(cp: &ControlPlane) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
