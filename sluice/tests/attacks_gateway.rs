@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use test_support::{
-    code_and_body, gateway_curl, on_both_drivers, run_on_driver, upstream_cluster_yaml, wait_until,
-    write_clusters_dir, ApiServer, Certificates, ClientCert, SluiceLauncher, SluiceProcess,
-    TokenUser, HEALTH_CHECK_FAST, SERVE_LOOPBACK,
+    code_and_body, gateway_config_yaml, gateway_curl, on_both_drivers, run_on_driver,
+    upstream_cluster_yaml, wait_until, write_clusters_dir, ApiServer, Certificates, ClientCert,
+    SluiceLauncher, SluiceProcess, TokenUser, HEALTH_CHECK_FAST, SERVE_LOOPBACK,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
@@ -69,15 +69,8 @@ fn start_with_limits(
         &format!("{HEALTH_CHECK_FAST}{pool}{spec_extra}"),
     );
     let clusters_dir = write_clusters_dir(launcher.dir(), &cluster);
-    let config = launcher
-        .write_file(
-            "gateway.yaml",
-            &format!(
-                "runtime: {{workers: 2, drain_timeout: 2s, driver: {driver}}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'{limits}}}\ngateway: {{clusters_dir: '{}', reload_interval: 200ms}}\n",
-                clusters_dir.display()
-            ),
-        )
-        .unwrap();
+    let yaml = gateway_config_yaml(driver, 2, limits, &clusters_dir, ", reload_interval: 200ms");
+    let config = launcher.write_file("gateway.yaml", &yaml).unwrap();
     let process = run_on_driver(launcher, &config, driver);
     let alice = certs.client("alice", &["dev-team"]).unwrap();
     Gateway {

@@ -16,9 +16,9 @@ use std::time::Duration;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use test_support::{
-    code_and_body, gateway_curl, on_both_drivers, run_on_driver, upstream_cluster_yaml, wait_until,
-    write_clusters_dir, ApiServer, Certificates, ClientCert, ControlPlane, SluiceLauncher,
-    SluiceProcess, SubjectAccessRule, TokenUser, HEALTH_CHECK_FAST,
+    code_and_body, gateway_config_yaml, gateway_curl, on_both_drivers, run_on_driver,
+    upstream_cluster_yaml, wait_until, write_clusters_dir, ApiServer, Certificates, ClientCert,
+    ControlPlane, SluiceLauncher, SluiceProcess, SubjectAccessRule, TokenUser, HEALTH_CHECK_FAST,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
@@ -60,15 +60,8 @@ fn start(driver: &str, spec_extra: &str) -> Gateway {
     let launcher = SluiceLauncher::new(BIN).unwrap();
     let cluster = cluster_yaml(&certs, &identity, &server.url(), spec_extra);
     let clusters_dir = write_clusters_dir(launcher.dir(), &cluster);
-    let config = launcher
-        .write_file(
-            "gateway.yaml",
-            &format!(
-                "runtime: {{workers: 1, drain_timeout: 2s, driver: {driver}}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'}}\ngateway: {{clusters_dir: '{}'}}\n",
-                clusters_dir.display()
-            ),
-        )
-        .unwrap();
+    let yaml = gateway_config_yaml(driver, 1, "", &clusters_dir, "");
+    let config = launcher.write_file("gateway.yaml", &yaml).unwrap();
     let process = run_on_driver(launcher, &config, driver);
     let alice = certs.client("alice", &["dev-team"]).unwrap();
     Gateway {

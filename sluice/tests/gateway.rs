@@ -8,9 +8,10 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use test_support::{
-    code_and_body, gateway_curl, on_both_drivers, run_on_driver, upstream_cluster_yaml, wait_until,
-    write_clusters_dir, ApiServer, ApiServerOptions, Certificates, ClientCert, SluiceLauncher,
-    SluiceProcess, SubjectAccessRule, TokenUser, HEALTH_CHECK_FAST, SERVE_LOOPBACK,
+    code_and_body, gateway_config_yaml, gateway_curl, on_both_drivers, run_on_driver,
+    upstream_cluster_yaml, wait_until, write_clusters_dir, ApiServer, ApiServerOptions,
+    Certificates, ClientCert, SluiceLauncher, SluiceProcess, SubjectAccessRule, TokenUser,
+    HEALTH_CHECK_FAST, SERVE_LOOPBACK,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
@@ -98,15 +99,14 @@ fn start_with(
     let launcher = SluiceLauncher::new(BIN).unwrap();
     let cluster = cluster_yaml(&certs, &gateway_identity, &servers, &spec_extra);
     let clusters_dir = write_clusters_dir(launcher.dir(), &cluster);
-    let config = launcher
-        .write_file(
-            "gateway.yaml",
-            &format!(
-                "runtime: {{workers: {workers}, drain_timeout: 2s, driver: {driver}}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'}}\ngateway: {{clusters_dir: '{}', reload_interval: 200ms}}\n",
-                clusters_dir.display()
-            ),
-        )
-        .unwrap();
+    let yaml = gateway_config_yaml(
+        driver,
+        workers,
+        "",
+        &clusters_dir,
+        ", reload_interval: 200ms",
+    );
+    let config = launcher.write_file("gateway.yaml", &yaml).unwrap();
     let process = run_on_driver(launcher, &config, driver);
     let alice = certs.client("alice", &["dev-team", "qa"]).unwrap();
     Gateway {

@@ -309,13 +309,7 @@ fn a_node_near_its_descriptor_limit_sheds_new_calls_while_a_stream_admitted_befo
         )
         .unwrap();
     limit_descriptors(&mut launcher);
-    let node = launcher
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .spawn()
-        .expect("node starts");
-    common::assert_driver(&node, driver);
+    let node = run_on_driver(launcher, &config, driver);
     let _agent = start_agent(&secrets, 7, &node, backend.address, 8, None);
     wait_for_idle_tunnels(&node, 2.0);
     let args = client_args(&node, &secrets, 7);
@@ -519,13 +513,7 @@ fn a_node_over_its_memory_limit_is_unready_and_serves_nothing_new_but_keeps_runn
             ),
         )
         .unwrap();
-    let node = launcher
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .spawn()
-        .expect("node starts");
-    common::assert_driver(&node, driver);
+    let node = run_on_driver(launcher, &config, driver);
     assert!(wait_until(Duration::from_secs(5), || state(
         &node,
         "shed_new_requests"

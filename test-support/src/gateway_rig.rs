@@ -48,7 +48,24 @@ pub fn write_clusters_dir(dir: &Path, cluster: &str) -> PathBuf {
     clusters_dir
 }
 
-/// `sluice run --config config` from `launcher`, once ready checked to run on the monoio
+/// The config of a gateway alone: `workers` cores on the monoio `driver`, the admin and gateway
+/// listeners on free loopback ports (`listener_extra`: flow-map entries, each after a comma, on
+/// the gateway listener), clusters from the files in `clusters_dir` (`gateway_extra`: entries
+/// after it, each after a comma, such as the reload interval).
+pub fn gateway_config_yaml(
+    driver: &str,
+    workers: usize,
+    listener_extra: &str,
+    clusters_dir: &Path,
+    gateway_extra: &str,
+) -> String {
+    format!(
+        "runtime: {{workers: {workers}, drain_timeout: 2s, driver: {driver}}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'{listener_extra}}}\ngateway: {{clusters_dir: '{}'{gateway_extra}}}\n",
+        clusters_dir.display()
+    )
+}
+
+/// `sluice run --config config` from `launcher` (a gateway, a node), once ready checked to run on the monoio
 /// `driver` (a test that meant one driver and silently got the other proves nothing).
 pub fn run_on_driver(launcher: SluiceLauncher, config: &Path, driver: &str) -> SluiceProcess {
     let process = launcher
@@ -56,7 +73,7 @@ pub fn run_on_driver(launcher: SluiceLauncher, config: &Path, driver: &str) -> S
         .arg("--config")
         .arg(config)
         .spawn()
-        .expect("gateway starts");
+        .expect("sluice run starts");
     let metrics = crate::http_get(process.address("admin"), "/metrics")
         .expect("admin /metrics")
         .body;

@@ -44,8 +44,8 @@ pub use etcd::{
     etcd_installed, etcd_or_skip, EtcdCluster, EtcdServer, EtcdTlsFiles, ETCD_PROGRESS_INTERVAL,
 };
 pub use gateway_rig::{
-    code_and_body, curl_at, gateway_curl, run_on_driver, upstream_cluster_yaml, write_clusters_dir,
-    HEALTH_CHECK_FAST, SERVE_LOOPBACK,
+    code_and_body, curl_at, gateway_config_yaml, gateway_curl, run_on_driver,
+    upstream_cluster_yaml, write_clusters_dir, HEALTH_CHECK_FAST, SERVE_LOOPBACK,
 };
 pub use grpc::{python_script, spawn_tunnel_client, tunnel_client, GrpcBackend};
 pub use http::{http_get, HttpResponse};

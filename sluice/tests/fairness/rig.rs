@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use rustls_pki_types::ServerName;
 use test_support::{
-    run_on_driver, upstream_cluster_yaml, write_clusters_dir, ApiServer, Certificates, ClientCert,
-    SluiceLauncher, SluiceProcess, TokenUser, HEALTH_CHECK_FAST, SERVE_LOOPBACK,
+    gateway_config_yaml, run_on_driver, upstream_cluster_yaml, write_clusters_dir, ApiServer,
+    Certificates, ClientCert, SluiceLauncher, SluiceProcess, TokenUser, HEALTH_CHECK_FAST,
+    SERVE_LOOPBACK,
 };
 
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_sluice");
@@ -56,15 +57,14 @@ pub(crate) fn start(driver: &str, workers: usize, pool: &str) -> Rig {
         &rest,
     );
     let clusters_dir = write_clusters_dir(launcher.dir(), &cluster);
-    let config = launcher
-        .write_file(
-            "gateway.yaml",
-            &format!(
-                "runtime: {{workers: {workers}, drain_timeout: 2s, driver: {driver}}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'}}\ngateway: {{clusters_dir: '{}', reload_interval: 200ms}}\n",
-                clusters_dir.display()
-            ),
-        )
-        .unwrap();
+    let yaml = gateway_config_yaml(
+        driver,
+        workers,
+        "",
+        &clusters_dir,
+        ", reload_interval: 200ms",
+    );
+    let config = launcher.write_file("gateway.yaml", &yaml).unwrap();
     let process = run_on_driver(launcher, &config, driver);
     Rig {
         alice: certs.client("alice", &["dev-team"]).unwrap(),
