@@ -66,6 +66,16 @@ async fn call_with_metadata(
     tunnel_harness::grpc_outcome(response).await
 }
 
+/// The head of a tunnel Connect with the agent `token`; announce headers are the caller's.
+fn connect_head(token: &str) -> http::request::Builder {
+    Request::post(format!(
+        "http://node{}",
+        sluice_tunnel::protocol::CONNECT_PATH
+    ))
+    .header("content-type", "application/grpc")
+    .header("authorization", format!("Bearer {token}"))
+}
+
 /// A hostile agent's tunnel: Connect with agent 7's token, a Descriptor, then wait for a call.
 async fn hostile_tunnel(
     node: SocketAddr,
@@ -77,14 +87,7 @@ async fn hostile_tunnel(
 ) {
     let connection = connect(node, None, &H2Settings::default()).await.unwrap();
     let mut ready = connection.send_request.clone().ready().await.unwrap();
-    let request = Request::post(format!(
-        "http://node{}",
-        sluice_tunnel::protocol::CONNECT_PATH
-    ))
-    .header("content-type", "application/grpc")
-    .header("authorization", format!("Bearer {token}"))
-    .body(())
-    .unwrap();
+    let request = connect_head(token).body(()).unwrap();
     let (response, mut send) = ready.send_request(request, false).unwrap();
     let descriptor = frame(&ConnectRequest {
         msg: Some(connect_request::Msg::Descriptor(Descriptor::default())),
@@ -270,22 +273,17 @@ async fn open_tunnel(
     held: &mut Vec<(h2::RecvStream, h2::SendStream<Bytes>)>,
 ) -> Option<(String, String)> {
     let mut ready = connection.send_request.clone().ready().await.unwrap();
-    let request = Request::post(format!(
-        "http://node{}",
-        sluice_tunnel::protocol::CONNECT_PATH
-    ))
-    .header("content-type", "application/grpc")
-    .header("authorization", format!("Bearer {token}"))
-    .header(
-        sluice_tunnel::protocol::CONNECTION_ID_HEADER,
-        announce.connection_id,
-    )
-    .header(
-        sluice_tunnel::protocol::AGENT_VERSION_HEADER,
-        announce.version,
-    )
-    .body(())
-    .unwrap();
+    let request = connect_head(token)
+        .header(
+            sluice_tunnel::protocol::CONNECTION_ID_HEADER,
+            announce.connection_id,
+        )
+        .header(
+            sluice_tunnel::protocol::AGENT_VERSION_HEADER,
+            announce.version,
+        )
+        .body(())
+        .unwrap();
     let (response, mut send) = ready.send_request(request, false).unwrap();
     let descriptor = frame(&ConnectRequest {
         msg: Some(connect_request::Msg::Descriptor(Descriptor {
