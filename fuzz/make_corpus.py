@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed corpus under fuzz/corpus/<target>/ from the crates' fixtures and hand-built
 valid messages. Run from anywhere; idempotent (file names are content hashes)."""
-import hashlib, json, os, struct, sys
+import base64, hashlib, json, os, struct, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "fuzz", "corpus")
@@ -212,6 +212,59 @@ put("reject_packet", eth + b"\x86\xdd" + ipv6(44, b"\x06\x00\x00\x01\x00\x00\x00
 put("vm_objects", b'{"apiVersion":"vm.sluice.dev/v1alpha1","kind":"VirtualMachine","metadata":{"name":"vm1","resourceVersion":"7"},"spec":{"management":"Agented","uplink":{"name":"eth0","ips":["10.0.0.2/24"]}},"status":{"state":"AgentedConnected","lastHeartbeat":"2026-11-26T05:00:00Z","conditions":[{"type":"AgentConnected","status":"True","reason":"HeartbeatReceived","lastTransitionTime":"2026-11-26T05:00:00Z"}]}}')
 put("vm_objects", b'{"apiVersion":"vm.sluice.dev/v1alpha1","kind":"VirtualMachineRuntimeInfo","metadata":{"name":"vm1"},"agentState":"Active","os":"linux","agentVersion":"0.1.0","networkPolicies":{"web":"3"},"conditions":[{"type":"OVSDBConnected","status":"True","reason":"Connected"}],"reportedAt":"2026-11-26T05:00:00.123Z"}')
 put("vm_objects", b'{"metadata":{"name":"web"},"spec":{"appliedTo":["g"],"members":[{"name":"eth0","vm":"vm1"}],"rules":[{"peers":{"addressGroups":["a"]}}]}}')
+
+# The main config file: the embedded defaults, a node's packaged config, and small documents.
+put("config_file", fixture("foundation/config/src/embedded_defaults.yaml"))
+put("config_file", fixture("deploy/debian/node.yaml"))
+put("config_file", "tunnel:\n  max_connections_per_agent: 4\n  list_page_size: 0\n")
+put("config_file", "admin:\n  listen: 127.0.0.1:9\nunknown: 1\n")
+
+# Tunnel node inputs (first byte: decoder, see tunnel_node.rs)
+put("tunnel_node", b"\x00" + b"42/7/node-a")
+put("tunnel_node", b"\x00" + b"1/-3/node/with/slashes")
+put("tunnel_node", b"\x01" + struct.pack("<qq", 42, 7) + b"node-a")
+put("tunnel_node", b"\x02" + b"123\n0.1.0")
+put("tunnel_node", b"\x02" + b"0007\n")
+put("tunnel_node", b"\x03" + ld(1, "sluice.test.Echo") + ld(1, "grpc.health.v1.Health") + ld(2, "0.1.0") + field(3, 0, 1))
+put("tunnel_node", b"\x04" + b"agent 7 not connected: 100%25 h%C3%A9llo %zz %4")
+
+# DER client certificates (self-signed, P-256; made once with openssl req -x509): CN and O.
+CERTS = {
+    "alice, O=system:masters, O=dev": "MIIBwjCCAWmgAwIBAgIUdecg7m54SWktiSVUtz1X5BWdjKwwCgYIKoZIzj0EAwIwNzEOMAwGA1UEAwwFYWxpY2UxFzAVBgNVBAoMDnN5c3RlbTptYXN0ZXJzMQwwCgYDVQQKDANkZXYwHhcNMjYxMTI4MjIyMjMxWhcNMzYxMTI1MjIyMjMxWjA3MQ4wDAYDVQQDDAVhbGljZTEXMBUGA1UECgwOc3lzdGVtOm1hc3RlcnMxDDAKBgNVBAoMA2RldjBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABKU+36eaYZbra6AsV11uhp2SmUqV47MqMWFSS4YafEnB24heQan0i1e479d2yIVDcEZZ+uQ9q/UBmFf7xxzxdAujUzBRMB0GA1UdDgQWBBRgiwtwDjf99/Al8oweWclMTSj/qDAfBgNVHSMEGDAWgBRgiwtwDjf99/Al8oweWclMTSj/qDAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0cAMEQCIHPqtZE98NV+lmtgx+paPN5TkqPghOhBxCzRJeAir7ylAiAvd5Cex8IKC2HivNfdpFxUto8soYVspvIgM+BRd3jAcQ==",
+    "gw-1, O=gateway": "MIIBlzCCAT2gAwIBAgIULByoBIiRmfJPln1kFY9Ge+WyCI0wCgYIKoZIzj0EAwIwITENMAsGA1UEAwwEZ3ctMTEQMA4GA1UECgwHZ2F0ZXdheTAeFw0yNjExMjgyMjIyMzFaFw0zNjExMjUyMjIyMzFaMCExDTALBgNVBAMMBGd3LTExEDAOBgNVBAoMB2dhdGV3YXkwWTATBgcqhkjOPQIBBggqhkjOPQMBBwNCAAT4ecJcRft8FdTD7HOsu8ahHNmdRPltNn2SW2RnBzG/2baDsKqAOup+azxbidgwGFS8N/Rf5pObjtm3/q7zfzWdo1MwUTAdBgNVHQ4EFgQU2k6/qLyx4iyYS7FExCnXM9U38i0wHwYDVR0jBBgwFoAU2k6/qLyx4iyYS7FExCnXM9U38i0wDwYDVR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNIADBFAiEAua7T03tEytCVEMC3mSLulvu25B60UBSxdmzkF18AVFMCICWkZxiKH1Ppx/S2FGPNTkbXysdYsW05gaelLUUhdTp5",
+    "node-a, O=node, O=admin": "MIIBtjCCAVugAwIBAgIUUH6pwrNQLymANBejC69n3kl4ybcwCgYIKoZIzj0EAwIwMDEPMA0GA1UEAwwGbm9kZS1hMQ0wCwYDVQQKDARub2RlMQ4wDAYDVQQKDAVhZG1pbjAeFw0yNjExMjgyMjIyMzFaFw0zNjExMjUyMjIyMzFaMDAxDzANBgNVBAMMBm5vZGUtYTENMAsGA1UECgwEbm9kZTEOMAwGA1UECgwFYWRtaW4wWTATBgcqhkjOPQIBBggqhkjOPQMBBwNCAAQFSDFlU/94evqKLqu8iJ5Vk8NqNjWUGxdepwem4v5ssEQrRkfVOssR6Dd5VVVCkTsM9N8RbhmLeyL1JDA5La5Do1MwUTAdBgNVHQ4EFgQUeYKAqx8kVT3rsrG9Y5qEcMziN+cwHwYDVR0jBBgwFoAUeYKAqx8kVT3rsrG9Y5qEcMziN+cwDwYDVR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNJADBGAiEAvqADbD22GcvdIiU/6d0VCyLpSU8+7bTsq0URKDKx2KMCIQCam5dS6/3TKCxTO/KsI6yAb+cNRjXD0eR3XbO8bQLoGg==",
+    "no CN, O=vm-agent": "MIIBezCCASGgAwIBAgIUYJk+E4Axi5OCwObLnhSwa8c2APEwCgYIKoZIzj0EAwIwEzERMA8GA1UECgwIdm0tYWdlbnQwHhcNMjYxMTI4MjIyMjMxWhcNMzYxMTI1MjIyMjMxWjATMREwDwYDVQQKDAh2bS1hZ2VudDBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABK1YivBVAb+RmrDrpz/07vFeiFDNW19ETxzyFdiL9twn+FmIQXYZ0Edke1PNSMHT7zxftQOTrcOBpp82nKTB2CCjUzBRMB0GA1UdDgQWBBTKp4zCXFku9BBqD7Fb8275hqLh0zAfBgNVHSMEGDAWgBTKp4zCXFku9BBqD7Fb8275hqLh0zAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0gAMEUCIQCSVn7E+izycRCtCOigkel0NXmJLtaaozXoOoKPOWPhVAIgWsuXuKQVQFE3wh02XoiImR/BeZE/tKHI9UjQYMJJQ3s=",
+}
+for der in CERTS.values():
+    put("gateway_review", b"\x01" + base64.b64decode(der))
+    put("controlplane_input", b"\x02" + base64.b64decode(der))
+
+# Gateway identity inputs (first byte: decoder, see gateway_review.rs)
+put("gateway_review", b"\x00" + b'{"status":{"authenticated":true,"user":{"username":"alice","uid":"1","groups":["dev"],"extra":{"scopes":["a"]}}}}')
+put("gateway_review", b"\x00" + b'{"status":{"allowed":true,"reason":"RBAC"}}')
+put("gateway_review", b"\x02" + b"X_Remote_User: admin\nImpersonate-Group: system:masters\nimpersonate_uid: 0\nx-remote-extra-scopes: a\nAuthorization: Bearer t\naccept: */*")
+for path in ["ca.pem", "sub/token", "in/token", "out/secret", "secret", "host", "../outside/secret", "/etc/hostname", "./sub/../ca.pem"]:
+    put("gateway_review", b"\x03" + path.encode())
+put("gateway_review", b"\x04" + b"eyJhbGciOiJSUzI1NiJ9.e30.c2ln")
+
+# Control-plane inputs (first byte: decoder, see controlplane_input.rs)
+put("controlplane_input", b"\x00" + b'{"kind":"AgentList","metadata":{"resourceVersion":"12","continue":"c"},"items":[{"metadata":{"name":"a","namespace":"n","resourceVersion":"11"}},{"metadata":{"name":"b","resourceVersion":"12"}}]}')
+put("controlplane_input", b"\x01" + b'{"apiVersion":"sluice.dev/v1alpha1","kind":"Token","metadata":{"name":"gw-1"},"spec":{"role":"gateway","subject":"gw-1","tokenSha256":"' + b"ab" * 32 + b'"}}')
+put("controlplane_input", b"\x01" + b'{"apiVersion":"sluice.dev/v1alpha1","kind":"Agent","metadata":{"name":"agent-7"},"spec":{"id":7,"tokenSha256":"' + b"0f" * 32 + b'"}}')
+
+# Uplink record in a Port's external_ids (first byte: form, see uplink_record.rs)
+UPLINK = {
+    "sluice-uplink": "eth0",
+    "sluice-uplink-mac": "02:00:ab:cd:ef:01",
+    "sluice-uplink-mtu": "9000",
+    "sluice-uplink-ips": "10.1.2.3/24,2001:db8::3/64",
+    "sluice-uplink-ips-nobrd": "10.1.2.3/24",
+    "sluice-uplink-routes": json.dumps([{"dst": "0.0.0.0/0", "gw": "10.1.2.1", "metric": 100, "scope": 0, "proto": 4}, {"dst": "10.1.2.0/24", "scope": 253, "proto": 2}]),
+    "sluice-uplink-sysctls": "rp_filter=2,arp_ignore=1,disable_ipv6=0",
+}
+put("uplink_record", b"\x00" + json.dumps(["map", [[k, v] for k, v in UPLINK.items()]]).encode())
+put("uplink_record", b"\x01" + "\n".join(f"{k}={v}" for k, v in UPLINK.items()).encode())
+put("uplink_record", b"\x00" + b'["map",[["sluice-internal","true"]]]')
 
 total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(CORPUS) for f in fs)
 print(f"corpus: {total} bytes", file=sys.stderr)

@@ -57,6 +57,9 @@ pub use backoff::Backoff;
 pub use client::WatchClient;
 pub use config::{ClientCertFiles, Resource, WatchClientConfig};
 pub use decode::{decode_event, LineDecoder, WatchEvent};
+/// The LIST decoder, for the fuzz targets (`fuzz/`).
+#[doc(hidden)]
+pub use decode::{decode_list, ListPage};
 pub use error::WatchError;
 pub use metrics::{ResourceMetrics, WatchMetrics};
 pub use snapshot::{diff, Change, ObjectKey, Objects, Snapshot};

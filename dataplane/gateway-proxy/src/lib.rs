@@ -50,3 +50,11 @@ pub use reload::{spawn_reloader, ReloaderHandle};
 pub use state::{load_generation, Gateway, Generation};
 // The upgrade-head parsers, public for the fuzz targets (`fuzz/`).
 pub use upgrade::{is_upgrade, parse_request, parse_response_status, upstream_head, RequestHead};
+
+/// The proxy's decoders of what clients and the apiserver send (review answers, identity
+/// headers), for the fuzz targets (`fuzz/`): not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::headers::strip_request_header_authentication;
+    pub use crate::review::{access_allowed, token_review, token_verdict};
+}

@@ -503,8 +503,10 @@ impl hyper::body::Body for InFlightBody {
     }
 }
 
-/// The identity a client certificate names (CN = subject, O = role).
-fn identity_of(certificate: &[u8]) -> Result<Identity, AuthError> {
+/// The identity a client certificate names (CN = subject, O = role). Public for the fuzz
+/// targets (`fuzz/`).
+#[doc(hidden)]
+pub fn identity_of(certificate: &[u8]) -> Result<Identity, AuthError> {
     let Ok((_, parsed)) = x509_parser::parse_x509_certificate(certificate) else {
         return Err(AuthError::CertificateWithoutRole);
     };

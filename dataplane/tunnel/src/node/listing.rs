@@ -27,12 +27,12 @@ fn bad_request(message: impl Into<std::borrow::Cow<'static, str>>) -> TunnelErro
 
 /// The token naming `key`: `<agent>/<connection id>/<node>` (the node last, as it is the only
 /// part that may hold a `/`).
-pub(super) fn page_token(key: &ConnectionKey) -> String {
+pub fn page_token(key: &ConnectionKey) -> String {
     format!("{}/{}/{}", key.agent, key.connection_id, key.node)
 }
 
 /// The key a token names; `None` for the empty token (the first page).
-pub(super) fn parse_page_token(token: &str) -> Result<Option<ConnectionKey>, TunnelError> {
+pub fn parse_page_token(token: &str) -> Result<Option<ConnectionKey>, TunnelError> {
     if token.is_empty() {
         return Ok(None);
     }

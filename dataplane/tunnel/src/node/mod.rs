@@ -40,6 +40,14 @@ pub use collector::NodeCollector;
 pub use endpoints::{AgentEndpoint, ExternalEndpoint, PrivateEndpoint};
 pub use tunnel::TunnelStreams;
 
+/// The node's decoders of what agents and clients send, for the fuzz targets (`fuzz/`): not
+/// an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::listing::{page_token, parse_page_token};
+    pub use super::quota::{announcement, check_descriptor};
+}
+
 use arc_swap::ArcSwap;
 use remote::{PeerTls, PrivateSigner};
 

@@ -99,7 +99,7 @@ fn malformed(message: String) -> TunnelError {
 
 /// The connection id and version an agent announces in its Connect metadata. A missing id is 0
 /// and a missing version empty (older agents); present, each must be well-formed and short.
-pub(super) fn announcement<'a>(
+pub fn announcement<'a>(
     headers: &'a HeaderMap,
     limits: &AgentLimits,
 ) -> Result<(i64, &'a str), TunnelError> {
@@ -144,7 +144,7 @@ fn check_version(version: &str, field: &str, limits: &AgentLimits) -> Result<(),
 
 /// The Descriptor's service list and version within `limits`; a service name is a fully
 /// qualified gRPC name (letters, digits, `_` and `.`).
-pub(super) fn check_descriptor(
+pub fn check_descriptor(
     descriptor: &Descriptor,
     limits: &AgentLimits,
 ) -> Result<(), TunnelError> {
