@@ -155,9 +155,10 @@ pub fn decode_message(value: &[u8]) -> String {
     let mut index = 0;
     while index < value.len() {
         if value[index] == b'%' && index + 2 < value.len() {
-            let hex = std::str::from_utf8(&value[index + 1..index + 3]).ok();
-            if let Some(byte) = hex.and_then(|hex| u8::from_str_radix(hex, 16).ok()) {
-                bytes.push(byte);
+            // Two hex digits exactly: `from_str_radix` alone would also take a sign (`%+1`).
+            let (high, low) = (value[index + 1], value[index + 2]);
+            if let (Some(high), Some(low)) = (hex_digit(high), hex_digit(low)) {
+                bytes.push(high << 4 | low);
                 index += 3;
                 continue;
             }
@@ -168,10 +169,19 @@ pub fn decode_message(value: &[u8]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+fn hex_digit(byte: u8) -> Option<u8> {
+    (byte as char).to_digit(16).map(|digit| digit as u8)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn an_escape_is_two_hex_digits_and_nothing_else() {
+        assert_eq!(decode_message(b"a%41%2f%+1%-1%4"), "aA/%+1%-1%4");
+    }
 
     #[test]
     fn codes_round_trip_and_unknown_numbers_map_to_unknown() {
