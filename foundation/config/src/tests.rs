@@ -646,3 +646,25 @@ fn peer_timeouts_are_read_and_bounded() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn a_secret_file_is_read_only_up_to_its_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.secret");
+    std::fs::write(&big, vec![b'k'; 64 * 1024 + 1]).unwrap();
+    let errors = errors_of(&format!(
+        "tunnel: {{jwt: {{secret_file: '{}'}}}}\n",
+        big.display()
+    ));
+    assert!(
+        errors.iter().any(|e| e.starts_with("tunnel.jwt.secret_file: ")
+            && e.contains("holds more than 65536 bytes")),
+        "{errors:?}"
+    );
+    // /dev/zero never ends: the bound stops the read instead of filling memory.
+    let errors = errors_of("tunnel: {jwt: {secret_file: '/dev/zero'}}\n");
+    assert!(
+        errors.iter().any(|e| e.contains("holds more than 65536 bytes")),
+        "{errors:?}"
+    );
+}

@@ -370,11 +370,25 @@ pub(crate) fn readable_file(
     }
 }
 
+/// Most bytes a secret file may hold: a key is tens of bytes, and a bound keeps a mistaken path
+/// (a log, `/dev/zero`) from being read whole into memory at start-up.
+const MAX_SECRET_FILE_BYTES: u64 = 64 * 1024;
+
 /// Reads a secret from a file, without its trailing newline.
 fn secret_from_file(leaf: &Leaf, path: &str, errors: &mut Errors) -> Option<(PathBuf, Vec<u8>)> {
     let file = readable_file(leaf, path, true, errors)?;
-    match std::fs::read(&file) {
-        Ok(mut bytes) => {
+    match read_bounded(&file, MAX_SECRET_FILE_BYTES) {
+        Ok(None) => {
+            errors.push(
+                path,
+                format!(
+                    "{} holds more than {MAX_SECRET_FILE_BYTES} bytes: a secret file holds one key",
+                    file.display()
+                ),
+            );
+            None
+        }
+        Ok(Some(mut bytes)) => {
             while bytes.last().is_some_and(u8::is_ascii_whitespace) {
                 bytes.pop();
             }
@@ -389,6 +403,16 @@ fn secret_from_file(leaf: &Leaf, path: &str, errors: &mut Errors) -> Option<(Pat
             None
         }
     }
+}
+
+/// The file's bytes, or `None` when it holds more than `limit`.
+fn read_bounded(file: &std::path::Path, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)?
+        .take(limit + 1)
+        .read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= limit).then_some(bytes))
 }
 
 fn text(leaf: &Leaf, path: &str, default: &str, errors: &mut Errors) -> String {
