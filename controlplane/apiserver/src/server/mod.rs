@@ -516,12 +516,18 @@ pub fn identity_of(certificate: &[u8]) -> Result<Identity, AuthError> {
         .next()
         .and_then(|name| name.as_str().ok())
         .unwrap_or("");
-    let organizations: Vec<&str> = subject
+    // An O value that is not readable text refuses the certificate: skipping it would read a
+    // certificate naming two roles as naming the one left (the gateway refuses such a one too).
+    let organizations = subject
         .iter_organization()
-        .filter_map(|name| name.as_str().ok())
-        .collect();
+        .map(|name| name.as_str().map_err(|_| AuthError::CertificateWithoutRole))
+        .collect::<Result<Vec<&str>, AuthError>>()?;
     Identity::from_certificate(common_name, &organizations)
 }
+
+#[cfg(test)]
+#[path = "identity_of_tests.rs"]
+mod identity_of_tests;
 
 /// Resolves once `stop` turns true (or its sender is gone).
 pub(crate) async fn stopped(stop: &mut signal::Receiver<bool>) {
