@@ -657,14 +657,18 @@ fn a_secret_file_is_read_only_up_to_its_bound() {
         big.display()
     ));
     assert!(
-        errors.iter().any(|e| e.starts_with("tunnel.jwt.secret_file: ")
-            && e.contains("holds more than 65536 bytes")),
+        errors
+            .iter()
+            .any(|e| e.starts_with("tunnel.jwt.secret_file: ")
+                && e.contains("holds more than 65536 bytes")),
         "{errors:?}"
     );
     // /dev/zero never ends: the bound stops the read instead of filling memory.
     let errors = errors_of("tunnel: {jwt: {secret_file: '/dev/zero'}}\n");
     assert!(
-        errors.iter().any(|e| e.contains("holds more than 65536 bytes")),
+        errors
+            .iter()
+            .any(|e| e.contains("holds more than 65536 bytes")),
         "{errors:?}"
     );
 }

@@ -144,10 +144,7 @@ fn check_version(version: &str, field: &str, limits: &AgentLimits) -> Result<(),
 
 /// The Descriptor's service list and version within `limits`; a service name is a fully
 /// qualified gRPC name (letters, digits, `_` and `.`).
-pub fn check_descriptor(
-    descriptor: &Descriptor,
-    limits: &AgentLimits,
-) -> Result<(), TunnelError> {
+pub fn check_descriptor(descriptor: &Descriptor, limits: &AgentLimits) -> Result<(), TunnelError> {
     if descriptor.services.len() > limits.services {
         return Err(malformed(format!(
             "the Descriptor lists {} services, over the limit of {} (tunnel.max_agent_services)",
