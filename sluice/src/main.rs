@@ -6,6 +6,8 @@ mod daemon;
 #[cfg(feature = "demo")]
 mod demo;
 mod logging;
+#[cfg(test)]
+mod mutation;
 mod notify;
 mod policy_cmd;
 mod status_cmd;

@@ -24,20 +24,7 @@ fn parse(flag: &str, value: &str) -> Result<Flags, clap::Error> {
     Flags::try_parse_from(["sluice", flag, value])
 }
 
-/// xorshift64: reproducible without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, bound: usize) -> usize {
-        (self.next() % bound as u64) as usize
-    }
-}
+use crate::mutation::Rng;
 
 const ROLES: [Role; 4] = [Role::Admin, Role::Gateway, Role::Node, Role::VmAgent];
 const SHARE_FLAGS: [&str; 3] = ["--connection-share", "--watch-share", "--request-share"];
@@ -45,21 +32,7 @@ const BUDGET_FLAGS: [&str; 2] = ["--write-budget", "--role-write-budget"];
 
 /// A byte edit of `text`: replace, insert or delete, from an alphabet near the grammar's.
 fn mutate(rng: &mut Rng, text: &str) -> String {
-    const ALPHABET: &[u8] = b"0123456789=/,.-+eE xX_aAn\xc3\xa9\0";
-    let mut bytes = text.as_bytes().to_vec();
-    for _ in 0..=rng.below(3) {
-        let at = rng.below(bytes.len() + 1);
-        let byte = ALPHABET[rng.below(ALPHABET.len())];
-        match rng.below(3) {
-            0 if at < bytes.len() => bytes[at] = byte,
-            1 => bytes.insert(at, byte),
-            _ if at < bytes.len() => {
-                bytes.remove(at);
-            }
-            _ => {}
-        }
-    }
-    String::from_utf8_lossy(&bytes).into_owned()
+    crate::mutation::mutate(rng, text, b"0123456789=/,.-+eE xX_aAn\xc3\xa9\0", 3)
 }
 
 fn shares(flags: &Flags) -> Vec<super::limits::ShareArg> {

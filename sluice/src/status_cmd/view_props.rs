@@ -29,34 +29,11 @@ h_sum 0.2
 h_count 1
 "#;
 
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, bound: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % bound as u64) as usize
-    }
-}
+use crate::mutation::Rng;
 
 /// Up to eight byte edits (replace, insert, delete) from the exposition format's alphabet.
 fn mutate(rng: &mut Rng, text: &str) -> String {
-    const ALPHABET: &[u8] = b"{}=\",# \n0123456789.-+eEaINfn_\\\xff";
-    let mut bytes = text.as_bytes().to_vec();
-    for _ in 0..=rng.below(8) {
-        let at = rng.below(bytes.len() + 1);
-        let byte = ALPHABET[rng.below(ALPHABET.len())];
-        match rng.below(3) {
-            0 if at < bytes.len() => bytes[at] = byte,
-            1 => bytes.insert(at, byte),
-            _ if at < bytes.len() => {
-                bytes.remove(at);
-            }
-            _ => {}
-        }
-    }
-    String::from_utf8_lossy(&bytes).into_owned()
+    crate::mutation::mutate(rng, text, b"{}=\",# \n0123456789.-+eEaINfn_\\\xff", 8)
 }
 
 #[test]
