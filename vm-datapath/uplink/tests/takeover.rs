@@ -405,10 +405,11 @@ fn takeover_keeps_the_vm_reachable_and_restore_gives_it_back() {
         "one gratuitous ARP, from the VM's MAC"
     );
     let after = sluice_uplink::announcements();
-    assert_eq!(
-        (after.sent - counted.sent, after.failed - counted.failed),
-        (1, 0),
-        "announced once, without a failure"
+    // The counters are process-wide and the other tests of this binary announce too, in
+    // parallel: at least this one is counted, and none failed (the capture above proves once).
+    assert!(
+        after.sent > counted.sent && after.failed == counted.failed,
+        "announced, without a failure: {counted:?} -> {after:?}"
     );
 
     assert_taken_over(&vm, &taken, &mac);
