@@ -1,16 +1,23 @@
 //! The client's half of a call, and the one place a failed call is answered.
 
 use std::future::poll_fn;
+use std::time::Duration;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::SendStream;
 use http::{HeaderMap, HeaderName, HeaderValue, Response};
 use sluice_grpc::status::encode_message as encode_grpc_message;
+use sluice_grpc::transport::recv_data;
 use sluice_grpc::Code;
 
+use super::pumps::CallBody;
 use crate::error::{ErrorKind, TunnelError};
 use crate::metrics::TunnelMetrics;
+
+/// How long a node that reported a ready tunnel (100 Continue) waits for the routing node to
+/// start the request body before it puts the tunnel back: the winner starts at once.
+const CONTINUE_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(super) fn grpc_headers() -> Response<()> {
     let mut response = Response::new(());
@@ -82,6 +89,36 @@ impl Responder {
             None => {
                 let _ = poll_fn(|cx| self.respond.poll_reset(cx)).await;
             }
+        }
+    }
+
+    /// Reports the tunnel this node holds for the call (100 Continue) to the routing node that
+    /// raced this one, and waits for it to start the request. Fails with `ClientGone` when the
+    /// routing node chose another node (reset) or went quiet.
+    pub(super) async fn report_ready(&mut self, body: &mut CallBody) -> Result<(), TunnelError> {
+        let ready = Response::builder()
+            .status(http::StatusCode::CONTINUE)
+            .body(())
+            .map_err(|_| TunnelError::client_gone())?;
+        let respond = &mut self.respond;
+        respond
+            .send_informational(ready)
+            .map_err(|_| TunnelError::client_gone())?;
+        let next = monoio::select! {
+            chunk = recv_data(&mut body.body) => Some(chunk),
+            _ = poll_fn(|cx| respond.poll_reset(cx)) => None,
+            _ = monoio::time::sleep(CONTINUE_TIMEOUT) => None,
+        };
+        match next {
+            Some(None) => {
+                body.ended = true;
+                Ok(())
+            }
+            Some(Some(Ok(chunk))) => {
+                body.early.push(chunk);
+                Ok(())
+            }
+            Some(Some(Err(_))) | None => Err(TunnelError::client_gone()),
         }
     }
 

@@ -13,7 +13,6 @@ use h2::RecvStream;
 use http::{HeaderMap, Response};
 use sluice_grpc::transport::{recv_data, recv_data_held, release, send_data};
 use sluice_grpc::{encode_timeout, Code};
-use sluice_runtime::ConnectionContext;
 
 use super::answer::{status_headers, Responder};
 use super::pumps::{pump_down, pump_up, take_ready_chunks, whole_request, CallBody, Upload};
@@ -112,7 +111,7 @@ pub(super) async fn relay_local(
     up: Upload,
     call: (&mut RecvStream, &mut Responder),
     deadline: Option<Instant>,
-    conn: &ConnectionContext,
+    worker: usize,
 ) -> Result<Code, TunnelError> {
     let (client_body, responder) = call;
     let agent = tunnel.agent;
@@ -138,7 +137,7 @@ pub(super) async fn relay_local(
             {
                 // Both sides finished cleanly: the agent waits for the next RequestInfo on this
                 // stream, so the tunnel goes back to the registry instead of closing.
-                node.metrics.tunnels_reused.inc(conn.worker());
+                node.metrics.tunnels_reused.inc(worker);
                 give_back(node, tunnel);
             } else {
                 // Close the tunnel's Connect call properly; the agent opens a fresh tunnel.

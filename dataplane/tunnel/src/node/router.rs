@@ -1,29 +1,46 @@
-//! The I/O around `route`: carries out each step (registry claims, locator
-//! lookups, races, waits for tunnels and arrivals, timers, the client's reset) and feeds what
-//! happened back to `RouteState::next_step`. It decides nothing itself.
+//! The one driver of a call's routing, for both call endpoints. It makes the call's
+//! `RouteState`, carries out each step the state returns (registry claims, locator lookups,
+//! races, waits for tunnels and arrivals, timers, the client's reset), starts the call on the
+//! route found, and feeds every outcome back to `RouteState::next_step`: no other module makes
+//! or feeds a `RouteState`. It decides nothing itself.
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use h2::RecvStream;
+use sluice_grpc::Code;
 use sluice_locator::EventListener;
 
-use super::answer::ClientReset;
+use super::answer::{ClientReset, Responder};
+use super::call::CallTarget;
+use super::pumps::CallBody;
+use super::relay::{relay_local, relay_remote, start_local, CallHead};
 use super::remote::{RemoteCall, RemoteRouting};
 use super::route::{RouteEvent, RouteState, RouteStep};
-use super::tunnel::TunnelStreams;
+use super::tunnel::{give_back, TunnelStreams};
 use super::NodeShared;
 use crate::error::TunnelError;
 use crate::registry::AgentId;
 
 /// Where a routed call goes.
-pub(super) enum Route {
+enum Route {
     /// A tunnel of the agent on this node.
     Local(TunnelStreams),
     /// Another node reported a ready tunnel and holds the call open.
     Remote(RemoteCall),
 }
 
-/// One call's routing I/O.
+/// Whether the caller hears of a local tunnel before the call uses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Readiness {
+    /// The call starts on the tunnel at once.
+    Silent,
+    /// A routing node racing several nodes asked (`expect: 100-continue`, private endpoint):
+    /// the first tunnel is reported with 100 Continue and used once that node starts the body.
+    Report,
+}
+
+/// One call's routing.
 pub(super) struct Router<'a> {
     pub(super) node: &'a Arc<NodeShared>,
     /// Other nodes, on the external endpoint of a node with a locator.
@@ -35,9 +52,107 @@ pub(super) struct Router<'a> {
     pub(super) worker: usize,
 }
 
+impl<'a> Router<'a> {
+    pub(super) fn new(
+        node: &'a Arc<NodeShared>,
+        remote: Option<&'a RemoteRouting>,
+        target: &CallTarget,
+        parts: &'a http::request::Parts,
+        worker: usize,
+    ) -> Self {
+        Self {
+            node,
+            remote,
+            agent: target.agent,
+            deadline: target.deadline,
+            parts,
+            worker,
+        }
+    }
+}
+
 impl Router<'_> {
+    /// The route phase of a call, to its end: routes it, starts it on the route found and
+    /// relays it. A tunnel that broke before the call used it, or a node called directly that
+    /// did not take it, sends the call back to routing.
+    pub(super) async fn drive(
+        &self,
+        body: RecvStream,
+        readiness: Readiness,
+        responder: &mut Responder,
+    ) -> Result<Code, TunnelError> {
+        let node = &**self.node;
+        let head = CallHead::new(self.parts.uri.path(), &self.parts.headers, self.deadline);
+        let mut body = CallBody {
+            body,
+            early: Vec::new(),
+            ended: false,
+        };
+        let cluster = self.remote.is_some();
+        let mut state = RouteState::new(
+            self.agent,
+            self.deadline,
+            node.max_wait(),
+            cluster,
+            Instant::now(),
+        );
+        let mut step = state.start();
+        let mut report = readiness == Readiness::Report;
+        loop {
+            let route = self
+                .route(&mut state, step, responder)
+                .await
+                .inspect_err(|_| self.observe_wait(&state))?;
+            let mut tunnel = match route {
+                Route::Local(tunnel) => tunnel,
+                Route::Remote(call) => {
+                    let until = state.wait_until();
+                    let relayed =
+                        relay_remote(call, &mut body, responder, self.deadline, self.agent, until)
+                            .await;
+                    match relayed {
+                        Ok(outcome) => return outcome,
+                        // A node called directly did not take the call after all: routing
+                        // goes on as after a lost race (or ends, when the body went to it).
+                        Err(unconfirmed) => {
+                            step = state.next_step(unconfirmed.event(), Instant::now());
+                            continue;
+                        }
+                    }
+                }
+            };
+            if std::mem::take(&mut report) {
+                if let Err(error) = responder.report_ready(&mut body).await {
+                    give_back(self.node, tunnel);
+                    return Err(error);
+                }
+            }
+            match start_local(node, &mut tunnel, &head, &mut body).await {
+                Ok(up) => {
+                    self.observe_wait(&state);
+                    let call = (&mut body.body, &mut *responder);
+                    return relay_local(self.node, tunnel, up, call, self.deadline, self.worker)
+                        .await;
+                }
+                Err(error) => {
+                    let failed = RouteEvent::Failed {
+                        error,
+                        replied: responder.replied(),
+                    };
+                    step = state.next_step(failed, Instant::now());
+                }
+            }
+        }
+    }
+
+    /// The call's wait for a route, once it has one or gave up.
+    fn observe_wait(&self, state: &RouteState) {
+        let waited = state.waited_for(Instant::now());
+        self.node.metrics.wait_duration.observe(self.worker, waited);
+    }
+
     /// Carries out `step` and the steps after it until the call has a route or gives up.
-    pub(super) async fn route(
+    async fn route(
         &self,
         state: &mut RouteState,
         mut step: RouteStep,
@@ -63,10 +178,7 @@ impl Router<'_> {
                         None => RouteEvent::ClaimTimedOut,
                     }
                 }
-                RouteStep::Locate { fresh, until } => {
-                    step = self.locate(state, fresh, until).await;
-                    continue;
-                }
+                RouteStep::Locate { fresh, until } => self.locate(fresh, until).await,
                 RouteStep::Race { candidates, until } => {
                     metrics.route("remote", self.worker);
                     metrics
@@ -111,16 +223,17 @@ impl Router<'_> {
         Route::Local(tunnel)
     }
 
-    async fn locate(&self, state: &mut RouteState, fresh: bool, until: Instant) -> RouteStep {
+    /// Asks the locator which other nodes hold the agent.
+    async fn locate(&self, fresh: bool, until: Instant) -> RouteEvent<'static> {
         let Some(remote) = self.remote else {
-            return state.next_step(RouteEvent::LocatorFailed, Instant::now());
+            return RouteEvent::LocatorFailed;
         };
         match remote.remote_nodes(self.agent, until, fresh).await {
-            Ok(peers) => state.next_step(RouteEvent::Located(peers), Instant::now()),
+            Ok(peers) => RouteEvent::Located(peers),
             // The locator is away: local tunnels still work; remote routing resumes with it.
             Err(error) => {
                 tracing::debug!(agent = self.agent, %error, "agent lookup failed");
-                state.next_step(RouteEvent::LocatorFailed, Instant::now())
+                RouteEvent::LocatorFailed
             }
         }
     }

@@ -1,6 +1,6 @@
 //! The external endpoint: clients call agents here with a JWT and `sluice-agent-id`. A call
-//! reads top-down: authenticate, parse, route (local tunnel, or another node found by the
-//! locator), relay, answer.
+//! reads top-down: authenticate, parse, route (the one driver, `router.rs`: a local tunnel or
+//! another node found by the locator, relayed to the end), settle (answer a failure).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -20,16 +20,10 @@ use sluice_runtime::{
 };
 
 use super::super::answer::Responder;
-use super::super::call::CallTarget;
-use super::super::pumps::CallBody;
-use super::super::relay::{relay_local, relay_remote, start_local, CallHead};
 use super::super::remote::RemoteRouting;
-use super::super::route::{RouteEvent, RouteState};
-use super::super::router::{Route, Router};
+use super::super::router::{Readiness, Router};
 use super::super::NodeShared;
-use super::{
-    check_client_metadata, list_agents, parse_request, refused, serve_calls, settle, Admitted,
-};
+use super::{forwardable, list_agents, parse_request, refused, serve_calls, settle, Admitted};
 use crate::auth::VerifiedTokens;
 use crate::error::{ErrorKind, TunnelError};
 
@@ -87,8 +81,8 @@ impl ExternalHandler {
         }
     }
 
-    /// One call, counted by method and code. Phases: authenticate, parse, then route and
-    /// relay; `settle` answers a failure.
+    /// One call, counted by method and code. Phases: authenticate, parse (shed when the node is
+    /// overloaded, metadata within limits), route (the one driver, `Router::drive`), settle.
     ///
     /// Owns its handler so the HTTP/2 server spawns this future itself: every wrapper around
     /// a call's future is one more copy of its state (kilobytes) per call.
@@ -109,21 +103,23 @@ impl ExternalHandler {
             .validate(&node.jwt(), &parts.headers)
             .map_err(|error| refused(&node.metrics, "external", &error));
         let is_authenticated = authenticated.is_ok();
-        let outcome = match authenticated.and_then(|()| parse_request(method, &parts.headers)) {
-            // The newest calls are the ones shed: every call admitted before goes on.
-            Ok(_) if sluice_overload::shedding() => {
-                sluice_overload::count_shed(sluice_overload::Role::Tunnel);
-                Err(TunnelError::new(
-                    ErrorKind::Overloaded,
-                    "the node is overloaded (near its memory or file-descriptor limit) and sheds new calls; retry later",
-                ))
-            }
+        let admitted = authenticated
+            .and_then(|()| parse_request(method, &parts.headers))
+            .and_then(unless_shedding)
+            .and_then(|admitted| forwardable(node, &parts.headers, admitted));
+        let outcome = match admitted {
             // Boxed: its Redis timeout (a 640-byte, 128-byte aligned timer) stays out of
             // every call's future.
             Ok(Admitted::ListAgents) => Box::pin(list_agents(node, body, &mut responder)).await,
             Ok(Admitted::Call(target)) => {
-                self.route_and_relay(&conn, &parts, body, target, &mut responder)
-                    .await
+                let router = Router::new(
+                    &self.node,
+                    self.remote.as_ref(),
+                    &target,
+                    &parts,
+                    conn.worker(),
+                );
+                router.drive(body, Readiness::Silent, &mut responder).await
             }
             Err(error) => Err(error),
         };
@@ -141,93 +137,18 @@ impl ExternalHandler {
             .observe(conn.worker(), started.elapsed().as_secs_f64());
         conn.request_served();
     }
+}
 
-    /// Routes the call (a local tunnel, or another node) and relays it; a tunnel that broke
-    /// before the call used it sends the call back to routing.
-    async fn route_and_relay(
-        &self,
-        conn: &ConnectionContext,
-        parts: &http::request::Parts,
-        body: RecvStream,
-        target: CallTarget,
-        responder: &mut Responder,
-    ) -> Result<Code, TunnelError> {
-        let node = &*self.node;
-        check_client_metadata(node, &parts.headers)?;
-        let head = CallHead::new(parts.uri.path(), &parts.headers, target.deadline);
-        let mut body = CallBody {
-            body,
-            early: Vec::new(),
-            ended: false,
-        };
-        let router = Router {
-            node: &self.node,
-            remote: self.remote.as_ref(),
-            agent: target.agent,
-            deadline: target.deadline,
-            parts,
-            worker: conn.worker(),
-        };
-        let cluster = self.remote.is_some();
-        let mut state = RouteState::new(
-            target.agent,
-            target.deadline,
-            node.max_wait(),
-            cluster,
-            Instant::now(),
-        );
-        let mut step = state.start();
-        loop {
-            let route = router
-                .route(&mut state, step, responder)
-                .await
-                .inspect_err(|_| {
-                    node.metrics
-                        .wait_duration
-                        .observe(conn.worker(), state.waited_for(Instant::now()));
-                })?;
-            let mut tunnel = match route {
-                Route::Local(tunnel) => tunnel,
-                Route::Remote(call) => {
-                    let until = state.wait_until();
-                    let relayed = relay_remote(
-                        call,
-                        &mut body,
-                        responder,
-                        target.deadline,
-                        target.agent,
-                        until,
-                    )
-                    .await;
-                    match relayed {
-                        Ok(outcome) => return outcome,
-                        // A node called directly did not take the call after all: routing
-                        // goes on as after a lost race (or ends, when the body went to it).
-                        Err(unconfirmed) => {
-                            step = state.next_step(unconfirmed.event(), Instant::now());
-                            continue;
-                        }
-                    }
-                }
-            };
-            match start_local(node, &mut tunnel, &head, &mut body).await {
-                Ok(up) => {
-                    node.metrics
-                        .wait_duration
-                        .observe(conn.worker(), state.waited_for(Instant::now()));
-                    let call = (&mut body.body, &mut *responder);
-                    return relay_local(&self.node, tunnel, up, call, target.deadline, conn).await;
-                }
-                Err(error) => {
-                    let failed = RouteEvent::Failed {
-                        error,
-                        replied: responder.replied(),
-                    };
-                    step = state.next_step(failed, Instant::now());
-                }
-            }
-        }
+/// The newest calls are the ones shed: every call admitted before goes on.
+fn unless_shedding(admitted: Admitted) -> Result<Admitted, TunnelError> {
+    if !sluice_overload::shedding() {
+        return Ok(admitted);
     }
+    sluice_overload::count_shed(sluice_overload::Role::Tunnel);
+    Err(TunnelError::new(
+        ErrorKind::Overloaded,
+        "the node is overloaded (near its memory or file-descriptor limit) and sheds new calls; retry later",
+    ))
 }
 
 impl ConnectionHandler for ExternalHandler {

@@ -116,6 +116,19 @@ where
     })
 }
 
+/// The last check of a call's parse phase, before it is routed: its metadata within the
+/// limits a node forwards (ListConnectedAgents forwards nothing).
+fn forwardable(
+    node: &NodeShared,
+    headers: &HeaderMap,
+    admitted: Admitted,
+) -> Result<Admitted, TunnelError> {
+    if let Admitted::Call(_) = admitted {
+        check_client_metadata(node, headers)?;
+    }
+    Ok(admitted)
+}
+
 /// A client's metadata over the limits a node forwards (`wire::check_metadata`): counted, and
 /// answered RESOURCE_EXHAUSTED naming the limit.
 fn check_client_metadata(node: &NodeShared, headers: &http::HeaderMap) -> Result<(), TunnelError> {

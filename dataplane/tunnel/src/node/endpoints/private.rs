@@ -4,39 +4,26 @@
 //! and gives the tunnel back if another node wins.
 
 use std::cell::RefCell;
-use std::future::poll_fn;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::RecvStream;
-use http::{Request, Response};
-use sluice_grpc::transport::recv_data;
-use sluice_grpc::Code;
+use http::Request;
 use sluice_runtime::{
     ConnectionContext, ConnectionHandler, HandlerFactory, TcpStream, WorkerContext,
 };
 
 use super::super::answer::Responder;
-use super::super::call::{expects_continue, CallTarget};
-use super::super::pumps::CallBody;
-use super::super::relay::{relay_local, start_local, CallHead};
-use super::super::route::{RouteEvent, RouteState};
-use super::super::router::{Route, Router};
-use super::super::tunnel::give_back;
+use super::super::call::expects_continue;
+use super::super::router::{Readiness, Router};
 use super::super::NodeShared;
-use super::{
-    check_client_metadata, list_agents, parse_request, refused, serve_calls, settle, Admitted,
-};
+use super::{forwardable, list_agents, parse_request, refused, serve_calls, settle, Admitted};
 use crate::auth::{AuthError, VerifiedTokens};
 use crate::error::TunnelError;
-
-/// How long a node that reported a ready tunnel (100 Continue) waits for the routing node to
-/// start the request body before it puts the tunnel back: the winner starts at once.
-const CONTINUE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The private endpoint's handler factory.
 #[derive(Debug, Clone)]
@@ -75,8 +62,9 @@ impl ConnectionHandler for PrivateHandler {
 }
 
 impl PrivateHandler {
-    /// One forwarded call: authenticate the node, parse, serve from a local tunnel; `settle`
-    /// answers a failure. Owns its handler so the HTTP/2 server spawns this future itself.
+    /// One forwarded call. Phases: authenticate the node, parse, route (the one driver,
+    /// `Router::drive`, on this node's tunnels only), settle. Owns its handler so the HTTP/2
+    /// server spawns this future itself.
     async fn serve(
         self: Rc<Self>,
         conn: ConnectionContext,
@@ -85,26 +73,25 @@ impl PrivateHandler {
     ) {
         let started = Instant::now();
         let node = &*self.node;
+        let (parts, body) = request.into_parts();
         let mut responder = Responder::new(respond);
-        let validated = match &node.private_jwt {
-            Some((validator, _)) => self
-                .verified_tokens
-                .borrow_mut()
-                .validate(validator, request.headers()),
-            None => Err(AuthError::InvalidToken("no private JWT configured")),
-        };
-        let admitted = validated
-            .map_err(|error| refused(&node.metrics, "private", &error))
-            .and_then(|()| parse_request(request.uri().path(), request.headers()));
+        let admitted = self
+            .authenticate(&parts.headers)
+            .and_then(|()| parse_request(parts.uri.path(), &parts.headers))
+            .and_then(|admitted| forwardable(node, &parts.headers, admitted));
         let outcome = match admitted {
             // Boxed: its Redis timeout (a 640-byte, 128-byte aligned timer) stays out of
             // every call's future.
-            Ok(Admitted::ListAgents) => {
-                Box::pin(list_agents(node, request.into_body(), &mut responder)).await
-            }
+            Ok(Admitted::ListAgents) => Box::pin(list_agents(node, body, &mut responder)).await,
             Ok(Admitted::Call(target)) => {
-                self.serve_locally(&conn, target, request, &mut responder)
-                    .await
+                // Never to other nodes (no `RemoteRouting`), so forwarded calls cannot loop.
+                let router = Router::new(&self.node, None, &target, &parts, conn.worker());
+                let readiness = if expects_continue(&parts.headers) {
+                    Readiness::Report
+                } else {
+                    Readiness::Silent
+                };
+                router.drive(body, readiness, &mut responder).await
             }
             Err(error) => Err(error),
         };
@@ -116,102 +103,17 @@ impl PrivateHandler {
         conn.request_served();
     }
 
-    /// Serves the call from one of this node's tunnels, first confirming readiness when the
-    /// routing node asks for it; a tunnel that broke before the call used it is replaced.
-    async fn serve_locally(
-        &self,
-        conn: &ConnectionContext,
-        target: CallTarget,
-        request: Request<RecvStream>,
-        responder: &mut Responder,
-    ) -> Result<Code, TunnelError> {
+    /// The calling node's JWT, checked against this node's private validator.
+    fn authenticate(&self, headers: &http::HeaderMap) -> Result<(), TunnelError> {
         let node = &*self.node;
-        let (parts, body) = request.into_parts();
-        check_client_metadata(node, &parts.headers)?;
-        let head = CallHead::new(parts.uri.path(), &parts.headers, target.deadline);
-        let mut body = CallBody {
-            body,
-            early: Vec::new(),
-            ended: false,
+        let validated = match &node.private_jwt {
+            Some((validator, _)) => self
+                .verified_tokens
+                .borrow_mut()
+                .validate(validator, headers),
+            None => Err(AuthError::InvalidToken("no private JWT configured")),
         };
-        let router = Router {
-            node: &self.node,
-            remote: None,
-            agent: target.agent,
-            deadline: target.deadline,
-            parts: &parts,
-            worker: conn.worker(),
-        };
-        let mut state = RouteState::new(
-            target.agent,
-            target.deadline,
-            node.max_wait(),
-            false,
-            Instant::now(),
-        );
-        let mut step = state.start();
-        let mut confirm = expects_continue(&parts.headers);
-        loop {
-            let route = router.route(&mut state, step, responder).await;
-            let mut tunnel = match route {
-                Ok(Route::Local(tunnel)) => tunnel,
-                // This endpoint never routes to other nodes.
-                Ok(Route::Remote(_)) => return Err(TunnelError::client_gone()),
-                Err(error) => {
-                    let waited = state.waited_for(Instant::now());
-                    node.metrics.wait_duration.observe(conn.worker(), waited);
-                    return Err(error);
-                }
-            };
-            if std::mem::take(&mut confirm) {
-                if let Err(error) = confirm_ready(responder, &mut body).await {
-                    give_back(&self.node, tunnel);
-                    return Err(error);
-                }
-            }
-            match start_local(node, &mut tunnel, &head, &mut body).await {
-                Ok(up) => {
-                    let waited = state.waited_for(Instant::now());
-                    node.metrics.wait_duration.observe(conn.worker(), waited);
-                    let call = (&mut body.body, &mut *responder);
-                    return relay_local(&self.node, tunnel, up, call, target.deadline, conn).await;
-                }
-                Err(error) => {
-                    let replied = responder.replied();
-                    step = state.next_step(RouteEvent::Failed { error, replied }, Instant::now());
-                }
-            }
-        }
-    }
-}
-
-/// Reports the tunnel this node holds for the call (100 Continue) and waits for the routing
-/// node to start the request. Fails with `ClientGone` when the routing node chose another node
-/// (reset) or went quiet.
-async fn confirm_ready(responder: &mut Responder, body: &mut CallBody) -> Result<(), TunnelError> {
-    let ready = Response::builder()
-        .status(http::StatusCode::CONTINUE)
-        .body(())
-        .map_err(|_| TunnelError::client_gone())?;
-    let respond = &mut responder.respond;
-    respond
-        .send_informational(ready)
-        .map_err(|_| TunnelError::client_gone())?;
-    let next = monoio::select! {
-        chunk = recv_data(&mut body.body) => Some(chunk),
-        _ = poll_fn(|cx| respond.poll_reset(cx)) => None,
-        _ = monoio::time::sleep(CONTINUE_TIMEOUT) => None,
-    };
-    match next {
-        Some(None) => {
-            body.ended = true;
-            Ok(())
-        }
-        Some(Some(Ok(chunk))) => {
-            body.early.push(chunk);
-            Ok(())
-        }
-        Some(Some(Err(_))) | None => Err(TunnelError::client_gone()),
+        validated.map_err(|error| refused(&node.metrics, "private", &error))
     }
 }
 
