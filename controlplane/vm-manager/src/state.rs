@@ -190,10 +190,17 @@ pub fn vm_status(inputs: &VmInputs<'_>) -> Option<VmDecision> {
                 status.insert(field.into(), value.clone());
             }
         }
-        if let Some(policies) = info.get("networkPolicies").and_then(Value::as_object) {
+        // What is enforced now: only a connected agent's report counts (a VM gone Agentless,
+        // or whose agent stopped reporting, keeps its agent's last report on the runtime info,
+        // but nothing says those flows still stand). `kubectl get vmnp` counts the same way.
+        let policies = info.get("networkPolicies").and_then(Value::as_object);
+        if let Some(policies) = policies.filter(|_| state == VmState::AgentedConnected) {
             status.insert("networkPolicies".into(), Value::Object(policies.clone()));
             status.insert("policiesRealized".into(), json!(policies.len()));
         }
+    }
+    if state != VmState::AgentedConnected {
+        status.insert("policiesRealized".into(), json!(0));
     }
     let conditions = conditions(inputs, state, reason);
     status.insert("conditions".into(), Value::Array(conditions));

@@ -164,6 +164,38 @@ fn agentless_vms_ask_for_security_groups() {
     assert!(vm_status(&inputs(&unknown, None, None)).is_none());
 }
 
+/// `kubectl get vm`'s POLICIES column says what is enforced now: an agent's last report stays
+/// on its runtime info after the VM turns Agentless (a No-Op agent reports nothing) or the
+/// heartbeat is missed, and must not count.
+#[test]
+fn only_a_connected_agents_report_counts_as_realized() {
+    let info = report();
+    let connected = vm("Agented", json!({"state": "AgentedConnected"}));
+    let now = vm_status(&inputs(&connected, Some(&info), Some(at(999)))).unwrap();
+    assert_eq!(now.status["policiesRealized"], json!(2));
+    for (management, seen) in [
+        ("Agentless", Some(at(999))),
+        ("Unmanaged", Some(at(999))),
+        ("Agented", Some(at(1))),
+    ] {
+        let vm = vm(
+            management,
+            json!({"state": "AgentedConnected", "policiesRealized": 2}),
+        );
+        let decision = vm_status(&inputs(&vm, Some(&info), seen)).unwrap();
+        assert_ne!(decision.to, VmState::AgentedConnected, "{management}");
+        assert_eq!(
+            decision.status["policiesRealized"],
+            json!(0),
+            "{management}"
+        );
+        assert!(
+            decision.status.get("networkPolicies").is_none(),
+            "{management}"
+        );
+    }
+}
+
 #[test]
 fn a_policy_counts_connected_vms_at_its_generation() {
     let policy = json!({"metadata": {"name": "web", "generation": 2}});
