@@ -72,7 +72,7 @@ impl GatewayHandler {
             &user,
             Instant::now(),
         )?;
-        if crate::upgrade::is_upgrade(headers) {
+        if crate::head::is_upgrade(headers) {
             flow.admit_upgrade(&mut permit)?;
         }
         let server = self

@@ -13,6 +13,7 @@ use monoio::net::TcpStream;
 use monoio_compat::hyper::MonoioTimer;
 use sluice_gateway::flow_control::CoreShare;
 use sluice_gateway::identity::user_from_certificate;
+use sluice_gateway::status::GatewayError;
 use sluice_grpc::transport::CompatStream;
 use sluice_grpc::transport::{IdleClock, GOAWAY_GRACE};
 use sluice_runtime::{
@@ -23,10 +24,10 @@ use tokio_rustls::server::TlsStream;
 
 use crate::activity::{ActiveBody, Activity};
 use crate::answer::record_connection;
+use crate::error::ProxyError;
 use crate::handler::{ClientConnection, GatewayHandler};
-use crate::state::Gateway;
-use crate::tls::accept;
-use crate::upgrade::{is_upgrade, parse_request, read_head, Rewind};
+use crate::head::{is_upgrade, parse_request, read_head, Rewind};
+use crate::state::{Gateway, Generation};
 
 /// The gateway listener: builds one [`GatewayHandler`] per worker core.
 #[derive(Debug, Clone)]
@@ -249,6 +250,47 @@ impl GatewayHandler {
             }
         })
     }
+}
+
+/// An accepted client connection: which cluster it is for and the TLS stream.
+pub struct Accepted {
+    pub generation: Arc<Generation>,
+    pub cluster: usize,
+    pub stream: TlsStream<CompatStream>,
+}
+
+/// Reads the ClientHello, picks the cluster by server name (without SNI, e.g. a client that
+/// dialled an IP address, by the listener's local address, which may be configured as a
+/// hostname) and completes the handshake with that cluster's config. Refuses a name no cluster
+/// serves ([`GatewayError::UnknownHost`]) and failed handshakes ([`ProxyError::Handshake`]).
+pub async fn accept(
+    gateway: &Gateway,
+    io: CompatStream,
+    local_ip: std::net::IpAddr,
+) -> Result<Accepted, ProxyError> {
+    let start = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io)
+        .await
+        .map_err(ProxyError::Handshake)?;
+    let generation = gateway.current();
+    let local = local_ip.to_string();
+    let requested = start
+        .client_hello()
+        .server_name()
+        .map(str::to_string)
+        .unwrap_or(local);
+    let Some((cluster, _)) = generation.snapshot.cluster_for_host(&requested) else {
+        return Err(GatewayError::UnknownHost { host: requested }.into());
+    };
+    let config = generation.clusters[cluster].server_tls.clone();
+    let stream = start
+        .into_stream(config)
+        .await
+        .map_err(ProxyError::Handshake)?;
+    Ok(Accepted {
+        generation,
+        cluster,
+        stream,
+    })
 }
 
 /// Resolves [`GOAWAY_GRACE`] after the connection started draining.

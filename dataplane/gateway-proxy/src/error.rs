@@ -18,7 +18,9 @@ use sluice_gateway::status::{
     EmptyObject, GatewayError, Status, StatusDetails, RETRY_AFTER_SECONDS,
 };
 
-use crate::upgrade::UpgradeHeadError;
+mod upgrade_head;
+
+pub use upgrade_head::{UpgradeHeadError, MAX_HEAD_BYTES};
 
 /// Which party a failure belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -373,15 +375,8 @@ impl ProxyError {
 
     /// The `Status` as the JSON body (`Content-Type: application/json`).
     pub fn status_body(&self) -> Vec<u8> {
-        match self {
-            ProxyError::Refused(refusal) => refusal.status_body(),
-            // A struct of strings and integers always serializes; the fallback keeps the
-            // request path free of panics all the same.
-            _ => serde_json::to_vec(&self.to_status()).unwrap_or_else(|_| {
-                br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","code":500}"#
-                    .to_vec()
-            }),
-        }
+        // The one Status encoder (`sluice-kube-status`), as for the gateway's own refusals.
+        self.to_status().into_body()
     }
 }
 

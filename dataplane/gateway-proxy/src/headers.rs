@@ -285,9 +285,7 @@ mod tests {
             let text = format!(
                 "GET /api/v1/namespaces/default/pods/web/exec HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n{extra}\r\n"
             );
-            crate::upgrade::parse_request(text.as_bytes())
-                .unwrap()
-                .headers
+            crate::head::parse_request(text.as_bytes()).unwrap().headers
         };
         for extra in [
             "Content-Length: 10\r\n",

@@ -21,11 +21,13 @@ mod admit;
 mod answer;
 mod auth;
 mod body;
+mod collector;
 mod connection;
 mod error;
 mod fair_metrics;
 mod forward;
 mod handler;
+mod head;
 mod headers;
 mod health;
 mod metrics;
@@ -42,14 +44,15 @@ mod upgrade;
 mod upstream;
 mod upstream_connect;
 
+pub use collector::GatewayCollector;
 pub use connection::GatewayEndpoint;
 pub use error::{ApiCallFailure, ClusterFileError, ProxyError, Side, UpstreamFailure};
 pub use health::HealthChecker;
-pub use metrics::{GatewayCollector, GatewayMetrics};
+pub use metrics::GatewayMetrics;
 pub use reload::{spawn_reloader, ReloaderHandle};
 pub use state::{load_generation, Gateway, Generation};
 // The upgrade-head parsers, public for the fuzz targets (`fuzz/`).
-pub use upgrade::{is_upgrade, parse_request, parse_response_status, upstream_head, RequestHead};
+pub use head::{is_upgrade, parse_request, parse_response_status, upstream_head, RequestHead};
 
 /// The proxy's decoders of what clients and the apiserver send (review answers, identity
 /// headers), for the fuzz targets (`fuzz/`): not an API.

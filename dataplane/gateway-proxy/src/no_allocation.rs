@@ -356,7 +356,7 @@ fn an_uncontended_fair_turn_allocates_nothing() {
     let rounds = 100;
     let ((), allocations) = counted(|| {
         for round in 0..rounds {
-            let asked = crate::turns::ask_turn(&server, turn(round % 2 == 0));
+            let asked = crate::turns::ask_turn(&server.streams, turn(round % 2 == 0));
             assert!(matches!(asked, Ok(crate::turns::Asked::Held(_))));
         }
     });

@@ -25,22 +25,10 @@ use crate::error::UpstreamFailure;
 use crate::fair_metrics::{FairShareMetrics, LevelMetrics};
 use crate::metrics::GatewayMetrics;
 use crate::turns::{ask_turn, grant, wait_turn, Asked, ClientTurn, ShareHeld, SharedStreams};
-use crate::upstream_connect::connect;
+use crate::upstream_connect::{connect, UpstreamConnection, ASSUMED_SERVER_STREAMS};
 
 /// Longest wait for TCP + TLS + HTTP/2 set-up of an upstream connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// A server's stream limit per connection until its SETTINGS say (h2's initial assumption).
-pub(crate) const ASSUMED_SERVER_STREAMS: u32 = 100;
-
-/// One upstream HTTP/2 connection.
-#[derive(Debug)]
-pub(crate) struct UpstreamConnection {
-    pub(crate) send: h2::client::SendRequest<Bytes>,
-    pub(crate) in_flight: Cell<u32>,
-    /// Set by the connection's driver task when the connection ends.
-    pub(crate) closed: Rc<Cell<bool>>,
-}
-
 /// Holds one stream slot of a connection; dropping it (when the response ends) frees the slot.
 #[derive(Debug)]
 pub struct StreamSlot {
@@ -64,7 +52,7 @@ pub(crate) struct ServerConnections {
     connecting: Cell<u32>,
     connected: event_listener::Event,
     /// This core's streams to the server, shared fairly by client requests.
-    pub(crate) streams: SharedStreams,
+    pub(crate) streams: Rc<SharedStreams>,
     /// The lowest stream limit a connection to the server announced (0: none connected yet).
     server_streams: Cell<u32>,
 }
@@ -76,12 +64,12 @@ impl ServerConnections {
             connections: RefCell::default(),
             connecting: Cell::new(0),
             connected: event_listener::Event::new(),
-            streams: RefCell::new(StreamQueue::new(StreamLimits {
+            streams: Rc::new(RefCell::new(StreamQueue::new(StreamLimits {
                 capacity: 0,
                 long_running_percent: 0,
                 max_queued_per_user: 0,
                 max_queued: 0,
-            })),
+            }))),
             server_streams: Cell::new(0),
         }
     }
@@ -236,22 +224,23 @@ impl CorePool {
         let max_connections = self.share.split(settings.max_connections_per_server).max(1);
         let limits = connections.stream_limits(settings, max_connections);
         connections.streams.borrow_mut().set_limits(limits, grant);
-        let share = match ask_turn(&connections, turn).map_err(ClientStreamError::Refused)? {
-            Asked::Held(share) => share,
-            // Boxed: only a request that waits carries the timer and the wait.
-            Asked::Queued(ticket, queued) => Box::pin(wait_turn(
-                &connections,
-                turn,
-                (ticket, queued),
-                settings.max_queue_wait,
-                (
-                    self.level_metrics(cluster, turn.level.map(|level| &**level)),
-                    self.worker,
-                ),
-            ))
-            .await
-            .map_err(ClientStreamError::Refused)?,
-        };
+        let share =
+            match ask_turn(&connections.streams, turn).map_err(ClientStreamError::Refused)? {
+                Asked::Held(share) => share,
+                // Boxed: only a request that waits carries the timer and the wait.
+                Asked::Queued(ticket, queued) => Box::pin(wait_turn(
+                    &connections.streams,
+                    turn,
+                    (ticket, queued),
+                    settings.max_queue_wait,
+                    (
+                        self.level_metrics(cluster, turn.level.map(|level| &**level)),
+                        self.worker,
+                    ),
+                ))
+                .await
+                .map_err(ClientStreamError::Refused)?,
+            };
         let opened = self
             .open_stream(&connections, server, settings, max_connections)
             .await;

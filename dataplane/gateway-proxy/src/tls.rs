@@ -1,18 +1,15 @@
 //! TLS for the gateway: per-cluster server configs chosen by SNI before the handshake goes on
 //! (so each cluster serves its own certificate and trusts its own client CA), and the client
-//! configs the gateway uses towards apiservers.
+//! configs the gateway uses towards apiservers. The handshake itself, which picks the cluster
+//! from the current generation, is the listener's (`connection.rs`).
 
 use std::sync::Arc;
 
 use rustls::server::WebPkiClientVerifier;
 use sluice_gateway::cluster::spec::{ClientConfig, SecureServing};
-use sluice_gateway::status::GatewayError;
 use sluice_grpc::tls::{load_certificates, load_private_key, provider, root_store};
-use sluice_grpc::transport::CompatStream;
-use tokio_rustls::server::TlsStream;
 
-use crate::error::{ClusterFileError, ProxyError};
-use crate::state::{Gateway, Generation};
+use crate::error::ClusterFileError;
 
 const ALPN_HTTP1: &[u8] = b"http/1.1";
 
@@ -65,45 +62,4 @@ pub fn client_config(client: &ClientConfig) -> Result<Arc<rustls::ClientConfig>,
     };
     config.alpn_protocols = vec![sluice_grpc::tls::ALPN_H2.to_vec()];
     Ok(Arc::new(config))
-}
-
-/// An accepted client connection: which cluster it is for and the TLS stream.
-pub struct Accepted {
-    pub generation: Arc<Generation>,
-    pub cluster: usize,
-    pub stream: TlsStream<CompatStream>,
-}
-
-/// Reads the ClientHello, picks the cluster by server name (without SNI, e.g. a client that
-/// dialled an IP address, by the listener's local address, which may be configured as a
-/// hostname) and completes the handshake with that cluster's config. Refuses a name no cluster
-/// serves ([`GatewayError::UnknownHost`]) and failed handshakes ([`ProxyError::Handshake`]).
-pub async fn accept(
-    gateway: &Gateway,
-    io: CompatStream,
-    local_ip: std::net::IpAddr,
-) -> Result<Accepted, ProxyError> {
-    let start = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io)
-        .await
-        .map_err(ProxyError::Handshake)?;
-    let generation = gateway.current();
-    let local = local_ip.to_string();
-    let requested = start
-        .client_hello()
-        .server_name()
-        .map(str::to_string)
-        .unwrap_or(local);
-    let Some((cluster, _)) = generation.snapshot.cluster_for_host(&requested) else {
-        return Err(GatewayError::UnknownHost { host: requested }.into());
-    };
-    let config = generation.clusters[cluster].server_tls.clone();
-    let stream = start
-        .into_stream(config)
-        .await
-        .map_err(ProxyError::Handshake)?;
-    Ok(Accepted {
-        generation,
-        cluster,
-        stream,
-    })
 }

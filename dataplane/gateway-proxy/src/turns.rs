@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use sluice_gateway::fair_share::{Admission, FairShareRefusal, StreamQueue, Ticket};
 
 use crate::fair_metrics::LevelMetrics;
-use crate::pool::ServerConnections;
 
-/// The streams of one core to one server, shared fairly.
+/// The streams of one core to one server, shared fairly (held by the pool's per-server state,
+/// which sits above this module: a turn needs only the queue).
 pub(crate) type SharedStreams = RefCell<StreamQueue<Rc<Turn>>>;
 
 /// Who asks for a stream.
@@ -57,23 +57,20 @@ pub(crate) fn grant(_: Ticket, turn: Rc<Turn>) {
 /// A stream of a server's fair share, held until the request's response ends.
 #[derive(Debug)]
 pub struct ShareHeld {
-    server: Rc<ServerConnections>,
+    streams: Rc<SharedStreams>,
     long_running: bool,
 }
 
 impl Drop for ShareHeld {
     fn drop(&mut self) {
-        self.server
-            .streams
-            .borrow_mut()
-            .release(self.long_running, grant);
+        self.streams.borrow_mut().release(self.long_running, grant);
     }
 }
 
 /// A request waiting in its user's queue; dropped before its turn (its wait limit passed, its
 /// client went away), it leaves the queue, and a turn granted meanwhile is passed on.
 struct Waiting<'a> {
-    server: &'a ServerConnections,
+    streams: &'a SharedStreams,
     request: ClientTurn<'a>,
     ticket: Ticket,
     turn: Rc<Turn>,
@@ -92,7 +89,7 @@ impl Drop for Waiting<'_> {
         if self.taken {
             return;
         }
-        let mut queue = self.server.streams.borrow_mut();
+        let mut queue = self.streams.borrow_mut();
         if !queue.cancel(self.request.user, self.ticket) && self.turn.granted.get() {
             queue.release(self.request.long_running, grant);
         }
@@ -107,26 +104,24 @@ pub(crate) enum Asked {
     Queued(Ticket, Rc<Turn>),
 }
 
-/// Asks for `request`'s turn on `server`'s streams: refused over a bound, else held at once or
+/// Asks for `request`'s turn on a server's `streams`: refused over a bound, else held at once or
 /// queued. Synchronous, so that only a request that must wait carries (boxed) a waiting future.
 pub(crate) fn ask_turn(
-    server: &Rc<ServerConnections>,
+    streams: &Rc<SharedStreams>,
     request: ClientTurn<'_>,
 ) -> Result<Asked, FairShareRefusal> {
     let mut queued_turn = None;
-    let admission =
-        server
-            .streams
-            .borrow_mut()
-            .admit(request.user, request.long_running, || {
-                let turn = Rc::new(Turn::default());
-                queued_turn = Some(turn.clone());
-                turn
-            })?;
+    let admission = streams
+        .borrow_mut()
+        .admit(request.user, request.long_running, || {
+            let turn = Rc::new(Turn::default());
+            queued_turn = Some(turn.clone());
+            turn
+        })?;
     Ok(match (admission, queued_turn) {
         (Admission::Queued(ticket), Some(turn)) => Asked::Queued(ticket, turn),
         _ => Asked::Held(ShareHeld {
-            server: server.clone(),
+            streams: streams.clone(),
             long_running: request.long_running,
         }),
     })
@@ -135,7 +130,7 @@ pub(crate) fn ask_turn(
 /// Waits (at most `max_wait`) for the turn of a request [`ask_turn`] queued; the stream it gets
 /// is held until the returned share drops. Dropped early, the request leaves its queue.
 pub(crate) async fn wait_turn(
-    server: &Rc<ServerConnections>,
+    streams: &Rc<SharedStreams>,
     request: ClientTurn<'_>,
     (ticket, turn): (Ticket, Rc<Turn>),
     max_wait: Duration,
@@ -143,7 +138,7 @@ pub(crate) async fn wait_turn(
 ) -> Result<ShareHeld, FairShareRefusal> {
     metrics.waiting.inc(worker);
     let mut waiting = Waiting {
-        server,
+        streams,
         request,
         ticket,
         turn,
@@ -164,7 +159,7 @@ pub(crate) async fn wait_turn(
             waiting.taken = true;
             drop(waiting);
             Ok(ShareHeld {
-                server: server.clone(),
+                streams: streams.clone(),
                 long_running: request.long_running,
             })
         }
@@ -178,16 +173,14 @@ mod tests {
     use crate::fair_metrics::FairShareMetrics;
     use sluice_gateway::fair_share::StreamLimits;
 
-    fn server(capacity: u32) -> Rc<ServerConnections> {
-        let server = Rc::new(ServerConnections::trusting_no_one());
+    fn server(capacity: u32) -> Rc<SharedStreams> {
         let limits = StreamLimits {
             capacity,
             long_running_percent: 50,
             max_queued_per_user: 4,
             max_queued: 4,
         };
-        server.streams.borrow_mut().set_limits(limits, grant);
-        server
+        Rc::new(RefCell::new(StreamQueue::new(limits)))
     }
 
     fn turn(user: &'static str) -> ClientTurn<'static> {
@@ -224,7 +217,7 @@ mod tests {
             )
             .await;
             assert_eq!(late.unwrap_err(), FairShareRefusal::QueueWait);
-            assert_eq!(server.streams.borrow().queued(), 0);
+            assert_eq!(server.borrow().queued(), 0);
             assert_eq!(metrics.waiting.get(0), 0);
 
             // Bob queues again; alice's stream, freed while he waits, is his.
@@ -244,11 +237,7 @@ mod tests {
             assert_eq!(metrics.waiting.get(0), 1);
             drop(alices);
             assert_eq!(waiting.await, Ok(false));
-            assert_eq!(
-                server.streams.borrow().in_use(),
-                0,
-                "bob's share is dropped"
-            );
+            assert_eq!(server.borrow().in_use(), 0, "bob's share is dropped");
         });
     }
 
@@ -270,7 +259,7 @@ mod tests {
         let metrics = FairShareMetrics::register(&mut Default::default(), 1).level("c", None);
         metrics.waiting.inc(0);
         drop(Waiting {
-            server: &server,
+            streams: &server,
             request: turn("bob"),
             ticket,
             turn: queued,
@@ -279,7 +268,7 @@ mod tests {
             since: Instant::now(),
             taken: false,
         });
-        let queue = server.streams.borrow();
+        let queue = server.borrow();
         assert_eq!((queue.in_use(), queue.queued()), (1, 0), "carol has it");
     }
 }

@@ -12,7 +12,18 @@ use sluice_gateway::cluster::spec::ConnectionPool;
 use sluice_gateway::cluster::CompiledServer;
 
 use crate::error::UpstreamFailure;
-use crate::pool::{UpstreamConnection, ASSUMED_SERVER_STREAMS};
+
+/// A server's stream limit per connection until its SETTINGS say (h2's initial assumption).
+pub(crate) const ASSUMED_SERVER_STREAMS: u32 = 100;
+
+/// One upstream HTTP/2 connection.
+#[derive(Debug)]
+pub(crate) struct UpstreamConnection {
+    pub(crate) send: h2::client::SendRequest<Bytes>,
+    pub(crate) in_flight: Cell<u32>,
+    /// Set by the connection's driver task when the connection ends.
+    pub(crate) closed: Rc<Cell<bool>>,
+}
 
 pub(crate) async fn connect(
     server: &CompiledServer,
