@@ -3,107 +3,14 @@
 //! Messages, reasons and `details` follow kube-apiserver's
 //! `k8s.io/apimachinery/pkg/api/errors` constructors so that client-go's `errors.IsNotFound`,
 //! `IsConflict`, `IsResourceExpired`... and kubectl's printing behave as against a real cluster.
+//! The reasons, the `details` types and the JSON encoding are `sluice-kube-status`'s, shared
+//! with the gateway and the watch client.
 
-use serde_json::{json, Map, Value};
+use serde_json::Value;
+use sluice_kube_status::Status;
+pub use sluice_kube_status::{StatusCause, StatusDetails, StatusReason};
 
 use crate::kind::KindSpec;
-
-/// The `reason` of a `Status` (client-go `metav1.StatusReason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StatusReason {
-    /// 404: the object or the path does not exist.
-    NotFound,
-    /// 409: create of a name that exists.
-    AlreadyExists,
-    /// 409: a write with a stale resourceVersion.
-    Conflict,
-    /// 422: the object failed validation; `details.causes` name the fields.
-    Invalid,
-    /// 400: the request itself is malformed (selector, continue token, body).
-    BadRequest,
-    /// 403: authenticated but not allowed.
-    Forbidden,
-    /// 401: no valid credentials.
-    Unauthorized,
-    /// 410 `Gone`: the resource is gone for good.
-    Gone,
-    /// 410 `Expired`: the resourceVersion or continue token was compacted away.
-    Expired,
-    /// 405: the verb is not served for this resource.
-    MethodNotAllowed,
-    /// 415: the request body's content type is not accepted.
-    UnsupportedMediaType,
-    /// 406: none of the `Accept` alternatives can be served.
-    NotAcceptable,
-    /// 413: the request body is too large.
-    RequestEntityTooLarge,
-    /// 500: a bug or a store failure.
-    InternalError,
-    /// 503: the store is not reachable.
-    ServiceUnavailable,
-    /// 429: rate limited.
-    TooManyRequests,
-    /// 507 Insufficient Storage: the store's quota is full (etcd's `NOSPACE`). Kubernetes
-    /// has no reason for it (it answers etcd's error as a 500); a reason of its own lets
-    /// clients and alerts tell "full" from "broken".
-    StorageQuotaExceeded,
-}
-
-impl StatusReason {
-    /// The wire name of the reason.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::NotFound => "NotFound",
-            Self::AlreadyExists => "AlreadyExists",
-            Self::Conflict => "Conflict",
-            Self::Invalid => "Invalid",
-            Self::BadRequest => "BadRequest",
-            Self::Forbidden => "Forbidden",
-            Self::Unauthorized => "Unauthorized",
-            Self::Gone => "Gone",
-            Self::Expired => "Expired",
-            Self::MethodNotAllowed => "MethodNotAllowed",
-            Self::UnsupportedMediaType => "UnsupportedMediaType",
-            Self::NotAcceptable => "NotAcceptable",
-            Self::RequestEntityTooLarge => "RequestEntityTooLarge",
-            Self::InternalError => "InternalError",
-            Self::ServiceUnavailable => "ServiceUnavailable",
-            Self::TooManyRequests => "TooManyRequests",
-            Self::StorageQuotaExceeded => "StorageQuotaExceeded",
-        }
-    }
-
-    /// The HTTP status code the reason is served with.
-    pub fn code(self) -> u16 {
-        match self {
-            Self::NotFound => 404,
-            Self::AlreadyExists | Self::Conflict => 409,
-            Self::Invalid => 422,
-            Self::BadRequest => 400,
-            Self::Forbidden => 403,
-            Self::Unauthorized => 401,
-            Self::Gone | Self::Expired => 410,
-            Self::MethodNotAllowed => 405,
-            Self::UnsupportedMediaType => 415,
-            Self::NotAcceptable => 406,
-            Self::RequestEntityTooLarge => 413,
-            Self::InternalError => 500,
-            Self::ServiceUnavailable => 503,
-            Self::TooManyRequests => 429,
-            Self::StorageQuotaExceeded => 507,
-        }
-    }
-
-    /// Whether the same request may succeed if the client retries it unchanged (after
-    /// re-reading for a conflict, after a pause for the others). Expired is not: the client
-    /// must re-list; nor is a full store: a write succeeds again only once space is freed.
-    pub fn retryable(self) -> bool {
-        matches!(
-            self,
-            Self::Conflict | Self::ServiceUnavailable | Self::TooManyRequests | Self::InternalError
-        )
-    }
-}
 
 /// The kind of a field error, as `field.ErrorType` names it (it is the cause's `reason`).
 #[derive(Debug, Clone, PartialEq)]
@@ -238,32 +145,6 @@ fn quote(value: &Value) -> String {
         Value::String(s) => format!("{s:?}"),
         other => other.to_string(),
     }
-}
-
-/// One entry of `details.causes`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StatusCause {
-    /// The machine-readable cause (`FieldValueInvalid`...).
-    pub reason: String,
-    /// The human-readable message.
-    pub message: String,
-    /// The field path, empty when the cause is not about one field.
-    pub field: String,
-}
-
-/// `details` of a `Status`.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct StatusDetails {
-    /// The object's name.
-    pub name: String,
-    /// The API group.
-    pub group: String,
-    /// The kind, or the plural for the errors kube-apiserver builds from a resource.
-    pub kind: String,
-    /// Field-level causes.
-    pub causes: Vec<StatusCause>,
-    /// Seconds the client should wait before retrying (429/503).
-    pub retry_after_seconds: Option<u32>,
 }
 
 /// The API layer's error: everything a handler can fail with, rendered as a `Status`.
@@ -469,61 +350,19 @@ impl StatusError {
     }
 
     /// The `meta.k8s.io/v1 Status` document with kube-apiserver's keys and values (serde_json
-    /// sorts keys; their order means nothing to clients).
+    /// sorts keys; their order means nothing to clients), from the shared encoder.
     pub fn to_json(&self) -> Value {
-        let mut status = Map::new();
-        status.insert("kind".into(), json!("Status"));
-        status.insert("apiVersion".into(), json!("v1"));
-        status.insert("metadata".into(), json!({}));
-        status.insert("status".into(), json!("Failure"));
-        status.insert("message".into(), json!(self.message));
-        status.insert("reason".into(), json!(self.reason.as_str()));
-        if let Some(details) = &self.details {
-            status.insert("details".into(), details_json(details));
-        }
-        status.insert("code".into(), json!(self.code));
-        Value::Object(status)
+        Status::failure_with_code(self.code, self.reason.as_str(), self.message.clone())
+            .with_details(self.details.as_deref().cloned())
+            .to_value()
     }
-}
-
-/// `details` omits empty fields (`omitempty` on every StatusDetails field).
-fn details_json(details: &StatusDetails) -> Value {
-    let mut out = Map::new();
-    for (key, value) in [
-        ("name", &details.name),
-        ("group", &details.group),
-        ("kind", &details.kind),
-    ] {
-        if !value.is_empty() {
-            out.insert(key.into(), json!(value));
-        }
-    }
-    if !details.causes.is_empty() {
-        let causes = details
-            .causes
-            .iter()
-            .map(|cause| {
-                let mut entry = Map::new();
-                entry.insert("reason".into(), json!(cause.reason));
-                entry.insert("message".into(), json!(cause.message));
-                if !cause.field.is_empty() {
-                    entry.insert("field".into(), json!(cause.field));
-                }
-                Value::Object(entry)
-            })
-            .collect();
-        out.insert("causes".into(), Value::Array(causes));
-    }
-    if let Some(seconds) = details.retry_after_seconds {
-        out.insert("retryAfterSeconds".into(), json!(seconds));
-    }
-    Value::Object(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kind::tests::widget;
+    use serde_json::json;
 
     #[test]
     fn not_found_is_kube_apiserver_json() {

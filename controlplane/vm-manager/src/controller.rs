@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use crate::cache::{decode, Cache, Followed};
 use crate::error::VmManagerError;
 use crate::metrics::VmMetrics;
-use crate::state::{policy_status, vm_status, VmInputs, VmState};
+use crate::state::{policy_status, state_of, vm_status, VmInputs, VmState};
 
 /// Tries of one status write that keeps meeting another writer.
 const WRITE_TRIES: usize = 4;
@@ -177,7 +177,7 @@ impl VmManager {
         let mut counts: BTreeMap<VmState, i64> =
             VmState::ALL.into_iter().map(|state| (state, 0)).collect();
         for vm in cache.vms.values() {
-            if let Some(state) = VmState::of(vm) {
+            if let Some(state) = state_of(vm) {
                 *counts.entry(state).or_default() += 1;
             }
         }
@@ -318,7 +318,7 @@ fn policy_status_in(cache: &Cache, index: &SpanIndex, policy: &Value) -> Value {
     let span = index.span(PolicyResource::NetworkPolicy, policy);
     let states: BTreeMap<String, VmState> = span
         .iter()
-        .filter_map(|vm| Some((vm.clone(), VmState::of(cache.vms.get(vm)?)?)))
+        .filter_map(|vm| Some((vm.clone(), state_of(cache.vms.get(vm)?)?)))
         .collect();
     policy_status(policy, &span, &states, &cache.runtime_infos)
 }

@@ -1,7 +1,8 @@
 //! The VMManager's decisions as plain functions on plain data: a VM's state (seed 004's state
 //! machine), the status the VMManager writes on a `VirtualMachine`, and a NetworkPolicy's
 //! realization status. No I/O, no clock: `now` is an argument, so every transition is a table
-//! row in the tests.
+//! row in the tests. The words (managements, states, reasons, condition types, phases) are
+//! `sluice-vm-lifecycle`'s, shared with the kinds' validation and the VM agent.
 //!
 //! ```text
 //!   spec.management    runtime info / heartbeat           state
@@ -18,85 +19,20 @@ use std::time::{Duration, SystemTime};
 use serde_json::{json, Map, Value};
 use sluice_apimachinery::timestamp::{format_rfc3339, parse_rfc3339};
 
-/// What the operator chose in `spec.management`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Management {
-    Agented,
-    Agentless,
-    Unmanaged,
+use sluice_vm_lifecycle::{ConditionStatus, PolicyPhase, VmCondition};
+pub use sluice_vm_lifecycle::{ConnectedReason as Reason, Management, VmState, AGENT_CONDITIONS};
+
+/// The management a stored VM asks for (`None`: not one of the three, which validation
+/// refuses; such an object is left alone).
+pub fn management_of(vm: &Value) -> Option<Management> {
+    Management::parse(vm.pointer("/spec/management").and_then(Value::as_str)?)
 }
 
-impl Management {
-    /// The management a stored VM asks for (`None`: not one of the three, which validation
-    /// refuses; such an object is left alone).
-    pub fn of(vm: &Value) -> Option<Self> {
-        match vm.pointer("/spec/management").and_then(Value::as_str)? {
-            "Agented" => Some(Self::Agented),
-            "Agentless" => Some(Self::Agentless),
-            "Unmanaged" => Some(Self::Unmanaged),
-            _ => None,
-        }
-    }
-}
-
-/// A VM's state, as `status.state` names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum VmState {
-    Unmanaged,
-    Agentless,
-    AgentedBootstrap,
-    AgentedConnected,
-}
-
-impl VmState {
-    pub const ALL: [VmState; 4] = [
-        VmState::Unmanaged,
-        VmState::Agentless,
-        VmState::AgentedBootstrap,
-        VmState::AgentedConnected,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            VmState::Unmanaged => "Unmanaged",
-            VmState::Agentless => "Agentless",
-            VmState::AgentedBootstrap => "AgentedBootstrap",
-            VmState::AgentedConnected => "AgentedConnected",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|state| state.as_str() == text)
-    }
-
-    /// The state a stored VM's status records, if any.
-    pub fn of(vm: &Value) -> Option<Self> {
-        vm.pointer("/status/state")
-            .and_then(Value::as_str)
-            .and_then(Self::parse)
-    }
-}
-
-/// Why a VM is in its state: the `AgentConnected` condition's reason.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    HeartbeatReceived,
-    NeverReported,
-    HeartbeatMissed,
-    Agentless,
-    Unmanaged,
-}
-
-impl Reason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::HeartbeatReceived => "HeartbeatReceived",
-            Reason::NeverReported => "NeverReported",
-            Reason::HeartbeatMissed => "HeartbeatMissed",
-            Reason::Agentless => "Agentless",
-            Reason::Unmanaged => "Unmanaged",
-        }
-    }
+/// The state a stored VM's status records, if any.
+pub fn state_of(vm: &Value) -> Option<VmState> {
+    vm.pointer("/status/state")
+        .and_then(Value::as_str)
+        .and_then(VmState::parse)
 }
 
 /// The state machine: `heartbeat` is when a runtime-info write was last seen (`None`: the
@@ -118,15 +54,6 @@ pub fn evaluate(
         },
     }
 }
-
-/// The agent's conditions copied onto the VM (others an agent reports stay on its runtime
-/// info: the VM's list stays bounded).
-pub const AGENT_CONDITIONS: [&str; 4] = [
-    "ControlPlaneConnected",
-    "OVSDBConnected",
-    "OpenFlowConnected",
-    "PoliciesRealized",
-];
 
 /// What the VMManager knows about one VM.
 #[derive(Debug, Clone, Copy)]
@@ -176,7 +103,7 @@ pub fn heartbeat(inputs: &VmInputs<'_>) -> Option<SystemTime> {
 
 /// The VM's status as the VMManager writes it; `None` for a VM whose management is invalid.
 pub fn vm_status(inputs: &VmInputs<'_>) -> Option<VmDecision> {
-    let management = Management::of(inputs.vm)?;
+    let management = management_of(inputs.vm)?;
     let beat = heartbeat(inputs);
     let (state, reason) = evaluate(management, beat, inputs.now, inputs.timeout);
     let mut status = Map::new();
@@ -206,7 +133,7 @@ pub fn vm_status(inputs: &VmInputs<'_>) -> Option<VmDecision> {
     status.insert("conditions".into(), Value::Array(conditions));
     Some(VmDecision {
         status: Value::Object(status),
-        from: VmState::of(inputs.vm),
+        from: state_of(inputs.vm),
         to: state,
         reason,
     })
@@ -226,7 +153,7 @@ fn conditions(inputs: &VmInputs<'_>, state: VmState, reason: Reason) -> Vec<Valu
     };
     let mut list = vec![condition(
         inputs,
-        "AgentConnected",
+        VmCondition::AgentConnected.as_str(),
         connected,
         reason.as_str(),
         &message,
@@ -234,9 +161,9 @@ fn conditions(inputs: &VmInputs<'_>, state: VmState, reason: Reason) -> Vec<Valu
     if state == VmState::Agentless {
         list.push(condition(
             inputs,
-            "SecurityGroupsRequired",
+            VmCondition::SecurityGroupsRequired.as_str(),
             true,
-            "Agentless",
+            Reason::Agentless.as_str(),
             "no agent enforces this VM's policies: a cloud security-group integration must",
         ));
     }
@@ -261,7 +188,7 @@ fn condition(
     reason: &str,
     message: &str,
 ) -> Value {
-    let status = if status { "True" } else { "False" };
+    let status = ConditionStatus::of(status).as_str();
     let previous = inputs
         .vm
         .pointer("/status/conditions")
@@ -299,7 +226,11 @@ pub fn policy_status(
     let wanted = generation.to_string();
     let desired: Vec<&String> = span
         .iter()
-        .filter(|vm| states.get(*vm) == Some(&VmState::AgentedConnected))
+        .filter(|vm| {
+            states
+                .get(*vm)
+                .is_some_and(|state| state.receives_policies())
+        })
         .collect();
     let realized = desired
         .iter()
@@ -312,13 +243,7 @@ pub fn policy_status(
                 == Some(wanted.as_str())
         })
         .count();
-    let phase = if desired.is_empty() {
-        "Pending"
-    } else if realized == desired.len() {
-        "Realized"
-    } else {
-        "Realizing"
-    };
+    let phase = PolicyPhase::of(desired.len(), realized).as_str();
     json!({"observedGeneration": generation, "desiredVMs": desired.len(),
            "realizedVMs": realized, "phase": phase})
 }

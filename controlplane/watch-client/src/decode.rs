@@ -2,6 +2,7 @@
 
 use bytes::{Buf, Bytes, BytesMut};
 use serde_json::Value;
+use sluice_kube_status::Status;
 
 use crate::error::WatchError;
 use crate::snapshot::ObjectKey;
@@ -128,23 +129,26 @@ pub fn decode_event(line: &[u8]) -> Result<WatchEvent, WatchError> {
     }
 }
 
-/// The error a `Status` object stands for (an ERROR event's object, or an error body).
+/// The error an ERROR event's object stands for, read by the shared `Status` decoder (a
+/// missing `kind` is accepted there, as client-go accepts it); an object that is not a
+/// `Status` is a protocol error naming what is wrong with it.
 pub fn status_error(status: &Value) -> WatchError {
-    let code = status.get("code").and_then(Value::as_u64).unwrap_or(0);
-    let reason = status.get("reason").and_then(Value::as_str).unwrap_or("");
-    let message = status
-        .get("message")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .chars()
-        .take(512)
-        .collect::<String>();
-    if code == 410 || reason == "Expired" || reason == "Gone" {
+    match Status::from_value(status) {
+        Ok(status) => error_of(&status),
+        Err(error) => WatchError::Protocol(format!("watch ERROR event: {error}")),
+    }
+}
+
+/// [`WatchError::Expired`] for a 410 (the caller re-lists), [`WatchError::Status`] otherwise;
+/// the message is cut to 512 characters.
+pub fn error_of(status: &Status) -> WatchError {
+    let message: String = status.message.chars().take(512).collect();
+    if status.is_expired() {
         WatchError::Expired(message)
     } else {
         WatchError::Status {
-            status: u16::try_from(code).unwrap_or(0),
-            message: format!("{reason}: {message}"),
+            status: status.code,
+            message: format!("{}: {message}", status.reason),
         }
     }
 }
@@ -281,6 +285,20 @@ mod tests {
         let other = json!({"type":"ERROR","object":{"kind":"Status","code":500,"reason":"InternalError","message":"boom"}});
         let error = decode_event(other.to_string().as_bytes()).expect_err("500");
         assert!(matches!(error, WatchError::Status { status: 500, .. }));
+        assert_eq!(
+            error.to_string(),
+            "server answered 500: InternalError: boom"
+        );
+        let gone_by_reason = json!({"type":"ERROR","object":{"code":500,"reason":"Gone"}});
+        let error = decode_event(gone_by_reason.to_string().as_bytes()).expect_err("Gone");
+        assert!(error.needs_relist(), "{error}");
+        for not_a_status in [
+            json!({"type":"ERROR","object":{"kind":"Pod","code":500}}),
+            json!({"type":"ERROR","object":{"code":"500"}}),
+        ] {
+            let error = decode_event(not_a_status.to_string().as_bytes()).expect_err("bad");
+            assert!(matches!(error, WatchError::Protocol(_)), "{error}");
+        }
         for bad in [
             &b"not json"[..],
             br#"{"type":"ADDED"}"#,

@@ -20,7 +20,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use crate::config::WatchClientConfig;
-use crate::decode::status_error;
+use crate::decode::error_of;
 use crate::error::WatchError;
 
 /// How much of an error answer's body is read to find its `Status` message.
@@ -241,17 +241,15 @@ async fn error_answer(response: Response<Incoming>) -> WatchError {
     if status == StatusCode::GONE {
         return WatchError::Expired(String::from_utf8_lossy(&text).chars().take(512).collect());
     }
-    match serde_json::from_slice::<serde_json::Value>(&text) {
-        Ok(value) if value.get("kind").and_then(|kind| kind.as_str()) == Some("Status") => {
-            match status_error(&value) {
-                WatchError::Status { message, .. } => WatchError::Status {
-                    status: status.as_u16(),
-                    message,
-                },
-                other => other,
-            }
-        }
-        _ => WatchError::Status {
+    match sluice_kube_status::Status::decode(&text) {
+        Ok(decoded) => match error_of(&decoded) {
+            WatchError::Status { message, .. } => WatchError::Status {
+                status: status.as_u16(),
+                message,
+            },
+            other => other,
+        },
+        Err(_) => WatchError::Status {
             status: status.as_u16(),
             message: String::from_utf8_lossy(&text).chars().take(512).collect(),
         },

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use serde::Serialize;
+use sluice_kube_status::{Outcome, StatusDetails as SharedDetails, StatusReason};
 
 /// A request the gateway answers itself instead of forwarding.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -92,21 +92,25 @@ impl GatewayError {
 
     /// The `reason` of the Kubernetes `Status` (metav1.StatusReason).
     pub fn reason(&self) -> &'static str {
+        self.status_reason().as_str()
+    }
+
+    fn status_reason(&self) -> StatusReason {
         match self {
-            GatewayError::UnknownHost { .. } => "NotFound",
-            GatewayError::BadRequest { .. } => "BadRequest",
-            GatewayError::Unauthorized => "Unauthorized",
+            GatewayError::UnknownHost { .. } => StatusReason::NotFound,
+            GatewayError::BadRequest { .. } => StatusReason::BadRequest,
+            GatewayError::Unauthorized => StatusReason::Unauthorized,
             GatewayError::ImpersonationForbidden { .. } | GatewayError::NoDispatchPolicy { .. } => {
-                "Forbidden"
+                StatusReason::Forbidden
             }
             GatewayError::TooManyRequests { .. }
             | GatewayError::FairShare { .. }
             | GatewayError::TokenReviewsBusy { .. }
-            | GatewayError::AuthenticationFailuresLimited { .. } => "TooManyRequests",
+            | GatewayError::AuthenticationFailuresLimited { .. } => StatusReason::TooManyRequests,
             GatewayError::NoHealthyUpstream { .. }
             | GatewayError::AuthenticationUnavailable { .. }
-            | GatewayError::UpstreamFailed { .. } => "ServiceUnavailable",
-            GatewayError::Internal { .. } => "InternalError",
+            | GatewayError::UpstreamFailed { .. } => StatusReason::ServiceUnavailable,
+            GatewayError::Internal { .. } => StatusReason::InternalError,
         }
     }
 
@@ -126,10 +130,10 @@ impl GatewayError {
 
     pub fn to_status(&self) -> Status {
         Status {
-            kind: "Status",
-            api_version: "v1",
+            kind: sluice_kube_status::KIND,
+            api_version: sluice_kube_status::API_VERSION,
             metadata: EmptyObject {},
-            status: "Failure",
+            status: Outcome::Failure.as_str(),
             message: self.to_string(),
             reason: self.reason(),
             details: self.retry_after_seconds().map(|seconds| StatusDetails {
@@ -141,12 +145,7 @@ impl GatewayError {
 
     /// The JSON body (`Content-Type: application/json`).
     pub fn status_body(&self) -> Vec<u8> {
-        // Serializing a struct of strings and integers to a Vec cannot fail; the fallback keeps
-        // the request path free of panics all the same.
-        serde_json::to_vec(&self.to_status()).unwrap_or_else(|_| {
-            br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","code":500}"#
-                .to_vec()
-        })
+        self.to_status().into_body()
     }
 }
 
@@ -185,9 +184,10 @@ impl From<crate::identity::IdentityError> for GatewayError {
     }
 }
 
-/// Kubernetes `metav1.Status` as the gateway sends it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+/// Kubernetes `metav1.Status` as the gateway builds it: a fixed shape (no `details` but
+/// `retryAfterSeconds`, constant `kind` and `status`) that the shared `sluice-kube-status`
+/// encoder writes, so the gateway's bytes are the control plane's.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Status {
     pub kind: &'static str,
     pub api_version: &'static str,
@@ -195,18 +195,41 @@ pub struct Status {
     pub status: &'static str,
     pub message: String,
     pub reason: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub details: Option<StatusDetails>,
     pub code: u16,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EmptyObject {}
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatusDetails {
     pub retry_after_seconds: u32,
+}
+
+impl Status {
+    /// The shared `Status` this one stands for (`kind`, `apiVersion` and `metadata` are the
+    /// encoder's constants; a `status` other than "Success" is a failure).
+    pub fn into_shared(self) -> sluice_kube_status::Status {
+        let outcome = match self.status {
+            "Success" => Outcome::Success,
+            _ => Outcome::Failure,
+        };
+        sluice_kube_status::Status {
+            outcome,
+            message: self.message,
+            reason: self.reason.into(),
+            details: self
+                .details
+                .map(|details| SharedDetails::retry_after(details.retry_after_seconds)),
+            code: self.code,
+        }
+    }
+
+    /// The JSON body, written by the shared encoder.
+    pub fn into_body(self) -> Vec<u8> {
+        self.into_shared().to_vec()
+    }
 }
 
 #[cfg(test)]
@@ -232,6 +255,29 @@ mod tests {
                 "reason": "TooManyRequests", "details": {"retryAfterSeconds": 1}, "code": 429
             })
         );
+    }
+
+    #[test]
+    fn bodies_are_the_shared_encoders_bytes_and_decode_back() {
+        let error = GatewayError::TooManyRequests {
+            schema: "slow".into(),
+        };
+        // The bytes the gateway wrote before the encoder was shared: same keys, same order.
+        assert_eq!(
+            String::from_utf8(error.status_body()).unwrap(),
+            r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too many requests: flow control schema \"slow\" is at its limit, retry later","reason":"TooManyRequests","details":{"retryAfterSeconds":1},"code":429}"#
+        );
+        let unauthorized = GatewayError::Unauthorized.status_body();
+        assert_eq!(
+            String::from_utf8(unauthorized.clone()).unwrap(),
+            r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized","reason":"Unauthorized","code":401}"#
+        );
+        let decoded = sluice_kube_status::Status::decode(&unauthorized).unwrap();
+        assert_eq!(
+            decoded,
+            GatewayError::Unauthorized.to_status().into_shared()
+        );
+        assert_eq!(decoded.known_reason(), Some(StatusReason::Unauthorized));
     }
 
     #[test]

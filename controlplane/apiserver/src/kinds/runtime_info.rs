@@ -9,13 +9,13 @@ use sluice_apimachinery::{FieldError, KindSpec, PrinterColumn};
 use super::vm_fields::{self, GROUP, MAX_SHORT, VERSION};
 
 /// `agentState` values: No-Op until the agent found its Agented VM, then Active.
-pub const AGENT_STATES: [&str; 2] = ["NoOp", "Active"];
+pub const AGENT_STATES: [&str; 2] = sluice_vm_lifecycle::AgentMode::NAMES;
 
 pub fn runtime_info() -> KindSpec {
     KindSpec {
         group: GROUP.into(),
         version: VERSION.into(),
-        kind: "VirtualMachineRuntimeInfo".into(),
+        kind: sluice_vm_lifecycle::RUNTIME_INFO.into(),
         plural: "virtualmachineruntimeinfos".into(),
         singular: "virtualmachineruntimeinfo".into(),
         short_names: vec!["vmri".into()],

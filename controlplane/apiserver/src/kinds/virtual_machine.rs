@@ -6,20 +6,16 @@ use std::net::IpAddr;
 
 use serde_json::{json, Value};
 use sluice_apimachinery::{FieldError, KindSpec, PrinterColumn};
+use sluice_vm_lifecycle::{Management, VmState};
 
 use super::vm_fields::{self, GROUP, MAX_SHORT, VERSION};
 
 /// `spec.management` values.
-pub const MANAGEMENTS: [&str; 3] = ["Agented", "Agentless", "Unmanaged"];
+pub const MANAGEMENTS: [&str; 3] = Management::NAMES;
 /// `status.state` values, as the VMManager writes them.
-pub const VM_STATES: [&str; 4] = [
-    "Unmanaged",
-    "Agentless",
-    "AgentedBootstrap",
-    "AgentedConnected",
-];
+pub const VM_STATES: [&str; 4] = VmState::NAMES;
 /// The state in which a VM's agent receives policies.
-pub const CONNECTED: &str = "AgentedConnected";
+pub const CONNECTED: &str = VmState::AgentedConnected.as_str();
 /// Most uplink addresses.
 const MAX_IPS: usize = 64;
 
@@ -27,7 +23,7 @@ pub fn virtual_machine() -> KindSpec {
     KindSpec {
         group: GROUP.into(),
         version: VERSION.into(),
-        kind: "VirtualMachine".into(),
+        kind: sluice_vm_lifecycle::VIRTUAL_MACHINE.into(),
         plural: "virtualmachines".into(),
         singular: "virtualmachine".into(),
         short_names: vec!["vm".into()],

@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 use sluice_apimachinery::timestamp::parse_rfc3339;
 use sluice_apimachinery::FieldError;
 
-pub const GROUP: &str = "vm.sluice.dev";
-pub const VERSION: &str = "v1alpha1";
+pub const GROUP: &str = sluice_vm_lifecycle::GROUP;
+pub const VERSION: &str = sluice_vm_lifecycle::VERSION;
 
 /// Most entries of a `networkPolicies` map (a VM in more policies is refused, not truncated).
 pub const MAX_POLICIES: usize = 10_000;

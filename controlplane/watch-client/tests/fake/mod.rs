@@ -20,6 +20,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{json, Value};
+use sluice_kube_status::StatusReason;
 use test_support::Certificates;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -259,9 +260,9 @@ fn acceptor(certs: &Certificates, mutual: bool) -> tokio_rustls::TlsAcceptor {
 }
 
 fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
-    let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-        "code": code.as_u16(), "reason": reason, "message": message});
-    let mut response = Response::new(Either::Left(Full::new(Bytes::from(body.to_string()))));
+    let body =
+        sluice_kube_status::Status::failure_with_code(code.as_u16(), reason.to_string(), message);
+    let mut response = Response::new(Either::Left(Full::new(Bytes::from(body.to_vec()))));
     *response.status_mut() = code;
     response
 }
@@ -385,9 +386,9 @@ fn next_lines(shared: &Shared, position: &mut u64, generation: u64) -> (Vec<Byte
         return (Vec::new(), true);
     }
     if *position < state.compacted {
-        let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1",
-            "status": "Failure", "code": 410, "reason": "Expired",
-            "message": format!("too old resource version: {position} ({})", state.compacted)}});
+        let message = format!("too old resource version: {position} ({})", state.compacted);
+        let status = sluice_kube_status::Status::failure(StatusReason::Expired, message);
+        let gone = json!({"type": "ERROR", "object": status.to_value()});
         return (vec![Bytes::from(format!("{gone}\n"))], true);
     }
     let mut lines: Vec<Bytes> = state.raw.drain(..).collect();

@@ -3,7 +3,8 @@
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
-use serde_json::{json, Value};
+use serde_json::Value;
+use sluice_kube_status::Status;
 
 use crate::body::ResponseBody;
 
@@ -44,14 +45,11 @@ pub(super) fn plain(code: StatusCode, text: &'static str) -> Response<ResponseBo
     response
 }
 
+/// A failure `Status` from the shared encoder; as a JSON value its keys come out sorted, as
+/// this simulator always wrote them.
 pub(super) fn status(code: StatusCode, reason: &str, message: &str) -> Response<ResponseBody> {
-    json_response(
-        code,
-        &json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code.as_u16(),
-        }),
-    )
+    let status = Status::failure_with_code(code.as_u16(), reason.to_string(), message);
+    json_response(code, &status.to_value())
 }
 
 pub(super) fn not_found(path: &str) -> Response<ResponseBody> {
@@ -68,4 +66,18 @@ pub(super) fn object_not_found(resource: &str, name: &str) -> Response<ResponseB
         "NotFound",
         &format!("{resource} \"{name}\" not found"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_is_written_with_sorted_keys_as_before() {
+        let status = Status::failure_with_code(404, "NotFound".to_string(), "pods \"a\" not found");
+        assert_eq!(
+            status.to_value().to_string(),
+            r#"{"apiVersion":"v1","code":404,"kind":"Status","message":"pods \"a\" not found","metadata":{},"reason":"NotFound","status":"Failure"}"#
+        );
+    }
 }
