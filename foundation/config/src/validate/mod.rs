@@ -9,25 +9,64 @@ use std::time::Duration;
 use serde_norway::Value;
 
 use crate::listener::listener;
-use crate::raw::{Leaf, RawAgent, RawConfig, RawGateway, RawListener, RawRedis};
+use crate::raw::{Leaf, RawAgent, RawConfig};
 use crate::{
-    AgentConfig, ClusterSource, Config, DriverChoice, Endpoint, GatewayConfig, ListenersConfig,
-    LogFormat, LoggingConfig, PoolConfig, ReconnectConfig, RedisConfig, RedisTargetConfig,
-    RuntimeConfig, Workers,
+    AgentConfig, Config, DriverChoice, Endpoint, ListenersConfig, LogFormat, LoggingConfig,
+    PoolConfig, ReconnectConfig, RuntimeConfig, Workers,
 };
 pub(crate) use sluice_config_error::ErrorList as Errors;
 
 mod controlplane;
 mod ebpf;
+mod gateway;
+mod listeners;
 mod overload;
+mod redis;
 mod tunnel;
 
+use gateway::gateway;
 use tunnel::{tunnel, DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES_LIMIT};
 
 const MAX_WORKERS: usize = 1024;
 
-/// Returns the typed config; it is only meaningful when `errors` stayed empty.
+/// Returns the typed config; it is only meaningful when `errors` stayed empty. The phases run in
+/// the order errors are reported in: sections first, then the listeners that depend on them.
 pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
+    let runtime = runtime(raw, errors);
+    let logging = logging(raw, errors);
+    let tunnel = raw.tunnel.as_ref().map(|raw| tunnel(raw, errors));
+    let agent = raw.agent.as_ref().map(|raw| agent(raw, errors));
+    let redis = raw.redis.as_ref().map(|raw| redis::redis(raw, errors));
+    redis::check_multi_node(redis.is_some(), tunnel.as_ref(), errors);
+    let private = listeners::private(raw, redis.is_some(), tunnel.as_ref(), errors);
+    let (agent_listener, external) = listeners::tunnel_sides(raw, tunnel.is_some(), errors);
+    let gateway = raw.gateway.as_ref().map(|raw| gateway(raw, errors));
+    let listeners = ListenersConfig {
+        gateway: listeners::gateway(raw, gateway.is_some(), errors),
+        private,
+        agent: agent_listener,
+        external,
+        admin: listener(
+            &raw.listeners.admin,
+            "listeners.admin",
+            "127.0.0.1:9901",
+            errors,
+        ),
+    };
+    Config {
+        runtime,
+        logging,
+        listeners,
+        tunnel,
+        agent,
+        redis,
+        gateway,
+        ebpf: raw.ebpf.as_ref().map(|raw| ebpf::ebpf(raw, errors)),
+    }
+}
+
+/// `runtime:`: worker threads, the I/O driver and how long a drain may take.
+fn runtime(raw: &RawConfig, errors: &mut Errors) -> RuntimeConfig {
     let runtime = RuntimeConfig {
         workers: workers(&raw.runtime.workers, "runtime.workers", errors),
         driver: one_of(
@@ -60,7 +99,12 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
             format!("{} is not a power of two", runtime.uring_entries),
         );
     }
-    let logging = LoggingConfig {
+    runtime
+}
+
+/// `logging:`: the format and level of the log lines.
+fn logging(raw: &RawConfig, errors: &mut Errors) -> LoggingConfig {
+    LoggingConfig {
         format: match one_of(
             &raw.logging.format,
             "logging.format",
@@ -74,269 +118,7 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
             _ => LogFormat::Text,
         },
         level: log_level(&raw.logging.level, "logging.level", errors),
-    };
-    let tunnel = raw.tunnel.as_ref().map(|raw| tunnel(raw, errors));
-    let agent = raw.agent.as_ref().map(|raw| agent(raw, errors));
-    let redis = raw.redis.as_ref().map(|raw| redis(raw, errors));
-    if redis.is_some() && tunnel.is_none() {
-        errors.push("redis", "is only used by a node with a tunnel section");
     }
-    if let (Some(_), Some(tunnel)) = (&redis, &tunnel) {
-        match &tunnel.private_jwt {
-            None => errors.push(
-                "tunnel.private_jwt.secret_file",
-                "is required with redis: nodes sign calls to each other's private endpoints",
-            ),
-            Some(private)
-                if private.issuer == tunnel.jwt.issuer
-                    && private.audience == tunnel.jwt.audience =>
-            {
-                errors.push(
-                    "tunnel.private_jwt",
-                    "needs its own issuer or audience, distinct from tunnel.jwt",
-                )
-            }
-            Some(_) => {}
-        }
-    }
-    let private_listener = match (&raw.listeners.private, &redis) {
-        (Some(raw), Some(_)) => Some(listener(raw, "listeners.private", "127.0.0.1:8155", errors)),
-        (None, Some(_)) => Some(listener(
-            &RawListener::default(),
-            "listeners.private",
-            "127.0.0.1:8155",
-            errors,
-        )),
-        (Some(_), None) => {
-            errors.push(
-                "listeners.private",
-                "is only used with a redis section (multi-node routing)",
-            );
-            None
-        }
-        (None, None) => None,
-    };
-    if let (Some(private), Some(tunnel)) = (&private_listener, &tunnel) {
-        if private.tls.is_some() && tunnel.peer_tls.is_none() {
-            errors.push(
-                "tunnel.peer_tls.ca_file",
-                "is required when listeners.private.tls is set: nodes call each other's private endpoints over TLS",
-            );
-        }
-    }
-    let tunnel_listener =
-        |raw: &Option<RawListener>, name: &str, default: &str, errors: &mut Errors| {
-            let path = format!("listeners.{name}");
-            match (raw, &tunnel) {
-                (Some(raw), Some(_)) => Some(listener(raw, &path, default, errors)),
-                (None, Some(_)) => Some(listener(&RawListener::default(), &path, default, errors)),
-                (Some(_), None) => {
-                    errors.push(
-                        path,
-                        "is only used with a tunnel section; add `tunnel:` or remove it",
-                    );
-                    None
-                }
-                (None, None) => None,
-            }
-        };
-    let agent_listener = tunnel_listener(&raw.listeners.agent, "agent", "127.0.0.1:8150", errors);
-    let external_listener = tunnel_listener(
-        &raw.listeners.external,
-        "external",
-        "127.0.0.1:8151",
-        errors,
-    );
-    let gateway = raw.gateway.as_ref().map(|raw| gateway(raw, errors));
-    let gateway_listener = match (&raw.listeners.gateway, &gateway) {
-        (Some(raw), Some(_)) => Some(listener(raw, "listeners.gateway", "127.0.0.1:8443", errors)),
-        (None, Some(_)) => Some(listener(
-            &RawListener::default(),
-            "listeners.gateway",
-            "127.0.0.1:8443",
-            errors,
-        )),
-        (Some(_), None) => {
-            errors.push(
-                "listeners.gateway",
-                "is only used with a gateway section; add `gateway:` or remove it",
-            );
-            None
-        }
-        (None, None) => None,
-    };
-    if let Some(listener) = &gateway_listener {
-        if listener.tls.is_some() {
-            errors.push(
-                "listeners.gateway.tls",
-                "is not used: each UpstreamCluster serves its own certificate (spec.secureServing), chosen by SNI",
-            );
-        }
-    }
-    let listeners = ListenersConfig {
-        gateway: gateway_listener,
-        private: private_listener,
-        agent: agent_listener,
-        external: external_listener,
-        admin: listener(
-            &raw.listeners.admin,
-            "listeners.admin",
-            "127.0.0.1:9901",
-            errors,
-        ),
-    };
-    Config {
-        runtime,
-        logging,
-        listeners,
-        tunnel,
-        agent,
-        redis,
-        gateway,
-        ebpf: raw.ebpf.as_ref().map(|raw| ebpf::ebpf(raw, errors)),
-    }
-}
-
-fn gateway(raw: &RawGateway, errors: &mut Errors) -> GatewayConfig {
-    let source = match (&raw.clusters_dir, &raw.source) {
-        (Some(_), Some(_)) => {
-            errors.push(
-                "gateway.source",
-                "set either gateway.clusters_dir or gateway.source, not both",
-            );
-            ClusterSource::Directory(PathBuf::new())
-        }
-        (None, Some(source)) => controlplane::source(source, "gateway.source", errors).map_or(
-            ClusterSource::Directory(PathBuf::new()),
-            ClusterSource::ControlPlane,
-        ),
-        (_, None) => ClusterSource::Directory(clusters_dir(raw, errors)),
-    };
-    GatewayConfig {
-        source,
-        credentials_dir: credentials_dir(raw, errors),
-        reload_interval: duration(
-            &raw.reload_interval,
-            "gateway.reload_interval",
-            Duration::from_secs(1),
-            errors,
-        ),
-    }
-}
-
-/// `gateway.credentials_dir`: optional, a readable directory when set.
-fn credentials_dir(raw: &RawGateway, errors: &mut Errors) -> Option<PathBuf> {
-    let path = "gateway.credentials_dir";
-    let text = scalar(raw.credentials_dir.as_ref()?, path, errors)?;
-    match std::fs::read_dir(&text) {
-        Ok(_) => Some(PathBuf::from(text)),
-        Err(error) => {
-            errors.push(path, format!("cannot read directory {text:?}: {error}"));
-            None
-        }
-    }
-}
-
-fn clusters_dir(raw: &RawGateway, errors: &mut Errors) -> PathBuf {
-    match raw
-        .clusters_dir
-        .as_ref()
-        .and_then(|value| scalar(value, "gateway.clusters_dir", errors))
-    {
-        None => {
-            errors.push(
-                "gateway.clusters_dir",
-                "is required: a directory of UpstreamCluster YAML files (or gateway.source)",
-            );
-            PathBuf::new()
-        }
-        Some(text) => {
-            let dir = PathBuf::from(&text);
-            if let Err(error) = std::fs::read_dir(&dir) {
-                errors.push(
-                    "gateway.clusters_dir",
-                    format!("cannot read directory {text:?}: {error}"),
-                );
-            }
-            dir
-        }
-    }
-}
-
-fn redis_url(value: &Value, path: &str, errors: &mut Errors) -> Option<String> {
-    let text = scalar(value, path, errors)?;
-    let scheme = text.split_once("://").map(|(scheme, _)| scheme);
-    if matches!(scheme, Some("redis" | "rediss" | "redis+unix" | "unix")) {
-        Some(text)
-    } else {
-        errors.push(
-            path,
-            format!(
-                "invalid Redis URL {:?}: expected redis://, rediss:// or redis+unix://",
-                crate::redact_url(&text)
-            ),
-        );
-        None
-    }
-}
-
-fn redis(raw: &RawRedis, errors: &mut Errors) -> RedisConfig {
-    let target = match (&raw.url, raw.cluster.is_empty()) {
-        (Some(url), true) => redis_url(url, "redis.url", errors).map(RedisTargetConfig::Url),
-        (None, false) => {
-            let urls: Vec<String> = raw
-                .cluster
-                .iter()
-                .enumerate()
-                .filter_map(|(index, url)| {
-                    redis_url(url, &format!("redis.cluster[{index}]"), errors)
-                })
-                .collect();
-            Some(RedisTargetConfig::Cluster(urls))
-        }
-        (Some(_), false) => {
-            errors.push("redis", "set either url or cluster, not both");
-            None
-        }
-        (None, true) => {
-            errors.push(
-                "redis.url",
-                "is required (or list cluster seed nodes under redis.cluster)",
-            );
-            None
-        }
-    };
-    let config = RedisConfig {
-        target: target.unwrap_or(RedisTargetConfig::Url(String::new())),
-        ca_file: readable_file(&raw.ca_file, "redis.ca_file", false, errors),
-        key_prefix: text(&raw.key_prefix, "redis.key_prefix", "sluice", errors),
-        ttl: duration(&raw.ttl, "redis.ttl", Duration::from_secs(300), errors),
-        refresh: duration(
-            &raw.refresh,
-            "redis.refresh",
-            Duration::from_secs(240),
-            errors,
-        ),
-        gc_interval: duration(
-            &raw.gc_interval,
-            "redis.gc_interval",
-            Duration::from_secs(600),
-            errors,
-        ),
-        unregister_delay: duration(
-            &raw.unregister_delay,
-            "redis.unregister_delay",
-            Duration::from_secs(5),
-            errors,
-        ),
-    };
-    if config.refresh >= config.ttl {
-        errors.push(
-            "redis.refresh",
-            "must be shorter than redis.ttl, or entries expire between refreshes",
-        );
-    }
-    config
 }
 
 /// A path to a file that must exist and be readable now (so a typo fails at start-up, not at
