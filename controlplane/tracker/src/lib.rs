@@ -13,19 +13,17 @@ mod arrivals;
 mod metrics;
 mod records;
 mod store;
+mod worker;
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_channel::oneshot;
 use tokio::sync::mpsc;
 
 pub use metrics::TrackerMetrics;
-use records::Records;
 pub use sluice_locator::{AgentId, Arrivals, ConnectionKey, ConnectionRecord, NodeEntry};
 use sluice_locator::{AgentLocator, Answer, EventListener, LocatorError};
-use store::Store;
 pub use store::{parse_entry, RedisTarget};
 
 /// Why the tracker could not do something.
@@ -228,197 +226,8 @@ pub fn spawn(
                     return;
                 }
             };
-            runtime.block_on(run(target, options, metrics, receiver, arrivals));
+            runtime.block_on(worker::run(target, options, metrics, receiver, arrivals));
         })
         .map_err(|error| TrackerError::Thread(error.to_string()))?;
     Ok(handle)
-}
-
-/// Removes every entry and connection record this node wrote (drain or shutdown); returns how
-/// many agents it held.
-async fn remove_all(
-    store: &Store,
-    held: &mut HashMap<AgentId, Held>,
-    connections: &mut Records,
-) -> usize {
-    let keys = connections.drain();
-    if let Err(error) = store.remove_connections(&keys).await {
-        tracing::warn!(%error, "cannot remove this node's connection records from redis; they expire by TTL");
-    }
-    let agents: Vec<AgentId> = held.drain().map(|(agent, _)| agent).collect();
-    if let Err(error) = store.unregister(&agents).await {
-        tracing::warn!(%error, "cannot remove this node's entries from redis; they expire by TTL");
-    }
-    agents.len()
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Held {
-    Registered,
-    /// Leaving: remove from Redis at this instant unless the agent comes back.
-    Leaving(Instant),
-}
-
-async fn run(
-    target: RedisTarget,
-    options: TrackerOptions,
-    metrics: TrackerMetrics,
-    mut commands: mpsc::UnboundedReceiver<Command>,
-    arrivals: Arc<Arrivals>,
-) {
-    let store = Arc::new(Store::new(target.clone(), options.clone(), metrics.clone()));
-    let (resubscribed_tx, mut resubscribed) = mpsc::unbounded_channel();
-    // Lookups in flight, by agent: later askers share the first one's Redis call.
-    let mut lookups: HashMap<AgentId, Vec<LookupReply>> = HashMap::new();
-    let (looked_up_tx, mut looked_up) = mpsc::unbounded_channel::<(AgentId, LookupResult)>();
-    tokio::spawn(arrivals::listen(
-        target,
-        options.key_prefix.clone(),
-        arrivals,
-        resubscribed_tx,
-    ));
-    let mut held: HashMap<AgentId, Held> = HashMap::new();
-    let mut connections = Records::new(options.max_connections_per_agent);
-    // Agents whose registration did not reach Redis; retried on every tick.
-    let mut unwritten: Vec<AgentId> = Vec::new();
-    // Set by a drain: entries removed, nothing written any more, lookups still answered.
-    let mut withdrawn = false;
-    let mut refresh = tokio::time::interval(options.refresh);
-    let mut gc = tokio::time::interval(options.gc_interval);
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    refresh.tick().await;
-    gc.tick().await;
-    loop {
-        tokio::select! {
-            command = commands.recv() => match command {
-                // A withdrawn (draining) node advertises nothing more.
-                Some(Command::Register(_)) if withdrawn => {}
-                Some(Command::ConnectionUp(_)) if withdrawn => {}
-                Some(Command::Register(agent)) => {
-                    if held.insert(agent, Held::Registered).is_none() {
-                        if let Err(error) = store.register(&[agent]).await {
-                            tracing::warn!(agent, %error, "cannot register agent in redis; will retry");
-                            unwritten.push(agent);
-                        }
-                    }
-                }
-                Some(Command::Unregister(agent)) => {
-                    if let Some(state) = held.get_mut(&agent) {
-                        *state = Held::Leaving(Instant::now() + options.unregister_delay);
-                    }
-                }
-                Some(Command::Lookup(agent, reply)) => {
-                    let waiting = lookups.entry(agent).or_default();
-                    waiting.push(reply);
-                    if waiting.len() == 1 {
-                        let store = store.clone();
-                        let looked_up_tx = looked_up_tx.clone();
-                        tokio::spawn(async move {
-                            let _ = looked_up_tx.send((agent, store.lookup(agent).await));
-                        });
-                    }
-                }
-                Some(Command::ConnectionUp(record)) => {
-                    // Over the agent's bound nothing is written (the node refuses such
-                    // connections first; this holds whatever it sends).
-                    if !connections.insert(record.clone()) {
-                        metrics.records_refused.inc(0);
-                        tracing::warn!(agent = record.agent, "agent over its connection records in the tracker; not written to redis");
-                    } else if let Err(error) = store.write_connections(std::slice::from_ref(&record)).await {
-                        tracing::warn!(%error, "cannot record an agent connection in redis; the next refresh retries");
-                    }
-                }
-                Some(Command::ConnectionDown(agent, connection_id)) => {
-                    if connections.remove(agent, connection_id) {
-                        if let Err(error) = store.remove_connections(&[(agent, connection_id)]).await {
-                            tracing::warn!(%error, "cannot remove an agent connection from redis; it expires by TTL");
-                        }
-                    }
-                }
-                Some(Command::ListConnections(after, limit, reply)) => {
-                    let store = store.clone();
-                    tokio::spawn(async move {
-                        let listed = store.list_connections(after.as_ref(), limit).await;
-                        let _ = reply.send(listed.map_err(LocatorError::from));
-                    });
-                }
-                Some(Command::Withdraw(reply)) => {
-                    let agents = remove_all(&store, &mut held, &mut connections).await;
-                    unwritten.clear();
-                    let withdrawn_before = std::mem::replace(&mut withdrawn, true);
-                    if !withdrawn_before { metrics.withdrawn.inc(0); }
-                    tracing::info!(agents, "draining: removed this node's agents from redis; peers stop routing here");
-                    let _ = reply.send(());
-                }
-                Some(Command::Shutdown(reply)) => {
-                    remove_all(&store, &mut held, &mut connections).await;
-                    let _ = reply.send(());
-                    return;
-                }
-                None => return,
-            },
-            Some((agent, result)) = looked_up.recv() => {
-                for reply in lookups.remove(&agent).unwrap_or_default() {
-                    let _ = reply.send(result.clone().map_err(LocatorError::from));
-                }
-            }
-            Some(()) = resubscribed.recv() => {
-                // Redis was away, maybe restarted empty: write everything we hold again.
-                let records = connections.all();
-                let _ = store.write_connections(&records).await;
-                let agents: Vec<AgentId> = held.keys().copied().collect();
-                tracing::info!(agents = agents.len(), "redis is back; re-registering held agents");
-                if let Err(error) = store.register(&agents).await {
-                    tracing::warn!(%error, "cannot re-register agents; will retry");
-                    unwritten = agents;
-                }
-            }
-            _ = tick.tick() => {
-                let now = Instant::now();
-                let leaving: Vec<AgentId> = held
-                    .iter()
-                    .filter_map(|(agent, state)| matches!(state, Held::Leaving(at) if *at <= now).then_some(*agent))
-                    .collect();
-                if !leaving.is_empty() {
-                    match store.unregister(&leaving).await {
-                        Ok(()) => {
-                            for agent in &leaving {
-                                held.remove(agent);
-                            }
-                        }
-                        Err(error) => tracing::warn!(%error, "cannot unregister agents; will retry"),
-                    }
-                }
-                if !unwritten.is_empty() {
-                    let pending: Vec<AgentId> = unwritten.iter().copied().filter(|agent| held.contains_key(agent)).collect();
-                    match store.register(&pending).await {
-                        Ok(()) => {
-                            tracing::info!(agents = pending.len(), "re-registered agents in redis");
-                            unwritten.clear();
-                        }
-                        Err(_) => unwritten = pending,
-                    }
-                }
-            }
-            _ = refresh.tick() => {
-                let records = connections.all();
-                if let Err(error) = store.write_connections(&records).await {
-                    tracing::warn!(%error, "cannot refresh connection records in redis");
-                }
-                let agents: Vec<AgentId> = held.keys().copied().collect();
-                if let Err(error) = store.register(&agents).await {
-                    tracing::warn!(%error, "cannot refresh agents in redis; will retry");
-                    unwritten = agents;
-                }
-            }
-            _ = gc.tick() => {
-                let agents: Vec<AgentId> = held.keys().copied().collect();
-                match store.collect_garbage(&agents).await {
-                    Ok(removed) if removed > 0 => tracing::info!(removed, "removed expired tracker entries"),
-                    Ok(_) => {}
-                    Err(error) => tracing::warn!(%error, "tracker garbage collection failed"),
-                }
-            }
-        }
-    }
 }
