@@ -150,94 +150,22 @@ impl ServerBuilder {
             listeners,
             mut background,
         } = self;
-        let mut per_worker: Vec<Vec<WorkerListener>> =
-            (0..options.workers).map(|_| Vec::new()).collect();
-        let mut dedicated = Vec::new();
-        for listener in listeners {
-            let factory = listener
-                .factory
-                .ok_or_else(|| RuntimeError::NoHandler(listener.name.to_string()))?;
-            // One count per listener, shared by its workers: the cap is per node, not per core.
-            let per_ip = listener
-                .config
-                .limits
-                .max_connections_per_ip
-                .map(|_| Arc::new(crate::limits::PeerCounts::default()));
-            let make = |socket| WorkerListener {
-                name: listener.name.clone(),
-                socket,
-                factory: factory.clone(),
-                stats: listener.stats.clone(),
-                max_connections: listener.config.max_connections_per_worker,
-                limits: listener.config.limits.clone(),
-                per_ip: per_ip.clone(),
-                overload_gated: listener.placement == Placement::Workers,
-            };
-            match listener.placement {
-                Placement::Workers => {
-                    for (worker, socket) in listener.sockets.into_iter().enumerate() {
-                        per_worker[worker].push(make(socket));
-                    }
-                }
-                Placement::Dedicated => dedicated.extend(listener.sockets.into_iter().map(make)),
-            }
-        }
-
+        let (per_worker, dedicated) = place_listeners(listeners, options.workers)?;
         let (started_tx, started_rx) = mpsc::channel();
-        let mut threads = Vec::new();
-        let spawn = |name: String,
-                     index: usize,
-                     listeners,
-                     background,
-                     stop: Arc<StopSignal>,
-                     drain_timeout| {
-            let spec = WorkerSpec {
-                thread_name: name.clone(),
-                index,
-                driver: options.driver.driver,
-                uring_entries: options.uring_entries,
-                listeners,
-                background,
-                lifecycle: lifecycle.clone(),
-                stop,
-                drain_timeout,
-                started: started_tx.clone(),
-            };
-            let failure = lifecycle.clone();
-            let started = spec.started.clone();
-            let thread = name.clone();
-            std::thread::Builder::new()
-                .name(name.clone())
-                .spawn(move || {
-                    // A panic outside any contained task kills the worker's runtime: the
-                    // process fails (readiness 503, stop) instead of serving half-dead.
-                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        worker::run(spec)
-                    })) {
-                        Ok(cut) => cut,
-                        Err(payload) => {
-                            let reason = format!(
-                                "worker thread {thread} panicked: {}",
-                                crate::task::panic_message(payload.as_ref())
-                            );
-                            crate::task::count_panic("worker");
-                            failure.fail(&reason);
-                            let _ = started.send((thread, Err(reason)));
-                            0
-                        }
-                    }
-                })
-                .map_err(|source| RuntimeError::Spawn { name, source })
+        let spawner = Spawner {
+            options: &options,
+            lifecycle: &lifecycle,
+            started: started_tx,
         };
+        let mut threads = Vec::new();
         for (index, listeners) in per_worker.into_iter().enumerate() {
-            let name = format!("sluice-worker-{index}");
             let background = if index == 0 {
                 std::mem::take(&mut background)
             } else {
                 Vec::new()
             };
-            threads.push(spawn(
-                name,
+            threads.push(spawner.spawn(
+                format!("sluice-worker-{index}"),
                 index,
                 listeners,
                 background,
@@ -249,7 +177,7 @@ impl ServerBuilder {
         let dedicated_thread = if dedicated.is_empty() {
             None
         } else {
-            Some(spawn(
+            Some(spawner.spawn(
                 "sluice-admin".to_string(),
                 0,
                 dedicated,
@@ -258,34 +186,140 @@ impl ServerBuilder {
                 DEDICATED_DRAIN,
             )?)
         };
-        drop(started_tx);
+        // Only the threads hold senders now: a thread that dies before reporting closes it.
+        drop(spawner);
 
-        let expected = threads.len() + usize::from(dedicated_thread.is_some());
         let running = RunningServer {
             lifecycle: lifecycle.clone(),
             workers: threads,
             dedicated: dedicated_thread,
             dedicated_stop,
         };
-        for _ in 0..expected {
-            match started_rx.recv() {
-                Ok((_, Ok(()))) => {}
-                Ok((thread, Err(reason))) => {
-                    running.shutdown();
-                    return Err(RuntimeError::WorkerStart { thread, reason });
-                }
-                Err(_) => {
-                    running.shutdown();
-                    return Err(RuntimeError::WorkerStart {
-                        thread: "unknown".to_string(),
-                        reason: "a worker thread exited during start-up".to_string(),
-                    });
-                }
-            }
-        }
+        let running = wait_started(running, &started_rx)?;
         lifecycle.set_phase(Phase::Ready);
         Ok(running)
     }
+}
+
+/// Hands every declared listener's sockets to the threads that accept on them: one socket per
+/// worker for worker listeners, all on the dedicated thread for dedicated ones.
+fn place_listeners(
+    listeners: Vec<DeclaredListener>,
+    workers: usize,
+) -> Result<(Vec<Vec<WorkerListener>>, Vec<WorkerListener>), RuntimeError> {
+    let mut per_worker: Vec<Vec<WorkerListener>> = (0..workers).map(|_| Vec::new()).collect();
+    let mut dedicated = Vec::new();
+    for listener in listeners {
+        let factory = listener
+            .factory
+            .ok_or_else(|| RuntimeError::NoHandler(listener.name.to_string()))?;
+        // One count per listener, shared by its workers: the cap is per node, not per core.
+        let per_ip = listener
+            .config
+            .limits
+            .max_connections_per_ip
+            .map(|_| Arc::new(crate::limits::PeerCounts::default()));
+        let make = |socket| WorkerListener {
+            name: listener.name.clone(),
+            socket,
+            factory: factory.clone(),
+            stats: listener.stats.clone(),
+            max_connections: listener.config.max_connections_per_worker,
+            limits: listener.config.limits.clone(),
+            per_ip: per_ip.clone(),
+            overload_gated: listener.placement == Placement::Workers,
+        };
+        match listener.placement {
+            Placement::Workers => {
+                for (worker, socket) in listener.sockets.into_iter().enumerate() {
+                    per_worker[worker].push(make(socket));
+                }
+            }
+            Placement::Dedicated => dedicated.extend(listener.sockets.into_iter().map(make)),
+        }
+    }
+    Ok((per_worker, dedicated))
+}
+
+/// Starts threads that report on `started` once their runtime is up (or why it is not).
+struct Spawner<'a> {
+    options: &'a RuntimeOptions,
+    lifecycle: &'a Arc<Lifecycle>,
+    started: mpsc::Sender<(String, Result<(), String>)>,
+}
+
+impl Spawner<'_> {
+    fn spawn(
+        &self,
+        name: String,
+        index: usize,
+        listeners: Vec<WorkerListener>,
+        background: Vec<Arc<dyn crate::BackgroundTask>>,
+        stop: Arc<StopSignal>,
+        drain_timeout: Duration,
+    ) -> Result<JoinHandle<usize>, RuntimeError> {
+        let spec = WorkerSpec {
+            thread_name: name.clone(),
+            index,
+            driver: self.options.driver.driver,
+            uring_entries: self.options.uring_entries,
+            listeners,
+            background,
+            lifecycle: self.lifecycle.clone(),
+            stop,
+            drain_timeout,
+            started: self.started.clone(),
+        };
+        let failure = self.lifecycle.clone();
+        let started = spec.started.clone();
+        let thread = name.clone();
+        std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                // A panic outside any contained task kills the worker's runtime: the
+                // process fails (readiness 503, stop) instead of serving half-dead.
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker::run(spec))) {
+                    Ok(cut) => cut,
+                    Err(payload) => {
+                        let reason = format!(
+                            "worker thread {thread} panicked: {}",
+                            crate::task::panic_message(payload.as_ref())
+                        );
+                        crate::task::count_panic("worker");
+                        failure.fail(&reason);
+                        let _ = started.send((thread, Err(reason)));
+                        0
+                    }
+                }
+            })
+            .map_err(|source| RuntimeError::Spawn { name, source })
+    }
+}
+
+/// Waits for every thread of `running` to report its start; on the first failure stops the
+/// ones already running and returns why.
+fn wait_started(
+    running: RunningServer,
+    started: &mpsc::Receiver<(String, Result<(), String>)>,
+) -> Result<RunningServer, RuntimeError> {
+    let expected = running.workers.len() + usize::from(running.dedicated.is_some());
+    for _ in 0..expected {
+        match started.recv() {
+            Ok((_, Ok(()))) => {}
+            Ok((thread, Err(reason))) => {
+                running.shutdown();
+                return Err(RuntimeError::WorkerStart { thread, reason });
+            }
+            Err(_) => {
+                running.shutdown();
+                return Err(RuntimeError::WorkerStart {
+                    thread: "unknown".to_string(),
+                    reason: "a worker thread exited during start-up".to_string(),
+                });
+            }
+        }
+    }
+    Ok(running)
 }
 
 /// The started server. Dropping it without [`RunningServer::shutdown`] leaves the threads
