@@ -49,66 +49,7 @@ pub enum Command {
     },
     /// Enforce the VM NetworkPolicies of a policy file on an Open vSwitch bridge (see
     /// docs/VM-POLICY.md); hot reloads the file.
-    VmAgent {
-        /// The bridge to enforce on (created on the netdev datapath if missing).
-        #[arg(long, value_name = "BRIDGE")]
-        bridge: String,
-        /// Policy file (YAML, or JSON with a .json extension), or a directory whose *.yaml,
-        /// *.yml and *.json files are merged.
-        #[arg(
-            long,
-            value_name = "FILE|DIR",
-            required_unless_present = "controlplane",
-            conflicts_with = "controlplane"
-        )]
-        policies: Option<PathBuf>,
-        /// Watch this VM's policies on the control plane (https://host:port) instead of a file;
-        /// needs --controlplane-ca and --controlplane-token-file (a vm-agent token whose
-        /// subject is this VM).
-        #[arg(long, value_name = "URL", requires_all = ["controlplane_ca", "controlplane_token_file", "vm"])]
-        controlplane: Option<String>,
-        /// This VM's name: its VirtualMachine on the control plane (and the subject of the
-        /// token). The agent is No-Op until that object says `Agented`.
-        #[arg(long, value_name = "NAME", requires = "controlplane")]
-        vm: Option<String>,
-        /// Where the agent keeps the policies it enforces, so that a restart without the
-        /// control plane enforces them at once.
-        #[arg(long, value_name = "DIR", default_value = "/var/lib/sluice/vm-agent")]
-        state_dir: PathBuf,
-        /// How often the runtime info (the agent's heartbeat) is reported; it is also reported
-        /// on every change. Keep it well below the control plane's --vm-heartbeat-timeout.
-        #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
-        report_interval: std::time::Duration,
-        /// CA of the control plane's serving certificate.
-        #[arg(long, value_name = "FILE")]
-        controlplane_ca: Option<PathBuf>,
-        /// The vm-agent bearer token (`sluice controlplane token create --role vm-agent --subject <vm>`).
-        #[arg(long, value_name = "FILE", visible_alias = "token-file")]
-        controlplane_token_file: Option<PathBuf>,
-        /// OVS run directory holding `<bridge>.mgmt` and, by default, `db.sock`.
-        #[arg(long, value_name = "DIR", default_value = "/var/run/openvswitch")]
-        ovs_rundir: PathBuf,
-        /// OVSDB socket (default: `<ovs-rundir>/db.sock`).
-        #[arg(long, value_name = "SOCKET")]
-        db_socket: Option<PathBuf>,
-        /// Admin address for /metrics, /healthz and /readyz (port 0: chosen by the OS).
-        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
-        admin: std::net::SocketAddr,
-        /// How often per-rule counters are read from OVS.
-        #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = humantime::parse_duration)]
-        stats_interval: std::time::Duration,
-        /// Packets per second that Reject rules send to the agent, all together (an OpenFlow
-        /// meter in the datapath drops the rest, counted in
-        /// sluice_policy_reject_meter_dropped_packets_total).
-        #[arg(long, value_name = "PPS", default_value_t = sluice_policy_engine::meter::DEFAULT_REJECT_RATE, value_parser = clap::value_parser!(u32).range(1..))]
-        reject_rate: u32,
-        /// Packets the Reject meter lets through at once above --reject-rate.
-        #[arg(long, value_name = "PACKETS", default_value_t = sluice_policy_engine::meter::DEFAULT_REJECT_BURST, value_parser = clap::value_parser!(u32).range(1..))]
-        reject_burst: u32,
-        /// Do not load the eBPF fast-path counters on the bridge's ports (docs/EBPF.md).
-        #[arg(long)]
-        no_ebpf: bool,
-    },
+    VmAgent(VmAgentArgs),
     /// Run the control plane: a kube-like API server (kubectl works with it) that pushes
     /// routes, agents and policies to gateways, nodes and VM agents (see docs/CONTROLPLANE.md).
     #[command(args_conflicts_with_subcommands = true)]
@@ -137,6 +78,110 @@ pub enum Command {
         #[arg(value_name = "FILE")]
         file: PathBuf,
     },
+}
+
+/// `sluice vm-agent`'s flags.
+#[derive(Debug, Clone, Args)]
+pub struct VmAgentArgs {
+    /// The bridge to enforce on (created on the netdev datapath if missing).
+    #[arg(long, value_name = "BRIDGE")]
+    pub bridge: String,
+    /// Policy file (YAML, or JSON with a .json extension), or a directory whose *.yaml,
+    /// *.yml and *.json files are merged.
+    #[arg(
+        long,
+        value_name = "FILE|DIR",
+        required_unless_present = "controlplane",
+        conflicts_with = "controlplane"
+    )]
+    pub policies: Option<PathBuf>,
+    /// Watch this VM's policies on the control plane (https://host:port) instead of a file;
+    /// needs --controlplane-ca and --controlplane-token-file (a vm-agent token whose
+    /// subject is this VM).
+    #[arg(long, value_name = "URL", requires_all = ["controlplane_ca", "controlplane_token_file", "vm"])]
+    pub controlplane: Option<String>,
+    /// This VM's name: its VirtualMachine on the control plane (and the subject of the
+    /// token). The agent is No-Op until that object says `Agented`.
+    #[arg(long, value_name = "NAME", requires = "controlplane")]
+    pub vm: Option<String>,
+    /// Where the agent keeps the policies it enforces, so that a restart without the
+    /// control plane enforces them at once.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/sluice/vm-agent")]
+    pub state_dir: PathBuf,
+    /// How often the runtime info (the agent's heartbeat) is reported; it is also reported
+    /// on every change. Keep it well below the control plane's --vm-heartbeat-timeout.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub report_interval: std::time::Duration,
+    /// CA of the control plane's serving certificate.
+    #[arg(long, value_name = "FILE")]
+    pub controlplane_ca: Option<PathBuf>,
+    /// The vm-agent bearer token (`sluice controlplane token create --role vm-agent --subject <vm>`).
+    #[arg(long, value_name = "FILE", visible_alias = "token-file")]
+    pub controlplane_token_file: Option<PathBuf>,
+    /// OVS run directory holding `<bridge>.mgmt` and, by default, `db.sock`.
+    #[arg(long, value_name = "DIR", default_value = "/var/run/openvswitch")]
+    pub ovs_rundir: PathBuf,
+    /// OVSDB socket (default: `<ovs-rundir>/db.sock`).
+    #[arg(long, value_name = "SOCKET")]
+    pub db_socket: Option<PathBuf>,
+    /// Admin address for /metrics, /healthz and /readyz (port 0: chosen by the OS).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
+    pub admin: std::net::SocketAddr,
+    /// How often per-rule counters are read from OVS.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub stats_interval: std::time::Duration,
+    /// Packets per second that Reject rules send to the agent, all together (an OpenFlow
+    /// meter in the datapath drops the rest, counted in
+    /// sluice_policy_reject_meter_dropped_packets_total).
+    #[arg(long, value_name = "PPS", default_value_t = sluice_policy_engine::meter::DEFAULT_REJECT_RATE, value_parser = clap::value_parser!(u32).range(1..))]
+    pub reject_rate: u32,
+    /// Packets the Reject meter lets through at once above --reject-rate.
+    #[arg(long, value_name = "PACKETS", default_value_t = sluice_policy_engine::meter::DEFAULT_REJECT_BURST, value_parser = clap::value_parser!(u32).range(1..))]
+    pub reject_burst: u32,
+    /// Do not load the eBPF fast-path counters on the bridge's ports (docs/EBPF.md).
+    #[arg(long)]
+    pub no_ebpf: bool,
+}
+
+impl VmAgentArgs {
+    /// The agent's options: the lifecycle mode when a control plane is given, otherwise the
+    /// policy file (clap requires one of them).
+    pub fn options(self) -> sluice_vm_agent::VmAgentOptions {
+        let lifecycle = self.controlplane.zip(self.vm).map(|(url, vm)| {
+            let source = sluice_config::ControlPlaneSource {
+                url,
+                name: Some(vm.clone()),
+                ca_file: self.controlplane_ca.unwrap_or_default(),
+                token_file: self.controlplane_token_file,
+                cert_file: None,
+                key_file: None,
+            };
+            sluice_vm_agent::LifecycleOptions {
+                client: crate::daemon::watch_client_config(&source),
+                vm,
+                state_dir: self.state_dir,
+                report_interval: self.report_interval,
+            }
+        });
+        sluice_vm_agent::VmAgentOptions {
+            bridge: self.bridge,
+            policies: self.policies,
+            lifecycle,
+            ovs_rundir: self.ovs_rundir,
+            db_socket: self.db_socket,
+            admin: self.admin,
+            stats_interval: self.stats_interval,
+            reject_meter: sluice_policy_engine::RejectMeter {
+                rate: self.reject_rate,
+                burst: self.reject_burst,
+            },
+            ebpf: !self.no_ebpf,
+            notify: sluice_vm_agent::Notify {
+                ready: || crate::notify::ready("vm-agent"),
+                stopping: || crate::notify::stopping("vm-agent"),
+            },
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -190,6 +235,42 @@ pub struct ControlplaneArgs {
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormatArg,
+}
+
+impl ControlplaneArgs {
+    /// The server's options; an invalid share, budget, overload bound or etcd setting is
+    /// refused with a message naming the flag.
+    pub fn options(self) -> Result<crate::controlplane::ControlPlaneOptions, String> {
+        let mut limits = self.limits.limits()?;
+        let store_quota_bytes = self.store_limits.apply(&mut limits)?;
+        let overload = self.overload.config()?;
+        let store = self.etcd.store().map_err(|error| format!("{error:#}"))?;
+        Ok(crate::controlplane::ControlPlaneOptions {
+            pki_dir: self.pki_dir,
+            store,
+            tls_cert: self.tls_cert,
+            tls_key: self.tls_key,
+            client_ca: self.client_ca,
+            hostnames: self.hostname,
+            compaction_interval: self.compaction_interval,
+            vm_heartbeat_timeout: self.vm_heartbeat_timeout,
+            limits,
+            store_quota_bytes,
+            overload,
+            ..crate::controlplane::ControlPlaneOptions::embedded(self.listen, self.data_dir)
+        })
+    }
+
+    /// The process-wide log settings of `sluice controlplane` (the level is not a flag).
+    pub fn logging(&self) -> sluice_config::LoggingConfig {
+        sluice_config::LoggingConfig {
+            format: match self.log_format {
+                LogFormatArg::Text => sluice_config::LogFormat::Text,
+                LogFormatArg::Json => sluice_config::LogFormat::Json,
+            },
+            level: "info".to_string(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -11,7 +11,6 @@ mod mutation;
 mod notify;
 mod policy_cmd;
 mod status_cmd;
-mod vm_agent;
 
 use std::process::ExitCode;
 
@@ -67,152 +66,19 @@ fn main() -> ExitCode {
     let addresses_file = cli.addresses_file.as_deref();
     match cli.command {
         cli::Command::Status { admin, timeout } => status_cmd::run(admin, timeout),
-        cli::Command::CheckConfig { file } => match sluice_config::load_file(&file) {
-            Ok(_) => {
-                println!("ok");
-                ExitCode::SUCCESS
-            }
-            Err(error) => {
-                eprintln!("{error}");
-                eprintln!("{} error(s) in {}", error.errors.len(), error.origin);
-                ExitCode::from(2)
-            }
-        },
+        cli::Command::CheckConfig { file } => check_config(&file),
         cli::Command::Policy {
             command: cli::PolicyCommand::Compile { file },
         } => policy_cmd::compile(&file),
-        cli::Command::VmAgent {
-            bridge,
-            policies,
-            controlplane,
-            vm,
-            state_dir,
-            report_interval,
-            controlplane_ca,
-            controlplane_token_file,
-            ovs_rundir,
-            db_socket,
-            admin,
-            stats_interval,
-            reject_rate,
-            reject_burst,
-            no_ebpf,
-        } => {
-            logging::init(&sluice_config::LoggingConfig {
-                format: sluice_config::LogFormat::Text,
-                level: "info".to_string(),
-            });
-            let lifecycle = controlplane
-                .zip(vm)
-                .map(|(url, vm)| vm_agent::LifecycleOptions {
-                    source: sluice_config::ControlPlaneSource {
-                        url,
-                        name: Some(vm.clone()),
-                        ca_file: controlplane_ca.unwrap_or_default(),
-                        token_file: controlplane_token_file,
-                        cert_file: None,
-                        key_file: None,
-                    },
-                    vm,
-                    state_dir,
-                    report_interval,
-                });
-            vm_agent::run(vm_agent::VmAgentOptions {
-                bridge,
-                policies,
-                lifecycle,
-                ovs_rundir,
-                db_socket,
-                admin,
-                stats_interval,
-                reject_meter: sluice_policy_engine::RejectMeter {
-                    rate: reject_rate,
-                    burst: reject_burst,
-                },
-                ebpf: !no_ebpf,
-            })
-        }
+        cli::Command::VmAgent(args) => vm_agent(args),
         cli::Command::Controlplane {
             command: Some(cli::ControlplaneCommand::Token { command }),
             ..
-        } => match command {
-            cli::TokenCommand::Create {
-                role,
-                subject,
-                kubeconfig,
-                data_dir,
-            } => {
-                let kubeconfig = kubeconfig.unwrap_or_else(|| data_dir.join("admin.kubeconfig"));
-                match controlplane::create_token(&kubeconfig, &role, &subject) {
-                    Ok(token) => {
-                        println!("{token}");
-                        ExitCode::SUCCESS
-                    }
-                    Err(error) => {
-                        eprintln!("sluice controlplane token create: {error:#}");
-                        ExitCode::FAILURE
-                    }
-                }
-            }
-        },
+        } => token(command),
         cli::Command::Controlplane {
             command: None,
             serve,
-        } => {
-            logging::init(&sluice_config::LoggingConfig {
-                format: match serve.log_format {
-                    cli::LogFormatArg::Text => sluice_config::LogFormat::Text,
-                    cli::LogFormatArg::Json => sluice_config::LogFormat::Json,
-                },
-                level: "info".to_string(),
-            });
-            let limits = match serve.limits.limits() {
-                Ok(limits) => limits,
-                Err(error) => {
-                    eprintln!("sluice controlplane: {error}");
-                    return ExitCode::from(2);
-                }
-            };
-            let mut limits = limits;
-            let store_quota_bytes = match serve.store_limits.apply(&mut limits) {
-                Ok(quota) => quota,
-                Err(error) => {
-                    eprintln!("sluice controlplane: {error}");
-                    return ExitCode::from(2);
-                }
-            };
-            let overload = match serve.overload.config() {
-                Ok(overload) => overload,
-                Err(error) => {
-                    eprintln!("sluice controlplane: {error}");
-                    return ExitCode::from(2);
-                }
-            };
-            let store = match serve.etcd.store() {
-                Ok(store) => store,
-                Err(error) => {
-                    eprintln!("sluice controlplane: {error:#}");
-                    return ExitCode::from(2);
-                }
-            };
-            controlplane::run(
-                controlplane::ControlPlaneOptions {
-                    pki_dir: serve.pki_dir,
-                    store,
-                    tls_cert: serve.tls_cert,
-                    tls_key: serve.tls_key,
-                    client_ca: serve.client_ca,
-                    hostnames: serve.hostname,
-                    compaction_interval: serve.compaction_interval,
-                    vm_heartbeat_timeout: serve.vm_heartbeat_timeout,
-                    limits,
-                    store_quota_bytes,
-                    overload,
-                    ..controlplane::ControlPlaneOptions::embedded(serve.listen, serve.data_dir)
-                },
-                addresses_file,
-            )
-        }
+        } => controlplane(serve, addresses_file),
         cli::Command::Run { config, runtime } => daemon::run_with(
             sluice_config::load_file(&config),
             &runtime,
@@ -225,32 +91,111 @@ fn main() -> ExitCode {
             addresses_file,
             daemon::Mode::Run { config },
         ),
-        #[cfg(not(feature = "demo"))]
-        cli::Command::Up { .. } => {
-            eprintln!("sluice up: this binary was built without the `demo` feature");
-            ExitCode::FAILURE
-        }
-        #[cfg(feature = "demo")]
         cli::Command::Up {
             runtime,
             ephemeral_ports,
             nodes,
-        } => match if nodes > 1 {
-            demo::UpDemo::prepare_cluster(usize::from(nodes), ephemeral_ports)
-        } else {
-            demo::UpDemo::prepare(ephemeral_ports)
-        } {
-            Ok((config, demo)) => daemon::run_with(
-                Ok(config),
-                &runtime,
-                addresses_file,
-                daemon::Mode::Up(Box::new(demo)),
-            ),
-            Err(error) => {
-                eprintln!("sluice up: {error:#}");
-                ExitCode::FAILURE
-            }
-        },
+        } => up(&runtime, ephemeral_ports, nodes, addresses_file),
+    }
+}
+
+/// `sluice check-config FILE`: "ok", or every error and exit 2.
+fn check_config(file: &std::path::Path) -> ExitCode {
+    match sluice_config::load_file(file) {
+        Ok(_) => {
+            println!("ok");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("{error}");
+            eprintln!("{} error(s) in {}", error.errors.len(), error.origin);
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn vm_agent(args: cli::VmAgentArgs) -> ExitCode {
+    logging::init(&sluice_config::LoggingConfig {
+        format: sluice_config::LogFormat::Text,
+        level: "info".to_string(),
+    });
+    match sluice_vm_agent::run(args.options()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("sluice vm-agent: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn token(command: cli::TokenCommand) -> ExitCode {
+    let cli::TokenCommand::Create {
+        role,
+        subject,
+        kubeconfig,
+        data_dir,
+    } = command;
+    let kubeconfig = kubeconfig.unwrap_or_else(|| data_dir.join("admin.kubeconfig"));
+    match controlplane::create_token(&kubeconfig, &role, &subject) {
+        Ok(token) => {
+            println!("{token}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("sluice controlplane token create: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn controlplane(
+    serve: cli::ControlplaneArgs,
+    addresses_file: Option<&std::path::Path>,
+) -> ExitCode {
+    logging::init(&serve.logging());
+    match serve.options() {
+        Ok(options) => controlplane::run(options, addresses_file),
+        Err(error) => {
+            eprintln!("sluice controlplane: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(not(feature = "demo"))]
+fn up(
+    _runtime: &cli::RuntimeArgs,
+    _ephemeral_ports: bool,
+    _nodes: u8,
+    _addresses_file: Option<&std::path::Path>,
+) -> ExitCode {
+    eprintln!("sluice up: this binary was built without the `demo` feature");
+    ExitCode::FAILURE
+}
+
+#[cfg(feature = "demo")]
+fn up(
+    runtime: &cli::RuntimeArgs,
+    ephemeral_ports: bool,
+    nodes: u8,
+    addresses_file: Option<&std::path::Path>,
+) -> ExitCode {
+    let prepared = if nodes > 1 {
+        demo::UpDemo::prepare_cluster(usize::from(nodes), ephemeral_ports)
+    } else {
+        demo::UpDemo::prepare(ephemeral_ports)
+    };
+    match prepared {
+        Ok((config, demo)) => daemon::run_with(
+            Ok(config),
+            runtime,
+            addresses_file,
+            daemon::Mode::Up(Box::new(demo)),
+        ),
+        Err(error) => {
+            eprintln!("sluice up: {error:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 

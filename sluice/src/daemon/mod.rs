@@ -5,6 +5,8 @@ mod ebpf;
 mod feeds;
 pub(crate) use feeds::client_config as watch_client_config;
 mod gateway;
+mod hook;
+pub use hook::RunHook;
 mod reload;
 mod status;
 mod tunnel;
@@ -25,13 +27,22 @@ use crate::cli::RuntimeArgs;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-#[derive(Debug)]
 pub enum Mode {
     /// `sluice run --config FILE` or `sluice agent --config FILE`: SIGHUP reloads FILE.
     Run { config: PathBuf },
-    /// `sluice up`: the demo; also prints what started and how to try it.
-    #[cfg(feature = "demo")]
-    Up(Box<crate::demo::UpDemo>),
+    /// `sluice up`: a fixed config (no reload) and the demo, which adds to the run and prints
+    /// what started and how to try it. Only the `demo` feature builds one.
+    #[cfg_attr(not(feature = "demo"), allow(dead_code))]
+    Up(Box<dyn RunHook>),
+}
+
+impl Mode {
+    fn hook(&self) -> Option<&dyn RunHook> {
+        match self {
+            Mode::Run { .. } => None,
+            Mode::Up(hook) => Some(hook.as_ref()),
+        }
+    }
 }
 
 /// Exit codes: 0 after a clean stop, 2 for an invalid configuration, 1 for any other failure.
@@ -87,7 +98,7 @@ fn command_line_overrides(args: &RuntimeArgs) -> Overrides {
 }
 
 fn run(
-    #[cfg_attr(not(feature = "demo"), allow(unused_mut))] mut config: Config,
+    mut config: Config,
     addresses_file: Option<&Path>,
     mode: Mode,
     (overrides, log): (Overrides, Option<crate::logging::LogFilterHandle>),
@@ -96,7 +107,6 @@ fn run(
     // SIGHUP during start-up waits for the reload loop.
     let signals = match mode {
         Mode::Run { .. } => StopSignals::install_with_reload()?,
-        #[cfg(feature = "demo")]
         Mode::Up(_) => StopSignals::install()?,
     };
     let selection = select_driver(config.runtime.driver, config.runtime.uring_entries)?;
@@ -141,9 +151,8 @@ fn run(
         reloader,
         feeds: feeds::spawn(targets, &mut registry)?,
     };
-    #[cfg(feature = "demo")]
-    if let Mode::Up(demo) = &mode {
-        demo.wire(&mut config, &mut server)?;
+    if let Some(hook) = mode.hook() {
+        hook.wire(&mut config, &mut server)?;
     }
     tunnel::wire_agent(&config, &mut server, &mut registry)?;
     let addresses = server.addresses();
@@ -157,7 +166,6 @@ fn run(
             log,
             &mut registry,
         )),
-        #[cfg(feature = "demo")]
         Mode::Up(_) => None,
     };
     serve_admin(&config, &mut server, registry, admin);
@@ -171,9 +179,8 @@ fn run(
         write_addresses(path, &addresses)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
-    #[cfg(feature = "demo")]
-    if let Mode::Up(demo) = &mode {
-        demo.announce(workers, &selection.driver.to_string(), &addresses)?;
+    if let Some(hook) = mode.hook() {
+        hook.announce(workers, &selection.driver.to_string(), &addresses)?;
     }
 
     crate::notify::ready("sluice");
@@ -191,7 +198,6 @@ fn run(
     drop(counters);
     tracing::info!(elapsed = ?report.elapsed, connections_cut = report.connections_cut, "stopped");
     // The demo's child processes and directory go last, after the drain.
-    #[cfg(feature = "demo")]
     drop(mode);
     if lifecycle.has_failed() {
         // A worker thread died: exit non-zero so the supervisor restarts the process.

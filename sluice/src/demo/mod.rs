@@ -249,9 +249,9 @@ fn demo_agent(token: String) -> AgentConfig {
     }
 }
 
-impl UpDemo {
+impl crate::daemon::RunHook for UpDemo {
     /// Serves the demo's echo backend and points the demo agent at the bound node and backend.
-    pub fn wire(&self, config: &mut Config, server: &mut ServerBuilder) -> anyhow::Result<()> {
+    fn wire(&self, config: &mut Config, server: &mut ServerBuilder) -> anyhow::Result<()> {
         let mut backend_listener = config.listeners.admin.clone();
         backend_listener.address.set_port(0);
         let backend = server.bind("demo-backend", &backend_listener, Placement::Workers)?;
@@ -273,7 +273,7 @@ impl UpDemo {
     }
 
     /// Once everything listens: writes the gateway's kubeconfig and prints how to try each part.
-    pub fn announce(
+    fn announce(
         &self,
         workers: usize,
         driver: &str,

@@ -1,4 +1,4 @@
-//! `sluice vm-agent`: enforces VM NetworkPolicies on one Open vSwitch bridge, in one of two
+//! The VM node agent (`sluice vm-agent`): enforces VM NetworkPolicies on one Open vSwitch bridge, in one of two
 //! modes:
 //! - [`files`]: the policies of a file or directory, hot reloaded (no control plane);
 //! - [`lifecycle`]: the seed's VM agent on the control plane: No-Op until its VirtualMachine
@@ -9,6 +9,7 @@
 
 mod admin;
 mod enforcer;
+mod error;
 mod files;
 mod lifecycle;
 mod port_counters;
@@ -19,7 +20,6 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Context as _;
 use prometheus_client::registry::Registry;
 use sluice_ovs::{ClientConfig, OvsdbClient, OvsdbError};
 use sluice_policy_engine::{EngineConfig, EngineMetrics, RejectMeter};
@@ -27,6 +27,7 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
 use enforcer::RealizeMetrics;
+pub use error::{Stopped, VmAgentError};
 pub use lifecycle::LifecycleOptions;
 use port_counters::PortCounters;
 
@@ -46,6 +47,24 @@ pub struct VmAgentOptions {
     pub reject_meter: RejectMeter,
     /// Count every bridge port's traffic with the eBPF programs (docs/EBPF.md).
     pub ebpf: bool,
+    /// Told when the agent serves and when it stops (systemd's readiness protocol).
+    pub notify: Notify,
+}
+
+/// What the agent tells its supervisor: called once it enforces (when `/readyz` first answers
+/// 200) and once it starts to stop. The binary passes sd_notify(3); tests pass nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct Notify {
+    pub ready: fn(),
+    pub stopping: fn(),
+}
+
+impl Notify {
+    /// Tells no one.
+    pub const NONE: Notify = Notify {
+        ready: || {},
+        stopping: || {},
+    };
 }
 
 /// The bridge and what enforces on it, shared by both modes.
@@ -59,65 +78,54 @@ pub(crate) struct Datapath {
     pub ports: PortCounters,
 }
 
-pub fn run(options: VmAgentOptions) -> std::process::ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+/// Runs the agent on a runtime of its own until SIGTERM or SIGINT.
+pub fn run(options: VmAgentOptions) -> Result<(), VmAgentError> {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("sluice vm-agent: cannot start the runtime: {error}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run_agent(options)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("sluice vm-agent: {error:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+        .map_err(VmAgentError::Runtime)?
+        .block_on(run_agent(options))
 }
 
-async fn run_agent(options: VmAgentOptions) -> anyhow::Result<()> {
+/// Where the policies come from; the lifecycle's metrics are registered before the admin
+/// endpoint serves, so a scrape never sees them appear late.
+enum Source {
+    File(PathBuf),
+    ControlPlane(Box<(LifecycleOptions, lifecycle::LifecycleMetrics)>),
+}
+
+async fn run_agent(options: VmAgentOptions) -> Result<(), VmAgentError> {
     let engine_metrics = EngineMetrics::default();
     let realize = RealizeMetrics::default();
     let mut registry = Registry::default();
+    if options.policies.is_none() && options.lifecycle.is_none() {
+        return Err(VmAgentError::NoPolicySource);
+    }
     engine_metrics.register(&mut registry);
     realize.register(&mut registry);
     let ports = PortCounters::load(options.ebpf);
     ports.register(&mut registry);
-    let lifecycle_metrics = options
-        .lifecycle
-        .as_ref()
-        .map(|_| lifecycle::LifecycleMetrics::register(&mut registry));
+    let source = match (options.policies, options.lifecycle) {
+        (Some(path), _) => Source::File(path),
+        (None, Some(lifecycle)) => {
+            let metrics = lifecycle::LifecycleMetrics::register(&mut registry);
+            Source::ControlPlane(Box::new((lifecycle, metrics)))
+        }
+        (None, None) => return Err(VmAgentError::NoPolicySource),
+    };
     let ready = Arc::new(AtomicBool::new(false));
-    let listener = TcpListener::bind(options.admin)
-        .await
-        .with_context(|| format!("binding the admin address {}", options.admin))?;
-    let admin = listener.local_addr()?;
-    tracing::info!(%admin, "admin endpoint listening");
-    // Tests and scripts read the chosen port from here when the address ends in :0.
-    println!("admin listening on {admin}");
-    tokio::spawn(admin::serve_admin(
-        listener,
-        Arc::new(Mutex::new(registry)),
-        ready.clone(),
-    ));
+    serve_admin(options.admin, registry, ready.clone()).await?;
 
     let db_socket = options
         .db_socket
-        .clone()
         .unwrap_or_else(|| options.ovs_rundir.join("db.sock"));
     ensure_bridge(&db_socket, &options.bridge).await?;
-    let control_plane = match &options.lifecycle {
-        Some(lifecycle) => control_plane_addresses(&lifecycle.source.url).await,
-        None => Vec::new(),
+    let control_plane = match &source {
+        Source::ControlPlane(lifecycle) => control_plane_addresses(&lifecycle.0.client.url).await,
+        Source::File(_) => Vec::new(),
     };
     let datapath = Datapath {
-        bridge: options.bridge.clone(),
-        db_socket,
         engine: EngineConfig {
             mgmt_socket: options.ovs_rundir.join(format!("{}.mgmt", options.bridge)),
             client: ClientConfig::default(),
@@ -125,29 +133,64 @@ async fn run_agent(options: VmAgentOptions) -> anyhow::Result<()> {
             stats_interval: options.stats_interval,
             reject_meter: options.reject_meter,
         },
+        bridge: options.bridge,
+        db_socket,
         engine_metrics,
         realize,
         stats_interval: options.stats_interval,
         ports,
     };
-    match (options.policies, options.lifecycle, lifecycle_metrics) {
-        (Some(path), _, _) => files::run(datapath, path, &ready, shutdown()).await,
-        (None, Some(lifecycle), Some(metrics)) => {
-            lifecycle::run(datapath, lifecycle, metrics, &ready, shutdown()).await
+    let notify = options.notify;
+    match source {
+        Source::File(path) => files::run(datapath, path, &ready, notify, shutdown()).await,
+        Source::ControlPlane(lifecycle) => {
+            let (lifecycle, metrics) = *lifecycle;
+            let serving = lifecycle::Serving {
+                ready: &ready,
+                notify,
+            };
+            lifecycle::run(datapath, lifecycle, metrics, serving, shutdown()).await
         }
-        _ => anyhow::bail!("give --policies or --controlplane"),
     }
 }
 
+/// Binds the admin address and serves `/metrics`, `/healthz` and `/readyz` on it.
+async fn serve_admin(
+    address: SocketAddr,
+    registry: Registry,
+    ready: Arc<AtomicBool>,
+) -> Result<(), VmAgentError> {
+    let bind_error = |source| VmAgentError::AdminBind { address, source };
+    let listener = TcpListener::bind(address).await.map_err(bind_error)?;
+    let admin = listener.local_addr().map_err(bind_error)?;
+    tracing::info!(%admin, "admin endpoint listening");
+    // Tests and scripts read the chosen port from here when the address ends in :0.
+    println!("admin listening on {admin}");
+    tokio::spawn(admin::serve_admin(
+        listener,
+        Arc::new(Mutex::new(registry)),
+        ready,
+    ));
+    Ok(())
+}
+
 /// Creates the bridge (netdev datapath) unless it exists.
-async fn ensure_bridge(db_socket: &std::path::Path, bridge: &str) -> anyhow::Result<()> {
+async fn ensure_bridge(db_socket: &std::path::Path, bridge: &str) -> Result<(), VmAgentError> {
     let mut ovsdb = OvsdbClient::connect(db_socket, Duration::from_secs(10))
         .await
-        .with_context(|| format!("connecting to OVSDB at {}", db_socket.display()))?;
+        .map_err(|source| VmAgentError::Ovsdb {
+            what: "reaching OVSDB",
+            source,
+        })?;
     match ovsdb.create_bridge(bridge).await {
         Ok(()) => tracing::info!(%bridge, "bridge created"),
         Err(OvsdbError::AlreadyExists { .. }) => {}
-        Err(error) => return Err(error).context("creating the bridge"),
+        Err(source) => {
+            return Err(VmAgentError::Ovsdb {
+                what: "creating the bridge",
+                source,
+            })
+        }
     }
     Ok(())
 }

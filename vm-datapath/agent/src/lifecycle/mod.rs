@@ -23,14 +23,13 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use sluice_config::ControlPlaneSource;
 use sluice_ovs::OvsdbClient;
 use sluice_policy::model::PolicySet;
-use sluice_watch_client::WatchMetrics;
+use sluice_watch_client::{WatchClientConfig, WatchMetrics};
 use tokio::sync::watch;
 
 use super::enforcer::Enforcer;
-use super::Datapath;
+use super::{Datapath, Notify, Stopped, VmAgentError};
 use decision::{next_step, policies_current, Mode, Observed, Step};
 use feed::{PolicyFeed, VmFeed};
 use persist::Enforced;
@@ -43,7 +42,8 @@ const RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
 /// The control-plane side of the agent's options.
 #[derive(Debug, Clone)]
 pub struct LifecycleOptions {
-    pub source: ControlPlaneSource,
+    /// The control plane and the credentials of this VM's agent.
+    pub client: WatchClientConfig,
     pub vm: String,
     pub state_dir: PathBuf,
     pub report_interval: Duration,
@@ -92,14 +92,20 @@ impl LifecycleMetrics {
     }
 }
 
+/// Whom the agent tells that it serves: the admin endpoint's `/readyz` and the supervisor.
+pub struct Serving<'a> {
+    pub ready: &'a std::sync::atomic::AtomicBool,
+    pub notify: Notify,
+}
+
 /// Runs the agent until `shutdown` resolves.
 pub async fn run(
     datapath: Datapath,
     options: LifecycleOptions,
     metrics: LifecycleMetrics,
-    ready: &std::sync::atomic::AtomicBool,
+    serving: Serving<'_>,
     shutdown: impl std::future::Future<Output = ()>,
-) -> anyhow::Result<()> {
+) -> Result<(), VmAgentError> {
     let (reports, receiver) = watch::channel(None);
     let mut agent = Agent {
         datapath,
@@ -117,18 +123,20 @@ pub async fn run(
     };
     agent.set_mode(Mode::NoOp);
     agent.cold_start().await;
-    let source = agent.options.source.clone();
-    let mut vm_feed = VmFeed::spawn(&source, &agent.options.vm, &agent.metrics.watch)?;
-    let mut policies = PolicyFeed::spawn(&source, &agent.metrics.watch)?;
+    let client = &agent.options.client;
+    let mut vm_feed = VmFeed::spawn(client, &agent.options.vm, &agent.metrics.watch)?;
+    let mut policies = PolicyFeed::spawn(client, &agent.metrics.watch)?;
     report::spawn(
-        &source,
+        client,
         &agent.options.vm,
         agent.options.report_interval,
         receiver,
         agent.metrics.report.clone(),
     )?;
-    ready.store(true, std::sync::atomic::Ordering::Release);
-    crate::notify::ready("vm-agent");
+    serving
+        .ready
+        .store(true, std::sync::atomic::Ordering::Release);
+    (serving.notify.ready)();
     let mut reconcile = tokio::time::interval(RECONCILE_INTERVAL);
     let mut stats = tokio::time::interval(agent.datapath.stats_interval);
     let mut shutdown = std::pin::pin!(shutdown);
@@ -136,13 +144,17 @@ pub async fn run(
         tokio::select! {
             () = &mut shutdown => break,
             alive = vm_feed.changed() => {
-                anyhow::ensure!(alive, "the VirtualMachine watch stopped");
+                if !alive {
+                    return Err(VmAgentError::Stopped(Stopped::VirtualMachineWatch));
+                }
                 agent.observed = vm_feed.observed();
                 agent.step().await;
                 agent.enforce_watched(&mut policies).await;
             }
             alive = policies.changed() => {
-                anyhow::ensure!(alive, "the policy watches stopped");
+                if !alive {
+                    return Err(VmAgentError::Stopped(Stopped::PolicyWatches));
+                }
                 agent.enforce_watched(&mut policies).await;
             }
             attention = agent.enforcer_attention() => {
@@ -157,7 +169,7 @@ pub async fn run(
         }
         agent.publish_report();
     }
-    crate::notify::stopping("vm-agent");
+    (serving.notify.stopping)();
     tracing::info!(
         mode = agent.mode.as_str(),
         "stopping; the flows and the uplink stay as they are"
@@ -371,7 +383,7 @@ impl Agent {
         }
         let origin = format!(
             "{}/apis/policy.sluice.dev/v1alpha1",
-            self.options.source.url
+            self.options.client.url
         );
         let loaded = match feed::load(&enforced, &origin) {
             Ok(loaded) => loaded,
@@ -411,7 +423,7 @@ impl Agent {
         }
     }
 
-    async fn enforcer_attention(&mut self) -> anyhow::Result<()> {
+    async fn enforcer_attention(&mut self) -> Result<(), VmAgentError> {
         match self.enforcer.as_mut() {
             Some(enforcer) => enforcer.attention().await,
             None => std::future::pending().await,

@@ -11,8 +11,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use serde_json::{json, Map, Value};
-use sluice_config::ControlPlaneSource;
-use sluice_watch_client::{Backoff, Transport, WatchError};
+use sluice_watch_client::{Backoff, Transport, WatchClientConfig, WatchError};
 use tokio::sync::watch;
 
 use super::decision::Mode;
@@ -57,13 +56,13 @@ impl ReportMetrics {
 
 /// Starts the reporter; it sends what `reports` holds (nothing while it holds `None`).
 pub fn spawn(
-    source: &ControlPlaneSource,
+    client: &WatchClientConfig,
     vm: &str,
     interval: Duration,
     reports: watch::Receiver<Option<Report>>,
     metrics: ReportMetrics,
-) -> anyhow::Result<()> {
-    let transport = Transport::new(&crate::daemon::watch_client_config(source))?;
+) -> Result<(), WatchError> {
+    let transport = Transport::new(client)?;
     let reporter = Reporter {
         transport,
         vm: vm.to_string(),

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use super::enforcer::Enforcer;
-use super::Datapath;
+use super::{Datapath, Notify, VmAgentError};
 
 /// How often the policy file's modification time is checked.
 const RELOAD_POLL: Duration = Duration::from_millis(200);
@@ -17,14 +17,14 @@ pub async fn run(
     datapath: Datapath,
     path: PathBuf,
     ready: &AtomicBool,
+    notify: Notify,
     shutdown: impl std::future::Future<Output = ()>,
-) -> anyhow::Result<()> {
+) -> Result<(), VmAgentError> {
     let mut file_stamp = stamp(&path);
-    let initial =
-        sluice_policy::load::load_path(&path).map_err(|error| anyhow::anyhow!("{error}"))?;
+    let initial = sluice_policy::load::load_path(&path).map_err(VmAgentError::Policies)?;
     let mut enforcer = Enforcer::start(&datapath, initial).await?;
     ready.store(true, Ordering::Release);
-    crate::notify::ready("vm-agent");
+    (notify.ready)();
     let mut reload_tick = tokio::time::interval(RELOAD_POLL);
     let mut stats_tick = tokio::time::interval(datapath.stats_interval);
     let mut shutdown = std::pin::pin!(shutdown);
@@ -46,7 +46,7 @@ pub async fn run(
         }
         enforcer.maintain().await;
     }
-    crate::notify::stopping("vm-agent");
+    (notify.stopping)();
     tracing::info!("stopping; the flows stay on the bridge");
     Ok(())
 }

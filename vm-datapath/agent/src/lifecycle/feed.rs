@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use sluice_config::ControlPlaneSource;
 use sluice_policy::model::PolicySet;
-use sluice_watch_client::{Resource, Snapshot, WatchClient, WatchClientConfig, WatchMetrics};
+use sluice_watch_client::{
+    Resource, Snapshot, WatchClient, WatchClientConfig, WatchError, WatchMetrics,
+};
 use tokio::sync::watch;
 
 use super::decision::{Observed, VmView};
@@ -23,8 +24,8 @@ const POLICY_RESOURCES: [&str; 3] = ["addressgroups", "appliedtogroups", "networ
 
 /// The agent's watch settings: a short backoff ceiling, since a VM agent that lost its control
 /// plane has nothing better to do than to come back quickly (jitter spreads a fleet).
-fn agent_config(source: &ControlPlaneSource) -> WatchClientConfig {
-    let mut config = crate::daemon::watch_client_config(source);
+fn agent_config(client: &WatchClientConfig) -> WatchClientConfig {
+    let mut config = client.clone();
     config.backoff_max = Duration::from_secs(2);
     config
 }
@@ -50,14 +51,14 @@ pub struct Loaded {
 }
 
 impl PolicyFeed {
-    pub fn spawn(source: &ControlPlaneSource, metrics: &WatchMetrics) -> anyhow::Result<Self> {
+    pub fn spawn(client: &WatchClientConfig, metrics: &WatchMetrics) -> Result<Self, WatchError> {
         let mut feed = PolicyFeed {
             snapshots: Vec::new(),
             progress: Vec::new(),
         };
         for plural in POLICY_RESOURCES {
             let client = WatchClient::new(
-                agent_config(source),
+                agent_config(client),
                 Resource::new(POLICY_GROUP, VERSION, plural),
                 metrics.for_resource(plural),
             )?;
@@ -167,13 +168,13 @@ pub struct VmFeed {
 
 impl VmFeed {
     pub fn spawn(
-        source: &ControlPlaneSource,
+        client: &WatchClientConfig,
         vm: &str,
         metrics: &WatchMetrics,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, WatchError> {
         let plural = "virtualmachines";
         let client = WatchClient::new(
-            agent_config(source),
+            agent_config(client),
             Resource::new(VM_GROUP, VERSION, plural),
             metrics.for_resource(plural),
         )?;

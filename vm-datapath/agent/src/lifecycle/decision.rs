@@ -11,6 +11,8 @@
 
 use serde_json::Value;
 
+use crate::VmAgentError;
+
 /// The desired management of a VM (`spec.management`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Management {
@@ -40,22 +42,18 @@ pub struct VmView {
     pub resource_version: u64,
 }
 
-/// Why an object is not a VirtualMachine the agent can act on.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ViewError {
-    #[error("spec.management: expected Agented, Agentless or Unmanaged")]
-    Management,
-    #[error("metadata.resourceVersion: expected a decimal revision")]
-    ResourceVersion,
-}
-
 impl VmView {
-    pub fn from_object(object: &Value) -> Result<Self, ViewError> {
+    pub fn from_object(object: &Value) -> Result<Self, VmAgentError> {
         let management = match object.pointer("/spec/management").and_then(Value::as_str) {
             Some("Agented") => Management::Agented,
             Some("Agentless") => Management::Agentless,
             Some("Unmanaged") => Management::Unmanaged,
-            _ => return Err(ViewError::Management),
+            _ => {
+                return Err(VmAgentError::VirtualMachineField {
+                    field: "spec.management",
+                    expected: "Agented, Agentless or Unmanaged",
+                })
+            }
         };
         let state = match object.pointer("/status/state").and_then(Value::as_str) {
             Some("Unmanaged") => Some(VmState::Unmanaged),
@@ -68,7 +66,10 @@ impl VmView {
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
             .and_then(|text| text.parse().ok())
-            .ok_or(ViewError::ResourceVersion)?;
+            .ok_or(VmAgentError::VirtualMachineField {
+                field: "metadata.resourceVersion",
+                expected: "a decimal revision",
+            })?;
         let uplink = object
             .pointer("/spec/uplink/name")
             .and_then(Value::as_str)
@@ -173,16 +174,21 @@ mod tests {
         let no_status =
             json!({"metadata": {"resourceVersion": "3"}, "spec": {"management": "Agentless"}});
         assert_eq!(VmView::from_object(&no_status).unwrap().state, None);
-        assert_eq!(
-            VmView::from_object(
-                &json!({"metadata": {"resourceVersion": "3"}, "spec": {"management": "Maybe"}})
-            ),
-            Err(ViewError::Management)
+        let maybe = VmView::from_object(
+            &json!({"metadata": {"resourceVersion": "3"}, "spec": {"management": "Maybe"}}),
         );
         assert_eq!(
-            VmView::from_object(&json!({"spec": {"management": "Agented"}})),
-            Err(ViewError::ResourceVersion)
+            maybe.map_err(|error| error.to_string()),
+            Err("spec.management: expected Agented, Agentless or Unmanaged".to_string())
         );
+        let unversioned = VmView::from_object(&json!({"spec": {"management": "Agented"}}));
+        assert!(matches!(
+            unversioned,
+            Err(VmAgentError::VirtualMachineField {
+                field: "metadata.resourceVersion",
+                ..
+            })
+        ));
     }
 
     #[test]

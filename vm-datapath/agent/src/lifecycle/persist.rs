@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::VmAgentError;
+
 const FILE: &str = "enforced.json";
 /// A file larger than this is not the agent's (the API caps what it serves far below it).
 const MAX_FILE_BYTES: u64 = 64 << 20;
@@ -27,35 +29,19 @@ pub struct Enforced {
     pub network_policies: Vec<Value>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum PersistError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: not a saved policy state: {source}")]
-    Format {
-        path: PathBuf,
-        source: serde_json::Error,
-    },
-    #[error("{path}: larger than {MAX_FILE_BYTES} bytes")]
-    TooLarge { path: PathBuf },
-}
-
 pub fn path(dir: &Path) -> PathBuf {
     dir.join(FILE)
 }
 
 /// Writes `enforced` so that a crash at any point leaves either the old file or the new one:
 /// a temporary file, synced, renamed over the old one, then the directory synced.
-pub fn save(dir: &Path, enforced: &Enforced) -> Result<(), PersistError> {
-    let io = |source| PersistError::Io {
+pub fn save(dir: &Path, enforced: &Enforced) -> Result<(), VmAgentError> {
+    let io = |source| VmAgentError::SavedStateIo {
         path: path(dir),
         source,
     };
     std::fs::create_dir_all(dir).map_err(io)?;
-    let text = serde_json::to_vec(enforced).map_err(|source| PersistError::Format {
+    let text = serde_json::to_vec(enforced).map_err(|source| VmAgentError::SavedStateFormat {
         path: path(dir),
         source,
     })?;
@@ -70,22 +56,25 @@ pub fn save(dir: &Path, enforced: &Enforced) -> Result<(), PersistError> {
 }
 
 /// The saved state for `vm`; `None` when there is none (or it is another VM's, logged).
-pub fn load(dir: &Path, vm: &str) -> Result<Option<Enforced>, PersistError> {
+pub fn load(dir: &Path, vm: &str) -> Result<Option<Enforced>, VmAgentError> {
     let path = path(dir);
     let metadata = match std::fs::metadata(&path) {
         Ok(metadata) => metadata,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(PersistError::Io { path, source }),
+        Err(source) => return Err(VmAgentError::SavedStateIo { path, source }),
     };
     if metadata.len() > MAX_FILE_BYTES {
-        return Err(PersistError::TooLarge { path });
+        return Err(VmAgentError::SavedStateTooLarge {
+            path,
+            limit: MAX_FILE_BYTES,
+        });
     }
-    let text = std::fs::read(&path).map_err(|source| PersistError::Io {
+    let text = std::fs::read(&path).map_err(|source| VmAgentError::SavedStateIo {
         path: path.clone(),
         source,
     })?;
     let enforced: Enforced =
-        serde_json::from_slice(&text).map_err(|source| PersistError::Format {
+        serde_json::from_slice(&text).map_err(|source| VmAgentError::SavedStateFormat {
             path: path.clone(),
             source,
         })?;
@@ -98,11 +87,11 @@ pub fn load(dir: &Path, vm: &str) -> Result<Option<Enforced>, PersistError> {
 }
 
 /// Forgets the saved state (the VM is no longer agented).
-pub fn remove(dir: &Path) -> Result<(), PersistError> {
+pub fn remove(dir: &Path) -> Result<(), VmAgentError> {
     match std::fs::remove_file(path(dir)) {
         Ok(()) => Ok(()),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(PersistError::Io {
+        Err(source) => Err(VmAgentError::SavedStateIo {
             path: path(dir),
             source,
         }),
@@ -142,7 +131,7 @@ mod tests {
         std::fs::write(path(dir.path()), b"{\"vm\": 7").unwrap();
         assert!(matches!(
             load(dir.path(), "vm1"),
-            Err(PersistError::Format { .. })
+            Err(VmAgentError::SavedStateFormat { .. })
         ));
     }
 }

@@ -14,7 +14,7 @@ use sluice_policy_engine::PolicyEngine;
 use tokio::sync::watch;
 
 use super::port_counters::PortCounters;
-use super::Datapath;
+use super::{Datapath, Stopped, VmAgentError};
 
 /// Pause before retrying a replay the switch was not ready for.
 const REPLAY_RETRY: Duration = Duration::from_millis(100);
@@ -69,7 +69,7 @@ pub struct Enforcer {
 
 impl Enforcer {
     /// Starts the engine on the datapath's bridge with `initial` realized.
-    pub async fn start(datapath: &Datapath, initial: PolicySet) -> anyhow::Result<Self> {
+    pub async fn start(datapath: &Datapath, initial: PolicySet) -> Result<Self, VmAgentError> {
         let metrics = datapath.realize.clone();
         let mut ovsdb = connect_ovsdb(&datapath.db_socket).await;
         let (resolved, unresolved) = resolve_ports(&initial, &mut ovsdb).await;
@@ -142,13 +142,13 @@ impl Enforcer {
 
     /// Resolves when the enforcer needs [`Enforcer::maintain`]: the OpenFlow connection came
     /// back (a replay is due) or a failed replay is to be retried.
-    pub async fn attention(&mut self) -> anyhow::Result<()> {
+    pub async fn attention(&mut self) -> Result<(), VmAgentError> {
         if self.replay_due {
             tokio::time::sleep(REPLAY_RETRY).await;
             return Ok(());
         }
         if self.connection.changed().await.is_err() {
-            anyhow::bail!("the OpenFlow client stopped");
+            return Err(VmAgentError::Stopped(Stopped::OpenFlowClient));
         }
         self.replay_due = true;
         Ok(())
@@ -192,7 +192,7 @@ impl Enforcer {
     }
 
     /// Takes this agent's flows off the bridge (see [`PolicyEngine::withdraw`]).
-    pub async fn withdraw(self) -> anyhow::Result<()> {
+    pub async fn withdraw(self) -> Result<(), VmAgentError> {
         Ok(self.engine.withdraw().await?)
     }
 
