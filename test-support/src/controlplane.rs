@@ -91,6 +91,16 @@ impl ControlPlane {
         }
     }
 
+    /// Kills the process (SIGKILL: no drain, no goodbye to its watchers, as a crash or an OOM
+    /// kill would end it) and reaps it.
+    pub fn kill(&mut self) {
+        if std::mem::replace(&mut self.running, false) {
+            self.process.signal(libc::SIGKILL);
+            let status = self.process.wait_exit(Duration::from_secs(20));
+            assert!(status.is_some(), "the control plane outlived SIGKILL");
+        }
+    }
+
     /// Starts it again on the same data directory and address (stopping it first if it runs).
     pub fn restart(&mut self) -> std::io::Result<()> {
         self.stop();
