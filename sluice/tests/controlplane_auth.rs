@@ -1,235 +1,21 @@
 //! The control plane's authorization matrix over real HTTPS: each role's token tried with every
-//! verb against every kind; what a role must not do is 403 with a kube-style `Status` naming
-//! the user, the verb and the resource, what it may do succeeds; no credentials or an unknown
-//! token is 401. And a vm-agent reads exactly its VM's span, followed as groups change.
+//! verb against every served kind (the eight of `controlplane_auth/kinds.rs`) and every status
+//! subresource; what a role must not do is 403 with a kube-style `Status` naming the user, the
+//! verb and the resource, what it may do succeeds; no credentials or an unknown token is 401. And a vm-agent reads exactly its VM's span, followed as groups change.
 #![allow(clippy::unwrap_used)]
 
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use test_support::{examples, kubectl_with, ControlPlane, CurlWatch};
 
+#[path = "controlplane_auth/kinds.rs"]
+mod kinds;
+
+use kinds::{assert_forbidden, call, kinds, request, Answer, Kind, VERBS, ZERO_SHA};
+
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
-const ZERO_SHA: &str = "0000000000000000000000000000000000000000000000000000000000000000";
-const VERBS: [&str; 8] = [
-    "get",
-    "list",
-    "watch",
-    "create",
-    "update",
-    "patch",
-    "delete",
-    "deletecollection",
-];
-
-/// One served kind: where it lives, an object the fixture stores, and a new one to create.
-struct Kind {
-    group: &'static str,
-    plural: &'static str,
-    kind: &'static str,
-    /// Stored by [`populate`]; in vm1's span for the policy kinds.
-    existing: &'static str,
-    spec: Value,
-    status: bool,
-}
-
-fn kinds() -> Vec<Kind> {
-    vec![
-        Kind {
-            group: "proxy.sluice.dev",
-            plural: "upstreamclusters",
-            kind: "UpstreamCluster",
-            existing: "cluster-a.example.com",
-            spec: json!({"servers": [{"endpoint": "https://10.0.0.9:6443"}],
-                "secureServing": {"certFile": "serving.pem", "keyFile": "serving-key.pem"},
-                "clientConfig": {"certFile": "gateway.pem", "keyFile": "gateway-key.pem"}}),
-            status: true,
-        },
-        Kind {
-            group: "tunnel.sluice.dev",
-            plural: "agents",
-            kind: "Agent",
-            existing: "agent-7",
-            spec: json!({"id": 9, "tokenSha256": ZERO_SHA}),
-            status: true,
-        },
-        Kind {
-            group: "policy.sluice.dev",
-            plural: "networkpolicies",
-            kind: "NetworkPolicy",
-            existing: "web",
-            spec: json!({"namespace": "default", "priority": 1, "appliedTo": ["web-vms"],
-                "rules": [{"name": "r", "direction": "Ingress", "action": "Allow"}]}),
-            status: false,
-        },
-        Kind {
-            group: "policy.sluice.dev",
-            plural: "addressgroups",
-            kind: "AddressGroup",
-            existing: "web-clients",
-            spec: json!({"members": ["10.9.0.1"]}),
-            status: false,
-        },
-        Kind {
-            group: "policy.sluice.dev",
-            plural: "appliedtogroups",
-            kind: "AppliedToGroup",
-            existing: "web-vms",
-            spec: json!({"members": [{"name": "vm9-eth0", "vm": "vm9", "ofport": 1, "ips": ["10.9.0.9"]}]}),
-            status: false,
-        },
-        Kind {
-            group: "auth.sluice.dev",
-            plural: "tokens",
-            kind: "Token",
-            existing: "matrix-existing",
-            spec: json!({"role": "gateway", "subject": "nobody", "tokenSha256": ZERO_SHA}),
-            status: false,
-        },
-    ]
-}
-
-impl Kind {
-    fn collection(&self) -> String {
-        format!("/apis/{}/v1alpha1/{}", self.group, self.plural)
-    }
-
-    fn object(&self, name: &str) -> String {
-        format!("{}/{name}", self.collection())
-    }
-
-    fn new_object(&self, name: &str, labels: Value) -> Value {
-        json!({
-            "apiVersion": format!("{}/v1alpha1", self.group),
-            "kind": self.kind,
-            "metadata": {"name": name, "labels": labels},
-            "spec": self.spec,
-        })
-    }
-}
-
-/// An HTTP answer: status code and body.
-#[derive(Debug)]
-struct Answer {
-    code: u16,
-    body: String,
-}
-
-impl Answer {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|_| panic!("not JSON: {self:?}"))
-    }
-}
-
-/// One HTTPS request with curl, verifying the control plane's CA.
-fn request(
-    cp: &ControlPlane,
-    token: Option<&str>,
-    method: &str,
-    path: &str,
-    body: Option<(&str, &Value)>,
-) -> Answer {
-    let mut command = Command::new("curl");
-    command
-        .args(["-sS", "--max-time", "20", "-X", method, "--cacert"])
-        .arg(cp.ca_file())
-        .args(["-w", "\n%{http_code}"]);
-    if let Some(token) = token {
-        command.args(["-H", &format!("Authorization: Bearer {token}")]);
-    }
-    if let Some((content_type, body)) = body {
-        command
-            .args(["-H", &format!("Content-Type: {content_type}")])
-            .args(["--data-binary", &body.to_string()]);
-    }
-    let output = command
-        .arg(format!("{}{path}", cp.url()))
-        .output()
-        .expect("curl is installed (scripts/test.sh installs it)");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    Answer {
-        code: code
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("no status from curl {method} {path}: {text:?} {output:?}")),
-        body: body.to_string(),
-    }
-}
-
-/// Sends `verb` on `kind` the way a client would, at `name` for the named verbs.
-fn call(cp: &ControlPlane, token: &str, kind: &Kind, verb: &str, name: &str) -> Answer {
-    let merge = "application/merge-patch+json";
-    let labels = json!({"metadata": {"labels": {"touched": "yes"}}});
-    match verb {
-        "get" => request(cp, Some(token), "GET", &kind.object(name), None),
-        "list" => request(cp, Some(token), "GET", &kind.collection(), None),
-        "watch" => request(
-            cp,
-            Some(token),
-            "GET",
-            &format!("{}?watch=1&timeoutSeconds=1", kind.collection()),
-            None,
-        ),
-        "create" => request(
-            cp,
-            Some(token),
-            "POST",
-            &kind.collection(),
-            Some(("application/json", &kind.new_object(name, json!({})))),
-        ),
-        "update" => {
-            let mut object = kind.new_object(name, json!({"touched": "put"}));
-            object["metadata"]["resourceVersion"] = json!("1");
-            request(
-                cp,
-                Some(token),
-                "PUT",
-                &kind.object(name),
-                Some(("application/json", &object)),
-            )
-        }
-        "patch" => request(
-            cp,
-            Some(token),
-            "PATCH",
-            &kind.object(name),
-            Some((merge, &labels)),
-        ),
-        "delete" => request(cp, Some(token), "DELETE", &kind.object(name), None),
-        "deletecollection" => request(
-            cp,
-            Some(token),
-            "DELETE",
-            &format!("{}?labelSelector=matrix%3Dvictim", kind.collection()),
-            None,
-        ),
-        other => panic!("no verb {other}"),
-    }
-}
-
-/// A 403 in kube's words, naming the user, the verb and the resource.
-fn assert_forbidden(answer: &Answer, user: &str, verb: &str, kind: &Kind, subresource: &str) {
-    let what = format!("{user} {verb} {}{subresource}", kind.plural);
-    assert_eq!(answer.code, 403, "{what}: {answer:?}");
-    let status = answer.json();
-    assert_eq!(status["kind"], "Status", "{what}: {status}");
-    assert_eq!(status["status"], "Failure", "{what}: {status}");
-    assert_eq!(status["reason"], "Forbidden", "{what}: {status}");
-    assert_eq!(status["code"], 403, "{what}: {status}");
-    let message = status["message"].as_str().unwrap();
-    let expected = format!(
-        "User \"{user}\" cannot {verb} resource \"{}{subresource}\" in API group \"{}\" at the cluster scope",
-        kind.plural, kind.group
-    );
-    assert!(
-        message.contains(&expected) && message.contains(" is forbidden: "),
-        "{what}: {message:?} lacks {expected:?}"
-    );
-}
-
 fn kubectl_ok(cp: &ControlPlane, args: &[&str], stdin: Option<&str>) -> String {
     let output = cp.kubectl(args, stdin);
     assert!(
@@ -283,16 +69,27 @@ fn vm2_objects() -> Vec<Value> {
     ]
 }
 
-/// What a role may do with a kind outside status: the RBAC table of issue 14.
-fn may(role: &str, kind: &Kind, verb: &str) -> bool {
+/// What a non-admin role's `verb` on the fixture's object of `kind` answers outside status,
+/// per the RBAC table (docs/CONTROLPLANE.md): `None` is 403. A vm-agent's own runtime info
+/// exists already, so its allowed create is 409 AlreadyExists and its allowed update (with a
+/// stale resourceVersion) 409 Conflict: past authorization, refused by the store.
+fn expected(role: &str, kind: &Kind, verb: &str) -> Option<u16> {
     let reads = matches!(verb, "get" | "list" | "watch");
-    match role {
-        "admin" => true,
-        "gateway" => kind.plural == "upstreamclusters" && reads,
-        "node" => kind.plural == "agents" && reads,
-        "vm-agent" => kind.group == "policy.sluice.dev" && reads,
-        other => panic!("no role {other}"),
-    }
+    let allowed = match (role, kind.plural) {
+        ("gateway", "upstreamclusters") | ("node", "agents") => reads,
+        ("vm-agent", "virtualmachines") => reads,
+        ("vm-agent", "virtualmachineruntimeinfos") => {
+            return match verb {
+                "get" | "patch" => Some(200),
+                "create" | "update" => Some(409),
+                _ => None,
+            }
+        }
+        ("vm-agent", _) => kind.group == "policy.sluice.dev" && reads,
+        ("gateway" | "node", _) => false,
+        (other, _) => panic!("no role {other}"),
+    };
+    allowed.then_some(200)
 }
 
 #[test]
@@ -317,89 +114,30 @@ fn every_role_is_refused_what_it_may_not_do_and_allowed_what_it_may() {
         })
         .collect();
 
-    // Each role in its own thread: refusals, then what the non-admin roles may do.
+    // Each non-admin role in its own thread: every verb on every kind, then every status
+    // subresource.
     std::thread::scope(|scope| {
-        for (role, user, token) in &tokens {
+        for (role, user, token) in &tokens[..3] {
             let (cp, kinds) = (&cp, &kinds);
             scope.spawn(move || {
                 for kind in kinds {
-                    for verb in VERBS {
-                        if may(role, kind, verb) {
-                            if *role == "admin" {
-                                continue; // below, with writes of its own objects
-                            }
-                            let answer = call(cp, token, kind, verb, kind.existing);
-                            assert_eq!(
-                                answer.code, 200,
-                                "{user} {verb} {}: {answer:?}",
-                                kind.plural
-                            );
-                            continue;
-                        }
-                        let answer = call(cp, token, kind, verb, kind.existing);
-                        assert_forbidden(&answer, user, verb, kind, "");
+                    role_on_kind(cp, role, user, token, kind);
+                    if kind.status {
+                        role_on_status(cp, role, user, token, kind);
                     }
-                    // The admin's status writes are the kubectl test's; here they would race
-                    // the gateway's and node's.
-                    if !kind.status || *role == "admin" {
-                        continue;
-                    }
-                    // The status subresource: the gateway's of UpstreamCluster, the node's of
-                    // Agent; nobody else's but the admin's.
-                    let own = matches!(
-                        (*role, kind.plural),
-                        ("gateway", "upstreamclusters") | ("node", "agents")
-                    );
-                    let path = format!("{}/status", kind.object(kind.existing));
-                    // Each kind's status as its reporter writes it: its own entry of the
-                    // status map, keyed by its subject (the only one it may change).
-                    let subject = user.rsplit(':').next().unwrap_or(user);
-                    let status_of = |text: &str| match kind.plural {
-                        "agents" => json!({"nodes": {subject: {"connected": text == user}}}),
-                        _ => json!({"gateways": {subject: {
-                            "servers": [{"endpoint": text, "healthy": true}]}}}),
-                    };
-                    let reported = json!({"status": status_of(user)});
-                    let patched = request(
-                        cp,
-                        Some(token),
-                        "PATCH",
-                        &path,
-                        Some(("application/merge-patch+json", &reported)),
-                    );
-                    if !own {
-                        assert_forbidden(&patched, user, "patch", kind, "/status");
-                        let mut object = kind.new_object(kind.existing, json!({}));
-                        object["status"] = status_of(user);
-                        let updated = request(
-                            cp,
-                            Some(token),
-                            "PUT",
-                            &path,
-                            Some(("application/json", &object)),
-                        );
-                        assert_forbidden(&updated, user, "update", kind, "/status");
-                        continue;
-                    }
-                    assert_eq!(patched.code, 200, "{user} patch {path}: {patched:?}");
-                    assert_eq!(patched.json()["status"], status_of(user));
-                    // A PUT of status with the version just read.
-                    let mut object = patched.json();
-                    object["status"] = status_of("by update");
-                    let updated = request(
-                        cp,
-                        Some(token),
-                        "PUT",
-                        &path,
-                        Some(("application/json", &object)),
-                    );
-                    assert_eq!(updated.code, 200, "{user} update {path}: {updated:?}");
-                    assert_eq!(updated.json()["status"], status_of("by update"));
                 }
             });
         }
     });
 
+    // The admin reads every status subresource; its status writes are the kubectl test's
+    // (here they would race the gateway's, the node's and the VMManager's).
+    let admin = &tokens[3].2;
+    for kind in kinds.iter().filter(|kind| kind.status) {
+        let path = format!("{}/status", kind.object(kind.existing));
+        let answer = request(&cp, Some(admin), "GET", &path, None);
+        assert_eq!(answer.code, 200, "admin get {path}: {answer:?}");
+    }
     // The admin: every verb on every kind, on objects of its own.
     let admin = &tokens[3].2;
     for kind in &kinds {
@@ -472,6 +210,86 @@ fn every_role_is_refused_what_it_may_not_do_and_allowed_what_it_may() {
         let existing = call(&cp, admin, kind, "get", kind.existing);
         assert_eq!(existing.code, 200, "{}", what("get", &existing));
     }
+}
+
+/// `role` tries every verb on `kind`'s fixture object: what the table allows answers as
+/// [`expected`] says, the rest is 403 naming user, verb and resource. A vm-agent is also
+/// refused another VM's objects.
+fn role_on_kind(cp: &ControlPlane, role: &str, user: &str, token: &str, kind: &Kind) {
+    for verb in VERBS {
+        let answer = call(cp, token, kind, verb, kind.existing);
+        match expected(role, kind, verb) {
+            Some(code) => assert_eq!(
+                answer.code, code,
+                "{user} {verb} {}: {answer:?}",
+                kind.plural
+            ),
+            None => assert_forbidden(&answer, user, verb, kind, ""),
+        }
+    }
+    if role == "vm-agent" && kind.group == "vm.sluice.dev" {
+        for verb in ["get", "create"] {
+            let answer = call(cp, token, kind, verb, "vm2");
+            assert_forbidden(&answer, user, verb, kind, "");
+        }
+    }
+}
+
+/// `role` on `kind`'s `status` subresource: the gateway's of UpstreamCluster and the node's of
+/// Agent are theirs to read, update and patch (each writes its own entry of the status map,
+/// keyed by its subject); every other status (NetworkPolicy's and VirtualMachine's are the
+/// VMManager's) is 403 for get, patch and update.
+fn role_on_status(cp: &ControlPlane, role: &str, user: &str, token: &str, kind: &Kind) {
+    let own = matches!(
+        (role, kind.plural),
+        ("gateway", "upstreamclusters") | ("node", "agents")
+    );
+    let path = format!("{}/status", kind.object(kind.existing));
+    let subject = user.rsplit(':').next().unwrap_or(user);
+    let status_of = |text: &str| match kind.plural {
+        "agents" => json!({"nodes": {subject: {"connected": text == user}}}),
+        _ => json!({"gateways": {subject: {
+            "servers": [{"endpoint": text, "healthy": true}]}}}),
+    };
+    let read = request(cp, Some(token), "GET", &path, None);
+    let reported = json!({"status": status_of(user)});
+    let patched = request(
+        cp,
+        Some(token),
+        "PATCH",
+        &path,
+        Some(("application/merge-patch+json", &reported)),
+    );
+    if !own {
+        assert_forbidden(&read, user, "get", kind, "/status");
+        assert_forbidden(&patched, user, "patch", kind, "/status");
+        let mut object = kind.new_object(kind.existing, json!({}));
+        object["status"] = status_of(user);
+        let updated = request(
+            cp,
+            Some(token),
+            "PUT",
+            &path,
+            Some(("application/json", &object)),
+        );
+        assert_forbidden(&updated, user, "update", kind, "/status");
+        return;
+    }
+    assert_eq!(read.code, 200, "{user} get {path}: {read:?}");
+    assert_eq!(patched.code, 200, "{user} patch {path}: {patched:?}");
+    assert_eq!(patched.json()["status"], status_of(user));
+    // A PUT of status with the version just read.
+    let mut object = patched.json();
+    object["status"] = status_of("by update");
+    let updated = request(
+        cp,
+        Some(token),
+        "PUT",
+        &path,
+        Some(("application/json", &object)),
+    );
+    assert_eq!(updated.code, 200, "{user} update {path}: {updated:?}");
+    assert_eq!(updated.json()["status"], status_of("by update"));
 }
 
 #[test]
