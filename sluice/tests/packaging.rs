@@ -12,12 +12,17 @@ use std::process::Command;
 use std::time::Duration;
 
 use test_support::{
-    assert_driver, is_root, on_both_drivers, prerequisite, SluiceLauncher, ROOT_IN_CI,
+    assert_driver, is_root, on_both_drivers, prerequisite, OvsInstance, SluiceLauncher,
+    SluiceProcess, ROOT_IN_CI,
 };
 
 // READY=1 comes once the workers' listeners are up and STOPPING=1 when they start draining,
-// both from the runtime: once per monoio driver.
-on_both_drivers!(a_node_notifies_ready_and_stopping);
+// both from the runtime: once per monoio driver, for both roles on it (`run`, `agent`). The
+// control plane and the VM agent run on tokio: once each.
+on_both_drivers!(
+    a_node_notifies_ready_and_stopping,
+    an_agent_notifies_ready_and_stopping
+);
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -98,15 +103,57 @@ fn a_broken_unit_is_caught() {
     );
 }
 
+/// A datagram socket standing in for systemd's: the `NOTIFY_SOCKET` of the role under test.
+struct FakeManager {
+    socket: UnixDatagram,
+    path: String,
+    _dir: tempfile::TempDir,
+}
+
+impl FakeManager {
+    fn bind() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify.sock");
+        let socket = UnixDatagram::bind(&path).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        Self {
+            socket,
+            path: path.to_str().unwrap().to_string(),
+            _dir: dir,
+        }
+    }
+
+    /// The next notification, which must carry `state` (`READY=1`, `STOPPING=1`) on a line.
+    fn expect(&self, state: &str) -> String {
+        let mut buffer = [0u8; 512];
+        let read = self
+            .socket
+            .recv(&mut buffer)
+            .unwrap_or_else(|error| panic!("no {state} within 20 s: {error}"));
+        let message = String::from_utf8_lossy(&buffer[..read]).into_owned();
+        assert!(
+            message.lines().any(|line| line == state),
+            "{state} expected: {message:?}"
+        );
+        message
+    }
+}
+
+/// SIGTERM: `STOPPING=1` first, then a clean exit.
+fn stops_on_sigterm(manager: &FakeManager, role: &mut SluiceProcess) {
+    role.signal(libc::SIGTERM);
+    manager.expect("STOPPING=1");
+    assert!(role
+        .wait_exit(Duration::from_secs(10))
+        .is_some_and(|status| status.success()));
+}
+
 /// `sluice run` under a fake service manager: READY=1 after its listeners are up, STOPPING=1
 /// when SIGTERM arrives.
 fn a_node_notifies_ready_and_stopping(driver: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let socket_path = dir.path().join("notify.sock");
-    let socket = UnixDatagram::bind(&socket_path).unwrap();
-    socket
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
+    let manager = FakeManager::bind();
     let launcher = SluiceLauncher::new(BIN).unwrap();
     let config = launcher
         .write_file(
@@ -118,16 +165,13 @@ fn a_node_notifies_ready_and_stopping(driver: &str) {
         )
         .unwrap();
     let mut node = launcher
-        .env("NOTIFY_SOCKET", socket_path.to_str().unwrap())
+        .env("NOTIFY_SOCKET", &manager.path)
         .arg("run")
         .arg("--config")
         .arg(config)
         .spawn()
         .expect("node starts");
-    let mut buffer = [0u8; 512];
-    let read = socket.recv(&mut buffer).expect("READY=1 within 20 s");
-    let message = String::from_utf8_lossy(&buffer[..read]).into_owned();
-    assert!(message.lines().any(|line| line == "READY=1"), "{message:?}");
+    manager.expect("READY=1");
     // Ready means serving: the admin endpoint answers.
     let admin = node.address("admin");
     assert_eq!(
@@ -138,16 +182,141 @@ fn a_node_notifies_ready_and_stopping(driver: &str) {
         &test_support::http_get(admin, "/metrics").unwrap().body,
         driver,
     );
-    node.signal(libc::SIGTERM);
-    let read = socket.recv(&mut buffer).expect("STOPPING=1 on SIGTERM");
-    let message = String::from_utf8_lossy(&buffer[..read]).into_owned();
+    stops_on_sigterm(&manager, &mut node);
+}
+
+/// `sluice agent` (the `sluice-agent` unit's command): READY=1 once its listeners are up (no
+/// node need answer: it serves its admin endpoint and keeps dialling), STOPPING=1 on SIGTERM.
+fn an_agent_notifies_ready_and_stopping(driver: &str) {
+    let manager = FakeManager::bind();
+    let launcher = SluiceLauncher::new(BIN).unwrap();
+    let token = launcher.write_file("agent.token", "agent-token").unwrap();
+    let config = launcher
+        .write_file(
+            "agent.yaml",
+            &format!(
+                "runtime: {{workers: 1, drain_timeout: 1s, driver: {driver}}}\n\
+                 listeners:\n  admin: {{address: '127.0.0.1:0'}}\n\
+                 agent:\n  token_file: '{}'\n  nodes: ['http://127.0.0.1:9']\n  \
+                 forward_to: 'http://127.0.0.1:9'\n",
+                token.display()
+            ),
+        )
+        .unwrap();
+    let mut agent = launcher
+        .env("NOTIFY_SOCKET", &manager.path)
+        .arg("agent")
+        .arg("--config")
+        .arg(config)
+        .spawn()
+        .expect("agent starts");
+    let message = manager.expect("READY=1");
+    assert!(message.contains("STATUS=sluice serving"), "{message:?}");
+    let admin = agent.address("admin");
+    assert_eq!(
+        test_support::http_get(admin, "/healthz").unwrap().status,
+        200
+    );
+    assert_driver(
+        &test_support::http_get(admin, "/metrics").unwrap().body,
+        driver,
+    );
+    stops_on_sigterm(&manager, &mut agent);
+}
+
+/// `sluice controlplane` (the `sluice-controlplane` unit's command): READY=1 once it accepts
+/// connections, so its API answers at once; STOPPING=1 on SIGTERM.
+#[test]
+fn the_control_plane_notifies_ready_and_stopping() {
+    let manager = FakeManager::bind();
+    let data = tempfile::tempdir().unwrap();
+    let mut controlplane = SluiceLauncher::new(BIN)
+        .unwrap()
+        .env("NOTIFY_SOCKET", &manager.path)
+        .args(["controlplane", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data.path())
+        .spawn()
+        .expect("control plane starts");
+    let message = manager.expect("READY=1");
     assert!(
-        message.lines().any(|line| line == "STOPPING=1"),
+        message.contains("STATUS=controlplane serving"),
         "{message:?}"
     );
-    assert!(node
-        .wait_exit(Duration::from_secs(10))
-        .is_some_and(|status| status.success()));
+    let address = controlplane.address("controlplane");
+    let output = Command::new("curl")
+        .args([
+            "--silent",
+            "--max-time",
+            "10",
+            "--write-out",
+            "%{http_code}",
+        ])
+        .args(["--output", "/dev/null", "--cacert"])
+        .arg(data.path().join("pki/ca.crt"))
+        .arg(format!("https://{address}/readyz"))
+        .output()
+        .expect("curl is installed");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "200", "{output:?}");
+    stops_on_sigterm(&manager, &mut controlplane);
+}
+
+/// `sluice vm-agent` (the `sluice-vm-agent` unit's command) on a policy directory against a
+/// real Open vSwitch: READY=1 once its loop runs, so `/readyz` answers 200; STOPPING=1 on
+/// SIGTERM, then a clean exit.
+#[test]
+fn the_vm_agent_notifies_ready_and_stopping() {
+    let ovs = OvsInstance::start().unwrap();
+    let manager = FakeManager::bind();
+    let policies = tempfile::tempdir().unwrap();
+    let mut command = Command::new(BIN);
+    command
+        .args(["vm-agent", "--bridge", "brnotify", "--admin", "127.0.0.1:0"])
+        .arg("--policies")
+        .arg(policies.path())
+        .arg("--ovs-rundir")
+        .arg(ovs.rundir())
+        .env("NOTIFY_SOCKET", &manager.path);
+    let mut agent = KilledOnDrop(
+        command
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let message = manager.expect("READY=1");
+    assert!(message.contains("STATUS=vm-agent serving"), "{message:?}");
+    // Its first stdout line names the admin address.
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(agent.0.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let admin = line
+        .trim()
+        .strip_prefix("admin listening on ")
+        .unwrap_or_else(|| panic!("not the admin address: {line:?}"));
+    let ready = test_support::http_get(admin.parse().unwrap(), "/readyz").unwrap();
+    assert_eq!(ready.status, 200, "{ready:?}");
+    // SAFETY: kill(2) on our own child with a valid signal number has no memory effects.
+    assert_eq!(unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) }, 0);
+    manager.expect("STOPPING=1");
+    let exited = test_support::wait_until(Duration::from_secs(10), || {
+        agent.0.try_wait().is_ok_and(|status| status.is_some())
+    });
+    assert!(exited, "the VM agent outlived SIGTERM by 10 s");
+    assert!(agent.0.wait().unwrap().success());
+}
+
+/// A child process killed (and reaped) when the test ends, whatever happened.
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Purges the package when the test ends, whatever happened.
