@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(clippy::unwrap_used, dead_code)]
 
+pub mod switch;
+
 /// `ovs-ofctl parse-flow` turns a masked `set_field` with a contiguous mask into the equivalent
 /// `load:V->FIELD[lo..hi]`; rewrite that back so both texts can be compared.
 pub fn loads_as_set_fields(text: &str) -> String {
