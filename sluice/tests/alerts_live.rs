@@ -330,11 +330,16 @@ fn call_through(node: &SluiceProcess, secrets: &Secrets) {
             &url,
         ]);
     }
-    let text = scrape(node);
-    assert!(
+    // Counted when the call ends, which may be just after curl has its answer.
+    let counted = wait_until(Duration::from_secs(10), || {
+        let text = scrape(node);
         text.contains("sluice_tunnel_auth_failures_total{")
-            && text.contains("sluice_tunnel_requests_total{"),
-        "the node counted neither call:\n{text}"
+            && text.contains("sluice_tunnel_requests_total{")
+    });
+    assert!(
+        counted,
+        "the node did not count both calls:\n{}",
+        scrape(node)
     );
 }
 
