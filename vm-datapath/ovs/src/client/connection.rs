@@ -177,73 +177,27 @@ async fn establish_inner(shared: &Shared) -> Result<Arc<Connection>, ClientError
                 path: shared.path.clone(),
                 source,
             })?;
-    let (read_half, mut write_half) = stream.into_split();
-    let mut reader = BufReader::with_capacity(64 << 10, read_half);
-    let mut buf = Vec::with_capacity(64 << 10);
-    let mut out = Vec::with_capacity(256);
-    encode_hello(&mut out, 0);
-    write_half.write_all(&out).await?;
-
-    let version = loop {
-        let (_, reply) = read_message(&mut reader, &mut buf).await?;
-        let header_version = buf[0];
-        match reply?.message {
-            Message::Hello { versions } => {
-                break negotiate_version(header_version, versions).ok_or(
-                    ClientError::Incompatible {
-                        offered: versions.unwrap_or(1 << header_version.min(31)),
-                    },
-                )?;
-            }
-            Message::Error(error) => {
-                return Err(ClientError::Rejected {
-                    request: "HELLO",
-                    error,
-                })
-            }
-            _ => continue,
-        }
+    let (read_half, write_half) = stream.into_split();
+    let mut handshake = Handshake {
+        reader: BufReader::with_capacity(64 << 10, read_half),
+        writer: write_half,
+        buf: Vec::with_capacity(64 << 10),
+        out: Vec::with_capacity(256),
     };
-
-    out.clear();
-    encode_features_request(&mut out, version, 1);
-    encode_set_packet_in_format(&mut out, version, 2);
-    encode_enable_packet_in(&mut out, version, 3);
-    encode_barrier_request(&mut out, version, 4);
-    write_half.write_all(&out).await?;
-    let mut features = None;
-    loop {
-        let (xid, reply) = read_message(&mut reader, &mut buf).await?;
-        match reply?.message {
-            Message::FeaturesReply(reply) => features = Some(reply),
-            Message::Error(error) => {
-                let request = match xid {
-                    1 => "FEATURES_REQUEST",
-                    2 => "NXT_SET_PACKET_IN_FORMAT",
-                    3 => "NXT_SET_ASYNC_CONFIG",
-                    _ => "handshake",
-                };
-                return Err(ClientError::Rejected { request, error });
-            }
-            Message::EchoRequest(payload) => {
-                out.clear();
-                sluice_openflow::encode_echo(&mut out, version, xid, true, &payload)?;
-                write_half.write_all(&out).await?;
-            }
-            Message::BarrierReply if xid == 4 => break,
-            _ => {}
-        }
-    }
-    let features = features.ok_or(ClientError::Unexpected {
-        request: "FEATURES_REQUEST",
-        message: "barrier reply came before the features reply".to_string(),
-    })?;
+    let version = handshake.exchange_hellos().await?;
+    let features = handshake.set_up(version).await?;
+    let Handshake {
+        reader,
+        writer,
+        buf,
+        ..
+    } = handshake;
 
     let connection = Arc::new(Connection {
         version,
         features,
         writer: tokio::sync::Mutex::new(WriteState {
-            socket: write_half,
+            socket: writer,
             buf: Vec::with_capacity(64 << 10),
         }),
         pending: Mutex::new(Vec::new()),
@@ -260,6 +214,82 @@ async fn establish_inner(shared: &Shared) -> Result<Arc<Connection>, ClientError
     ));
     *lock(&connection.reader) = Some(task);
     Ok(connection)
+}
+
+/// A fresh connection before the reader task takes it over: requests and replies in turn.
+struct Handshake {
+    reader: BufReader<OwnedReadHalf>,
+    writer: OwnedWriteHalf,
+    /// Received messages (kept for the reader task).
+    buf: Vec<u8>,
+    /// Messages to send.
+    out: Vec<u8>,
+}
+
+impl Handshake {
+    /// Sends our hello and picks the version from the switch's.
+    async fn exchange_hellos(&mut self) -> Result<u8, ClientError> {
+        encode_hello(&mut self.out, 0);
+        self.writer.write_all(&self.out).await?;
+        loop {
+            let (_, reply) = read_message(&mut self.reader, &mut self.buf).await?;
+            let header_version = self.buf[0];
+            match reply?.message {
+                Message::Hello { versions } => {
+                    return negotiate_version(header_version, versions).ok_or(
+                        ClientError::Incompatible {
+                            offered: versions.unwrap_or(1 << header_version.min(31)),
+                        },
+                    );
+                }
+                Message::Error(error) => {
+                    return Err(ClientError::Rejected {
+                        request: "HELLO",
+                        error,
+                    })
+                }
+                _ => continue,
+            }
+        }
+    }
+
+    /// Asks for the features and for packet-ins (in the packet-in2 format), then waits for the
+    /// barrier behind them; answers echo requests meanwhile.
+    async fn set_up(&mut self, version: u8) -> Result<Features, ClientError> {
+        self.out.clear();
+        encode_features_request(&mut self.out, version, 1);
+        encode_set_packet_in_format(&mut self.out, version, 2);
+        encode_enable_packet_in(&mut self.out, version, 3);
+        encode_barrier_request(&mut self.out, version, 4);
+        self.writer.write_all(&self.out).await?;
+        let mut features = None;
+        loop {
+            let (xid, reply) = read_message(&mut self.reader, &mut self.buf).await?;
+            match reply?.message {
+                Message::FeaturesReply(reply) => features = Some(reply),
+                Message::Error(error) => {
+                    let request = match xid {
+                        1 => "FEATURES_REQUEST",
+                        2 => "NXT_SET_PACKET_IN_FORMAT",
+                        3 => "NXT_SET_ASYNC_CONFIG",
+                        _ => "handshake",
+                    };
+                    return Err(ClientError::Rejected { request, error });
+                }
+                Message::EchoRequest(payload) => {
+                    self.out.clear();
+                    sluice_openflow::encode_echo(&mut self.out, version, xid, true, &payload)?;
+                    self.writer.write_all(&self.out).await?;
+                }
+                Message::BarrierReply if xid == 4 => break,
+                _ => {}
+            }
+        }
+        features.ok_or(ClientError::Unexpected {
+            request: "FEATURES_REQUEST",
+            message: "barrier reply came before the features reply".to_string(),
+        })
+    }
 }
 
 /// Routes every received message: replies to their waiting request, packet-ins to the queue,
