@@ -95,6 +95,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
         .filter(|store| harness.only.is_empty() || harness.only.iter().any(|o| o == store.name()))
         .collect();
     let dir = &super::fresh_work_dir(&harness.out)?;
+    super::fresh_raw_dir(&harness.out)?;
     // Described before pinning: the machine's CPUs, not the harness's share of them.
     let machine = crate::machine::describe();
     let cpus = crate::affinity::parse_cpus(&harness.client_cpu)?;

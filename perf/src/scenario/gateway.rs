@@ -408,9 +408,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
     let dir = &super::fresh_work_dir(&harness.out)?;
     let tls = crate::certs::generate(dir, &["127.0.0.1", "localhost", HOST])?;
     let token = random_hex(24)?;
-    let raw = harness.out.join("raw");
-    let _ = std::fs::remove_dir_all(&raw);
-    std::fs::create_dir_all(&raw)?;
+    super::fresh_raw_dir(&harness.out)?;
 
     let simulator = start_simulator(harness, dir, &tls, &token)?;
     let mut simulator_process = simulator.process;

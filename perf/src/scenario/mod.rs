@@ -55,6 +55,21 @@ pub fn write_output(out: &Path, name: &str, text: &str) -> anyhow::Result<PathBu
     Ok(path)
 }
 
+/// `out/raw`, emptied: the check of a run (`perf/check-smoke`) reads every record in it, so a
+/// record an earlier run left there must not survive to pass for this run's.
+pub fn fresh_raw_dir(out: &Path) -> anyhow::Result<PathBuf> {
+    let raw = out.join("raw");
+    match std::fs::remove_dir_all(&raw) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => {
+            return Err(error).with_context(|| format!("cannot empty {}", raw.display()));
+        }
+    }
+    std::fs::create_dir_all(&raw)?;
+    Ok(raw)
+}
+
 /// `out/work`, emptied: generated configs, secrets and process logs of this run, kept after it
 /// for a look at what happened (results are not committed).
 pub fn fresh_work_dir(out: &Path) -> anyhow::Result<PathBuf> {
@@ -64,4 +79,21 @@ pub fn fresh_work_dir(out: &Path) -> anyhow::Result<PathBuf> {
     }
     std::fs::create_dir_all(&dir)?;
     Ok(std::fs::canonicalize(dir)?)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_fresh_raw_dir_holds_no_record_of_an_earlier_run() {
+        let out = tempfile::tempdir().unwrap();
+        let stale = out.path().join("raw/etcd-50.json");
+        std::fs::create_dir_all(stale.parent().unwrap()).unwrap();
+        std::fs::write(&stale, "{\"writes_acked\": 1}").unwrap();
+        let raw = super::fresh_raw_dir(out.path()).unwrap();
+        assert_eq!(raw, out.path().join("raw"));
+        assert_eq!(std::fs::read_dir(&raw).unwrap().count(), 0);
+        // Also when no earlier run left anything.
+        let empty = tempfile::tempdir().unwrap();
+        assert!(super::fresh_raw_dir(empty.path()).unwrap().is_dir());
+    }
 }

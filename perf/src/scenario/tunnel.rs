@@ -208,17 +208,26 @@ fn grpc_calls(admin: Option<std::net::SocketAddr>) -> anyhow::Result<Option<(u64
         .transpose()
 }
 
-/// Calls that ended with a gRPC status other than OK between two readings. Without a Sluice
-/// node nothing counts them: `None`.
-fn grpc_errors(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<u64> {
-    match (before, after) {
-        (Some((all_before, ok_before)), Some((all_after, ok_after))) => Some(
-            all_after
-                .saturating_sub(all_before)
-                .saturating_sub(ok_after.saturating_sub(ok_before)),
-        ),
-        _ => None,
-    }
+/// Calls that ended with a gRPC status other than OK: the larger of two counts, so that no
+/// case goes uncounted. The client's: the echo backend answers every call it gets with the
+/// request's one message, and a hop that fails a call (Sluice, HAProxy or nginx) answers
+/// trailers-only, without it — so every HTTP 2xx answer whose message did not come back is
+/// an error (h2load cannot read trailers, but it counts the DATA bytes). The entry node's, where
+/// there is one (the status it counted between two readings of its metrics).
+fn grpc_errors(
+    summary: &H2loadSummary,
+    before: Option<(u64, u64)>,
+    after: Option<(u64, u64)>,
+) -> u64 {
+    let echoed = summary.data_bytes / BODY.len() as u64;
+    let without_message = summary.status_2xx.saturating_sub(echoed);
+    let counted_by_node = match (before, after) {
+        (Some((all_before, ok_before)), Some((all_after, ok_after))) => all_after
+            .saturating_sub(all_before)
+            .saturating_sub(ok_after.saturating_sub(ok_before)),
+        _ => 0,
+    };
+    without_message.max(counted_by_node)
 }
 
 /// Runs h2load; the summary and the latency percentiles of its successful requests.
@@ -239,9 +248,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
     let secrets = Secrets::create(dir, 1)?;
     let body_file = dir.join("body.bin");
     std::fs::write(&body_file, BODY)?;
-    let raw = harness.out.join("raw");
-    let _ = std::fs::remove_dir_all(&raw);
-    std::fs::create_dir_all(&raw)?;
+    super::fresh_raw_dir(&harness.out)?;
 
     // The echo backend every case ends at: the demo backend of a `sluice up` process.
     let backend_process = harness.sluice.start_demo(dir, &harness.upstream_cpu)?;
@@ -279,7 +286,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                 let probe = load(harness, &secrets, &body_file, &setup.url, (1, 1), 20)?;
                 let (summary, _) = run_h2load(&probe, dir)?;
                 let after = grpc_calls(setup.entry_admin)?;
-                Ok(summary.status_2xx == 20 && grpc_errors(before, after).unwrap_or(0) == 0)
+                Ok(summary.status_2xx == 20 && grpc_errors(&summary, before, after) == 0)
             },
         )?;
         let warmup = load(
@@ -316,6 +323,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                     tcp_out_segments,
                 } = measure(&h2load, dir, &proxy, &upstream)?;
                 let calls_after = grpc_calls(setup.entry_admin)?;
+                let failed_grpc = grpc_errors(&summary, calls_before, calls_after);
                 let record = RunRecord {
                     scenario: "tunnel".to_string(),
                     case: case.to_string(),
@@ -325,7 +333,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                     repeat,
                     h2load: summary,
                     latency_us: latency,
-                    grpc_errors: grpc_errors(calls_before, calls_after),
+                    grpc_errors: Some(failed_grpc),
                     proxy: Vec::new(),
                     proxy_cpu_us_per_request: None,
                     proxy_rss_kib: 0,
@@ -591,6 +599,25 @@ mod tests {
     use super::*;
     use crate::measure::ProcessUsage;
     use crate::record::tests::record;
+
+    #[test]
+    fn grpc_errors_are_counted_without_a_sluice_node() {
+        // 100 answers with HTTP 200, 97 of them carrying the echoed message back.
+        let summary = H2loadSummary {
+            status_2xx: 100,
+            data_bytes: 97 * BODY.len() as u64,
+            ..H2loadSummary::default()
+        };
+        assert_eq!(grpc_errors(&summary, None, None), 3);
+        let all_echoed = H2loadSummary {
+            data_bytes: 100 * BODY.len() as u64,
+            ..summary.clone()
+        };
+        assert_eq!(grpc_errors(&all_echoed, None, None), 0);
+        // The node's count wins where it saw more (all, OK): 5 calls, 1 failed.
+        assert_eq!(grpc_errors(&all_echoed, Some((10, 10)), Some((15, 14))), 1);
+        assert_eq!(grpc_errors(&summary, Some((10, 10)), Some((15, 14))), 3);
+    }
 
     fn usage(name: &str, cpu_us: u64) -> ProcessUsage {
         ProcessUsage {

@@ -122,6 +122,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
         .filter(|case| harness.only.is_empty() || harness.only.iter().any(|o| o == case.name()))
         .collect();
     let dir = &super::fresh_work_dir(&harness.out)?;
+    super::fresh_raw_dir(&harness.out)?;
     let machine = crate::machine::describe();
     let trafgen = trafgen_version()?;
     // Other work on the machine shows in the rates: say how busy it was.

@@ -36,6 +36,9 @@ const TUNNEL_BODY: &[u8] = b"\x00\x00\x00\x00\x05hello";
 const LOAD_FRACTION: f64 = 0.5;
 /// Open-loop connections per workload and window.
 const CLIENTS: u32 = 8;
+/// Streams per tunnel connection: with CLIENTS, the most calls in flight at an agent restart,
+/// which bounds the errors `perf/check-smoke` lets a restart explain.
+const TUNNEL_STREAMS: u32 = 8;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Plan {
@@ -293,7 +296,12 @@ fn run_window(
             rig,
             body_file: work_body.to_path_buf(),
         };
-        let tunnel = work.tunnel(load, CLIENTS, 8, Some(per_client(rates.tunnel_rate)))?;
+        let tunnel = work.tunnel(
+            load,
+            CLIENTS,
+            TUNNEL_STREAMS,
+            Some(per_client(rates.tunnel_rate)),
+        )?;
         let gateway = work.gateway(load, CLIENTS, 4, Some(per_client(rates.gateway_rate)))?;
         (
             spawn(&tunnel, rig.dir.join("window-tunnel.log"))?,
@@ -341,9 +349,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
     let mut rig = Rig::start(harness)?;
     let body_file = rig.dir.join("body.bin");
     std::fs::write(&body_file, TUNNEL_BODY)?;
-    let raw = harness.out.join("raw");
-    let _ = std::fs::remove_dir_all(&raw);
-    std::fs::create_dir_all(&raw)?;
+    super::fresh_raw_dir(&harness.out)?;
     let driver = rig.metrics().ok().and_then(|m| driver_of(&m));
     wait_until("both agents' tunnels", Duration::from_secs(60), || {
         rig.check_alive()?;
@@ -499,6 +505,13 @@ mod tests {
         assert_eq!((smoke.warm_up_windows, smoke.churn_every), (2, 2));
         let long = plan(&harness(false, Some(120.0)));
         assert_eq!(long.warm_up_windows, 30);
+    }
+
+    #[test]
+    fn the_checks_restart_bound_is_the_tunnel_loads_calls_in_flight() {
+        let check = include_str!("../../../check-smoke");
+        let bound = format!("RESTART_IN_FLIGHT_BOUND = {}\n", CLIENTS * TUNNEL_STREAMS);
+        assert!(check.contains(&bound), "perf/check-smoke must say {bound}");
     }
 
     #[test]

@@ -1,0 +1,168 @@
+//! `perf/check-smoke` against planted results: a good run passes, and each bad input the check
+//! exists to catch fails it with a line naming the problem. Needs python3, as the check does.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{json, Value};
+
+/// Runs the check on `dir`: (passed, what it printed).
+fn check(dir: &Path, args: &[&str]) -> (bool, String) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("check-smoke");
+    let output = Command::new("python3")
+        .arg(script)
+        .arg("--results")
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("python3 runs perf/check-smoke");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+fn write(dir: &Path, name: &str, value: &Value) {
+    let path = dir.join(name);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, serde_json::to_string_pretty(value).unwrap()).unwrap();
+}
+
+fn tunnel_record(case: &str, grpc_errors: Value) -> Value {
+    json!({
+        "scenario": "tunnel", "case": case, "workload": "grpc unary",
+        "h2load": {"done": 2000, "status_2xx": 2000, "failed": 0, "errored": 0, "timeout": 0,
+                   "status_4xx": 0, "status_5xx": 0},
+        "grpc_errors": grpc_errors,
+    })
+}
+
+/// A tunnel smoke run of `direct` and `sluice-1-node` with nothing wrong.
+fn good_tunnel_run(dir: &Path) {
+    for case in ["direct", "sluice-1-node"] {
+        write(
+            dir,
+            &format!("raw/{case}-c10-m10-r0.json"),
+            &tunnel_record(case, json!(0)),
+        );
+    }
+    write(
+        dir,
+        "summary.json",
+        &json!([{"case": "direct", "errors": 0}, {"case": "sluice-1-node", "errors": 0}]),
+    );
+    std::fs::write(dir.join("summary.md"), "# tunnel\n").unwrap();
+}
+
+const TUNNEL_CASES: [&str; 3] = ["tunnel", "direct", "sluice-1-node"];
+
+#[test]
+fn a_clean_tunnel_run_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    good_tunnel_run(dir.path());
+    let (passed, text) = check(dir.path(), &TUNNEL_CASES);
+    assert!(passed, "{text}");
+}
+
+#[test]
+fn grpc_errors_of_a_peer_fail_the_tunnel_run() {
+    let dir = tempfile::tempdir().unwrap();
+    good_tunnel_run(dir.path());
+    write(
+        dir.path(),
+        "raw/direct-c10-m10-r0.json",
+        &tunnel_record("direct", json!(3)),
+    );
+    let (passed, text) = check(dir.path(), &TUNNEL_CASES);
+    assert!(!passed, "{text}");
+    assert!(
+        text.contains("direct-c10-m10-r0.json: failed calls {'grpc_errors': 3}"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_tunnel_record_that_did_not_count_grpc_statuses_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    good_tunnel_run(dir.path());
+    // What the harness wrote for direct, HAProxy and nginx before every case was counted.
+    write(
+        dir.path(),
+        "raw/direct-c10-m10-r0.json",
+        &tunnel_record("direct", Value::Null),
+    );
+    let (passed, text) = check(dir.path(), &TUNNEL_CASES);
+    assert!(!passed, "{text}");
+    assert!(
+        text.contains("direct-c10-m10-r0.json: gRPC statuses not counted (grpc_errors None)"),
+        "{text}"
+    );
+}
+
+fn soak_window(window: u32, tunnel_errors: u64, cancelled: u64, churn: bool) -> Value {
+    let process = |name: &str| json!({"name": name, "pid": 1, "rss_kib": 1000, "fds": 40});
+    json!({
+        "window": window,
+        "processes": [process("sluice"), process("agent-steady"), process("agent-churn")],
+        "tunnel": {"done": 500, "errors": tunnel_errors,
+                   "grpc_codes": if cancelled > 0 { json!({"CANCELLED": cancelled}) } else { json!({}) }},
+        "gateway": {"done": 500, "errors": 0},
+        "churn": if churn { json!("agent-churn restarted (#1)") } else { Value::Null },
+    })
+}
+
+/// A soak smoke run of four windows (one of warm-up); window 2 restarts an agent and has
+/// `restart_errors` errors besides 5 CANCELLED ones.
+fn soak_run(dir: &Path, restart_errors: u64) {
+    let samples = json!([
+        soak_window(1, 0, 0, false),
+        soak_window(2, restart_errors + 5, 5, true),
+        soak_window(3, 2, 2, false),
+        soak_window(4, 0, 0, true),
+    ]);
+    write(dir, "raw/samples.json", &samples);
+    write(
+        dir,
+        "summary.json",
+        &json!({"summary": {"warm_up_windows": 1}}),
+    );
+    std::fs::write(dir.join("summary.md"), "![rss](rss.svg)\n").unwrap();
+    std::fs::write(dir.join("rss.svg"), "<svg/>").unwrap();
+}
+
+#[test]
+fn a_restart_explains_at_most_the_calls_in_flight() {
+    // 12 per restart is what an agent's SIGTERM was seen to drop; 64 is all h2load can have
+    // in flight (8 connections x 8 streams).
+    for (errors, passes) in [(12, true), (64, true), (65, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        soak_run(dir.path(), errors);
+        let (passed, text) = check(dir.path(), &["soak"]);
+        assert_eq!(passed, passes, "{errors} errors: {text}");
+        if !passes {
+            assert!(
+                text.contains("window 2: 65 error(s)")
+                    && text.contains("more than the 64 calls that can be in flight"),
+                "{text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_error_in_a_window_without_a_restart_fails_the_soak() {
+    let dir = tempfile::tempdir().unwrap();
+    soak_run(dir.path(), 0);
+    let mut samples: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("raw/samples.json")).unwrap(),
+    )
+    .unwrap();
+    samples[2]["tunnel"]["errors"] = json!(3);
+    write(dir.path(), "raw/samples.json", &samples);
+    let (passed, text) = check(dir.path(), &["soak"]);
+    assert!(!passed, "{text}");
+    assert!(text.contains("window 3: 1 error(s)"), "{text}");
+}
