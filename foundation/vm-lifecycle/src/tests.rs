@@ -69,6 +69,8 @@ fn the_wire_names_are_the_seeds() {
         ]
     );
     assert_eq!(API_VERSION, format!("{GROUP}/{VERSION}"));
+    assert_eq!(Management::one_of(), "Agented, Agentless or Unmanaged");
+    assert_eq!(AgentMode::one_of(), "NoOp or Active");
 }
 
 #[test]

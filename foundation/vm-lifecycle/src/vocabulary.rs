@@ -32,6 +32,15 @@ macro_rules! vocabulary {
                 }
             }
 
+            /// The names as a phrase, "A, B or C", for descriptions and messages.
+            pub fn one_of() -> String {
+                match Self::NAMES.split_last() {
+                    Some((last, [])) => last.to_string(),
+                    Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+                    None => String::new(),
+                }
+            }
+
             /// The value a wire name stands for (names are case-sensitive).
             pub fn parse(text: &str) -> Option<Self> {
                 Self::ALL.into_iter().find(|value| value.as_str() == text)

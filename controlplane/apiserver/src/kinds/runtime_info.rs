@@ -5,11 +5,12 @@
 
 use serde_json::{json, Value};
 use sluice_apimachinery::{FieldError, KindSpec, PrinterColumn};
+use sluice_vm_lifecycle::AgentMode;
 
 use super::vm_fields::{self, GROUP, MAX_SHORT, VERSION};
 
 /// `agentState` values: No-Op until the agent found its Agented VM, then Active.
-pub const AGENT_STATES: [&str; 2] = sluice_vm_lifecycle::AgentMode::NAMES;
+pub const AGENT_STATES: [&str; 2] = AgentMode::NAMES;
 
 pub fn runtime_info() -> KindSpec {
     KindSpec {
@@ -22,7 +23,7 @@ pub fn runtime_info() -> KindSpec {
         namespaced: false,
         status_subresource: false,
         printer_columns: vec![
-            PrinterColumn::new("Agent State", ".agentState", "string", "NoOp or Active"),
+            PrinterColumn::new("Agent State", ".agentState", "string", &AgentMode::one_of()),
             PrinterColumn::new("Agent", ".agentVersion", "string", "the agent's version"),
             PrinterColumn::new("OS", ".os", "string", "the VM's operating system"),
             PrinterColumn::new(
@@ -33,7 +34,7 @@ pub fn runtime_info() -> KindSpec {
             ),
         ],
         schema: json!({"type": "object", "properties": {
-            "agentState": {"type": "string", "description": "NoOp or Active"},
+            "agentState": {"type": "string", "description": AgentMode::one_of()},
             "os": {"type": "string"},
             "agentVersion": {"type": "string"},
             "networkPolicies": vm_fields::policies_schema(),

@@ -34,7 +34,7 @@ pub fn virtual_machine() -> KindSpec {
                 "Management",
                 ".spec.management",
                 "string",
-                "Agented, Agentless or Unmanaged",
+                &Management::one_of(),
             ),
             PrinterColumn::new(
                 "State",
@@ -63,7 +63,7 @@ pub fn virtual_machine() -> KindSpec {
         ],
         schema: json!({"type": "object", "required": ["spec"], "properties": {
             "spec": {"type": "object", "required": ["management"], "properties": {
-                "management": {"type": "string", "description": "Agented, Agentless or Unmanaged"},
+                "management": {"type": "string", "description": Management::one_of()},
                 "uplink": {"type": "object", "properties": {
                     "name": {"type": "string", "description": "the VM's uplink interface (eth0)"},
                     "ips": {"type": "array", "items": {"type": "string"}}}}}},
@@ -86,7 +86,7 @@ fn validate(object: &Value) -> Vec<FieldError> {
     match management {
         None | Some(Value::Null) => errors.push(FieldError::required(
             "spec.management",
-            "Agented, Agentless or Unmanaged",
+            Management::one_of(),
         )),
         Some(_) => vm_fields::check_one_of(object, "spec.management", &MANAGEMENTS, &mut errors),
     }
