@@ -20,7 +20,8 @@ use prometheus_client::registry::Registry;
 use sluice_admin::{AdminEndpoint, AdminMetrics, AdminOptions};
 use sluice_config::{Config, InvalidConfig};
 use sluice_runtime::{
-    select_driver, Lifecycle, ListenerId, Placement, RuntimeOptions, ServerBuilder, StopSignals,
+    select_driver, DriverSelection, Lifecycle, ListenerId, Placement, RuntimeOptions,
+    ServerBuilder, StopSignals,
 };
 
 use crate::cli::RuntimeArgs;
@@ -109,13 +110,7 @@ fn run(
         Mode::Run { .. } => StopSignals::install_with_reload()?,
         Mode::Up(_) => StopSignals::install()?,
     };
-    let selection = select_driver(config.runtime.driver, config.runtime.uring_entries)?;
-    match &selection.fallback_reason {
-        None => tracing::info!(driver = %selection.driver, "I/O driver selected"),
-        Some(reason) => {
-            tracing::warn!(driver = %selection.driver, %reason, "io_uring cannot be set up; falling back to the legacy (epoll) driver")
-        }
-    }
+    let selection = driver(&config)?;
     let lifecycle = Arc::new(Lifecycle::new());
     let workers = config.runtime.workers.resolve();
     let options = RuntimeOptions {
@@ -133,24 +128,7 @@ fn run(
     registry.register_collector(Box::new(sluice_overload::OverloadCollector));
     let admin = server.bind("admin", &config.listeners.admin, Placement::Dedicated)?;
 
-    let node = tunnel::wire_node(&config, &mut server, &mut registry, workers)?;
-    let gateway = gateway::wire(&config, &mut server, &mut registry, workers)?;
-    let mut targets = feeds::FeedTargets::default();
-    let node_shared = node.as_ref().map(|node| node.node.clone());
-    let (tracker, node_feed) = node.map_or((None, None), |node| (node.tracker, node.feed));
-    let (reloader, gateway_feed) =
-        gateway.map_or((None, None), |gateway| (gateway.reloader, gateway.feed));
-    targets.node = node_feed;
-    targets.gateway = gateway_feed;
-    targets.gateway_credentials = config
-        .gateway
-        .as_ref()
-        .and_then(|gateway| gateway.credentials_dir.clone());
-    let pillars = Pillars {
-        tracker,
-        reloader,
-        feeds: feeds::spawn(targets, &mut registry)?,
-    };
+    let (pillars, node_shared) = Pillars::wire(&config, &mut server, &mut registry, workers)?;
     if let Some(hook) = mode.hook() {
         hook.wire(&mut config, &mut server)?;
     }
@@ -206,6 +184,18 @@ fn run(
     Ok(())
 }
 
+/// The I/O driver the config asks for, or the legacy one when io_uring cannot be set up (logged).
+fn driver(config: &Config) -> anyhow::Result<DriverSelection> {
+    let selection = select_driver(config.runtime.driver, config.runtime.uring_entries)?;
+    match &selection.fallback_reason {
+        None => tracing::info!(driver = %selection.driver, "I/O driver selected"),
+        Some(reason) => {
+            tracing::warn!(driver = %selection.driver, %reason, "io_uring cannot be set up; falling back to the legacy (epoll) driver")
+        }
+    }
+    Ok(selection)
+}
+
 /// What the pillars leave running beside the workers, stopped after the drain.
 struct Pillars {
     tracker: Option<sluice_tracker::TrackerHandle>,
@@ -214,6 +204,35 @@ struct Pillars {
 }
 
 impl Pillars {
+    /// Wires the node and the gateway (each when the config has it) and the control plane's
+    /// feeds to them; also returns what a config reload changes in the node.
+    fn wire(
+        config: &Config,
+        server: &mut ServerBuilder,
+        registry: &mut Registry,
+        workers: usize,
+    ) -> anyhow::Result<(Self, Option<Arc<sluice_tunnel::node::NodeShared>>)> {
+        let node = tunnel::wire_node(config, server, registry, workers)?;
+        let gateway = gateway::wire(config, server, registry, workers)?;
+        let mut targets = feeds::FeedTargets::default();
+        let node_shared = node.as_ref().map(|node| node.node.clone());
+        let (tracker, node_feed) = node.map_or((None, None), |node| (node.tracker, node.feed));
+        let (reloader, gateway_feed) =
+            gateway.map_or((None, None), |gateway| (gateway.reloader, gateway.feed));
+        targets.node = node_feed;
+        targets.gateway = gateway_feed;
+        targets.gateway_credentials = config
+            .gateway
+            .as_ref()
+            .and_then(|gateway| gateway.credentials_dir.clone());
+        let pillars = Pillars {
+            tracker,
+            reloader,
+            feeds: feeds::spawn(targets, registry)?,
+        };
+        Ok((pillars, node_shared))
+    }
+
     /// At drain start: this node's tracker entries leave Redis, so other nodes stop sending
     /// calls here while in-flight ones finish (lookups still work for them). A peer may still
     /// hold a listing of this node from just before (its cache lives about a second), so
