@@ -6,6 +6,11 @@
 #   scripts/fuzz.sh openflow 3600    one target for an hour
 #   scripts/fuzz.sh openflow 0       one target until it crashes (libFuzzer: 0 = no time limit)
 #   scripts/fuzz.sh list             the target names
+#   scripts/fuzz.sh build            only build every target (scripts/test.sh starts this at idle
+#                                    CPU priority while the tests run, so the smoke waits on no build)
+#
+# Targets run $SLUICE_FUZZ_JOBS at a time (default: the number of CPUs): libFuzzer is
+# single-threaded, so a smoke of every target on a 2-core machine takes half as long.
 #
 # Prints, per target, the executions, coverage and corpus size at the end, and any crash; exits
 # non-zero if a target crashed (or failed to run). Crash inputs are kept under fuzz/artifacts/
@@ -44,6 +49,11 @@ if [ "$which" = list ]; then
   printf '%s\n' "${all_targets[@]}"
   exit 0
 fi
+build_only=false
+if [ "$which" = build ]; then
+  build_only=true
+  which=all
+fi
 if [ "$which" = all ]; then
   targets=("${all_targets[@]}")
 else
@@ -81,32 +91,60 @@ CARGO_TARGET_DIR=$FUZZ_TARGET_DIR cargo build --manifest-path fuzz/Cargo.toml --
   --target "$triple" "${bin_args[@]}"
 echo "== build took $(($(date +%s) - build_start)) s" >&2
 
+if $build_only; then exit 0; fi
+
 bin_dir=$FUZZ_TARGET_DIR/$triple/release
-failed=()
-summary=()
-for target in "${targets[@]}"; do
-  corpus=$FUZZ_TARGET_DIR/corpus/$target
-  artifacts=$root/fuzz/artifacts/$target
-  log=$FUZZ_TARGET_DIR/logs/$target.log
+results=$(mktemp -d)
+trap 'rm -rf "$results"' EXIT
+
+# One target's run; its one-line summary goes to $results/<target>.ok or .failed.
+run_target() {
+  local target=$1
+  local corpus=$FUZZ_TARGET_DIR/corpus/$target
+  local artifacts=$root/fuzz/artifacts/$target
+  local log=$FUZZ_TARGET_DIR/logs/$target.log
   mkdir -p "$corpus" "$artifacts" "$(dirname "$log")"
   echo "== fuzzing $target for ${seconds} s" >&2
-  status=0
+  local status=0
   # -timeout: an input slower than 10 s is a hang; -rss_limit_mb: a decoder that allocates
   # gigabytes on a small input is a finding too; -max_len: the decoders' inputs are small.
   "$bin_dir/$target" "$corpus" "fuzz/corpus/$target" \
     -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
     -artifact_prefix="$artifacts/" -print_final_stats=1 >"$log" 2>&1 || status=$?
-  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+  local execs cov units crash
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1 || true)
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2 || true)
   units=$(find "$corpus" -type f | wc -l)
-  crash=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -1)
+  crash=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -1 || true)
   if [ "$status" -ne 0 ]; then
-    failed+=("$target")
-    summary+=("$(printf '%-14s FAILED (exit %s) execs=%s cov=%s crash=%s' "$target" "$status" "${execs:-?}" "${cov:-?}" "${crash:-none}")")
-    echo "-- $target failed; the end of its log ($log):" >&2
-    grep -v '^#[0-9]' "$log" | tail -40 >&2
+    printf '%-14s FAILED (exit %s) execs=%s cov=%s crash=%s\n' "$target" "$status" "${execs:-?}" "${cov:-?}" "${crash:-none}" >"$results/$target.failed"
+    {
+      echo "-- $target failed; the end of its log ($log):"
+      grep -v '^#[0-9]' "$log" | tail -40
+    } >&2
   else
-    summary+=("$(printf '%-14s ok execs=%s cov=%s corpus=%s' "$target" "${execs:-?}" "${cov:-?}" "$units")")
+    printf '%-14s ok execs=%s cov=%s corpus=%s\n' "$target" "${execs:-?}" "${cov:-?}" "$units" >"$results/$target.ok"
+  fi
+}
+
+jobs_wanted=${SLUICE_FUZZ_JOBS:-$(nproc)}
+for target in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_wanted" ]; do wait -n || true; done
+  run_target "$target" &
+done
+wait
+
+summary=()
+failed=()
+for target in "${targets[@]}"; do
+  if [ -f "$results/$target.ok" ]; then
+    summary+=("$(cat "$results/$target.ok")")
+  elif [ -f "$results/$target.failed" ]; then
+    summary+=("$(cat "$results/$target.failed")")
+    failed+=("$target")
+  else
+    summary+=("$(printf '%-14s FAILED (left no result)' "$target")")
+    failed+=("$target")
   fi
 done
 
