@@ -96,28 +96,31 @@ pub(super) fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
             .as_ref()
             .and_then(|value| scalar(value, "tunnel.advertise_address", errors)),
         peer_tls: raw.peer_tls.as_ref().and_then(|raw| peer_tls(raw, errors)),
-        peer_allowlist: raw
-            .peer_allowlist
-            .iter()
-            .enumerate()
-            .filter_map(|(index, value)| {
-                let path = format!("tunnel.peer_allowlist[{index}]");
-                let text = scalar(value, &path, errors)?;
-                let network = IpNetwork::parse(&text);
-                if network.is_none() {
-                    errors.push(
-                        &path,
-                        format!(
-                            "invalid network {text:?}: expected CIDR notation such as 10.0.0.0/8"
-                        ),
-                    );
-                }
-                network
-            })
-            .collect(),
+        peer_allowlist: peer_allowlist(raw, errors),
         peer_timeouts: peer_timeouts(raw, errors),
         agent_limits: agent_limits(raw, errors),
     }
+}
+
+/// `tunnel.peer_allowlist`: the networks a peer's advertised private address must lie in before
+/// this node dials it with its private JWT.
+fn peer_allowlist(raw: &RawTunnel, errors: &mut Errors) -> Vec<IpNetwork> {
+    raw.peer_allowlist
+        .iter()
+        .enumerate()
+        .filter_map(|(index, value)| {
+            let path = format!("tunnel.peer_allowlist[{index}]");
+            let text = scalar(value, &path, errors)?;
+            let network = IpNetwork::parse(&text);
+            if network.is_none() {
+                errors.push(
+                    &path,
+                    format!("invalid network {text:?}: expected CIDR notation such as 10.0.0.0/8"),
+                );
+            }
+            network
+        })
+        .collect()
 }
 
 /// `tunnel.max_connections_per_agent`, `max_tunnels_per_agent`, `max_agent_services`,
