@@ -2,7 +2,9 @@
 //! robins over both keeps listing pods while each gateway in turn gets SIGTERM, drains, exits
 //! and comes back on the same port. Watches open through the draining gateway end with a clean
 //! close (curl sees a complete stream over HTTP/2 and a terminated chunked body over HTTP/1.1)
-//! and resume on the other gateway from the last resourceVersion they saw.
+//! and resume on the other gateway from the last resourceVersion they saw. The client opens a
+//! connection per request; its retries on the other gateway are counted and each must be
+//! explained by the gateway the test had stopped.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::io::{BufRead, BufReader};
@@ -132,40 +134,57 @@ impl Drop for Watch {
 const NOT_SENT: [i32; 2] = [7, 35];
 
 /// Lists pods in a loop, taking the gateways in turn. A connection that failed before its
-/// request was sent ([`NOT_SENT`]) goes to the other gateway, as a round robin does; anything
-/// else but a 200 counts as a failed request.
+/// request was sent ([`NOT_SENT`]) goes to the other gateway, as a round robin does, and is
+/// counted as a retry with the state of the gateway it failed on; anything else but a 200
+/// counts as a failed request.
 struct Load {
     ok: Arc<AtomicU64>,
     failed: Arc<std::sync::Mutex<Vec<String>>>,
+    /// Retries on the other gateway: (index of the gateway that refused, whether the test had
+    /// stopped it at that moment, curl's exit).
+    retries: Arc<std::sync::Mutex<Vec<(usize, bool, i32)>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Load {
-    fn start(client: Arc<Client>, ports: [u16; 2]) -> Self {
+    /// `stopped[i]` is set by the test from gateway i's SIGTERM until it is back.
+    fn start(client: Arc<Client>, ports: [u16; 2], stopped: Arc<[AtomicBool; 2]>) -> Self {
         let ok = Arc::new(AtomicU64::new(0));
         let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let retries = Arc::new(std::sync::Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (counted, failures, stopping) = (ok.clone(), failed.clone(), stop.clone());
+        let retried = retries.clone();
         let thread = std::thread::spawn(move || {
             let mut turn = 0usize;
             while !stopping.load(Ordering::SeqCst) {
                 turn += 1;
                 let output = (0..2)
                     .map(|attempt| {
-                        let port = ports[(turn + attempt) % 2];
-                        client
-                            .curl(port, "--http2", PODS)
+                        let index = (turn + attempt) % 2;
+                        let was_stopped = stopped[index].load(Ordering::SeqCst);
+                        let output = client
+                            .curl(ports[index], "--http2", PODS)
                             .args(["--max-time", "10", "--write-out", "\n%{http_code}"])
                             .output()
-                            .unwrap()
+                            .unwrap();
+                        (
+                            index,
+                            was_stopped || stopped[index].load(Ordering::SeqCst),
+                            output,
+                        )
                     })
-                    .find(|output| {
-                        !output
-                            .status
-                            .code()
-                            .is_some_and(|code| NOT_SENT.contains(&code))
-                    });
+                    .find(|(index, was_stopped, output)| {
+                        let code = output.status.code();
+                        let not_sent = code.is_some_and(|code| NOT_SENT.contains(&code));
+                        if not_sent {
+                            let entry = (*index, *was_stopped, code.unwrap_or_default());
+                            retried.lock().unwrap().push(entry);
+                        }
+                        !not_sent
+                    })
+                    .map(|(_, _, output)| output);
                 let Some(output) = output else {
                     failures
                         .lock()
@@ -189,6 +208,7 @@ impl Load {
         Self {
             ok,
             failed,
+            retries,
             stop,
             thread: Some(thread),
         }
@@ -201,6 +221,10 @@ impl Load {
     fn wait_for_more(&self, more: u64) -> bool {
         let target = self.ok() + more;
         test_support::wait_until(Duration::from_secs(60), || self.ok() >= target)
+    }
+
+    fn retries(&self) -> Vec<(usize, bool, i32)> {
+        self.retries.lock().unwrap().clone()
     }
 
     fn finish(mut self) -> (u64, Vec<String>) {
@@ -229,7 +253,8 @@ fn two_gateways_restarted_in_turn_fail_no_request_and_end_watches_cleanly(driver
         alice: certs.client("alice", &["dev-team"]).unwrap(),
     });
     let first = server.create_pod("default", "first");
-    let load = Load::start(client.clone(), ports);
+    let stopped = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
+    let load = Load::start(client.clone(), ports, stopped.clone());
     assert!(load.wait_for_more(20), "the load does not get going");
 
     let mut last_version = first["metadata"]["resourceVersion"]
@@ -259,7 +284,9 @@ fn two_gateways_restarted_in_turn_fail_no_request_and_end_watches_cleanly(driver
         }
         last_version = version;
         let before = load.ok();
+        let retries_before = load.retries().len();
         let stopped_at = Instant::now();
+        stopped[index].store(true, Ordering::SeqCst);
         gateways[index].signal(libc::SIGTERM);
         for (watch, http) in watches.into_iter().zip(["HTTP/2", "HTTP/1.1"]) {
             let (code, stderr) = watch.ended(Duration::from_secs(10));
@@ -293,16 +320,38 @@ fn two_gateways_restarted_in_turn_fail_no_request_and_end_watches_cleanly(driver
         drop(resumed);
         assert!(load.wait_for_more(10), "no requests with one gateway down");
         gateways[index] = start_gateway(driver, &clusters, draining);
+        stopped[index].store(false, Ordering::SeqCst);
         assert!(
             load.wait_for_more(20),
             "no requests after the gateway came back"
         );
+        // While gateway `index` was down every second attempt of the round robin went to its
+        // closed port: at least one refused connection was retried, each on the stopped one.
+        let retries = load.retries();
+        let during = &retries[retries_before..];
+        assert!(
+            !during.is_empty(),
+            "the round robin never met the stopped gateway: the restart went untested"
+        );
+        assert!(
+            during
+                .iter()
+                .all(|(refused_by, was_stopped, _)| *refused_by == index && *was_stopped),
+            "a retry not explained by the stopped gateway {index}: {during:?}"
+        );
         println!(
-            "gateway {index}: restarted; {} requests OK meanwhile, {} so far",
+            "gateway {index}: restarted; {} requests OK meanwhile, {} so far; {} retried on the other gateway",
             load.ok() - before,
-            load.ok()
+            load.ok(),
+            during.len()
         );
     }
+    // No retry outside the two restarts: with both gateways up, none refuses a connection.
+    let retries = load.retries();
+    assert!(
+        retries.iter().all(|(_, was_stopped, _)| *was_stopped),
+        "a retry while both gateways were up: {retries:?}"
+    );
     let (ok, failed) = load.finish();
     println!(
         "gateway rolling restart on {driver}: {ok} requests OK, {} failed",
@@ -310,4 +359,8 @@ fn two_gateways_restarted_in_turn_fail_no_request_and_end_watches_cleanly(driver
     );
     assert!(failed.is_empty(), "requests failed: {failed:?}");
     assert!(ok >= 60, "too few requests to mean anything: {ok}");
+    println!(
+        "{} requests retried on the other gateway: {retries:?}",
+        retries.len()
+    );
 }
