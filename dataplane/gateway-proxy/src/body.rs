@@ -9,21 +9,23 @@ use std::task::{ready, Context, Poll};
 use bytes::Bytes;
 use http_body::Frame;
 use sluice_gateway::flow_control::FlowPermit;
+use sluice_metrics::PerCoreGauge;
 
 use crate::pool::StreamSlot;
 
-/// Kept alive by a response body; counts the request as in flight until dropped.
+/// Kept alive by a response body; counts the request as in flight until dropped. Holds the
+/// gauge alone (a reference count): a copy of all the metrics cost an allocation per request.
 #[derive(Debug)]
 pub struct InFlight {
-    pub metrics: crate::metrics::GatewayMetrics,
-    pub worker: usize,
+    gauge: PerCoreGauge,
+    worker: usize,
 }
 
 impl InFlight {
     pub fn new(metrics: &crate::metrics::GatewayMetrics, worker: usize) -> Self {
         metrics.in_flight.inc(worker);
         Self {
-            metrics: metrics.clone(),
+            gauge: metrics.in_flight.clone(),
             worker,
         }
     }
@@ -31,7 +33,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.metrics.in_flight.dec(self.worker);
+        self.gauge.dec(self.worker);
     }
 }
 
@@ -52,8 +54,9 @@ pub enum ProxyBody {
         first: Option<Result<Bytes, h2::Error>>,
         data_done: bool,
         finished: bool,
-        /// Boxed: the response enum stays small for the common full bodies.
-        _held: Box<Held>,
+        /// Inline, not boxed: a box was one allocation per proxied request, and the enum's
+        /// size is paid only while a response is in flight (`a_request_future_stays_small`).
+        _held: Held,
     },
 }
 

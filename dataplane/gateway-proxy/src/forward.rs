@@ -92,11 +92,11 @@ impl GatewayHandler {
             first,
             data_done,
             finished: false,
-            _held: Box::new(Held {
+            _held: Held {
                 _slot: slot,
                 _permit: permit,
                 _in_flight: InFlight::new(&self.gateway.metrics, self.worker),
-            }),
+            },
         });
         *answer.status_mut() = head.status;
         *answer.headers_mut() = response_headers(head.headers);

@@ -66,7 +66,10 @@ pub fn upstream_headers(
     user: &UserInfo,
     bearer: Option<&HeaderValue>,
 ) -> Result<HeaderMap, GatewayError> {
-    let mut headers = HeaderMap::new();
+    // Sized for what is written below (the client's headers, Impersonate-User, a group each,
+    // the gateway's Authorization), so the map is allocated once rather than grown midway:
+    // with kubectl's five headers and two groups, growing cost two allocations per request.
+    let mut headers = HeaderMap::with_capacity(client.len() + user.groups.len() + 2);
     copy_end_to_end(client, &mut headers);
     strip_client_identity(&mut headers);
     strip_request_header_authentication(&mut headers);

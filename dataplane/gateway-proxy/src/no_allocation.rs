@@ -1,9 +1,12 @@
-//! The per-request path allocates nothing in steady state (config loaded, token cached,
-//! counters and cursors seen once): every phase `GatewayHandler::serve` runs between the request
-//! head and the response head, counted by a global allocator around them. Outside this count:
-//! h2's own work (stream state, HPACK, the response head map it decodes) and the request head it
-//! takes by value, counted apart with a stated bound in
-//! `the_upstream_request_head_allocates_only_what_h2_takes`.
+//! The gateway's own phases allocate nothing per request in steady state (config loaded, token
+//! cached, counters and cursors seen once): every phase `GatewayHandler::serve` runs between
+//! the request head and the response head, re-enacted here without sockets and counted by a
+//! global allocator around them, so a regression shows which phase it is in. Outside this
+//! count: h2's own work (stream state, HPACK, the response head map it decodes) and the request
+//! head it takes by value, counted apart with a stated bound in
+//! `the_upstream_request_head_allocates_only_what_h2_takes`. The whole path as it runs (the
+//! listener, TLS, hyper, `serve`, `forward`, h2 both ways) is counted per request by
+//! `tests/request_allocations.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
