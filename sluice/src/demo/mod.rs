@@ -113,33 +113,11 @@ impl UpDemo {
                 listener.address.set_port(0);
             }
         }
-        config.tunnel = Some(TunnelConfig {
-            node_name: "sluice-up".to_string(),
-            max_wait: std::time::Duration::from_secs(20),
-            max_message_bytes: 32 * 1024 * 1024,
-            max_metadata_entries: 512,
-            max_metadata_bytes: 64 * 1024,
-            max_buffered_bytes: 256 * 1024 * 1024,
-            agents: vec![AgentTokenConfig {
-                id: DEMO_AGENT_ID,
-                token_sha256: Sha256::digest(agent_token.as_bytes()).into(),
-            }],
-            agents_from: None,
-            jwt: JwtConfig {
-                secret: secret.into_bytes(),
-                secret_file: demo.jwt_secret_file.clone(),
-                issuer: "gitlab".to_string(),
-                audience: "gitlab-kas".to_string(),
-                leeway: std::time::Duration::from_secs(5),
-                max_lifetime: std::time::Duration::from_secs(60),
-            },
-            private_jwt: None,
-            advertise_address: None,
-            peer_tls: None,
-            peer_allowlist: Vec::new(),
-            peer_timeouts: Default::default(),
-            agent_limits: Default::default(),
-        });
+        config.tunnel = Some(demo_tunnel(
+            secret.into_bytes(),
+            demo.jwt_secret_file.clone(),
+            &agent_token,
+        ));
         config.agent = Some(demo_agent(agent_token));
 
         // The Kubernetes API gateway in front of an apiserver simulator.
@@ -246,6 +224,37 @@ fn demo_agent(token: String) -> AgentConfig {
             initial_backoff: std::time::Duration::from_secs(1),
             max_backoff: std::time::Duration::from_secs(20),
         },
+    }
+}
+
+/// The demo node's tunnel: the demo agent's token and a fresh JWT secret, generous limits.
+fn demo_tunnel(secret: Vec<u8>, secret_file: PathBuf, agent_token: &str) -> TunnelConfig {
+    TunnelConfig {
+        node_name: "sluice-up".to_string(),
+        max_wait: std::time::Duration::from_secs(20),
+        max_message_bytes: 32 * 1024 * 1024,
+        max_metadata_entries: 512,
+        max_metadata_bytes: 64 * 1024,
+        max_buffered_bytes: 256 * 1024 * 1024,
+        agents: vec![AgentTokenConfig {
+            id: DEMO_AGENT_ID,
+            token_sha256: Sha256::digest(agent_token.as_bytes()).into(),
+        }],
+        agents_from: None,
+        jwt: JwtConfig {
+            secret,
+            secret_file,
+            issuer: "gitlab".to_string(),
+            audience: "gitlab-kas".to_string(),
+            leeway: std::time::Duration::from_secs(5),
+            max_lifetime: std::time::Duration::from_secs(60),
+        },
+        private_jwt: None,
+        advertise_address: None,
+        peer_tls: None,
+        peer_allowlist: Vec::new(),
+        peer_timeouts: Default::default(),
+        agent_limits: Default::default(),
     }
 }
 
