@@ -2,10 +2,15 @@
 //! robins over both keeps listing pods while each gateway in turn gets SIGTERM, drains, exits
 //! and comes back on the same port. Watches open through the draining gateway end with a clean
 //! close (curl sees a complete stream over HTTP/2 and a terminated chunked body over HTTP/1.1)
-//! and resume on the other gateway from the last resourceVersion they saw. The client opens a
-//! connection per request; its retries on the other gateway are counted and each must be
-//! explained by the gateway the test had stopped.
+//! and resume on the other gateway from the last resourceVersion they saw. Beside the round
+//! robin (a connection per request, its retries on the other gateway counted), one client holds
+//! ONE HTTP/2 connection through each drain (`rolling_restart_gateway/held_h2.rs`): the streams
+//! in flight when GOAWAY comes finish, and it goes on over a new connection to the other gateway
+//! without a failure.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+#[path = "rolling_restart_gateway/held_h2.rs"]
+mod held_h2;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -256,6 +261,16 @@ fn two_gateways_restarted_in_turn_fail_no_request_and_end_watches_cleanly(driver
     let stopped = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
     let load = Load::start(client.clone(), ports, stopped.clone());
     assert!(load.wait_for_more(20), "the load does not get going");
+    let held = held_h2::HeldClient::start(&client.ca, &client.alice, HOST, ports);
+    assert!(
+        test_support::wait_until(Duration::from_secs(30), || held
+            .report()
+            .ok_per_connection
+            .first()
+            .is_some_and(|ok| *ok >= 20)),
+        "the held connection does not get going: {:?}",
+        held.report()
+    );
 
     let mut last_version = first["metadata"]["resourceVersion"]
         .as_str()
@@ -319,6 +334,16 @@ fn two_gateways_restarted_in_turn_fail_no_request_and_end_watches_cleanly(driver
         last_version = version;
         drop(resumed);
         assert!(load.wait_for_more(10), "no requests with one gateway down");
+        // The held connection left the drained gateway for the other one.
+        let connections = index + 2;
+        assert!(
+            test_support::wait_until(Duration::from_secs(30), || {
+                let report = held.report();
+                report.ports.len() >= connections && report.ok_per_connection[connections - 1] >= 10
+            }),
+            "the held client did not go on over a new connection: {:?}",
+            held.report()
+        );
         gateways[index] = start_gateway(driver, &clusters, draining);
         stopped[index].store(false, Ordering::SeqCst);
         assert!(
@@ -346,6 +371,38 @@ fn two_gateways_restarted_in_turn_fail_no_request_and_end_watches_cleanly(driver
             during.len()
         );
     }
+    let report = held.finish();
+    println!("held HTTP/2 connection on {driver}: {report:?}");
+    assert!(
+        report.failed.is_empty(),
+        "held connection: {:?}",
+        report.failed
+    );
+    // One connection per gateway the client was on: the first, then the other after each drain.
+    assert_eq!(
+        report.ports,
+        vec![ports[0], ports[1], ports[0]],
+        "{report:?}"
+    );
+    assert!(
+        report.ok_per_connection.iter().all(|ok| *ok >= 10),
+        "every held connection carried requests: {report:?}"
+    );
+    // A graceful drain: GOAWAY with NO_ERROR, at least one per drained connection, and every
+    // stream the gateway had taken when it came was answered (none failed above). The streams
+    // above its last stream id were never processed and went to the next connection.
+    assert!(
+        report.goaways.len() >= 2 && report.goaways.iter().all(|(_, code)| *code == 0),
+        "{report:?}"
+    );
+    assert!(
+        report.ok_after_goaway >= 1,
+        "no stream in flight at GOAWAY was answered: {report:?}"
+    );
+    // Nothing to send again: the gateway's first GOAWAY carries the highest stream id (a
+    // graceful shutdown, RFC 9113 6.8) and the client opens no stream after it, so none of its
+    // streams can be above the last stream id of the GOAWAY that follows.
+    assert_eq!(report.resent, 0, "{report:?}");
     // No retry outside the two restarts: with both gateways up, none refuses a connection.
     let retries = load.retries();
     assert!(
