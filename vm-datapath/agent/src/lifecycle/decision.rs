@@ -13,22 +13,8 @@ use serde_json::Value;
 
 use crate::VmAgentError;
 
-/// The desired management of a VM (`spec.management`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Management {
-    Agented,
-    Agentless,
-    Unmanaged,
-}
-
-/// The VMManager's verdict (`status.state`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VmState {
-    Unmanaged,
-    Agentless,
-    AgentedBootstrap,
-    AgentedConnected,
-}
+// The words are the control plane's: one vocabulary for the VMManager, the kinds and the agent.
+pub use sluice_vm_lifecycle::{AgentMode as Mode, Management, VmState};
 
 /// The agent's VirtualMachine as last read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,24 +30,19 @@ pub struct VmView {
 
 impl VmView {
     pub fn from_object(object: &Value) -> Result<Self, VmAgentError> {
-        let management = match object.pointer("/spec/management").and_then(Value::as_str) {
-            Some("Agented") => Management::Agented,
-            Some("Agentless") => Management::Agentless,
-            Some("Unmanaged") => Management::Unmanaged,
-            _ => {
-                return Err(VmAgentError::VirtualMachineField {
-                    field: "spec.management",
-                    expected: "Agented, Agentless or Unmanaged",
-                })
-            }
-        };
-        let state = match object.pointer("/status/state").and_then(Value::as_str) {
-            Some("Unmanaged") => Some(VmState::Unmanaged),
-            Some("Agentless") => Some(VmState::Agentless),
-            Some("AgentedBootstrap") => Some(VmState::AgentedBootstrap),
-            Some("AgentedConnected") => Some(VmState::AgentedConnected),
-            _ => None,
-        };
+        let management = object
+            .pointer("/spec/management")
+            .and_then(Value::as_str)
+            .and_then(Management::parse)
+            .ok_or(VmAgentError::VirtualMachineField {
+                field: Management::FIELD,
+                expected: "Agented, Agentless or Unmanaged",
+            })?;
+        // No status yet (or one this agent does not know) reads as "not decided".
+        let state = object
+            .pointer("/status/state")
+            .and_then(Value::as_str)
+            .and_then(VmState::parse);
         let resource_version = object
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
@@ -91,21 +72,6 @@ pub enum Observed {
     /// The control plane answered and the VM has no VirtualMachine.
     Absent,
     Present(VmView),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    NoOp,
-    Active,
-}
-
-impl Mode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::NoOp => "NoOp",
-            Mode::Active => "Active",
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

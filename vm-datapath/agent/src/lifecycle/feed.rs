@@ -17,7 +17,7 @@ use super::decision::{Observed, VmView};
 use super::persist::Enforced;
 
 const POLICY_GROUP: &str = "policy.sluice.dev";
-const VM_GROUP: &str = "vm.sluice.dev";
+const VM_GROUP: &str = sluice_vm_lifecycle::GROUP;
 const VERSION: &str = "v1alpha1";
 /// The three policy resources, in the order `load_objects` takes them.
 const POLICY_RESOURCES: [&str; 3] = ["addressgroups", "appliedtogroups", "networkpolicies"];

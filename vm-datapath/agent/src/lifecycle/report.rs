@@ -14,6 +14,8 @@ use serde_json::{json, Map, Value};
 use sluice_watch_client::{Backoff, Transport, WatchClientConfig, WatchError};
 use tokio::sync::watch;
 
+use sluice_vm_lifecycle::{AgentCondition, ConditionStatus};
+
 use super::decision::Mode;
 
 const PLURAL_PATH: &str = "/apis/vm.sluice.dev/v1alpha1/virtualmachineruntimeinfos";
@@ -153,9 +155,9 @@ impl Reporter {
 /// The runtime info object for `report` (kube-style conditions; `reportedAt` makes every
 /// report a real write, which is what the VMManager counts as a heartbeat).
 pub fn runtime_info(vm: &str, report: &Report) -> Value {
-    let condition = |kind: &str, up: bool, reason_up: &str, reason_down: &str| {
-        json!({"type": kind, "status": if up { "True" } else { "False" },
-               "reason": if up { reason_up } else { reason_down }})
+    let condition = |kind: AgentCondition, up: bool| {
+        json!({"type": kind.as_str(), "status": ConditionStatus::of(up).as_str(),
+               "reason": kind.reason(up)})
     };
     let policies: Map<String, Value> = report
         .network_policies
@@ -163,18 +165,18 @@ pub fn runtime_info(vm: &str, report: &Report) -> Value {
         .map(|(name, generation)| (name.clone(), Value::String(generation.clone())))
         .collect();
     json!({
-        "apiVersion": "vm.sluice.dev/v1alpha1",
-        "kind": "VirtualMachineRuntimeInfo",
+        "apiVersion": sluice_vm_lifecycle::API_VERSION,
+        "kind": sluice_vm_lifecycle::RUNTIME_INFO,
         "metadata": {"name": vm},
         "agentState": report.mode.as_str(),
         "os": std::env::consts::OS,
         "agentVersion": env!("CARGO_PKG_VERSION"),
         "networkPolicies": policies,
         "conditions": [
-            condition("ControlPlaneConnected", true, "Reporting", "Unreachable"),
-            condition("OVSDBConnected", report.ovsdb_connected, "Connected", "Unreachable"),
-            condition("OpenFlowConnected", report.openflow_connected, "InSync", "Reconnecting"),
-            condition("PoliciesRealized", report.policies_realized, "Realized", "Failed"),
+            condition(AgentCondition::ControlPlaneConnected, true),
+            condition(AgentCondition::OVSDBConnected, report.ovsdb_connected),
+            condition(AgentCondition::OpenFlowConnected, report.openflow_connected),
+            condition(AgentCondition::PoliciesRealized, report.policies_realized),
         ],
         "reportedAt": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
     })
