@@ -80,7 +80,7 @@ fn main() -> ExitCode {
             serve,
         } => controlplane(serve, addresses_file),
         cli::Command::Run { config, runtime } => daemon::run_with(
-            sluice_config::load_file(&config),
+            daemon::load(&config),
             &runtime,
             addresses_file,
             daemon::Mode::Run { config },
@@ -99,9 +99,10 @@ fn main() -> ExitCode {
     }
 }
 
-/// `sluice check-config FILE`: "ok", or every error and exit 2.
+/// `sluice check-config FILE`: "ok", or every error and exit 2. It loads what a start loads
+/// (`daemon::load`), so a file it passes is not refused by `run`.
 fn check_config(file: &std::path::Path) -> ExitCode {
-    match sluice_config::load_file(file) {
+    match daemon::load(file) {
         Ok(_) => {
             println!("ok");
             ExitCode::SUCCESS
@@ -203,7 +204,7 @@ fn up(
 fn load_agent_config(
     path: &std::path::Path,
 ) -> Result<sluice_config::Config, sluice_config::InvalidConfig> {
-    let loaded = sluice_config::load_file(path)?;
+    let loaded = daemon::load(path)?;
     if loaded.agent.is_some() {
         Ok(loaded)
     } else {

@@ -106,3 +106,111 @@ fn an_unreadable_file_names_itself() {
         "{stderr}"
     );
 }
+
+/// `check-config FILE` and `run --config FILE`: (exit code, stderr) of each.
+fn check_and_run(path: &std::path::Path) -> ((Option<i32>, String), (Option<i32>, String)) {
+    let outcome = |args: &[&str]| {
+        let output = Command::new(BIN)
+            .args(args)
+            .arg(path)
+            .output()
+            .expect("sluice runs");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    (outcome(&["check-config"]), outcome(&["run", "--config"]))
+}
+
+/// What a start reads beyond the file is checked too: check-config exits 2 with the error
+/// naming the field, and `run` refuses with the very same lines, each printed once.
+fn assert_refused_alike(path: &std::path::Path, expected: &str) {
+    let ((check_code, check_err), (run_code, run_err)) = check_and_run(path);
+    assert_eq!(check_code, Some(2), "check-config:\n{check_err}");
+    assert_eq!(run_code, Some(2), "run:\n{run_err}");
+    assert!(
+        check_err.contains(expected),
+        "{expected:?} not in:\n{check_err}"
+    );
+    let errors: Vec<&str> = check_err
+        .lines()
+        .filter(|l| !l.contains(" error(s) in "))
+        .collect();
+    for line in &errors {
+        assert_eq!(
+            run_err.matches(line).count(),
+            1,
+            "{line:?} not printed exactly once by run:\n{run_err}"
+        );
+    }
+    assert!(run_err.contains("refusing to start: "), "{run_err}");
+}
+
+#[test]
+fn an_invalid_cluster_file_is_refused_by_check_config_and_run_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let clusters = dir.path().join("clusters");
+    std::fs::create_dir(&clusters).unwrap();
+    std::fs::write(
+        clusters.join("bad.yaml"),
+        "apiVersion: proxy.sluice.dev/v1alpha1\nkind: UpstreamCluster\nmetadata: {name: bad}\nspec: {servers: 7}\n",
+    )
+    .unwrap();
+    let path = dir.path().join("gateway.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "listeners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'}}\ngateway:\n  clusters_dir: '{}'\n",
+            clusters.display()
+        ),
+    )
+    .unwrap();
+    assert_refused_alike(
+        &path,
+        &format!("{}: gateway.clusters_dir: ", path.display()),
+    );
+    let ((_, check_err), _) = check_and_run(&path);
+    assert!(
+        check_err.contains(&format!(
+            "{}: spec.servers: ",
+            clusters.join("bad.yaml").display()
+        )),
+        "the cluster file and its field are named:\n{check_err}"
+    );
+}
+
+#[test]
+fn a_garbage_pem_certificate_is_refused_by_check_config_and_run_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let pem = dir.path().join("garbage.pem");
+    std::fs::write(&pem, "this is not a certificate\n").unwrap();
+    let secret = dir.path().join("jwt.secret");
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef").unwrap();
+    let path = dir.path().join("node.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "listeners:\n  admin: {{address: '127.0.0.1:0'}}\n  agent: {{address: '127.0.0.1:0'}}\n  external:\n    address: '127.0.0.1:0'\n    tls: {{cert_file: '{pem}', key_file: '{pem}'}}\ntunnel:\n  jwt: {{secret_file: '{secret}'}}\n",
+            pem = pem.display(),
+            secret = secret.display()
+        ),
+    )
+    .unwrap();
+    assert_refused_alike(
+        &path,
+        &format!(
+            "{}: listeners.external.tls.cert_file: {}: ",
+            path.display(),
+            pem.display()
+        ),
+    );
+    assert_refused_alike(
+        &path,
+        &format!(
+            "{}: listeners.external.tls.key_file: {}: ",
+            path.display(),
+            pem.display()
+        ),
+    );
+}

@@ -248,6 +248,58 @@ fn sigterm_stops_the_daemon_with_exit_0_and_json_logs_when_asked() {
     assert!(stderr.contains("\"signal\":\"SIGTERM\""), "{stderr}");
 }
 
+/// A closed terminal or a lost SSH session sends SIGHUP: `up` stops as on Ctrl-C, exit 0,
+/// and removes its directory (JWT secret, admin kubeconfig, CA key), the network namespaces
+/// of its VM demo (as root with Open vSwitch) and its child processes.
+#[test]
+fn sighup_stops_up_and_leaves_nothing_behind() {
+    let mut process = start_up(&["--workers", "1"], Duration::from_secs(15));
+    let stdout = process.stdout();
+    let demo_dir = stdout
+        .split_whitespace()
+        .find(|word| word.ends_with("/jwt.secret"))
+        .map(|word| std::path::PathBuf::from(word).with_file_name(""))
+        .expect("the demo directory is printed");
+    assert!(demo_dir.is_dir(), "{}", demo_dir.display());
+    let ours = format!("-{}", process.pid());
+    let namespaces_of_up = || {
+        Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .map(|output| {
+                String::from_utf8_lossy(&output.stdout)
+                    .lines()
+                    .filter(|line| line.starts_with("sluice-up-") && line.contains(&ours))
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    let created = namespaces_of_up();
+    if vm_demo_prerequisites() && !stdout.contains("VM policy demo: not started") {
+        assert!(!created.is_empty(), "the VM demo made no namespace");
+    }
+
+    process.signal(libc::SIGHUP);
+    let status = process
+        .wait_exit(Duration::from_secs(15))
+        .expect("exits after SIGHUP");
+    let stderr = process.stderr();
+    assert_eq!(status.code(), Some(0), "stderr: {stderr}");
+    assert!(stderr.contains("SIGHUP"), "{stderr}");
+    assert!(stderr.contains("stopped"), "{stderr}");
+    assert!(!demo_dir.exists(), "{} left behind", demo_dir.display());
+    assert_eq!(namespaces_of_up(), Vec::<String>::new(), "of {created:?}");
+    let processes = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+    let processes = String::from_utf8_lossy(&processes.stdout);
+    let dir = demo_dir.to_string_lossy();
+    let dir = dir.trim_end_matches('/');
+    assert!(
+        !processes.lines().any(|line| line.contains(dir)),
+        "processes of the demo left behind:\n{processes}"
+    );
+}
+
 #[test]
 fn a_busy_port_fails_start_up_with_the_listener_named() {
     let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

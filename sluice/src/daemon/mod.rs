@@ -7,6 +7,7 @@ pub(crate) use feeds::client_config as watch_client_config;
 mod gateway;
 mod hook;
 pub use hook::RunHook;
+mod preflight;
 mod reload;
 mod status;
 mod tunnel;
@@ -46,6 +47,15 @@ impl Mode {
     }
 }
 
+/// The config file and every file it names that a start reads (certificates, keys, CA
+/// bundles, cluster files): what `run`, `agent` and `check-config` share, so they refuse the
+/// same files with the same messages.
+pub fn load(path: &Path) -> Result<Config, InvalidConfig> {
+    let config = sluice_config::load_file(path)?;
+    preflight::check(&config, &path.display().to_string())?;
+    Ok(config)
+}
+
 /// Exit codes: 0 after a clean stop, 2 for an invalid configuration, 1 for any other failure.
 pub fn run_with(
     loaded: Result<Config, InvalidConfig>,
@@ -69,9 +79,9 @@ pub fn run_with(
     let log = crate::logging::init(&config.logging);
     match run(config, addresses_file, mode, (overrides, log)) {
         Ok(()) => ExitCode::SUCCESS,
+        // Logged once: the log goes to stderr already (as JSON when asked).
         Err(error) => {
             tracing::error!("{error:#}");
-            eprintln!("sluice: {error:#}");
             ExitCode::FAILURE
         }
     }
@@ -105,11 +115,8 @@ fn run(
     (overrides, log): (Overrides, Option<crate::logging::LogFilterHandle>),
 ) -> anyhow::Result<()> {
     // Caught from here on, so a stop during start-up still drains instead of killing us; a
-    // SIGHUP during start-up waits for the reload loop.
-    let signals = match mode {
-        Mode::Run { .. } => StopSignals::install_with_reload()?,
-        Mode::Up(_) => StopSignals::install()?,
-    };
+    // SIGHUP during start-up waits for the reload loop (`up`: see `hang_up`).
+    let signals = StopSignals::install_with_reload()?;
     let selection = driver(&config)?;
     let lifecycle = Arc::new(Lifecycle::new());
     let workers = config.runtime.workers.resolve();
@@ -162,10 +169,9 @@ fn run(
     }
 
     crate::notify::ready("sluice");
-    let signal = signals.wait_with_reload(lifecycle.clone(), || {
-        if let Some(reloader) = &mut reloader {
-            reloader.reload();
-        }
+    let signal = signals.wait_with_reload(lifecycle.clone(), || match &mut reloader {
+        Some(reloader) => reloader.reload(),
+        None => hang_up(),
     });
     crate::notify::stopping("sluice");
     tracing::info!(signal, drain_timeout = ?config.runtime.drain_timeout, "stopping: no new connections, draining in-flight work");
@@ -182,6 +188,17 @@ fn run(
         anyhow::bail!("a worker thread died; stopped so the process can be restarted");
     }
     Ok(())
+}
+
+/// `sluice up` has no file to reload: its SIGHUP is its terminal gone (closed, SSH lost). It
+/// stops as on SIGTERM, so the demo's directory (JWT secret, admin kubeconfig, CA key) and
+/// namespaces are removed instead of being left behind by the default action's sudden death.
+fn hang_up() {
+    tracing::info!("SIGHUP: the terminal is gone; stopping as on SIGTERM");
+    // SAFETY: raise(3) takes a plain signal number; the SIGTERM handler is installed above.
+    if unsafe { libc::raise(libc::SIGTERM) } != 0 {
+        tracing::warn!("cannot raise SIGTERM after SIGHUP; stop with Ctrl-C");
+    }
 }
 
 /// The I/O driver the config asks for, or the legacy one when io_uring cannot be set up (logged).

@@ -119,6 +119,8 @@ fn load(path: &std::path::Path) -> Result<(Config, String), InvalidConfig> {
         errors: vec![FieldError::new("", format!("cannot read file: {error}"))],
     })?;
     let config = sluice_config::load_str(&text, &origin)?;
+    // The files it names too, as `check-config` and a start check them.
+    super::preflight::check(&config, &origin)?;
     Ok((config, short_digest(text.as_bytes())))
 }
 
