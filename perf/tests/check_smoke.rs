@@ -166,3 +166,21 @@ fn an_error_in_a_window_without_a_restart_fails_the_soak() {
     assert!(!passed, "{text}");
     assert!(text.contains("window 3: 1 error(s)"), "{text}");
 }
+
+#[test]
+fn a_record_an_earlier_run_left_fails_the_check() {
+    let dir = tempfile::tempdir().unwrap();
+    good_tunnel_run(dir.path());
+    // A clean record, but of a case this run did not have (say, an earlier `--only` run's).
+    write(
+        dir.path(),
+        "raw/nginx-c10-m10-r0.json",
+        &tunnel_record("nginx", json!(0)),
+    );
+    let (passed, text) = check(dir.path(), &TUNNEL_CASES);
+    assert!(!passed, "{text}");
+    assert!(
+        text.contains("nginx-c10-m10-r0.json: a record of case 'nginx', not one of"),
+        "{text}"
+    );
+}
