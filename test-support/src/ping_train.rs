@@ -4,8 +4,10 @@
 //! of them (they leave late, all at once) yet gets nothing back for as long as it waits, so the
 //! lost count alone hides exactly the stall that matters.
 
-use std::io::Read;
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -15,6 +17,8 @@ pub struct PingTrain {
     child: Option<Child>,
     /// Reads ping's output as it comes: a pipe left full would stall ping itself.
     reader: Option<JoinHandle<String>>,
+    /// Replies read so far (not duplicates): what a test waits on to know the train is running.
+    replies: Arc<AtomicU64>,
     /// When the train started, in `ping -D`'s clock (seconds since the epoch).
     started: f64,
 }
@@ -62,17 +66,41 @@ impl PingTrain {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()?;
-        let mut stdout = child.stdout.take().expect("piped stdout");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let replies = Arc::new(AtomicU64::new(0));
+        let counted = replies.clone();
         let reader = std::thread::spawn(move || {
+            let mut stdout = BufReader::new(stdout);
             let mut output = String::new();
-            let _ = stdout.read_to_string(&mut output);
+            loop {
+                let start = output.len();
+                match stdout.read_line(&mut output) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) if reply_time(&output[start..]).is_some() => {
+                        counted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(_) => {}
+                }
+            }
             output
         });
         Ok(PingTrain {
             child: Some(child),
             reader: Some(reader),
+            replies,
             started: now(),
         })
+    }
+
+    /// Replies so far, duplicates not counted.
+    pub fn replies(&self) -> u64 {
+        self.replies.load(Ordering::Relaxed)
+    }
+
+    /// Waits up to `timeout` for `count` more replies; whether they came.
+    pub fn wait_replies(&self, count: u64, timeout: Duration) -> bool {
+        let target = self.replies() + count;
+        crate::wait_until(timeout, || self.replies() >= target)
     }
 
     /// Stops the train (SIGINT: ping prints its summary) and measures it.

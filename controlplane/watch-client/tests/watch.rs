@@ -75,6 +75,8 @@ impl Running {
 
     /// No new snapshot shows up within a short while.
     async fn expect_quiet(&mut self) {
+        // A check that nothing happens cannot wait for an event: 300 ms is many times what a
+        // local watch takes to deliver a snapshot, so an unexpected one would show.
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(
             !self.snapshots.has_changed().expect("alive"),
@@ -288,8 +290,13 @@ async fn a_down_server_keeps_the_snapshot_then_recovers_with_a_rotated_token() {
 
     api.stop();
     eventually("disconnected", || client.metrics.connected.get() == 0).await;
-    // Several failed attempts while down; the consumer's view does not move.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Several failed attempts while down (each one a watch tried again); the consumer's view
+    // does not move.
+    let attempts = client.metrics.reconnects.get();
+    eventually("three failed attempts while down", || {
+        client.metrics.reconnects.get() >= attempts + 3
+    })
+    .await;
     assert!(!client.snapshots.has_changed().expect("alive"));
     let snapshot = client.snapshots.borrow().clone();
     assert!(snapshot.synced && snapshot.objects.len() == 1);
@@ -354,7 +361,10 @@ async fn mutual_tls_with_a_client_certificate() {
     api.mutate(|state| state.put("a", json!(1)));
     // Without a certificate the handshake is refused; the client keeps retrying.
     let refused = start(config(&api));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    eventually("two refused handshakes", || {
+        api.read(|s| s.refused_handshakes) >= 2
+    })
+    .await;
     assert!(!refused.snapshots.borrow().synced);
     assert_eq!(api.read(|s| s.requests.len()), 0, "no request got through");
     refused.stop().await;

@@ -173,7 +173,23 @@ impl Vm {
     }
 }
 
-/// Stops a ping train once its last replies are in.
+/// How many replies show a ping train is running before the uplink changes: 20 echoes at
+/// [`PING_INTERVAL`] is ~20 ms of an answering VM, so the change starts inside the train.
+const REPLIES_BEFORE: u64 = 20;
+
+/// Starts the uplink change only once the peer's pings are answered: a train that had not
+/// started yet would show its start-up as a gap.
+fn wait_train_running(ping: &PingTrain) {
+    assert!(
+        ping.wait_replies(REPLIES_BEFORE, Duration::from_secs(10)),
+        "the peer's pings were not answered before the change ({} replies)",
+        ping.replies()
+    );
+}
+
+/// Stops a ping train half a second after the change. Not a synchronisation: it is the window
+/// the peer keeps measuring, so a stall that begins as the change ends shows in the longest gap
+/// (which runs to the stop).
 fn stop_ping(ping: PingTrain) -> PingReport {
     std::thread::sleep(Duration::from_millis(500));
     ping.stop()
@@ -391,7 +407,7 @@ fn takeover_keeps_the_vm_reachable_and_restore_gives_it_back() {
     let counted = sluice_uplink::announcements();
     let garps = ArpWatch::start(vm.peer.name(), ip).expect("ARP capture");
     let ping = vm.start_ping();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_train_running(&ping);
     let started = Instant::now();
     let taken = take_over(&vm, BRIDGE).expect("takeover");
     let took = started.elapsed();
@@ -426,7 +442,7 @@ fn takeover_keeps_the_vm_reachable_and_restore_gives_it_back() {
 
     let garps = ArpWatch::start(vm.peer.name(), ip).expect("ARP capture");
     let ping = vm.start_ping();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_train_running(&ping);
     restore(&vm).expect("restore");
     let report = stop_ping(ping);
     println!("restore: ping every {PING_INTERVAL:?} from the peer: {report}");

@@ -51,6 +51,8 @@ pub struct State {
     /// Every request's path and query, in order.
     pub requests: Vec<String>,
     pub token: String,
+    /// TLS handshakes the server refused (a client without the certificate it requires).
+    pub refused_handshakes: usize,
 }
 
 fn object(name: &str, rv: u64, spec: &Value) -> Value {
@@ -211,6 +213,7 @@ impl FakeApi {
                 let (shared, acceptor) = (shared.clone(), acceptor.clone());
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
+                        shared.lock().refused_handshakes += 1;
                         return;
                     };
                     let service = service_fn(move |request| answer(shared.clone(), request));
