@@ -429,8 +429,19 @@ fn agents_trickling_large_messages_cannot_exceed_the_node_buffer_budget() {
                     .expect("the over-budget call is answered"),
             );
             drop(held);
-            // Let the fake agents' connections close (their drivers run on this runtime).
-            monoio::time::sleep(Duration::from_millis(300)).await;
+            // The fake agents' connections close on this runtime (their drivers run here):
+            // keep it running until the node saw the first call end and gave back its bytes.
+            let released = monoio::time::timeout(Duration::from_secs(5), async {
+                while node.shared.buffer_budget.used() > 0 {
+                    monoio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await;
+            assert!(
+                released.is_ok(),
+                "{driver}: {} bytes still charged after the agents closed",
+                node.shared.buffer_budget.used()
+            );
             statuses
         });
         let (status, message) = &statuses[0];
