@@ -36,12 +36,18 @@ fn every_name_and_label_the_alerts_use_is_exported_by_a_live_role(driver: &str) 
     let secrets = Secrets::on(driver);
     let node = node_with_tracker(&secrets, &redis, driver);
     call_through(&node, &secrets);
-    add_exposition(&mut exported, &scrape(&node));
+    let text = scrape(&node);
+    assert_operator_basics("node", &text);
+    add_exposition(&mut exported, &text);
 
     let up = up_with_gateway_traffic(driver);
-    add_exposition(&mut exported, &scrape(&up));
+    let text = scrape(&up);
+    assert_operator_basics("up", &text);
+    add_exposition(&mut exported, &text);
     let controlplane = embedded_controlplane_url(&up.stdout());
-    add_exposition(&mut exported, &curl(&[&format!("{controlplane}/metrics")]));
+    let text = curl(&[&format!("{controlplane}/metrics")]);
+    assert_operator_basics("control plane", &text);
+    add_exposition(&mut exported, &text);
 
     let ovs = OvsInstance::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -50,6 +56,7 @@ fn every_name_and_label_the_alerts_use_is_exported_by_a_live_role(driver: &str) 
     let text = ovs
         .exec_in_netns(&["curl", "--silent", "--max-time", "5", &url])
         .unwrap();
+    assert_operator_basics("vm agent", &text);
     add_exposition(&mut exported, &text);
 
     // Families that carry a label only once something happened (a panic): their labels come
@@ -65,6 +72,42 @@ fn every_name_and_label_the_alerts_use_is_exported_by_a_live_role(driver: &str) 
     drop(agent);
     drop(up);
     drop(node);
+}
+
+/// What an operator's standard dashboards read from every role (issue 35, finding 7): the
+/// client_golang `process_*` families with plausible values, and `sluice_build_info` naming the
+/// commit.
+fn assert_operator_basics(role: &str, text: &str) {
+    let value = |name: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|line| line.split([' ', '{']).next() == Some(name))
+            .unwrap_or_else(|| panic!("{role}: no {name} in\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(value("process_cpu_seconds_total") >= 0.0, "{role}");
+    assert!(value("process_resident_memory_bytes") > 1e6, "{role}");
+    assert!(
+        value("process_virtual_memory_bytes") >= value("process_resident_memory_bytes"),
+        "{role}"
+    );
+    let (open, max) = (value("process_open_fds"), value("process_max_fds"));
+    assert!(open >= 3.0 && open < max, "{role}: {open} of {max} descriptors");
+    assert!(value("process_threads") >= 1.0, "{role}");
+    // Started during this test (generous: a minute of slack either way for a loaded machine).
+    let start = value("process_start_time_seconds");
+    assert!(start <= now + 60.0 && start > now - 3600.0, "{role}: started {start}, now {now}");
+    let revision = sluice_admin::REVISION;
+    assert!(!revision.is_empty() && revision != "unknown", "{revision}");
+    let build = format!("sluice_build_info{{version=\"0.1.0\",revision=\"{revision}\",");
+    assert!(
+        text.lines().any(|line| line.starts_with(&build) && line.ends_with(" 1")),
+        "{role}: no {build}...}} 1 in\n{text}"
+    );
 }
 
 fn prometheus_dir() -> std::path::PathBuf {

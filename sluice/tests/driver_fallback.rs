@@ -29,7 +29,10 @@ fn auto_driver_falls_back_to_legacy_and_reports_it() {
     );
     let metrics = http_get(process.address("admin"), "/metrics").unwrap().body;
     assert!(
-        metrics.contains("sluice_build_info{version=\"0.1.0\",driver=\"legacy\"} 1"),
+        metrics.contains(&format!(
+            "sluice_build_info{{version=\"0.1.0\",revision=\"{}\",driver=\"legacy\"}} 1",
+            sluice_admin::REVISION
+        )),
         "{metrics}"
     );
     stop_cleanly(&mut process);

@@ -124,7 +124,10 @@ fn up_prints_endpoints_serves_metrics_and_stops_on_ctrl_c() {
         "{families:?}"
     );
     assert!(
-        metrics.contains("sluice_build_info{version=\"0.1.0\",driver=\"io_uring\"} 1"),
+        metrics.contains(&format!(
+            "sluice_build_info{{version=\"0.1.0\",revision=\"{}\",driver=\"io_uring\"}} 1",
+            sluice_admin::REVISION
+        )),
         "{metrics}"
     );
     // The printed tunnel command works as printed: grpcio + PyJWT through node, tunnel and agent

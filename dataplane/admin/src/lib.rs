@@ -10,8 +10,10 @@
 //! keeps answering while the data plane drains. Request heads are bounded in size and time;
 //! bodies are refused (no admin route takes one).
 
+mod cert_expiry;
 mod http;
 mod metrics;
+mod process;
 
 /// Whether an overload action is active (the process is near its memory or descriptor limit).
 fn overloaded() -> bool {
@@ -32,8 +34,10 @@ use sluice_runtime::{
     ConnectionContext, ConnectionHandler, HandlerFactory, Phase, TcpStream, WorkerContext,
 };
 
+pub use cert_expiry::{earliest_not_after, CertificateError, CertificateExpiry};
 pub use http::{parse_head, HeadError, Method, RequestHead, MAX_HEAD_BYTES};
-pub use metrics::{register_build_info, AdminMetrics};
+pub use metrics::{register_build_info, AdminMetrics, REVISION};
+pub use process::{ProcError, ProcFile, ProcessCollector};
 
 /// Settings of the admin endpoint.
 #[derive(Debug, Clone)]

@@ -65,7 +65,15 @@ fn routes_answer_with_the_right_statuses_on_each_driver() {
             metrics.head
         );
         let text = metrics.body;
-        let build = format!("sluice_build_info{{version=\"9.9.9\",driver=\"{driver}\"}}");
+        let revision = sluice_admin::REVISION;
+        // Built from this git checkout: the commit, abbreviated.
+        assert!(
+            revision.len() == 12 && revision.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{revision}"
+        );
+        let build = format!(
+            "sluice_build_info{{version=\"9.9.9\",revision=\"{revision}\",driver=\"{driver}\"}}"
+        );
         assert_eq!(metric_value(&text, &build), Some(1.0), "{text}");
         assert_eq!(metric_value(&text, "sluice_workers"), Some(2.0), "{text}");
         assert_eq!(

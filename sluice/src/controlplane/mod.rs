@@ -292,6 +292,10 @@ pub async fn start_on(
     let server = ApiServer::with_metrics(registry, store.clone(), options.limits.clone(), |r| {
         vm_metrics = Some(VmMetrics::register(r));
         r.register_collector(Box::new(sluice_overload::OverloadCollector));
+        sluice_admin::register_build_info(r, crate::daemon::VERSION, "tokio");
+        r.register_collector(Box::new(sluice_admin::ProcessCollector));
+        let expiry = sluice_admin::CertificateExpiry::register(r);
+        expiry.set_all([("controlplane", cert.as_path())]);
     });
     server
         .load_tokens()

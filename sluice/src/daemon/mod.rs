@@ -1,6 +1,7 @@
 //! Runs the daemon: config in, listeners bound, workers started, stop signal, drain, exit.
 //! Each pillar wires its listeners and background tasks in its own module.
 
+mod cert_expiry;
 mod ebpf;
 mod feeds;
 pub(crate) use feeds::client_config as watch_client_config;
@@ -129,6 +130,8 @@ fn run(
     let mut server = ServerBuilder::new(options, lifecycle.clone());
     let mut registry = Registry::default();
     sluice_admin::register_build_info(&mut registry, VERSION, selection.driver.as_str());
+    registry.register_collector(Box::new(sluice_admin::ProcessCollector));
+    cert_expiry::wire(&config, &mut registry);
     // Started before any listener accepts, so a process that starts near its limits never
     // admits what it cannot carry (docs/CONFIG.md, runtime.overload).
     sluice_overload::spawn_monitor(&config.runtime.overload)?;

@@ -10,7 +10,7 @@ use hyper::body::Incoming;
 use sluice_apimachinery::{discovery, openapi, KindSpec, StatusError, StatusReason};
 
 use super::admission::{Pool, Slot};
-use super::metrics::{AdmissionLabels, ReasonLabels, RequestLabels};
+use super::metrics::{AdmissionLabels, ReasonLabels, RequestLabels, VerbLabels};
 use super::query::Query;
 use super::reply::{render, Body, Reply};
 use super::visibility::Visibility;
@@ -69,9 +69,7 @@ impl ApiServer {
         if !watch {
             self.metrics
                 .request_seconds
-                .get_or_create(&ReasonLabels {
-                    reason: labels.verb,
-                })
+                .get_or_create(&VerbLabels { verb: labels.verb })
                 .observe(started.elapsed().as_secs_f64());
         }
         response

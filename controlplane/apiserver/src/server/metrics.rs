@@ -17,6 +17,20 @@ pub struct RequestLabels {
     pub code: u16,
 }
 
+/// The request latency's label: the same verbs as [`RequestLabels::verb`].
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbLabels {
+    pub verb: &'static str,
+}
+
+/// A watch event sent: the resource (the kind table's plural) and the event type (`ADDED`,
+/// `MODIFIED`, `DELETED`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchEventLabels {
+    pub resource: String,
+    pub r#type: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: &'static str,
@@ -47,10 +61,10 @@ pub struct ResourceLabels {
 #[derive(Debug, Clone)]
 pub struct ApiMetrics {
     pub requests: Family<RequestLabels, Counter>,
-    pub request_seconds: Family<ReasonLabels, Histogram, fn() -> Histogram>,
+    pub request_seconds: Family<VerbLabels, Histogram, fn() -> Histogram>,
     pub authentication_failures: Family<ReasonLabels, Counter>,
     pub watchers: Family<ResourceLabels, Gauge>,
-    pub watch_events: Family<ResourceLabels, Counter>,
+    pub watch_events: Family<WatchEventLabels, Counter>,
     pub connections: Gauge,
     pub connections_refused: Family<ReasonLabels, Counter>,
     pub unauthenticated_connections: Gauge,
@@ -110,7 +124,7 @@ impl ApiMetrics {
         );
         prefixed.register(
             "watch_events",
-            "Watch events sent to clients, by resource",
+            "Watch events sent to clients, by resource and event type, counted as each is sent",
             metrics.watch_events.clone(),
         );
         prefixed.register(
@@ -151,5 +165,44 @@ impl ApiMetrics {
             metrics.tokens.clone(),
         );
         metrics
+    }
+}
+
+/// A watch's event counters, resolved once when it opens so that sending an event only
+/// increments an atomic.
+#[derive(Debug, Clone)]
+pub struct WatchEventCounters {
+    added: Counter,
+    modified: Counter,
+    deleted: Counter,
+}
+
+impl WatchEventCounters {
+    pub fn new(metrics: &ApiMetrics, resource: &str) -> Self {
+        let counter = |event: &'static str| {
+            metrics
+                .watch_events
+                .get_or_create(&WatchEventLabels {
+                    resource: resource.to_string(),
+                    r#type: event,
+                })
+                .clone()
+        };
+        Self {
+            added: counter("ADDED"),
+            modified: counter("MODIFIED"),
+            deleted: counter("DELETED"),
+        }
+    }
+
+    /// Counts one event sent; bookmarks and errors are not changes and are not counted.
+    pub fn sent(&self, event: sluice_apimachinery::list::WatchEventType) {
+        use sluice_apimachinery::list::WatchEventType as Type;
+        match event {
+            Type::Added => self.added.inc(),
+            Type::Modified => self.modified.inc(),
+            Type::Deleted => self.deleted.inc(),
+            Type::Bookmark | Type::Error => 0,
+        };
     }
 }

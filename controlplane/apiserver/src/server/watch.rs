@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use super::admission::Slot;
 
 use super::keys::list_prefix;
-use super::metrics::ResourceLabels;
+use super::metrics::{ResourceLabels, WatchEventCounters};
 use super::objects::{decode, matches_selection, Call};
 use super::reply::Reply;
 use super::visibility::Visibility;
@@ -48,6 +48,7 @@ impl ApiServer {
             table_options,
             store: self.store.clone(),
             duration: self.watch_duration(call),
+            events: WatchEventCounters::new(&self.metrics, &call.spec.plural),
             metrics: self.metrics.clone(),
             encoded: self.encoded.clone(),
         };
@@ -118,6 +119,8 @@ pub(crate) struct Watch {
     pub(crate) store: std::sync::Arc<dyn Store>,
     pub(crate) duration: Duration,
     pub(crate) metrics: super::metrics::ApiMetrics,
+    /// Counted as each event is sent, so a watch that stays open shows its traffic.
+    pub(crate) events: WatchEventCounters,
     pub(crate) encoded: std::sync::Arc<super::encoded::EncodedEvents>,
 }
 
@@ -152,12 +155,8 @@ impl Watch {
         sender: mpsc::Sender<Bytes>,
         _permit: Slot,
     ) {
-        let labels = ResourceLabels {
-            resource: self.spec.plural.clone(),
-        };
         let _open = self.open();
         let mut first = true;
-        let mut sent = 0u64;
         let deadline = tokio::time::sleep(self.duration);
         tokio::pin!(deadline);
         let mut ok = true;
@@ -166,7 +165,6 @@ impl Watch {
                 && self
                     .send(&sender, WatchEventType::Added, &object, &mut first)
                     .await;
-            sent += 1;
         }
         let mut last = after;
         let mut outages = 0;
@@ -182,9 +180,7 @@ impl Watch {
                 Some(Ok(batch)) => {
                     outages = 0;
                     let revision = batch.revision;
-                    let (delivered, alive) = self.deliver(batch, &sender, &mut first).await;
-                    sent += delivered;
-                    ok = alive;
+                    ok = self.deliver(batch, &sender, &mut first).await;
                     last = revision;
                 }
                 Some(Err(StoreError::Lagged { last_revision })) => {
@@ -213,10 +209,6 @@ impl Watch {
                 }
             }
         }
-        self.metrics
-            .watch_events
-            .get_or_create(&labels)
-            .inc_by(sent);
     }
 
     /// Sends a batch's events; an empty batch is a bookmark when the client allows them.
@@ -225,15 +217,14 @@ impl Watch {
         batch: WatchBatch,
         sender: &mpsc::Sender<Bytes>,
         first: &mut bool,
-    ) -> (u64, bool) {
+    ) -> bool {
         if batch.events.is_empty() {
             if !self.options.allow_watch_bookmarks {
-                return (0, true);
+                return true;
             }
             let bookmark = line(&bookmark_event(&self.spec, batch.revision));
-            return (0, sender.send(bookmark).await.is_ok());
+            return sender.send(bookmark).await.is_ok();
         }
-        let mut sent = 0;
         let shared = self.sends_every_change_unchanged();
         // A VM agent's watch of its own VM: other VMs' changes (heartbeats) are skipped by
         // key, before any decode.
@@ -246,25 +237,24 @@ impl Watch {
                 continue;
             }
             if shared {
-                let Some(line) = self.shared_line(&event) else {
+                let Some((event_type, line)) = self.shared_line(&event) else {
                     continue;
                 };
                 *first = false;
                 if sender.send(line).await.is_err() {
-                    return (sent, false);
+                    return false;
                 }
-                sent += 1;
+                self.events.sent(event_type);
                 continue;
             }
             let Some((event_type, object)) = self.translate(event) else {
                 continue;
             };
             if !self.send(sender, event_type, &object, first).await {
-                return (sent, false);
+                return false;
             }
-            sent += 1;
         }
-        (sent, true)
+        true
     }
 
     /// Whether every change reaches this watcher as stored: no selectors, every object
@@ -278,7 +268,7 @@ impl Watch {
 
     /// The line of a change for a watcher that sees every change unchanged, encoded once for
     /// all of them. The same event [`Self::translate`] gives when every object passes.
-    fn shared_line(&self, event: &Event) -> Option<Bytes> {
+    fn shared_line(&self, event: &Event) -> Option<(WatchEventType, Bytes)> {
         let (revision, key, event_type) = match event {
             Event::Put { kv, prev } => {
                 let event_type = if prev.is_some() {
@@ -290,7 +280,8 @@ impl Watch {
             }
             Event::Delete { prev, revision } => (*revision, &prev.key, WatchEventType::Deleted),
         };
-        self.encoded
+        let line = self
+            .encoded
             .line((revision, key.clone(), event_type.as_str()), || {
                 let mut object = match event {
                     Event::Put { kv, .. } => decode(kv).ok()?,
@@ -298,7 +289,8 @@ impl Watch {
                 };
                 set_resource_version(&mut object, revision);
                 Some(line(&watch_event(event_type, object)))
-            })
+            })?;
+        Some((event_type, line))
     }
 
     /// A store event as the client sees it through its selectors: an object that starts
@@ -348,7 +340,11 @@ impl Watch {
             ),
         };
         *first = false;
-        sender.send(line(&event)).await.is_ok()
+        let sent = sender.send(line(&event)).await.is_ok();
+        if sent {
+            self.events.sent(event_type);
+        }
+        sent
     }
 }
 
