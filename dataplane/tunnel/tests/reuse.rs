@@ -260,3 +260,48 @@ fn a_tunnel_the_agent_reset_while_parked_is_skipped_and_then_forgotten() {
         still_serves(&node);
     }
 }
+
+/// An agent withdrawing an idle tunnel (stopping, or its idle timeout) resets it with
+/// REFUSED_STREAM; a call the node sent down it at that moment was never read, so the node
+/// routes it to another tunnel and the client sees no error. A CANCEL after the agent read the
+/// call says nothing of the kind: that call fails (the agent may have started it).
+#[test]
+fn a_call_on_a_tunnel_the_agent_refused_goes_to_another_tunnel() {
+    for driver in [Driver::IoUring, Driver::Legacy] {
+        let node = start_node(driver);
+        block_on(async {
+            for (reason, retried) in [
+                (h2::Reason::REFUSED_STREAM, true),
+                (h2::Reason::CANCEL, false),
+            ] {
+                let (mut first_recv, mut first_send) = tunnel_after_one_call(&node).await;
+                let call = spawn_unary(&node, b"routed again");
+                // The node sent the call down the one parked tunnel...
+                let mut reader = TunnelReader::new(LIMIT);
+                read_call(&mut first_recv, &mut reader).await;
+                // ...a second tunnel arrives, and the agent resets the first.
+                let (mut recv, mut send, refused) =
+                    fake_tunnel(node.agent, descriptor_reusable(true)).await;
+                assert_eq!(refused, None);
+                first_send.send_reset(reason);
+                if retried {
+                    let mut reader = TunnelReader::new(LIMIT);
+                    let (method, messages) = read_call(&mut recv, &mut reader).await;
+                    assert_eq!(method, "/test.Echo/Unary", "{driver}");
+                    assert_eq!(messages, [Bytes::from_static(b"routed again")], "{driver}");
+                    answer(&mut send, b"pong");
+                    assert_eq!(
+                        call.await.0,
+                        "0",
+                        "{driver}: a refused tunnel failed the call"
+                    );
+                } else {
+                    let (code, _) = call.await;
+                    assert_eq!(code, "14", "{driver}: a call the agent cancelled");
+                    send.send_reset(h2::Reason::CANCEL);
+                }
+            }
+        });
+        still_serves(&node);
+    }
+}

@@ -66,7 +66,7 @@ pub(super) fn classify_idle(
         Some(Err(ReadError::Protocol(error))) => {
             IdleNext::Break(TunnelError::new(ErrorKind::NodeProtocol, error.to_string()))
         }
-        Some(Err(ReadError::Gone(why))) => {
+        Some(Err(ReadError::Gone(why) | ReadError::Refused(why))) => {
             IdleNext::Break(TunnelError::new(ErrorKind::NodeGone, why))
         }
     }
@@ -150,7 +150,12 @@ async fn run_tunnel(
         let info = match classify_idle(next) {
             IdleNext::Call(info) => info,
             IdleNext::Expire => {
-                send.send_reset(h2::Reason::CANCEL);
+                // REFUSED_STREAM, not CANCEL: the node may have sent a call down this tunnel at
+                // the same moment, and this reason tells it the agent read none of it, so the
+                // node routes the call again (another tunnel or replica) instead of failing it.
+                // This is what lets an agent stop (SIGTERM) or shrink its pool under load
+                // without failing a call.
+                send.send_reset(h2::Reason::REFUSED_STREAM);
                 return TunnelEnd::Closed;
             }
             IdleNext::End => {

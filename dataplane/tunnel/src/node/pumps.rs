@@ -252,6 +252,11 @@ pub(super) async fn pump_down(
         let message = match next {
             None => return Err(TunnelError::client_gone()),
             Some(Err(ReadError::Gone(why))) => return Err(agent_gone(why)),
+            // The agent withdrew the tunnel without reading the call (see `ReadError::Refused`):
+            // stale, as if it had broken while idle; the driver may route the call again.
+            Some(Err(ReadError::Refused(why))) => {
+                return Err(TunnelError::new(ErrorKind::StaleTunnel, why))
+            }
             Some(Err(ReadError::Protocol(error @ WireError::OverBudget { .. }))) => {
                 metrics.buffer_refused();
                 return Err(

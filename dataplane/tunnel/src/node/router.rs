@@ -19,8 +19,15 @@ use super::remote::{RemoteCall, RemoteRouting};
 use super::route::{RouteEvent, RouteState, RouteStep};
 use super::tunnel::{give_back, TunnelStreams};
 use super::NodeShared;
-use crate::error::TunnelError;
+use crate::error::{ErrorKind, TunnelError};
 use crate::registry::AgentId;
+
+/// Whether a call relayed down a local tunnel ended unread and may go to another tunnel: the
+/// agent withdrew the tunnel without reading it (REFUSED_STREAM, see `ReadError::Refused`), the
+/// request went down whole (so `CallBody::early` still holds it) and the client has seen nothing.
+fn refused_unread(error: &TunnelError, replayable: bool, responder: &Responder) -> bool {
+    replayable && error.kind() == ErrorKind::StaleTunnel && !responder.replied()
+}
 
 /// Where a routed call goes.
 enum Route {
@@ -130,9 +137,20 @@ impl Router<'_> {
             match start_local(node, &mut tunnel, &head, &mut body).await {
                 Ok(up) => {
                     self.observe_wait(&state);
+                    let replayable = up.sent;
                     let call = (&mut body.body, &mut *responder);
-                    return relay_local(self.node, tunnel, up, call, self.deadline, self.worker)
-                        .await;
+                    let relayed =
+                        relay_local(self.node, tunnel, up, call, self.deadline, self.worker).await;
+                    match relayed {
+                        Err(error) if refused_unread(&error, replayable, responder) => {
+                            let failed = RouteEvent::Failed {
+                                error,
+                                replied: false,
+                            };
+                            step = state.next_step(failed, Instant::now());
+                        }
+                        other => return other,
+                    }
                 }
                 Err(error) => {
                     let failed = RouteEvent::Failed {

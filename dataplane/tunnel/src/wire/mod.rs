@@ -270,6 +270,9 @@ impl TunnelReader {
                 // leaves nothing buffered, so the node-wide budget (an atomic all cores share)
                 // is not touched at all.
                 Some(Ok(chunk)) => self.push(chunk),
+                Some(Err(error)) if error.reason() == Some(h2::Reason::REFUSED_STREAM) => {
+                    return Err(ReadError::Refused(error.to_string()))
+                }
                 Some(Err(error)) => return Err(ReadError::Gone(error.to_string())),
                 None => {
                     self.finish().map_err(ReadError::Protocol)?;
@@ -297,6 +300,11 @@ pub enum ReadError {
     /// The stream or connection failed (reset, connection lost).
     #[error("{0}")]
     Gone(String),
+    /// The peer reset the stream with REFUSED_STREAM, which says it processed nothing sent on
+    /// it (RFC 9113, section 8.7): an agent withdrawing an idle tunnel (stopping, or its idle
+    /// timeout) that a call was sent down at the same moment. The call may go to another tunnel.
+    #[error("{0}")]
+    Refused(String),
 }
 
 fn decode_next<M: prost::Message + Default, T>(

@@ -219,7 +219,9 @@ async fn read_descriptor(
             ErrorKind::ClientProtocol,
             "a tunnel must start with a Descriptor",
         )),
-        Ok(Ok(None)) | Ok(Err(ReadError::Gone(_))) => Err(TunnelError::client_gone()),
+        Ok(Ok(None)) | Ok(Err(ReadError::Gone(_) | ReadError::Refused(_))) => {
+            Err(TunnelError::client_gone())
+        }
         Ok(Err(ReadError::Protocol(error))) => Err(TunnelError::new(
             ErrorKind::ClientProtocol,
             error.to_string(),
