@@ -281,6 +281,8 @@ fn hold_the_hooks(netns: &str, dev: &str, mode: AttachMode) {
     let mut stdout = std::io::stdout();
     std::io::Write::write_all(&mut stdout, b"attached\n").expect("stdout");
     std::io::Write::flush(&mut stdout).expect("stdout");
+    // Not a synchronisation: the child holds the hooks until the parent kills it; the minute
+    // only bounds a child whose parent died.
     std::thread::sleep(Duration::from_secs(60));
     drop(counters);
 }

@@ -60,6 +60,8 @@ fn a_peer_speaking_garbage_is_refused() {
             while let Ok((mut stream, _)) = listener.accept().await {
                 // An OpenFlow 1.0-only hello: no common version.
                 let _ = stream.write_all(&[1, 0, 0, 8, 0, 0, 0, 1]).await;
+                // Not a synchronisation: the peer keeps the connection open, so the client
+                // refuses on the hello's version, not on a closed socket.
                 tokio::time::sleep(Duration::from_secs(5)).await;
             }
         });
