@@ -6,9 +6,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about)]
 pub struct Cli {
-    /// Once every listener is bound, write their addresses as JSON ({"admin": "127.0.0.1:9901"})
-    /// to this file. Useful with port 0.
-    #[arg(long, global = true, value_name = "PATH")]
+    /// `--addresses-file` given before the subcommand, as scripts written for earlier
+    /// versions do; hidden, since it means something only to the roles that bind listeners.
+    #[arg(long, value_name = "PATH", hide = true)]
     pub addresses_file: Option<PathBuf>,
 
     #[command(subcommand)]
@@ -17,8 +17,12 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run a demo on embedded defaults (loopback only, no files needed): a node, an agent
-    /// connected to it and an echo backend behind the agent; print how to try it.
+    /// Run a demo on embedded defaults (loopback only, no files needed) and print how to try
+    /// it: a node, an agent connected to it and an echo backend behind the agent; a Kubernetes
+    /// API gateway in front of an apiserver simulator, its clusters from an embedded control
+    /// plane (kubectl works with both); as root with Open vSwitch, the VM policy demo on two
+    /// namespace VMs. Ctrl-C, SIGTERM or SIGHUP (terminal closed) stops it and removes
+    /// everything it made.
     Up {
         #[command(flatten)]
         runtime: RuntimeArgs,
@@ -30,6 +34,8 @@ pub enum Command {
         /// the last node, so calls to node 1 are routed through Redis to it.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=9))]
         nodes: u8,
+        #[command(flatten)]
+        addresses: AddressesArg,
     },
     /// Run the daemon with a configuration file.
     Run {
@@ -38,6 +44,8 @@ pub enum Command {
         config: PathBuf,
         #[command(flatten)]
         runtime: RuntimeArgs,
+        #[command(flatten)]
+        addresses: AddressesArg,
     },
     /// Run the agent: dial out to nodes, keep tunnels open, forward calls to a local backend.
     Agent {
@@ -46,9 +54,12 @@ pub enum Command {
         config: PathBuf,
         #[command(flatten)]
         runtime: RuntimeArgs,
+        #[command(flatten)]
+        addresses: AddressesArg,
     },
-    /// Enforce the VM NetworkPolicies of a policy file on an Open vSwitch bridge (see
-    /// docs/VM-POLICY.md); hot reloads the file.
+    /// Enforce VM NetworkPolicies on an Open vSwitch bridge (see docs/VM-POLICY.md): from a
+    /// file or directory (hot reloaded) with --policies, or one VM's from the control plane
+    /// with --controlplane and --vm; serves /metrics, /healthz and /readyz on --admin.
     VmAgent(VmAgentArgs),
     /// Run the control plane: a kube-like API server (kubectl works with it) that pushes
     /// routes, agents and policies to gateways, nodes and VM agents (see docs/CONTROLPLANE.md).
@@ -65,10 +76,12 @@ pub enum Command {
         command: PolicyCommand,
     },
     /// A running node's, agent's or VM agent's state from its admin endpoint, in a few lines:
-    /// exit 0 when ready, 2 when not ready, 1 when it cannot be read.
+    /// exit 0 when ready, 3 when not ready, 1 when it cannot be read (2: called wrongly).
     Status {
-        /// The admin endpoint (`listeners.admin.address`; a VM agent's `--admin`).
-        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9901")]
+        /// The admin endpoint, `IP:PORT` or `HOST:PORT` (`listeners.admin.address`: a node's
+        /// default 127.0.0.1:9901, an agent's 127.0.0.1:9902; a VM agent's `--admin`,
+        /// default 127.0.0.1:9464).
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9901", value_parser = admin_address)]
         admin: std::net::SocketAddr,
         #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
@@ -235,6 +248,8 @@ pub struct ControlplaneArgs {
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormatArg,
+    #[command(flatten)]
+    pub addresses: AddressesArg,
 }
 
 impl ControlplaneArgs {
@@ -322,6 +337,15 @@ pub enum PolicyCommand {
     },
 }
 
+/// `--addresses-file`, on the subcommands that bind listeners.
+#[derive(Debug, Clone, Args)]
+pub struct AddressesArg {
+    /// Once every listener is bound, write their addresses as JSON ({"admin": "127.0.0.1:9901"})
+    /// to this file. Useful with port 0.
+    #[arg(long, value_name = "PATH")]
+    pub addresses_file: Option<PathBuf>,
+}
+
 /// Command-line overrides of the `runtime` config block.
 #[derive(Debug, Clone, Args)]
 pub struct RuntimeArgs {
@@ -347,5 +371,38 @@ impl From<DriverArg> for sluice_config::DriverChoice {
             DriverArg::Uring => Self::Uring,
             DriverArg::Legacy => Self::Legacy,
         }
+    }
+}
+
+/// `IP:PORT`, or `HOST:PORT` resolved now (the first address the resolver gives).
+fn admin_address(text: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(address) = text.parse() {
+        return Ok(address);
+    }
+    let mut resolved = text
+        .to_socket_addrs()
+        .map_err(|error| format!("expected IP:PORT or HOST:PORT: {error}"))?;
+    resolved
+        .next()
+        .ok_or_else(|| format!("{text}: the name resolves to no address"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_admin_address_may_be_a_host_name() {
+        assert_eq!(
+            admin_address("localhost:9901").map(|address| address.port()),
+            Ok(9901)
+        );
+        assert!(admin_address("localhost:9901").is_ok_and(|a| a.ip().is_loopback()));
+        assert_eq!(
+            admin_address("[::1]:7").map(|address| address.to_string()),
+            Ok("[::1]:7".to_string())
+        );
+        assert!(admin_address("localhost").is_err(), "a port is required");
     }
 }

@@ -63,9 +63,11 @@ fn report_huge_pages_refused() {
 fn main() -> ExitCode {
     report_huge_pages_refused();
     let cli = cli::Cli::parse();
-    let addresses_file = cli.addresses_file.as_deref();
+    // Given after the subcommand, or (as earlier versions took it) before.
+    let before = cli.addresses_file;
+    let addresses = |arg: cli::AddressesArg| arg.addresses_file.or(before.clone());
     match cli.command {
-        cli::Command::Status { admin, timeout } => status_cmd::run(admin, timeout),
+        cli::Command::Status { admin, timeout } => not_ready_apart(status_cmd::run(admin, timeout)),
         cli::Command::CheckConfig { file } => check_config(&file),
         cli::Command::Policy {
             command: cli::PolicyCommand::Compile { file },
@@ -77,25 +79,56 @@ fn main() -> ExitCode {
         } => token(command),
         cli::Command::Controlplane {
             command: None,
-            serve,
-        } => controlplane(serve, addresses_file),
-        cli::Command::Run { config, runtime } => daemon::run_with(
+            mut serve,
+        } => {
+            let file = addresses(std::mem::replace(
+                &mut serve.addresses,
+                cli::AddressesArg {
+                    addresses_file: None,
+                },
+            ));
+            controlplane(serve, file.as_deref())
+        }
+        cli::Command::Run {
+            config,
+            runtime,
+            addresses: file,
+        } => daemon::run_with(
             daemon::load(&config),
             &runtime,
-            addresses_file,
+            addresses(file).as_deref(),
             daemon::Mode::Run { config },
         ),
-        cli::Command::Agent { config, runtime } => daemon::run_with(
+        cli::Command::Agent {
+            config,
+            runtime,
+            addresses: file,
+        } => daemon::run_with(
             load_agent_config(&config),
             &runtime,
-            addresses_file,
+            addresses(file).as_deref(),
             daemon::Mode::Run { config },
         ),
         cli::Command::Up {
             runtime,
             ephemeral_ports,
             nodes,
-        } => up(&runtime, ephemeral_ports, nodes, addresses_file),
+            addresses: file,
+        } => up(&runtime, ephemeral_ports, nodes, addresses(file).as_deref()),
+    }
+}
+
+/// Exit code of `sluice status` when the role answered but is not ready: apart from 2, which
+/// the command line's usage errors (and invalid configurations) exit with, so a script can
+/// tell "not ready yet" from "called wrongly" (docs/OPERATIONS.md, "Exit codes").
+const EXIT_NOT_READY: u8 = 3;
+
+/// `status_cmd` ends a not-ready role with 2; that becomes [`EXIT_NOT_READY`].
+fn not_ready_apart(code: ExitCode) -> ExitCode {
+    if code == ExitCode::from(2) {
+        ExitCode::from(EXIT_NOT_READY)
+    } else {
+        code
     }
 }
 

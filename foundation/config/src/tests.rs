@@ -672,3 +672,31 @@ fn a_secret_file_is_read_only_up_to_its_bound() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn an_agent_only_file_defaults_its_admin_to_9902_and_a_node_keeps_9901() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("agent.token");
+    std::fs::write(&token, "0123456789abcdef0123456789abcdef").unwrap();
+    let secret = dir.path().join("jwt.secret");
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef").unwrap();
+    let agent = format!(
+        "agent:\n  token_file: '{}'\n  nodes: ['http://127.0.0.1:8150']\n  forward_to: 'http://127.0.0.1:50051'\n",
+        token.display()
+    );
+    let node = format!("tunnel:\n  jwt: {{secret_file: '{}'}}\n", secret.display());
+    let admin = |text: &str| load_str(text, "test.yaml").unwrap().listeners.admin.address;
+    assert_eq!(admin(&agent), "127.0.0.1:9902".parse().unwrap());
+    assert_eq!(admin(&node), "127.0.0.1:9901".parse().unwrap());
+    // A node that also runs an agent (as `sluice up` does) is a node.
+    assert_eq!(
+        admin(&format!("{node}{agent}")),
+        "127.0.0.1:9901".parse().unwrap()
+    );
+    assert_eq!(
+        admin(&format!(
+            "{agent}listeners: {{admin: {{address: '127.0.0.1:7000'}}}}\n"
+        )),
+        "127.0.0.1:7000".parse().unwrap()
+    );
+}

@@ -50,7 +50,7 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
         admin: listener(
             &raw.listeners.admin,
             "listeners.admin",
-            "127.0.0.1:9901",
+            default_admin_address(raw),
             errors,
         ),
     };
@@ -63,6 +63,17 @@ pub(crate) fn validate(raw: &RawConfig, errors: &mut Errors) -> Config {
         redis,
         gateway,
         ebpf: raw.ebpf.as_ref().map(|raw| ebpf::ebpf(raw, errors)),
+    }
+}
+
+/// A node (or gateway) admin listens on 9901, an agent-only file's on 9902: the two roles
+/// commonly share a host (the README's minimal node and agent), and one default port would
+/// make the second to start fail to bind.
+fn default_admin_address(raw: &RawConfig) -> &'static str {
+    if raw.agent.is_some() && raw.tunnel.is_none() && raw.gateway.is_none() {
+        "127.0.0.1:9902"
+    } else {
+        "127.0.0.1:9901"
     }
 }
 
