@@ -221,17 +221,23 @@ async fn control_plane_addresses(url: &str) -> Vec<SocketAddr> {
     }
 }
 
-/// Resolves on SIGTERM or SIGINT (never, if the handlers cannot be installed: logged).
-async fn shutdown() {
-    let (Ok(mut terminate), Ok(mut interrupt)) = (
+/// Installs the SIGTERM and SIGINT handlers at once, and resolves on either (never, if they
+/// cannot be installed: logged). Not an `async fn`: that would install them only when first
+/// polled, after READY=1 went out, and a SIGTERM in between met the default action (no drain,
+/// no STOPPING=1; seen by `packaging.rs` in about 3 of 8 runs).
+fn shutdown() -> impl std::future::Future<Output = ()> {
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("signal handlers not installed; stop the agent with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = interrupt.recv() => {}
+    );
+    async move {
+        let (Ok(mut terminate), Ok(mut interrupt)) = handlers else {
+            tracing::error!("signal handlers not installed; stop the agent with SIGKILL");
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
     }
 }
