@@ -10,10 +10,8 @@
 //! keeps answering while the data plane drains. Request heads are bounded in size and time;
 //! bodies are refused (no admin route takes one).
 
-mod cert_expiry;
 mod http;
 mod metrics;
-mod process;
 
 /// Whether an overload action is active (the process is near its memory or descriptor limit).
 fn overloaded() -> bool {
@@ -34,10 +32,13 @@ use sluice_runtime::{
     ConnectionContext, ConnectionHandler, HandlerFactory, Phase, TcpStream, WorkerContext,
 };
 
-pub use cert_expiry::{earliest_not_after, CertificateError, CertificateExpiry};
 pub use http::{parse_head, HeadError, Method, RequestHead, MAX_HEAD_BYTES};
-pub use metrics::{register_build_info, AdminMetrics, REVISION};
-pub use process::{ProcError, ProcFile, ProcessCollector};
+pub use metrics::AdminMetrics;
+// Every role's own metrics, re-exported so the data-plane roles wire them with their endpoint.
+pub use sluice_role_metrics::{
+    earliest_not_after, register_build_info, CertificateError, CertificateExpiry, ProcError,
+    ProcFile, ProcessCollector, REVISION,
+};
 
 /// Settings of the admin endpoint.
 #[derive(Debug, Clone)]

@@ -102,8 +102,8 @@ async fn run_agent(options: VmAgentOptions) -> Result<(), VmAgentError> {
     if options.policies.is_none() && options.lifecycle.is_none() {
         return Err(VmAgentError::NoPolicySource);
     }
-    sluice_admin::register_build_info(&mut registry, env!("CARGO_PKG_VERSION"), "tokio");
-    registry.register_collector(Box::new(sluice_admin::ProcessCollector));
+    sluice_role_metrics::register_build_info(&mut registry, env!("CARGO_PKG_VERSION"), "tokio");
+    registry.register_collector(Box::new(sluice_role_metrics::ProcessCollector));
     engine_metrics.register(&mut registry);
     realize.register(&mut registry);
     let ports = PortCounters::load(options.ebpf);

@@ -1,7 +1,8 @@
-//! Exports `SLUICE_REVISION`, the git commit the binary was built from (`sluice_admin::REVISION`:
-//! the `revision` label of `sluice_build_info` on every role, and what `sluice --version` can
-//! print). One build script for the workspace, here because every role links this crate.
-//! "unknown" when built outside a git checkout (a source tarball) or without git.
+//! Exports `SLUICE_REVISION`, the git commit the binary was built from
+//! (`sluice_role_metrics::REVISION`, re-exported by `sluice-admin`): the `revision` label of
+//! `sluice_build_info` on every role, and what `sluice --version` can print. One build script
+//! for the workspace, here because every role links this crate. "unknown" when built outside a
+//! git checkout (a source tarball) or without git.
 
 use std::path::PathBuf;
 use std::process::Command;
