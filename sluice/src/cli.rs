@@ -2,9 +2,19 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// `sluice --version`: the release and the git commit it was built from ("unknown" when built
+/// outside a git checkout, e.g. from a source tarball), as `sluice_build_info{revision}` says.
+static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "{} (commit {})",
+        env!("CARGO_PKG_VERSION"),
+        sluice_admin::REVISION
+    )
+});
+
 /// Sluice: a thread-per-core data-plane daemon.
 #[derive(Debug, Parser)]
-#[command(name = "sluice", version, about)]
+#[command(name = "sluice", version = VERSION.as_str(), about)]
 pub struct Cli {
     /// `--addresses-file` given before the subcommand, as scripts written for earlier
     /// versions do; hidden, since it means something only to the roles that bind listeners.

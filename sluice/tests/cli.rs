@@ -148,3 +148,26 @@ fn the_help_of_up_and_vm_agent_says_what_they_do_now() {
         );
     }
 }
+
+#[test]
+fn version_names_the_commit() {
+    let output = Command::new(BIN).arg("--version").output().unwrap();
+    assert!(output.status.success());
+    let text = String::from_utf8_lossy(&output.stdout);
+    let revision = sluice_admin::REVISION;
+    assert_eq!(
+        text.trim_end(),
+        format!("sluice {} (commit {revision})", env!("CARGO_PKG_VERSION"))
+    );
+    // Built from this checkout: the commit is known (12 hex digits), not the tarball fallback.
+    let in_git = Command::new("git")
+        .args(["rev-parse", "--git-dir"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if in_git {
+        assert!(
+            revision.len() == 12 && revision.chars().all(|c| c.is_ascii_hexdigit()),
+            "{revision:?}"
+        );
+    }
+}
