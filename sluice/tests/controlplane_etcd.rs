@@ -50,6 +50,8 @@ struct Seen {
     added: BTreeMap<String, usize>,
     reconnects: usize,
     errors: Vec<String>,
+    /// The list is done: every later create reaches the watch, which starts at its version.
+    listed: bool,
 }
 
 /// A raw watch of Agents on `url` as `token_file`, resumed from the last resourceVersion
@@ -94,6 +96,7 @@ async fn watch_agents(
             }
         }
     }
+    seen.lock().unwrap().listed = true;
     loop {
         let path = format!(
             "/apis/tunnel.sluice.dev/v1alpha1/agents?watch=1&allowWatchBookmarks=true&resourceVersion={resource_version}"
@@ -220,8 +223,12 @@ fn two_replicas_on_a_three_member_etcd_lose_no_acknowledged_write() {
         token_file,
         seen.clone(),
     ));
-    // The watch is open once it has listed; give it that moment.
-    std::thread::sleep(Duration::from_millis(500));
+    // The watch starts at its list's version: from then on it misses no create. The list is
+    // retried for up to 20 s while the replica learns the token; 30 s covers that.
+    assert!(
+        wait_until(Duration::from_secs(30), || seen.lock().unwrap().listed),
+        "the watcher on the second replica never listed"
+    );
 
     // Any replica takes writes: one through the second, seen through the first.
     let through_second = second.kubectl_via(

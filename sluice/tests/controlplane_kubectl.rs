@@ -2,10 +2,12 @@
 //! must see (409 on a stale write, 422 with field paths), Tables and watches.
 #![allow(clippy::unwrap_used)]
 
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use test_support::{examples, ControlPlane};
+use test_support::{examples, wait_until, ControlPlane};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -26,6 +28,36 @@ fn failed(output: Output) -> String {
         String::from_utf8_lossy(&output.stdout)
     );
     String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// How long a `kubectl get -w` may take to list, or to print a change made meanwhile: generous
+/// for a loaded 2-core CI, where both take well under a second.
+const WATCH_WAIT: Duration = Duration::from_secs(15);
+
+/// The lines a child prints, collected as they come by a thread, so a test can wait for one.
+struct Lines(Arc<Mutex<Vec<String>>>);
+
+impl Lines {
+    fn of(stdout: impl Read + Send + 'static) -> Self {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let collected = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                collected.lock().unwrap().push(line);
+            }
+        });
+        Self(lines)
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// Whether the lines printed so far satisfy `condition` within `timeout`.
+    fn wait_for(&self, timeout: Duration, condition: impl Fn(&[String]) -> bool) -> bool {
+        wait_until(timeout, || condition(&self.0.lock().unwrap()))
+    }
 }
 
 #[test]
@@ -110,7 +142,11 @@ fn kubectl_manages_upstream_clusters_end_to_end() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    let lines = Lines::of(watch.stdout.take().unwrap());
+    // kubectl prints the list before it watches from the list's resourceVersion: once a line
+    // is out, any later change reaches this watch.
+    let listed = lines.wait_for(WATCH_WAIT, |seen| !seen.is_empty());
+    assert!(listed, "the watch never listed: {:?}", lines.seen());
     ok(cp.kubectl(
         &[
             "patch",
@@ -133,13 +169,12 @@ fn kubectl_manages_upstream_clusters_end_to_end() {
         ],
         None,
     ));
-    std::thread::sleep(Duration::from_millis(1500));
+    let both = lines.wait_for(WATCH_WAIT, |seen| {
+        seen.iter().any(|line| line.contains("7s")) && seen.iter().any(|line| line.contains("9s"))
+    });
     let _ = watch.kill();
-    let seen = String::from_utf8_lossy(&watch.wait_with_output().unwrap().stdout).into_owned();
-    assert!(
-        seen.contains("7s") && seen.contains("9s"),
-        "the watch saw: {seen:?}"
-    );
+    let _ = watch.wait();
+    assert!(both, "the watch saw: {:?}", lines.seen());
 
     // A stale update: 409 Conflict.
     let stale = ok(cp.kubectl(&["get", "uc", "cluster-a.example.com", "-o", "json"], None));

@@ -10,7 +10,9 @@ mod rig;
 #[path = "partitions/upstream.rs"]
 mod upstream;
 
+use std::io::Read;
 use std::ops::RangeInclusive;
+use std::process::Child;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rig::{read_client, Rig, NODE_A, NODE_B, REDIS};
@@ -84,6 +86,24 @@ fn assert_calls(what: &str, result: &Value, window: f64, ends: RangeInclusive<f6
     ok
 }
 
+/// Waits for a spawned `steady` stream's progress line (its first successful call). Reads
+/// byte by byte, so the result line stays in the pipe for [`read_client`]; a stream that never
+/// succeeds prints its result instead, after its duration, which fails here.
+fn wait_first_ok(what: &str, stream: &mut Child) {
+    let stdout = stream.stdout.as_mut().unwrap();
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while stdout.read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
+        line.push(byte[0]);
+    }
+    let line = String::from_utf8_lossy(&line);
+    let progress: Value = serde_json::from_str(&line).unwrap_or_default();
+    assert!(
+        progress["first_ok"].is_f64(),
+        "{what}: no call succeeded before the cut: {line}"
+    );
+}
+
 fn failures(result: &Value) -> &Vec<Value> {
     result["failures"].as_array().unwrap()
 }
@@ -121,10 +141,18 @@ fn a_node_cut_from_redis_for_30_s_keeps_local_calls_and_fails_remote_ones_fast()
             rig.client_args(node, agent, steady_args(45, DEADLINE_SECS)),
         )
     };
-    let local = steady(0, 7);
-    let remote = steady(0, 8);
-    let through_b = steady(1, 7);
-    std::thread::sleep(Duration::from_secs(3));
+    let mut local = steady(0, 7);
+    let mut remote = steady(0, 8);
+    let mut through_b = steady(1, 7);
+    // Cut once every stream is calling (its first call succeeded), so the window below starts
+    // inside them.
+    for (what, stream) in [
+        ("local via A", &mut local),
+        ("remote via A", &mut remote),
+        ("via B", &mut through_b),
+    ] {
+        wait_first_ok(what, stream);
+    }
     let cut_at = unix_now();
     rig.net.cut(NODE_A, REDIS).unwrap();
     // Not a synchronisation: the scenario is a 30 s partition under load.
@@ -137,7 +165,7 @@ fn a_node_cut_from_redis_for_30_s_keeps_local_calls_and_fails_remote_ones_fast()
         read_client(remote),
         read_client(through_b),
     );
-    // Both streams outlast the cut: started 3 s before it, they call for 45 s.
+    // Both streams outlast the cut: started before it, they call for 45 s.
     let local_in_cut = assert_kept_working("local via A", &local, cut_at, healed_at);
     let through_b_in_cut = assert_kept_working("via B", &through_b, cut_at, healed_at);
 

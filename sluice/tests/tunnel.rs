@@ -106,8 +106,10 @@ fn a_client_cancel_reaches_the_backend_and_deadlines_are_enforced(driver: &str) 
     wait_for_idle_tunnels(&node, 2.0);
 
     let mut args = client_args(&node, &secrets, 7);
-    args.extend(["--delay".into(), "1.0".into()]);
+    let started = backend.hang_started_file();
+    args.extend(["--cancel-when".into(), started.display().to_string()]);
     let cancelled = tunnel_client("cancel", &args);
+    assert_eq!(cancelled["reached_backend"], true, "{cancelled}");
     assert_eq!(cancelled["cancelled"], true, "{cancelled}");
     assert!(
         backend.saw_cancellation(Duration::from_secs(10)),

@@ -9,7 +9,8 @@ Methods take and return raw bytes (no protobuf), so any payload works:
   /test.Echo/Bidi          echoes every message as it arrives
   /test.Echo/Size          request b"N": returns N bytes
   /test.Echo/Fail          aborts with NOT_FOUND, message "nope", trailer x-reason: test
-  /test.Echo/Hang          waits up to 30 s; records cancellation in CANCEL_FILE
+  /test.Echo/Hang          waits up to 30 s; creates CANCEL_FILE.started when it begins (a test
+                           waits for it instead of guessing) and records cancellation in CANCEL_FILE
 Prints "PORT <n>" once serving.
 """
 
@@ -72,6 +73,8 @@ def fail(request, context):
 
 
 def hang(request, context):
+    if CANCEL_FILE:
+        open(CANCEL_FILE + ".started", "w").close()
     cancelled = threading.Event()
     context.add_callback(cancelled.set)
     cancelled.wait(30)

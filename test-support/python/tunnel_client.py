@@ -9,6 +9,7 @@ Prints one JSON object with what it observed; the Rust test asserts on it.
 import argparse
 import asyncio
 import json
+import os
 import sys
 import threading
 import time
@@ -95,9 +96,17 @@ def shapes(args):
 def cancel(args):
     ch = channel(args)
     future = ch.unary_unary("/test.Echo/Hang").future(b"", metadata=metadata(args), timeout=30)
-    time.sleep(args.delay)
+    reached = None
+    if args.cancel_when:
+        # Cancel once the call is at the backend (it creates this file), not after a guess.
+        deadline = time.time() + 20
+        while not os.path.exists(args.cancel_when) and time.time() < deadline:
+            time.sleep(0.02)
+        reached = os.path.exists(args.cancel_when)
+    else:
+        time.sleep(args.delay)
     future.cancel()
-    return {"cancelled": future.cancelled()}
+    return {"cancelled": future.cancelled(), "reached_backend": reached}
 
 
 def deadline(args):
@@ -215,6 +224,10 @@ def steady(args):
             if reply == payload:
                 ok_ends.append(time.time())
                 ok_elapsed.append(time.time() - started)
+                if len(ok_ends) == 1:
+                    # A progress line before the result: a test waits for it to know the
+                    # stream is under way (readers take the last line as the result).
+                    print(json.dumps({"first_ok": ok_ends[0]}), flush=True)
             else:
                 failures.append([started, time.time(), "MISMATCH", reply[:40].decode(errors="replace")])
         except grpc.RpcError as error:
@@ -240,6 +253,7 @@ def main() -> int:
     parser.add_argument("--ca-file")
     parser.add_argument("--agent-token", default="")
     parser.add_argument("--delay", type=float, default=1.0)
+    parser.add_argument("--cancel-when", default="", help="cancel: a file whose creation means the call is at the backend")
     parser.add_argument("--timeout", type=float, default=10.0)
     parser.add_argument("--payload", default="ping")
     parser.add_argument("--stream", default="1000:10:50", help="slow-stream's request: N:SIZE:DELAY_MS")

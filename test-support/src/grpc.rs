@@ -64,6 +64,11 @@ impl GrpcBackend {
             .unwrap_or(0)
     }
 
+    /// The file a `/test.Echo/Hang` call creates as it begins (the call reached the backend).
+    pub fn hang_started_file(&self) -> PathBuf {
+        self.cancel_file.with_extension("started")
+    }
+
     /// Whether a `/test.Echo/Hang` call saw its cancellation (within `timeout`).
     pub fn saw_cancellation(&self, timeout: Duration) -> bool {
         wait_until(timeout, || self.cancel_file.exists())

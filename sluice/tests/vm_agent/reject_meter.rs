@@ -95,11 +95,16 @@ fn a_reject_flood_is_cut_to_the_meter_rate_while_allowed_traffic_flows() {
     let started = Instant::now();
     let (sent, allowed) = std::thread::scope(|scope| {
         let flooding = scope.spawn(|| flood(&vms.vm3));
-        // Allowed traffic while vm3 floods: new connections from vm2 keep being admitted.
-        std::thread::sleep(Duration::from_millis(300));
+        // Allowed traffic while vm3 floods: new connections from vm2 keep being admitted. The
+        // flood is under way once the agent has answered one of its datagrams.
+        assert!(
+            wait(FLOOD, || replies(&agent) > before),
+            "the flood never reached the agent"
+        );
         let allowed: Vec<Probe> = (0..3)
             .map(|_| probe(&vms.vm2, "10.0.0.1", 80, "2").0)
             .collect();
+        assert!(!flooding.is_finished(), "the probes ran after the flood");
         (flooding.join().unwrap(), allowed)
     });
     let flooded_for = started.elapsed();
