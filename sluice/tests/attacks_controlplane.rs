@@ -607,6 +607,8 @@ fn watch_true_on_other_requests_keeps_their_timeout() {
         .next_event(Duration::from_secs(10))
         .expect("the ADDED of agent-1");
     assert_eq!(first["type"], "ADDED", "{first}");
+    // Not a synchronisation: the watch must still be open once the 2 s request timeout has
+    // passed, so the next event comes after it.
     std::thread::sleep(Duration::from_secs(3));
     let later = serde_json::json!({"apiVersion": "tunnel.sluice.dev/v1alpha1", "kind": "Agent",
         "metadata": {"name": "agent-2"}, "spec": {"id": 2, "tokenSha256": ZERO_SHA}});

@@ -110,6 +110,8 @@ impl Reporter {
                     .args(["--data-binary", &patch.to_string(), "-o", "/dev/null"])
                     .arg(format!("{url}{INFOS}/{vm}"))
                     .output();
+                // Not a synchronisation: the spacing between heartbeats, well inside the 2 s
+                // heartbeat timeout after which the control plane demotes a silent VM.
                 std::thread::sleep(Duration::from_millis(300));
             }
         });
@@ -278,6 +280,7 @@ fn the_vm_lifecycle_through_the_api() {
     wait_state(&cp, "vm1", "AgentedConnected", Duration::from_secs(5));
     reporter.stop();
     cp.stop();
+    // Not a synchronisation: the scenario is the control plane away longer than the timeout.
     std::thread::sleep(Duration::from_secs(3));
     cp.restart().unwrap();
     wait_state(&cp, "vm1", "AgentedBootstrap", Duration::from_secs(3));

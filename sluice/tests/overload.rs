@@ -236,6 +236,9 @@ fn a_gateway_near_its_descriptor_limit_sheds_then_stops_accepting_then_recovers(
     for _ in 0..16 {
         idle.push(TcpStream::connect(address).unwrap());
     }
+    // A check that nothing more is accepted cannot wait for an event: how many accepts the
+    // workers had posted is not visible. 300 ms is many times what those take to complete on
+    // loopback, so the count below is settled and a later accept would show.
     std::thread::sleep(Duration::from_millis(300));
     let accepted = gateway.accepted();
     let (code, _, _) = gateway.get("3", "/api/v1/namespaces/default/pods");
@@ -467,6 +470,8 @@ fn a_control_plane_near_its_descriptor_limit_sheds_then_stops_accepting_then_rec
     // tokio's accept loop checks the state before each accept: one more connection takes the
     // accept already waiting when the state flipped.
     idle.push(TcpStream::connect(address).unwrap());
+    // A check that nothing more is served cannot wait for an event: 300 ms is many times what
+    // the waiting accept takes to complete, so the next connection meets the state as it is.
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
         cp.curl("GET", AGENTS, None).0,
