@@ -39,6 +39,7 @@ struct Gateway {
     process: SluiceProcess,
     alice: ClientCert,
     gateway_identity: ClientCert,
+    clusters_dir: PathBuf,
 }
 
 /// A gateway with two cores on the monoio `driver` in front of one simulator; `spec_extra` is
@@ -79,6 +80,7 @@ fn start_with_limits(
         process,
         alice,
         gateway_identity,
+        clusters_dir,
     }
 }
 
@@ -108,6 +110,17 @@ impl Gateway {
         args.extend(extra.iter().map(|arg| arg.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.curl(&args, path)
+    }
+
+    /// Writes every cluster file again, same content, new mtime (each atomically: the reloader
+    /// never reads half a file).
+    fn touch_clusters(&self) {
+        let spare = self.clusters_dir.with_extension("rewrite");
+        for entry in std::fs::read_dir(&self.clusters_dir).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::write(&spare, std::fs::read(&path).unwrap()).unwrap();
+            std::fs::rename(&spare, &path).unwrap();
+        }
     }
 
     /// A well-behaved client still gets a correct answer.
@@ -463,7 +476,15 @@ fn token_reviews_in_flight_are_bounded_per_core(driver: &str) {
                 })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(300));
+        // The flood holds every review slot once eight of its ten requests were turned away
+        // busy (one slot per core, two cores): alice comes while the slow reviews last.
+        assert!(
+            wait_until(Duration::from_secs(10), || gateway
+                .rejected("token_reviews_busy")
+                >= 8.0),
+            "the flood never filled the review slots: {} refused busy",
+            gateway.rejected("token_reviews_busy")
+        );
         gateway.assert_alice_is_served();
         flood
             .into_iter()
@@ -524,8 +545,17 @@ fn request_header_identity_from_clients_is_stripped_and_exposed_secrets_are_name
     assert!(pods.x_remote.is_empty(), "{:?}", pods.x_remote);
 
     let key: PathBuf = gateway.gateway_identity.key.clone();
-    // Several reload intervals pass: still one warning.
-    std::thread::sleep(Duration::from_millis(600));
+    // Reloads load the key again: still one warning. Each rewrite of the cluster files is a
+    // change the reloader picks up within its 200 ms interval.
+    let reloads = || gateway.metric("sluice_gateway_config_reloads_total{result=\"ok\"}");
+    for _ in 0..2 {
+        let before = reloads();
+        gateway.touch_clusters();
+        assert!(
+            wait_until(Duration::from_secs(5), || reloads() > before),
+            "the rewritten cluster files were never reloaded ({before} reloads)"
+        );
+    }
     assert!(wait_until(Duration::from_secs(5), || gateway
         .process
         .stderr()
