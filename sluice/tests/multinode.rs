@@ -110,6 +110,19 @@ fn a_call_to_any_node_reaches_the_agent_on_another(driver: &str) {
     assert_eq!(result["fail"]["code"], "NOT_FOUND", "{result}");
     assert!(metric(a, "sluice_tunnel_routes_total{decision=\"remote\"}").unwrap_or(0.0) >= 1.0);
     assert!(metric(c, "sluice_tunnel_private_requests_total{code=\"OK\"}").unwrap_or(0.0) >= 1.0);
+    // Latency by route: A relayed every call to C (remote), C carried them for A (private).
+    let latency = |node, route: &str| {
+        let series = format!("sluice_tunnel_request_duration_seconds_count{{route=\"{route}\"}}");
+        metric(node, &series).unwrap_or_else(|| panic!("no {series}"))
+    };
+    assert!(latency(a, "remote") >= 1.0);
+    assert_eq!(latency(a, "local"), 0.0);
+    assert!(latency(c, "private") >= 1.0);
+    assert_eq!(latency(c, "remote"), 0.0);
+    // A call made on C itself is local there.
+    let local = tunnel_client("unary", &client_args(c, &cluster.secrets, 7));
+    assert_eq!(local["code"], "OK", "{local}");
+    assert!(latency(c, "local") >= 1.0);
     // ListConnectedAgents on A answers for the cluster and names C as the holder.
     let listed = tunnel_client("list-agents", &client_args(a, &cluster.secrets, 7));
     let bytes = listed["bytes"].as_str().unwrap();

@@ -77,6 +77,44 @@ impl MetricConstructor<PerCoreCounter> for PerCore {
     }
 }
 
+impl MetricConstructor<PerCoreHistogram> for PerCore {
+    fn new_metric(&self) -> PerCoreHistogram {
+        PerCoreHistogram::new(self.0, PerCoreHistogram::latency_bounds())
+    }
+}
+
+/// Where a call went: the `route` label of its latency, so remote calls (a hop through another
+/// node) are selectable apart from local ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallRoute {
+    /// On a tunnel of this node.
+    Local,
+    /// Relayed to another node that holds the agent.
+    Remote,
+    /// Forwarded here by another node (the private endpoint), carried on a tunnel of this node.
+    Private,
+    /// Answered before any route: refused, shed, listed agents, or no tunnel found.
+    None,
+}
+
+impl CallRoute {
+    const ALL: [Self; 4] = [Self::Local, Self::Remote, Self::Private, Self::None];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::Remote => "remote",
+            Self::Private => "private",
+            Self::None => "none",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DecisionLabels {
     decision: &'static str,
@@ -102,7 +140,8 @@ pub struct TunnelMetrics {
     buffer_refused: Counter,
     agent_refused: Family<ReasonLabels, Counter>,
     pub tunnels_connected: PerCoreGauge,
-    pub request_duration: PerCoreHistogram,
+    /// One child per [`CallRoute`], resolved at start so observing allocates nothing.
+    request_duration: Vec<PerCoreHistogram>,
     pub wait_duration: PerCoreHistogram,
     pub protocol_errors: PerCoreCounter,
     pub tunnels_reused: PerCoreCounter,
@@ -114,6 +153,10 @@ impl TunnelMetrics {
         let route_family = Family::<DecisionLabels, PerCoreCounter, PerCore>::new_with_constructor(
             PerCore(workers),
         );
+        let duration_family =
+            Family::<RouteLabels, PerCoreHistogram, PerCore>::new_with_constructor(PerCore(
+                workers,
+            ));
         let private_family =
             Family::<CodeLabels, PerCoreCounter, PerCore>::new_with_constructor(PerCore(workers));
         let metrics = Self {
@@ -142,7 +185,16 @@ impl TunnelMetrics {
             buffer_refused: Counter::default(),
             agent_refused: Family::default(),
             tunnels_connected: PerCoreGauge::new(workers),
-            request_duration: PerCoreHistogram::new(workers, PerCoreHistogram::latency_bounds()),
+            request_duration: CallRoute::ALL
+                .iter()
+                .map(|route| {
+                    duration_family
+                        .get_or_create(&RouteLabels {
+                            route: route.label(),
+                        })
+                        .clone()
+                })
+                .collect(),
             wait_duration: PerCoreHistogram::new(workers, PerCoreHistogram::latency_bounds()),
             protocol_errors: PerCoreCounter::new(workers),
             tunnels_reused: PerCoreCounter::new(workers),
@@ -158,9 +210,21 @@ impl TunnelMetrics {
             "Calls other nodes forwarded to this node's private endpoint, by gRPC status code",
             private_family,
         );
+        registry.register(
+            "sluice_tunnel_request_duration_seconds",
+            "Time from a call's arrival to its last byte relayed, by route (local, remote, \
+             private: forwarded here by another node, none: answered before routing)",
+            duration_family,
+        );
         metrics.register_refusals(registry);
         metrics.register_traffic(registry);
         metrics
+    }
+
+    /// Observes one call's time, arrival to last byte, under the route it took.
+    pub fn observe_request(&self, route: CallRoute, worker: usize, seconds: f64) {
+        let index = CallRoute::ALL.iter().position(|r| *r == route).unwrap_or(0);
+        self.request_duration[index].observe(worker, seconds);
     }
 
     /// The calls and tunnels as they go.
@@ -174,11 +238,6 @@ impl TunnelMetrics {
             "sluice_tunnel_connected_tunnels",
             "Tunnels open from agents to this node, idle or carrying a call",
             self.tunnels_connected.clone(),
-        );
-        registry.register(
-            "sluice_tunnel_request_duration_seconds",
-            "Time from a call's arrival to its last byte relayed",
-            self.request_duration.clone(),
         );
         registry.register(
             "sluice_tunnel_wait_duration_seconds",

@@ -57,6 +57,8 @@ pub(super) struct Router<'a> {
     /// The client's request head, forwarded to other nodes.
     pub(super) parts: &'a http::request::Parts,
     pub(super) worker: usize,
+    /// The route the call last took, for its latency's label.
+    taken: std::cell::Cell<crate::metrics::CallRoute>,
 }
 
 impl<'a> Router<'a> {
@@ -74,7 +76,13 @@ impl<'a> Router<'a> {
             deadline: target.deadline,
             parts,
             worker,
+            taken: std::cell::Cell::new(crate::metrics::CallRoute::None),
         }
+    }
+
+    /// The route the call took ([`CallRoute::None`](crate::metrics::CallRoute) before any).
+    pub(super) fn taken(&self) -> crate::metrics::CallRoute {
+        self.taken.get()
     }
 }
 
@@ -111,8 +119,12 @@ impl Router<'_> {
                 .await
                 .inspect_err(|_| self.observe_wait(&state))?;
             let mut tunnel = match route {
-                Route::Local(tunnel) => tunnel,
+                Route::Local(tunnel) => {
+                    self.taken.set(crate::metrics::CallRoute::Local);
+                    tunnel
+                }
                 Route::Remote(call) => {
+                    self.taken.set(crate::metrics::CallRoute::Remote);
                     let until = state.wait_until();
                     let relayed =
                         relay_remote(call, &mut body, responder, self.deadline, self.agent, until)

@@ -26,6 +26,7 @@ use super::super::NodeShared;
 use super::{forwardable, list_agents, parse_request, refused, serve_calls, settle, Admitted};
 use crate::auth::VerifiedTokens;
 use crate::error::{ErrorKind, TunnelError};
+use crate::metrics::CallRoute;
 
 /// The external endpoint's handler factory.
 #[derive(Debug, Clone)]
@@ -107,6 +108,7 @@ impl ExternalHandler {
             .and_then(|()| parse_request(method, &parts.headers))
             .and_then(unless_shedding)
             .and_then(|admitted| forwardable(node, &parts.headers, admitted));
+        let mut route = CallRoute::None;
         let outcome = match admitted {
             // Boxed: its Redis timeout (a 640-byte, 128-byte aligned timer) stays out of
             // every call's future.
@@ -119,7 +121,9 @@ impl ExternalHandler {
                     &parts,
                     conn.worker(),
                 );
-                router.drive(body, Readiness::Silent, &mut responder).await
+                let outcome = router.drive(body, Readiness::Silent, &mut responder).await;
+                route = router.taken();
+                outcome
             }
             Err(error) => Err(error),
         };
@@ -133,8 +137,7 @@ impl ExternalHandler {
         };
         self.count(label, code, conn.worker());
         node.metrics
-            .request_duration
-            .observe(conn.worker(), started.elapsed().as_secs_f64());
+            .observe_request(route, conn.worker(), started.elapsed().as_secs_f64());
         conn.request_served();
     }
 }

@@ -24,6 +24,7 @@ use super::super::NodeShared;
 use super::{forwardable, list_agents, parse_request, refused, serve_calls, settle, Admitted};
 use crate::auth::{AuthError, VerifiedTokens};
 use crate::error::TunnelError;
+use crate::metrics::CallRoute;
 
 /// The private endpoint's handler factory.
 #[derive(Debug, Clone)]
@@ -79,6 +80,7 @@ impl PrivateHandler {
             .authenticate(&parts.headers)
             .and_then(|()| parse_request(parts.uri.path(), &parts.headers))
             .and_then(|admitted| forwardable(node, &parts.headers, admitted));
+        let mut route = CallRoute::None;
         let outcome = match admitted {
             // Boxed: its Redis timeout (a 640-byte, 128-byte aligned timer) stays out of
             // every call's future.
@@ -91,15 +93,19 @@ impl PrivateHandler {
                 } else {
                     Readiness::Silent
                 };
-                router.drive(body, readiness, &mut responder).await
+                let outcome = router.drive(body, readiness, &mut responder).await;
+                // Carried here for another node; `none` when no tunnel was found.
+                if router.taken() != CallRoute::None {
+                    route = CallRoute::Private;
+                }
+                outcome
             }
             Err(error) => Err(error),
         };
         let code = settle(outcome, &mut responder, node, conn.worker());
         node.metrics.private_request(code, conn.worker());
         node.metrics
-            .request_duration
-            .observe(conn.worker(), started.elapsed().as_secs_f64());
+            .observe_request(route, conn.worker(), started.elapsed().as_secs_f64());
         conn.request_served();
     }
 
