@@ -85,7 +85,8 @@ pub enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
-    /// A running node's, agent's or VM agent's state from its admin endpoint, in a few lines:
+    /// A running node's, agent's, VM agent's or (with --ca) control plane's state from its admin
+    /// endpoint, in a few lines:
     /// exit 0 when ready, 3 when not ready, 1 when it cannot be read (2: called wrongly).
     Status {
         /// The admin endpoint, `IP:PORT` or `HOST:PORT` (`listeners.admin.address`: a node's
@@ -93,6 +94,10 @@ pub enum Command {
         /// default 127.0.0.1:9464).
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9901", value_parser = admin_address)]
         admin: std::net::SocketAddr,
+        /// Read the admin endpoint over HTTPS, trusting this CA (PEM): the control plane's
+        /// `<data-dir>/pki/ca.crt`, whose `/readyz` and `/metrics` need no credentials.
+        #[arg(long, value_name = "FILE", value_parser = |file: &str| crate::status_cmd::https_with_ca(std::path::Path::new(file)))]
+        ca: Option<crate::status_cmd::Transport>,
         #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
     },

@@ -67,7 +67,10 @@ fn main() -> ExitCode {
     let before = cli.addresses_file;
     let addresses = |arg: cli::AddressesArg| arg.addresses_file.or(before.clone());
     match cli.command {
-        cli::Command::Status { admin, timeout } => not_ready_apart(status_cmd::run(admin, timeout)),
+        cli::Command::Status { admin, ca, timeout } => {
+            let transport = ca.unwrap_or(status_cmd::Transport::Http);
+            not_ready_apart(status_cmd::run(admin, &transport, timeout))
+        }
         cli::Command::CheckConfig { file } => check_config(&file),
         cli::Command::Policy {
             command: cli::PolicyCommand::Compile { file },

@@ -112,6 +112,7 @@ pub fn render(scrape: &Scrape, ready: Option<u16>) -> Vec<String> {
             .collect();
         row(&mut lines, "control plane", states.join(", "));
     }
+    controlplane_rows(scrape, &mut |key, value| row(&mut lines, key, value));
     if let Some(enabled) = sum(scrape, "sluice_ebpf_enabled") {
         let attached = sum(scrape, "sluice_ebpf_attached_interfaces").unwrap_or(0.0);
         let state = if enabled > 0.0 {
@@ -139,21 +140,61 @@ pub fn render(scrape: &Scrape, ready: Option<u16>) -> Vec<String> {
     lines
 }
 
+/// The control plane's own figures: its store, its clients, and any overload action on.
+fn controlplane_rows(scrape: &Scrape, row: &mut dyn FnMut(&str, String)) {
+    let Some(revision) = sum(scrape, "sluice_controlplane_store_revision") else {
+        return;
+    };
+    let bytes = sum(scrape, "sluice_controlplane_store_bytes").unwrap_or(0.0);
+    let quota = sum(scrape, "sluice_controlplane_store_quota_bytes").unwrap_or(0.0);
+    let tokens = sum(scrape, "sluice_controlplane_tokens").unwrap_or(0.0);
+    row(
+        "store",
+        format!("revision {revision}, {bytes} of {quota} bytes, {tokens} token(s)"),
+    );
+    let connections = sum(scrape, "sluice_controlplane_connections").unwrap_or(0.0);
+    let anonymous = sum(scrape, "sluice_controlplane_unauthenticated_connections").unwrap_or(0.0);
+    let watches = sum(scrape, "sluice_controlplane_watchers").unwrap_or(0.0);
+    row(
+        "clients",
+        format!("{connections} connection(s) ({anonymous} unauthenticated), {watches} watch(es)"),
+    );
+    let overloaded: Vec<String> = by_label(scrape, "sluice_overload_state", "action")
+        .into_iter()
+        .filter(|(_, on)| *on > 0.0)
+        .map(|(action, _)| action)
+        .collect();
+    if !overloaded.is_empty() {
+        row("overload", overloaded.join(", "));
+    }
+}
+
 fn header(scrape: &Scrape, ready: Option<u16>) -> String {
     let build = samples(scrape, "sluice_build_info").next();
-    let version = build
-        .and_then(|sample| sample.labels.get("version"))
-        .unwrap_or("?");
-    let driver = build
-        .and_then(|sample| sample.labels.get("driver"))
-        .unwrap_or("?");
-    let workers = sum(scrape, "sluice_workers").unwrap_or(0.0);
+    let label = |name| {
+        build
+            .and_then(|sample| sample.labels.get(name))
+            .unwrap_or("?")
+    };
+    let version = match build.and_then(|sample| sample.labels.get("revision")) {
+        Some(revision) => format!("{} ({revision})", label("version")),
+        None => label("version").to_string(),
+    };
+    let driver = label("driver");
+    // The control plane runs on tokio and exports no worker count.
+    let runs = match sum(scrape, "sluice_workers") {
+        Some(workers) => format!("{workers} worker(s) on {driver}"),
+        None if sum(scrape, "sluice_controlplane_store_revision").is_some() => {
+            format!("control plane on {driver}")
+        }
+        None => format!("0 worker(s) on {driver}"),
+    };
     let readiness = match ready {
         Some(200) => "ready".to_string(),
         Some(code) => format!("NOT READY ({code})"),
         None => "readiness unknown".to_string(),
     };
-    format!("Sluice {version}, {workers} worker(s) on {driver}: {readiness}")
+    format!("Sluice {version}, {runs}: {readiness}")
 }
 
 /// `label value` pairs, largest first.
@@ -229,6 +270,33 @@ sluice_task_panics_total{task="connection"} 0
         assert_eq!(
             lines.last().unwrap(),
             "  panics                 grpc-stream 2"
+        );
+    }
+
+    #[test]
+    fn the_control_plane_reads_as_its_version_store_and_clients() {
+        let scrape = r#"sluice_build_info{version="0.1.0",revision="41d1c0162586",driver="tokio"} 1
+sluice_overload_state{action="stop_accepting"} 0
+sluice_overload_state{action="shed_new_requests"} 1
+sluice_controlplane_connections 3
+sluice_controlplane_unauthenticated_connections 1
+sluice_controlplane_watchers{resource="agents"} 2
+sluice_controlplane_watchers{resource="upstreamclusters"} 1
+sluice_controlplane_store_revision 12
+sluice_controlplane_tokens 2
+sluice_controlplane_store_bytes 400
+sluice_controlplane_store_quota_bytes 2147483648
+"#;
+        let lines = render(&parse(scrape).unwrap(), Some(200));
+        assert_eq!(
+            lines,
+            [
+                "Sluice 0.1.0 (41d1c0162586), control plane on tokio: ready",
+                "  store                  revision 12, 400 of 2147483648 bytes, 2 token(s)",
+                "  clients                3 connection(s) (1 unauthenticated), 3 watch(es)",
+                "  overload               shed_new_requests",
+                "  panics                 none",
+            ]
         );
     }
 
