@@ -486,7 +486,9 @@ fn a_redis_restart_under_load_spares_local_calls_and_remote_routing_recovers(dri
 
     let read = |child: std::process::Child| -> Value {
         let output = child.wait_with_output().unwrap();
-        serde_json::from_slice(&output.stdout)
+        // The result is the last line (a `steady` stream prints a progress line first).
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        serde_json::from_str(stdout.lines().last().unwrap_or_default())
             .unwrap_or_else(|error| panic!("client output: {error}: {output:?}"))
     };
     let local = read(local);
