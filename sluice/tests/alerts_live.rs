@@ -43,6 +43,14 @@ fn every_name_and_label_the_alerts_use_is_exported_by_a_live_role(driver: &str) 
     let up = up_with_gateway_traffic(driver);
     let text = scrape(&up);
     assert_operator_basics("up", &text);
+    // The gateway's latency is selectable per configured cluster.
+    assert!(
+        text.lines().any(|line| {
+            line.starts_with("sluice_gateway_request_duration_seconds_count{cluster=\"")
+                && !line.ends_with(" 0")
+        }),
+        "no gateway latency by cluster:\n{text}"
+    );
     add_exposition(&mut exported, &text);
     let controlplane = embedded_controlplane_url(&up.stdout());
     let text = curl(&[&format!("{controlplane}/metrics")]);

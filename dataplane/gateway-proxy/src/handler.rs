@@ -22,7 +22,7 @@ use sluice_gateway::flow_control::{CoreFlowControl, CoreShare};
 use sluice_gateway::identity::UserInfo;
 use sluice_gateway::request_info::{decode_path, PathError, RequestInfo};
 use sluice_gateway::status::GatewayError;
-use sluice_metrics::PerCoreCounter;
+use sluice_metrics::{PerCoreCounter, PerCoreHistogram};
 
 use crate::auth::CoreAuth;
 use crate::body::ProxyBody;
@@ -30,6 +30,10 @@ use crate::error::ProxyError;
 use crate::pool::CorePool;
 use crate::state::{Gateway, Generation};
 use crate::upstream::RoundRobin;
+
+/// Cluster names whose latency histogram a core keeps at hand (clusters are configured, so
+/// this is only reached across many reloads that rename them).
+const MAX_CACHED_DURATIONS: usize = 1024;
 
 /// Request-counter label sets a core caches; more are looked up each time.
 const COUNTER_CACHE_LIMIT: usize = 2_000;
@@ -49,6 +53,9 @@ pub struct GatewayHandler {
     /// Round-robin cursor per (cluster, policy).
     pub round_robin: RefCell<RoundRobin>,
     counters: RefCell<CounterCache>,
+    /// Latency histogram per cluster name, so observing allocates nothing once a cluster has
+    /// been seen (bounded like the counters: past the cap a miss costs a family lookup).
+    durations: RefCell<HashMap<Box<str>, PerCoreHistogram>>,
     /// `system:anonymous`, made once per core and shared by every anonymous request.
     pub anonymous: Rc<UserInfo>,
     /// This core's budget of refusal log lines.
@@ -112,6 +119,7 @@ impl GatewayHandler {
             flow: RefCell::new(None),
             round_robin: RefCell::default(),
             counters: RefCell::default(),
+            durations: RefCell::default(),
             anonymous: Rc::new(UserInfo::anonymous()),
             refusal_logs: RefCell::default(),
         }
@@ -192,10 +200,17 @@ impl GatewayHandler {
         started: Instant,
     ) {
         self.count(cluster, verb, resource, code);
-        self.gateway
-            .metrics
-            .duration
-            .observe(self.worker, started.elapsed().as_secs_f64());
+        let seconds = started.elapsed().as_secs_f64();
+        let mut durations = self.durations.borrow_mut();
+        if let Some(histogram) = durations.get(cluster) {
+            histogram.observe(self.worker, seconds);
+            return;
+        }
+        let histogram = self.gateway.metrics.duration(cluster);
+        histogram.observe(self.worker, seconds);
+        if durations.len() < MAX_CACHED_DURATIONS {
+            durations.insert(cluster.into(), histogram);
+        }
     }
 
     fn count(&self, cluster: &str, verb: &'static str, resource: &str, code: u16) {

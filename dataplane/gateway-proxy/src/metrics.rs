@@ -41,6 +41,18 @@ struct RequestLabels {
     code: u16,
 }
 
+/// The latency's label: a cluster name from the gateway's configuration.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterLabels {
+    cluster: String,
+}
+
+impl MetricConstructor<PerCoreHistogram> for PerCore {
+    fn new_metric(&self) -> PerCoreHistogram {
+        PerCoreHistogram::new(self.0, PerCoreHistogram::latency_bounds())
+    }
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
@@ -65,7 +77,7 @@ pub struct GatewayMetrics {
     requests: Family<RequestLabels, PerCoreCounter, PerCore>,
     resources: Arc<Mutex<HashSet<(String, String)>>>,
     rejected: Vec<PerCoreCounter>,
-    pub duration: PerCoreHistogram,
+    duration: Family<ClusterLabels, PerCoreHistogram, PerCore>,
     pub in_flight: PerCoreGauge,
     pub upstream_connections: PerCoreGauge,
     pub auth_cache_hits: PerCoreCounter,
@@ -111,7 +123,7 @@ impl GatewayMetrics {
             requests: Family::new_with_constructor(PerCore(workers)),
             resources: Arc::default(),
             rejected,
-            duration: PerCoreHistogram::new(workers, PerCoreHistogram::latency_bounds()),
+            duration: Family::new_with_constructor(PerCore(workers)),
             in_flight: PerCoreGauge::new(workers),
             upstream_connections: PerCoreGauge::new(workers),
             auth_cache_hits,
@@ -129,7 +141,8 @@ impl GatewayMetrics {
         );
         registry.register(
             "sluice_gateway_request_duration_seconds",
-            "Time from a request's arrival to its response head (whole body for short requests)",
+            "Time from a request's arrival to its response head (whole body for short requests), \
+             by cluster",
             metrics.duration.clone(),
         );
         registry.register(
@@ -168,6 +181,16 @@ impl GatewayMetrics {
             reload_family,
         );
         metrics
+    }
+
+    /// The latency histogram of `cluster` (a configured cluster's name, as in
+    /// `sluice_gateway_requests_total`); callers cache it per core.
+    pub fn duration(&self, cluster: &str) -> PerCoreHistogram {
+        self.duration
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.to_string(),
+            })
+            .clone()
     }
 
     /// The counter for one label set; callers cache it per core.
