@@ -104,16 +104,23 @@ fn assert_operator_basics(role: &str, text: &str) {
         "{role}"
     );
     let (open, max) = (value("process_open_fds"), value("process_max_fds"));
-    assert!(open >= 3.0 && open < max, "{role}: {open} of {max} descriptors");
+    assert!(
+        open >= 3.0 && open < max,
+        "{role}: {open} of {max} descriptors"
+    );
     assert!(value("process_threads") >= 1.0, "{role}");
     // Started during this test (generous: a minute of slack either way for a loaded machine).
     let start = value("process_start_time_seconds");
-    assert!(start <= now + 60.0 && start > now - 3600.0, "{role}: started {start}, now {now}");
+    assert!(
+        start <= now + 60.0 && start > now - 3600.0,
+        "{role}: started {start}, now {now}"
+    );
     let revision = sluice_admin::REVISION;
     assert!(!revision.is_empty() && revision != "unknown", "{revision}");
     let build = format!("sluice_build_info{{version=\"0.1.0\",revision=\"{revision}\",");
     assert!(
-        text.lines().any(|line| line.starts_with(&build) && line.ends_with(" 1")),
+        text.lines()
+            .any(|line| line.starts_with(&build) && line.ends_with(" 1")),
         "{role}: no {build}...}} 1 in\n{text}"
     );
 }
