@@ -22,6 +22,20 @@ pub struct ListenersConfig {
     pub gateway: Option<ListenerConfig>,
 }
 
+impl ListenersConfig {
+    /// The data listeners by their config name (`listeners.<name>`), present or not: what
+    /// walks every listener (the files a start loads, the certificates it serves) names them
+    /// as the config file does.
+    pub fn data_listeners(&self) -> [(&'static str, Option<&ListenerConfig>); 4] {
+        [
+            ("agent", self.agent.as_ref()),
+            ("external", self.external.as_ref()),
+            ("private", self.private.as_ref()),
+            ("gateway", self.gateway.as_ref()),
+        ]
+    }
+}
+
 /// Address and limits of one listener. Each worker binds its own socket to the address with
 /// `SO_REUSEPORT`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,13 +11,7 @@ use sluice_config::{ClusterSource, Config};
 /// `(label, file)` of each certificate `config` makes this process serve or present.
 fn certificates(config: &Config) -> Vec<(&'static str, &Path)> {
     let mut found = Vec::new();
-    let listeners = [
-        ("agent", config.listeners.agent.as_ref()),
-        ("external", config.listeners.external.as_ref()),
-        ("private", config.listeners.private.as_ref()),
-        ("gateway", config.listeners.gateway.as_ref()),
-    ];
-    for (name, listener) in listeners {
+    for (name, listener) in config.listeners.data_listeners() {
         if let Some(tls) = listener.and_then(|listener| listener.tls.as_ref()) {
             found.push((name, tls.cert_file.as_path()));
         }

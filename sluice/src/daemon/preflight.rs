@@ -17,13 +17,7 @@ use sluice_grpc::tls::{load_certificates, load_private_key, root_store, TlsError
 /// `origin` is the config file, as in the config's own errors.
 pub fn check(config: &Config, origin: &str) -> Result<(), InvalidConfig> {
     let mut errors = Vec::new();
-    let listeners = [
-        ("agent", config.listeners.agent.as_ref()),
-        ("external", config.listeners.external.as_ref()),
-        ("private", config.listeners.private.as_ref()),
-        ("gateway", config.listeners.gateway.as_ref()),
-    ];
-    for (name, listener) in listeners {
+    for (name, listener) in config.listeners.data_listeners() {
         if let Some(tls) = listener.and_then(|listener| listener.tls.as_ref()) {
             listener_tls(&format!("listeners.{name}.tls"), tls, &mut errors);
         }
