@@ -117,6 +117,11 @@ impl AgentTokens {
         self.by_digest.get(digest) == Some(&agent)
     }
 
+    /// Whether any token here belongs to `agent` (a scan: for the rare disconnect, not calls).
+    pub fn knows(&self, agent: AgentId) -> bool {
+        self.by_digest.values().any(|known| *known == agent)
+    }
+
     /// The agents with a token in `self` that `newer` no longer accepts for them.
     pub fn revoked_by(&self, newer: &AgentTokens) -> Vec<AgentId> {
         let mut revoked: Vec<AgentId> = self

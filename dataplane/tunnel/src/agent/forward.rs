@@ -57,11 +57,12 @@ pub(super) async fn forward(
     match call_end(outcome, close_send_seen) {
         CallEnd::Reuse => return true,
         CallEnd::Answer(error) => {
+            let message = answer_message(agent, &info, &error);
             let _ = send_frame(
                 node_send,
                 connect_request::Msg::Error(Error {
                     grpc_status: error.code().as_u32(),
-                    message: error.message().to_string(),
+                    message,
                 }),
             );
             end_tunnel(node_send);
@@ -75,6 +76,29 @@ pub(super) async fn forward(
     }
     false
 }
+
+/// What the node, and through it an external client, is told about a failed call. A backend
+/// failure names the backend's address and the agent's network, which are the agent owner's
+/// business: the detail goes to this agent's log (rate-bounded, since every call fails alike
+/// while the backend is down) and the client learns only that the backend was unreachable.
+fn answer_message(agent: &AgentShared, info: &RequestInfo, error: &TunnelError) -> String {
+    if error.kind() != ErrorKind::BackendUnavailable {
+        return error.message().to_string();
+    }
+    if let Some(suppressed) = agent.backend_log.admit(std::time::Instant::now()) {
+        tracing::warn!(
+            method = %info.method_name,
+            backend = %agent.task.config.forward_to.url,
+            %error,
+            suppressed_since_last = suppressed,
+            "call failed: the backend is unreachable or failed it"
+        );
+    }
+    BACKEND_UNAVAILABLE.to_string()
+}
+
+/// The whole of what a client learns when this agent's backend fails its call.
+pub const BACKEND_UNAVAILABLE: &str = "the agent could not reach its backend";
 
 /// What becomes of a tunnel after a call.
 #[derive(Debug, PartialEq, Eq)]

@@ -22,6 +22,7 @@ use sluice_config::{AgentConfig, Endpoint};
 use sluice_grpc::transport::{connect, ClientConnection, H2Settings};
 use sluice_runtime::{BackgroundTask, StopSignal, WorkerContext};
 
+pub use forward::BACKEND_UNAVAILABLE;
 pub use metrics::AgentMetrics;
 
 use crate::error::{ErrorKind, TunnelError};
@@ -71,6 +72,7 @@ impl BackgroundTask for AgentTask {
             backend: RefCell::new(None),
             backend_driver: RefCell::new(None),
             settings: H2Settings::default(),
+            backend_log: LogInterval::default(),
         });
         Box::pin(async move {
             let loops: Vec<_> = shared
@@ -105,6 +107,34 @@ struct AgentShared {
     backend: RefCell<Option<SendRequest<Bytes>>>,
     backend_driver: RefCell<Option<monoio::task::JoinHandle<Option<()>>>>,
     settings: H2Settings,
+    /// Bounds the backend-failure log lines of this worker (see `forward::answer_message`).
+    backend_log: LogInterval,
+}
+
+/// At most one log line per [`LogInterval::EVERY`]; the lines it holds back are counted and
+/// reported on the next one written, so a failing backend cannot flood the log.
+#[derive(Default)]
+pub(crate) struct LogInterval {
+    last: std::cell::Cell<Option<std::time::Instant>>,
+    suppressed: std::cell::Cell<u64>,
+}
+
+impl LogInterval {
+    pub(crate) const EVERY: Duration = Duration::from_secs(10);
+
+    /// `Some(lines held back since the last one)` when a line may be written now.
+    pub(crate) fn admit(&self, now: std::time::Instant) -> Option<u64> {
+        let due = self
+            .last
+            .get()
+            .is_none_or(|last| now.saturating_duration_since(last) >= Self::EVERY);
+        if !due {
+            self.suppressed.set(self.suppressed.get() + 1);
+            return None;
+        }
+        self.last.set(Some(now));
+        Some(self.suppressed.take())
+    }
 }
 
 impl AgentShared {

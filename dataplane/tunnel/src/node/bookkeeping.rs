@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use sluice_locator::{ConnectionKey, ConnectionRecord};
 use sluice_proto::agents::v1::ConnectedAgent;
 
+use super::disconnects::Disconnect;
 use super::NodeShared;
 use crate::error::{ErrorKind, TunnelError};
 use crate::registry::AgentId;
@@ -88,8 +89,8 @@ impl NodeShared {
     }
 
     /// Forgets an agent connection; when the agent's last one leaves, the locator is told (it
-    /// removes the entry after a delay unless the agent reconnects).
-    pub(super) fn forget_connection(&self, key: (AgentId, i64)) {
+    /// removes the entry after a delay unless the agent reconnects) and the operator's log too.
+    pub(super) fn forget_connection(&self, key: (AgentId, i64), why: Disconnect) {
         let last = {
             let mut connections = self.lock_connections();
             match connections.get_mut(&key.0) {
@@ -111,6 +112,9 @@ impl NodeShared {
                 None => true,
             }
         };
+        if last {
+            self.disconnect_log.record(key.0, key.1, why);
+        }
         if let Some(locator) = &self.locator {
             locator.connection_down(key.0, key.1);
             if last {
@@ -218,6 +222,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use std::sync::Arc;
 
+    use super::Disconnect;
+
     use sluice_locator::memory::MemoryCluster;
     use sluice_locator::AgentLocator;
 
@@ -234,10 +240,10 @@ mod tests {
         let listed =
             super::super::test_node::run(async { node.list_records(None, 10).await.unwrap() });
         assert_eq!(listed.len(), 2);
-        node.forget_connection((4, 1));
+        node.forget_connection((4, 1), Disconnect::Closed);
         let remaining = futures_executor_lite(locator.lookup(4));
         assert_eq!(remaining.unwrap().len(), 1, "one connection is left");
-        node.forget_connection((4, 2));
+        node.forget_connection((4, 2), Disconnect::Closed);
         assert!(futures_executor_lite(locator.lookup(4)).unwrap().is_empty());
         assert_eq!(node.connected_agents(), 0);
     }
@@ -266,7 +272,7 @@ mod tests {
         let listed =
             super::super::test_node::run(async { node.list_records(None, 1000).await.unwrap() });
         assert_eq!(listed.iter().filter(|record| record.agent == 4).count(), 3);
-        node.forget_connection((4, 0));
+        node.forget_connection((4, 0), Disconnect::Closed);
         node.admit_connection(4, 3, "v1").unwrap();
     }
 
@@ -282,10 +288,10 @@ mod tests {
         let listed =
             || super::super::test_node::run(async { node.list_records(None, 10).await.unwrap() });
         assert_eq!(listed().len(), 1);
-        node.forget_connection((4, 1));
+        node.forget_connection((4, 1), Disconnect::Closed);
         assert_eq!(listed().len(), 1, "the second connection still holds it");
         assert_eq!(node.connected_agents(), 1);
-        node.forget_connection((4, 1));
+        node.forget_connection((4, 1), Disconnect::Closed);
         assert!(listed().is_empty());
         assert_eq!(node.connected_agents(), 0);
     }

@@ -12,6 +12,7 @@ mod answer;
 mod bookkeeping;
 mod call;
 mod collector;
+mod disconnects;
 pub mod endpoints;
 mod listing;
 mod pumps;
@@ -58,6 +59,8 @@ use crate::registry::AgentId;
 pub struct NodeShared {
     pub registry: ConnectionRegistry<TunnelStreams>,
     connections: Mutex<bookkeeping::Connections>,
+    /// Bounds the "agent disconnected" log lines per agent.
+    disconnect_log: disconnects::DisconnectLog,
     /// Swapped whole when the allowed agents change (from the control plane).
     tokens: ArcSwap<AgentTokens>,
     /// Swapped whole by a config reload (a rotated key, `tunnel.jwt`).
@@ -199,6 +202,7 @@ impl NodeShared {
         Ok(Arc::new(Self {
             registry: ConnectionRegistry::new(),
             connections: Mutex::default(),
+            disconnect_log: disconnects::DisconnectLog::default(),
             tokens: ArcSwap::from_pointee(AgentTokens::new(&config.agents)),
             jwt: ArcSwap::from_pointee(JwtValidator::new(&config.jwt)),
             node_name: config.node_name.clone(),

@@ -331,9 +331,16 @@ async fn pass_down(
             Ok(Some((code, true)))
         }
         connect_request::Msg::Error(error) => {
-            // The agent's own answer (its backend is unreachable...): relayed as it is.
+            // The agent's own answer. UNAVAILABLE means its backend failed, and an agent built
+            // before it kept that detail to itself sent the backend's address: the client gets
+            // the fixed text, the operator the agent's words at debug.
             let code = Code::from_u32(error.grpc_status);
-            responder.finish(code, &error.message);
+            if code == Code::Unavailable {
+                tracing::debug!(agent_said = %error.message, "the agent's backend failed a call");
+                responder.finish(code, crate::agent::BACKEND_UNAVAILABLE);
+            } else {
+                responder.finish(code, &error.message);
+            }
             Ok(Some((code, false)))
         }
         connect_request::Msg::Descriptor(_) => {

@@ -18,6 +18,7 @@ use sluice_runtime::{
 };
 
 use super::super::answer::{grpc_headers, Responder};
+use super::super::disconnects::Disconnect;
 use super::super::tunnel::{drop_parked, hold_idle, unpark_stale, OpenTunnel, TunnelStreams};
 use super::super::{quota, NodeShared};
 use super::{refused, serve_connection, settle};
@@ -73,15 +74,35 @@ impl ConnectionHandler for AgentEndpoint {
             );
             let closing = conn.closing();
             let agents = || announced_agents(&announced);
-            monoio::select! {
-                () = serving => {}
-                () = unpark_stale(&self.node, &closing, agents) => {}
-            }
+            let clean = monoio::select! {
+                clean = serving => clean,
+                () = unpark_stale(&self.node, &closing, agents) => true,
+            };
             drop_parked(&self.node, &closing, &announced_agents(&announced));
             for key in announced.borrow().iter() {
-                self.node.forget_connection(*key);
+                let why = disconnect_reason(&self.node, &conn, key.0, clean);
+                self.node.forget_connection(*key, why);
             }
         })
+    }
+}
+
+/// Why an agent's connection ended, for the node's log: the node's own reasons (revocation,
+/// drain) first, since the connection then ends whichever way the agent took it.
+fn disconnect_reason(
+    node: &NodeShared,
+    conn: &ConnectionContext,
+    agent: AgentId,
+    clean: bool,
+) -> Disconnect {
+    if !node.tokens.load().knows(agent) {
+        Disconnect::Revoked
+    } else if conn.is_draining() {
+        Disconnect::Drained
+    } else if clean {
+        Disconnect::Closed
+    } else {
+        Disconnect::Reset
     }
 }
 

@@ -34,14 +34,16 @@ use crate::metrics::TunnelMetrics;
 use crate::protocol::LIST_AGENTS_PATH;
 
 /// Accepts a connection with TLS when configured, then serves HTTP/2 on it under the
-/// listener's limits (handshake, first request, idle, keepalive, age).
+/// listener's limits (handshake, first request, idle, keepalive, age). Returns whether the
+/// connection ended cleanly (the agent endpoint's disconnect log tells a reset from a close).
 async fn serve_connection<H, F>(
     stream: TcpStream,
     tls: Option<Arc<ServerConfig>>,
     settings: &H2Settings,
     conn: &ConnectionContext,
     handler: H,
-) where
+) -> bool
+where
     H: FnMut(Request<RecvStream>, SendResponse<Bytes>) -> F,
     F: std::future::Future<Output = ()> + 'static,
 {
@@ -49,7 +51,7 @@ async fn serve_connection<H, F>(
         Ok(io) => io,
         Err(error) => {
             tracing::warn!(peer = %conn.peer, %error, "cannot register the connection for polling");
-            return;
+            return false;
         }
     };
     let peer = conn.peer;
@@ -74,19 +76,20 @@ async fn serve_connection<H, F>(
                 Ok(Ok(io)) => serve_limited(io, settings, limits, drain, handler).await,
                 Ok(Err(error)) => {
                     tracing::debug!(%peer, %error, "TLS handshake failed");
-                    return;
+                    return false;
                 }
                 Err(_) => {
                     on_limit(CloseReason::HandshakeTimeout);
-                    return;
+                    return false;
                 }
             }
         }
         None => serve_limited(io, settings, limits, drain, handler).await,
     };
-    if let Err(error) = result {
+    if let Err(error) = &result {
         tracing::debug!(%peer, listener = conn.listener(), %error, "HTTP/2 connection ended with an error");
     }
+    result.is_ok()
 }
 
 /// A call endpoint's connection (external or private): every request runs `serve` on the
