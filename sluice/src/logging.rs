@@ -1,5 +1,10 @@
 use sluice_config::{LogFormat, LoggingConfig};
+use tracing_subscriber::fmt::format;
 use tracing_subscriber::EnvFilter;
+
+mod lines;
+
+use lines::{stderr_is_journal, Journald, JsonLines};
 
 /// Changes the log filter of the running process (`logging.level` on a config reload).
 pub struct LogFilterHandle {
@@ -30,13 +35,16 @@ pub fn init(config: &LoggingConfig) -> Option<LogFilterHandle> {
     let filter = from_env.unwrap_or_else(|| EnvFilter::new(&config.level));
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_thread_names(true)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     // A reloadable filter costs a read lock only where an event passes the cached per-callsite
     // interest; the data plane's hot paths log nothing at the default levels.
     let result = match config.format {
         LogFormat::Text => {
-            let builder = builder.with_env_filter(filter).with_filter_reloading();
+            let text = format().with_thread_names(true);
+            let builder = builder
+                .event_format(Journald::new(text, stderr_is_journal()))
+                .with_env_filter(filter)
+                .with_filter_reloading();
             let handle = builder.reload_handle();
             builder.try_init().map(|()| {
                 Box::new(move |filter| handle.reload(filter).map_err(|e| e.to_string()))
@@ -45,8 +53,7 @@ pub fn init(config: &LoggingConfig) -> Option<LogFilterHandle> {
         }
         LogFormat::Json => {
             let builder = builder
-                .json()
-                .flatten_event(true)
+                .event_format(JsonLines)
                 .with_env_filter(filter)
                 .with_filter_reloading();
             let handle = builder.reload_handle();
