@@ -433,6 +433,7 @@ mod tests {
             deadline: None,
             parts: &parts,
             worker: 0,
+            taken: std::cell::Cell::new(crate::metrics::CallRoute::None),
         };
         let other = cluster.locator("b", "10.0.0.2:2");
         let started = Instant::now();
@@ -472,6 +473,7 @@ mod tests {
             deadline: None,
             parts: &parts,
             worker: 0,
+            taken: std::cell::Cell::new(crate::metrics::CallRoute::None),
         };
         let mut state = RouteState::new(5, None, node.max_wait(), false, Instant::now());
         let step = state.start();
