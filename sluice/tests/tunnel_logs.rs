@@ -65,7 +65,7 @@ fn the_node_logs_an_agent_leaving_once_per_interval_however_it_flaps(driver: &st
         .unwrap();
     let node = start_node(&secrets, "20s", 1024 * 1024, None);
 
-    let mut agent = start_agent(&secrets, 7, &node, backend, 4, None);
+    let agent = start_agent(&secrets, 7, &node, backend, 4, None);
     wait_for_idle_tunnels(&node, 1.0);
     agent.signal(libc::SIGKILL);
     assert!(
@@ -88,7 +88,7 @@ fn the_node_logs_an_agent_leaving_once_per_interval_however_it_flaps(driver: &st
     // The agent flaps: each life connects, then is killed.
     const FLAPS: usize = 3;
     for _ in 0..FLAPS {
-        let mut agent = start_agent(&secrets, 7, &node, backend, 4, None);
+        let agent = start_agent(&secrets, 7, &node, backend, 4, None);
         wait_for_idle_tunnels(&node, 1.0);
         agent.signal(libc::SIGKILL);
         assert!(
