@@ -236,6 +236,11 @@ fn warn_if_exposed(path: &Path) {
     let Some(mode) = exposed_bits(metadata.permissions().mode()) else {
         return;
     };
+    // A check before logging starts (the start's preflight loads every file first) must not
+    // use up the one warning: the load after logging started gives it.
+    if !tracing::dispatcher::has_been_set() {
+        return;
+    }
     let mut warned = WARNED
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
