@@ -44,6 +44,9 @@ pub enum Command {
         /// the last node, so calls to node 1 are routed through Redis to it.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=9))]
         nodes: u8,
+        /// Log format of this process (the other nodes of --nodes log text to their files).
+        #[arg(long, value_enum, default_value = "text")]
+        log_format: LogFormatArg,
         #[command(flatten)]
         addresses: AddressesArg,
     },
@@ -169,6 +172,9 @@ pub struct VmAgentArgs {
     /// Do not load the eBPF fast-path counters on the bridge's ports (docs/EBPF.md).
     #[arg(long)]
     pub no_ebpf: bool,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormatArg,
 }
 
 impl VmAgentArgs {
@@ -294,10 +300,7 @@ impl ControlplaneArgs {
     /// The process-wide log settings of `sluice controlplane` (the level is not a flag).
     pub fn logging(&self) -> sluice_config::LoggingConfig {
         sluice_config::LoggingConfig {
-            format: match self.log_format {
-                LogFormatArg::Text => sluice_config::LogFormat::Text,
-                LogFormatArg::Json => sluice_config::LogFormat::Json,
-            },
+            format: self.log_format.format(),
             level: "info".to_string(),
         }
     }
@@ -307,6 +310,15 @@ impl ControlplaneArgs {
 pub enum LogFormatArg {
     Text,
     Json,
+}
+
+impl LogFormatArg {
+    pub fn format(self) -> sluice_config::LogFormat {
+        match self {
+            LogFormatArg::Text => sluice_config::LogFormat::Text,
+            LogFormatArg::Json => sluice_config::LogFormat::Json,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

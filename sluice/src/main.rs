@@ -116,8 +116,14 @@ fn main() -> ExitCode {
             runtime,
             ephemeral_ports,
             nodes,
+            log_format,
             addresses: file,
-        } => up(&runtime, ephemeral_ports, nodes, addresses(file).as_deref()),
+        } => up(
+            &runtime,
+            (ephemeral_ports, nodes),
+            log_format.format(),
+            addresses(file).as_deref(),
+        ),
     }
 }
 
@@ -153,13 +159,14 @@ fn check_config(file: &std::path::Path) -> ExitCode {
 
 fn vm_agent(args: cli::VmAgentArgs) -> ExitCode {
     logging::init(&sluice_config::LoggingConfig {
-        format: sluice_config::LogFormat::Text,
+        format: args.log_format.format(),
         level: "info".to_string(),
     });
     match sluice_vm_agent::run(args.options()) {
         Ok(()) => ExitCode::SUCCESS,
+        // Through the log, so a JSON log stays one JSON object per line to its end.
         Err(error) => {
-            eprintln!("sluice vm-agent: {error}");
+            tracing::error!("sluice vm-agent: {error}");
             ExitCode::FAILURE
         }
     }
@@ -202,8 +209,8 @@ fn controlplane(
 #[cfg(not(feature = "demo"))]
 fn up(
     _runtime: &cli::RuntimeArgs,
-    _ephemeral_ports: bool,
-    _nodes: u8,
+    _ports_and_nodes: (bool, u8),
+    _log_format: sluice_config::LogFormat,
     _addresses_file: Option<&std::path::Path>,
 ) -> ExitCode {
     eprintln!("sluice up: this binary was built without the `demo` feature");
@@ -213,8 +220,8 @@ fn up(
 #[cfg(feature = "demo")]
 fn up(
     runtime: &cli::RuntimeArgs,
-    ephemeral_ports: bool,
-    nodes: u8,
+    (ephemeral_ports, nodes): (bool, u8),
+    log_format: sluice_config::LogFormat,
     addresses_file: Option<&std::path::Path>,
 ) -> ExitCode {
     let prepared = if nodes > 1 {
@@ -223,8 +230,11 @@ fn up(
         demo::UpDemo::prepare(ephemeral_ports)
     };
     match prepared {
-        Ok((config, demo)) => daemon::run_with(
-            Ok(config),
+        Ok((mut config, demo)) => daemon::run_with(
+            {
+                config.logging.format = log_format;
+                Ok(config)
+            },
             runtime,
             addresses_file,
             daemon::Mode::Up(Box::new(demo)),
