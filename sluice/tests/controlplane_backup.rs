@@ -7,15 +7,15 @@
 //! keeps every object's spec.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use common::fed_gateway::{cluster_json, start_fed_gateway, status_via};
 use serde_json::Value;
-use test_support::{
-    examples, wait_until, ApiServer, Certificates, ClientCert, ControlPlane, SluiceLauncher,
-    SluiceProcess,
-};
+use test_support::{examples, wait_until, ApiServer, Certificates, ControlPlane, SluiceProcess};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 /// The kinds the section's export names, with the tokens (backed up with the data directory).
@@ -27,87 +27,6 @@ const EXPORTED: &str =
 const ZERO_SHA: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 /// The gateway's roles retry within a second; 10 s is generous for this 2-core machine.
 const SERVED_WITHIN: Duration = Duration::from_secs(10);
-
-fn cluster_json(
-    name: &str,
-    certs: &Certificates,
-    identity: &ClientCert,
-    server: &ApiServer,
-) -> String {
-    serde_json::json!({
-        "apiVersion": "proxy.sluice.dev/v1alpha1",
-        "kind": "UpstreamCluster",
-        "metadata": {"name": name},
-        "spec": {
-            "servers": [{"endpoint": server.url()}],
-            "clientConfig": {
-                "certFile": identity.cert, "keyFile": identity.key, "caFile": certs.ca_cert},
-            "secureServing": {
-                "certFile": certs.server_cert, "keyFile": certs.server_key,
-                "clientCAFile": certs.ca_cert},
-            "healthCheck": {"interval": "200ms", "timeout": "1s"},
-        },
-    })
-    .to_string()
-}
-
-/// A gateway fed by the control plane with `token` (as tests/controlplane_push.rs starts one).
-fn start_gateway(cp: &ControlPlane, token: &str, credentials: &Path) -> SluiceProcess {
-    let launcher = SluiceLauncher::new(BIN).unwrap();
-    let token = launcher.write_file("token", token).unwrap();
-    let config = launcher
-        .write_file(
-            "gateway.yaml",
-            &format!(
-                "runtime: {{workers: 1, drain_timeout: 2s}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'}}\ngateway:\n  credentials_dir: '{}'\n  source:\n    controlplane: {{url: '{}', name: gw-1, ca_file: '{}', token_file: '{}'}}\n",
-                credentials.display(),
-                cp.url(),
-                cp.ca_file().display(),
-                token.display()
-            ),
-        )
-        .unwrap();
-    launcher
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .spawn()
-        .expect("gateway starts")
-}
-
-/// GET /version through the gateway as `host`: the HTTP status (0: refused at TLS).
-fn status_via(
-    gateway: &SluiceProcess,
-    host: &str,
-    certs: &Certificates,
-    alice: &ClientCert,
-) -> u16 {
-    let port = gateway.address("gateway").port();
-    let output = Command::new("curl")
-        .args([
-            "--silent",
-            "--http2",
-            "--max-time",
-            "5",
-            "--output",
-            "/dev/null",
-        ])
-        .args(["--write-out", "%{http_code}"])
-        .arg("--cacert")
-        .arg(&certs.ca_cert)
-        .arg("--cert")
-        .arg(&alice.cert)
-        .arg("--key")
-        .arg(&alice.key)
-        .args(["--resolve", &format!("{host}:{port}:127.0.0.1")])
-        .arg(format!("https://{host}:{port}/version"))
-        .output()
-        .expect("curl is installed");
-    String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(0)
-}
 
 fn kubectl_ok(cp: &ControlPlane, args: &[&str], stdin: Option<&str>) -> String {
     let output = cp.kubectl(args, stdin);
@@ -187,7 +106,7 @@ fn the_documented_backup_and_restore_bring_back_the_objects_tokens_and_roles() {
         "metadata": {"name": "agent-7"}, "spec": {"id": 7, "tokenSha256": ZERO_SHA}});
     kubectl_ok(&cp, &["create", "-f", "-"], Some(&agent.to_string()));
     let gateway_token = cp.token("gateway", "gw-1");
-    let mut gateway = start_gateway(&cp, &gateway_token, certs.dir());
+    let mut gateway = start_fed_gateway(&cp, "gw-1", &gateway_token, certs.dir());
     let serves =
         |gateway: &SluiceProcess, host: &str| status_via(gateway, host, &certs, &alice) == 200;
     assert!(
@@ -250,7 +169,7 @@ fn the_documented_backup_and_restore_bring_back_the_objects_tokens_and_roles() {
 
     // The section says to restart the roles that watch after a restore.
     drop(gateway);
-    gateway = start_gateway(&cp, &gateway_token, certs.dir());
+    gateway = start_fed_gateway(&cp, "gw-1", &gateway_token, certs.dir());
     assert!(
         wait_until(SERVED_WITHIN, || serves(&gateway, "one.sluice.test")),
         "the restarted gateway never served cluster one; stderr:\n{}",

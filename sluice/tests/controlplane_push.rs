@@ -12,10 +12,11 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::fed_gateway::{cluster_json, start_fed_gateway, status_via};
 use sha2::{Digest, Sha256};
 use test_support::{
     http_get, wait_until, ApiServer, Certificates, ClientCert, ControlPlane, GrpcBackend,
-    SluiceLauncher, SluiceProcess,
+    SluiceProcess,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
@@ -41,104 +42,8 @@ const PROBE_GAP: Duration = Duration::from_secs(1);
 /// deletion's own curl and the probes on this busy machine.
 const CATCH_UP: Duration = Duration::from_millis(1500);
 
-fn cluster_json(
-    name: &str,
-    certs: &Certificates,
-    identity: &ClientCert,
-    server: &ApiServer,
-) -> String {
-    serde_json::json!({
-        "apiVersion": "proxy.sluice.dev/v1alpha1",
-        "kind": "UpstreamCluster",
-        "metadata": {"name": name},
-        "spec": {
-            "servers": [{"endpoint": server.url()}],
-            "clientConfig": {
-                "certFile": identity.cert, "keyFile": identity.key, "caFile": certs.ca_cert},
-            "secureServing": {
-                "certFile": certs.server_cert, "keyFile": certs.server_key,
-                "clientCAFile": certs.ca_cert},
-            "healthCheck": {"interval": "200ms", "timeout": "1s"},
-        },
-    })
-    .to_string()
-}
-
-/// A gateway process fed by the control plane with a `gateway` token; the clusters' files are
-/// in `credentials` (its `gateway.credentials_dir`).
-fn start_gateway(cp: &ControlPlane, subject: &str, credentials: &std::path::Path) -> SluiceProcess {
-    let launcher = SluiceLauncher::new(BIN).unwrap();
-    let token = launcher
-        .write_file("token", &cp.token("gateway", subject))
-        .unwrap();
-    let config = launcher
-        .write_file(
-            "gateway.yaml",
-            &format!(
-                "runtime: {{workers: 1, drain_timeout: 2s}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'}}\ngateway:\n  credentials_dir: '{}'\n  source:\n    controlplane: {{url: '{}', name: {subject}, ca_file: '{}', token_file: '{}'}}\n",
-                credentials.display(),
-                cp.url(),
-                cp.ca_file().display(),
-                token.display()
-            ),
-        )
-        .unwrap();
-    launcher
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .spawn()
-        .expect("gateway starts")
-}
-
 fn generation(gateway: &SluiceProcess) -> f64 {
     common::metric(gateway, "sluice_gateway_config_generation").unwrap_or(0.0)
-}
-
-/// A request for `path` through the gateway as `host` with alice's certificate: the HTTP
-/// status (0: refused at TLS or no answer).
-fn status_at(
-    gateway: &SluiceProcess,
-    host: &str,
-    path: &str,
-    certs: &Certificates,
-    alice: &ClientCert,
-) -> u16 {
-    let port = gateway.address("gateway").port();
-    let output = Command::new("curl")
-        .args([
-            "--silent",
-            "--http2",
-            "--max-time",
-            "5",
-            "--output",
-            "/dev/null",
-        ])
-        .args(["--write-out", "%{http_code}"])
-        .arg("--cacert")
-        .arg(&certs.ca_cert)
-        .arg("--cert")
-        .arg(&alice.cert)
-        .arg("--key")
-        .arg(&alice.key)
-        .args(["--resolve", &format!("{host}:{port}:127.0.0.1")])
-        .arg(format!("https://{host}:{port}{path}"))
-        .output()
-        .expect("curl is installed");
-    String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(0)
-}
-
-/// GET /version through the gateway as `host`: the HTTP status.
-fn status_via(
-    gateway: &SluiceProcess,
-    host: &str,
-    certs: &Certificates,
-    alice: &ClientCert,
-) -> u16 {
-    status_at(gateway, host, "/version", certs, alice)
 }
 
 /// Everyone a test talks to: the control plane, the two gateways and the client's identity.
@@ -162,8 +67,8 @@ fn one_control_plane_feeds_two_gateways_and_a_node() {
     assert!(created.status.success(), "{created:?}");
 
     let gateways = [
-        start_gateway(&cp, "gw-1", certs.dir()),
-        start_gateway(&cp, "gw-2", certs.dir()),
+        start_fed_gateway(&cp, "gw-1", &cp.token("gateway", "gw-1"), certs.dir()),
+        start_fed_gateway(&cp, "gw-2", &cp.token("gateway", "gw-2"), certs.dir()),
     ];
     let mut rig = Rig {
         cp,

@@ -9,6 +9,8 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use test_support::{http_get, wait_until, Certificates, SluiceLauncher, SluiceProcess};
 
+pub mod fed_gateway;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
 /// The JWT secret and agent tokens of a test cluster, as files.
