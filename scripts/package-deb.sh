@@ -2,7 +2,8 @@
 # Builds the Debian package: scripts/package-deb.sh [--binary PATH] [--out DIR]
 #
 # Without --binary it builds `sluice` in release (cargo build --release --locked -p sluice).
-# The package installs /usr/bin/sluice, the systemd units of deploy/systemd/ (none enabled),
+# The package installs /usr/bin/sluice, its man pages and bash/zsh/fish completions, the
+# systemd units of deploy/systemd/ (none enabled),
 # an example node config (/etc/sluice/node.yaml, a conffile), the docs, and on install a
 # `sluice` system user, /var/lib/sluice and a random JWT secret for the example.
 # Prints the path of the .deb it wrote. Needs dpkg-deb (Debian's dpkg).
@@ -33,6 +34,15 @@ for unit in "$root"/deploy/systemd/*.service; do
   install -D -m 0644 "$unit" "$stage/lib/systemd/system/$(basename "$unit")"
 done
 install -D -m 0644 "$root/deploy/debian/node.yaml" "$stage/etc/sluice/node.yaml"
+# Man pages and shell completions come from the binary's own CLI definition (`sluice man`,
+# `sluice completions`), so they say what this build's --help says.
+"$binary" man --out-dir "$stage/usr/share/man/man1"
+gzip -9n "$stage"/usr/share/man/man1/*.1
+install -d "$stage/usr/share/bash-completion/completions" "$stage/usr/share/zsh/vendor-completions" \
+  "$stage/usr/share/fish/vendor_completions.d"
+"$binary" completions bash > "$stage/usr/share/bash-completion/completions/sluice"
+"$binary" completions zsh > "$stage/usr/share/zsh/vendor-completions/_sluice"
+"$binary" completions fish > "$stage/usr/share/fish/vendor_completions.d/sluice.fish"
 for doc in "$root"/README.md "$root"/docs/*.md; do
   install -D -m 0644 "$doc" "$stage/usr/share/doc/sluice/$(basename "$doc")"
 done

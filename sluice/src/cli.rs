@@ -109,6 +109,18 @@ pub enum Command {
         #[arg(value_name = "FILE")]
         file: PathBuf,
     },
+    /// Print a shell completion script for this CLI, generated from its definition
+    /// (e.g. `sluice completions bash > /usr/share/bash-completion/completions/sluice`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages generated from this CLI's definition into DIR: sluice.1 and one page per
+    /// subcommand (sluice-run.1, sluice-controlplane-token-create.1, ...).
+    Man {
+        #[arg(long, value_name = "DIR")]
+        out_dir: PathBuf,
+    },
 }
 
 /// `sluice vm-agent`'s flags.

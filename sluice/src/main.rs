@@ -60,6 +60,21 @@ fn report_huge_pages_refused() {
     }
 }
 
+/// `sluice man --out-dir DIR`: the pages a package installs, from the same definition as
+/// `--help`, so they cannot drift from the flags.
+fn man_pages(out_dir: &std::path::Path) -> ExitCode {
+    let command = <cli::Cli as clap::CommandFactory>::command();
+    let written =
+        std::fs::create_dir_all(out_dir).and_then(|()| clap_mangen::generate_to(command, out_dir));
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("sluice man: cannot write to {}: {error}", out_dir.display());
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     report_huge_pages_refused();
     let cli = cli::Cli::parse();
@@ -72,6 +87,12 @@ fn main() -> ExitCode {
             not_ready_apart(status_cmd::run(admin, &transport, timeout))
         }
         cli::Command::CheckConfig { file } => check_config(&file),
+        cli::Command::Completions { shell } => {
+            let mut command = <cli::Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "sluice", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        cli::Command::Man { out_dir } => man_pages(&out_dir),
         cli::Command::Policy {
             command: cli::PolicyCommand::Compile { file },
         } => policy_cmd::compile(&file),

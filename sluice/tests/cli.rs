@@ -171,3 +171,94 @@ fn version_names_the_commit() {
         );
     }
 }
+
+/// Every subcommand, as its man page is named (`sluice-<path>.1`).
+const SUBCOMMANDS: [&str; 12] = [
+    "up",
+    "run",
+    "agent",
+    "vm-agent",
+    "controlplane",
+    "controlplane-token",
+    "controlplane-token-create",
+    "policy",
+    "policy-compile",
+    "status",
+    "check-config",
+    "completions",
+];
+
+#[test]
+fn completions_are_generated_from_the_cli_for_each_shell() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let output = Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{shell}: {output:?}");
+        let script = String::from_utf8(output.stdout).unwrap();
+        for word in ["check-config", "vm-agent", "addresses-file"] {
+            assert!(script.contains(word), "{shell} completion lacks {word}");
+        }
+        if shell == "bash" {
+            let mut check = Command::new("bash")
+                .arg("-n")
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            check
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(script.as_bytes())
+                .unwrap();
+            assert!(
+                check.wait().unwrap().success(),
+                "bash -n refuses the script"
+            );
+        }
+    }
+    let unknown = Command::new(BIN)
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        unknown.status.code(),
+        Some(2),
+        "an unknown shell is a usage error"
+    );
+}
+
+/// The pages a package installs: one per subcommand, each one groff formats without a warning.
+#[test]
+fn man_pages_cover_every_subcommand_and_format_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new(BIN)
+        .args(["man", "--out-dir"])
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut pages = vec!["sluice.1".to_string()];
+    pages.extend(SUBCOMMANDS.iter().map(|name| format!("sluice-{name}.1")));
+    for page in &pages {
+        let path = dir.path().join(page);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{page}: {e}"));
+        assert!(text.contains(".TH ") && text.contains(".SH NAME"), "{page}");
+        let formatted = Command::new("groff")
+            .args(["-man", "-Tutf8", "-ww", "-z"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            formatted.status.success() && formatted.stderr.is_empty(),
+            "{page}: {}",
+            String::from_utf8_lossy(&formatted.stderr)
+        );
+    }
+    let run = std::fs::read_to_string(dir.path().join("sluice-run.1")).unwrap();
+    assert!(
+        run.contains("config"),
+        "sluice-run.1 names its --config flag"
+    );
+}

@@ -415,6 +415,24 @@ fn the_debian_package_installs_and_its_node_runs_as_its_unit_would() {
         .output()
         .unwrap();
     assert!(passwd.status.success(), "no sluice user");
+    // The man pages and completions generated from the CLI are where man and the shells look.
+    let page = Command::new("man")
+        .args(["-w", "sluice-run"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&page.stdout).trim(),
+        "/usr/share/man/man1/sluice-run.1.gz",
+        "{page:?}"
+    );
+    for completion in [
+        "/usr/share/bash-completion/completions/sluice",
+        "/usr/share/zsh/vendor-completions/_sluice",
+        "/usr/share/fish/vendor_completions.d/sluice.fish",
+    ] {
+        let script = std::fs::read_to_string(completion).unwrap();
+        assert!(script.contains("check-config"), "{completion}");
+    }
     let secret = std::fs::metadata("/etc/sluice/jwt.secret").unwrap();
     assert_eq!(
         std::os::unix::fs::PermissionsExt::mode(&secret.permissions()) & 0o777,
