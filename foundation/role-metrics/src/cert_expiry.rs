@@ -1,12 +1,15 @@
-//! `sluice_tls_certificate_expiry_timestamp_seconds{listener}`: when each certificate a role
-//! serves or presents stops being valid, so an alert fires weeks before a handshake fails
+//! `sluice_tls_certificate_expiry_timestamp_seconds{listener[, cluster]}`: when each certificate
+//! a role serves or presents stops being valid, so an alert fires weeks before a handshake fails
 //! (Envoy's `days_until_first_cert_expiring`, as an absolute time so it needs no refresh).
-//! Label values are the config's listener and client names (a fixed set per role), never a
-//! certificate's subject.
+//! Label values are the config's listener and client names (a fixed set per role) and, for the
+//! gateway's per-cluster certificates, the cluster's configured name; never a certificate's
+//! subject nor anything a client sends.
 
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -56,15 +59,31 @@ fn earliest_not_after_pem(bytes: &[u8]) -> Result<i64, Option<String>> {
     earliest.ok_or(None)
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq)]
 struct ListenerLabels {
     listener: &'static str,
+    /// The configured object the certificate belongs to, where one listener has several (the
+    /// gateway's clusters); the label is left out otherwise.
+    cluster: Option<String>,
 }
 
-/// The expiry gauges of one role.
+impl EncodeLabelSet for ListenerLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        ("listener", self.listener).encode(encoder.encode_label())?;
+        if let Some(cluster) = &self.cluster {
+            ("cluster", cluster.as_str()).encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
+}
+
+/// The expiry gauges of one role; clones share the series.
 #[derive(Debug, Clone, Default)]
 pub struct CertificateExpiry {
     expiry: Family<ListenerLabels, Gauge>,
+    /// Per listener, the clusters [`Self::set_clusters`] last gave a series, so that a cluster
+    /// gone from the config loses its series on the next reload.
+    clusters: Arc<Mutex<HashMap<&'static str, BTreeSet<String>>>>,
 }
 
 impl CertificateExpiry {
@@ -82,7 +101,16 @@ impl CertificateExpiry {
     /// Sets `listener`'s expiry from the PEM file it serves or presents. On an error (the
     /// start refuses such files before this runs) the series is left out and the error returned.
     pub fn set(&self, listener: &'static str, path: &Path) -> Result<i64, CertificateError> {
-        let labels = ListenerLabels { listener };
+        self.set_labels(
+            ListenerLabels {
+                listener,
+                cluster: None,
+            },
+            path,
+        )
+    }
+
+    fn set_labels(&self, labels: ListenerLabels, path: &Path) -> Result<i64, CertificateError> {
         match earliest_not_after(path) {
             Ok(not_after) => {
                 self.expiry.get_or_create(&labels).set(not_after);
@@ -102,6 +130,43 @@ impl CertificateExpiry {
                 tracing::warn!(listener, %error, "no certificate expiry metric");
             }
         }
+    }
+
+    /// Makes `certificates`, `(cluster, file)` pairs, the whole set of `listener`'s per-cluster
+    /// series: each is set from its file, and the clusters of the previous call that are not
+    /// among them lose theirs. Called with every generation of clusters a role installs.
+    pub fn set_clusters<'a>(
+        &self,
+        listener: &'static str,
+        certificates: impl IntoIterator<Item = (&'a str, &'a Path)>,
+    ) {
+        let mut clusters = self
+            .clusters
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let previous = clusters.remove(listener).unwrap_or_default();
+        let mut current = BTreeSet::new();
+        for (cluster, path) in certificates {
+            let labels = ListenerLabels {
+                listener,
+                cluster: Some(cluster.to_owned()),
+            };
+            match self.set_labels(labels, path) {
+                Ok(_) => {
+                    current.insert(cluster.to_owned());
+                }
+                Err(error) => {
+                    tracing::warn!(listener, cluster, %error, "no certificate expiry metric");
+                }
+            }
+        }
+        for gone in previous.difference(&current) {
+            self.expiry.remove(&ListenerLabels {
+                listener,
+                cluster: Some(gone.clone()),
+            });
+        }
+        clusters.insert(listener, current);
     }
 }
 
@@ -171,6 +236,63 @@ mod tests {
         );
         assert!(text.lines().any(|line| line == series), "{text}");
         assert!(!text.contains("listener=\"private\""), "{text}");
+    }
+
+    #[test]
+    fn per_cluster_series_follow_each_set_of_clusters() {
+        let dir = tempfile::tempdir().unwrap();
+        let (short, long) = (
+            certificate_for_days(dir.path(), 30),
+            certificate_for_days(dir.path(), 400),
+        );
+        let mut registry = Registry::default();
+        let expiry = CertificateExpiry::register(&mut registry);
+        let encoded = |registry: &Registry| {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+            text
+        };
+        let series = |cluster: &str, not_after: i64| {
+            format!(
+                "sluice_tls_certificate_expiry_timestamp_seconds{{listener=\"cluster_serving\",cluster=\"{cluster}\"}} {not_after}"
+            )
+        };
+        let in_30 = earliest_not_after(&short).unwrap();
+        let in_400 = earliest_not_after(&long).unwrap();
+        expiry.set("external", &long).unwrap();
+        expiry.set_clusters(
+            "cluster_serving",
+            [("prod", short.as_path()), ("dev", long.as_path())],
+        );
+        let text = encoded(&registry);
+        assert!(
+            text.lines().any(|line| line == series("prod", in_30)),
+            "{text}"
+        );
+        assert!(
+            text.lines().any(|line| line == series("dev", in_400)),
+            "{text}"
+        );
+        // A reload: prod renewed, dev gone, a cluster whose file gives no time left out.
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(&garbage, "not a certificate\n").unwrap();
+        expiry.set_clusters(
+            "cluster_serving",
+            [("prod", long.as_path()), ("broken", garbage.as_path())],
+        );
+        let text = encoded(&registry);
+        assert!(
+            text.lines().any(|line| line == series("prod", in_400)),
+            "{text}"
+        );
+        assert!(!text.contains("cluster=\"dev\""), "{text}");
+        assert!(!text.contains("cluster=\"broken\""), "{text}");
+        let unlabelled = format!(
+            "sluice_tls_certificate_expiry_timestamp_seconds{{listener=\"external\"}} {in_400}"
+        );
+        assert!(text.lines().any(|line| line == unlabelled), "{text}");
+        expiry.set_clusters("cluster_serving", []);
+        assert!(!encoded(&registry).contains("cluster="));
     }
 
     #[test]
