@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use http::HeaderValue;
 use sluice_gateway::cluster::{load_dir, GatewaySnapshot, LoadedCluster};
+use sluice_role_metrics::CertificateExpiry;
 
 use crate::error::{ClusterFileError, ProxyError};
 use crate::metrics::GatewayMetrics;
@@ -68,6 +69,9 @@ pub struct Gateway {
     pub metrics: GatewayMetrics,
     /// The clusters directory, or what names the control plane in logs (`https://...`).
     pub dir: PathBuf,
+    /// Where each generation's per-cluster certificate expiry goes, once the role exports it;
+    /// the lock also orders publications, so the last one shows the current generation.
+    expiry: Mutex<Option<CertificateExpiry>>,
 }
 
 impl Gateway {
@@ -81,6 +85,7 @@ impl Gateway {
             next_generation: AtomicU64::new(2),
             metrics,
             dir: dir.to_path_buf(),
+            expiry: Mutex::new(None),
         }))
     }
 
@@ -99,6 +104,7 @@ impl Gateway {
             next_generation: AtomicU64::new(2),
             metrics,
             dir: PathBuf::from(origin),
+            expiry: Mutex::new(None),
         }))
     }
 
@@ -108,7 +114,46 @@ impl Gateway {
         let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let generation = build_generation(clusters, number, &self.health)?;
         self.current.store(Arc::new(generation));
+        self.publish_expiry();
         Ok(number)
+    }
+
+    /// Exports the expiry of each cluster's serving certificate (`listener="gateway"`) and
+    /// upstream client certificate (`listener="upstream_client"`), by cluster, for this
+    /// generation and every one installed or reloaded later.
+    pub fn export_certificate_expiry(&self, expiry: CertificateExpiry) {
+        *self
+            .expiry
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(expiry);
+        self.publish_expiry();
+    }
+
+    /// Sets the expiry gauges from the generation in force (read under the lock: of two
+    /// concurrent swaps, the later publication reads the later generation).
+    fn publish_expiry(&self) {
+        let expiry = self
+            .expiry
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some(expiry) = expiry.as_ref() else {
+            return;
+        };
+        let generation = self.current();
+        let clusters = generation.snapshot.clusters();
+        expiry.set_clusters(
+            "gateway",
+            clusters
+                .iter()
+                .map(|cluster| (&*cluster.name, cluster.serving.cert_file.as_path())),
+        );
+        expiry.set_clusters(
+            "upstream_client",
+            clusters.iter().filter_map(|cluster| {
+                let file = cluster.client.cert_file.as_deref()?;
+                Some((&*cluster.name, file))
+            }),
+        );
     }
 
     /// The generation to use for one request (lock-free).
@@ -122,6 +167,7 @@ impl Gateway {
         let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let generation = load_generation(&self.dir, number, &self.health)?;
         self.current.store(Arc::new(generation));
+        self.publish_expiry();
         Ok(number)
     }
 }
