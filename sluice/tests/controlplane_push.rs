@@ -99,6 +99,7 @@ fn one_control_plane_feeds_two_gateways_and_a_node() {
     a_new_cluster_is_served(&rig, &two);
     changes_are_served_by_both_gateways(&rig, [&server, &other]);
     each_role_reports_its_view(&rig.cp);
+    a_status_write_rebuilds_nothing(&rig);
     delete_the_agent(&rig.cp, &fed.node);
     let back = the_gateways_serve_through_a_kill(&mut rig);
     the_gateways_catch_up(&rig, back);
@@ -265,6 +266,45 @@ fn each_role_reports_its_view(cp: &ControlPlane) {
         wait_until(Duration::from_secs(10), || held() == "true"),
         "the node never reported agent 7"
     );
+}
+
+/// A status-only write (every gateway's health report is one) reaches both gateways' watches
+/// but rebuilds neither one's clusters: the config generation stays, so N reporting gateways
+/// no longer cost N² reinstalls per round (issue 36).
+fn a_status_write_rebuilds_nothing(rig: &Rig) {
+    const MODIFIED: &str =
+        "sluice_controlplane_watch_events_total{resource=\"upstreamclusters\",type=\"MODIFIED\"}";
+    let seen = |gateway: &SluiceProcess| common::metric(gateway, MODIFIED).unwrap_or(0.0);
+    let before: Vec<(f64, f64)> = rig
+        .gateways
+        .iter()
+        .map(|gateway| (generation(gateway), seen(gateway)))
+        .collect();
+    let patch = r#"{"status":{"gateways":{"gw-test":{"servers":[]}}}}"#;
+    let patched = rig.cp.kubectl(
+        &[
+            "patch",
+            "uc",
+            "one.sluice.test",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            patch,
+        ],
+        None,
+    );
+    assert!(patched.status.success(), "{patched:?}");
+    for (gateway, (generation_before, seen_before)) in rig.gateways.iter().zip(before) {
+        assert!(
+            wait_until(Duration::from_secs(5), || seen(gateway) > seen_before),
+            "the gateway's watch never saw the status write"
+        );
+        assert_eq!(
+            generation(gateway),
+            generation_before,
+            "a status-only write rebuilt the gateway's clusters"
+        );
+    }
 }
 
 /// What one gateway's prober saw through the outage.

@@ -47,6 +47,7 @@ mod backoff;
 mod client;
 mod config;
 mod decode;
+mod desired;
 mod error;
 mod metrics;
 mod mirror;
@@ -60,6 +61,7 @@ pub use decode::{decode_event, LineDecoder, WatchEvent};
 /// The LIST decoder, for the fuzz targets (`fuzz/`).
 #[doc(hidden)]
 pub use decode::{decode_list, ListPage};
+pub use desired::same_desired_state;
 pub use error::WatchError;
 pub use metrics::{ResourceMetrics, WatchMetrics};
 pub use snapshot::{diff, Change, ObjectKey, Objects, Snapshot};

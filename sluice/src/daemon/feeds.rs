@@ -169,15 +169,22 @@ async fn apply_snapshots(
     mut stopping: watch::Receiver<bool>,
 ) {
     let mut announced = false;
+    let mut applied: Option<Arc<Snapshot>> = None;
     loop {
         let snapshot = snapshots.borrow_and_update().clone();
-        if snapshot.synced {
+        // A status write (every gateway's health report is one) reaches every watcher: the
+        // data path is rebuilt only when what it serves changed.
+        let unchanged = applied.as_ref().is_some_and(|last| {
+            sluice_watch_client::same_desired_state(&last.objects, &snapshot.objects)
+        });
+        if snapshot.synced && !unchanged {
             match &target {
                 Target::Gateway(gateway, url, _, credentials) => {
                     apply_clusters(gateway, url, credentials.as_deref(), &snapshot)
                 }
                 Target::Node(node) => apply_agents(node, &snapshot),
             }
+            applied = Some(snapshot.clone());
             if !announced {
                 announced = true;
                 let _ = synced.send(());
