@@ -72,6 +72,8 @@ pub struct ApiMetrics {
     pub admission_refused: Family<AdmissionLabels, Counter>,
     pub store_revision: Gauge,
     pub tokens: Gauge,
+    /// Policy lists made by VM agents' span watches (see `span_watch`).
+    pub span_policy_reads: Counter,
 }
 
 fn latency_histogram() -> Histogram {
@@ -95,6 +97,7 @@ impl ApiMetrics {
             admission_refused: Family::default(),
             store_revision: Gauge::default(),
             tokens: Gauge::default(),
+            span_policy_reads: Counter::default(),
         }
     }
 
@@ -163,6 +166,12 @@ impl ApiMetrics {
             "tokens",
             "Bearer tokens this server accepts",
             metrics.tokens.clone(),
+        );
+        prefixed.register(
+            "span_policy_reads",
+            "Lists of every policy object by VM agents' watches: one when a watch starts and one \
+             each time its VM enters or leaves AgentedConnected (a heartbeat costs none)",
+            metrics.span_policy_reads.clone(),
         );
         metrics
     }
