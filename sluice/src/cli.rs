@@ -104,6 +104,10 @@ pub enum Command {
         #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
     },
+    /// Call a gRPC method on an agent's backend through a node's external endpoint (a signed
+    /// JWT, `sluice-agent-id`) and print the reply: exit 0 on OK, 64 + the gRPC status code
+    /// otherwise (78 UNAVAILABLE, 80 UNAUTHENTICATED, ...), the status named on stderr.
+    Call(Box<crate::call_cmd::CallArgs>),
     /// Validate a configuration file: print every error with its path and exit 2, or print "ok".
     CheckConfig {
         #[arg(value_name = "FILE")]

@@ -1,5 +1,6 @@
 //! The `sluice` binary: one executable, one subcommand per role.
 
+mod call_cmd;
 mod cli;
 mod controlplane;
 mod daemon;
@@ -86,6 +87,7 @@ fn main() -> ExitCode {
             let transport = ca.unwrap_or(status_cmd::Transport::Http);
             not_ready_apart(status_cmd::run(admin, &transport, timeout))
         }
+        cli::Command::Call(args) => call_cmd::run(*args),
         cli::Command::CheckConfig { file } => check_config(&file),
         cli::Command::Completions { shell } => {
             let mut command = <cli::Cli as clap::CommandFactory>::command();
