@@ -6,28 +6,35 @@
 //! compares carry the preconditions, lists are etcd ranges at a revision, watches are etcd
 //! watches with `prev_kv` and progress notifications, and compaction is etcd's.
 //!
+//! Each member has a client of its own (see `members.rs`): a request that fails for a reason of
+//! its member's goes to the next member within the request's deadline, and a write whose
+//! outcome that failure left unknown is checked by its next attempt rather than applied twice
+//! (see `writes.rs`); a watch whose member fails resumes on the next from its last revision.
+//!
 //! etcd does not report its compaction point; [`EtcdStore`] finds it by probing which
 //! revisions can still be read (see [`Shared::compact_revision`]), which keeps compaction free
 //! of extra writes and so leaves revisions exactly as etcd numbers them.
 
 mod convert;
 mod keys;
+mod members;
+mod retry;
 mod watch;
+mod writes;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use etcd_client::{
-    Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KvClient, Txn, TxnOp,
-    TxnOpResponse, TxnResponse, WatchClient,
-};
+use etcd_client::{ConnectOptions, GetOptions, TxnOpResponse};
 
 use self::convert::{etcd_revision, failure, key_value, revision, Failure};
 use self::keys::Namespace;
-use crate::checks::check_write;
+pub use self::members::{EtcdOp, EtcdStats};
+use self::members::{Member, Members};
+use self::retry::Attempts;
 use crate::error::StoreError;
 use crate::types::{KeyValue, ListPage};
 use crate::{Store, WatchStream, DEFAULT_MAX_VALUE_BYTES};
@@ -37,23 +44,21 @@ use crate::{Store, WatchStream, DEFAULT_MAX_VALUE_BYTES};
 /// network must not hold a watch forever.
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The largest response accepted: a list without a limit or a watch catching up may carry
-/// many values of up to etcd's request size each (kube-apiserver lifts gRPC's 4 MiB too).
-const MAX_RESPONSE_BYTES: usize = i32::MAX as usize;
 
 /// How to reach etcd and what to keep there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdConfig {
-    /// Client URLs of the cluster's members (`http://host:2379`, `https://…` with TLS); the
-    /// client balances over them and moves to another when one fails.
+    /// Client URLs of the cluster's members (`http://host:2379`, `https://…` with TLS);
+    /// requests go to one of them and move to the next when it fails.
     pub endpoints: Vec<String>,
     /// Prepended to every key, so that several stores can share a cluster: no store's prefix
     /// may be a prefix of another's.
     pub prefix: String,
     /// How long connecting to a member may take.
     pub dial_timeout: Duration,
-    /// How long one request (a read, a write, opening a watch) may take before it fails as
-    /// [`StoreError::Unavailable`]; a watch's stream itself has no deadline.
+    /// How long one request (a read, a write, opening a watch) may take, its attempts on
+    /// several members included, before it fails as [`StoreError::Unavailable`]; a watch's
+    /// stream itself has no deadline.
     pub request_timeout: Duration,
     /// Larger values are refused with [`StoreError::ValueTooLarge`] before reaching etcd, as
     /// by the embedded store. etcd's `--max-request-bytes` must leave room above it for the
@@ -96,8 +101,7 @@ pub struct EtcdClientCert {
 
 /// What the store's handle and its watch streams share.
 pub(crate) struct Shared {
-    kv: KvClient,
-    watch: WatchClient,
+    members: Members,
     namespace: Namespace,
     request_timeout: Duration,
     /// A revision known to be at or before etcd's compaction point (it only grows): where the
@@ -127,24 +131,21 @@ impl EtcdStore {
     /// Connects to the cluster and checks that it answers (within `dial_timeout` and
     /// `request_timeout`), so a wrong address or certificate fails at start-up.
     pub async fn connect(config: EtcdConfig) -> Result<EtcdStore, StoreError> {
+        // A member without a leader refuses requests and ends its watches at once (etcd's
+        // require-leader), instead of holding them until the deadline: they fail over.
         let mut options = ConnectOptions::new()
             .with_connect_timeout(config.dial_timeout)
-            .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT);
+            .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT)
+            .with_require_leader(true);
         if let Some(tls) = &config.tls {
             options = options.with_tls(tls_options(tls)?);
         }
-        let connect = etcd_client::Client::connect(&config.endpoints, Some(options));
-        let client = tokio::time::timeout(config.dial_timeout, connect)
+        let connect = Members::connect(&config.endpoints, &options);
+        let members = tokio::time::timeout(config.dial_timeout, connect)
             .await
-            .map_err(|_| StoreError::unavailable("connecting to etcd timed out"))?
-            .map_err(StoreError::unavailable)?;
+            .map_err(|_| StoreError::unavailable("connecting to etcd timed out"))??;
         let shared = Shared {
-            kv: client
-                .kv_client()
-                .max_decoding_message_size(MAX_RESPONSE_BYTES),
-            watch: client
-                .watch_client()
-                .max_decoding_message_size(MAX_RESPONSE_BYTES),
+            members,
             namespace: Namespace::new(&config.prefix),
             request_timeout: config.request_timeout,
             compacted_at_least: AtomicU64::new(0),
@@ -159,56 +160,9 @@ impl EtcdStore {
         })
     }
 
-    /// Runs one transaction on `key`; `value_len` explains etcd's size refusal.
-    async fn txn(&self, txn: Txn, value_len: usize) -> Result<TxnResponse, StoreError> {
-        let mut kv = self.shared.kv.clone();
-        match self.shared.call(kv.txn(txn)).await {
-            Ok(response) => Ok(response),
-            Err(Failure::TooLarge) => Err(StoreError::ValueTooLarge {
-                size: value_len,
-                max: self.max_value_bytes,
-            }),
-            Err(other) => Err(self.shared.explain(other, 0).await),
-        }
-    }
-
-    /// A conditional update or delete: `then` runs when `key` exists (with mod_revision
-    /// `expected` when given), else the key's state is read to say why not.
-    async fn conditional(
-        &self,
-        key: &str,
-        expected: Option<u64>,
-        then: Vec<TxnOp>,
-        value_len: usize,
-    ) -> Result<TxnResponse, StoreError> {
-        let etcd_key = self.shared.namespace.key(key);
-        // Version 0 means absent; without this compare a missing key would match an
-        // expected mod_revision of 0 and be created by an update.
-        let mut compares = vec![Compare::version(etcd_key.clone(), CompareOp::Greater, 0)];
-        if let Some(expected) = expected {
-            let expected = etcd_revision(expected);
-            compares.push(Compare::mod_revision(
-                etcd_key.clone(),
-                CompareOp::Equal,
-                expected,
-            ));
-        }
-        let txn = Txn::new()
-            .when(compares)
-            .and_then(then)
-            .or_else(vec![TxnOp::get(etcd_key, None)]);
-        let response = self.txn(txn, value_len).await?;
-        if response.succeeded() {
-            return Ok(response);
-        }
-        match self.shared.first_kv(&response.op_responses(), 0)? {
-            None => Err(StoreError::NotFound {
-                key: key.to_owned(),
-            }),
-            Some(current) => Err(StoreError::Conflict {
-                current: Box::new(current),
-            }),
-        }
+    /// The counters of failovers and retries, for the metrics.
+    pub fn stats(&self) -> Arc<EtcdStats> {
+        self.shared.members.stats.clone()
     }
 }
 
@@ -228,43 +182,75 @@ fn tls_options(tls: &EtcdTls) -> Result<etcd_client::TlsOptions, StoreError> {
     Ok(options)
 }
 
-/// Reads are tried this many times when etcd is unavailable: with a member down, the client's
-/// balancer still picks it for some requests (etcd-client issue 39), and a read is safe to
-/// send again. Writes are not retried: one that reached etcd before the error would apply twice.
-const READ_ATTEMPTS: u32 = 4;
-const READ_RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// A request's answer, with what its attempts tell about it.
+pub(crate) struct Answer<T> {
+    pub(crate) value: T,
+    /// An earlier attempt failed after it may have reached etcd: a write may have been applied
+    /// by it, and a failed compare may be that write's own doing.
+    pub(crate) uncertain: bool,
+    /// The member that answered.
+    pub(crate) member: usize,
+}
 
 impl Shared {
-    /// Runs a read, again on an unavailable etcd (see [`READ_ATTEMPTS`]).
-    async fn read<T, F, R>(&self, mut request: F) -> Result<T, Failure>
+    /// Runs a request that is safe to send again (a read, a watch's start), on the next member
+    /// after a transient failure, within the request timeout.
+    async fn read<T, F, R>(&self, op: EtcdOp, request: F) -> Result<T, Failure>
     where
-        F: FnMut() -> R,
+        F: FnMut(&Member) -> R,
         R: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
-        let mut attempt = 1;
+        self.run(op, request).await.map(|answer| answer.value)
+    }
+
+    /// Runs `request` on the preferred member; after a transient failure (see
+    /// [`retry::transient`]) prefers the next member and tries again, until an answer, a final
+    /// failure or the request timeout. The caller makes a repeated request safe (writes are
+    /// compare-and-swap transactions whose failed compare [`Answer::uncertain`] explains).
+    async fn run<T, F, R>(&self, op: EtcdOp, mut request: F) -> Result<Answer<T>, Failure>
+    where
+        F: FnMut(&Member) -> R,
+        R: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut attempts = Attempts::new(Instant::now(), self.request_timeout, self.members.len());
+        let mut uncertain = false;
         loop {
-            match self.call(request()).await {
-                Err(Failure::Other(StoreError::Unavailable { .. })) if attempt < READ_ATTEMPTS => {
-                    attempt += 1;
-                    tokio::time::sleep(READ_RETRY_PAUSE).await;
+            let Some(limit) = attempts.limit(Instant::now()) else {
+                return Err(self.timed_out());
+            };
+            let (index, member) = self.members.pick();
+            let (error, timed_out) = match tokio::time::timeout(limit, request(member)).await {
+                Ok(Ok(value)) => {
+                    return Ok(Answer {
+                        value,
+                        uncertain,
+                        member: index,
+                    })
                 }
-                outcome => return outcome,
+                Ok(Err(error)) if retry::transient(&error) => {
+                    (StoreError::unavailable(error), false)
+                }
+                Ok(Err(error)) => return Err(failure(error)),
+                Err(_) => (self.timed_out_after(limit), true),
+            };
+            uncertain = true;
+            self.members.failed(index);
+            match attempts.failed(Instant::now(), timed_out) {
+                Some(pause) => {
+                    self.members.stats.retried(op);
+                    tokio::time::sleep(pause).await;
+                }
+                None => return Err(Failure::Other(error)),
             }
         }
     }
 
-    /// Runs one request with the request timeout.
-    async fn call<T>(
-        &self,
-        request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, Failure> {
-        match tokio::time::timeout(self.request_timeout, request).await {
-            Ok(answer) => answer.map_err(failure),
-            Err(_) => Err(Failure::Other(StoreError::unavailable(format!(
-                "etcd did not answer within {:?}",
-                self.request_timeout
-            )))),
-        }
+    fn timed_out(&self) -> Failure {
+        Failure::Other(self.timed_out_after(self.request_timeout))
+    }
+
+    fn timed_out_after(&self, limit: Duration) -> StoreError {
+        StoreError::unavailable(format!("etcd did not answer within {limit:?}"))
     }
 
     /// The store error of a failed request at revision `requested` (0: none).
@@ -291,8 +277,8 @@ impl Shared {
             options = options.with_revision(etcd_revision(at));
         }
         let response = self
-            .read(|| {
-                let mut kv = self.kv.clone();
+            .read(EtcdOp::Read, |member| {
+                let mut kv = member.kv.clone();
                 let (key, options) = (self.namespace.key(""), options.clone());
                 async move { kv.get(key, Some(options)).await }
             })
@@ -368,31 +354,12 @@ impl Shared {
     }
 }
 
-/// The revision a transaction committed at.
-fn header_revision(response: &TxnResponse) -> Result<u64, StoreError> {
-    response
-        .header()
-        .map(|header| revision(header.revision()))
-        .ok_or(StoreError::Corrupt {
-            revision: 0,
-            reason: "etcd answered a transaction without a header",
-        })
-}
-
-/// The state a successful write reported, which etcd's answer must carry.
-fn required(kv: Option<KeyValue>) -> Result<KeyValue, StoreError> {
-    kv.ok_or(StoreError::Corrupt {
-        revision: 0,
-        reason: "etcd's answer to a write lacks the key's state",
-    })
-}
-
 #[async_trait::async_trait]
 impl Store for EtcdStore {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
         let etcd_key = self.shared.namespace.key(key);
-        let read = self.shared.read(|| {
-            let mut kv = self.shared.kv.clone();
+        let read = self.shared.read(EtcdOp::Read, |member| {
+            let mut kv = member.kv.clone();
             let etcd_key = etcd_key.clone();
             async move { kv.get(etcd_key, None).await }
         });
@@ -423,8 +390,8 @@ impl Store for EtcdStore {
             // any write, which etcd keeps as revision 1.
             options = options.with_revision(etcd_revision(at.max(1)));
         }
-        let read = self.shared.read(|| {
-            let mut kv = self.shared.kv.clone();
+        let read = self.shared.read(EtcdOp::Read, |member| {
+            let mut kv = member.kv.clone();
             let (start, options) = (start.clone(), options.clone());
             async move { kv.get(start, Some(options)).await }
         });
@@ -451,29 +418,7 @@ impl Store for EtcdStore {
     }
 
     async fn create(&self, key: &str, value: Bytes) -> Result<KeyValue, StoreError> {
-        check_write(key, Some(&value), self.max_value_bytes)?;
-        let etcd_key = self.shared.namespace.key(key);
-        let txn = Txn::new()
-            .when(vec![Compare::create_revision(
-                etcd_key.clone(),
-                CompareOp::Equal,
-                0,
-            )])
-            .and_then(vec![TxnOp::put(etcd_key, value.to_vec(), None)]);
-        let response = self.txn(txn, value.len()).await?;
-        if !response.succeeded() {
-            return Err(StoreError::AlreadyExists {
-                key: key.to_owned(),
-            });
-        }
-        let revision = header_revision(&response)?;
-        Ok(KeyValue {
-            key: key.to_owned(),
-            value,
-            create_revision: revision,
-            mod_revision: revision,
-            version: 1,
-        })
+        self.create_key(key, value).await
     }
 
     async fn update(
@@ -482,20 +427,7 @@ impl Store for EtcdStore {
         value: Bytes,
         expected_mod_revision: Option<u64>,
     ) -> Result<KeyValue, StoreError> {
-        check_write(key, Some(&value), self.max_value_bytes)?;
-        let etcd_key = self.shared.namespace.key(key);
-        // The new state's revisions are read back in the same transaction, without the value
-        // (the caller has it).
-        let then = vec![
-            TxnOp::put(etcd_key.clone(), value.to_vec(), None),
-            TxnOp::get(etcd_key, Some(GetOptions::new().with_keys_only())),
-        ];
-        let length = value.len();
-        let response = self
-            .conditional(key, expected_mod_revision, then, length)
-            .await?;
-        let written = required(self.shared.first_kv(&response.op_responses(), 1)?)?;
-        Ok(KeyValue { value, ..written })
+        self.update_key(key, value, expected_mod_revision).await
     }
 
     async fn delete(
@@ -503,16 +435,7 @@ impl Store for EtcdStore {
         key: &str,
         expected_mod_revision: Option<u64>,
     ) -> Result<KeyValue, StoreError> {
-        check_write(key, None, self.max_value_bytes)?;
-        let etcd_key = self.shared.namespace.key(key);
-        let then = vec![TxnOp::delete(
-            etcd_key,
-            Some(DeleteOptions::new().with_prev_key()),
-        )];
-        let response = self
-            .conditional(key, expected_mod_revision, then, 0)
-            .await?;
-        required(self.shared.first_kv(&response.op_responses(), 0)?)
+        self.delete_key(key, expected_mod_revision).await
     }
 
     fn watch(&self, prefix: &str, after_revision: u64) -> WatchStream {
@@ -536,12 +459,12 @@ impl Store for EtcdStore {
         if revision == 0 || revision <= self.shared.compacted_at_least.load(Ordering::Acquire) {
             return Ok(());
         }
-        let mut kv = self.shared.kv.clone();
-        match self
-            .shared
-            .call(kv.compact(etcd_revision(revision), None))
-            .await
-        {
+        // Compacting twice to one revision is harmless: etcd refuses the second as compacted.
+        let compact = self.shared.read(EtcdOp::Write, |member| {
+            let mut kv = member.kv.clone();
+            async move { kv.compact(etcd_revision(revision), None).await }
+        });
+        match compact.await {
             Ok(_) => {
                 self.shared.note_compaction(revision);
                 Ok(())

@@ -4,7 +4,8 @@
 //! etcd replays its history and follows live changes itself, without gap or duplicate, so
 //! this side only converts. What it adds: the embedded store's compaction rule (a watch after
 //! a compacted revision fails even where etcd could still replay), progress reported only
-//! when it moves, and an error item whenever etcd or the connection ends the watch, so a
+//! when it moves, a resumption on the next member from the last revision delivered when the
+//! member's stream breaks, and an error item when that fails or etcd ends the watch, so a
 //! watch never ends silently.
 
 use std::pin::pin;
@@ -15,7 +16,7 @@ use futures_util::future::{select, Either};
 use futures_util::stream;
 
 use super::convert::{self, etcd_revision, revision, EventError, Failure};
-use super::Shared;
+use super::{EtcdOp, Shared};
 use crate::error::StoreError;
 use crate::types::{Event, WatchBatch};
 use crate::WatchStream;
@@ -31,6 +32,8 @@ struct Watch {
     /// The revision of the last batch returned: progress is reported only beyond it.
     reported: u64,
     etcd: Option<etcd_client::WatchStream>,
+    /// The member the etcd watch is on.
+    member: usize,
     finished: bool,
 }
 
@@ -48,6 +51,7 @@ pub(crate) fn stream(
         cursor: after_revision,
         reported: after_revision,
         etcd: None,
+        member: 0,
         finished: false,
     };
     Box::pin(stream::unfold(watch, |mut watch| async move {
@@ -69,6 +73,9 @@ impl Watch {
             Some(etcd) => etcd,
             None => self.start().await?,
         };
+        // Resumptions since the last batch: a member whose new stream breaks again at once
+        // moves on to the next, around the ring at most once.
+        let mut resumed = 0;
         loop {
             let received = {
                 let message = pin!(etcd.message());
@@ -82,10 +89,17 @@ impl Watch {
             };
             let response = match received {
                 Ok(Some(response)) => response,
-                Ok(None) => return Err(ended("etcd ended the watch", self.cursor)),
-                Err(error) => {
-                    let what = format!("the etcd watch failed: {error}");
-                    return Err(ended(&what, self.cursor));
+                broken => {
+                    let what = match broken {
+                        Err(error) => format!("the etcd watch failed: {error}"),
+                        Ok(_) => "etcd ended the watch".to_owned(),
+                    };
+                    if resumed >= self.shared.members.len() {
+                        return Err(ended(&what, self.cursor));
+                    }
+                    resumed += 1;
+                    etcd = self.resume(&what).await?;
+                    continue;
                 }
             };
             if let Some(batch) = self.batch(response).await? {
@@ -95,8 +109,24 @@ impl Watch {
         }
     }
 
+    /// Opens the watch again on the next member from `cursor` after its stream broke (`what`);
+    /// its history is etcd's, so nothing is missed or repeated.
+    async fn resume(&mut self, what: &str) -> Result<etcd_client::WatchStream, StoreError> {
+        self.shared.members.failed(self.member);
+        self.shared.members.stats.retried(EtcdOp::Watch);
+        tracing::debug!(cursor = self.cursor, "{what}; resuming the watch");
+        match self.start().await {
+            Ok(etcd) => Ok(etcd),
+            Err(StoreError::Unavailable { source }) => Err(ended(
+                &format!("{what}; resuming failed: {source}"),
+                self.cursor,
+            )),
+            Err(other) => Err(other),
+        }
+    }
+
     /// Opens the etcd watch, after checking that `cursor` is not compacted.
-    async fn start(&self) -> Result<etcd_client::WatchStream, StoreError> {
+    async fn start(&mut self) -> Result<etcd_client::WatchStream, StoreError> {
         // etcd would replay from a compacted revision's successor as long as that one is kept,
         // but without the states its changes replaced; the embedded store refuses such a
         // watch, and so does this one. Revision 0 is etcd's empty revision 1.
@@ -110,9 +140,16 @@ impl Watch {
             .with_start_revision(etcd_revision(self.cursor + 1))
             .with_prev_key()
             .with_progress_notify();
-        let mut client = self.shared.watch.clone();
-        match self.shared.call(client.watch(start, Some(options))).await {
-            Ok(etcd) => Ok(etcd),
+        let opened = self.shared.run(EtcdOp::Watch, |member| {
+            let (mut client, start, options) =
+                (member.watch.clone(), start.clone(), options.clone());
+            async move { client.watch(start, Some(options)).await }
+        });
+        match opened.await {
+            Ok(answer) => {
+                self.member = answer.member;
+                Ok(answer.value)
+            }
             Err(failure) => Err(self.shared.explain(failure, self.cursor).await),
         }
     }
