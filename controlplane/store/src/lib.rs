@@ -37,7 +37,7 @@ pub use embedded::{
 };
 pub use error::{BoxError, QuotaFull, StoreError};
 #[cfg(feature = "etcd")]
-pub use etcd::{EtcdClientCert, EtcdConfig, EtcdStore, EtcdTls};
+pub use etcd::{EtcdClientCert, EtcdConfig, EtcdOp, EtcdStats, EtcdStore, EtcdTls};
 pub use types::{Event, KeyValue, ListPage, StoreUsage, WatchBatch};
 
 /// The changes a watch delivers, in revision order, in batches; a batch without changes is a
