@@ -10,6 +10,8 @@
 //! admin token in the store issues one and writes `admin.kubeconfig`; a replica that finds an
 //! admin token but no kubeconfig in its own data directory issues none (see [`bootstrap_admin`]).
 
+#[cfg(feature = "etcd")]
+mod etcd_metrics;
 #[cfg(test)]
 mod flag_props;
 mod limits;
@@ -233,7 +235,9 @@ pub fn run(options: ControlPlaneOptions, addresses_file: Option<&Path>) -> std::
 pub async fn start(options: ControlPlaneOptions) -> anyhow::Result<RunningControlPlane> {
     std::fs::create_dir_all(&options.data_dir)
         .with_context(|| format!("creating {}", options.data_dir.display()))?;
-    let store: Arc<dyn Store> = match &options.store {
+    // The etcd store's failover and retry counters join the control plane's /metrics.
+    type StoreMetrics = Option<Box<dyn prometheus_client::collector::Collector>>;
+    let (store, store_metrics): (Arc<dyn Store>, StoreMetrics) = match &options.store {
         StoreChoice::Embedded => {
             let store_path = options.data_dir.join("store.redb");
             let config = sluice_store::EmbeddedConfig {
@@ -247,7 +251,7 @@ pub async fn start(options: ControlPlaneOptions) -> anyhow::Result<RunningContro
                     .with_context(|| {
                         format!("opening the store in {}", options.data_dir.display())
                     })?;
-            Arc::new(store)
+            (Arc::new(store), None)
         }
         #[cfg(feature = "etcd")]
         StoreChoice::Etcd(config) => {
@@ -255,16 +259,18 @@ pub async fn start(options: ControlPlaneOptions) -> anyhow::Result<RunningContro
                 .await
                 .with_context(|| format!("connecting to etcd at {}", config.endpoints.join(",")))?;
             tracing::info!(endpoints = %config.endpoints.join(","), prefix = %config.prefix, "store: etcd");
-            Arc::new(store)
+            let metrics = etcd_metrics::EtcdCollector(store.stats());
+            (Arc::new(store), Some(Box::new(metrics)))
         }
     };
-    start_on(options, store).await
+    start_on(options, store, store_metrics).await
 }
 
-/// [`start`] on a store the caller opened (embedded or etcd).
+/// [`start`] on a store the caller opened (embedded or etcd), with the store's own metrics.
 pub async fn start_on(
     options: ControlPlaneOptions,
     store: Arc<dyn Store>,
+    store_metrics: Option<Box<dyn prometheus_client::collector::Collector>>,
 ) -> anyhow::Result<RunningControlPlane> {
     let pki_dir = options
         .pki_dir
@@ -294,6 +300,9 @@ pub async fn start_on(
         r.register_collector(Box::new(sluice_overload::OverloadCollector));
         sluice_admin::register_build_info(r, crate::daemon::VERSION, "tokio");
         r.register_collector(Box::new(sluice_admin::ProcessCollector));
+        if let Some(collector) = store_metrics {
+            r.register_collector(collector);
+        }
         let expiry = sluice_admin::CertificateExpiry::register(r);
         expiry.set_all([("controlplane", cert.as_path())]);
     });
