@@ -12,6 +12,7 @@ use sluice_gateway::identity::{impersonation_checks, requested_impersonation, Us
 use sluice_gateway::request_info::RequestInfo;
 use sluice_gateway::status::GatewayError;
 
+use crate::access::AccessNote;
 use crate::auth::MAX_TOKEN_BYTES;
 use crate::error::{ApiCallFailure, ProxyError};
 use crate::handler::{ClientConnection, GatewayHandler};
@@ -35,7 +36,7 @@ impl GatewayHandler {
         client: &ClientConnection,
         generation: &Arc<Generation>,
         info: &RequestInfo<'_>,
-        headers: &HeaderMap,
+        (headers, note): (&HeaderMap, &AccessNote),
     ) -> Result<Admitted, ProxyError> {
         // Host -> cluster: the one the TLS server name chose (if a reload removed it, the
         // connection's host is no longer served).
@@ -53,9 +54,11 @@ impl GatewayHandler {
         let authenticated = self
             .authenticate(client, generation, cluster, headers)
             .await?;
+        note.authenticated(&authenticated);
         let user = self
             .impersonate(generation, cluster, authenticated, headers)
             .await?;
+        note.authenticated(&user);
         let compiled = &generation.snapshot.clusters()[cluster];
         let runtime = &generation.clusters[cluster];
         let policy = compiled.dispatch.dispatch(info, &user).ok_or_else(|| {
@@ -87,6 +90,7 @@ impl GatewayHandler {
             .ok_or_else(|| GatewayError::NoHealthyUpstream {
                 cluster: compiled.name.to_string(),
             })?;
+        note.upstream(cluster, server);
         Ok(Admitted {
             cluster,
             server,

@@ -24,6 +24,7 @@ use sluice_gateway::request_info::{decode_path, PathError, RequestInfo};
 use sluice_gateway::status::GatewayError;
 use sluice_metrics::{PerCoreCounter, PerCoreHistogram};
 
+use crate::access::AccessNote;
 use crate::auth::CoreAuth;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
@@ -140,13 +141,17 @@ impl GatewayHandler {
         let decoded = decoded_path(path);
         let info = request_info(method.as_str(), &decoded, parts.uri.query().unwrap_or(""));
         let (verb, resource) = request_labels(&info);
+        let note = AccessNote::default();
         let outcome = match info {
             // The newest requests are the ones shed: everything admitted before goes on.
             Ok(_) if sluice_overload::shedding() => {
                 sluice_overload::count_shed(sluice_overload::Role::Gateway);
                 Err(ProxyError::Overloaded)
             }
-            Ok(info) => self.proxy(client, &generation, &info, &parts, body).await,
+            Ok(info) => {
+                self.proxy(client, &generation, &info, (&parts, &note), body)
+                    .await
+            }
             Err(error) => Err(error.into()),
         };
         let resource = resource_label(resource, outcome.as_ref().err());
@@ -154,12 +159,11 @@ impl GatewayHandler {
             self.refuse(&error, client, method.as_str(), path);
             crate::answer::response_to(method, &error)
         });
-        self.finish(
-            &client.cluster,
-            (verb, resource),
-            response.status().as_u16(),
-            started,
-        );
+        let status = response.status().as_u16();
+        if sluice_access_log::wanted(sluice_access_log::Role::Gateway, status >= 400) {
+            crate::access::log(client, &generation, &parts, &response, (&note, started));
+        }
+        self.finish(&client.cluster, (verb, resource), status, started);
         response
     }
 
@@ -169,10 +173,12 @@ impl GatewayHandler {
         client: &ClientConnection,
         generation: &Arc<Generation>,
         info: &RequestInfo<'_>,
-        parts: &Parts,
+        (parts, note): (&Parts, &AccessNote),
         body: Incoming,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let admitted = self.admit(client, generation, info, &parts.headers).await?;
+        let admitted = self
+            .admit(client, generation, info, (&parts.headers, note))
+            .await?;
         self.forward(generation, admitted, info, parts, body).await
     }
 

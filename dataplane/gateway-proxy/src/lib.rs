@@ -16,6 +16,7 @@
 //! whether the proxy may retry before replying); `answer.rs` is the one place that turns it into
 //! the client's answer and the metric label. The module map is in the crate's README.
 
+mod access;
 mod activity;
 mod admit;
 mod answer;

@@ -186,7 +186,8 @@ fn one_request(
     );
     let (verb, resource) = request_labels(&info);
     let info = info.unwrap();
-    let admitted = ready(handler.admit(client, &generation, &info, request.headers()));
+    let note = crate::access::AccessNote::default();
+    let admitted = ready(handler.admit(client, &generation, &info, (request.headers(), &note)));
     let resource = resource_label(resource, admitted.as_ref().err());
     let admitted = admitted.unwrap();
     // h2 decodes the upstream's head into a map it hands over: made outside the count.

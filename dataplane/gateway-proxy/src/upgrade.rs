@@ -15,6 +15,7 @@ use http::header::HeaderValue;
 use sluice_gateway::request_info::RequestInfo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
+use crate::access::AccessNote;
 use crate::admit::Admitted;
 use crate::body::InFlight;
 use crate::error::{ProxyError, UpgradeHeadError, UpstreamFailure};
@@ -123,7 +124,14 @@ impl GatewayHandler {
             user,
             // The flow-control permit lives as long as the upgraded stream.
             permit: _permit,
-        } = self.admit(client, generation, info, &head.headers).await?;
+        } = self
+            .admit(
+                client,
+                generation,
+                info,
+                (&head.headers, &AccessNote::default()),
+            )
+            .await?;
         let compiled = &generation.snapshot.clusters()[cluster];
         let runtime = &generation.clusters[cluster];
         let server = &compiled.servers[server];

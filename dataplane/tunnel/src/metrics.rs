@@ -100,7 +100,7 @@ pub enum CallRoute {
 impl CallRoute {
     const ALL: [Self; 4] = [Self::Local, Self::Remote, Self::Private, Self::None];
 
-    fn label(self) -> &'static str {
+    pub fn label(self) -> &'static str {
         match self {
             Self::Local => "local",
             Self::Remote => "remote",

@@ -54,6 +54,29 @@ pub struct GatewayConfig {
     pub credentials_dir: Option<PathBuf>,
     /// How often a clusters directory is checked for changes (hot reload).
     pub reload_interval: Duration,
+    pub access_log: AccessLogConfig,
+}
+
+/// `gateway.access_log`, `tunnel.access_log`: one structured line per request, written off the
+/// worker threads (a backlog drops lines and counts them, it never blocks a worker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AccessLogConfig {
+    pub enabled: bool,
+    /// One request in this many is logged (`sample`: N, or a ratio such as 0.01 for 100).
+    pub sample_every: u32,
+    /// Every request answered with an error (HTTP status 400 and above, gRPC code not OK) is
+    /// logged, sampled or not.
+    pub errors_always: bool,
+}
+
+impl Default for AccessLogConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            sample_every: 1,
+            errors_always: true,
+        }
+    }
 }
 
 /// `gateway.clusters_dir` or `gateway.source.controlplane`.
@@ -280,6 +303,7 @@ pub struct TunnelConfig {
     pub peer_timeouts: PeerTimeouts,
     /// What one agent may hold on this node, and how large its Descriptor may be.
     pub agent_limits: AgentLimits,
+    pub access_log: AccessLogConfig,
 }
 
 /// Per-agent bounds on a node (`tunnel.max_*_per_agent`, `tunnel.max_agent_*`): an agent with a

@@ -35,6 +35,15 @@ pub(crate) struct RawGateway {
     pub(crate) source: Option<RawSource>,
     pub(crate) credentials_dir: Leaf,
     pub(crate) reload_interval: Leaf,
+    pub(crate) access_log: Option<RawAccessLog>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct RawAccessLog {
+    pub(crate) enabled: Leaf,
+    pub(crate) sample: Leaf,
+    pub(crate) errors_always: Leaf,
 }
 
 /// `{controlplane: {...}}`: objects come from the control plane's API.
@@ -152,6 +161,7 @@ pub(crate) struct RawTunnel {
     pub(crate) max_agent_services: Leaf,
     pub(crate) max_agent_version_bytes: Leaf,
     pub(crate) list_page_size: Leaf,
+    pub(crate) access_log: Option<RawAccessLog>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -2,18 +2,20 @@
 //! field: the difference between the running config and a newly validated one, split into
 //! fields applied live and fields that need a restart.
 //!
-//! Live: `logging.level`, `tunnel.jwt` (the secret file is read again, so a rotated key takes
+//! Live: `logging.level`, `gateway.access_log`, `tunnel.access_log`, `tunnel.jwt` (the secret file is read again, so a rotated key takes
 //! effect), `tunnel.agents` and `tunnel.max_wait`. Everything else is bound into sockets,
 //! threads, TLS state or background tasks at start-up and needs a restart: such a change is
 //! not applied, only reported, and the live part of the same reload still applies (a reload
 //! never leaves the process half-way between two configs: live fields are swapped together,
 //! the others stay as they were at start-up until a restart).
 
-use crate::{Config, TunnelConfig};
+use crate::{Config, GatewayConfig, TunnelConfig};
 
 /// Fields a reload applies to the running process.
-pub const LIVE_FIELDS: [&str; 4] = [
+pub const LIVE_FIELDS: [&str; 6] = [
     "logging.level",
+    "gateway.access_log",
+    "tunnel.access_log",
     "tunnel.jwt",
     "tunnel.agents",
     "tunnel.max_wait",
@@ -64,8 +66,8 @@ pub fn plan(running: &Config, new: &Config) -> ReloadPlan {
     restart(a.gateway != b.gateway, "listeners.gateway");
     restart(running.agent != new.agent, "agent");
     restart(running.redis != new.redis, "redis");
-    restart(running.gateway != new.gateway, "gateway");
     restart(running.ebpf != new.ebpf, "ebpf");
+    gateway_plan(running.gateway.as_ref(), new.gateway.as_ref(), &mut plan);
     match (&running.tunnel, &new.tunnel) {
         (Some(a), Some(b)) => tunnel_plan(a, b, &mut plan),
         (None, None) => {}
@@ -79,7 +81,31 @@ pub fn plan(running: &Config, new: &Config) -> ReloadPlan {
     plan
 }
 
+/// The access log is switched live; the rest of the section (where clusters come from) is
+/// bound at start-up.
+fn gateway_plan(a: Option<&GatewayConfig>, b: Option<&GatewayConfig>, plan: &mut ReloadPlan) {
+    match (a, b) {
+        (Some(a), Some(b)) => {
+            if a.access_log != b.access_log {
+                plan.live.push("gateway.access_log");
+            }
+            let b_with_a_log = GatewayConfig {
+                access_log: a.access_log,
+                ..b.clone()
+            };
+            if *a != b_with_a_log {
+                plan.restart.push("gateway".to_string());
+            }
+        }
+        (None, None) => {}
+        _ => plan.restart.push("gateway".to_string()),
+    }
+}
+
 fn tunnel_plan(a: &TunnelConfig, b: &TunnelConfig, plan: &mut ReloadPlan) {
+    if a.access_log != b.access_log {
+        plan.live.push("tunnel.access_log");
+    }
     if a.jwt != b.jwt {
         plan.live.push("tunnel.jwt");
     }
@@ -134,6 +160,10 @@ pub fn apply_live(running: &Config, new: &Config) -> Config {
         tunnel.jwt = newer.jwt.clone();
         tunnel.agents = newer.agents.clone();
         tunnel.max_wait = newer.max_wait;
+        tunnel.access_log = newer.access_log;
+    }
+    if let (Some(gateway), Some(newer)) = (&mut applied.gateway, &new.gateway) {
+        gateway.access_log = newer.access_log;
     }
     applied
 }
@@ -276,6 +306,42 @@ mod tests {
         assert!(plan.restart.contains(&"listeners.agent".to_string()));
         assert!(plan.live.is_empty());
         assert_eq!(apply_live(&bare, &running), bare);
+    }
+
+    #[test]
+    fn access_logs_are_switched_live() {
+        let key = secret("0123456789abcdef0123456789abcdef");
+        let running = node(&key, "", 0);
+        let new = node(
+            &key,
+            "  access_log: {enabled: true, sample: 0.25, errors_always: false}\n",
+            0,
+        );
+        let plan = plan(&running, &new);
+        assert_eq!(plan.live, vec!["tunnel.access_log"]);
+        assert!(plan.restart.is_empty(), "{plan:?}");
+        let applied = apply_live(&running, &new);
+        let log = applied.tunnel.as_ref().unwrap().access_log;
+        assert_eq!(
+            (log.enabled, log.sample_every, log.errors_always),
+            (true, 4, false)
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let gateway = |log: &str| {
+            let text = format!(
+                "gateway: {{clusters_dir: '{}'{log}}}\n",
+                dir.path().display()
+            );
+            load_str(&text, "gw.yaml").expect("valid gateway config")
+        };
+        let (off, on) = (gateway(""), gateway(", access_log: {enabled: true}"));
+        let plan = super::plan(&off, &on);
+        assert_eq!(plan.live, vec!["gateway.access_log"]);
+        assert!(plan.restart.is_empty(), "{plan:?}");
+        assert_eq!(apply_live(&off, &on), on);
+        let moved = gateway(", access_log: {enabled: true}, reload_interval: 5s");
+        assert_eq!(super::plan(&on, &moved).restart, vec!["gateway"]);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Runs the daemon: config in, listeners bound, workers started, stop signal, drain, exit.
 //! Each pillar wires its listeners and background tasks in its own module.
 
+mod access_log;
 mod cert_expiry;
 mod ebpf;
 mod feeds;
@@ -136,6 +137,7 @@ fn run(
     // admits what it cannot carry (docs/CONFIG.md, runtime.overload).
     sluice_overload::spawn_monitor(&config.runtime.overload)?;
     registry.register_collector(Box::new(sluice_overload::OverloadCollector));
+    access_log::wire(&config, &mut registry)?;
     let admin = server.bind("admin", &config.listeners.admin, Placement::Dedicated)?;
 
     let (pillars, node_shared) = Pillars::wire(&config, &mut server, &mut registry, workers)?;

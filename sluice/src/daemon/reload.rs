@@ -215,6 +215,12 @@ impl Reloader {
                 None => {}
             }
         }
+        if plan.live.contains(&"gateway.access_log") || plan.live.contains(&"tunnel.access_log") {
+            match super::access_log::apply(new) {
+                Ok(()) => tracing::info!(applied = ?plan.live, "access logs switched"),
+                Err(error) => tracing::error!(%error, "the access log writer could not start"),
+            }
+        }
         let (Some(node), Some(tunnel)) = (&self.node, &new.tunnel) else {
             return;
         };

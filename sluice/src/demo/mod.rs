@@ -145,6 +145,7 @@ impl UpDemo {
             // The pushed cluster names the demo's certificates, all in the CA's directory.
             credentials_dir: gateway.ca.parent().map(std::path::Path::to_path_buf),
             reload_interval: std::time::Duration::from_secs(1),
+            access_log: Default::default(),
         });
         let mut demo = demo;
         demo.vm = Some(crate::demo::vm::VmPillar::start(&demo.dir, &controlplane));
@@ -255,6 +256,7 @@ fn demo_tunnel(secret: Vec<u8>, secret_file: PathBuf, agent_token: &str) -> Tunn
         peer_allowlist: Vec::new(),
         peer_timeouts: Default::default(),
         agent_limits: Default::default(),
+        access_log: Default::default(),
     }
 }
 

@@ -296,6 +296,7 @@ pub(crate) mod test_node {
             peer_allowlist: Vec::new(),
             peer_timeouts: Default::default(),
             agent_limits,
+            access_log: Default::default(),
         };
         let metrics = TunnelMetrics::register(&mut Registry::default(), 1);
         NodeShared::new(&config, &listener, &listener, None, metrics, locator).unwrap()

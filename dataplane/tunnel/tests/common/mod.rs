@@ -132,6 +132,7 @@ pub fn start_node_buffered(
         peer_allowlist: Vec::new(),
         peer_timeouts: Default::default(),
         agent_limits: Default::default(),
+        access_log: Default::default(),
     };
     let options = RuntimeOptions {
         workers: 2,

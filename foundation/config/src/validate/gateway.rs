@@ -31,6 +31,11 @@ pub(super) fn gateway(raw: &RawGateway, errors: &mut Errors) -> GatewayConfig {
             Duration::from_secs(1),
             errors,
         ),
+        access_log: super::access_log::access_log(
+            raw.access_log.as_ref(),
+            "gateway.access_log",
+            errors,
+        ),
     }
 }
 

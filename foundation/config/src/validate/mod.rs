@@ -15,6 +15,7 @@ use crate::{
 };
 pub(crate) use sluice_config_error::ErrorList as Errors;
 
+mod access_log;
 mod agent;
 mod controlplane;
 mod ebpf;

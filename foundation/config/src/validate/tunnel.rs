@@ -99,6 +99,11 @@ pub(super) fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
         peer_allowlist: peer_allowlist(raw, errors),
         peer_timeouts: peer_timeouts(raw, errors),
         agent_limits: agent_limits(raw, errors),
+        access_log: super::access_log::access_log(
+            raw.access_log.as_ref(),
+            "tunnel.access_log",
+            errors,
+        ),
     }
 }
 

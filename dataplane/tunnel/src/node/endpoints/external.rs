@@ -23,6 +23,7 @@ use super::super::answer::Responder;
 use super::super::remote::RemoteRouting;
 use super::super::router::{Readiness, Router};
 use super::super::NodeShared;
+use super::access::CallLine;
 use super::{forwardable, list_agents, parse_request, refused, serve_calls, settle, Admitted};
 use crate::auth::VerifiedTokens;
 use crate::error::{ErrorKind, TunnelError};
@@ -108,6 +109,10 @@ impl ExternalHandler {
             .and_then(|()| parse_request(method, &parts.headers))
             .and_then(unless_shedding)
             .and_then(|admitted| forwardable(node, &parts.headers, admitted));
+        let agent = match &admitted {
+            Ok(Admitted::Call(target)) => Some(target.agent),
+            _ => None,
+        };
         let mut route = CallRoute::None;
         let outcome = match admitted {
             // Boxed: its Redis timeout (a 640-byte, 128-byte aligned timer) stays out of
@@ -138,6 +143,16 @@ impl ExternalHandler {
         self.count(label, code, conn.worker());
         node.metrics
             .observe_request(route, conn.worker(), started.elapsed().as_secs_f64());
+        let line = CallLine {
+            endpoint: "external",
+            method,
+            authenticated: is_authenticated,
+            agent,
+            route,
+            code,
+            started,
+        };
+        super::access::log(&conn, line);
         conn.request_served();
     }
 }

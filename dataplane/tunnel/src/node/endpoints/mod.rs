@@ -1,6 +1,7 @@
 //! The node's three listeners: agents park tunnels on the agent endpoint, clients call agents
 //! on the external endpoint, other nodes forward calls to the private endpoint.
 
+mod access;
 pub mod agent;
 pub mod external;
 pub mod private;

@@ -21,6 +21,7 @@ use super::super::answer::Responder;
 use super::super::call::expects_continue;
 use super::super::router::{Readiness, Router};
 use super::super::NodeShared;
+use super::access::CallLine;
 use super::{forwardable, list_agents, parse_request, refused, serve_calls, settle, Admitted};
 use crate::auth::{AuthError, VerifiedTokens};
 use crate::error::TunnelError;
@@ -76,10 +77,15 @@ impl PrivateHandler {
         let node = &*self.node;
         let (parts, body) = request.into_parts();
         let mut responder = Responder::new(respond);
-        let admitted = self
-            .authenticate(&parts.headers)
+        let authenticated = self.authenticate(&parts.headers);
+        let is_authenticated = authenticated.is_ok();
+        let admitted = authenticated
             .and_then(|()| parse_request(parts.uri.path(), &parts.headers))
             .and_then(|admitted| forwardable(node, &parts.headers, admitted));
+        let agent = match &admitted {
+            Ok(Admitted::Call(target)) => Some(target.agent),
+            _ => None,
+        };
         let mut route = CallRoute::None;
         let outcome = match admitted {
             // Boxed: its Redis timeout (a 640-byte, 128-byte aligned timer) stays out of
@@ -106,6 +112,16 @@ impl PrivateHandler {
         node.metrics.private_request(code, conn.worker());
         node.metrics
             .observe_request(route, conn.worker(), started.elapsed().as_secs_f64());
+        let line = CallLine {
+            endpoint: "private",
+            method: parts.uri.path(),
+            authenticated: is_authenticated,
+            agent,
+            route,
+            code,
+            started,
+        };
+        super::access::log(&conn, line);
         conn.request_served();
     }
 
