@@ -57,6 +57,12 @@ pub enum Command {
         config: PathBuf,
         #[command(flatten)]
         runtime: RuntimeArgs,
+        /// Where other nodes dial this node's private endpoint, `IP:PORT` (an IPv6 address in
+        /// brackets): replaces `tunnel.advertise_address`, so one file serves every node of a
+        /// cluster (Kubernetes: `--advertise-address=$(POD_IP):8155`, the pod's IP from the
+        /// downward API). Needs a `tunnel` section.
+        #[arg(long, value_name = "IP:PORT")]
+        advertise_address: Option<std::net::SocketAddr>,
         #[command(flatten)]
         addresses: AddressesArg,
     },

@@ -118,10 +118,14 @@ fn main() -> ExitCode {
         cli::Command::Run {
             config,
             runtime,
+            advertise_address,
             addresses: file,
         } => daemon::run_with(
             daemon::load(&config),
-            &runtime,
+            &daemon::CommandLine {
+                runtime,
+                advertise_address,
+            },
             addresses(file).as_deref(),
             daemon::Mode::Run { config },
         ),
@@ -131,7 +135,7 @@ fn main() -> ExitCode {
             addresses: file,
         } => daemon::run_with(
             load_agent_config(&config),
-            &runtime,
+            &runtime.into(),
             addresses(file).as_deref(),
             daemon::Mode::Run { config },
         ),
@@ -258,7 +262,7 @@ fn up(
                 config.logging.format = log_format;
                 Ok(config)
             },
-            runtime,
+            &runtime.clone().into(),
             addresses_file,
             daemon::Mode::Up(Box::new(demo)),
         ),

@@ -61,7 +61,7 @@ pub fn load(path: &Path) -> Result<Config, InvalidConfig> {
 /// Exit codes: 0 after a clean stop, 2 for an invalid configuration, 1 for any other failure.
 pub fn run_with(
     loaded: Result<Config, InvalidConfig>,
-    args: &RuntimeArgs,
+    args: &CommandLine,
     addresses_file: Option<&Path>,
     mode: Mode,
 ) -> ExitCode {
@@ -76,6 +76,10 @@ pub fn run_with(
             return ExitCode::from(2);
         }
     };
+    if let Err(error) = args.applies_to(&config) {
+        eprintln!("{error}");
+        return ExitCode::from(2);
+    }
     let overrides = command_line_overrides(args);
     overrides(&mut config);
     let log = crate::logging::init(&config.logging);
@@ -89,14 +93,43 @@ pub fn run_with(
     }
 }
 
-/// What the command line changes in a config file (`--workers`, `--driver`): applied at start
-/// and to every reloaded file, so a reload does not see them as changes.
 /// What the command line changes in every loaded config (start-up and each reload).
 pub(super) type Overrides = Box<dyn Fn(&mut Config)>;
 
-fn command_line_overrides(args: &RuntimeArgs) -> Overrides {
-    let (workers, driver) = (args.workers, args.driver);
+/// The flags that replace config fields: `--workers` and `--driver` on every role that runs
+/// workers, `--advertise-address` on `run`.
+pub struct CommandLine {
+    pub runtime: RuntimeArgs,
+    pub advertise_address: Option<std::net::SocketAddr>,
+}
+
+impl From<RuntimeArgs> for CommandLine {
+    fn from(runtime: RuntimeArgs) -> Self {
+        Self {
+            runtime,
+            advertise_address: None,
+        }
+    }
+}
+
+impl CommandLine {
+    /// Refuses a flag the file has no field for, rather than ignoring it.
+    fn applies_to(&self, config: &Config) -> Result<(), String> {
+        if self.advertise_address.is_some() && config.tunnel.is_none() {
+            return Err("--advertise-address: the configuration has no `tunnel` section".into());
+        }
+        Ok(())
+    }
+}
+
+/// Applied at start and to every reloaded file, so a reload does not see them as changes.
+fn command_line_overrides(args: &CommandLine) -> Overrides {
+    let (workers, driver) = (args.runtime.workers, args.runtime.driver);
+    let advertise_address = args.advertise_address.map(|address| address.to_string());
     Box::new(move |config| {
+        if let (Some(address), Some(tunnel)) = (&advertise_address, config.tunnel.as_mut()) {
+            tunnel.advertise_address = Some(address.clone());
+        }
         if let Some(workers) = workers {
             config.runtime.workers = sluice_config::Workers::Count(
                 usize::from(workers)
