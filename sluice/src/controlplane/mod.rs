@@ -293,7 +293,7 @@ pub async fn start_on(
     let address = listener.local_addr()?;
     let url = format!("https://{address}");
     let kubeconfig = options.data_dir.join("admin.kubeconfig");
-    bootstrap_admin(store.as_ref(), &kubeconfig, &url, &pki.ca).await?;
+    bootstrap_admin(store.as_ref(), &kubeconfig, &dialable_url(address), &pki.ca).await?;
     let mut vm_metrics = None;
     let server = ApiServer::with_metrics(registry, store.clone(), options.limits.clone(), |r| {
         vm_metrics = Some(VmMetrics::register(r));
@@ -412,10 +412,37 @@ async fn stop_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The URL the admin kubeconfig names. A wildcard listen address (`0.0.0.0`, `[::]`, as in a
+/// pod) is neither an address to dial nor a name the certificate holds, so the loopback of its
+/// family stands in: what `sluice controlplane token create` dials on the same host or in the
+/// same pod (`kubectl exec`), and what the generated certificate always names.
+fn dialable_url(address: SocketAddr) -> String {
+    let ip = match address.ip() {
+        ip if !ip.is_unspecified() => ip,
+        std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+    };
+    format!("https://{}", SocketAddr::new(ip, address.port()))
+}
+
 fn write_address(path: &Path, address: SocketAddr) -> anyhow::Result<()> {
     let temporary = path.with_extension("tmp");
     let text = serde_json::json!({ "controlplane": address.to_string() });
     std::fs::write(&temporary, serde_json::to_vec_pretty(&text)?)?;
     std::fs::rename(&temporary, path)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dialable_url;
+
+    #[test]
+    fn a_wildcard_listen_address_is_dialled_on_its_loopback() {
+        let url = |address: &str| dialable_url(address.parse().unwrap());
+        assert_eq!(url("0.0.0.0:6443"), "https://127.0.0.1:6443");
+        assert_eq!(url("[::]:6443"), "https://[::1]:6443");
+        assert_eq!(url("10.1.2.3:6443"), "https://10.1.2.3:6443");
+        assert_eq!(url("[fd00::1]:7"), "https://[fd00::1]:7");
+    }
 }
