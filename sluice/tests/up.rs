@@ -130,32 +130,18 @@ fn up_prints_endpoints_serves_metrics_and_stops_on_ctrl_c() {
         )),
         "{metrics}"
     );
-    // The printed tunnel command works as printed: grpcio + PyJWT through node, tunnel and agent
-    // to the demo echo backend.
-    let command = stdout
-        .lines()
-        .find(|line| line.contains("scripts/tunnel_client.py"))
-        .expect("a tunnel client command is printed")
-        .trim()
-        .to_string();
-    let mut words = command.split_whitespace();
-    assert_eq!(words.next(), Some(".venv/bin/python"));
-    let python = test_support::python();
-    assert!(test_support::wait_until(Duration::from_secs(10), || {
-        let output = Command::new(&python)
-            .args(words.clone())
-            .current_dir(test_support::workspace_root())
-            .output()
-            .expect("python");
-        String::from_utf8_lossy(&output.stdout).trim() == "hello"
-    }));
+    // The printed tunnel command works as printed (tests/call.rs runs it without Python):
+    // through node, tunnel and agent to the demo echo backend.
+    let call = printed_line(&stdout, " call --endpoint ").to_string();
+    let (called, reply) = run_printed(&call);
+    assert!(called && reply == "hello\n", "{call}: {reply}");
     // Many calls over the same connections, through the demo's own echo backend (a Sluice
     // forwarder must not send the empty DATA frames h2 peers count and cut off after 100).
-    let external = stdout
+    let external = call
         .split_whitespace()
-        .skip_while(|word| *word != "--node")
+        .skip_while(|word| *word != "--endpoint")
         .nth(1)
-        .expect("the client command names the node")
+        .expect("the call names the node")
         .to_string();
     let secret = stdout
         .split_whitespace()
@@ -350,23 +336,25 @@ fn up_with_three_nodes_routes_the_printed_call_through_redis_and_cleans_up() {
         .map(|word| std::path::PathBuf::from(word).with_file_name(""))
         .expect("the demo directory is printed");
 
-    // The printed command calls node 1; the agent is on node 3.
-    let command = stdout
-        .lines()
-        .find(|line| line.contains("scripts/tunnel_client.py"))
-        .expect("a tunnel client command is printed")
-        .trim()
-        .to_string();
-    let words: Vec<&str> = command.split_whitespace().skip(1).collect();
-    let python = test_support::python();
-    assert!(test_support::wait_until(Duration::from_secs(15), || {
-        let output = Command::new(&python)
-            .args(&words)
-            .current_dir(test_support::workspace_root())
-            .output()
-            .expect("python");
-        String::from_utf8_lossy(&output.stdout).trim() == "hello"
-    }));
+    // The printed command calls node 1; the agent is on node 3. Run as printed, with nothing on
+    // PATH (no Python needed).
+    let call = printed_line(&stdout, " call --endpoint ").to_string();
+    let words: Vec<&str> = call.split_whitespace().collect();
+    let output = Command::new(words[0])
+        .args(&words[1..])
+        .env_clear()
+        .env("PATH", "/nonexistent")
+        .output()
+        .expect("the printed sluice call runs");
+    assert_eq!(
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).as_ref()
+        ),
+        (Some(0), "hello\n"),
+        "{call}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let (code, metrics) = curl(&format!("http://{node3_admin}/metrics"));
     assert_eq!(code, "200");
     assert!(

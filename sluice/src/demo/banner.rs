@@ -1,10 +1,15 @@
 //! What `sluice up` prints once everything is listening: the listeners and how to try each part.
 
+use std::ffi::OsStr;
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 
 use crate::daemon::VERSION;
 use crate::demo::{UpDemo, DEMO_AGENT_ID};
+
+/// The method the banner's `sluice call` names (the echo backend answers any).
+const DEMO_METHOD: &str = "sluice.demo.Echo/Say";
 
 pub fn print_banner(
     workers: usize,
@@ -46,11 +51,15 @@ pub fn print_banner(
     if let Some(external) = find("external") {
         let _ = writeln!(
             out,
-            "  .venv/bin/python scripts/tunnel_client.py --node {external} --agent-id {} --jwt-secret-file {} hello",
+            "  {} call --endpoint {external} --agent {} --jwt-secret-file {} {DEMO_METHOD} --data hello",
+            this_program(),
             DEMO_AGENT_ID,
             demo.jwt_secret_file.display()
         );
-        let _ = writeln!(out, "    (calls the echo backend through the tunnel; needs grpcio and PyJWT: scripts/test.sh creates .venv)");
+        let _ = writeln!(
+            out,
+            "    (a gRPC call through the tunnel of agent {DEMO_AGENT_ID} to the echo backend, which answers hello)"
+        );
     }
     if let Some(gateway) = &demo.gateway {
         let _ = writeln!(
@@ -112,5 +121,58 @@ fn describe_agent(out: &mut impl Write, demo: &UpDemo) {
                 DEMO_AGENT_ID
             );
         }
+    }
+}
+
+/// How to run this binary from a shell: `sluice` when that name on `PATH` is this executable,
+/// else its full path (`cargo run` leaves it in target/, not on `PATH`), so the printed
+/// commands work as printed.
+fn this_program() -> String {
+    match std::env::current_exe() {
+        Ok(exe) => program_name(&exe, std::env::var_os("PATH").as_deref()),
+        Err(_) => "sluice".to_string(),
+    }
+}
+
+fn program_name(exe: &Path, path: Option<&OsStr>) -> String {
+    let canonical = |file: &Path| std::fs::canonicalize(file).ok();
+    let exe_real = canonical(exe);
+    let on_path = path
+        .map(|path| std::env::split_paths(path).collect::<Vec<PathBuf>>())
+        .unwrap_or_default()
+        .into_iter()
+        .find_map(|dir| canonical(&dir.join("sluice")));
+    match (on_path, exe_real) {
+        (Some(found), Some(real)) if found == real => "sluice".to_string(),
+        _ => exe.display().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_program_is_named_by_its_path_unless_path_finds_it_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        let other = dir.path().join("other");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::create_dir_all(&other).unwrap();
+        let exe = bin.join("sluice");
+        std::fs::write(&exe, b"").unwrap();
+        std::fs::write(other.join("sluice"), b"").unwrap();
+        let path = |dirs: &[&Path]| std::env::join_paths(dirs).unwrap();
+        assert_eq!(program_name(&exe, Some(&path(&[&bin]))), "sluice");
+        // Another `sluice` first on PATH, none at all, or no PATH: the full path.
+        let full = exe.display().to_string();
+        assert_eq!(program_name(&exe, Some(&path(&[&other, &bin]))), full);
+        assert_eq!(program_name(&exe, Some(&path(&[&other]))), full);
+        assert_eq!(program_name(&exe, None), full);
+        // A symlink on PATH to this executable is this executable.
+        let link_dir = dir.path().join("link");
+        std::fs::create_dir_all(&link_dir).unwrap();
+        std::os::unix::fs::symlink(&exe, link_dir.join("sluice")).unwrap();
+        assert_eq!(program_name(&exe, Some(&path(&[&link_dir]))), "sluice");
     }
 }
