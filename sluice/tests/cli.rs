@@ -115,6 +115,7 @@ fn addresses_file_is_offered_only_by_the_roles_that_bind_listeners() {
         &["check-config"],
         &["policy", "compile"],
         &["controlplane", "token", "create"],
+        &["call"],
     ] {
         assert!(
             !help(binds_nothing).contains("--addresses-file"),
