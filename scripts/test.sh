@@ -41,7 +41,7 @@ as_root() {
 install_apt_packages() {
   local wanted=(redis-server openvswitch-switch clang llvm libbpf-dev bpftool iproute2
     nghttp2-client curl python3-venv openssl iputils-ping netcat-openbsd ethtool etcd-server
-    protobuf-compiler libprotobuf-dev systemd prometheus man-db groff-base)
+    protobuf-compiler libprotobuf-dev systemd prometheus man-db groff-base lintian dpkg-dev file)
   local missing=()
   for package in "${wanted[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed'; then
