@@ -1,9 +1,8 @@
 //! Packaging (issue 18): the systemd units in `deploy/systemd/` pass `systemd-analyze verify`
 //! (PID 1 here is not systemd, so units are checked offline); every role speaks the
 //! `Type=notify` protocol they rely on (`READY=1` once it serves, `STOPPING=1` when it drains, on
-//! the datagram socket named by `NOTIFY_SOCKET`); and the Debian package of
-//! `scripts/package-deb.sh` installs, and its node runs on the example config the way its unit
-//! would run it.
+//! the datagram socket named by `NOTIFY_SOCKET`). The Debian package that installs them is
+//! tested in `debian_package.rs`.
 #![allow(clippy::unwrap_used)]
 
 use std::os::unix::net::UnixDatagram;
@@ -12,8 +11,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use test_support::{
-    assert_driver, is_root, on_both_drivers, prerequisite, unique_name, ControlPlane, OvsInstance,
-    SluiceLauncher, SluiceProcess, ROOT_IN_CI,
+    assert_driver, on_both_drivers, unique_name, ControlPlane, OvsInstance, SluiceLauncher,
+    SluiceProcess,
 };
 
 // READY=1 comes once the workers' listeners are up and STOPPING=1 when they start draining,
@@ -366,110 +365,4 @@ impl Drop for KilledOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// Purges the package when the test ends, whatever happened.
-struct Installed;
-
-impl Drop for Installed {
-    fn drop(&mut self) {
-        let _ = Command::new("dpkg").args(["--purge", "sluice"]).output();
-    }
-}
-
-/// The value of `key=` in a unit file.
-fn unit_setting(unit: &str, key: &str) -> String {
-    unit.lines()
-        .find_map(|line| line.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key}= in the unit"))
-        .to_string()
-}
-
-/// systemd is not PID 1 here, so `systemctl start` cannot run the unit. Its `ExecStart` runs
-/// instead under `setpriv` with the unit's `User=`, `Group=`, `CapabilityBoundingSet=` and
-/// `NoNewPrivileges=` (the identity and privilege part of its sandbox; the filesystem
-/// protections need systemd itself).
-#[test]
-fn the_debian_package_installs_and_its_node_runs_as_its_unit_would() {
-    if !prerequisite("root (dpkg -i installs the package)", is_root(), ROOT_IN_CI) {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/package-deb.sh");
-    let built = Command::new(script)
-        .args(["--binary", BIN, "--fast", "--out"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(built.status.success(), "{built:?}");
-    let deb = String::from_utf8_lossy(&built.stdout).trim().to_string();
-    let installed = Command::new("dpkg")
-        .args(["--install", &deb])
-        .output()
-        .unwrap();
-    let _purge = Installed;
-    assert!(installed.status.success(), "{installed:?}");
-
-    let passwd = Command::new("getent")
-        .args(["passwd", "sluice"])
-        .output()
-        .unwrap();
-    assert!(passwd.status.success(), "no sluice user");
-    // The man pages and completions generated from the CLI are where man and the shells look.
-    let page = Command::new("man")
-        .args(["-w", "sluice-run"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&page.stdout).trim(),
-        "/usr/share/man/man1/sluice-run.1.gz",
-        "{page:?}"
-    );
-    for completion in [
-        "/usr/share/bash-completion/completions/sluice",
-        "/usr/share/zsh/vendor-completions/_sluice",
-        "/usr/share/fish/vendor_completions.d/sluice.fish",
-    ] {
-        let script = std::fs::read_to_string(completion).unwrap();
-        assert!(script.contains("check-config"), "{completion}");
-    }
-    let secret = std::fs::metadata("/etc/sluice/jwt.secret").unwrap();
-    assert_eq!(
-        std::os::unix::fs::PermissionsExt::mode(&secret.permissions()) & 0o777,
-        0o640
-    );
-    let unit = std::fs::read_to_string("/lib/systemd/system/sluice-node.service").unwrap();
-    let exec: Vec<String> = unit_setting(&unit, "ExecStart")
-        .split_whitespace()
-        .map(str::to_string)
-        .collect();
-    assert_eq!(exec[0], "/usr/bin/sluice");
-    let capabilities: Vec<String> = unit_setting(&unit, "CapabilityBoundingSet")
-        .split_whitespace()
-        .map(|cap| format!("+{}", cap.trim_start_matches("CAP_").to_lowercase()))
-        .collect();
-    assert_eq!(unit_setting(&unit, "NoNewPrivileges"), "yes");
-    let node = Command::new("setpriv")
-        .arg(format!("--reuid={}", unit_setting(&unit, "User")))
-        .arg(format!("--regid={}", unit_setting(&unit, "Group")))
-        .args(["--init-groups", "--no-new-privs", "--inh-caps=-all"])
-        .arg(format!("--bounding-set=-all,{}", capabilities.join(",")))
-        .args(&exec)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let admin: std::net::SocketAddr = "127.0.0.1:9901".parse().unwrap();
-    let ready = test_support::wait_until(Duration::from_secs(20), || {
-        test_support::http_get(admin, "/readyz").is_ok_and(|answer| answer.status == 200)
-    });
-    unsafe { libc::kill(node.id() as i32, libc::SIGTERM) };
-    let output = node.wait_with_output().unwrap();
-    assert!(
-        ready,
-        "the packaged node never became ready: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(output.status.success(), "{output:?}");
 }
