@@ -5,6 +5,10 @@
 //! exceptions are the families in [`NO_SERIES_HERE`], whose series appear only on an event this
 //! test cannot cause: their query may come back empty only if a scraped target exports the
 //! family.
+//!
+//! Each board filters every query by its `job` and `instance` variables and takes every range as
+//! `$__rate_interval` (checked on the text, and by querying one instance and one that does not
+//! exist); every family a query names must be exported by a scraped role.
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
@@ -109,12 +113,7 @@ fn up_with_traffic() -> SluiceProcess {
         .stdout()
         .contains("Press Ctrl-C to stop.")));
     let stdout = up.stdout();
-    let tunnel = stdout
-        .lines()
-        .find(|line| line.contains("scripts/tunnel_client.py"))
-        .unwrap()
-        .to_string();
-    let words: Vec<&str> = tunnel.split_whitespace().skip(1).collect();
+    let words = tunnel_client_words(&stdout);
     assert!(wait_until(Duration::from_secs(15), || Command::new(
         test_support::python()
     )
@@ -142,6 +141,31 @@ fn up_with_traffic() -> SluiceProcess {
     let listed = Command::new(words[0]).args(&words[1..]).output().unwrap();
     assert!(listed.status.success(), "{listed:?}");
     up
+}
+
+/// The Python tunnel client's arguments for the banner's tunnel call (the call's node, agent
+/// and secret, whichever client the banner prints: the Python script's flags or `sluice
+/// call`'s), so the test's client can also send a token of the wrong audience.
+fn tunnel_client_words(banner: &str) -> Vec<String> {
+    let line = banner
+        .lines()
+        .find(|line| line.contains("--jwt-secret-file"))
+        .unwrap();
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let after = |flags: &[&str]| {
+        let at = words.iter().position(|word| flags.contains(word)).unwrap();
+        words[at + 1].to_string()
+    };
+    vec![
+        "scripts/tunnel_client.py".to_string(),
+        "--node".to_string(),
+        after(&["--node", "--endpoint"]),
+        "--agent-id".to_string(),
+        after(&["--agent-id", "--agent"]),
+        "--jwt-secret-file".to_string(),
+        after(&["--jwt-secret-file"]),
+        "hello".to_string(),
+    ]
 }
 
 fn vm_agent(ovs: &OvsInstance, dir: &Path) -> VmAgentProcess {
@@ -201,6 +225,131 @@ fn empty_is_allowed(expr: &str, exported: &str) -> bool {
     })
 }
 
+/// What Grafana puts for `$__rate_interval` with a 15 s scrape interval (4 × 15 s); this test's
+/// Prometheus scrapes every second, so the window holds many samples.
+const RATE_INTERVAL: &str = "1m";
+
+/// The board's query variable `name`, which must be a multi-value one with an "All" value.
+fn variable<'a>(board: &'a Value, path: &Path, name: &str) -> &'a Value {
+    let found = board["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|variable| variable["name"] == name)
+        .unwrap_or_else(|| panic!("{}: no `{name}` variable", path.display()));
+    assert_eq!(found["type"], "query", "{}: {name}", path.display());
+    assert_eq!(found["includeAll"], true, "{}: {name}", path.display());
+    assert!(found["allValue"].is_string(), "{}: {name}", path.display());
+    found
+}
+
+/// `expr` as Grafana sends it with every variable at its "All" value (`instance`: `instance`'s).
+fn with_variables(expr: &str, job: &str, instance: &str) -> String {
+    expr.replace("$__rate_interval", RATE_INTERVAL)
+        .replace("$job", job)
+        .replace("$instance", instance)
+}
+
+/// The metric names of `expr` (Sluice's and the `process_*` ones) with each one's matchers.
+fn selectors(expr: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for (start, _) in expr
+        .match_indices("sluice_")
+        .chain(expr.match_indices("process_"))
+    {
+        if expr[..start]
+            .chars()
+            .last()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            continue;
+        }
+        let name: String = expr[start..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let rest = &expr[start + name.len()..];
+        let matchers = match rest.strip_prefix('{') {
+            Some(body) => body[..body.find('}').unwrap()].to_string(),
+            None => String::new(),
+        };
+        found.push((name, matchers));
+    }
+    found
+}
+
+/// What every query must do whatever the data: filter each selector by the board's `job` and
+/// `instance` variables, and take every range as `$__rate_interval` (a fixed `[1m]` is empty
+/// under a slower scrape and jagged under a faster one).
+fn check_query_shape(path: &Path, expr: &str) {
+    let shown = path.display();
+    assert!(
+        !expr.contains("vector("),
+        "{expr}: answers without the metric"
+    );
+    let found = selectors(expr);
+    assert!(!found.is_empty(), "{shown}: {expr}: no metric");
+    for (name, matchers) in found {
+        for wanted in ["job=~\"$job\"", "instance=~\"$instance\""] {
+            assert!(
+                matchers.split(',').any(|matcher| matcher == wanted),
+                "{shown}: {expr}: {name} is not filtered by {wanted}"
+            );
+        }
+    }
+    for (at, _) in expr.match_indices('[') {
+        assert!(
+            expr[at..].starts_with("[$__rate_interval]"),
+            "{shown}: {expr}: a range other than [$__rate_interval]"
+        );
+    }
+}
+
+/// Every family a query names must be one a scraped target exports now (`# TYPE` line):
+/// a dashboard of names no role exports draws nothing, whatever its queries answer.
+fn check_exported_names(path: &Path, expr: &str, exported: &str) {
+    for (name, _) in selectors(expr) {
+        let family = ["_total", "_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(&name);
+        assert!(
+            exported
+                .lines()
+                .any(|line| line.starts_with(&format!("# TYPE {family} "))),
+            "{}: {expr}: no scraped role exports {family}",
+            path.display()
+        );
+    }
+}
+
+/// The panels issue 35 asks for, found by what they query.
+fn check_required_panels(exprs: &[(String, String)]) {
+    let on = |board: &str, needle: &str| {
+        exprs
+            .iter()
+            .any(|(file, expr)| file == board && expr.contains(needle))
+    };
+    assert!(on(
+        "sluice-gateway.json",
+        "sum by (le, cluster) (rate(sluice_gateway_request_duration_seconds_bucket"
+    ));
+    assert!(on(
+        "sluice-tunnel.json",
+        "sum by (le, route) (rate(sluice_tunnel_request_duration_seconds_bucket"
+    ));
+    for family in [
+        "rate(process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "sluice_build_info",
+        "sluice_tls_certificate_expiry_timestamp_seconds",
+    ] {
+        assert!(on("sluice-runtime.json", family), "runtime: {family}");
+    }
+}
+
 #[test]
 fn every_panel_query_returns_data_from_a_real_prometheus() {
     let up = up_with_traffic();
@@ -221,19 +370,35 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
     );
     let exported = exported(&targets, &controlplane, &cp.ca_file());
     let boards = test_support::workspace_root().join("deploy/grafana");
-    let mut checked = 0;
+    let mut exprs = Vec::new();
     let mut empty = Vec::new();
     for entry in std::fs::read_dir(boards).unwrap() {
         let path = entry.unwrap().path();
         let board: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let job = variable(&board, &path, "job")["allValue"].as_str().unwrap();
+        let instance = variable(&board, &path, "instance");
+        // The variable's own query lists the instances (`label_values(SELECTOR, instance)`).
+        let definition = instance["definition"].as_str().unwrap();
+        let selector = definition
+            .strip_prefix("label_values(")
+            .and_then(|rest| rest.strip_suffix(", instance)"))
+            .unwrap_or_else(|| panic!("{}: {definition}", path.display()));
+        let listed = prometheus.query(&format!(
+            "count by (instance) ({})",
+            with_variables(selector, job, "")
+        ));
+        assert!(
+            !listed.is_empty(),
+            "{}: {definition}: {listed:?}",
+            path.display()
+        );
+        let all = instance["allValue"].as_str().unwrap();
         for panel in board["panels"].as_array().unwrap() {
             for target in panel["targets"].as_array().unwrap() {
                 let expr = target["expr"].as_str().unwrap();
-                assert!(
-                    !expr.contains("vector("),
-                    "{expr}: answers without the metric"
-                );
-                let result = prometheus.query(expr);
+                check_query_shape(&path, expr);
+                check_exported_names(&path, expr, &exported);
+                let result = prometheus.query(&with_variables(expr, job, all));
                 if result.is_empty() && !empty_is_allowed(expr, &exported) {
                     empty.push(format!(
                         "{}: panel {}: {expr}",
@@ -241,12 +406,27 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
                         panel["title"]
                     ));
                 }
-                checked += 1;
+                // One instance chosen: no series of another one gets through.
+                let one = with_variables(expr, job, &targets[0]);
+                for series in prometheus.query(&one) {
+                    let shown = &series["metric"]["instance"];
+                    assert!(shown.is_null() || shown == &targets[0], "{one}: {series}");
+                }
+                assert!(
+                    prometheus
+                        .query(&with_variables(expr, job, "no-such-instance"))
+                        .is_empty(),
+                    "{expr}: answers for an instance that does not exist"
+                );
+                let file = path.file_name().unwrap().to_string_lossy().to_string();
+                exprs.push((file, expr.to_string()));
             }
         }
     }
     assert!(empty.is_empty(), "queries without data: {empty:#?}");
-    assert!(checked >= 27, "only {checked} queries");
+    assert!(exprs.len() >= 33, "only {} queries", exprs.len());
+    check_required_panels(&exprs);
+    check_labelled_latency(&prometheus);
     // Every name must also be one Sluice registers (the fault-only families included).
     let sources = test_support::metric_names::registering_sources();
     for entry in std::fs::read_dir(test_support::workspace_root().join("deploy/grafana")).unwrap() {
@@ -263,4 +443,23 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
     }
     drop(agent);
     drop(up);
+}
+
+/// The latency panels split as drawn: the gateway's by a configured cluster name, the tunnel's
+/// into local and remote calls.
+fn check_labelled_latency(prometheus: &Prometheus) {
+    let window = RATE_INTERVAL;
+    let gateway = prometheus.query(&format!(
+        "sum by (cluster) (rate(sluice_gateway_request_duration_seconds_count[{window}]))"
+    ));
+    assert!(
+        gateway.iter().any(|series| series["metric"]["cluster"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty())),
+        "{gateway:?}"
+    );
+    let tunnel = prometheus.query(
+        "sum by (route) (sluice_tunnel_request_duration_seconds_count{route=~\"local|remote\"}) > 0",
+    );
+    assert!(!tunnel.is_empty(), "no local or remote call counted");
 }
