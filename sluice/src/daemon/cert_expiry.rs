@@ -1,7 +1,9 @@
 //! The expiry of every certificate this process serves or presents, by the config name that
-//! points at it (`sluice_tls_certificate_expiry_timestamp_seconds{listener}`). Certificates are
-//! read at start-up and a renewed file takes a restart to be served (docs/CONFIG.md), so the
-//! gauges are set once here and show the certificates in force.
+//! points at it (`sluice_tls_certificate_expiry_timestamp_seconds{listener}`). Listener and
+//! control-plane client certificates are read at start-up and a renewed file takes a restart
+//! to be served (docs/CONFIG.md), so their gauges are set once here and show the certificates
+//! in force; the gateway's per-cluster ones follow each generation of clusters it installs
+//! (`Gateway::export_certificate_expiry`, given the handle returned here).
 
 use std::path::Path;
 
@@ -39,9 +41,10 @@ fn certificates(config: &Config) -> Vec<(&'static str, &Path)> {
 }
 
 /// Registers the gauges and sets them from the files `config` names.
-pub(super) fn wire(config: &Config, registry: &mut Registry) {
+pub(super) fn wire(config: &Config, registry: &mut Registry) -> sluice_admin::CertificateExpiry {
     let expiry = sluice_admin::CertificateExpiry::register(registry);
     expiry.set_all(certificates(config));
+    expiry
 }
 
 #[cfg(test)]

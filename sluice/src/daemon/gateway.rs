@@ -23,6 +23,7 @@ pub fn wire(
     server: &mut ServerBuilder,
     registry: &mut Registry,
     workers: usize,
+    expiry: &sluice_admin::CertificateExpiry,
 ) -> anyhow::Result<Option<WiredGateway>> {
     let (Some(gateway), Some(listener)) = (&config.gateway, &config.listeners.gateway) else {
         return Ok(None);
@@ -37,6 +38,7 @@ pub fn wire(
             Gateway::with_clusters(&source.url, Vec::new(), metrics)?
         }
     };
+    loaded.export_certificate_expiry(expiry.clone());
     registry.register_collector(Box::new(GatewayCollector(loaded.clone())));
     let gateway_id = server.bind("gateway", listener, Placement::Workers)?;
     server.serve(

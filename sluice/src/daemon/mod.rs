@@ -165,7 +165,7 @@ fn run(
     let mut registry = Registry::default();
     sluice_admin::register_build_info(&mut registry, VERSION, selection.driver.as_str());
     registry.register_collector(Box::new(sluice_admin::ProcessCollector));
-    cert_expiry::wire(&config, &mut registry);
+    let expiry = cert_expiry::wire(&config, &mut registry);
     // Started before any listener accepts, so a process that starts near its limits never
     // admits what it cannot carry (docs/CONFIG.md, runtime.overload).
     sluice_overload::spawn_monitor(&config.runtime.overload)?;
@@ -173,7 +173,8 @@ fn run(
     access_log::wire(&config, &mut registry)?;
     let admin = server.bind("admin", &config.listeners.admin, Placement::Dedicated)?;
 
-    let (pillars, node_shared) = Pillars::wire(&config, &mut server, &mut registry, workers)?;
+    let (pillars, node_shared) =
+        Pillars::wire(&config, &mut server, &mut registry, workers, &expiry)?;
     if let Some(hook) = mode.hook() {
         hook.wire(&mut config, &mut server)?;
     }
@@ -266,9 +267,10 @@ impl Pillars {
         server: &mut ServerBuilder,
         registry: &mut Registry,
         workers: usize,
+        expiry: &sluice_admin::CertificateExpiry,
     ) -> anyhow::Result<(Self, Option<Arc<sluice_tunnel::node::NodeShared>>)> {
         let node = tunnel::wire_node(config, server, registry, workers)?;
-        let gateway = gateway::wire(config, server, registry, workers)?;
+        let gateway = gateway::wire(config, server, registry, workers, expiry)?;
         let mut targets = feeds::FeedTargets::default();
         let node_shared = node.as_ref().map(|node| node.node.clone());
         let (tracker, node_feed) = node.map_or((None, None), |node| (node.tracker, node.feed));
