@@ -162,6 +162,15 @@ impl EtcdArgs {
     }
 }
 
+/// The client certificate the control plane presents to etcd (read once, at connect).
+fn etcd_client_cert(store: &StoreChoice) -> Option<&Path> {
+    match store {
+        StoreChoice::Embedded => None,
+        #[cfg(feature = "etcd")]
+        StoreChoice::Etcd(config) => Some(config.tls.as_ref()?.client.as_ref()?.cert.as_path()),
+    }
+}
+
 /// A running control plane: its address, what it wrote for clients, and how to stop it.
 pub struct RunningControlPlane {
     pub address: SocketAddr,
@@ -305,6 +314,7 @@ pub async fn start_on(
         }
         let expiry = sluice_admin::CertificateExpiry::register(r);
         expiry.set_all([("controlplane", cert.as_path())]);
+        expiry.set_all(etcd_client_cert(&options.store).map(|file| ("etcd_client", file)));
     });
     server
         .load_tokens()
