@@ -135,6 +135,9 @@ pub enum Command {
 
 /// `sluice vm-agent`'s flags.
 #[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("controlplane_credential")
+    .args(["controlplane_token_file", "controlplane_cert"])
+    .multiple(true)))]
 pub struct VmAgentArgs {
     /// The bridge to enforce on (created on the netdev datapath if missing).
     #[arg(long, value_name = "BRIDGE")]
@@ -150,8 +153,8 @@ pub struct VmAgentArgs {
     pub policies: Option<PathBuf>,
     /// Watch this VM's policies on the control plane (https://host:port) instead of a file;
     /// needs --controlplane-ca and --controlplane-token-file (a vm-agent token whose
-    /// subject is this VM).
-    #[arg(long, value_name = "URL", requires_all = ["controlplane_ca", "controlplane_token_file", "vm"])]
+    /// subject is this VM) or --controlplane-cert (CN = this VM, O = vm-agent).
+    #[arg(long, value_name = "URL", requires_all = ["controlplane_ca", "controlplane_credential", "vm"])]
     pub controlplane: Option<String>,
     /// This VM's name: its VirtualMachine on the control plane (and the subject of the
     /// token). The agent is No-Op until that object says `Agented`.
@@ -171,6 +174,13 @@ pub struct VmAgentArgs {
     /// The vm-agent bearer token (`sluice controlplane token create --role vm-agent --subject <vm>`).
     #[arg(long, value_name = "FILE", visible_alias = "token-file")]
     pub controlplane_token_file: Option<PathBuf>,
+    /// Client certificate (PEM) for the control plane, with --controlplane-key; its expiry is
+    /// sluice_tls_certificate_expiry_timestamp_seconds{listener="controlplane_client"}.
+    #[arg(long, value_name = "FILE", requires_all = ["controlplane_key", "controlplane"])]
+    pub controlplane_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "controlplane_cert")]
+    pub controlplane_key: Option<PathBuf>,
     /// OVS run directory holding `<bridge>.mgmt` and, by default, `db.sock`.
     #[arg(long, value_name = "DIR", default_value = "/var/run/openvswitch")]
     pub ovs_rundir: PathBuf,
@@ -209,8 +219,8 @@ impl VmAgentArgs {
                 name: Some(vm.clone()),
                 ca_file: self.controlplane_ca.unwrap_or_default(),
                 token_file: self.controlplane_token_file,
-                cert_file: None,
-                key_file: None,
+                cert_file: self.controlplane_cert,
+                key_file: self.controlplane_key,
             };
             sluice_vm_agent::LifecycleOptions {
                 client: crate::daemon::watch_client_config(&source),

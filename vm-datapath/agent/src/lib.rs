@@ -104,6 +104,13 @@ async fn run_agent(options: VmAgentOptions) -> Result<(), VmAgentError> {
     }
     sluice_role_metrics::register_build_info(&mut registry, env!("CARGO_PKG_VERSION"), "tokio");
     registry.register_collector(Box::new(sluice_role_metrics::ProcessCollector));
+    let expiry = sluice_role_metrics::CertificateExpiry::register(&mut registry);
+    // Set once: the watch client reads the file when it starts, so a renewal takes a restart.
+    let client_cert = options
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.client.client_cert.as_ref());
+    expiry.set_all(client_cert.map(|files| ("controlplane_client", files.cert.as_path())));
     engine_metrics.register(&mut registry);
     realize.register(&mut registry);
     let ports = PortCounters::load(options.ebpf);
