@@ -2,11 +2,14 @@
 kind defines (at any depth), of the right type, and every field the type requires must be
 there. The types are the official Python client's models, generated from the OpenAPI the
 apiserver serves, so no cluster is needed. Kinds the
-client does not know (the Prometheus operator's ServiceMonitor) are checked by a small schema
+client does not know (the Prometheus operator's PodMonitor) are checked by a small schema
 below.
 
-Usage: validate_manifests.py FILE...   prints one line per problem, exits 1 if any.
+Usage: validate_manifests.py FILE...          prints one line per problem, exits 1 if any.
+       validate_manifests.py --dump FILE...   prints every object as one JSON list (for the
+                                              Rust test's cross-checks: ports, files, images).
 """
+import json
 import sys
 
 import pydantic
@@ -16,11 +19,18 @@ from kubernetes import client
 # apiVersion group -> the client's class prefix.
 PREFIXES = {"v1": "V1", "apps/v1": "V1", "policy/v1": "V1", "rbac.authorization.k8s.io/v1": "V1"}
 
-SERVICE_MONITOR = {
+# The fields of monitoring.coreos.com/v1 PodMonitor these manifests may use (the operator's
+# CRD has more; one not listed here is reported, so a misspelt field is too).
+SECRET_OR_CONFIG_MAP = {"secret": {"name": str, "key": str}, "configMap": {"name": str, "key": str}}
+POD_MONITOR = {
     "apiVersion": str, "kind": str,
     "metadata": {"name": str, "namespace": str, "labels": dict},
     "spec": {"selector": {"matchLabels": dict}, "namespaceSelector": {"matchNames": list},
-             "endpoints": [{"port": str, "path": str, "interval": str, "scheme": str}]},
+             "podMetricsEndpoints": [{
+                 "port": str, "path": str, "interval": str, "scheme": str,
+                 "tlsConfig": {"ca": SECRET_OR_CONFIG_MAP, "serverName": str,
+                               "insecureSkipVerify": bool},
+             }]},
 }
 
 
@@ -47,7 +57,7 @@ def check_schema(value, schema, path, problems):
             return
         for key, item in value.items():
             if key not in schema:
-                problems.append(f"{path}.{key}: not a field of ServiceMonitor")
+                problems.append(f"{path}.{key}: not a field of PodMonitor")
             else:
                 check_schema(item, schema[key], f"{path}.{key}", problems)
     elif isinstance(schema, list):
@@ -63,17 +73,26 @@ def check_schema(value, schema, path, problems):
 def validate(document, origin):
     problems = []
     api_version, kind = document.get("apiVersion"), document.get("kind")
-    if kind == "ServiceMonitor" and api_version == "monitoring.coreos.com/v1":
-        check_schema(document, SERVICE_MONITOR, kind, problems)
-        for field in ("selector", "endpoints"):
+    if kind == "PodMonitor" and api_version == "monitoring.coreos.com/v1":
+        check_schema(document, POD_MONITOR, kind, problems)
+        for field in ("selector", "podMetricsEndpoints"):
             if field not in document.get("spec", {}):
-                problems.append(f"ServiceMonitor.spec.{field}: required")
+                problems.append(f"PodMonitor.spec.{field}: required")
     elif api_version in PREFIXES:
         check(document, PREFIXES[api_version] + str(kind), problems)
     else:
         problems.append(f"{kind}: unknown apiVersion {api_version!r}")
     name = document.get("metadata", {}).get("name", "?")
     return [f"{origin}: {kind}/{name}: {problem}" for problem in problems]
+
+
+def dump(paths):
+    documents = []
+    for path in paths:
+        with open(path) as handle:
+            documents.extend(document for document in yaml.safe_load_all(handle) if document)
+    print(json.dumps(documents))
+    return 0
 
 
 def main(paths):
@@ -92,4 +111,6 @@ def main(paths):
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--dump"]:
+        sys.exit(dump(sys.argv[2:]))
     sys.exit(main(sys.argv[1:]))
