@@ -464,4 +464,42 @@ mod tests {
         );
         assert!(admin_address("localhost").is_err(), "a port is required");
     }
+
+    #[test]
+    fn a_vm_agent_on_the_control_plane_needs_a_token_or_a_certificate() {
+        let parse = |extra: &[&str]| {
+            let base = ["sluice", "vm-agent", "--bridge", "br", "--vm", "vm1"];
+            let cp = [
+                "--controlplane",
+                "https://cp:6443",
+                "--controlplane-ca",
+                "ca.pem",
+            ];
+            Cli::try_parse_from(base.iter().chain(&cp).chain(extra))
+        };
+        assert!(parse(&[]).is_err(), "no credential");
+        assert!(parse(&["--token-file", "t"]).is_ok());
+        let Ok(Cli {
+            command: Command::VmAgent(args),
+            ..
+        }) = parse(&[
+            "--controlplane-cert",
+            "c.pem",
+            "--controlplane-key",
+            "k.pem",
+        ])
+        else {
+            panic!("a certificate alone is a credential");
+        };
+        let source = args
+            .options()
+            .lifecycle
+            .unwrap()
+            .client
+            .client_cert
+            .unwrap();
+        assert_eq!((source.cert, source.key), ("c.pem".into(), "k.pem".into()));
+        assert!(parse(&["--controlplane-cert", "c.pem"]).is_err(), "no key");
+        assert!(parse(&["--token-file", "t", "--controlplane-key", "k.pem"]).is_err());
+    }
 }
