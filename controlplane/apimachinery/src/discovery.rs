@@ -18,10 +18,13 @@ use crate::kind::{KindSpec, Registry};
 /// The Content-Type to answer every discovery document with (also for aggregated Accepts).
 pub const DISCOVERY_CONTENT_TYPE: &str = "application/json";
 
-/// `/api`: the core group's versions. The control plane serves no core group, so the list is
-/// empty; client-go then adds an empty group and goes on with `/apis`.
-pub fn api_versions() -> Value {
-    json!({"kind": "APIVersions", "versions": [], "serverAddressByClientCIDRs": []})
+/// `/api`: the core group's versions (kinds registered with group `""`). client-go's REST
+/// mapper adds kind `List` to every group version it discovers, so serving core `v1` is what
+/// lets kubectl apply a `kind: List` (what `kubectl get -o yaml` of several objects prints).
+pub fn api_versions(registry: &Registry) -> Value {
+    let mut versions = registry.groups().remove("").unwrap_or_default();
+    versions.sort_by(|a, b| compare_kube_versions(a, b));
+    json!({"kind": "APIVersions", "versions": versions, "serverAddressByClientCIDRs": []})
 }
 
 /// `/version` (`version.Info`): kubectl `create`/`version` ask for it first (a 404 is
@@ -33,18 +36,27 @@ pub fn version_info(major: &str, minor: &str, git_version: &str, platform: &str)
     })
 }
 
-/// `/apis`: every group with its versions, preferred first.
-pub fn api_group_list(registry: &Registry) -> Value {
-    let groups: Vec<Value> = registry
+/// `/apis`: every named group with its versions, preferred first (the core group is `/api`'s),
+/// then `extra` (groups served by code rather than by stored kinds).
+pub fn api_group_list(registry: &Registry, extra: &[(&str, &str)]) -> Value {
+    let mut groups: Vec<Value> = registry
         .groups()
         .into_iter()
+        .filter(|(group, _)| !group.is_empty())
         .map(|(group, versions)| api_group_body(&group, versions))
         .collect();
+    for (group, version) in extra {
+        groups.push(api_group_body(group, vec![version.to_string()]));
+    }
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 /// `/apis/<group>`: one `APIGroup`, or `None` when the group is not served (404).
+/// A group served by code is answered by [`api_group_of`].
 pub fn api_group(registry: &Registry, group: &str) -> Option<Value> {
+    if group.is_empty() {
+        return None;
+    }
     let versions = registry.groups().remove(group)?;
     let mut body = api_group_body(group, versions);
     if let Value::Object(map) = &mut body {
@@ -52,6 +64,14 @@ pub fn api_group(registry: &Registry, group: &str) -> Option<Value> {
         map.insert("apiVersion".into(), json!("v1"));
     }
     Some(body)
+}
+
+/// The `APIGroup` document of one group and its one version.
+pub fn api_group_of(group: &str, version: &str) -> Value {
+    let mut body = api_group_body(group, vec![version.to_string()]);
+    body["kind"] = json!("APIGroup");
+    body["apiVersion"] = json!("v1");
+    body
 }
 
 fn api_group_body(group: &str, mut versions: Vec<String>) -> Value {
@@ -84,12 +104,28 @@ pub fn api_resource_list(registry: &Registry, group: &str, version: &str) -> Opt
             }));
         }
     }
-    Some(json!({
+    let group_version = match group {
+        "" => version.to_string(),
+        _ => format!("{group}/{version}"),
+    };
+    Some(resource_list(&group_version, resources))
+}
+
+/// An `APIResourceList` document of the given entries.
+pub fn resource_list(group_version: &str, resources: Vec<Value>) -> Value {
+    json!({
         "kind": "APIResourceList",
         "apiVersion": "v1",
-        "groupVersion": format!("{group}/{version}"),
+        "groupVersion": group_version,
         "resources": resources,
-    }))
+    })
+}
+
+/// A discovery entry of a resource served by code (no stored objects, no short names).
+pub fn virtual_resource(name: &str, kind: &str, namespaced: bool, verbs: &[&str]) -> Value {
+    json!({
+        "name": name, "singularName": "", "namespaced": namespaced, "kind": kind, "verbs": verbs,
+    })
 }
 
 fn resource_entry(spec: &KindSpec) -> Value {
@@ -159,6 +195,38 @@ mod tests {
     }
 
     #[test]
+    fn the_core_group_is_served_under_api_not_apis() {
+        let mut core = widget();
+        core.group = String::new();
+        core.short_names.clear();
+        let registry = Registry::new()
+            .with(widget())
+            .and_then(|registry| registry.with(core))
+            .expect("registry");
+        assert_eq!(api_versions(&registry)["versions"], json!(["v1"]));
+        let groups = api_group_list(&registry, &[("authorization.k8s.io", "v1")]);
+        let names: Vec<&Value> = groups["groups"]
+            .as_array()
+            .expect("groups")
+            .iter()
+            .map(|group| &group["name"])
+            .collect();
+        assert_eq!(
+            names,
+            [&json!("tests.sluice.dev"), &json!("authorization.k8s.io")]
+        );
+        assert!(api_group(&registry, "").is_none());
+        let list = api_resource_list(&registry, "", "v1").expect("core v1");
+        assert_eq!(list["groupVersion"], "v1");
+        assert_eq!(list["resources"][0]["name"], "widgets");
+        let group = api_group_of("authorization.k8s.io", "v1");
+        assert_eq!(
+            group["preferredVersion"]["groupVersion"],
+            "authorization.k8s.io/v1"
+        );
+    }
+
+    #[test]
     fn preferred_version_is_the_most_stable() {
         let mut versions = vec!["v1alpha1", "v2beta1", "v1", "v1beta2", "foo", "v2"];
         versions.sort_by(|a, b| compare_kube_versions(a, b));
@@ -171,7 +239,7 @@ mod tests {
     #[test]
     fn group_list_and_group() {
         let registry = Registry::new().with(widget()).expect("registry");
-        let list = api_group_list(&registry);
+        let list = api_group_list(&registry, &[]);
         assert_eq!(
             list["groups"][0]["preferredVersion"]["groupVersion"],
             "tests.sluice.dev/v1"
@@ -181,7 +249,7 @@ mod tests {
             "APIGroup"
         );
         assert!(api_group(&registry, "nope").is_none());
-        assert_eq!(api_versions()["versions"], json!([]));
+        assert_eq!(api_versions(&registry)["versions"], json!([]));
         let version = version_info("1", "32", "v1.32.0-sluice", "linux/amd64");
         assert_eq!(version["gitVersion"], "v1.32.0-sluice");
     }

@@ -64,19 +64,37 @@ pub struct KindSpec {
 }
 
 impl KindSpec {
-    /// `group/version`.
+    /// `group/version`; the core group's kinds (group `""`, served under `/api`) have the
+    /// bare version (`v1`).
     pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            return self.version.clone();
+        }
         format!("{}/{}", self.group, self.version)
     }
 
-    /// `widgets.tests.sluice.dev`, as kube names a resource in messages.
+    /// `widgets.tests.sluice.dev`, as kube names a resource in messages (`events` in the core
+    /// group).
     pub fn qualified_resource(&self) -> String {
-        format!("{}.{}", self.plural, self.group)
+        qualified(&self.plural, &self.group)
     }
 
     /// `Widget.tests.sluice.dev`, as kube names a kind in Invalid messages.
     pub fn qualified_kind(&self) -> String {
-        format!("{}.{}", self.kind, self.group)
+        qualified(&self.kind, &self.group)
+    }
+
+    /// Whether the kind is in the core group (served under `/api/<version>`).
+    pub fn is_core(&self) -> bool {
+        self.group.is_empty()
+    }
+
+    /// The path its group version is served at: `/api/v1` or `/apis/<group>/<version>`.
+    pub fn group_version_path(&self) -> String {
+        if self.is_core() {
+            return format!("/api/{}", self.version);
+        }
+        format!("/apis/{}/{}", self.group, self.version)
     }
 
     /// `WidgetList`.
@@ -91,6 +109,13 @@ impl KindSpec {
             "create", "delete", "get", "list", "patch", "update", "watch",
         ]
     }
+}
+
+fn qualified(name: &str, group: &str) -> String {
+    if group.is_empty() {
+        return name.to_string();
+    }
+    format!("{name}.{group}")
 }
 
 /// The set of kinds the server serves.
@@ -167,7 +192,8 @@ impl Registry {
         &self.kinds
     }
 
-    /// Groups and their versions (sorted; a group has one version per distinct `version`).
+    /// Groups and their versions (sorted; a group has one version per distinct `version`). The
+    /// core group is the key `""`.
     pub fn groups(&self) -> BTreeMap<String, Vec<String>> {
         let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for spec in &self.kinds {

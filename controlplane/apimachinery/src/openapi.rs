@@ -26,8 +26,12 @@ pub const PATCH_CONTENT_TYPES: [&str; 2] = [
     "application/merge-patch+json",
 ];
 
-/// The `paths` key of a group version in the index (`apis/<group>/<version>`).
+/// The `paths` key of a group version in the index (`apis/<group>/<version>`; the core
+/// group's is `api/<version>`).
 pub fn group_version_key(group: &str, version: &str) -> String {
+    if group.is_empty() {
+        return format!("api/{version}");
+    }
     format!("apis/{group}/{version}")
 }
 
@@ -46,6 +50,39 @@ pub fn openapi_index(registry: &Registry) -> Value {
         }
     }
     json!({"paths": paths})
+}
+
+/// The Content-Type of `/openapi/v2`: gnostic's protobuf `openapi_v2.Document`, in
+/// kube-openapi's dotted form (kubectl asks with `...v2@v1.0+protobuf`, but Go's
+/// `mime.ParseMediaType` refuses the `@` in a response).
+pub const OPENAPI_V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+
+/// `/openapi/v2`: a Swagger 2.0 document without definitions, protobuf-encoded (field 1
+/// `swagger`, field 2 `info` with `title` and `version`). kubectl validates a `kind: List`
+/// client-side against v2 (cli-runtime's query-param verifier declares `v1 List` unsupported
+/// before it reads v3) and fails on a 404; with no definitions it skips each item's client-side
+/// check, and the server still validates each item (kubectl writes them with
+/// `fieldValidation=Strict`). Everything else in kubectl 1.32 reads v3.
+pub fn openapi_v2_document() -> Vec<u8> {
+    let mut info = Vec::new();
+    protobuf_field(&mut info, 1, b"Sluice control plane");
+    protobuf_field(&mut info, 2, b"v1");
+    let mut document = Vec::new();
+    protobuf_field(&mut document, 1, b"2.0");
+    protobuf_field(&mut document, 2, &info);
+    document
+}
+
+/// One length-delimited protobuf field (wire type 2).
+fn protobuf_field(out: &mut Vec<u8>, number: u8, bytes: &[u8]) {
+    out.push(number << 3 | 2);
+    let mut length = bytes.len();
+    while length >= 0x80 {
+        out.push((length & 0x7f) as u8 | 0x80);
+        length >>= 7;
+    }
+    out.push(length as u8);
+    out.extend_from_slice(bytes);
 }
 
 /// Upper-case hex SHA-256 of the document's JSON text.
@@ -78,6 +115,10 @@ pub fn openapi_document(registry: &Registry, group: &str, version: &str) -> Opti
 
 /// `dev.sluice.tests.v1.Widget`: kube's reversed-group naming of definitions.
 pub fn schema_name(spec: &KindSpec) -> String {
+    if spec.is_core() {
+        // kube's name of the core types (`io.k8s.api.core.v1.Event`).
+        return format!("io.k8s.api.core.{}.{}", spec.version, spec.kind);
+    }
     let reversed: Vec<&str> = spec.group.split('.').rev().collect();
     format!("{}.{}.{}", reversed.join("."), spec.version, spec.kind)
 }
@@ -223,7 +264,7 @@ fn operation(spec: &KindSpec, op: Operation<'_>) -> Value {
 
 /// Adds the collection, item and status paths of one kind.
 fn add_kind_paths(spec: &KindSpec, paths: &mut Map<String, Value>) {
-    let base = format!("/apis/{}/{}", spec.group, spec.version);
+    let base = spec.group_version_path();
     let scoped = if spec.namespaced {
         format!("{base}/namespaces/{{namespace}}/{}", spec.plural)
     } else {
@@ -367,8 +408,8 @@ struct OperationIds {
 
 impl OperationIds {
     fn new(spec: &KindSpec) -> Self {
-        let group_version: String = spec
-            .group
+        let group = if spec.is_core() { "core" } else { &spec.group };
+        let group_version: String = group
             .split('.')
             .chain(std::iter::once(spec.version.as_str()))
             .map(capitalize)
@@ -401,6 +442,35 @@ fn capitalize(word: &str) -> String {
 mod tests {
     use super::*;
     use crate::kind::tests::widget;
+
+    #[test]
+    fn the_v2_document_is_swagger_2_without_definitions() {
+        let document = openapi_v2_document();
+        // swagger (1) = "2.0", then info (2) = {title (1), version (2)}.
+        assert_eq!(&document[..5], b"\x0a\x032.0");
+        assert_eq!(document[5], 2 << 3 | 2);
+        assert_eq!(usize::from(document[6]), document.len() - 7);
+        assert_eq!(&document[7..9], b"\x0a\x14");
+        assert_eq!(&document[9..29], b"Sluice control plane");
+        assert_eq!(&document[29..], b"\x12\x02v1");
+    }
+
+    #[test]
+    fn the_core_group_is_under_api() {
+        let mut core = widget();
+        core.group = String::new();
+        let registry = Registry::new().with(core.clone()).expect("registry");
+        assert!(
+            openapi_index(&registry)["paths"]["api/v1"]["serverRelativeURL"]
+                .as_str()
+                .is_some_and(|url| url.starts_with("/openapi/v3/api/v1?hash="))
+        );
+        let doc = openapi_document(&registry, "", "v1").expect("served");
+        assert!(doc["paths"]["/api/v1/namespaces/{namespace}/widgets/{name}"]["patch"].is_object());
+        assert!(doc["components"]["schemas"]["io.k8s.api.core.v1.Widget"].is_object());
+        let gvk = json!({"group": "", "version": "v1", "kind": "Widget"});
+        assert!(kubectl_finds_field_validation(&doc, &gvk));
+    }
 
     /// What `supportsQueryParamV3` does: a PATCH operation with the GVK object and a
     /// `fieldValidation` query parameter.

@@ -203,7 +203,30 @@ pub enum SelectableField {
     Name,
     /// `metadata.namespace`
     Namespace,
+    /// One of [`EVENT_FIELDS`]: (the label, the object's path it reads). Only a kind that
+    /// serves it accepts it ([`FieldSelector::unsupported`]).
+    Event(&'static str, &'static str),
 }
+
+/// kube-apiserver's selectable fields of core `Event`s beyond the metadata ones (its
+/// `event.ToSelectableFields`): the label and the path it reads. `kubectl describe` selects an
+/// object's events with the four `involvedObject` ones.
+pub const EVENT_FIELDS: [(&str, &str); 11] = [
+    ("involvedObject.kind", "involvedObject.kind"),
+    ("involvedObject.namespace", "involvedObject.namespace"),
+    ("involvedObject.name", "involvedObject.name"),
+    ("involvedObject.uid", "involvedObject.uid"),
+    ("involvedObject.apiVersion", "involvedObject.apiVersion"),
+    (
+        "involvedObject.resourceVersion",
+        "involvedObject.resourceVersion",
+    ),
+    ("involvedObject.fieldPath", "involvedObject.fieldPath"),
+    ("reason", "reason"),
+    ("reportingComponent", "reportingComponent"),
+    ("source", "source.component"),
+    ("type", "type"),
+];
 
 /// One `field=value` or `field!=value` term.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,11 +270,10 @@ impl FieldSelector {
             let field = match field.trim() {
                 "metadata.name" => SelectableField::Name,
                 "metadata.namespace" => SelectableField::Namespace,
-                other => {
-                    return Err(StatusError::bad_request(format!(
-                        "field label not supported: {other}"
-                    )))
-                }
+                other => match EVENT_FIELDS.iter().find(|(label, _)| *label == other) {
+                    Some((label, path)) => SelectableField::Event(label, path),
+                    None => return Err(unsupported_field(other)),
+                },
             };
             requirements.push(FieldRequirement {
                 field,
@@ -262,14 +284,32 @@ impl FieldSelector {
         Ok(Self { requirements })
     }
 
-    /// Whether the object satisfies every term.
+    /// Whether the object satisfies every term (a missing field reads as `""`, as kube's
+    /// field sets hold the empty string for an unset one).
     pub fn matches(&self, obj: &Value) -> bool {
         self.requirements.iter().all(|r| {
             let actual = match r.field {
                 SelectableField::Name => object_name(obj),
                 SelectableField::Namespace => object_namespace(obj),
+                SelectableField::Event(_, path) => path
+                    .split('.')
+                    .try_fold(obj, |value, key| value.get(key))
+                    .and_then(Value::as_str)
+                    .unwrap_or(""),
             };
             (actual == r.value) != r.negated
+        })
+    }
+
+    /// 400 "field label not supported" for the first term on an event field when the kind
+    /// selected does not serve event fields.
+    pub fn unsupported(&self, serves_event_fields: bool) -> Option<StatusError> {
+        if serves_event_fields {
+            return None;
+        }
+        self.requirements.iter().find_map(|r| match r.field {
+            SelectableField::Event(label, _) => Some(unsupported_field(label)),
+            _ => None,
         })
     }
 
@@ -281,6 +321,10 @@ impl FieldSelector {
             .find(|r| r.field == SelectableField::Name && !r.negated)
             .map(|r| r.value.as_str())
     }
+}
+
+fn unsupported_field(label: &str) -> StatusError {
+    StatusError::bad_request(format!("field label not supported: {label}"))
 }
 
 /// Splits on `,` not preceded by a backslash (fields.ParseSelector's escaping).

@@ -80,6 +80,31 @@ fn field_selectors() {
     assert_eq!(escaped.requirements[0].value, "a,b");
 }
 
+/// `kubectl describe`'s selector of a cluster-scoped object's events: the empty namespace
+/// matches an involvedObject without one; other kinds refuse event fields.
+#[test]
+fn event_field_selectors() {
+    let event = json!({"metadata": {"name": "vm1.1", "namespace": "default"},
+        "involvedObject": {"kind": "VirtualMachine", "name": "vm1", "uid": "u-1"},
+        "source": {"component": "vm-manager"}, "type": "Normal"});
+    let selector = |s: &str| FieldSelector::parse(s).expect(s);
+    let describe = "involvedObject.name=vm1,involvedObject.namespace=,\
+        involvedObject.kind=VirtualMachine,involvedObject.uid=u-1";
+    assert!(selector(describe).matches(&event));
+    assert!(!selector("involvedObject.uid=u-2").matches(&event));
+    assert!(selector("source=vm-manager,type!=Warning").matches(&event));
+    assert!(!selector("reason=Started").matches(&event));
+    assert!(selector(describe).unsupported(true).is_none());
+    let refused = selector(describe)
+        .unsupported(false)
+        .expect("not an event kind");
+    assert_eq!(
+        (refused.code, refused.message.as_str()),
+        (400, "field label not supported: involvedObject.name")
+    );
+    assert!(selector("metadata.name=a").unsupported(false).is_none());
+}
+
 proptest! {
     #[test]
     fn label_parser_never_panics(text in ".{0,64}") {

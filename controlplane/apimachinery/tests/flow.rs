@@ -109,7 +109,7 @@ impl Store {
 fn discovery_and_openapi_describe_the_kind() {
     let registry = Registry::new().with(widget_kind()).expect("registry");
     assert_eq!(
-        api_group_list(&registry)["groups"][0]["name"],
+        api_group_list(&registry, &[])["groups"][0]["name"],
         "tests.sluice.dev"
     );
     let resources = api_resource_list(&registry, "tests.sluice.dev", "v1").expect("served");

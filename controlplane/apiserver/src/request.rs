@@ -70,19 +70,25 @@ pub fn parse<'a>(method: &str, path: &'a str, query: &str) -> Result<ApiRequest<
     if path == "/openapi/v2" || path == "/openapi/v3" || path.starts_with("/openapi/v3/") {
         return read_only(method, ApiRequest::Discovery(path));
     }
-    let Some(rest) = path.strip_prefix("/apis/") else {
-        return Err(RequestError::NotFound);
+    // The core group (`/api/v1/...`) has no group segment: its group is "".
+    let (core, rest) = match (path.strip_prefix("/api/"), path.strip_prefix("/apis/")) {
+        (Some(rest), _) => (true, rest),
+        (None, Some(rest)) => (false, rest),
+        (None, None) => return Err(RequestError::NotFound),
     };
     let segments: Vec<&str> = rest.split('/').collect();
     if segments.iter().any(|segment| segment.is_empty()) {
         return Err(RequestError::NotFound);
     }
-    match segments.as_slice() {
-        [_] | [_, _] => read_only(method, ApiRequest::Discovery(path)),
-        [group, version, rest @ ..] => {
+    match (core, segments.as_slice()) {
+        (true, [_]) | (false, [_] | [_, _]) => read_only(method, ApiRequest::Discovery(path)),
+        (true, [version, rest @ ..]) => {
+            resource(method, query, "", version, rest).map(ApiRequest::Resource)
+        }
+        (false, [group, version, rest @ ..]) => {
             resource(method, query, group, version, rest).map(ApiRequest::Resource)
         }
-        [] => Err(RequestError::NotFound),
+        (_, []) => Err(RequestError::NotFound),
     }
 }
 
@@ -217,9 +223,29 @@ mod tests {
     }
 
     #[test]
+    fn core_group_paths_have_the_empty_group() {
+        let request = resource_of("GET", "/api/v1/namespaces/default/events/e1", "");
+        assert_eq!(
+            (request.group, request.version, request.resource),
+            ("", "v1", "events")
+        );
+        assert_eq!(
+            (request.namespace, request.name),
+            (Some("default"), Some("e1"))
+        );
+        let all = resource_of("GET", "/api/v1/events", "watch=true");
+        assert_eq!((all.verb, all.namespace), (Verb::Watch, None));
+        assert_eq!(
+            parse("GET", "/api/v1", ""),
+            Ok(ApiRequest::Discovery("/api/v1"))
+        );
+    }
+
+    #[test]
     fn discovery_and_health_are_read_only() {
         for path in [
             "/api",
+            "/api/v1",
             "/apis",
             "/apis/proxy.sluice.dev",
             "/apis/proxy.sluice.dev/v1alpha1",
@@ -241,7 +267,8 @@ mod tests {
     fn other_paths_and_methods_are_refused() {
         for (method, path) in [
             ("GET", "/"),
-            ("GET", "/api/v1/secrets"),
+            ("GET", "/api/"),
+            ("GET", "/api/v1//events"),
             ("GET", "/apis/g/v1/r/name/sub/extra"),
             ("GET", "/apis/g/v1//r"),
             ("GET", "/apis/g/v1/r/"),

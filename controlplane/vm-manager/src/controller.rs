@@ -220,6 +220,8 @@ impl VmManager {
                             reason = decision.reason.as_str(),
                             "VM state changed"
                         );
+                        let event = crate::events::transition_event(&written, &decision);
+                        self.server.events().record(event);
                     }
                     cache.vms.insert(name.to_string(), written);
                     return;

@@ -10,6 +10,7 @@
 mod cache;
 mod controller;
 mod error;
+pub mod events;
 mod metrics;
 pub mod state;
 

@@ -10,6 +10,8 @@
 
 mod identity;
 mod rbac;
+pub mod review;
+pub mod review_proto;
 mod token;
 
 pub use identity::{AuthError, Identity, Role};

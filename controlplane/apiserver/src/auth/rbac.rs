@@ -158,9 +158,14 @@ fn reads_or_writes_status(request: &Request<'_>, own_kind: bool) -> Option<Decis
 /// "sluice:gateway:gw-1" cannot delete resource "upstreamclusters" in API group
 /// "proxy.sluice.dev" at the cluster scope`.
 fn denied(identity: &Identity, request: &Request<'_>) -> Denied {
+    // The core group's resources are named bare (`events "e1"`), as kube does.
+    let qualified = match request.group {
+        "" => request.resource.to_string(),
+        group => format!("{}.{group}", request.resource),
+    };
     let object = match request.name {
-        Some(name) => format!("{}.{} {name:?}", request.resource, request.group),
-        None => format!("{}.{}", request.resource, request.group),
+        Some(name) => format!("{qualified} {name:?}"),
+        None => qualified,
     };
     let resource = match request.subresource {
         Some(sub) => format!("{}/{sub}", request.resource),

@@ -5,6 +5,7 @@
 mod address_group;
 mod agent;
 mod applied_to_group;
+mod event;
 mod network_policy;
 mod policy;
 mod runtime_info;
@@ -21,6 +22,7 @@ use sluice_apimachinery::{FieldError, Registry, RegistryError};
 pub use address_group::address_group;
 pub use agent::agent;
 pub use applied_to_group::applied_to_group;
+pub use event::{event, EVENT_TYPES, MAX_MESSAGE, MAX_REASON};
 pub use network_policy::network_policy;
 pub use runtime_info::{runtime_info, AGENT_STATES};
 pub use span::{in_span, receives_policies, PolicyResource, SpanIndex};
@@ -39,7 +41,8 @@ pub fn registry() -> Result<Registry, RegistryError> {
         .with(applied_to_group())?
         .with(token())?
         .with(virtual_machine())?
-        .with(runtime_info())
+        .with(runtime_info())?
+        .with(event())
 }
 
 /// An error at `path` (kube notation: `spec.servers[0].endpoint`) quoting the value there.

@@ -16,6 +16,7 @@ use super::reply::{render, Body, Reply};
 use super::visibility::Visibility;
 use super::{ApiServer, Peer};
 use crate::auth::{self, AuthError, Decision, Identity};
+use crate::events;
 use crate::request::{self, ApiRequest, RequestError, ResourceRequest};
 
 /// What the metrics say a request was, filled in as the phases learn it.
@@ -105,22 +106,37 @@ impl ApiServer {
         let identity = self.authenticate(parts, peer)?;
         // Held until the answer's head is ready (a watch's stream holds a watch slot instead).
         let _in_flight = self.admit(&self.request_slots, &identity)?;
+        if super::reviews::is_review(&resource) {
+            let protobuf =
+                super::reviews::is_protobuf(parts.headers.get(http::header::CONTENT_TYPE));
+            let answer = self.review(&identity, &resource, protobuf, body).await;
+            labels.resource = resource.resource.chars().take(32).collect();
+            return answer;
+        }
         let spec = self
             .registry
             .by_resource(resource.group, resource.version, resource.resource)
             .ok_or_else(|| request_error(RequestError::NotFound))?;
         labels.resource = spec.plural.clone();
         let visibility = self.authorize(&identity, spec, &resource).await?;
+        let user = identity.user_name();
         let call = super::objects::Call {
             spec,
             request: resource,
             query: &query,
             parts,
             visibility,
-            user: identity.user_name(),
+            user: user.clone(),
             identity,
         };
-        self.resource(call, body).await
+        let outcome = self.resource(call, body).await;
+        if let Err(error) = &outcome {
+            let (verb, namespace, name) = (resource.verb, resource.namespace, resource.name);
+            if let Some(event) = events::refusal(spec, verb, namespace, name, &user, error) {
+                self.events().record(event);
+            }
+        }
+        outcome
     }
 
     /// A slot of `pool` for `identity`, or the 429 naming the share that is used up.
@@ -234,8 +250,8 @@ impl ApiServer {
     fn discovery(&self, path: &str) -> Result<Reply, StatusError> {
         let not_found = || request_error(RequestError::NotFound);
         let document = match path {
-            "/api" => discovery::api_versions(),
-            "/apis" => discovery::api_group_list(&self.registry),
+            "/api" => discovery::api_versions(&self.registry),
+            "/apis" => discovery::api_group_list(&self.registry, &[super::reviews::REVIEW_GROUP]),
             "/version" => discovery::version_info(
                 "1",
                 "32",
@@ -243,14 +259,26 @@ impl ApiServer {
                 "linux/amd64",
             ),
             "/openapi/v3" => openapi::openapi_index(&self.registry),
-            // kubectl falls back to v3 when v2 is not served.
-            "/openapi/v2" => return Err(not_found()),
+            "/openapi/v2" => {
+                return Ok(Reply::Bytes {
+                    content_type: openapi::OPENAPI_V2_PROTOBUF,
+                    body: openapi::openapi_v2_document().into(),
+                })
+            }
             _ => {
                 if let Some(group_version) = path.strip_prefix("/openapi/v3/apis/") {
                     let (group, version) = group_version.split_once('/').ok_or_else(not_found)?;
                     openapi::openapi_document(&self.registry, group, version)
                         .ok_or_else(not_found)?
+                } else if let Some(version) = path.strip_prefix("/openapi/v3/api/") {
+                    openapi::openapi_document(&self.registry, "", version).ok_or_else(not_found)?
+                } else if let Some(version) = path.strip_prefix("/api/") {
+                    discovery::api_resource_list(&self.registry, "", version)
+                        .ok_or_else(not_found)?
                 } else {
+                    if let Some(document) = super::reviews::review_discovery(path) {
+                        return Ok(Reply::ok(document));
+                    }
                     let rest = path.strip_prefix("/apis/").ok_or_else(not_found)?;
                     match rest.split_once('/') {
                         None => discovery::api_group(&self.registry, rest).ok_or_else(not_found)?,

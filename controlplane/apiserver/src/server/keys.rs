@@ -21,7 +21,11 @@ pub fn list_prefix(spec: &KindSpec, namespace: Option<&str>) -> String {
     }
 }
 
+/// The core group's resources have no group segment (`/registry/events/`), as in kube's etcd.
 fn resource_prefix(spec: &KindSpec) -> String {
+    if spec.is_core() {
+        return format!("{ROOT}{}/", spec.plural);
+    }
     format!("{ROOT}{}/{}/", spec.group, spec.plural)
 }
 
@@ -38,5 +42,10 @@ mod tests {
         let namespaced = object_key(&spec, Some("ns"), "a");
         assert!(namespaced.starts_with(&list_prefix(&spec, Some("ns"))));
         assert!(!list_prefix(&spec, Some("ns")).starts_with(&list_prefix(&spec, Some("n"))));
+        let event = crate::kinds::event();
+        assert_eq!(
+            object_key(&event, Some("default"), "vm1.1"),
+            "/registry/events/default/vm1.1"
+        );
     }
 }

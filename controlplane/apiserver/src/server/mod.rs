@@ -12,6 +12,7 @@ mod objects;
 mod overload;
 mod query;
 mod reply;
+mod reviews;
 mod span_watch;
 mod tokens;
 mod visibility;
@@ -78,6 +79,8 @@ pub struct ServerLimits {
     pub watch_timeout: Duration,
     /// HTTP/2 PINGs this often find dead peers of long watches.
     pub keepalive_interval: Duration,
+    /// The Events the control plane records: caps, TTL, queue, write rate.
+    pub events: crate::events::EventLimits,
     /// An unanswered PING closes the connection after this long.
     pub keepalive_timeout: Duration,
 }
@@ -154,6 +157,7 @@ impl Default for ServerLimits {
             watch_timeout: Duration::from_secs(30 * 60),
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(20),
+            events: crate::events::EventLimits::default(),
         }
     }
 }
@@ -186,7 +190,12 @@ pub struct ApiServer {
     tasks: signal::Sender<usize>,
     /// Watch events shared by the watchers that send them unchanged.
     encoded: Arc<encoded::EncodedEvents>,
+    /// Where Events are recorded; the queue's reader starts with [`ApiServer::serve`].
+    events: crate::events::Recorder,
+    event_queue: std::sync::Mutex<Option<(EventQueue, crate::events::EventMetrics)>>,
 }
+
+type EventQueue = tokio::sync::mpsc::Receiver<crate::events::Occurrence>;
 
 impl ApiServer {
     pub fn new(registry: Registry, store: Arc<dyn Store>, limits: ServerLimits) -> Arc<Self> {
@@ -205,6 +214,9 @@ impl ApiServer {
         let metrics = ApiMetrics::register(&mut prometheus);
         register(&mut prometheus);
         let write_metrics = write_budget::WriteMetrics::register(&mut prometheus, store.clone());
+        let event_metrics = crate::events::EventMetrics::register(&mut prometheus);
+        let (events, event_queue) =
+            crate::events::Recorder::new(&limits.events, event_metrics.clone());
         Arc::new(Self {
             registry,
             store,
@@ -226,8 +238,34 @@ impl ApiServer {
             }),
             tasks: signal::Sender::new(0),
             encoded: Arc::default(),
+            events,
+            event_queue: std::sync::Mutex::new(Some((event_queue, event_metrics))),
             limits,
         })
+    }
+
+    /// Where to record Events about objects (never blocks; see [`crate::events`]).
+    pub fn events(&self) -> &crate::events::Recorder {
+        &self.events
+    }
+
+    /// Starts the Events' writer (once), until `stop` turns true.
+    fn write_events(&self, instance: String, stop: signal::Receiver<bool>) {
+        let queue = self
+            .event_queue
+            .lock()
+            .ok()
+            .and_then(|mut queue| queue.take());
+        if let Some((queue, metrics)) = queue {
+            tokio::spawn(crate::events::write_events(
+                self.store.clone(),
+                self.limits.events.clone(),
+                metrics,
+                instance,
+                queue,
+                stop,
+            ));
+        }
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -248,6 +286,7 @@ impl ApiServer {
         grace: Duration,
     ) {
         let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        self.write_events(instance_name(&listener), stop.clone());
         loop {
             // Near the memory or descriptor limit new connections wait in the backlog.
             tokio::select! {
@@ -528,6 +567,21 @@ pub fn identity_of(certificate: &[u8]) -> Result<Identity, AuthError> {
 #[cfg(test)]
 #[path = "identity_of_tests.rs"]
 mod identity_of_tests;
+
+/// The replica's name in its Events' `source.host`: the host name, else the listen address.
+fn instance_name(listener: &TcpListener) -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_string())
+        .filter(|name| !name.is_empty())
+        .or_else(|| {
+            listener
+                .local_addr()
+                .ok()
+                .map(|address| address.to_string())
+        })
+        .unwrap_or_default()
+}
 
 /// Resolves once `stop` turns true (or its sender is gone).
 pub(crate) async fn stopped(stop: &mut signal::Receiver<bool>) {

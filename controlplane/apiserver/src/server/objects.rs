@@ -74,6 +74,7 @@ impl ApiServer {
         body: Incoming,
     ) -> Result<Reply, StatusError> {
         check_scope(&call)?;
+        check_field_labels(&call)?;
         let status = match call.request.subresource {
             None => false,
             Some("status") if call.spec.status_subresource => true,
@@ -231,6 +232,16 @@ fn check_scope(call: &Call<'_>) -> Result<(), StatusError> {
         (true, false) if needs_namespace => Err(not_found_path()),
         _ => Ok(()),
     }
+}
+
+/// Event fields select only events (kube answers other kinds "field label not supported").
+fn check_field_labels(call: &Call<'_>) -> Result<(), StatusError> {
+    let Some(text) = call.query.get("fieldSelector") else {
+        return Ok(());
+    };
+    let selector = sluice_apimachinery::selector::FieldSelector::parse(text)?;
+    let events = call.spec.is_core() && call.spec.kind == "Event";
+    selector.unsupported(events).map_or(Ok(()), Err)
 }
 
 fn not_found_path() -> StatusError {

@@ -23,6 +23,11 @@ pub enum Reply {
     },
     /// Prometheus text.
     Text(String),
+    /// Bytes of a fixed content type (the protobuf `/openapi/v2`).
+    Bytes {
+        content_type: &'static str,
+        body: Bytes,
+    },
     /// A watch: newline-delimited JSON events as the sender produces them.
     Stream(mpsc::Receiver<Bytes>),
 }
@@ -72,6 +77,14 @@ pub fn render(outcome: Result<Reply, StatusError>) -> Response<Body> {
             response.headers_mut().insert(
                 http::header::CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            response
+        }
+        Ok(Reply::Bytes { content_type, body }) => {
+            let mut response = Response::new(full(body));
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static(content_type),
             );
             response
         }
