@@ -4,6 +4,7 @@
 //!
 //! Objects are `serde_json::Value`s; a kind is a [`KindSpec`] registered in a [`Registry`].
 
+pub mod apply;
 pub mod discovery;
 pub mod kind;
 pub mod limits;

@@ -20,10 +20,12 @@ use sha2::{Digest, Sha256};
 use crate::kind::{KindSpec, Registry};
 use crate::openapi_meta::{meta_schemas, META, OBJECT_META};
 
-/// The patch content types the server accepts (and advertises in the PATCH operations).
-pub const PATCH_CONTENT_TYPES: [&str; 2] = [
+/// The patch content types the server accepts (and advertises in the PATCH operations), in
+/// kube-apiserver's order for custom resources.
+pub const PATCH_CONTENT_TYPES: [&str; 3] = [
     "application/json-patch+json",
     "application/merge-patch+json",
+    "application/apply-patch+yaml",
 ];
 
 /// The `paths` key of a group version in the index (`apis/<group>/<version>`; the core

@@ -1,8 +1,8 @@
 //! PATCH: JSON patch (RFC 6902) and JSON merge patch (RFC 7386) on stored objects.
 //!
 //! Strategic merge patch needs Go struct tags the custom kinds do not have; kube-apiserver
-//! refuses it for CRDs with 415 and the list of accepted types, and so do we (we also do not
-//! serve server-side apply, so `application/apply-patch+yaml` is not in the list).
+//! refuses it for CRDs with 415 and the list of accepted types, and so do we. Server-side apply
+//! (`application/apply-patch+yaml`) is its own write path: see [`crate::apply`].
 
 use serde_json::Value;
 
@@ -36,6 +36,16 @@ impl PatchType {
             _ => Err(StatusError::unsupported_media_type(&PATCH_CONTENT_TYPES)),
         }
     }
+}
+
+/// Whether a PATCH's Content-Type is a server-side apply (`application/apply-patch+yaml`).
+pub fn is_apply(content_type: &str) -> bool {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .eq_ignore_ascii_case("application/apply-patch+yaml")
 }
 
 /// Applies a patch body to `target` and returns the patched document (not yet validated).
@@ -154,7 +164,9 @@ mod tests {
         )
         .expect_err("415");
         assert_eq!(error.code, 415);
-        assert_eq!(error.message, "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json");
+        assert_eq!(error.message, "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml");
+        assert!(is_apply("application/apply-patch+yaml; charset=utf-8"));
+        assert!(!is_apply("application/merge-patch+json"));
     }
 
     #[test]

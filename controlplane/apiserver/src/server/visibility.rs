@@ -56,6 +56,10 @@ impl Visibility {
         if let Some(map) = object.as_object_mut() {
             map.remove("status");
         }
+        // Who wrote which field is no agent's business (and would name other VMs' fields).
+        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("managedFields");
+        }
         match PolicyResource::from_plural(&spec.plural) {
             Some(PolicyResource::AppliedToGroup) => own_members(object, vm),
             _ => object,
@@ -113,8 +117,8 @@ mod tests {
 
     #[test]
     fn a_vm_agent_is_not_shown_realization_status() {
-        let policy = json!({"metadata": {"name": "web"}, "spec": {},
-                            "status": {"realizedVMs": 3}});
+        let policy = json!({"metadata": {"name": "web", "managedFields": [{"manager": "m"}]},
+                            "spec": {}, "status": {"realizedVMs": 3}});
         let span = Visibility::Span {
             vm: "vm1".into(),
             index: Arc::new(SpanIndex::default()),
@@ -122,6 +126,7 @@ mod tests {
         };
         let shown = span.present(&crate::kinds::network_policy(), policy.clone());
         assert!(shown.get("status").is_none());
+        assert!(shown["metadata"].get("managedFields").is_none());
         let admin = Visibility::All.present(&crate::kinds::network_policy(), policy.clone());
         assert_eq!(admin, policy);
     }

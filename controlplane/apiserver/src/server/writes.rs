@@ -24,6 +24,9 @@ use super::reply::Reply;
 use super::write_budget::reserve_refusal;
 use super::ApiServer;
 
+#[path = "apply.rs"]
+mod apply;
+
 /// How often a PATCH or DELETE re-reads and retries after another writer got in between
 /// (kube-apiserver retries such conflicts itself; the client only sees one when its own
 /// precondition fails).
@@ -50,12 +53,20 @@ impl ApiServer {
             SystemTime::now(),
             &uid,
         )?;
+        apply::record(call, None, &mut object, false)?;
+        self.insert(call, object)
+            .await
+            .map(|reply| reply.with_warnings(warnings))
+    }
+
+    /// Stores an object prepared for create (201), or under `?dryRun` only answers with it.
+    async fn insert(&self, call: &Call<'_>, mut object: Value) -> Result<Reply, StatusError> {
         prune_unknown_fields(call.spec, &mut object);
         let name = meta::object_name(&object).to_string();
         let key = super::keys::object_key(call.spec, call.request.namespace, &name);
         let encoded = self.sized(call, &name, &object)?;
         if dry_run(call)? {
-            return Ok(Reply::json(StatusCode::CREATED, object).with_warnings(warnings));
+            return Ok(Reply::json(StatusCode::CREATED, object));
         }
         self.spend(call, encoded.len())?;
         let stored = self
@@ -63,7 +74,7 @@ impl ApiServer {
             .create(&key, encoded)
             .await
             .map_err(|error| self.write_failed(call, &name, error))?;
-        Ok(Reply::json(StatusCode::CREATED, decode(&stored)?).with_warnings(warnings))
+        Ok(Reply::json(StatusCode::CREATED, decode(&stored)?))
     }
 
     /// PUT: the object's resourceVersion is the precondition (409 when stale).
@@ -81,18 +92,20 @@ impl ApiServer {
         if !call.visibility.allows(call.spec, &old) {
             return Err(call_forbidden(call));
         }
-        let updated = if status {
+        let mut updated = if status {
             meta::prepare_status_update(call.spec, &old, new)?
         } else {
             meta::prepare_update(call.spec, &old, new)?
         };
+        apply::record(call, Some(&old), &mut updated, status)?;
         self.store_update(call, &old, updated)
             .await
             .map(|reply| reply.with_warnings(warnings))
     }
 
     /// PATCH (merge or JSON patch): applied to the object as stored now; retried on a
-    /// conflict with another writer unless the patch itself names a resourceVersion.
+    /// conflict with another writer unless the patch itself names a resourceVersion. An apply
+    /// patch is server-side apply (`apply.rs`).
     pub(crate) async fn patch(
         &self,
         call: &Call<'_>,
@@ -103,6 +116,10 @@ impl ApiServer {
             .header(http::header::CONTENT_TYPE)
             .unwrap_or("")
             .to_string();
+        if patch::is_apply(&content_type) {
+            return self.apply(call, body, status).await;
+        }
+        sluice_apimachinery::apply::force(call.query.get("force"), false)?;
         let body = self.read_body(call, body).await?;
         let validation = FieldValidation::parse(call.query.get("fieldValidation"))?;
         let mut attempt = 0;
@@ -111,11 +128,12 @@ impl ApiServer {
             if !call.visibility.allows(call.spec, &old) {
                 return Err(call_forbidden(call));
             }
-            let updated = if status {
+            let mut updated = if status {
                 patch::patch_status(call.spec, &old, &content_type, &body)?
             } else {
                 patch::patch_object(call.spec, &old, &content_type, &body)?
             };
+            apply::record(call, Some(&old), &mut updated, status)?;
             let warnings = validation.check(call.spec, &updated)?;
             match self.store_update(call, &old, updated).await {
                 Err(error) if is_conflict(&error) && attempt < CONFLICT_RETRIES => attempt += 1,
