@@ -35,6 +35,8 @@ pub enum CallError {
     Connect(#[from] ConnectError),
     #[error("the stream failed: {0}")]
     Stream(h2::Error),
+    #[error("cannot build the request: {0}")]
+    Request(http::Error),
     #[error("the node answered HTTP {0}, not a gRPC response")]
     Http(StatusCode),
     #[error("the reply is not gRPC (content-type {0:?})")]
@@ -64,7 +66,7 @@ impl CallError {
             CallError::Http(status) => http_code(*status),
             CallError::NotGrpc(_) => Code::Unknown,
             CallError::Frame(error) => error.code(),
-            CallError::Compressed | CallError::NoStatus => Code::Internal,
+            CallError::Request(_) | CallError::Compressed | CallError::NoStatus => Code::Internal,
             CallError::Deadline(_) => Code::DeadlineExceeded,
             CallError::Status(status) => status.code,
             CallError::Output(_) => return None,
@@ -134,7 +136,7 @@ async fn exchange(
     let mut sender = connection.ready().await.map_err(CallError::Stream)?;
     let mut request = Request::post(call.uri)
         .body(())
-        .map_err(|_| CallError::NotGrpc("request".into()))?;
+        .map_err(CallError::Request)?;
     *request.headers_mut() = call.headers;
     let (response, mut send) = sender
         .send_request(request, false)
