@@ -9,6 +9,8 @@
 #   perf/run.sh controlplane [--smoke]  1,000 watchers + steady writes: embedded store and etcd
 #   perf/run.sh ebpf [--smoke]     veth packet rate with and without the eBPF counters (root)
 #   perf/run.sh scaling [--smoke]  the gateway with one worker against two (thread-per-core)
+#   perf/run.sh scale [--smoke]    the seeds' scale questions (issue 36): so far 5,000 VMs on one
+#                                  control plane (simulated agents, real watch clients)
 #   perf/run.sh soak [--smoke] [--minutes N]  mixed tunnel + gateway load at half capacity for N
 #                                  minutes (default 30; 1 with --smoke), agents and clients churning
 #
@@ -24,9 +26,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
 scenario=${1:-}
 case "$scenario" in
-  gateway | tunnel | idle | policy | controlplane | ebpf | scaling | soak) shift ;;
+  gateway | tunnel | idle | policy | controlplane | ebpf | scaling | scale | soak) shift ;;
   *)
-    echo "usage: perf/run.sh gateway|tunnel|idle|policy|controlplane|ebpf|scaling|soak [--smoke] [harness options]" >&2
+    echo "usage: perf/run.sh gateway|tunnel|idle|policy|controlplane|ebpf|scaling|scale|soak [--smoke] [harness options]" >&2
     exit 2
     ;;
 esac

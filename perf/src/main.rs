@@ -34,6 +34,8 @@ enum Scenario {
     Ebpf,
     /// The gateway with one worker against two: per-request CPU, the split between workers.
     Scaling,
+    /// The seeds' scale questions: so far 5,000 VMs on one control plane.
+    Scale,
     /// Mixed tunnel and gateway load at half capacity for minutes, agents and clients churning:
     /// RSS, fds, p99 and errors over time.
     Soak,
@@ -151,6 +153,7 @@ fn main() -> anyhow::Result<()> {
         Scenario::Controlplane => scenario::controlplane::run(&harness),
         Scenario::Ebpf => scenario::ebpf::run(&harness),
         Scenario::Scaling => scenario::scaling::run(&harness),
+        Scenario::Scale => scenario::scale::run(&harness),
         Scenario::Soak => scenario::soak::run(&harness),
     }
 }

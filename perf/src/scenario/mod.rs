@@ -6,6 +6,7 @@ pub mod gateway;
 mod gateway_report;
 pub mod idle;
 pub mod policy;
+pub mod scale;
 pub mod scaling;
 pub mod soak;
 pub mod tunnel;
