@@ -184,3 +184,34 @@ fn a_record_an_earlier_run_left_fails_the_check() {
         "{text}"
     );
 }
+
+/// A scale smoke run's VM-fleet record with `delivered` of 20 deliveries and `errors` failed
+/// runtime-info writes.
+fn scale_run(dir: &Path, delivered: u64, errors: u64) {
+    write(
+        dir,
+        "raw/vms.json",
+        &json!({"deliveries_expected": 20, "deliveries": delivered,
+                "agent_write_errors": errors, "misjudged_heartbeats": 0, "heartbeats": 280,
+                "seconds_to_resync_after_restart": 0.9, "steady_controlplane_rss_mib": 48.0}),
+    );
+    std::fs::write(dir.join("summary.md"), "# scale\n").unwrap();
+}
+
+#[test]
+fn a_scale_run_passes_only_with_every_delivery_and_no_error() {
+    let good = tempfile::tempdir().unwrap();
+    scale_run(good.path(), 20, 0);
+    let (passed, text) = check(good.path(), &["scale"]);
+    assert!(passed, "{text}");
+
+    let missed = tempfile::tempdir().unwrap();
+    scale_run(missed.path(), 19, 0);
+    let (passed, text) = check(missed.path(), &["scale"]);
+    assert!(!passed && text.contains("19 of 20 policy deliveries"), "{text}");
+
+    let failed = tempfile::tempdir().unwrap();
+    scale_run(failed.path(), 20, 3);
+    let (passed, text) = check(failed.path(), &["scale"]);
+    assert!(!passed && text.contains("agent_write_errors is 3"), "{text}");
+}

@@ -414,7 +414,7 @@ fn run_case(
     })
 }
 
-fn percentile_ms(sorted_us: &[u32], quantile: f64) -> f64 {
+pub(crate) fn percentile_ms(sorted_us: &[u32], quantile: f64) -> f64 {
     if sorted_us.is_empty() {
         return 0.0;
     }
@@ -422,7 +422,7 @@ fn percentile_ms(sorted_us: &[u32], quantile: f64) -> f64 {
     f64::from(sorted_us[index]) / 1000.0
 }
 
-fn kubeconfig_token(kubeconfig: &Path) -> anyhow::Result<String> {
+pub(crate) fn kubeconfig_token(kubeconfig: &Path) -> anyhow::Result<String> {
     let text = std::fs::read_to_string(kubeconfig)
         .with_context(|| format!("reading {}", kubeconfig.display()))?;
     let document: serde_json::Value = serde_json::from_str(&text)?;
