@@ -112,7 +112,7 @@ run_fuzz_smoke() {
 }
 
 run_perf_smoke() {
-  log "perf harness smoke runs (perf/run.sh tunnel|gateway|controlplane|ebpf|scaling|soak --smoke; numbers are not measurements)"
+  log "perf harness smoke runs (perf/run.sh tunnel|gateway|controlplane|ebpf|scaling|scale|soak --smoke; numbers are not measurements)"
   # A smoke run passes only if every case left its results and no call failed (perf/check-smoke),
   # not merely because the harness exited 0.
   SLUICE_PERF_PROFILE=dev perf/run.sh tunnel --smoke
@@ -125,6 +125,10 @@ run_perf_smoke() {
   perf/check-smoke ebpf
   SLUICE_PERF_PROFILE=dev perf/run.sh scaling --smoke
   perf/check-smoke scaling
+  # The seeds' scale questions with small counts (20 VMs): fails if any simulated peer saw an
+  # error or missed a delivery.
+  SLUICE_PERF_PROFILE=dev perf/run.sh scale --smoke
+  perf/check-smoke scale
   # One minute of the soak (scripts/soak.sh runs 30): samples exist, errors are explained by an
   # agent restart, fds stay bounded. Growth figures are reported, never asserted.
   SLUICE_PERF_PROFILE=dev perf/run.sh soak --smoke
