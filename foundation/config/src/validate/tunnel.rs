@@ -91,10 +91,17 @@ pub(super) fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
                 errors,
             )
         }),
-        advertise_address: raw
-            .advertise_address
-            .as_ref()
-            .and_then(|value| scalar(value, "tunnel.advertise_address", errors)),
+        // IP:PORT: other nodes parse what is advertised as one and skip anything else, so a
+        // host name here would make this node unreachable for them without a word.
+        advertise_address: raw.advertise_address.as_ref().map(|_| {
+            super::socket_address(
+                &raw.advertise_address,
+                "tunnel.advertise_address",
+                "",
+                errors,
+            )
+            .to_string()
+        }),
         peer_tls: raw.peer_tls.as_ref().and_then(|raw| peer_tls(raw, errors)),
         peer_allowlist: peer_allowlist(raw, errors),
         peer_timeouts: peer_timeouts(raw, errors),
@@ -392,6 +399,32 @@ mod tests {
             "node.yaml: tunnel.list_page_size: 20000 is out of range 1..=10000",
         ] {
             assert!(error.contains(expected), "{expected} in {error}");
+        }
+    }
+
+    #[test]
+    fn the_advertised_address_is_ip_and_port() {
+        let dir = tempfile::tempdir().unwrap();
+        let advertised = |value: &str| {
+            let yaml = tunnel_yaml(&dir, &format!("  advertise_address: '{value}'\n"));
+            load_str(&yaml, "node.yaml").map(|config| config.tunnel.unwrap().advertise_address)
+        };
+        assert_eq!(
+            advertised("10.0.0.7:8155").unwrap().as_deref(),
+            Some("10.0.0.7:8155")
+        );
+        assert_eq!(
+            advertised("[fd00::7]:8155").unwrap().as_deref(),
+            Some("[fd00::7]:8155")
+        );
+        for wrong in ["node-1.sluice:8155", "fd00::7:8155", "10.0.0.7"] {
+            let error = advertised(wrong).unwrap_err().to_string();
+            assert!(
+                error.contains(&format!(
+                    "node.yaml: tunnel.advertise_address: invalid socket address {wrong:?}"
+                )),
+                "{error}"
+            );
         }
     }
 }
