@@ -1,7 +1,7 @@
 //! The control plane on a real 3-member etcd cluster with two replicas: writes through one
 //! (kubectl as the admin) are seen by a watcher on the other, a token issued through one
-//! authenticates on the other, and with the etcd leader killed mid-test no write that kubectl
-//! reported as done is lost.
+//! authenticates on the other, and with the etcd leader killed mid-test every write succeeds and
+//! none is lost.
 //! Built with the `etcd` feature only (scripts/test.sh enables it).
 #![cfg(feature = "etcd")]
 #![allow(clippy::unwrap_used)]
@@ -268,20 +268,12 @@ fn two_replicas_on_a_three_member_etcd_lose_no_acknowledged_write() {
         started.elapsed(),
         refused.len()
     );
-    // Two members keep a quorum, so writes go on after the kill; some are refused (503) while
-    // a new leader is elected, and, with etcd-client's balancer still picking the dead member's
-    // endpoint now and then (etcdv3/etcd-client#39), some after. A refusal is honest; what
-    // must never happen is an acknowledged write that is lost.
-    let after_kill = acknowledged
-        .iter()
-        .filter(|name| {
-            name.as_str() >= format!("agent-{KILL_AFTER:03}").as_str()
-                && name.starts_with("agent-0")
-        })
-        .count();
+    // Two members keep a quorum: every write goes through, those during the election too (the
+    // store fails over and retries within the request timeout; controlplane_etcd_failover.rs
+    // covers every member in turn under load).
     assert!(
-        after_kill >= (WRITES - KILL_AFTER) / 2,
-        "only {after_kill} writes acknowledged after the kill: {refused:?}"
+        refused.is_empty(),
+        "writes refused with quorum held: {refused:?}"
     );
 
     // Every acknowledged write is present through both replicas ...
@@ -317,8 +309,7 @@ fn two_replicas_on_a_three_member_etcd_lose_no_acknowledged_write() {
     );
     drop(seen);
 
-    // The killed member comes back; the replicas keep taking writes. A client retries a
-    // refused write (etcd-client may still pick the member's endpoint before it reconnects).
+    // The killed member comes back; the replicas keep taking writes.
     etcd.restart(killed.unwrap()).unwrap();
     let mut last = String::new();
     let written = wait_until(Duration::from_secs(15), || {

@@ -333,6 +333,29 @@ fn killing_each_etcd_member_in_turn_fails_no_write_through_two_replicas() {
         );
         assert_eq!(seen, acknowledged, "watch on replica {which}");
     }
+    // Each replica's preferred member died at some point, and so did each watch's: both moved.
+    for replica in [&first, &second] {
+        let (status, text) = call(&replica.url(), &ca, &token, "GET", "/metrics", "");
+        assert_eq!(status, 200, "{text}");
+        let value = |name: &str| -> u64 {
+            let line = text
+                .lines()
+                .find(|line| line.starts_with(&format!("{name} ")));
+            let value = line.and_then(|line| line.rsplit(' ').next());
+            value.and_then(|value| value.parse().ok()).unwrap_or(0)
+        };
+        let failovers = value("sluice_controlplane_etcd_failovers_total");
+        let watch_retries = value("sluice_controlplane_etcd_retries_total{op=\"watch\"}");
+        let write_retries = value("sluice_controlplane_etcd_retries_total{op=\"write\"}");
+        let applied = value("sluice_controlplane_etcd_writes_found_applied_total");
+        eprintln!(
+            "{}: {failovers} failovers, retries: {write_retries} write, {watch_retries} watch; \
+             {applied} writes found applied",
+            replica.url()
+        );
+        assert!(failovers >= 1, "no failover counted by {}", replica.url());
+        assert!(watch_retries >= 1, "no watch resumed by {}", replica.url());
+    }
     for mut curl in curls {
         let _ = curl.kill();
         let _ = curl.wait();
