@@ -13,8 +13,8 @@
 #                             `docker load`, `podman load`, `ctr images import` and
 #                             `kind load image-archive` all take it as sluice:VERSION
 # and prints the tar's path. The image is labelled with the version and git revision that
-# `sluice --version` reports. Layer and config are byte-for-byte reproducible from the same
-# binary (sorted entries, fixed owner and mtime: the commit's time or $SOURCE_DATE_EPOCH).
+# `sluice --version` reports. Nothing of the build machine or the hour goes in: entries are
+# sorted, owner and mtime fixed (the commit's time or $SOURCE_DATE_EPOCH), gzip stores no name.
 #
 # Why not umoci or buildah: no registry is needed for a single-layer image from scratch, and
 # the OCI layout is three JSON documents and a tar (image-spec v1.1: image-layout.md,
@@ -53,8 +53,9 @@ trap 'rm -rf "$work"' EXIT
 rootfs=$work/rootfs
 install -D -m 0755 "$binary" "$rootfs/usr/bin/sluice"
 # Every library the dynamic loader resolves, and the loader itself, at the path the binary
-# names (symbolic links resolved: the image holds files only).
-ldd "$binary" | awk '/=> \//{print $3} /^[ \t]*\//{print $1}' | while read -r lib; do
+# names (symbolic links resolved: the image holds files only). A static binary has none, and
+# ldd says so and fails.
+{ ldd "$binary" || true; } | awk '/=> \//{print $3} /^[ \t]*\//{print $1}' | while read -r lib; do
   install -D -m 0755 "$(readlink -f "$lib")" "$rootfs$lib"
 done
 install -d -m 0755 "$rootfs/etc" "$rootfs/tmp"
