@@ -9,9 +9,10 @@
 #
 # It writes, under DIR (default target/image):
 #   sluice-VERSION.oci/       an OCI image layout (oci-layout, index.json, blobs/sha256/...)
-#   sluice-VERSION.oci.tar    the same layout as one tar, plus Docker's manifest.json, so
-#                             `docker load`, `podman load`, `ctr images import` and
-#                             `kind load image-archive` all take it as sluice:VERSION
+#   sluice-VERSION.oci.tar    the same layout as one tar, plus Docker's manifest.json: the
+#                             forms `docker load`, `podman load`, `ctr images import` and
+#                             `kind load image-archive` read, naming it sluice:VERSION (none
+#                             of them runs here: sluice/tests/image.rs runs the layout itself)
 # and prints the tar's path. The image is labelled with the version and git revision that
 # `sluice --version` reports. Nothing of the build machine or the hour goes in: entries are
 # sorted, owner and mtime fixed (the commit's time or $SOURCE_DATE_EPOCH), gzip stores no name.
