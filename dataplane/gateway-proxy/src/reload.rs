@@ -334,4 +334,40 @@ mod tests {
         assert_eq!(gateway.metrics.reloads_ok.get(), 2);
         assert_eq!(gateway.metrics.reloads_failed.get(), 1);
     }
+
+    #[test]
+    fn certificate_expiry_follows_every_generation_loaded_or_installed() {
+        let clusters = Clusters::new();
+        clusters.write("alpha.yaml", &clusters.yaml("alpha", &["https://a:1"], ""));
+        let gateway = clusters.gateway();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let expiry = sluice_role_metrics::CertificateExpiry::register(&mut registry);
+        gateway.export_certificate_expiry(expiry);
+        let not_after = sluice_role_metrics::earliest_not_after(&clusters.cert).unwrap();
+        let text = || {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+            text
+        };
+        let series = |listener: &str, cluster: &str| {
+            format!("sluice_tls_certificate_expiry_timestamp_seconds{{listener=\"{listener}\",cluster=\"{cluster}\"}} {not_after}")
+        };
+        let exported = text();
+        assert!(exported.contains(&series("gateway", "alpha")), "{exported}");
+        assert!(
+            exported.contains(&series("upstream_client", "alpha")),
+            "{exported}"
+        );
+        // The control plane's path: a list replaces the clusters (alpha gone, beta new).
+        let beta = clusters.yaml("beta", &["https://b:1"], "");
+        let loaded = sluice_gateway::cluster::parse_clusters(&beta, Path::new("cp/beta")).unwrap();
+        gateway.install(loaded).unwrap();
+        let exported = text();
+        assert!(exported.contains(&series("gateway", "beta")), "{exported}");
+        assert!(
+            exported.contains(&series("upstream_client", "beta")),
+            "{exported}"
+        );
+        assert!(!exported.contains("alpha"), "{exported}");
+    }
 }
