@@ -9,9 +9,11 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -167,97 +169,141 @@ fn watch(url: &str, ca: &std::path::Path, token: &str, path: &str) -> (Child, Ev
     (child, events)
 }
 
+/// Two control-plane replicas on one etcd, and what a client needs to call either.
+struct Replicas {
+    first: ControlPlane,
+    second: ControlPlane,
+    token: String,
+    ca: PathBuf,
+}
+
+impl Replicas {
+    fn start(etcd: &EtcdCluster) -> Replicas {
+        let endpoints = etcd.endpoints().join(",");
+        let store_args = [
+            "--etcd-endpoints",
+            endpoints.as_str(),
+            "--etcd-prefix",
+            "/sluice-failover",
+        ];
+        let first = ControlPlane::start(BIN, &store_args).unwrap();
+        let pki = first.pki_dir();
+        let mut replica_args = store_args.to_vec();
+        replica_args.extend(["--pki-dir", pki.to_str().unwrap()]);
+        let second = ControlPlane::start_replica(BIN, &replica_args).unwrap();
+        let (token, ca) = (first.admin_token(), first.ca_file());
+        Replicas {
+            first,
+            second,
+            token,
+            ca,
+        }
+    }
+
+    fn urls(&self) -> [String; 2] {
+        [self.first.url(), self.second.url()]
+    }
+
+    fn get(&self, url: &str, path: &str) -> (u16, String) {
+        call(url, &self.ca, &self.token, "GET", path, "")
+    }
+
+    /// A watch of Agents on `url` from its list's resourceVersion.
+    fn watch_from_now(&self, url: &str) -> (Child, Events) {
+        let mut listed = (0, String::new());
+        assert!(
+            wait_until(Duration::from_secs(20), || {
+                listed = self.get(url, AGENTS);
+                listed.0 == 200
+            }),
+            "list through {url}: {listed:?}"
+        );
+        let list: Value = serde_json::from_str(&listed.1).unwrap();
+        let version = list["metadata"]["resourceVersion"].as_str().unwrap();
+        let path = format!("{AGENTS}?watch=1&timeoutSeconds=300&resourceVersion={version}");
+        watch(url, &self.ca, &self.token, &path)
+    }
+}
+
+/// The shared state of the writers and the member killer.
+#[derive(Default)]
+struct Load {
+    killing: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicUsize>,
+}
+
+impl Load {
+    /// One writer thread per replica, with disjoint names and Agent ids.
+    fn start(&self, replicas: &Replicas) -> Vec<JoinHandle<Vec<Write>>> {
+        let [first, second] = replicas.urls();
+        [(first, "one", 1), (second, "two", 100_000)]
+            .into_iter()
+            .map(|(url, prefix, first_id)| {
+                let writer = Writer {
+                    url,
+                    ca: replicas.ca.clone(),
+                    token: replicas.token.clone(),
+                    prefix: prefix.to_string(),
+                    first_id,
+                    killing: self.killing.clone(),
+                    stop: self.stop.clone(),
+                    sent: self.sent.clone(),
+                };
+                std::thread::spawn(move || writer.run())
+            })
+            .collect()
+    }
+
+    fn sent(&self) -> usize {
+        self.sent.load(Ordering::Acquire)
+    }
+
+    /// Each member in turn, the leader first: SIGKILL, down for DOWN, restart, wait healthy,
+    /// then some writes with all three up before the next.
+    fn kill_each_member(&self, etcd: &mut EtcdCluster) {
+        assert!(wait_until(Duration::from_secs(10), || self.sent() >= 20));
+        let leader = etcd.leader().expect("an etcd leader");
+        for member in [leader, (leader + 1) % 3, (leader + 2) % 3] {
+            let before = self.sent();
+            eprintln!(
+                "killing etcd member {member} (leader: {:?}) after {before} writes",
+                etcd.leader()
+            );
+            self.killing.store(true, Ordering::Release);
+            etcd.kill(member);
+            std::thread::sleep(DOWN);
+            etcd.restart(member).unwrap();
+            self.killing.store(false, Ordering::Release);
+            let after = self.sent();
+            eprintln!(
+                "member {member} back after {} writes while it was down",
+                after - before
+            );
+            assert!(wait_until(Duration::from_secs(10), || self.sent() >= after + 10));
+        }
+    }
+}
+
 #[test]
 fn killing_each_etcd_member_in_turn_fails_no_write_through_two_replicas() {
     if !etcd_or_skip("killing_each_etcd_member_in_turn_fails_no_write_through_two_replicas") {
         return;
     }
     let mut etcd = EtcdCluster::start(3).unwrap();
-    let endpoints = etcd.endpoints().join(",");
-    let store_args = [
-        "--etcd-endpoints",
-        endpoints.as_str(),
-        "--etcd-prefix",
-        "/sluice-failover",
-    ];
-    let first = ControlPlane::start(BIN, &store_args).unwrap();
-    let pki = first.pki_dir();
-    let mut replica_args = store_args.to_vec();
-    replica_args.extend(["--pki-dir", pki.to_str().unwrap()]);
-    let second = ControlPlane::start_replica(BIN, &replica_args).unwrap();
-    let token = first.admin_token();
-    let ca = first.ca_file();
-
+    let replicas = Replicas::start(&etcd);
     // A watch on each replica from its list's resourceVersion (nothing exists yet).
-    let mut watches = Vec::new();
-    let mut curls = Vec::new();
-    for replica in [&first, &second] {
-        let mut listed = (0, String::new());
-        assert!(
-            wait_until(Duration::from_secs(20), || {
-                listed = call(&replica.url(), &ca, &token, "GET", AGENTS, "");
-                listed.0 == 200
-            }),
-            "list through {}: {listed:?}",
-            replica.url()
-        );
-        let list: Value = serde_json::from_str(&listed.1).unwrap();
-        let version = list["metadata"]["resourceVersion"].as_str().unwrap();
-        let path = format!("{AGENTS}?watch=1&timeoutSeconds=300&resourceVersion={version}");
-        let (curl, events) = watch(&replica.url(), &ca, &token, &path);
-        curls.push(curl);
-        watches.push(events);
-    }
+    let (curls, watches): (Vec<Child>, Vec<Events>) = replicas
+        .urls()
+        .iter()
+        .map(|url| replicas.watch_from_now(url))
+        .unzip();
 
-    let killing = Arc::new(AtomicBool::new(false));
-    let stop = Arc::new(AtomicBool::new(false));
-    let sent = Arc::new(AtomicUsize::new(0));
-    let writers: Vec<_> = [(&first, "one", 1), (&second, "two", 100_000)]
-        .into_iter()
-        .map(|(replica, prefix, first_id)| {
-            let writer = Writer {
-                url: replica.url(),
-                ca: ca.clone(),
-                token: token.clone(),
-                prefix: prefix.to_string(),
-                first_id,
-                killing: killing.clone(),
-                stop: stop.clone(),
-                sent: sent.clone(),
-            };
-            std::thread::spawn(move || writer.run())
-        })
-        .collect();
-
-    // Each member in turn, the leader first: SIGKILL, down for DOWN, restart, wait healthy.
+    let load = Load::default();
     let started = Instant::now();
-    assert!(wait_until(Duration::from_secs(10), || sent
-        .load(Ordering::Acquire)
-        >= 20));
-    let leader = etcd.leader().expect("an etcd leader");
-    let order = [leader, (leader + 1) % 3, (leader + 2) % 3];
-    for member in order {
-        let before = sent.load(Ordering::Acquire);
-        eprintln!(
-            "killing etcd member {member} (leader: {:?}) after {before} writes",
-            etcd.leader()
-        );
-        killing.store(true, Ordering::Release);
-        etcd.kill(member);
-        std::thread::sleep(DOWN);
-        etcd.restart(member).unwrap();
-        killing.store(false, Ordering::Release);
-        let after = sent.load(Ordering::Acquire);
-        eprintln!(
-            "member {member} back after {} writes while it was down",
-            after - before
-        );
-        // Some writes with all three up before the next kill.
-        assert!(wait_until(Duration::from_secs(10), || sent
-            .load(Ordering::Acquire)
-            >= after + 10));
-    }
-    stop.store(true, Ordering::Release);
+    let writers = load.start(&replicas);
+    load.kill_each_member(&mut etcd);
+    load.stop.store(true, Ordering::Release);
     let writes: Vec<Write> = writers
         .into_iter()
         .flat_map(|w| w.join().unwrap())
@@ -283,14 +329,24 @@ fn killing_each_etcd_member_in_turn_fails_no_write_through_two_replicas() {
         during.len()
     );
     assert!(failed.is_empty(), "failed writes: {failed:?}");
+    assert_state_is_the_acknowledged_writes(&replicas, &writes);
+    assert_each_watch_saw_each_write_once(&watches, &writes);
+    assert_failovers_counted(&replicas);
+    for mut curl in curls {
+        let _ = curl.kill();
+        let _ = curl.wait();
+    }
+}
 
-    // The final state is exactly the acknowledged writes: each object at its last version.
+/// The final state through each replica is exactly the acknowledged writes: each object at its
+/// last version.
+fn assert_state_is_the_acknowledged_writes(replicas: &Replicas, writes: &[Write]) {
     let mut expected: BTreeMap<String, String> = BTreeMap::new();
-    for write in &writes {
+    for write in writes {
         expected.insert(write.name.clone(), write.version.clone());
     }
-    for replica in [&first, &second] {
-        let (status, body) = call(&replica.url(), &ca, &token, "GET", AGENTS, "");
+    for url in replicas.urls() {
+        let (status, body) = replicas.get(&url, AGENTS);
         assert_eq!(status, 200, "{body}");
         let list: Value = serde_json::from_str(&body).unwrap();
         let stored: BTreeMap<String, String> = list["items"]
@@ -300,17 +356,17 @@ fn killing_each_etcd_member_in_turn_fails_no_write_through_two_replicas() {
             .map(|item| {
                 let metadata = &item["metadata"];
                 let name = metadata["name"].as_str().unwrap().to_string();
-                (
-                    name,
-                    metadata["resourceVersion"].as_str().unwrap().to_string(),
-                )
+                let version = metadata["resourceVersion"].as_str().unwrap().to_string();
+                (name, version)
             })
             .collect();
-        assert_eq!(stored, expected, "state through {}", replica.url());
+        assert_eq!(stored, expected, "state through {url}");
     }
+}
 
-    // Each watch saw every acknowledged change exactly once, as ADDED or MODIFIED, and nothing
-    // else (a change that landed without being acknowledged would show up here).
+/// Each watch saw every acknowledged change exactly once, as ADDED or MODIFIED, and nothing
+/// else (a change that landed without being acknowledged would show up here).
+fn assert_each_watch_saw_each_write_once(watches: &[Events], writes: &[Write]) {
     let mut acknowledged: Vec<(String, String, String)> = writes
         .iter()
         .map(|w| {
@@ -333,9 +389,13 @@ fn killing_each_etcd_member_in_turn_fails_no_write_through_two_replicas() {
         );
         assert_eq!(seen, acknowledged, "watch on replica {which}");
     }
-    // Each replica's preferred member died at some point, and so did each watch's: both moved.
-    for replica in [&first, &second] {
-        let (status, text) = call(&replica.url(), &ca, &token, "GET", "/metrics", "");
+}
+
+/// Each replica's preferred member died at some point, and so did each watch's: both moved,
+/// and `/metrics` counted it.
+fn assert_failovers_counted(replicas: &Replicas) {
+    for url in replicas.urls() {
+        let (status, text) = replicas.get(&url, "/metrics");
         assert_eq!(status, 200, "{text}");
         let value = |name: &str| -> u64 {
             let line = text
@@ -349,15 +409,10 @@ fn killing_each_etcd_member_in_turn_fails_no_write_through_two_replicas() {
         let write_retries = value("sluice_controlplane_etcd_retries_total{op=\"write\"}");
         let applied = value("sluice_controlplane_etcd_writes_found_applied_total");
         eprintln!(
-            "{}: {failovers} failovers, retries: {write_retries} write, {watch_retries} watch; \
-             {applied} writes found applied",
-            replica.url()
+            "{url}: {failovers} failovers, retries: {write_retries} write, {watch_retries} \
+             watch; {applied} writes found applied"
         );
-        assert!(failovers >= 1, "no failover counted by {}", replica.url());
-        assert!(watch_retries >= 1, "no watch resumed by {}", replica.url());
-    }
-    for mut curl in curls {
-        let _ = curl.kill();
-        let _ = curl.wait();
+        assert!(failovers >= 1, "no failover counted by {url}");
+        assert!(watch_retries >= 1, "no watch resumed by {url}");
     }
 }
