@@ -350,7 +350,8 @@ fn the_image_builds_offline_and_runs_a_node_and_a_control_plane() {
         node.log()
     );
     let metrics = node.http("/metrics").unwrap();
-    let revision = format!("revision=\"{}\"", the_binary_revision());
+    // The image's label, not the binary's `--version` again: what runs is the image's copy.
+    let revision = format!("revision={}", labels["org.opencontainers.image.revision"]);
     assert!(metrics.body.contains(&revision), "{}", metrics.body);
     node.stop_cleanly();
 
