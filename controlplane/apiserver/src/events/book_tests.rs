@@ -41,6 +41,16 @@ fn uid() -> String {
     "e-uid".into()
 }
 
+/// The figures docs/CONTROLPLANE.md ("Events") gives.
+#[test]
+fn the_documented_defaults() {
+    let limits = EventLimits::default();
+    assert_eq!((limits.per_namespace, limits.total), (1000, 5000));
+    assert_eq!(limits.ttl, Duration::from_secs(3600));
+    assert_eq!(limits.queue, 1024);
+    assert_eq!((limits.writes_per_second, limits.write_burst), (20, 100));
+}
+
 #[test]
 fn repeats_aggregate_into_one_event_with_count_and_times() {
     let mut book = EventBook::new(limits(), "cp-1");
