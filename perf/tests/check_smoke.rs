@@ -208,10 +208,16 @@ fn a_scale_run_passes_only_with_every_delivery_and_no_error() {
     let missed = tempfile::tempdir().unwrap();
     scale_run(missed.path(), 19, 0);
     let (passed, text) = check(missed.path(), &["scale"]);
-    assert!(!passed && text.contains("19 of 20 policy deliveries"), "{text}");
+    assert!(
+        !passed && text.contains("19 of 20 policy deliveries"),
+        "{text}"
+    );
 
     let failed = tempfile::tempdir().unwrap();
     scale_run(failed.path(), 20, 3);
     let (passed, text) = check(failed.path(), &["scale"]);
-    assert!(!passed && text.contains("agent_write_errors is 3"), "{text}");
+    assert!(
+        !passed && text.contains("agent_write_errors is 3"),
+        "{text}"
+    );
 }
