@@ -9,6 +9,7 @@
 #   perf/run.sh controlplane [--smoke]  1,000 watchers + steady writes: embedded store and etcd
 #   perf/run.sh ebpf [--smoke]     veth packet rate with and without the eBPF counters (root)
 #   perf/run.sh scaling [--smoke]  the gateway with one worker against two (thread-per-core)
+#   perf/run.sh access-log [--smoke]  the gateway's CPU per request, access log off, on, sampled
 #   perf/run.sh scale [--smoke]    the seeds' scale questions (issue 36): so far 5,000 VMs on one
 #                                  control plane (simulated agents, real watch clients)
 #   perf/run.sh soak [--smoke] [--minutes N]  mixed tunnel + gateway load at half capacity for N
@@ -26,9 +27,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
 scenario=${1:-}
 case "$scenario" in
-  gateway | tunnel | idle | policy | controlplane | ebpf | scaling | scale | soak) shift ;;
+  gateway | tunnel | idle | policy | controlplane | ebpf | scaling | access-log | scale | soak) shift ;;
   *)
-    echo "usage: perf/run.sh gateway|tunnel|idle|policy|controlplane|ebpf|scaling|scale|soak [--smoke] [harness options]" >&2
+    echo "usage: perf/run.sh gateway|tunnel|idle|policy|controlplane|ebpf|scaling|access-log|scale|soak [--smoke] [harness options]" >&2
     exit 2
     ;;
 esac

@@ -34,6 +34,8 @@ enum Scenario {
     Ebpf,
     /// The gateway with one worker against two: per-request CPU, the split between workers.
     Scaling,
+    /// The gateway's CPU per request with its access log off, on, and sampled one in 100.
+    AccessLog,
     /// The seeds' scale questions: so far 5,000 VMs on one control plane.
     Scale,
     /// Mixed tunnel and gateway load at half capacity for minutes, agents and clients churning:
@@ -153,6 +155,7 @@ fn main() -> anyhow::Result<()> {
         Scenario::Controlplane => scenario::controlplane::run(&harness),
         Scenario::Ebpf => scenario::ebpf::run(&harness),
         Scenario::Scaling => scenario::scaling::run(&harness),
+        Scenario::AccessLog => scenario::access_log::run(&harness),
         Scenario::Scale => scenario::scale::run(&harness),
         Scenario::Soak => scenario::soak::run(&harness),
     }

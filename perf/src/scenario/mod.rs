@@ -1,5 +1,6 @@
 //! The scenarios `perf/run.sh SCENARIO` runs.
 
+pub mod access_log;
 pub mod controlplane;
 pub mod ebpf;
 pub mod gateway;
