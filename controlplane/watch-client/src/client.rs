@@ -29,7 +29,7 @@ const LIST_RESTARTS: u32 = 3;
 pub struct WatchClient {
     config: WatchClientConfig,
     resource: Resource,
-    transport: Transport,
+    transport: Arc<Transport>,
     metrics: ResourceMetrics,
     mirror: Mirror,
     listed_once: bool,
@@ -51,9 +51,21 @@ impl WatchClient {
         resource: Resource,
         metrics: ResourceMetrics,
     ) -> Result<Self, WatchError> {
-        let transport = Transport::new(&config)?;
+        let transport = Arc::new(Transport::new(&config)?);
+        Ok(Self::with_transport(config, resource, metrics, transport))
+    }
+
+    /// A client sending on `transport`, which others may share: clients of one identity on
+    /// one Transport hold one h2 connection between them. `config`'s timeouts, backoff and
+    /// bounds apply to this client; its URL, CA, certificate and token are the Transport's.
+    pub fn with_transport(
+        config: WatchClientConfig,
+        resource: Resource,
+        metrics: ResourceMetrics,
+        transport: Arc<Transport>,
+    ) -> Self {
         let (mirror, _) = Mirror::new();
-        Ok(Self {
+        Self {
             config,
             resource,
             transport,
@@ -61,7 +73,7 @@ impl WatchClient {
             mirror,
             listed_once: false,
             watched_once: false,
-        })
+        }
     }
 
     /// A receiver of the snapshots: it holds the latest one at all times (initially empty and

@@ -38,6 +38,10 @@ pub struct WatchClientConfig {
     pub max_event_bytes: usize,
     /// Largest LIST page body.
     pub max_list_page_bytes: usize,
+    /// Offer h2 in ALPN: if the server takes it, all requests of one
+    /// [`Transport`](crate::Transport) share one connection. `false`: HTTP/1.1 only, one
+    /// connection per request (a load generator that wants many connections).
+    pub http2: bool,
 }
 
 /// A client certificate and its key, PEM files.
@@ -65,6 +69,7 @@ impl WatchClientConfig {
             page_size: 500,
             max_event_bytes: 3 << 20,
             max_list_page_bytes: 64 << 20,
+            http2: true,
         }
     }
 }

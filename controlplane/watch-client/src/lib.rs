@@ -46,6 +46,7 @@
 mod backoff;
 mod client;
 mod config;
+mod connection;
 mod decode;
 mod desired;
 mod error;

@@ -1,51 +1,48 @@
-//! HTTPS GETs to the API server: TCP, rustls, hyper's HTTP/1.1 client, bearer token.
+//! HTTPS requests to the API server: TCP, rustls, hyper, bearer token.
 //!
-//! One connection per LIST or WATCH: a watch holds its connection for minutes anyway, and a
-//! fresh connection re-reads the token and re-checks the server certificate each time.
+//! Over h2 (when the server picks it) every request of one Transport is a stream of one
+//! shared connection, so a role that watches several resources and reports holds one
+//! connection (see [`crate::connection`]); over HTTP/1.1 each request dials its own. The token
+//! is read again for every request either way.
 
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use futures_util::FutureExt;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use crate::config::WatchClientConfig;
+use crate::connection::{AbortOnDrop, Connector, Sender};
 use crate::decode::error_of;
 use crate::error::WatchError;
 
 /// How much of an error answer's body is read to find its `Status` message.
 const MAX_ERROR_BODY: usize = 64 << 10;
 
-/// A connected, authenticated way to send GETs to one server.
+/// A way to send authenticated requests to one server. Share it (`Arc<Transport>`) between
+/// clients of one identity to put their requests on one h2 connection.
 pub struct Transport {
-    host: String,
-    port: u16,
     authority: String,
-    server_name: ServerName<'static>,
-    tls: TlsConnector,
     token_file: Option<PathBuf>,
-    connect_timeout: Duration,
+    connector: Connector,
 }
 
-/// A 200 answer whose body is being streamed, and the task driving its connection.
+/// A 200 answer whose body is being streamed, and the task driving its connection. Dropping
+/// it ends the request: over h2 its stream is reset, the shared connection stays.
 pub struct Streaming {
     pub body: Incoming,
-    _driver: AbortOnDrop,
+    _driver: Arc<AbortOnDrop>,
 }
 
 impl Transport {
     /// Parses the URL and loads the CA and client certificate once (errors here are config
-    /// errors: the files are not re-read).
+    /// errors: the files are not re-read). Nothing is dialled until the first request.
     pub fn new(config: &WatchClientConfig) -> Result<Self, WatchError> {
         let (host, port) = parse_url(&config.url)?;
         let server_name = ServerName::try_from(host.clone())
@@ -55,14 +52,19 @@ impl Transport {
         } else {
             format!("{host}:{port}")
         };
+        let tls = TlsConnector::from(Arc::new(tls_config(config)?));
         Ok(Self {
-            host,
-            port,
-            authority,
-            server_name,
-            tls: TlsConnector::from(Arc::new(tls_config(config)?)),
+            authority: authority.clone(),
             token_file: config.token_file.clone(),
-            connect_timeout: config.connect_timeout,
+            connector: Connector::new(
+                host,
+                port,
+                authority,
+                server_name,
+                tls,
+                config.connect_timeout,
+                config.http2,
+            ),
         })
     }
 
@@ -112,28 +114,34 @@ impl Transport {
         content_type: &str,
     ) -> Result<Streaming, WatchError> {
         let token = self.read_token().await?;
-        let (mut sender, driver) = self.connect().await?;
+        let connection = self.connector.connection().await?;
         let mut request = Request::builder()
             .method(method)
-            .uri(path_and_query)
-            .header(http::header::HOST, &self.authority)
             .header(http::header::ACCEPT, "application/json")
             .header(http::header::CONTENT_TYPE, content_type)
             .header(http::header::USER_AGENT, "sluice-watch-client");
+        // h2 names the server in `:authority`, which hyper takes from an absolute URI.
+        request = match connection.sender {
+            Sender::Http1(_) => request
+                .uri(path_and_query)
+                .header(http::header::HOST, &self.authority),
+            Sender::Http2(_) => request.uri(format!("https://{}{path_and_query}", self.authority)),
+        };
         if let Some(token) = token {
             request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
         }
         let request = request
             .body(Full::new(body))
             .map_err(|error| WatchError::Http(format!("request: {error}")))?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|error| WatchError::Http(format!("request failed: {error}")))?;
+        let failed = |error: hyper::Error| WatchError::Http(format!("request failed: {error}"));
+        let response = match connection.sender {
+            Sender::Http1(mut sender) => sender.send_request(request).await.map_err(failed)?,
+            Sender::Http2(mut sender) => sender.send_request(request).await.map_err(failed)?,
+        };
         if response.status().is_success() {
             return Ok(Streaming {
                 body: response.into_body(),
-                _driver: driver,
+                _driver: connection.driver,
             });
         }
         Err(error_answer(response).await)
@@ -158,43 +166,6 @@ impl Transport {
             });
         }
         Ok(Some(token.to_string()))
-    }
-
-    async fn connect(
-        &self,
-    ) -> Result<
-        (
-            hyper::client::conn::http1::SendRequest<Full<Bytes>>,
-            AbortOnDrop,
-        ),
-        WatchError,
-    > {
-        let connect = async {
-            let tcp = TcpStream::connect((self.host.as_str(), self.port))
-                .await
-                .map_err(|error| WatchError::Connect {
-                    address: self.authority.clone(),
-                    reason: error.to_string(),
-                })?;
-            let _ = tcp.set_nodelay(true);
-            self.tls
-                .connect(self.server_name.clone(), tcp)
-                .await
-                .map_err(|source| WatchError::Tls {
-                    address: self.authority.clone(),
-                    source,
-                })
-        };
-        let tls = tokio::time::timeout(self.connect_timeout, connect)
-            .await
-            .map_err(|_| WatchError::Timeout {
-                what: "connect",
-                after: self.connect_timeout,
-            })??;
-        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .map_err(|error| WatchError::Http(format!("handshake: {error}")))?;
-        Ok((sender, spawn_contained("connection", connection)))
     }
 }
 
@@ -254,31 +225,6 @@ async fn error_answer(response: Response<Incoming>) -> WatchError {
             message: String::from_utf8_lossy(&text).chars().take(512).collect(),
         },
     }
-}
-
-/// Aborts a spawned task when dropped, so a connection never outlives its request.
-pub struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Spawns `future` with its panics caught and logged: a panic in hyper's connection driver
-/// ends that connection (the request sees an error and is retried), not the thread.
-fn spawn_contained<F, E>(what: &'static str, future: F) -> AbortOnDrop
-where
-    F: Future<Output = Result<(), E>> + Send + 'static,
-    E: std::fmt::Display,
-{
-    AbortOnDrop(tokio::spawn(async move {
-        match std::panic::AssertUnwindSafe(future).catch_unwind().await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::debug!(%error, "watch client {what} ended"),
-            Err(_) => tracing::error!("watch client {what} task panicked"),
-        }
-    }))
 }
 
 fn parse_url(url: &str) -> Result<(String, u16), WatchError> {
@@ -343,7 +289,11 @@ fn tls_config(config: &WatchClientConfig) -> Result<rustls::ClientConfig, WatchE
                 .map_err(|error| WatchError::Config(format!("client certificate: {error}")))?
         }
     };
-    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    tls.alpn_protocols = if config.http2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
     Ok(tls)
 }
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 use fake::FakeApi;
 use serde_json::json;
 use sluice_watch_client::{
-    Change, ClientCertFiles, Resource, ResourceMetrics, Snapshot, WatchClient, WatchClientConfig,
-    WatchMetrics,
+    Change, ClientCertFiles, Resource, ResourceMetrics, Snapshot, Transport, WatchClient,
+    WatchClientConfig, WatchMetrics,
 };
 use tokio::sync::{oneshot, watch};
 
@@ -37,9 +37,15 @@ fn config(api: &FakeApi) -> WatchClientConfig {
 }
 
 fn start(config: WatchClientConfig) -> Running {
+    let transport = Arc::new(Transport::new(&config).expect("transport"));
+    start_on(config, transport)
+}
+
+/// A client sending on `transport`, which other clients may share.
+fn start_on(config: WatchClientConfig, transport: Arc<Transport>) -> Running {
     let metrics = WatchMetrics::register(&mut Default::default()).for_resource("agents");
     let resource = Resource::new("sluice.dev", "v1", "agents");
-    let client = WatchClient::new(config, resource, metrics.clone()).expect("client");
+    let client = WatchClient::with_transport(config, resource, metrics.clone(), transport);
     let snapshots = client.subscribe();
     let previous = snapshots.borrow().clone();
     let (stop, stopped) = oneshot::channel::<()>();
@@ -378,4 +384,80 @@ async fn mutual_tls_with_a_client_certificate() {
     let mut client = start(config);
     client.expect_changes(&["+a=1"]).await;
     client.stop().await;
+}
+
+/// The ALPN protocol of each connection the server accepted, in order.
+fn connections(api: &FakeApi) -> Vec<Option<Vec<u8>>> {
+    api.read(|state| state.connections.clone())
+}
+
+/// Four watches and the writes on one Transport, against a server that speaks h2 (as the
+/// control plane does): `count` clients started on it, each synced with `a`.
+async fn shared_clients(api: &FakeApi, transport: &Arc<Transport>, count: usize) -> Vec<Running> {
+    let mut clients: Vec<Running> = (0..count)
+        .map(|_| start_on(config(api), transport.clone()))
+        .collect();
+    for client in &mut clients {
+        client.expect_changes(&["+a=1"]).await;
+    }
+    clients
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_and_writes_on_one_transport_share_one_h2_connection_and_redial_after_it_ends() {
+    let mut api = FakeApi::start_h2("secret-1").await;
+    api.mutate(|state| state.put("a", json!(1)));
+    let transport = Arc::new(Transport::new(&config(&api)).expect("transport"));
+    let mut clients = shared_clients(&api, &transport, 4).await;
+    for _ in 0..3 {
+        let patch = bytes::Bytes::from_static(b"{}");
+        transport
+            .merge_patch(fake::PATH, patch.clone(), 1 << 20)
+            .await
+            .expect("patch");
+        transport
+            .post_json(fake::PATH, patch, 1 << 20)
+            .await
+            .expect("post");
+    }
+    eventually("four watches open", || watches(&api) >= 4).await;
+    let h2 = Some(b"h2".to_vec());
+    assert_eq!(connections(&api), vec![h2.clone()]);
+
+    // The connection ends with the server; every watch comes back on one new connection.
+    api.stop();
+    api.mutate(|state| state.put("b", json!(1)));
+    api.restart().await;
+    for client in &mut clients {
+        client.expect_changes(&["+b=1"]).await;
+    }
+    assert_eq!(connections(&api), vec![h2.clone(), h2]);
+    for client in clients {
+        client.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http1_server_gets_a_connection_per_request_from_a_shared_transport() {
+    // No ALPN (an HTTP/1.1-only server), then a client that does not offer h2 to one that
+    // speaks it: both keep the one-connection-per-request behaviour.
+    let h1_only = FakeApi::start("secret-1").await;
+    let h2_server = FakeApi::start_h2("secret-1").await;
+    let mut no_h2 = config(&h2_server);
+    no_h2.http2 = false;
+    for (api, config, alpn) in [
+        (&h1_only, config(&h1_only), None),
+        (&h2_server, no_h2, Some(b"http/1.1".to_vec())),
+    ] {
+        api.mutate(|state| state.put("a", json!(1)));
+        let transport = Arc::new(Transport::new(&config).expect("transport"));
+        let clients = shared_clients(api, &transport, 2).await;
+        eventually("both watches open", || watches(api) >= 2).await;
+        let seen = connections(api);
+        assert!(seen.len() >= 4, "a LIST and a WATCH each: {seen:?}");
+        assert!(seen.iter().all(|protocol| *protocol == alpn), "{seen:?}");
+        for client in clients {
+            client.stop().await;
+        }
+    }
 }

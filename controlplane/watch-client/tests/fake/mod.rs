@@ -53,6 +53,8 @@ pub struct State {
     pub token: String,
     /// TLS handshakes the server refused (a client without the certificate it requires).
     pub refused_handshakes: usize,
+    /// TLS connections accepted, and which ALPN protocol each agreed.
+    pub connections: Vec<Option<Vec<u8>>>,
 }
 
 fn object(name: &str, rv: u64, spec: &Value) -> Value {
@@ -138,10 +140,19 @@ impl FakeApi {
 
     /// `mutual`: clients must present a certificate signed by the test CA.
     pub async fn start_with(token: &str, mutual: bool) -> Self {
+        Self::start_alpn(token, mutual, &[]).await
+    }
+
+    /// Offers h2 (then HTTP/1.1) in ALPN and serves both, as the control plane does.
+    pub async fn start_h2(token: &str) -> Self {
+        Self::start_alpn(token, false, &[b"h2", b"http/1.1"]).await
+    }
+
+    async fn start_alpn(token: &str, mutual: bool, alpn: &[&[u8]]) -> Self {
         let certs = Certificates::generate(&[]).expect("certificates");
         let token_file = certs.dir().join("token");
         std::fs::write(&token_file, format!("{token}\n")).expect("token file");
-        let acceptor = acceptor(&certs, mutual);
+        let acceptor = acceptor(&certs, mutual, alpn);
         let (version, _) = watch::channel(0);
         let state = State {
             token: token.into(),
@@ -216,9 +227,14 @@ impl FakeApi {
                         shared.lock().refused_handshakes += 1;
                         return;
                     };
+                    let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+                    shared.lock().connections.push(alpn);
                     let service = service_fn(move |request| answer(shared.clone(), request));
-                    let connection = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tls), service);
+                    // Serves HTTP/1.1, or h2 when the client sends its preface.
+                    let builder = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    );
+                    let connection = builder.serve_connection(TokioIo::new(tls), service);
                     tokio::select! {
                         _ = connection => {}
                         _ = stop.changed() => {}
@@ -235,7 +251,7 @@ impl Drop for FakeApi {
     }
 }
 
-fn acceptor(certs: &Certificates, mutual: bool) -> tokio_rustls::TlsAcceptor {
+fn acceptor(certs: &Certificates, mutual: bool, alpn: &[&[u8]]) -> tokio_rustls::TlsAcceptor {
     let chain = CertificateDer::pem_file_iter(&certs.server_cert)
         .expect("server cert")
         .collect::<Result<Vec<_>, _>>()
@@ -258,7 +274,8 @@ fn acceptor(certs: &Certificates, mutual: bool) -> tokio_rustls::TlsAcceptor {
     } else {
         builder.with_no_client_auth()
     };
-    let config = builder.with_single_cert(chain, key).expect("server config");
+    let mut config = builder.with_single_cert(chain, key).expect("server config");
+    config.alpn_protocols = alpn.iter().map(|protocol| protocol.to_vec()).collect();
     tokio_rustls::TlsAcceptor::from(Arc::new(config))
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sluice_policy::model::PolicySet;
 use sluice_watch_client::{
-    Resource, Snapshot, WatchClient, WatchClientConfig, WatchError, WatchMetrics,
+    Resource, Snapshot, Transport, WatchClient, WatchClientConfig, WatchMetrics,
 };
 use tokio::sync::watch;
 
@@ -51,22 +51,28 @@ pub struct Loaded {
 }
 
 impl PolicyFeed {
-    pub fn spawn(client: &WatchClientConfig, metrics: &WatchMetrics) -> Result<Self, WatchError> {
+    /// Starts the watches on `transport` (shared with the agent's other watch and its reports).
+    pub fn spawn(
+        client: &WatchClientConfig,
+        transport: &Arc<Transport>,
+        metrics: &WatchMetrics,
+    ) -> Self {
         let mut feed = PolicyFeed {
             snapshots: Vec::new(),
             progress: Vec::new(),
         };
         for plural in POLICY_RESOURCES {
-            let client = WatchClient::new(
+            let client = WatchClient::with_transport(
                 agent_config(client),
                 Resource::new(POLICY_GROUP, VERSION, plural),
                 metrics.for_resource(plural),
-            )?;
+                transport.clone(),
+            );
             feed.snapshots.push(client.subscribe());
             feed.progress.push(client.progress());
             tokio::spawn(client.run(std::future::pending()));
         }
-        Ok(feed)
+        feed
     }
 
     /// Resolves when a snapshot or a watch's progress changed; `false` once the watches are
@@ -169,21 +175,23 @@ pub struct VmFeed {
 impl VmFeed {
     pub fn spawn(
         client: &WatchClientConfig,
+        transport: &Arc<Transport>,
         vm: &str,
         metrics: &WatchMetrics,
-    ) -> Result<Self, WatchError> {
+    ) -> Self {
         let plural = "virtualmachines";
-        let client = WatchClient::new(
+        let client = WatchClient::with_transport(
             agent_config(client),
             Resource::new(VM_GROUP, VERSION, plural),
             metrics.for_resource(plural),
-        )?;
+            transport.clone(),
+        );
         let snapshot = client.subscribe();
         tokio::spawn(client.run(std::future::pending()));
-        Ok(VmFeed {
+        VmFeed {
             vm: vm.to_string(),
             snapshot,
-        })
+        }
     }
 
     pub async fn changed(&mut self) -> bool {

@@ -25,7 +25,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use sluice_ovs::OvsdbClient;
 use sluice_policy::model::PolicySet;
-use sluice_watch_client::{WatchClientConfig, WatchMetrics};
+use sluice_watch_client::{Transport, WatchClientConfig, WatchMetrics};
 use tokio::sync::watch;
 
 use super::enforcer::Enforcer;
@@ -124,15 +124,18 @@ pub async fn run(
     agent.set_mode(Mode::NoOp);
     agent.cold_start().await;
     let client = &agent.options.client;
-    let mut vm_feed = VmFeed::spawn(client, &agent.options.vm, &agent.metrics.watch)?;
-    let mut policies = PolicyFeed::spawn(client, &agent.metrics.watch)?;
+    // One Transport: over h2 the four watches and the reports share one connection, so a
+    // control plane serving 5,000 VMs holds 5,000 connections, not 25,000.
+    let transport = std::sync::Arc::new(Transport::new(client)?);
+    let mut vm_feed = VmFeed::spawn(client, &transport, &agent.options.vm, &agent.metrics.watch);
+    let mut policies = PolicyFeed::spawn(client, &transport, &agent.metrics.watch);
     report::spawn(
-        client,
+        transport,
         &agent.options.vm,
         agent.options.report_interval,
         receiver,
         agent.metrics.report.clone(),
-    )?;
+    );
     serving
         .ready
         .store(true, std::sync::atomic::Ordering::Release);

@@ -4,6 +4,7 @@
 //! rather than at the next interval.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -11,7 +12,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use serde_json::{json, Map, Value};
-use sluice_watch_client::{Backoff, Transport, WatchClientConfig, WatchError};
+use sluice_watch_client::{Backoff, Transport, WatchError};
 use tokio::sync::watch;
 
 use sluice_vm_lifecycle::{AgentCondition, ConditionStatus};
@@ -56,15 +57,15 @@ impl ReportMetrics {
     }
 }
 
-/// Starts the reporter; it sends what `reports` holds (nothing while it holds `None`).
+/// Starts the reporter on `transport` (the agent's watches share it); it sends what `reports`
+/// holds (nothing while it holds `None`).
 pub fn spawn(
-    client: &WatchClientConfig,
+    transport: Arc<Transport>,
     vm: &str,
     interval: Duration,
     reports: watch::Receiver<Option<Report>>,
     metrics: ReportMetrics,
-) -> Result<(), WatchError> {
-    let transport = Transport::new(client)?;
+) {
     let reporter = Reporter {
         transport,
         vm: vm.to_string(),
@@ -72,11 +73,10 @@ pub fn spawn(
         metrics,
     };
     tokio::spawn(reporter.run(interval, reports));
-    Ok(())
 }
 
 struct Reporter {
-    transport: Transport,
+    transport: Arc<Transport>,
     vm: String,
     /// The policies of the last report the server took; `None`: none taken yet (or the object
     /// must be created).
