@@ -11,7 +11,8 @@
 #   perf/run.sh scaling [--smoke]  the gateway with one worker against two (thread-per-core)
 #   perf/run.sh access-log [--smoke]  the gateway's CPU per request, access log off, on, sampled
 #   perf/run.sh scale [--smoke]    the seeds' scale questions (issue 36): so far 5,000 VMs on one
-#                                  control plane (simulated agents, real watch clients)
+#                                  control plane (simulated agents, real watch clients) and
+#                                  10,000 clients through one gateway (--only vms|gateway)
 #   perf/run.sh soak [--smoke] [--minutes N]  mixed tunnel + gateway load at half capacity for N
 #                                  minutes (default 30; 1 with --smoke), agents and clients churning
 #

@@ -125,8 +125,8 @@ run_perf_smoke() {
   perf/check-smoke ebpf
   SLUICE_PERF_PROFILE=dev perf/run.sh scaling --smoke
   perf/check-smoke scaling
-  # The seeds' scale questions with small counts (20 VMs): fails if any simulated peer saw an
-  # error or missed a delivery.
+  # The seeds' scale questions with small counts (20 VMs; 200 idle and 200 watching clients
+  # through one gateway): fails if any simulated peer saw an error or missed a delivery.
   SLUICE_PERF_PROFILE=dev perf/run.sh scale --smoke
   perf/check-smoke scale
   # One minute of the soak (scripts/soak.sh runs 30): samples exist, errors are explained by an

@@ -196,10 +196,24 @@ fn scale_run(dir: &Path, delivered: u64, errors: u64) {
                 "seconds_to_resync_after_restart": 0.9, "steady_controlplane_rss_mib": 48.0}),
     );
     std::fs::write(dir.join("summary.md"), "# scale\n").unwrap();
+    scale_gateway_run(dir, 200, 0);
+}
+
+/// A scale smoke run's gateway record: `watches` of 200 planned watches open, `errors` failed
+/// client requests.
+fn scale_gateway_run(dir: &Path, watches: u64, errors: u64) {
+    write(
+        dir,
+        "raw/gateway.json",
+        &json!({"plan": {"clients": 200}, "idle_connections": 200, "watches_open": watches,
+                "client_errors": errors, "baseline_get_p99_ms": 2.5, "watching_get_p99_ms": 3.1,
+                "rss_kib_per_idle_connection": 40.0, "upstream_sockets_watching": 3,
+                "probe_requests": 800}),
+    );
 }
 
 #[test]
-fn a_scale_run_passes_only_with_every_delivery_and_no_error() {
+fn a_scale_run_passes_only_with_every_delivery_every_client_and_no_error() {
     let good = tempfile::tempdir().unwrap();
     scale_run(good.path(), 20, 0);
     let (passed, text) = check(good.path(), &["scale"]);
@@ -220,4 +234,25 @@ fn a_scale_run_passes_only_with_every_delivery_and_no_error() {
         !passed && text.contains("agent_write_errors is 3"),
         "{text}"
     );
+
+    let unwatched = tempfile::tempdir().unwrap();
+    scale_run(unwatched.path(), 20, 0);
+    scale_gateway_run(unwatched.path(), 190, 0);
+    let (passed, text) = check(unwatched.path(), &["scale"]);
+    assert!(
+        !passed && text.contains("watches_open is 190 of 200"),
+        "{text}"
+    );
+
+    let refused = tempfile::tempdir().unwrap();
+    scale_run(refused.path(), 20, 0);
+    scale_gateway_run(refused.path(), 200, 2);
+    let (passed, text) = check(refused.path(), &["scale"]);
+    assert!(!passed && text.contains("client_errors is 2"), "{text}");
+
+    let no_gateway = tempfile::tempdir().unwrap();
+    scale_run(no_gateway.path(), 20, 0);
+    std::fs::remove_file(no_gateway.path().join("raw/gateway.json")).unwrap();
+    let (passed, text) = check(no_gateway.path(), &["scale"]);
+    assert!(!passed && text.contains("gateway.json"), "{text}");
 }

@@ -1,9 +1,11 @@
 //! `perf/run.sh scale`: the seeds' scale questions (issue 36), each answered by a harness of
 //! cheap simulated peers that speak the real protocols. Built so far: `vms` (seed 004's 5,000
-//! VMs on one control plane). `--smoke` runs each with small counts for CI and fails if any
-//! simulated peer saw an error.
+//! VMs on one control plane) and `gateway` (seed 003's 10,000 clients folded by one gateway
+//! onto a few apiserver connections). `--only vms` or `--only gateway` runs one part.
+//! `--smoke` runs each with small counts for CI and fails if any simulated peer saw an error.
 
 mod fleet;
+mod gateway_clients;
 mod vms;
 
 use anyhow::bail;
@@ -14,33 +16,109 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
     let dir = super::fresh_work_dir(&harness.out)?;
     super::fresh_raw_dir(&harness.out)?;
     let machine = crate::machine::describe();
-    let plan = vms::Plan::new(harness.smoke);
-    let vm_dir = dir.join("vms");
-    std::fs::create_dir_all(&vm_dir)?;
-    let record = vms::run(harness, &vm_dir, plan)?;
-    write_output(
-        &harness.out,
-        "raw/vms.json",
-        &serde_json::to_string_pretty(&record)?,
-    )?;
-    let markdown = markdown(harness, &machine, &record);
+    let wanted = |part: &str| harness.only.is_empty() || harness.only.iter().any(|o| o == part);
+    let smoke = if harness.smoke {
+        " (smoke: not a measurement)"
+    } else {
+        ""
+    };
+    let mut markdown = format!("# Scale scenario{smoke}\n\n{}", machine.markdown(None));
+    let mut errors = Vec::new();
+    if wanted("vms") {
+        let vm_dir = dir.join("vms");
+        std::fs::create_dir_all(&vm_dir)?;
+        let record = vms::run(harness, &vm_dir, vms::Plan::new(harness.smoke))?;
+        write_output(
+            &harness.out,
+            "raw/vms.json",
+            &serde_json::to_string_pretty(&record)?,
+        )?;
+        markdown.push_str(&vms_markdown(harness, &record));
+        if record.errors() > 0 {
+            errors.push(format!(
+                "{} error(s) seen by the simulated VM agents",
+                record.errors()
+            ));
+        }
+    }
+    if wanted("gateway") {
+        let gateway_dir = dir.join("gateway");
+        std::fs::create_dir_all(&gateway_dir)?;
+        let plan = gateway_clients::Plan::new(harness.smoke);
+        let record = gateway_clients::run(harness, &gateway_dir, plan)?;
+        write_output(
+            &harness.out,
+            "raw/gateway.json",
+            &serde_json::to_string_pretty(&record)?,
+        )?;
+        markdown.push_str(&gateway_markdown(harness, &record));
+        if record.errors() > 0 {
+            errors.push(format!(
+                "{} error(s) seen by the gateway's clients",
+                record.errors()
+            ));
+        }
+    }
     write_output(&harness.out, "summary.md", &markdown)?;
     println!("{markdown}");
     println!("wrote {}", harness.out.display());
-    if record.errors() > 0 {
-        bail!(
-            "{} error(s) seen by the simulated VM agents",
-            record.errors()
-        );
+    if !errors.is_empty() {
+        bail!("{}", errors.join("; "));
     }
     Ok(())
 }
 
-fn markdown(harness: &Harness, machine: &crate::machine::Machine, r: &vms::VmRecord) -> String {
+fn gateway_markdown(harness: &Harness, r: &gateway_clients::GatewayRecord) -> String {
+    let plan = r
+        .plan
+        .unwrap_or_else(|| gateway_clients::Plan::new(harness.smoke));
+    format!(
+        "\n## Clients through one gateway\n\n\
+         `sluice run` (gateway, one worker, CPU {proxy}) in front of `sluice-apiserver-sim` (CPU \
+         {upstream}, 1,000 streams per HTTP/2 connection); the clients in the harness, each a TCP \
+         + TLS + HTTP/2 connection of its own, one bearer token for all. Small GET: one pod, \
+         {rate}/s for {probe:?} on {probes} connections.\n\n\
+         | measure | value |\n|---|--:|\n\
+         | small GET before: p50 / p99 | {b50:.2} / {b99:.2} ms |\n\
+         | idle connections (one GET each) open / opened in | {idle} / {idle_s:.1} s |\n\
+         | gateway RSS per idle client connection | {idle_kib:.1} KiB |\n\
+         | watches open (first event seen) / opened in | {watches} / {watch_s:.1} s |\n\
+         | gateway RSS per watching client connection | {watch_kib:.1} KiB |\n\
+         | small GET with the watches open: p50 / p99 | {w50:.2} / {w99:.2} ms |\n\
+         | p99 with watches / before | {ratio:.2} |\n\
+         | gateway TCP connections to the simulator: idle clients / with watches | {up_idle} / {up_watch} |\n\
+         | `sluice_gateway_upstream_connections` with watches | {up_metric} |\n\
+         | gateway RSS: start / end | {rss0:.0} / {rss1:.0} MiB |\n\
+         | client errors | {errors} |\n",
+        proxy = harness.proxy_cpu,
+        upstream = harness.upstream_cpu,
+        rate = plan.probe_rate,
+        probe = plan.probe,
+        probes = plan.probe_connections,
+        b50 = r.baseline_get_p50_ms,
+        b99 = r.baseline_get_p99_ms,
+        idle = r.idle_connections,
+        idle_s = r.seconds_to_open_idle,
+        idle_kib = r.rss_kib_per_idle_connection,
+        watches = r.watches_open,
+        watch_s = r.seconds_to_open_watches,
+        watch_kib = r.rss_kib_per_watching_connection,
+        w50 = r.watching_get_p50_ms,
+        w99 = r.watching_get_p99_ms,
+        ratio = r.get_p99_ratio,
+        up_idle = r.upstream_sockets_idle,
+        up_watch = r.upstream_sockets_watching,
+        up_metric = r.upstream_connections_metric,
+        rss0 = r.gateway_rss_start_mib,
+        rss1 = r.gateway_rss_end_mib,
+        errors = r.client_errors,
+    )
+}
+
+fn vms_markdown(harness: &Harness, r: &vms::VmRecord) -> String {
     let plan = &r.plan;
     format!(
-        "# Scale scenario{smoke}\n\n{machine}\
-         ## VMs on one control plane (embedded store)\n\n\
+        "## VMs on one control plane (embedded store)\n\n\
          {vms} VMs, each with its own vm-agent token and a simulated agent in the harness on CPU \
          {client} (a runtime-info report, then a heartbeat every {beat:?}; the agent's four watches \
          run by `sluice-watch-client`); {policies} NetworkPolicies, each applied to an \
@@ -57,8 +135,6 @@ fn markdown(harness: &Harness, machine: &crate::machine::Machine, r: &vms::VmRec
          | restart to every agent seeing a write made after it | {resync:.1} s |\n\
          | heartbeats accepted | {beats} |\n\
          | agent write errors | {errors} |\n",
-        smoke = if harness.smoke { " (smoke: not a measurement)" } else { "" },
-        machine = machine.markdown(None),
         vms = plan.vms,
         client = harness.client_cpu,
         beat = plan.heartbeat,

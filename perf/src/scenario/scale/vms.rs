@@ -423,7 +423,7 @@ async fn resync(admin: &Admin, fleet: &Fleet, restarted: Instant) -> anyhow::Res
 
 /// Every agent holds four connections: the harness (and the control plane it starts, which
 /// inherits the limit) needs more descriptors than a shell's default.
-fn raise_fd_limit(wanted: usize) -> anyhow::Result<()> {
+pub(super) fn raise_fd_limit(wanted: usize) -> anyhow::Result<()> {
     let wanted = wanted as libc::rlim_t;
     let mut limit = libc::rlimit {
         rlim_cur: 0,
