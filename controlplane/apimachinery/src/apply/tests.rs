@@ -350,3 +350,62 @@ fn a_status_apply_owns_only_status() {
     assert_eq!(entry["subresource"], "status");
     assert_eq!(entry["fieldsV1"], json!({"f:status": {"f:phase": {}}}));
 }
+
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::{json, Map, Value};
+
+    use super::*;
+
+    /// Small JSON trees: scalars, lists and maps over a few keys, so configurations overlap.
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            any::<bool>().prop_map(Value::Bool),
+            (0i64..4).prop_map(|n| json!(n)),
+            "[ab]{0,2}".prop_map(Value::String),
+            Just(Value::Null),
+        ];
+        leaf.prop_recursive(3, 24, 3, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+                prop::collection::btree_map("[xyz]", inner, 0..3)
+                    .prop_map(|m| Value::Object(m.into_iter().collect::<Map<_, _>>())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Applying the same configuration twice changes nothing the second time, and the
+        /// applier's stored entry always decodes back to the fields it applied.
+        #[test]
+        fn apply_is_idempotent_and_its_fields_round_trip(
+            live_spec in value(), config_spec in value(),
+        ) {
+            let mut stored = live();
+            stored["spec"] = live_spec;
+            let once = apply_as(&stored, "a", config_spec.clone(), true);
+            prop_assume!(once.is_ok());
+            let once = once.unwrap_or_default();
+            let twice = apply_as(&once, "a", config_spec, false);
+            prop_assert_eq!(twice.as_ref().ok(), Some(&once));
+            let decoded = managers::decode(&once);
+            prop_assert!(decoded.is_ok());
+            for entry in decoded.unwrap_or_default() {
+                let encoded = entry.fields.to_fields_v1();
+                prop_assert_eq!(fieldset::FieldSet::from_fields_v1(&encoded).ok(), Some(entry.fields));
+            }
+        }
+
+        /// A second manager's forced apply leaves the first owning nothing it changed.
+        #[test]
+        fn a_forced_apply_takes_every_changed_field(first in value(), second in value()) {
+            let Ok(applied) = apply_as(&live(), "a", first, false) else {
+                return Ok(());
+            };
+            let Ok(forced) = apply_as(&applied, "b", second.clone(), true) else {
+                return Ok(());
+            };
+            prop_assert!(apply_as(&forced, "b", second, false).is_ok());
+        }
+    }
+}
