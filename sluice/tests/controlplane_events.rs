@@ -1,11 +1,11 @@
 //! Events and access reviews with real kubectl (issue 35 finding 10): a VM's state changes
 //! show in `kubectl describe vm` and `kubectl get events` (Normal, then Warning when its agent
-//! goes quiet), a refused write is a Warning whose repeats count up in one event, events are
-//! selected by `involvedObject` fields and watched, and only the admin reads them;
-//! `kubectl auth can-i` answers for each role what the server then does.
+//! goes quiet), a refused write (invalid, over a write budget) is a Warning whose repeats count
+//! up in one event, events are selected by `involvedObject` fields and watched, and only the
+//! admin reads them; `kubectl auth can-i` answers for each role what the server then does.
 #![allow(clippy::unwrap_used)]
 
-use std::process::Output;
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -32,17 +32,54 @@ fn events(cp: &ControlPlane, selector: &str) -> Vec<Value> {
     list["items"].as_array().unwrap().clone()
 }
 
+/// One runtime-info report of vm1's agent (a merge patch naming `version`: a patch that changes
+/// nothing writes nothing), as its HTTP status.
+fn report(cp: &ControlPlane, token: &str, version: usize) -> u16 {
+    let output = Command::new("curl")
+        .args([
+            "--silent",
+            "--output",
+            "/dev/null",
+            "--write-out",
+            "%{http_code}",
+        ])
+        .arg("--cacert")
+        .arg(cp.ca_file())
+        .args(["--request", "PATCH", "--header"])
+        .arg(format!("Authorization: Bearer {token}"))
+        .args(["--header", "Content-Type: application/merge-patch+json"])
+        .arg("--data-binary")
+        .arg(format!(r#"{{"agentVersion": "budget-{version}"}}"#))
+        .arg(format!(
+            "{}/apis/vm.sluice.dev/v1alpha1/virtualmachineruntimeinfos/vm1",
+            cp.url()
+        ))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout).parse().unwrap()
+}
+
 #[test]
 fn vm_transitions_and_refused_writes_are_events_kubectl_shows() {
-    // A 2 s heartbeat timeout lets the test see the agent go quiet without waiting 90 s.
-    let cp = ControlPlane::start(BIN, &["--vm-heartbeat-timeout", "2s"]).unwrap();
+    // A 2 s heartbeat timeout lets the test see the agent go quiet without waiting 90 s; a
+    // vm-agent may write once a second (burst 1), so three writes at once meet its budget.
+    let cp = ControlPlane::start(
+        BIN,
+        &[
+            "--vm-heartbeat-timeout",
+            "2s",
+            "--write-budget",
+            "vm-agent=1/1,16384/524288",
+        ],
+    )
+    .unwrap();
     let watch = CurlWatch::start(
         &cp,
         &cp.admin_token(),
         &format!("{EVENTS}?watch=1&fieldSelector=involvedObject.name%3Dvm1"),
     )
     .unwrap();
-    cp.connect_vm("vm1");
+    let agent = cp.connect_vm("vm1");
     let vm: Value =
         serde_json::from_str(&ok(cp.kubectl(&["get", "vm", "vm1", "-o", "json"], None))).unwrap();
     let uid = vm["metadata"]["uid"].as_str().unwrap().to_string();
@@ -126,6 +163,24 @@ fn vm_transitions_and_refused_writes_are_events_kubectl_shows() {
             && message.contains("spec.management: Unsupported value: \"Bogus\""),
         "{message}"
     );
+
+    // The agent over its write budget: a Warning on its runtime info, repeats counted.
+    let codes: Vec<u16> = (0..3).map(|version| report(&cp, &agent, version)).collect();
+    assert!(codes.contains(&429), "{codes:?}");
+    let over = wait_until(WITHIN, || {
+        !events(&cp, "involvedObject.name=vm1,reason=WriteBudgetExceeded").is_empty()
+    });
+    assert!(over, "{}", ok(cp.kubectl(&["get", "events"], None)));
+    let budget = &events(&cp, "involvedObject.name=vm1,reason=WriteBudgetExceeded")[0];
+    assert_eq!(budget["type"], "Warning");
+    assert_eq!(
+        budget["involvedObject"]["kind"],
+        "VirtualMachineRuntimeInfo"
+    );
+    assert!(budget["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("patch by \"sluice:vm-agent:vm1\" refused: too many writes"));
 
     // Only the admin reads events: a gateway is refused as kube-apiserver words it.
     let gateway = cp.kubeconfig_for("gw", &cp.token("gateway", "gw-1"));
