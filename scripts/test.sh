@@ -112,7 +112,7 @@ run_fuzz_smoke() {
 }
 
 run_perf_smoke() {
-  log "perf harness smoke runs (perf/run.sh tunnel|gateway|controlplane|ebpf|scaling|scale|soak --smoke; numbers are not measurements)"
+  log "perf harness smoke runs (perf/run.sh tunnel|gateway|controlplane|ebpf|scaling|access-log|scale|soak --smoke; numbers are not measurements)"
   # A smoke run passes only if every case left its results and no call failed (perf/check-smoke),
   # not merely because the harness exited 0.
   SLUICE_PERF_PROFILE=dev perf/run.sh tunnel --smoke
@@ -125,6 +125,9 @@ run_perf_smoke() {
   perf/check-smoke ebpf
   SLUICE_PERF_PROFILE=dev perf/run.sh scaling --smoke
   perf/check-smoke scaling
+  # The access-log scenario checks itself: nothing logged while off, every request logged or
+  # counted as dropped while on, no failed request.
+  SLUICE_PERF_PROFILE=dev perf/run.sh access-log --smoke
   # The seeds' scale questions with small counts (20 VMs; 200 idle and 200 watching clients
   # through one gateway): fails if any simulated peer saw an error or missed a delivery.
   SLUICE_PERF_PROFILE=dev perf/run.sh scale --smoke

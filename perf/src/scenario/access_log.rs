@@ -40,6 +40,8 @@ const CASES: [Case; 3] = [
 struct AccessLogRun {
     case: String,
     clients: u32,
+    /// Requests h2load completed in the measured part (the lines also count the warm-up).
+    done: u64,
     ok_per_second: f64,
     cpu_us_per_request: f64,
     /// `sluice_access_log_lines_total` and `_dropped_total` over the run.
@@ -123,7 +125,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
             let before = admin_get(admin, "/metrics")?;
             let timed = Load::Timed { warm_up, duration };
             let measured = measure(&load(clients, timed), dir, &proxy, &[])?;
-            let after = admin_get(admin, "/metrics")?;
+            let after = settled_metrics(admin)?;
             let count = |name| gateway_series(&after, name) - gateway_series(&before, name);
             let summary = &measured.summary;
             anyhow::ensure!(summary.done > 0, "{}: no request completed", case.name);
@@ -132,6 +134,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
             let run = AccessLogRun {
                 case: case.name.to_string(),
                 clients,
+                done: summary.done,
                 ok_per_second: summary.requests_per_second * ok as f64 / summary.done as f64,
                 cpu_us_per_request: cpu as f64 / summary.done as f64,
                 lines: count("sluice_access_log_lines_total"),
@@ -142,6 +145,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                 "access_log {} #{repeat}: {:.0} OK/s, {:.2} us CPU/req, {} lines, {} dropped",
                 case.name, run.ok_per_second, run.cpu_us_per_request, run.lines, run.dropped
             );
+            check(&run)?;
             runs.push(run);
         }
     }
@@ -149,6 +153,44 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
     write_output(&harness.out, "summary.json", &json)?;
     write_output(&harness.out, "summary.md", &report(harness, &runs))?;
     eprintln!("wrote {}", harness.out.display());
+    Ok(())
+}
+
+/// `/metrics` once the log writer has caught up: the lines written stop changing (its queue
+/// holds up to 8,192 lines when the load ends), or after 3 s.
+fn settled_metrics(admin: std::net::SocketAddr) -> anyhow::Result<String> {
+    let lines = |metrics: &str| gateway_series(metrics, "sluice_access_log_lines_total");
+    let mut last = admin_get(admin, "/metrics")?;
+    for _ in 0..30 {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = admin_get(admin, "/metrics")?;
+        if lines(&now) == lines(&last) {
+            return Ok(now);
+        }
+        last = now;
+    }
+    Ok(last)
+}
+
+/// What every run must show, measurement or smoke: the log off writes nothing, every request is
+/// logged or counted as dropped when it is on, and no request failed.
+fn check(run: &AccessLogRun) -> anyhow::Result<()> {
+    let accounted = run.lines + run.dropped;
+    match run.case.as_str() {
+        "off" => anyhow::ensure!(accounted == 0.0, "the log was off, yet {accounted} lines"),
+        "every-request" => anyhow::ensure!(
+            accounted >= run.done as f64,
+            "{} requests but {accounted} lines written or dropped",
+            run.done
+        ),
+        _ => anyhow::ensure!(accounted <= run.done as f64, "more lines than requests"),
+    }
+    anyhow::ensure!(
+        run.errors == 0,
+        "{}: {} requests failed",
+        run.case,
+        run.errors
+    );
     Ok(())
 }
 
@@ -200,6 +242,26 @@ fn report(harness: &Harness, runs: &[AccessLogRun]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_that_lost_lines_or_logged_while_off_fails() {
+        let run = |case: &str, lines: f64, dropped: f64| AccessLogRun {
+            case: case.into(),
+            clients: 8,
+            done: 100,
+            ok_per_second: 1.0,
+            cpu_us_per_request: 1.0,
+            lines,
+            dropped,
+            errors: 0,
+        };
+        assert!(check(&run("off", 0.0, 0.0)).is_ok());
+        assert!(check(&run("off", 1.0, 0.0)).is_err());
+        assert!(check(&run("every-request", 120.0, 0.0)).is_ok());
+        assert!(check(&run("every-request", 60.0, 40.0)).is_ok());
+        assert!(check(&run("every-request", 99.0, 0.0)).is_err());
+        assert!(check(&run("one-in-100", 2.0, 0.0)).is_ok());
+    }
 
     #[test]
     fn series_are_read_for_the_gateway_role_only() {
