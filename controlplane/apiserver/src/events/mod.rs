@@ -51,6 +51,13 @@ pub struct EventMetrics {
 impl EventMetrics {
     pub fn register(registry: &mut prometheus_client::registry::Registry) -> Self {
         let metrics = Self::default();
+        // Every reason is present from the start, so a rate() sees 0 rather than nothing.
+        for reason in ["queue_full", "store_error", "stopped"] {
+            let _ = metrics.dropped.get_or_create(&ReasonLabels { reason });
+        }
+        for reason in ["cap", "ttl", "sweep"] {
+            let _ = metrics.evicted.get_or_create(&ReasonLabels { reason });
+        }
         registry.register(
             "sluice_controlplane_events_recorded",
             "Occurrences queued for an Event (repeats included)",
