@@ -305,3 +305,72 @@ fn a_call_on_a_tunnel_the_agent_refused_goes_to_another_tunnel() {
         still_serves(&node);
     }
 }
+
+/// A client's unary call whose body the test sends later (`send` then `grpc_outcome`).
+async fn call_without_body(node: &Node) -> (h2::client::ResponseFuture, SendStream<Bytes>) {
+    let connection = sluice_grpc::transport::connect(
+        node.external,
+        None,
+        &sluice_grpc::transport::H2Settings::default(),
+    )
+    .await
+    .unwrap();
+    let mut ready = connection.send_request.ready().await.unwrap();
+    let request = http::Request::post("http://node/test.Echo/Unary")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {}", jwt()))
+        .header("sluice-agent-id", "7")
+        .body(())
+        .unwrap();
+    ready.send_request(request, false).unwrap()
+}
+
+/// A call that went down a tunnel before its body arrived (its request was not sent whole with
+/// the RequestInfo) is routed again just the same when the agent refuses the tunnel unread,
+/// whether its body went down the refused tunnel too or arrives only afterwards: what the node
+/// read of the request is kept until the agent answers.
+#[test]
+fn a_call_streamed_down_a_refused_tunnel_goes_to_another_tunnel() {
+    for driver in [Driver::IoUring, Driver::Legacy] {
+        let node = start_node(driver);
+        block_on(async {
+            for body_first in [true, false] {
+                let (mut first_recv, mut first_send) = tunnel_after_one_call(&node).await;
+                let (response, mut client) = call_without_body(&node).await;
+                let mut reader = TunnelReader::new(LIMIT);
+                let first = next_message(&mut first_recv, &mut reader).await;
+                assert!(
+                    matches!(first, Some(connect_response::Msg::RequestInfo(_))),
+                    "{driver}: the call starts before its body: {first:?}"
+                );
+                let body = encode_message(false, b"streamed");
+                if body_first {
+                    client.send_data(body.clone(), true).unwrap();
+                    let message = next_message(&mut first_recv, &mut reader).await;
+                    assert!(matches!(message, Some(connect_response::Msg::Message(_))));
+                }
+                let (mut recv, mut send, refused) =
+                    fake_tunnel(node.agent, descriptor_reusable(true)).await;
+                assert_eq!(refused, None);
+                first_send.send_reset(h2::Reason::REFUSED_STREAM);
+                if !body_first {
+                    client.send_data(body, true).unwrap();
+                }
+                let mut reader = TunnelReader::new(LIMIT);
+                let (method, messages) = read_call(&mut recv, &mut reader).await;
+                assert_eq!(method, "/test.Echo/Unary", "{driver}");
+                assert_eq!(
+                    messages,
+                    [Bytes::from_static(b"streamed")],
+                    "{driver}, body first: {body_first}"
+                );
+                answer(&mut send, b"pong");
+                let (status, message) = grpc_outcome(response).await;
+                assert_eq!(status, "0", "{driver}, body first: {body_first}: {message}");
+                send.send_reset(h2::Reason::CANCEL);
+            }
+        });
+        still_serves(&node);
+    }
+}

@@ -35,10 +35,76 @@ pub(super) struct Upload {
     pub(super) early: Vec<Bytes>,
     /// The whole request (messages and CloseSend) went out with the RequestInfo.
     pub(super) sent: bool,
+    /// Unless `sent`: the body read so far, for another tunnel.
+    pub(super) replay: Replay,
+}
+
+impl Upload {
+    /// Whether the call can go down another tunnel: the agent refusing the tunnel unread
+    /// leaves the request with the node (whole in `CallBody::early`, or in `replay`).
+    pub(super) fn replayable(&self) -> bool {
+        self.sent || !self.replay.overflowed
+    }
+
+    /// Puts the request read so far back in the call's `early` chunks (and `ended` flag, see
+    /// [`CallBody`]) for the next tunnel; a request sent whole is still there.
+    pub(super) fn restore(self, early: &mut Vec<Bytes>, ended: &mut bool) {
+        if !self.sent {
+            *early = self.replay.chunks;
+            *ended = self.replay.ended;
+        }
+    }
+}
+
+/// The client's body chunks a call streamed down a tunnel (its request was not sent whole),
+/// kept until the call ends: a tunnel the agent withdraws (REFUSED_STREAM) may be refused after
+/// the node sent the RequestInfo and any part of the body, and the call goes to another tunnel
+/// only if the node still has every byte it read. Bounded like a whole request: a larger body
+/// stops being kept, and its call is not routed again.
+#[derive(Debug, Default)]
+pub(super) struct Replay {
+    chunks: Vec<Bytes>,
+    size: usize,
+    /// The client's body ended: `chunks` is all of it.
+    ended: bool,
+    overflowed: bool,
+}
+
+impl Replay {
+    /// A replay that starts with the chunks read before the call took its tunnel.
+    pub(super) fn of(early: &[Bytes]) -> Self {
+        let mut replay = Self::default();
+        for chunk in early {
+            replay.record(chunk);
+        }
+        replay
+    }
+
+    fn record(&mut self, chunk: &Bytes) {
+        if self.overflowed {
+            return;
+        }
+        self.size += chunk.len();
+        if self.size > WHOLE_REQUEST_LIMIT {
+            self.overflowed = true;
+            self.chunks = Vec::new();
+        } else {
+            self.chunks.push(chunk.clone());
+        }
+    }
 }
 
 fn agent_gone(why: impl ToString) -> TunnelError {
     TunnelError::new(ErrorKind::AgentGone, why.to_string())
+}
+
+/// A send down a tunnel failed. REFUSED_STREAM: the agent withdrew the tunnel unread (see
+/// `ReadError::Refused`), so the call may go down another one; anything else: the agent is gone.
+fn send_failed(error: h2::Error) -> TunnelError {
+    if error.reason() == Some(h2::Reason::REFUSED_STREAM) {
+        return TunnelError::new(ErrorKind::StaleTunnel, error.to_string());
+    }
+    agent_gone(error)
 }
 
 fn agent_protocol(why: impl ToString) -> TunnelError {
@@ -113,8 +179,10 @@ pub(super) fn whole_request(
 /// gRPC prefix), and the client's flow-control credit is returned only once its bytes went
 /// down the tunnel: a client announcing a large message and trickling its bytes pins at most
 /// the windows the node advertised, never the message (backpressure end to end).
+///
+/// Every chunk read from the client is also kept in `up.replay` (see [`Replay`]).
 pub(super) async fn pump_up(
-    up: Upload,
+    up: &mut Upload,
     client_body: &mut RecvStream,
     tunnel: &mut SendStream<Bytes>,
     limit: usize,
@@ -122,7 +190,8 @@ pub(super) async fn pump_up(
     if up.sent {
         return Ok(());
     }
-    let mut early = up.early.into_iter();
+    // Chunks read early are in the replay already.
+    let mut early = std::mem::take(&mut up.early).into_iter();
     let mut messages = MessageStream::new(limit);
     loop {
         // Chunks read early had their credit returned already (at most 16 KiB).
@@ -131,6 +200,7 @@ pub(super) async fn pump_up(
             None => match recv_data_held(client_body).await {
                 Some(chunk) => {
                     let chunk = chunk.map_err(|_| TunnelError::client_gone())?;
+                    up.replay.record(&chunk);
                     let size = chunk.len();
                     (chunk, size)
                 }
@@ -141,15 +211,16 @@ pub(super) async fn pump_up(
             .push(chunk)
             .map_err(|error| client_protocol(&error))?
         {
-            send_data(tunnel, piece, false).await.map_err(agent_gone)?;
+            send_data(tunnel, piece, false).await.map_err(send_failed)?;
         }
         release(client_body, held);
     }
+    up.replay.ended = true;
     messages.finish().map_err(|error| client_protocol(&error))?;
     let close = frame(&ConnectResponse {
         msg: Some(connect_response::Msg::CloseSend(CloseSend {})),
     });
-    send_data(tunnel, close, false).await.map_err(agent_gone)
+    send_data(tunnel, close, false).await.map_err(send_failed)
 }
 
 /// Turns a client's gRPC byte stream into tunnel Message pieces as the bytes arrive: a message
@@ -359,6 +430,40 @@ mod tests {
             .iter()
             .flat_map(|piece| piece.iter().copied())
             .collect()
+    }
+
+    #[test]
+    fn a_replay_keeps_a_streamed_request_up_to_the_whole_request_limit() {
+        let early = [Bytes::from_static(b"ab"), Bytes::from_static(b"c")];
+        let mut replay = Replay::of(&early);
+        replay.record(&Bytes::from_static(b"d"));
+        replay.ended = true;
+        let upload = |replay| Upload {
+            early: Vec::new(),
+            sent: false,
+            replay,
+        };
+        let streamed = upload(replay);
+        assert!(streamed.replayable());
+        let (mut chunks, mut ended) = (Vec::new(), false);
+        streamed.restore(&mut chunks, &mut ended);
+        assert_eq!(joined(&chunks), b"abcd");
+        assert!(ended, "the next tunnel gets the request whole");
+
+        let mut large = Replay::of(&early);
+        large.record(&Bytes::from(vec![0; WHOLE_REQUEST_LIMIT]));
+        large.record(&Bytes::from_static(b"e"));
+        assert!(large.chunks.is_empty(), "nothing is kept past the limit");
+        assert!(!upload(large).replayable());
+        let whole = Upload {
+            early: Vec::new(),
+            sent: true,
+            replay: Replay::default(),
+        };
+        assert!(
+            whole.replayable(),
+            "a whole request stays in CallBody::early"
+        );
     }
 
     #[test]

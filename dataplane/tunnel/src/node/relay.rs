@@ -15,7 +15,9 @@ use sluice_grpc::transport::{recv_data, recv_data_held, release, send_data};
 use sluice_grpc::{encode_timeout, Code};
 
 use super::answer::{status_headers, Responder};
-use super::pumps::{pump_down, pump_up, take_ready_chunks, whole_request, CallBody, Upload};
+use super::pumps::{
+    pump_down, pump_up, take_ready_chunks, whole_request, CallBody, Replay, Upload,
+};
 use super::remote::RemoteCall;
 use super::route::{Peer, RouteEvent};
 use super::tunnel::{give_back, TunnelStreams};
@@ -95,12 +97,17 @@ pub(super) async fn start_local(
     send_data(&mut tunnel.send, first, false)
         .await
         .map_err(|error| TunnelError::new(ErrorKind::StaleTunnel, error.to_string()))?;
-    let early = if sent {
-        Vec::new()
+    let (early, replay) = if sent {
+        (Vec::new(), Replay::default())
     } else {
-        std::mem::take(&mut body.early)
+        let replay = Replay::of(&body.early);
+        (std::mem::take(&mut body.early), replay)
     };
-    Ok(Upload { early, sent })
+    Ok(Upload {
+        early,
+        sent,
+        replay,
+    })
 }
 
 /// Relays a started call through a local tunnel until the agent's status; a tunnel that
@@ -108,7 +115,7 @@ pub(super) async fn start_local(
 pub(super) async fn relay_local(
     node: &Arc<NodeShared>,
     mut tunnel: TunnelStreams,
-    up: Upload,
+    up: &mut Upload,
     call: (&mut RecvStream, &mut Responder),
     deadline: Option<Instant>,
     worker: usize,

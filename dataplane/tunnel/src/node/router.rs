@@ -24,7 +24,8 @@ use crate::registry::AgentId;
 
 /// Whether a call relayed down a local tunnel ended unread and may go to another tunnel: the
 /// agent withdrew the tunnel without reading it (REFUSED_STREAM, see `ReadError::Refused`), the
-/// request went down whole (so `CallBody::early` still holds it) and the client has seen nothing.
+/// node still holds all of the request it read (`Upload::replayable`) and the client has seen
+/// nothing.
 fn refused_unread(error: &TunnelError, replayable: bool, responder: &Responder) -> bool {
     replayable && error.kind() == ErrorKind::StaleTunnel && !responder.replied()
 }
@@ -147,14 +148,15 @@ impl Router<'_> {
                 }
             }
             match start_local(node, &mut tunnel, &head, &mut body).await {
-                Ok(up) => {
+                Ok(mut up) => {
                     self.observe_wait(&state);
-                    let replayable = up.sent;
                     let call = (&mut body.body, &mut *responder);
                     let relayed =
-                        relay_local(self.node, tunnel, up, call, self.deadline, self.worker).await;
+                        relay_local(self.node, tunnel, &mut up, call, self.deadline, self.worker)
+                            .await;
                     match relayed {
-                        Err(error) if refused_unread(&error, replayable, responder) => {
+                        Err(error) if refused_unread(&error, up.replayable(), responder) => {
+                            up.restore(&mut body.early, &mut body.ended);
                             let failed = RouteEvent::Failed {
                                 error,
                                 replied: false,

@@ -1,0 +1,185 @@
+//! An agent drains like a node: stopped (as on SIGTERM) while calls keep coming, with a large
+//! pool of idle tunnels the node keeps sending calls down, it withdraws every idle tunnel
+//! (REFUSED_STREAM) and finishes the calls it took before its connection closes, and the node
+//! routes each call it had sent down a withdrawn tunnel to the other agent process. No call
+//! fails. The calls' bodies follow their headers a moment later, so they go down tunnels before
+//! the request is whole (the case `reuse.rs`'s refused-tunnel tests pin down on a fake agent).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::cell::Cell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use http::Request;
+use prometheus_client::registry::Registry;
+use sluice_config::{AgentConfig, Endpoint, PoolConfig, ReconnectConfig};
+use sluice_grpc::encode_message;
+use sluice_grpc::transport::{connect, H2Settings};
+use sluice_runtime::{
+    Driver, DriverSelection, Lifecycle, Placement, RunningServer, RuntimeOptions, ServerBuilder,
+};
+use sluice_tunnel::agent::{AgentMetrics, AgentTask};
+use sluice_tunnel::echo::EchoBackend;
+
+fn options(driver: Driver) -> RuntimeOptions {
+    RuntimeOptions {
+        workers: 1,
+        driver: DriverSelection {
+            driver,
+            fallback_reason: None,
+        },
+        uring_entries: 256,
+        drain_timeout: Duration::from_secs(1),
+    }
+}
+
+fn endpoint(address: SocketAddr) -> Endpoint {
+    Endpoint {
+        url: format!("http://{address}"),
+        tls: false,
+        host: address.ip().to_string(),
+        port: address.port(),
+    }
+}
+
+/// The echo backend both agent processes forward to.
+fn start_backend(driver: Driver) -> (RunningServer, SocketAddr) {
+    let mut server = ServerBuilder::new(options(driver), Arc::new(Lifecycle::new()));
+    let id = server
+        .bind("backend", &listener(), Placement::Workers)
+        .unwrap();
+    server.serve(id, EchoBackend);
+    let address = server.local_addr(id);
+    (server.start().unwrap(), address)
+}
+
+/// An agent process of agent 7 keeping at least `min_idle` tunnels idle on the node.
+fn start_agent(
+    driver: Driver,
+    node: SocketAddr,
+    backend: SocketAddr,
+    min_idle: usize,
+) -> RunningServer {
+    let config = AgentConfig {
+        token: AGENT_TOKEN.into(),
+        token_file: "unused".into(),
+        nodes: vec![endpoint(node)],
+        ca_file: None,
+        forward_to: endpoint(backend),
+        forward_ca_file: None,
+        max_message_bytes: LIMIT,
+        pool: PoolConfig {
+            min_idle,
+            max: 512,
+            grow_by: 32,
+            idle_timeout: Duration::from_secs(60),
+        },
+        reconnect: ReconnectConfig {
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(1),
+        },
+    };
+    let metrics = AgentMetrics::register(&mut Registry::default());
+    let mut server = ServerBuilder::new(options(driver), Arc::new(Lifecycle::new()));
+    server.spawn_background(AgentTask::new(config, metrics).unwrap());
+    server.start().unwrap()
+}
+
+/// Waits until the node holds at least `count` idle tunnels.
+fn wait_idle(node: &Node, count: usize) {
+    for _ in 0..200 {
+        if node.shared.registry.idle_count() >= count {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!(
+        "the node holds {} idle tunnels, not {count}",
+        node.shared.registry.idle_count()
+    );
+}
+
+/// A unary call whose body follows its headers a moment later, so the node starts it on a
+/// tunnel before the request is whole (as a client's call that arrives in two TCP segments).
+async fn split_call(node: SocketAddr) -> (String, String) {
+    let connection = connect(node, None, &H2Settings::default()).await.unwrap();
+    let mut ready = connection.send_request.ready().await.unwrap();
+    let request = Request::post("http://node/test.Echo/Unary")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {}", jwt()))
+        .header("sluice-agent-id", "7")
+        .body(())
+        .unwrap();
+    let (response, mut send) = ready.send_request(request, false).unwrap();
+    monoio::time::sleep(Duration::from_millis(2)).await;
+    let _ = send.send_data(encode_message(false, b"drain"), true);
+    grpc_outcome(response).await
+}
+
+/// Unary calls from `clients` concurrent callers until `done`; returns each failed call's
+/// (status, message).
+async fn call_until(
+    node: SocketAddr,
+    clients: usize,
+    done: Rc<Cell<bool>>,
+) -> Vec<(String, String)> {
+    let callers: Vec<_> = (0..clients)
+        .map(|_| {
+            let done = done.clone();
+            monoio::spawn(async move {
+                let mut failed = Vec::new();
+                while !done.get() {
+                    let outcome = split_call(node).await;
+                    if outcome.0 != "0" {
+                        failed.push(outcome);
+                    }
+                }
+                failed
+            })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for caller in callers {
+        failed.extend(caller.await);
+    }
+    failed
+}
+
+#[test]
+fn an_agent_stopped_with_a_large_idle_pool_under_load_fails_no_call() {
+    for driver in [Driver::IoUring, Driver::Legacy] {
+        let node = start_node(driver);
+        let (backend, backend_address) = start_backend(driver);
+        let steady = start_agent(driver, node.agent, backend_address, 8);
+        wait_idle(&node, 8);
+        let churned = start_agent(driver, node.agent, backend_address, 224);
+        wait_idle(&node, 224);
+        let done = Rc::new(Cell::new(false));
+        let failed = block_on(async {
+            let calls = monoio::spawn(call_until(node.external, 16, done.clone()));
+            monoio::time::sleep(Duration::from_millis(200)).await;
+            let stopping = std::thread::spawn(move || churned.shutdown());
+            while !stopping.is_finished() {
+                monoio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // Calls go on a little after the agent left: none may reach what is left of it.
+            monoio::time::sleep(Duration::from_millis(300)).await;
+            done.set(true);
+            calls.await
+        });
+        assert_eq!(
+            failed,
+            [] as [(String, String); 0],
+            "{driver}: calls failed"
+        );
+        steady.shutdown();
+        backend.shutdown();
+        still_serves(&node);
+    }
+}
