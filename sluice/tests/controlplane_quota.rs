@@ -268,6 +268,13 @@ fn past_the_store_quota_writes_are_507_reads_and_watches_go_on_and_compaction_re
     let refusals =
         "sluice_controlplane_write_refusals_total{role=\"admin\",reason=\"storage_quota\"}";
     assert!(metric(&cp, refusals).is_some_and(|count| count >= 1.0));
+    // The refusal's Warning event cannot be stored in a full store: dropped, counted, and the
+    // refusal answered as above (recording never fails what it describes).
+    let dropped = "sluice_controlplane_events_dropped_total{reason=\"store_full\"}";
+    let counted = wait_until(Duration::from_secs(10), || {
+        metric(&cp, dropped).is_some_and(|count| count >= 1.0)
+    });
+    assert!(counted, "{:?}", metric(&cp, dropped));
 
     // Deletes pass a full store; compaction then frees their history and writes work again.
     for name in &created {

@@ -21,6 +21,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use sluice_store::{Store, StoreError};
 use tokio::sync::{mpsc, watch};
 
+use crate::auth::Role;
+use crate::server::write_budget::reserve_refusal;
+
 pub use book::{
     EventBook, EventLimits, EventType, Eviction, Involved, Occurrence, Stored, StoredEvent,
     CLUSTER_EVENTS_NAMESPACE,
@@ -52,7 +55,7 @@ impl EventMetrics {
     pub fn register(registry: &mut prometheus_client::registry::Registry) -> Self {
         let metrics = Self::default();
         // Every reason is present from the start, so a rate() sees 0 rather than nothing.
-        for reason in ["queue_full", "store_error", "stopped"] {
+        for reason in ["queue_full", "store_full", "store_error", "stopped"] {
             let _ = metrics.dropped.get_or_create(&ReasonLabels { reason });
         }
         for reason in ["cap", "ttl", "sweep"] {
@@ -65,7 +68,7 @@ impl EventMetrics {
         );
         registry.register(
             "sluice_controlplane_events_dropped",
-            "Occurrences or Event writes lost, by reason (queue_full, store_error, stopped)",
+            "Occurrences or Event writes lost, by reason (queue_full, store_full, store_error, stopped)",
             metrics.dropped.clone(),
         );
         registry.register(
@@ -167,6 +170,13 @@ async fn write(store: &dyn Store, book: &mut EventBook, metrics: &EventMetrics) 
     for write in book.writes(SystemTime::now()) {
         let key = format!("{EVENTS_PREFIX}{}/{}", write.namespace, write.name);
         let bytes = bytes::Bytes::from(serde_json::to_vec(&write.object).unwrap_or_default());
+        // Events never write into the store's system reserve: past the share vm-agents may
+        // fill, they are dropped (the admin, nodes and gateways keep the room they need).
+        if reserve_refusal(Role::VmAgent, store.usage(), bytes.len()).is_some() {
+            metrics.drop("store_full");
+            book.failed(&write.name, Stored::Unknown);
+            continue;
+        }
         let outcome = match write.revision {
             None => store.create(&key, bytes).await,
             Some(revision) => store.update(&key, bytes, Some(revision)).await,
