@@ -9,6 +9,7 @@ mod common;
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
+use std::process::Command;
 use std::time::Duration;
 
 use common::{client_args, metric, start_agent, wait_for_idle_tunnels, Secrets};
@@ -22,6 +23,32 @@ use test_support::{
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 const HOST: &str = "kube.sluice.test";
 const PODS: &str = "/api/v1/namespaces/default/pods";
+
+/// Two HTTP/1.1 requests as alice: an exec upgrade (closed once upgraded) and a GET whose
+/// request line carries raw bytes that are not UTF-8. Prints each answer's status line.
+const HTTP1_CLIENT: &str = r#"
+import socket, ssl, sys
+port, sni, ca, cert, key = sys.argv[1:6]
+def connect():
+    context = ssl.create_default_context(cafile=ca)
+    context.load_cert_chain(cert, key)
+    context.set_alpn_protocols(["http/1.1"])
+    return context.wrap_socket(socket.create_connection(("127.0.0.1", int(port))), server_hostname=sni)
+def status_line(conn, request):
+    conn.sendall(request)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        head += chunk
+    conn.close()
+    return head.split(b"\r\n")[0].decode()
+host = b"Host: " + sni.encode() + b"\r\n"
+print(status_line(connect(), b"POST /api/v1/namespaces/default/pods/web-1/exec?command=sh HTTP/1.1\r\n" + host
+                  + b"Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Request-Id: exec-1\r\n\r\n"))
+print(status_line(connect(), b"GET /api/v1/namespaces/default/pods/a\xff\xfe\x7fb HTTP/1.1\r\n" + host + b"\r\n"))
+"#;
 
 on_both_drivers!(
     the_gateway_logs_each_request_with_who_what_where_and_how_it_ended,
@@ -153,6 +180,34 @@ fn the_gateway_logs_each_request_with_who_what_where_and_how_it_ended(driver: &s
         "{path}"
     );
 
+    // HTTP/1.1: an exec upgrade, logged when its session ends, and a raw invalid UTF-8 byte in
+    // a request line.
+    let output = Command::new(test_support::python())
+        .arg("-c")
+        .arg(HTTP1_CLIENT)
+        .arg(gateway.address("gateway").port().to_string())
+        .arg(HOST)
+        .args([&certs.ca_cert, &alice.cert, &alice.key])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout} {output:?}");
+    let statuses: Vec<&str> = stdout.lines().collect();
+    assert!(statuses[0].contains(" 101 "), "{stdout}");
+    // hyper answers a request line that is not ASCII itself: it never reaches the gateway.
+    assert!(statuses[1].contains(" 400 "), "{stdout}");
+    let lines = wait_for_lines(&gateway, 4);
+    let exec = &lines[3];
+    assert_eq!(exec["method"], "POST", "{exec}");
+    assert_eq!(
+        exec["path"], "/api/v1/namespaces/default/pods/web-1/exec?command=sh",
+        "{exec}"
+    );
+    assert_eq!(exec["status"], 101, "{exec}");
+    assert_eq!(exec["principal"], "alice", "{exec}");
+    assert_eq!(exec["request_id"], "exec-1", "{exec}");
+    assert!(exec["upstream"].is_string(), "{exec}");
+
     // Sampled one in 4, errors always: a reload switches it live.
     let config_path = gateway.dir().join("gateway.yaml");
     let sampled = gateway_yaml(
@@ -184,12 +239,12 @@ fn the_gateway_logs_each_request_with_who_what_where_and_how_it_ended(driver: &s
     for _ in 0..3 {
         assert_eq!(curl(None, &[], PODS), 401);
     }
-    let lines = wait_for_lines(&gateway, 3 + 10 + 3);
+    let lines = wait_for_lines(&gateway, 4 + 10 + 3);
     std::thread::sleep(Duration::from_millis(200));
     let lines = access_lines(&gateway).len().max(lines.len());
-    assert_eq!(lines, 3 + 10 + 3, "one in 4 of 40, and every 401");
+    assert_eq!(lines, 4 + 10 + 3, "one in 4 of 40, and every 401");
     let written = "sluice_access_log_lines_total{role=\"gateway\"}";
-    assert_eq!(metric(&gateway, written), Some(16.0));
+    assert_eq!(metric(&gateway, written), Some(17.0));
     let dropped = "sluice_access_log_dropped_total{role=\"gateway\"}";
     assert_eq!(metric(&gateway, dropped), Some(0.0));
 }

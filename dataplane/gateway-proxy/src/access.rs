@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use http::header::CONTENT_LENGTH;
 use http::request::Parts;
-use http::{HeaderMap, Response};
+use http::{HeaderMap, HeaderValue, Response};
 use sluice_access_log::{bounded, HttpRecord, Record, MAX_PATH_BYTES, MAX_TEXT_BYTES};
 use sluice_gateway::identity::UserInfo;
 
@@ -35,22 +35,45 @@ impl AccessNote {
     }
 }
 
+/// What a line says of the exchange itself (the request as the client sent it, the answer).
+pub struct Exchange<'a> {
+    pub method: &'a http::Method,
+    /// The path with its query, as sent.
+    pub target: &'a str,
+    pub request_id: Option<&'a HeaderValue>,
+    pub request_bytes: Option<u64>,
+    pub status: u16,
+    pub response_bytes: Option<u64>,
+}
+
+impl<'a> Exchange<'a> {
+    /// A proxied request and its response head.
+    pub fn of<B>(parts: &'a Parts, response: &Response<B>) -> Self {
+        Self {
+            method: &parts.method,
+            target: parts.uri.path_and_query().map_or("", |path| path.as_str()),
+            request_id: request_id(&parts.headers),
+            request_bytes: content_length(&parts.headers),
+            status: response.status().as_u16(),
+            response_bytes: content_length(response.headers()),
+        }
+    }
+}
+
 /// Builds and hands over the line of a request the access log wants (see
 /// `sluice_access_log::wanted`); kept out of line so the request's path stays small.
 #[cold]
 #[inline(never)]
-pub fn log<B>(
+pub fn log(
     client: &ClientConnection,
     generation: &Generation,
-    parts: &Parts,
-    response: &Response<B>,
+    exchange: &Exchange<'_>,
     (note, started): (&AccessNote, Instant),
 ) {
     let upstream = note.upstream.get().and_then(|(cluster, server)| {
         let cluster = generation.snapshot.clusters().get(cluster)?;
         Some(cluster.servers.get(server)?.endpoint.to_string())
     });
-    let path = parts.uri.path_and_query().map_or("", |path| path.as_str());
     sluice_access_log::submit(Record::Http(HttpRecord {
         client: Some(client.peer),
         cluster: bounded(client.cluster.as_bytes(), MAX_TEXT_BYTES),
@@ -59,18 +82,22 @@ pub fn log<B>(
             .borrow()
             .as_ref()
             .map(|user| bounded(user.name.as_bytes(), MAX_TEXT_BYTES)),
-        method: bounded(parts.method.as_str().as_bytes(), MAX_TEXT_BYTES),
-        path: bounded(path.as_bytes(), MAX_PATH_BYTES),
+        method: bounded(exchange.method.as_str().as_bytes(), MAX_TEXT_BYTES),
+        path: bounded(exchange.target.as_bytes(), MAX_PATH_BYTES),
         upstream,
-        status: response.status().as_u16(),
-        request_bytes: content_length(&parts.headers),
-        response_bytes: content_length(response.headers()),
+        status: exchange.status,
+        request_bytes: exchange.request_bytes,
+        response_bytes: exchange.response_bytes,
         duration: started.elapsed(),
-        request_id: parts
-            .headers
-            .get("x-request-id")
+        request_id: exchange
+            .request_id
             .map(|id| bounded(id.as_bytes(), MAX_TEXT_BYTES)),
     }));
+}
+
+/// The client's `X-Request-Id`.
+pub fn request_id(headers: &HeaderMap) -> Option<&HeaderValue> {
+    headers.get("x-request-id")
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {

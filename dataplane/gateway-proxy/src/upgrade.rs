@@ -87,9 +87,13 @@ impl GatewayHandler {
         let info = request_info(method.as_str(), &decoded, &query);
         let labels = request_labels(&info);
         let _in_flight = InFlight::new(&self.gateway.metrics, self.worker);
+        // A reference count, not a copy: the head itself goes upstream.
+        let request_id = crate::access::request_id(&head.headers).cloned();
+        let note = AccessNote::default();
         let outcome = match (info, refuse_upgrade_body(&head.headers)) {
             (Ok(info), Ok(())) => {
-                self.upgrade_admitted(client, &generation, &info, &mut stream, head, early)
+                let admitted = (&mut stream, head, early);
+                self.upgrade_admitted(client, &generation, (&info, &note), admitted)
                     .await
             }
             (Err(error), _) => Err(error.into()),
@@ -105,6 +109,21 @@ impl GatewayHandler {
                 error.http_status().as_u16()
             }
         };
+        if sluice_access_log::wanted(sluice_access_log::Role::Gateway, code >= 400) {
+            let target = match query.as_str() {
+                "" => path.clone(),
+                query => format!("{path}?{query}"),
+            };
+            let exchange = crate::access::Exchange {
+                method: &method,
+                target: &target,
+                request_id: request_id.as_ref(),
+                request_bytes: None,
+                status: code,
+                response_bytes: None,
+            };
+            crate::access::log(client, &generation, &exchange, (&note, started));
+        }
         self.finish(&client.cluster, (labels.0, resource), code, started);
     }
 
@@ -113,10 +132,8 @@ impl GatewayHandler {
         &self,
         client: &ClientConnection,
         generation: &Arc<Generation>,
-        info: &RequestInfo<'_>,
-        stream: &mut ClientStream,
-        mut head: RequestHead,
-        early: Bytes,
+        (info, note): (&RequestInfo<'_>, &AccessNote),
+        (stream, mut head, early): (&mut ClientStream, RequestHead, Bytes),
     ) -> Result<u16, ProxyError> {
         let Admitted {
             cluster,
@@ -125,12 +142,7 @@ impl GatewayHandler {
             // The flow-control permit lives as long as the upgraded stream.
             permit: _permit,
         } = self
-            .admit(
-                client,
-                generation,
-                info,
-                (&head.headers, &AccessNote::default()),
-            )
+            .admit(client, generation, info, (&head.headers, note))
             .await?;
         let compiled = &generation.snapshot.clusters()[cluster];
         let runtime = &generation.clusters[cluster];
