@@ -134,18 +134,17 @@ fn soak_run(dir: &Path, restart_errors: u64) {
 }
 
 #[test]
-fn a_restart_explains_at_most_the_calls_in_flight() {
-    // 12 per restart is what an agent's SIGTERM was seen to drop; 64 is all h2load can have
-    // in flight (8 connections x 8 streams).
-    for (errors, passes) in [(12, true), (64, true), (65, false)] {
+fn a_restart_explains_no_error_but_cancelled() {
+    // A stopping agent drains (tunnels/tests/agent_stop.rs): one UNAVAILABLE in the restart's
+    // window fails the check, as in any other window.
+    for (errors, passes) in [(0, true), (1, false)] {
         let dir = tempfile::tempdir().unwrap();
         soak_run(dir.path(), errors);
         let (passed, text) = check(dir.path(), &["soak"]);
         assert_eq!(passed, passes, "{errors} errors: {text}");
         if !passes {
             assert!(
-                text.contains("window 2: 65 error(s)")
-                    && text.contains("more than the 64 calls that can be in flight"),
+                text.contains("window 2: 1 error(s)") && text.contains("during an agent restart"),
                 "{text}"
             );
         }
