@@ -2,7 +2,8 @@
 //! control plane and nothing else (no OVS): its own token, a runtime-info report at start and
 //! a heartbeat patch every interval (with jitter), and the agent's four watches (the three
 //! policy resources and its VirtualMachine) run by the real `sluice-watch-client`, the code the
-//! VM agent itself runs, reconnects and resumes included.
+//! VM agent itself runs, reconnects and resumes included. As in the agent, the watches and the
+//! reports share one `Transport`: one h2 connection per simulated agent.
 //!
 //! Each agent records, for its own policy, when each new value of the send-time annotation
 //! arrives: the delivery latency of a policy write to every agent it affects.
@@ -105,7 +106,7 @@ pub async fn run_agent(
     config.token_file = Some(token_file);
     // As the VM agent does (`vm-datapath/agent/src/lifecycle/feed.rs`): back quickly.
     config.backoff_max = Duration::from_secs(2);
-    let Ok(transport) = Transport::new(&config) else {
+    let Ok(transport) = Transport::new(&config).map(Arc::new) else {
         fleet.write_errors.fetch_add(1, Ordering::Relaxed);
         return;
     };
@@ -121,14 +122,12 @@ pub async fn run_agent(
         .chain([Resource::new(VM_GROUP, VERSION, "virtualmachines")]);
     for resource in resources {
         let plural = resource.plural.clone();
-        let Ok(client) = WatchClient::new(
+        let client = WatchClient::with_transport(
             config.clone(),
             resource,
             fleet.metrics.for_resource(&plural),
-        ) else {
-            fleet.write_errors.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
+            transport.clone(),
+        );
         snapshots.push(client.subscribe());
         let mut stopped = stop.clone();
         tokio::spawn(client.run(async move {
