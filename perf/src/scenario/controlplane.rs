@@ -300,9 +300,13 @@ fn run_case(
 
     let mut watcher_config = WatchClientConfig::new(url.clone(), ca.clone());
     watcher_config.token_file = Some(node_token);
+    // One connection per watcher, as in a fleet of separate processes (h2 would fold them all
+    // onto one connection of the shared Transport).
+    watcher_config.http2 = false;
     let watch_transport = Arc::new(Transport::new(&watcher_config)?);
     let mut writer_config = WatchClientConfig::new(url, ca);
     writer_config.token_file = Some(admin_token);
+    writer_config.http2 = false;
     let write_transport = Arc::new(Transport::new(&writer_config)?);
 
     let result = runtime.block_on(async {
