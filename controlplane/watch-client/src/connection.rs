@@ -86,6 +86,10 @@ fn reusable(slot: Option<&Shared>) -> Option<Shared> {
     slot.filter(|shared| !shared.sender.is_closed()).cloned()
 }
 
+fn holds(slot: Option<&Shared>, driver: &Arc<AbortOnDrop>) -> bool {
+    slot.is_some_and(|shared| Arc::ptr_eq(&shared.driver, driver))
+}
+
 impl Connector {
     pub fn new(
         host: String,
@@ -134,6 +138,15 @@ impl Connector {
         drop(slot);
         self.http1_server.store(true, Ordering::Relaxed);
         http1_connection(tls).await
+    }
+
+    /// Empties the slot if it still holds the connection `driver` drives: a request found it
+    /// unable to take more, before the driver noticed.
+    pub async fn discard(&self, driver: &Arc<AbortOnDrop>) {
+        let mut slot = self.slot.lock().await;
+        if holds(slot.as_ref(), driver) {
+            *slot = None;
+        }
     }
 
     /// Starts h2 on `tls` and puts it in the slot for the next requests.
@@ -283,6 +296,16 @@ mod tests {
             .await
             .expect("the client notices the closed connection");
         assert!(reusable(Some(&connection)).is_none());
+    }
+
+    #[tokio::test]
+    async fn only_the_connection_that_failed_is_discarded() {
+        let (first, _server) = piped(h2_server).await;
+        let (second, _other) = piped(h2_server).await;
+        assert!(holds(Some(&first), &first.driver));
+        // A request that failed on an older connection leaves a newer one in place.
+        assert!(!holds(Some(&second), &first.driver));
+        assert!(!holds(None, &first.driver));
     }
 
     #[tokio::test]

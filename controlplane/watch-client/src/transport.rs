@@ -114,14 +114,61 @@ impl Transport {
         content_type: &str,
     ) -> Result<Streaming, WatchError> {
         let token = self.read_token().await?;
-        let connection = self.connector.connection().await?;
+        let failed = |error: hyper::Error| WatchError::Http(format!("request failed: {error}"));
+        let mut retried = false;
+        loop {
+            let connection = self.connector.connection().await?;
+            let request = self.request(
+                &connection.sender,
+                method.clone(),
+                path_and_query,
+                body.clone(),
+                content_type,
+                token.as_deref(),
+            )?;
+            let response = match connection.sender {
+                Sender::Http1(mut sender) => sender.send_request(request).await.map_err(failed)?,
+                Sender::Http2(mut sender) => match sender.try_send_request(request).await {
+                    Ok(response) => response,
+                    Err(mut error) => {
+                        // Never sent: the shared connection closed (an idle GOAWAY) between
+                        // the check and the send. Safe to send once more, on a new connection.
+                        if !retried && error.take_message().is_some() {
+                            retried = true;
+                            self.connector.discard(&connection.driver).await;
+                            continue;
+                        }
+                        return Err(failed(error.into_error()));
+                    }
+                },
+            };
+            if response.status().is_success() {
+                return Ok(Streaming {
+                    body: response.into_body(),
+                    _driver: connection.driver,
+                });
+            }
+            return Err(error_answer(response).await);
+        }
+    }
+
+    /// The request for `sender`'s protocol: h2 names the server in `:authority`, which hyper
+    /// takes from an absolute URI; HTTP/1.1 in `Host`.
+    fn request(
+        &self,
+        sender: &Sender,
+        method: Method,
+        path_and_query: &str,
+        body: Bytes,
+        content_type: &str,
+        token: Option<&str>,
+    ) -> Result<Request<Full<Bytes>>, WatchError> {
         let mut request = Request::builder()
             .method(method)
             .header(http::header::ACCEPT, "application/json")
             .header(http::header::CONTENT_TYPE, content_type)
             .header(http::header::USER_AGENT, "sluice-watch-client");
-        // h2 names the server in `:authority`, which hyper takes from an absolute URI.
-        request = match connection.sender {
+        request = match sender {
             Sender::Http1(_) => request
                 .uri(path_and_query)
                 .header(http::header::HOST, &self.authority),
@@ -130,21 +177,9 @@ impl Transport {
         if let Some(token) = token {
             request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
         }
-        let request = request
+        request
             .body(Full::new(body))
-            .map_err(|error| WatchError::Http(format!("request: {error}")))?;
-        let failed = |error: hyper::Error| WatchError::Http(format!("request failed: {error}"));
-        let response = match connection.sender {
-            Sender::Http1(mut sender) => sender.send_request(request).await.map_err(failed)?,
-            Sender::Http2(mut sender) => sender.send_request(request).await.map_err(failed)?,
-        };
-        if response.status().is_success() {
-            return Ok(Streaming {
-                body: response.into_body(),
-                _driver: connection.driver,
-            });
-        }
-        Err(error_answer(response).await)
+            .map_err(|error| WatchError::Http(format!("request: {error}")))
     }
 
     async fn read_token(&self) -> Result<Option<String>, WatchError> {

@@ -208,8 +208,14 @@ impl FakeApi {
 
     /// Listens again on the same address.
     pub async fn restart(&mut self) {
-        let listener = TcpListener::bind(self.addr).await.expect("rebind");
-        self.serve(listener);
+        // The aborted accept task drops the old listener at its next poll: wait for it.
+        for _ in 0..100 {
+            if let Ok(listener) = TcpListener::bind(self.addr).await {
+                return self.serve(listener);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("cannot listen on {} again", self.addr);
     }
 
     fn serve(&mut self, listener: TcpListener) {
