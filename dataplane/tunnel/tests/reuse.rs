@@ -267,13 +267,21 @@ fn a_tunnel_the_agent_reset_while_parked_is_skipped_and_then_forgotten() {
 /// call says nothing of the kind: that call fails (the agent may have started it).
 #[test]
 fn a_call_on_a_tunnel_the_agent_refused_goes_to_another_tunnel() {
-    for driver in [Driver::IoUring, Driver::Legacy] {
+    // A node per case: the first case's second tunnel, parked and then dropped, could take the
+    // next case's first call before the node saw it reset.
+    for (driver, reason, retried) in
+        [Driver::IoUring, Driver::Legacy]
+            .into_iter()
+            .flat_map(|driver| {
+                [
+                    (driver, h2::Reason::REFUSED_STREAM, true),
+                    (driver, h2::Reason::CANCEL, false),
+                ]
+            })
+    {
         let node = start_node(driver);
         block_on(async {
-            for (reason, retried) in [
-                (h2::Reason::REFUSED_STREAM, true),
-                (h2::Reason::CANCEL, false),
-            ] {
+            {
                 let (mut first_recv, mut first_send) = tunnel_after_one_call(&node).await;
                 let call = spawn_unary(&node, b"routed again");
                 // The node sent the call down the one parked tunnel...
@@ -332,10 +340,15 @@ async fn call_without_body(node: &Node) -> (h2::client::ResponseFuture, SendStre
 /// read of the request is kept until the agent answers.
 #[test]
 fn a_call_streamed_down_a_refused_tunnel_goes_to_another_tunnel() {
-    for driver in [Driver::IoUring, Driver::Legacy] {
+    // A node per case: a tunnel of the last case, parked and then dropped, could take the next
+    // case's first call before the node saw it reset.
+    for (driver, body_first) in [Driver::IoUring, Driver::Legacy]
+        .into_iter()
+        .flat_map(|driver| [(driver, true), (driver, false)])
+    {
         let node = start_node(driver);
         block_on(async {
-            for body_first in [true, false] {
+            {
                 let (mut first_recv, mut first_send) = tunnel_after_one_call(&node).await;
                 let (response, mut client) = call_without_body(&node).await;
                 let mut reader = TunnelReader::new(LIMIT);
