@@ -2,8 +2,10 @@
 //! pool of idle tunnels the node keeps sending calls down, it withdraws every idle tunnel
 //! (REFUSED_STREAM) and finishes the calls it took before its connection closes, and the node
 //! routes each call it had sent down a withdrawn tunnel to the other agent process. No call
-//! fails. The calls' bodies follow their headers a moment later, so they go down tunnels before
-//! the request is whole (the case `reuse.rs`'s refused-tunnel tests pin down on a fake agent).
+//! fails: neither one the agent withdrew a tunnel under (REFUSED_STREAM) nor one it had just
+//! answered when it stopped (the reset must not overtake the answer). The calls' bodies follow
+//! their headers a moment later, so they go down tunnels before the request is whole (the case
+//! `reuse.rs`'s refused-tunnel tests pin down on a fake agent).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -158,15 +160,18 @@ fn an_agent_stopped_with_a_large_idle_pool_under_load_fails_no_call() {
         let (backend, backend_address) = start_backend(driver);
         let steady = start_agent(driver, node.agent, backend_address, 8);
         wait_idle(&node, 8);
-        let churned = start_agent(driver, node.agent, backend_address, 224);
-        wait_idle(&node, 224);
         let done = Rc::new(Cell::new(false));
         let failed = block_on(async {
-            let calls = monoio::spawn(call_until(node.external, 16, done.clone()));
-            monoio::time::sleep(Duration::from_millis(200)).await;
-            let stopping = std::thread::spawn(move || churned.shutdown());
-            while !stopping.is_finished() {
-                monoio::time::sleep(Duration::from_millis(20)).await;
+            let calls = monoio::spawn(call_until(node.external, 64, done.clone()));
+            // Each restart stops the agent while calls are being answered on its tunnels and
+            // sent down its idle ones.
+            for _ in 0..4 {
+                let churned = start_agent(driver, node.agent, backend_address, 224);
+                monoio::time::sleep(Duration::from_millis(400)).await;
+                let stopping = std::thread::spawn(move || churned.shutdown());
+                while !stopping.is_finished() {
+                    monoio::time::sleep(Duration::from_millis(20)).await;
+                }
             }
             // Calls go on a little after the agent left: none may reach what is left of it.
             monoio::time::sleep(Duration::from_millis(300)).await;

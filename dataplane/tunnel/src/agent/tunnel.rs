@@ -136,6 +136,8 @@ async fn run_tunnel(
         Err(end) => return end,
     };
     let mut reader = TunnelReader::new(config.max_message_bytes);
+    // When the tunnel's last call was answered (see the withdrawal below).
+    let mut answered_at: Option<std::time::Instant> = None;
     // One call at a time; after a clean one the node puts this tunnel back in its registry and
     // the next RequestInfo comes down the same stream.
     loop {
@@ -155,6 +157,17 @@ async fn run_tunnel(
                 // node routes the call again (another tunnel or replica) instead of failing it.
                 // This is what lets an agent stop (SIGTERM) or shrink its pool under load
                 // without failing a call.
+                //
+                // A reset drops what of the stream HTTP/2 has not written yet, and the answer to
+                // the tunnel's last call may still be queued when the stop comes right after
+                // it: the node would get REFUSED_STREAM instead, and fail the call (or, if it
+                // had seen nothing of the answer, send it to the backend a second time). So a
+                // tunnel that just answered waits for the connection to write the answer out
+                // (a call the node sends down it meanwhile is unread, and refused).
+                if let Some(at) = answered_at {
+                    monoio::time::sleep_until(monoio::time::Instant::from_std(at + ANSWER_WRITTEN))
+                        .await;
+                }
                 send.send_reset(h2::Reason::REFUSED_STREAM);
                 return TunnelEnd::Closed;
             }
@@ -171,8 +184,16 @@ async fn run_tunnel(
         if !forward(agent, info, &mut recv, &mut reader, &mut send).await {
             return TunnelEnd::Closed;
         }
+        answered_at = Some(std::time::Instant::now());
     }
 }
+
+/// How long after queueing an answer a stopping tunnel waits before its reset. HTTP/2 writes
+/// the answer at the connection task's next turn, which may first wait for the write before it
+/// (one socket operation: far less than this). Not covered: an answer held back by the node's
+/// flow-control window, which a unary answer does not exhaust. Measured: without the wait,
+/// tests/agent_stop.rs fails every run; with it, none.
+const ANSWER_WRITTEN: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Whether the node ended an idle tunnel with UNAVAILABLE, which it does when the tunnel's
 /// connection goes away (drain or retirement; see the node's `hold_idle`), as opposed to a
