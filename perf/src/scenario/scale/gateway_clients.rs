@@ -9,8 +9,11 @@
 //! once and answers from its cache, so the figures are the connections' cost, not
 //! authentication's). Phases: (a) a small GET's latency at a fixed rate on a few connections;
 //! (b) `clients` idle connections, each after one GET: the gateway's RSS growth per
-//! connection; (c) `clients` more, each holding a pod watch: RSS per watching connection, and
-//! the small GET's latency again; (d) the gateway's TCP connections to the simulator.
+//! connection; (c) a pod watch on each of them: RSS per watch, and the small GET's latency
+//! again; (d) the gateway's TCP connections to the simulator. The watches share the idle
+//! clients' connections (as a kubelet's watches share its one connection) because this
+//! machine's hard open-file limit (20,000) leaves no room for 20,000 client connections in
+//! the harness, nor in the gateway.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -50,7 +53,7 @@ const ANSWER_LIMIT: usize = 64 << 10;
 
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Plan {
-    /// Idle connections, and as many watching ones besides.
+    /// Client connections, each idle after one GET, then each holding a watch.
     pub clients: usize,
     /// Connections carrying the timed small GETs.
     pub probe_connections: usize,
@@ -81,7 +84,8 @@ pub struct GatewayRecord {
     pub rss_kib_per_idle_connection: f64,
     pub watches_open: usize,
     pub seconds_to_open_watches: f64,
-    pub rss_kib_per_watching_connection: f64,
+    /// RSS growth per watch opened on an idle client connection.
+    pub rss_kib_per_watch: f64,
     pub gateway_rss_end_mib: f64,
     pub watching_get_p50_ms: f64,
     pub watching_get_p99_ms: f64,
@@ -167,9 +171,8 @@ impl Clients {
         Ok(sender)
     }
 
-    /// A watching client: its watch open and its first event (the pod's ADDED) received.
-    async fn watching(self: Arc<Self>) -> anyhow::Result<(Sender, Incoming)> {
-        let mut sender = self.connect().await?;
+    /// A watch on a client's connection, open and its first event (the pod's ADDED) received.
+    async fn watch(self: Arc<Self>, mut sender: Sender) -> anyhow::Result<Incoming> {
         let mut body = self.send(&mut sender, WATCH_PATH).await?;
         loop {
             let frame = body
@@ -177,7 +180,7 @@ impl Clients {
                 .await
                 .context("the watch ended before its first event")??;
             if frame.data_ref().is_some_and(|data| !data.is_empty()) {
-                return Ok((sender, body));
+                return Ok(body);
             }
         }
     }
@@ -197,18 +200,17 @@ fn tls_connector(ca: &Path) -> anyhow::Result<TlsConnector> {
     Ok(TlsConnector::from(Arc::new(config)))
 }
 
-/// Runs `count` copies of `open` with [`OPENING`] at a time; returns what succeeded and the
-/// number that failed (each failure printed once, the first few only).
-async fn open_many<T, F, Fut>(count: usize, open: F) -> (Vec<T>, usize)
+/// Runs the `openings` with [`OPENING`] at a time; returns what succeeded and the number that
+/// failed (the first few failures printed).
+async fn open_many<T, Fut>(openings: impl IntoIterator<Item = Fut>) -> (Vec<T>, usize)
 where
     T: Send + 'static,
-    F: Fn() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<T>> + Send + 'static,
 {
     let permits = Arc::new(Semaphore::new(OPENING));
     let mut tasks = JoinSet::new();
-    for _ in 0..count {
-        let (permits, opening) = (permits.clone(), open());
+    for opening in openings {
+        let permits = permits.clone();
         tasks.spawn(async move {
             let _permit = permits.acquire_owned().await?;
             tokio::time::timeout(STEP_TIMEOUT, opening)
@@ -216,7 +218,7 @@ where
                 .context("timed out")?
         });
     }
-    let (mut opened, mut failed) = (Vec::with_capacity(count), 0);
+    let (mut opened, mut failed) = (Vec::new(), 0);
     while let Some(done) = tasks.join_next().await {
         match done.map_err(anyhow::Error::from).and_then(|result| result) {
             Ok(item) => opened.push(item),
@@ -274,7 +276,7 @@ fn gateway_yaml(clusters_dir: &Path, plan: &Plan) -> String {
          \x20 gateway: {{address: '127.0.0.1:0', backlog: 4096, max_connections_per_worker: {max},\n\
          \x20   idle_timeout: 30m}}\n\
          gateway: {{clusters_dir: '{dir}'}}\n",
-        max = plan.clients * 2 + 1_000,
+        max = plan.clients + 1_000,
         dir = clusters_dir.display()
     )
 }
@@ -314,7 +316,7 @@ fn settled_rss_kib(pid: u32) -> anyhow::Result<f64> {
 }
 
 pub fn run(harness: &Harness, dir: &Path, plan: Plan) -> anyhow::Result<GatewayRecord> {
-    super::vms::raise_fd_limit(plan.clients * 4 + 4_096)?;
+    super::vms::raise_fd_limit(plan.clients + 4_096)?;
     let tls = crate::certs::generate(dir, &["127.0.0.1", "localhost", HOST])?;
     let token = random_hex(24)?;
     let simulator = start_simulator(harness, dir, &tls, &token)?;
@@ -372,7 +374,8 @@ async fn phases(
     upstream: SocketAddr,
     record: &mut GatewayRecord,
 ) -> anyhow::Result<()> {
-    let (probes, failed) = open_many(plan.probe_connections, || clients.clone().idle()).await;
+    let (probes, failed) =
+        open_many((0..plan.probe_connections).map(|_| clients.clone().idle())).await;
     ensure!(
         failed == 0,
         "{failed} probe connection(s) failed; see the gateway's log"
@@ -391,7 +394,7 @@ async fn phases(
     let before = settled_rss_kib(pid)?;
     record.gateway_rss_start_mib = before / 1024.0;
     let started = Instant::now();
-    let (idle, failed) = open_many(plan.clients, || clients.clone().idle()).await;
+    let (idle, failed) = open_many((0..plan.clients).map(|_| clients.clone().idle())).await;
     record.seconds_to_open_idle = started.elapsed().as_secs_f64();
     record.client_errors += failed;
     record.idle_connections = idle.len();
@@ -406,18 +409,20 @@ async fn phases(
     );
 
     let started = Instant::now();
-    let (watches, failed) = open_many(plan.clients, || clients.clone().watching()).await;
+    let openings = idle
+        .iter()
+        .map(|sender| clients.clone().watch(sender.clone()));
+    let (watches, failed) = open_many(openings.collect::<Vec<_>>()).await;
     record.seconds_to_open_watches = started.elapsed().as_secs_f64();
     record.client_errors += failed;
     record.watches_open = watches.len();
     let with_watches = settled_rss_kib(pid)?;
-    record.rss_kib_per_watching_connection =
-        (with_watches - with_idle) / watches.len().max(1) as f64;
+    record.rss_kib_per_watch = (with_watches - with_idle) / watches.len().max(1) as f64;
     println!(
         "scale gateway: {} watches in {:.1} s, {:.1} KiB each",
         watches.len(),
         record.seconds_to_open_watches,
-        record.rss_kib_per_watching_connection
+        record.rss_kib_per_watch
     );
 
     let (watching, failed) = probe(clients, &probes, plan).await;

@@ -76,14 +76,15 @@ fn gateway_markdown(harness: &Harness, r: &gateway_clients::GatewayRecord) -> St
         "\n## Clients through one gateway\n\n\
          `sluice run` (gateway, one worker, CPU {proxy}) in front of `sluice-apiserver-sim` (CPU \
          {upstream}, 1,000 streams per HTTP/2 connection); the clients in the harness, each a TCP \
-         + TLS + HTTP/2 connection of its own, one bearer token for all. Small GET: one pod, \
+         + TLS + HTTP/2 connection of its own, one bearer token for all; the watches open on \
+         the idle clients' connections. Small GET: one pod, \
          {rate}/s for {probe:?} on {probes} connections.\n\n\
          | measure | value |\n|---|--:|\n\
          | small GET before: p50 / p99 | {b50:.2} / {b99:.2} ms |\n\
          | idle connections (one GET each) open / opened in | {idle} / {idle_s:.1} s |\n\
          | gateway RSS per idle client connection | {idle_kib:.1} KiB |\n\
-         | watches open (first event seen) / opened in | {watches} / {watch_s:.1} s |\n\
-         | gateway RSS per watching client connection | {watch_kib:.1} KiB |\n\
+         | watches open, one per client connection (first event seen) / opened in | {watches} / {watch_s:.1} s |\n\
+         | gateway RSS per watch | {watch_kib:.1} KiB |\n\
          | small GET with the watches open: p50 / p99 | {w50:.2} / {w99:.2} ms |\n\
          | p99 with watches / before | {ratio:.2} |\n\
          | gateway TCP connections to the simulator: idle clients / with watches | {up_idle} / {up_watch} |\n\
@@ -102,7 +103,7 @@ fn gateway_markdown(harness: &Harness, r: &gateway_clients::GatewayRecord) -> St
         idle_kib = r.rss_kib_per_idle_connection,
         watches = r.watches_open,
         watch_s = r.seconds_to_open_watches,
-        watch_kib = r.rss_kib_per_watching_connection,
+        watch_kib = r.rss_kib_per_watch,
         w50 = r.watching_get_p50_ms,
         w99 = r.watching_get_p99_ms,
         ratio = r.get_p99_ratio,
