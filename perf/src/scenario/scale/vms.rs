@@ -411,7 +411,8 @@ fn delivered(
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     while count() < expected && Instant::now() < deadline {
-        runtime.block_on(tokio::time::sleep(Duration::from_millis(100)));
+        // The timer is made inside the runtime: `sleep` needs one when it is created.
+        runtime.block_on(async { tokio::time::sleep(Duration::from_millis(100)).await });
     }
     count()
 }
