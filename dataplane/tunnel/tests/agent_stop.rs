@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use http::Request;
 use prometheus_client::registry::Registry;
 use sluice_config::{AgentConfig, Endpoint, PoolConfig, ReconnectConfig};
 use sluice_grpc::encode_message;
@@ -111,14 +110,9 @@ fn wait_idle(node: &Node, count: usize) {
 async fn split_call(node: SocketAddr) -> (String, String) {
     let connection = connect(node, None, &H2Settings::default()).await.unwrap();
     let mut ready = connection.send_request.ready().await.unwrap();
-    let request = Request::post("http://node/test.Echo/Unary")
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("authorization", format!("Bearer {}", jwt()))
-        .header("sluice-agent-id", "7")
-        .body(())
+    let (response, mut send) = ready
+        .send_request(call_head("/test.Echo/Unary"), false)
         .unwrap();
-    let (response, mut send) = ready.send_request(request, false).unwrap();
     monoio::time::sleep(Duration::from_millis(2)).await;
     let _ = send.send_data(encode_message(false, b"drain"), true);
     grpc_outcome(response).await

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{
-    agent_tokens, block_on, descriptor, fake_tunnel, grpc_outcome, jwt, start_node_buffered,
-    start_node_limited, still_serves, Node,
+    agent_tokens, block_on, call_head, descriptor, fake_tunnel, grpc_outcome, jwt,
+    start_node_buffered, start_node_limited, still_serves, Node,
 };
 use http::Request;
 use sluice_grpc::encode_message;
@@ -268,14 +268,9 @@ fn a_client_announcing_large_messages_on_many_streams_cannot_pin_node_memory() {
             let mut sends = Vec::new();
             for _ in 0..STREAMS {
                 let mut ready = connection.send_request.clone().ready().await.unwrap();
-                let request = Request::post("http://node/test.Echo/Upload")
-                    .header("content-type", "application/grpc")
-                    .header("te", "trailers")
-                    .header("authorization", format!("Bearer {}", jwt()))
-                    .header("sluice-agent-id", "7")
-                    .body(())
+                let (response, mut send) = ready
+                    .send_request(call_head("/test.Echo/Upload"), false)
                     .unwrap();
-                let (response, mut send) = ready.send_request(request, false).unwrap();
                 let accepted = accepted.clone();
                 // Each stream announces a 4 MiB message and tries to send 3 MiB of it, never the
                 // rest: what the node takes is what it buffers or passed on.

@@ -324,14 +324,9 @@ async fn call_without_body(node: &Node) -> (h2::client::ResponseFuture, SendStre
     .await
     .unwrap();
     let mut ready = connection.send_request.ready().await.unwrap();
-    let request = http::Request::post("http://node/test.Echo/Unary")
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("authorization", format!("Bearer {}", jwt()))
-        .header("sluice-agent-id", "7")
-        .body(())
-        .unwrap();
-    ready.send_request(request, false).unwrap()
+    ready
+        .send_request(call_head("/test.Echo/Unary"), false)
+        .unwrap()
 }
 
 /// A call that went down a tunnel before its body arrived (its request was not sent whole with

@@ -225,17 +225,22 @@ pub fn descriptor() -> Bytes {
     })
 }
 
-/// One client call with raw body chunks; returns (grpc-status, grpc-message).
-pub async fn raw_call(node: SocketAddr, path: &str, body: Vec<Bytes>) -> (String, String) {
-    let connection = connect(node, None, &H2Settings::default()).await.unwrap();
-    let mut ready = connection.send_request.ready().await.unwrap();
-    let request = Request::post(format!("http://node{path}"))
+/// A client's gRPC request head for `path`, to agent 7 with a valid JWT.
+pub fn call_head(path: &str) -> Request<()> {
+    Request::post(format!("http://node{path}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
         .header("authorization", format!("Bearer {}", jwt()))
         .header("sluice-agent-id", "7")
         .body(())
-        .unwrap();
+        .unwrap()
+}
+
+/// One client call with raw body chunks; returns (grpc-status, grpc-message).
+pub async fn raw_call(node: SocketAddr, path: &str, body: Vec<Bytes>) -> (String, String) {
+    let connection = connect(node, None, &H2Settings::default()).await.unwrap();
+    let mut ready = connection.send_request.ready().await.unwrap();
+    let request = call_head(path);
     let (response, mut send) = ready.send_request(request, false).unwrap();
     for chunk in body {
         let _ = send.send_data(chunk, false);
