@@ -42,22 +42,6 @@ fn certificate_for_days(dir: &Path, name: &str, days: u32) -> (PathBuf, PathBuf)
     (cert, key)
 }
 
-/// A certificate's notAfter as Unix seconds, read by openssl and date(1).
-fn not_after_by_openssl(cert: &Path) -> f64 {
-    let script = "date -d \"$(openssl x509 -enddate -noout -in \"$1\" | cut -d= -f2)\" +%s";
-    let output = Command::new("sh")
-        .args(["-c", script, "sh"])
-        .arg(cert)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{output:?}");
-    String::from_utf8(output.stdout)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// The value of the sample whose name and labels are exactly `series`.
 fn value(metrics: &str, series: &str) -> Option<f64> {
     metrics
@@ -119,12 +103,12 @@ fn a_gateways_cluster_certificates_are_exported_and_follow_a_reload() {
     let prod_client = series("upstream_client", Some("prod"));
     assert_eq!(
         value(&text, &prod_serving),
-        Some(not_after_by_openssl(&serving.0)),
+        Some(test_support::not_after_by_openssl(&serving.0)),
         "{text}"
     );
     assert_eq!(
         value(&text, &prod_client),
-        Some(not_after_by_openssl(&client.0)),
+        Some(test_support::not_after_by_openssl(&client.0)),
         "{text}"
     );
 
@@ -145,7 +129,7 @@ fn a_gateways_cluster_certificates_are_exported_and_follow_a_reload() {
     let text = scrape();
     assert_eq!(
         value(&text, &staging),
-        Some(not_after_by_openssl(&renewed.0)),
+        Some(test_support::not_after_by_openssl(&renewed.0)),
         "{text}"
     );
     assert!(!text.contains("cluster=\"prod\""), "{text}");
@@ -182,7 +166,7 @@ fn the_vm_agents_control_plane_client_certificate_is_exported() {
             .body
     };
     let text = scrape();
-    let expected = not_after_by_openssl(&identity.cert);
+    let expected = test_support::not_after_by_openssl(&identity.cert);
     assert_eq!(
         value(&text, &series("controlplane_client", None)),
         Some(expected),
@@ -231,7 +215,7 @@ fn the_control_planes_etcd_client_certificate_is_exported() {
     .unwrap();
     let (code, text) = cp.curl("GET", "/metrics", None);
     assert_eq!(code, 200, "{text}");
-    let expected = not_after_by_openssl(&client.cert);
+    let expected = test_support::not_after_by_openssl(&client.cert);
     assert_eq!(
         value(&text, &series("etcd_client", None)),
         Some(expected),

@@ -101,28 +101,12 @@ fn watch_events_are_counted_while_the_watch_is_open_and_latency_is_by_verb() {
     );
 }
 
-/// A certificate's notAfter as Unix seconds, read by openssl and date(1), not by Sluice's parser.
-fn not_after_by_openssl(cert: &std::path::Path) -> f64 {
-    let script = "date -d \"$(openssl x509 -enddate -noout -in \"$1\" | cut -d= -f2)\" +%s";
-    let output = Command::new("sh")
-        .args(["-c", script, "sh"])
-        .arg(cert)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{output:?}");
-    String::from_utf8(output.stdout)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 #[test]
 fn the_serving_certificate_expiry_is_exported() {
     let cp = ControlPlane::start(BIN, &[]).unwrap();
     let text = metrics(&cp);
     let series = "sluice_tls_certificate_expiry_timestamp_seconds{listener=\"controlplane\"}";
-    let expected = not_after_by_openssl(&cp.pki_dir().join("server.crt"));
+    let expected = test_support::not_after_by_openssl(&cp.pki_dir().join("server.crt"));
     assert_eq!(value(&text, series), Some(expected), "{text}");
 }
 

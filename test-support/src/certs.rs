@@ -149,3 +149,19 @@ fn write(dir: &Path, name: &str, contents: &str) -> PathBuf {
         .unwrap_or_else(|error| panic!("cannot write {}: {error}", path.display()));
     path
 }
+
+/// A certificate's notAfter as Unix seconds, read by openssl and date(1), not by Sluice's
+/// parser: what tests compare the expiry metrics with.
+pub fn not_after_by_openssl(cert: &Path) -> f64 {
+    let script = "date -d \"$(openssl x509 -enddate -noout -in \"$1\" | cut -d= -f2)\" +%s";
+    let output = std::process::Command::new("sh")
+        .args(["-c", script, "sh"])
+        .arg(cert)
+        .output()
+        .expect("sh, openssl and date run");
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .expect("date printed Unix seconds")
+}

@@ -37,7 +37,7 @@ pub fn apiserver_options(certs: &Certificates) -> ApiServerOptions {
     ApiServerOptions::new(&certs.server_cert, &certs.server_key, &certs.ca_cert)
 }
 pub use arp_watch::ArpWatch;
-pub use certs::{Certificates, ClientCert};
+pub use certs::{not_after_by_openssl, Certificates, ClientCert};
 pub use controlplane::{kubectl_with, ControlPlane};
 pub use curl_watch::CurlWatch;
 pub use etcd::{
