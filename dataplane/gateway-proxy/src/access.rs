@@ -11,7 +11,6 @@ use http::{HeaderMap, HeaderValue, Response};
 use sluice_access_log::{bounded, HttpRecord, Record, MAX_PATH_BYTES, MAX_TEXT_BYTES};
 use sluice_gateway::identity::UserInfo;
 
-use crate::handler::ClientConnection;
 use crate::state::Generation;
 
 /// What the phases of one request learnt that its line names; filled whether or not the
@@ -65,7 +64,9 @@ impl<'a> Exchange<'a> {
 #[cold]
 #[inline(never)]
 pub fn log(
-    client: &ClientConnection,
+    // The client's address and cluster (not `handler::ClientConnection`: this module sits
+    // below the handler).
+    (peer, cluster): (std::net::IpAddr, &str),
     generation: &Generation,
     exchange: &Exchange<'_>,
     (note, started): (&AccessNote, Instant),
@@ -75,8 +76,8 @@ pub fn log(
         Some(cluster.servers.get(server)?.endpoint.to_string())
     });
     sluice_access_log::submit(Record::Http(HttpRecord {
-        client: Some(client.peer),
-        cluster: bounded(client.cluster.as_bytes(), MAX_TEXT_BYTES),
+        client: Some(peer),
+        cluster: bounded(cluster.as_bytes(), MAX_TEXT_BYTES),
         principal: note
             .user
             .borrow()

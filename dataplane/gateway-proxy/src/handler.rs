@@ -162,7 +162,12 @@ impl GatewayHandler {
         let status = response.status().as_u16();
         if sluice_access_log::wanted(sluice_access_log::Role::Gateway, status >= 400) {
             let exchange = crate::access::Exchange::of(&parts, &response);
-            crate::access::log(client, &generation, &exchange, (&note, started));
+            crate::access::log(
+                (client.peer, &client.cluster),
+                &generation,
+                &exchange,
+                (&note, started),
+            );
         }
         self.finish(&client.cluster, (verb, resource), status, started);
         response

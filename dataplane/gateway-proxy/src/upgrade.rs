@@ -122,7 +122,12 @@ impl GatewayHandler {
                 status: code,
                 response_bytes: None,
             };
-            crate::access::log(client, &generation, &exchange, (&note, started));
+            crate::access::log(
+                (client.peer, &client.cluster),
+                &generation,
+                &exchange,
+                (&note, started),
+            );
         }
         self.finish(&client.cluster, (labels.0, resource), code, started);
     }
