@@ -170,7 +170,7 @@ impl ApiMetrics {
         prefixed.register(
             "span_policy_reads",
             "Lists of every policy object by VM agents' watches: one when a watch starts and one \
-             each time its VM enters or leaves AgentedConnected (a heartbeat costs none)",
+             per change of its VM (about one per heartbeat)",
             metrics.span_policy_reads.clone(),
         );
         metrics

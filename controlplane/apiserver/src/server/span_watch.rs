@@ -13,9 +13,9 @@
 //! `allowWatchBookmarks`): the agent then knows its policy view reflects every VM state up to
 //! `T`. Revisions are store-wide (one log for the embedded store, etcd's revision), so `T`
 //! compares with the VM object's resourceVersion. The cost is one list of the policy objects per
-//! change of the agent's own VM that makes it enter or leave `AgentedConnected`; its other
-//! changes (a heartbeat) cost a decode of the VM, other VMs' changes a key comparison; neither
-//! lists anything.
+//! change of the agent's own VM (about one per heartbeat; counted in
+//! `sluice_controlplane_span_policy_reads_total`); other VMs' changes cost a key comparison, no
+//! decode.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -292,14 +292,11 @@ impl SpanWatch {
             Event::Put { kv, .. } => decode(kv).ok(),
             Event::Delete { .. } => None,
         };
-        // Of its VM, only whether it is AgentedConnected decides what an agent sees (its span
-        // is by VM name). A heartbeat moves the VM's status but not that: the policies need no
-        // re-read, which at 5,000 VMs would be one list of every policy object per heartbeat.
-        if receives_policies(vm.as_ref()) == receives_policies(self.objects.vm.as_ref()) {
-            self.objects.vm = vm;
-            self.objects.vm_revision = batch.revision;
-            return (self.progress(sender).await, false);
-        }
+        // Re-read even when only the VM's heartbeat moved (its state, all that decides the
+        // span, did not): the BOOKMARK at the VM's revision that follows is what tells the
+        // agent its three policy watches are complete up to there, and the policy stream alone
+        // reports progress only every store progress interval (10 s embedded). Skipping the
+        // list needs the store to confirm a watch's progress on demand (issue 36).
         match self.resync(batch.revision, vm).await {
             Ok(revision) => {
                 if !self.send_changes(revision, sender, first).await {
