@@ -354,6 +354,7 @@ mod tests {
             host: "10.0.0.1".into(),
             port: 6443,
             disabled: false,
+            agent: None,
         };
         let mut headers = HeaderMap::new();
         headers.insert("impersonate-user", HeaderValue::from_static("alice"));
@@ -389,6 +390,7 @@ mod tests {
                 port,
                 uri,
                 disabled: false,
+                agent: None,
             };
             for path in ["/api/v1/pods?limit=1", "/", "/healthz"] {
                 let (parts, ()) = Request::get(path).body(()).unwrap().into_parts();

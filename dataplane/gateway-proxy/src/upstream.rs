@@ -89,6 +89,7 @@ mod tests {
                     host: format!("10.0.0.{index}").into(),
                     port: 6443,
                     disabled: false,
+                    agent: None,
                 }
             })
             .collect()

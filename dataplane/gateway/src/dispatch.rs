@@ -89,10 +89,8 @@ impl DispatchMatcher {
                 } else {
                     (0..servers.len())
                         .filter(|server| {
-                            policy
-                                .upstream_subset
-                                .iter()
-                                .any(|endpoint| *endpoint == servers[*server].endpoint)
+                            let name = servers[*server].name();
+                            policy.upstream_subset.contains(&name)
                         })
                         .filter(enabled)
                         .collect()

@@ -6,10 +6,12 @@
 pub mod api;
 pub mod confine;
 mod load;
+mod reach;
 pub mod spec;
 mod validate;
 
 pub use load::{check_unique, load_dir, parse_clusters, LoadedCluster};
+pub use reach::{check_agent_servers, AgentReach};
 pub use sluice_config_error::{FieldError, InvalidConfig, InvalidSources};
 pub use validate::{check_hostname, validate, DISPATCH_VERBS};
 

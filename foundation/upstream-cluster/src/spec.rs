@@ -53,14 +53,48 @@ pub struct UpstreamClusterSpec {
     pub authentication: Authentication,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// One apiserver: dialed at `endpoint`, or reached through an agent's reverse tunnel (exactly
+/// one of the two).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct UpstreamServer {
     /// `https://host:port` of one apiserver.
-    pub endpoint: String,
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Sluice addition: the agent whose reverse tunnel reaches its cluster's apiserver.
+    #[serde(default)]
+    pub agent: Option<AgentServer>,
     /// Kept in the config but never picked.
     #[serde(default)]
     pub disabled: bool,
+}
+
+impl UpstreamServer {
+    /// How `upstreamSubset` and the status name this server: its endpoint, or `agent:<id>`.
+    pub fn name(&self) -> String {
+        match (&self.endpoint, &self.agent) {
+            (Some(endpoint), _) => endpoint.clone(),
+            (None, Some(agent)) => agent.name(),
+            (None, None) => String::new(),
+        }
+    }
+}
+
+/// `{agent: {id: 42}}`: the agent (the tunnel's agent id) that serves this apiserver.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentServer {
+    pub id: u64,
+}
+
+impl AgentServer {
+    /// The prefix of an agent server's name in `upstreamSubset`.
+    pub const NAME_PREFIX: &'static str = "agent:";
+
+    /// `agent:<id>`.
+    pub fn name(&self) -> String {
+        format!("{}{}", Self::NAME_PREFIX, self.id)
+    }
 }
 
 /// How the gateway authenticates itself to the apiservers. Relative paths are relative to the
@@ -141,8 +175,8 @@ pub struct DispatchPolicy {
     pub name: Option<String>,
     #[serde(default)]
     pub strategy: Strategy,
-    /// Endpoints (from `servers`) this policy sends to; empty means all. KubeGateway spells the
-    /// field `upsteamSubset`; both spellings are accepted.
+    /// Servers this policy sends to, by endpoint (an agent server as `agent:<id>`); empty means
+    /// all. KubeGateway spells the field `upsteamSubset`; both spellings are accepted.
     #[serde(default, alias = "upsteamSubset")]
     pub upstream_subset: Vec<String>,
     #[serde(default)]

@@ -127,7 +127,7 @@ fn unknown_fields_are_rejected_with_their_path() {
     let text = with("    disabled: true", "    disabled: true\n    weight: 3");
     assert_eq!(
         messages(parse_clusters(&text, file()).unwrap_err()),
-        ["clusters/a.yaml: spec.servers[2].weight: unknown field `weight`, expected `endpoint` or `disabled`"]
+        ["clusters/a.yaml: spec.servers[2].weight: unknown field `weight`, expected one of `endpoint`, `agent`, `disabled`"]
     );
     let text = with(
         "    - verbs: [get]\n",
@@ -310,4 +310,97 @@ fn fair_share_limits_that_cannot_work_name_their_field() {
         (50, 100)
     );
     assert_eq!(pool.max_queue_wait, std::time::Duration::from_secs(5));
+}
+
+/// The example with its second server behind agent 42 and the reads policy sending to it.
+fn with_agent_server() -> String {
+    with(
+        "  - endpoint: https://10.0.0.2:6443\n",
+        "  - agent: {id: 42}\n",
+    )
+    .replace(
+        "upsteamSubset: [https://10.0.0.2:6443]",
+        "upsteamSubset: [agent:42, https://10.0.0.1:6443]",
+    )
+}
+
+#[test]
+fn a_server_may_name_an_agent_and_a_policy_may_send_to_it() {
+    let loaded = parse_clusters(&with_agent_server(), file()).unwrap();
+    let spec = &loaded[0].cluster.spec;
+    assert_eq!(spec.servers[1].agent, Some(spec::AgentServer { id: 42 }));
+    assert_eq!(spec.servers[1].endpoint, None);
+    let names: Vec<String> = spec
+        .servers
+        .iter()
+        .map(spec::UpstreamServer::name)
+        .collect();
+    assert_eq!(
+        names,
+        ["https://10.0.0.1:6443", "agent:42", "https://10.0.0.3:6443"]
+    );
+    // `disabled` works for both kinds.
+    let disabled = with_agent_server().replace(
+        "  - agent: {id: 42}\n",
+        "  - agent: {id: 42}\n    disabled: true\n",
+    );
+    let loaded = parse_clusters(&disabled, file()).unwrap();
+    assert!(loaded[0].cluster.spec.servers[1].disabled);
+}
+
+#[test]
+fn an_agent_server_mistake_names_its_field() {
+    let cases = [
+        (
+            "  - agent: {id: 42}\n    endpoint: https://10.0.0.9:6443\n",
+            r#"clusters/a.yaml: spec.servers[1]: set exactly one of endpoint (an apiserver the gateway dials) and agent (an agent whose tunnel reaches one)"#,
+        ),
+        (
+            "  - disabled: false\n",
+            r#"clusters/a.yaml: spec.servers[1]: set exactly one of endpoint (an apiserver the gateway dials) and agent (an agent whose tunnel reaches one)"#,
+        ),
+        (
+            "  - agent: {id: 0}\n",
+            "clusters/a.yaml: spec.servers[1].agent.id: must be at least 1 (agent ids are positive)",
+        ),
+        (
+            "  - agent: {id: 9223372036854775808}\n",
+            "clusters/a.yaml: spec.servers[1].agent.id: 9223372036854775808 is above 9223372036854775807, the largest agent id the tunnel knows",
+        ),
+        (
+            "  - agent: {id: 42}\n  - agent: {id: 42}\n",
+            r#"clusters/a.yaml: spec.servers[2].agent.id: "agent:42" is listed twice"#,
+        ),
+    ];
+    for (server, expected) in cases {
+        let text = with_agent_server().replace("  - agent: {id: 42}\n", server);
+        let errors = messages(parse_clusters(&text, file()).unwrap_err());
+        // The subset names agent:42, which a case without that server refuses too.
+        assert_eq!(errors[0], expected, "{server}: {errors:?}");
+    }
+    let negative = with_agent_server().replace("id: 42", "id: -1");
+    let errors = messages(parse_clusters(&negative, file()).unwrap_err());
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0]
+            .starts_with("clusters/a.yaml: spec.servers[1].agent.id: invalid value: integer `-1`"),
+        "{errors:?}"
+    );
+    let unknown = with_agent_server().replace("id: 42", "id: 42, name: x");
+    let errors = messages(parse_clusters(&unknown, file()).unwrap_err());
+    assert!(
+        errors[0].starts_with("clusters/a.yaml: spec.servers[1].agent.name: unknown field `name`"),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn a_subset_naming_an_agent_that_is_not_a_server_is_refused() {
+    let text = with_agent_server().replace("[agent:42,", "[agent:7,");
+    assert_eq!(
+        messages(parse_clusters(&text, file()).unwrap_err()),
+        [
+            r#"clusters/a.yaml: spec.dispatchPolicies[0].upstreamSubset[0]: "agent:7" is not one of spec.servers"#
+        ]
+    );
 }

@@ -5,7 +5,8 @@ use std::collections::HashSet;
 use std::net::IpAddr;
 
 use crate::spec::{
-    DispatchPolicy, DispatchPolicyRule, UpstreamCluster, UpstreamClusterSpec, API_VERSION, KIND,
+    DispatchPolicy, DispatchPolicyRule, UpstreamCluster, UpstreamClusterSpec, UpstreamServer,
+    API_VERSION, KIND,
 };
 
 /// The verbs a dispatch rule may name (besides `*`), as the gateway's request info derives
@@ -83,19 +84,7 @@ pub fn check_hostname(name: &str) -> Result<(), String> {
 }
 
 fn validate_spec(spec: &UpstreamClusterSpec, problems: &mut Problems) {
-    let mut endpoints = HashSet::new();
-    if spec.servers.is_empty() {
-        problems.add("spec.servers", "at least one server is required");
-    }
-    for (index, server) in spec.servers.iter().enumerate() {
-        let path = format!("spec.servers[{index}].endpoint");
-        if let Err(reason) = check_endpoint(&server.endpoint) {
-            problems.add(&path, reason);
-        }
-        if !endpoints.insert(server.endpoint.as_str()) {
-            problems.add(&path, format!("{:?} is listed twice", server.endpoint));
-        }
-    }
+    let endpoints = validate_servers(&spec.servers, problems);
 
     let client = &spec.client_config;
     if client.cert_file.is_some() != client.key_file.is_some() {
@@ -245,6 +234,61 @@ fn validate_spec(spec: &UpstreamClusterSpec, problems: &mut Problems) {
     }
 }
 
+/// Each server is an endpoint or an agent, named once; returns the names `upstreamSubset` may
+/// use (endpoints as written, agents as `agent:<id>`).
+fn validate_servers(servers: &[UpstreamServer], problems: &mut Problems) -> HashSet<String> {
+    let mut names = HashSet::new();
+    if servers.is_empty() {
+        problems.add("spec.servers", "at least one server is required");
+    }
+    for (index, server) in servers.iter().enumerate() {
+        let path = format!("spec.servers[{index}]");
+        let (field, name) = match (&server.endpoint, &server.agent) {
+            (Some(endpoint), None) => {
+                if let Err(reason) = check_endpoint(endpoint) {
+                    problems.add(format!("{path}.endpoint"), reason);
+                }
+                ("endpoint", endpoint.clone())
+            }
+            (None, Some(agent)) => {
+                if let Err(reason) = check_agent_id(agent.id) {
+                    problems.add(format!("{path}.agent.id"), reason);
+                }
+                ("agent.id", agent.name())
+            }
+            _ => {
+                problems.add(
+                    path,
+                    "set exactly one of endpoint (an apiserver the gateway dials) and agent (an agent whose tunnel reaches one)",
+                );
+                continue;
+            }
+        };
+        if names.contains(&name) {
+            problems.add(
+                format!("{path}.{field}"),
+                format!("{name:?} is listed twice"),
+            );
+        }
+        names.insert(name);
+    }
+    names
+}
+
+/// The tunnel's agent ids are positive signed 64-bit integers.
+fn check_agent_id(id: u64) -> Result<(), String> {
+    if id == 0 {
+        Err("must be at least 1 (agent ids are positive)".into())
+    } else if i64::try_from(id).is_err() {
+        Err(format!(
+            "{id} is above {}, the largest agent id the tunnel knows",
+            i64::MAX
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 fn check_endpoint(endpoint: &str) -> Result<(), String> {
     let uri: http::Uri = endpoint
         .parse()
@@ -269,12 +313,12 @@ fn check_endpoint(endpoint: &str) -> Result<(), String> {
 fn validate_policy(
     policy: &DispatchPolicy,
     path: &str,
-    endpoints: &HashSet<&str>,
+    servers: &HashSet<String>,
     schemas: &HashSet<&str>,
     problems: &mut Problems,
 ) {
     for (index, endpoint) in policy.upstream_subset.iter().enumerate() {
-        if !endpoints.contains(endpoint.as_str()) {
+        if !servers.contains(endpoint) {
             problems.add(
                 format!("{path}.upstreamSubset[{index}]"),
                 format!("{endpoint:?} is not one of spec.servers"),

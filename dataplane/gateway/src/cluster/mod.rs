@@ -8,7 +8,9 @@ pub use sluice_upstream_cluster::{
     check_hostname, check_unique, load_dir, parse_clusters, spec, validate, FieldError,
     InvalidConfig, InvalidSources, LoadedCluster, DISPATCH_VERBS,
 };
-pub use snapshot::{strip_port, CompiledCluster, CompiledServer, GatewaySnapshot};
+pub use snapshot::{
+    strip_port, CompiledCluster, CompiledServer, GatewaySnapshot, AGENT_HOST_DOMAIN,
+};
 
 #[cfg(test)]
 mod tests;

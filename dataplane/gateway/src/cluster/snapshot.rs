@@ -8,7 +8,7 @@ use crate::dispatch::DispatchMatcher;
 use crate::flow_control::{FlowControlSchema, FlowLimit};
 use sluice_config_error::{InvalidConfig, InvalidSources};
 use sluice_upstream_cluster::spec::{
-    Authentication, ClientConfig, ConnectionPool, HealthCheck, SecureServing,
+    AgentServer, Authentication, ClientConfig, ConnectionPool, HealthCheck, SecureServing,
 };
 use sluice_upstream_cluster::{check_unique, LoadedCluster};
 
@@ -37,13 +37,60 @@ pub struct CompiledCluster {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompiledServer {
-    /// As written in the config (the key of `upstreamSubset`).
+    /// As written in the config (the key of `upstreamSubset`); `agent:<id>` for an agent server.
     pub endpoint: Box<str>,
     pub uri: http::Uri,
     pub tls: bool,
     pub host: Box<str>,
     pub port: u16,
     pub disabled: bool,
+    /// `Some(id)`: reached through agent `id`'s reverse tunnel, never dialed. `uri` and `host`
+    /// then name `agent-<id>.sluice-agent.invalid` (a reserved TLD that never resolves, so a
+    /// path that forgot to check this field fails instead of reaching some host) and `port` is 0.
+    pub agent: Option<u64>,
+}
+
+/// The domain of an agent server's placeholder host (RFC 2606's `.invalid` never resolves).
+pub const AGENT_HOST_DOMAIN: &str = "sluice-agent.invalid";
+
+impl CompiledServer {
+    /// An apiserver the gateway dials at `endpoint` (validated already).
+    fn direct(endpoint: &str, disabled: bool) -> Result<Self, http::uri::InvalidUri> {
+        let uri: http::Uri = endpoint.parse()?;
+        let tls = uri.scheme_str() != Some("http");
+        Ok(Self {
+            endpoint: endpoint.into(),
+            host: uri
+                .host()
+                .unwrap_or_default()
+                .trim_matches(['[', ']'])
+                .into(),
+            port: uri.port_u16().unwrap_or(if tls { 443 } else { 80 }),
+            tls,
+            uri,
+            disabled,
+            agent: None,
+        })
+    }
+
+    /// An apiserver behind agent `id`'s tunnel.
+    fn agent(id: u64, disabled: bool) -> Result<Self, http::Error> {
+        let host = format!("agent-{id}.{AGENT_HOST_DOMAIN}");
+        let uri = http::Uri::builder()
+            .scheme("http")
+            .authority(host.as_str())
+            .path_and_query("/")
+            .build()?;
+        Ok(Self {
+            endpoint: AgentServer { id }.name().into(),
+            uri,
+            tls: false,
+            host: host.into(),
+            port: 0,
+            disabled,
+            agent: Some(id),
+        })
+    }
 }
 
 /// Longest DNS name; longer hosts cannot be configured, so they need no lookup.
@@ -119,27 +166,22 @@ fn compile_cluster(loaded: LoadedCluster) -> Result<CompiledCluster, InvalidConf
     let servers = spec
         .servers
         .iter()
-        .map(|server| {
-            let uri: http::Uri = server.endpoint.parse().map_err(|error| {
+        .enumerate()
+        .map(|(index, server)| {
+            let invalid = |reason: String| {
                 InvalidConfig::one(
                     source.display().to_string(),
-                    "spec.servers",
-                    format!("{:?}: {error}", server.endpoint),
+                    format!("spec.servers[{index}]"),
+                    reason,
                 )
-            })?;
-            let tls = uri.scheme_str() != Some("http");
-            Ok(CompiledServer {
-                endpoint: server.endpoint.as_str().into(),
-                host: uri
-                    .host()
-                    .unwrap_or_default()
-                    .trim_matches(['[', ']'])
-                    .into(),
-                port: uri.port_u16().unwrap_or(if tls { 443 } else { 80 }),
-                tls,
-                uri,
-                disabled: server.disabled,
-            })
+            };
+            match (&server.endpoint, &server.agent) {
+                (Some(endpoint), None) => CompiledServer::direct(endpoint, server.disabled)
+                    .map_err(|error| invalid(format!("{endpoint:?}: {error}"))),
+                (None, Some(agent)) => CompiledServer::agent(agent.id, server.disabled)
+                    .map_err(|error| invalid(format!("agent {}: {error}", agent.id))),
+                _ => Err(invalid("set exactly one of endpoint and agent".into())),
+            }
         })
         .collect::<Result<Box<[_]>, InvalidConfig>>()?;
     let schemas: Box<[FlowControlSchema]> = spec

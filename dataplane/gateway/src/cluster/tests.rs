@@ -102,3 +102,54 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_agent_server_compiles_to_a_placeholder_that_never_resolves() {
+    let text = FULL
+        .replace(
+            "  - endpoint: https://10.0.0.2:6443\n",
+            "  - agent: {id: 42}\n",
+        )
+        .replace(
+            "upsteamSubset: [https://10.0.0.2:6443]",
+            "upsteamSubset: [agent:42, https://10.0.0.1:6443]",
+        );
+    let snapshot = GatewaySnapshot::compile(parse_clusters(&text, file()).unwrap()).unwrap();
+    let cluster = &snapshot.clusters()[0];
+    let agent = &cluster.servers[1];
+    assert_eq!(
+        (
+            &*agent.endpoint,
+            agent.agent,
+            agent.tls,
+            agent.port,
+            &*agent.host
+        ),
+        (
+            "agent:42",
+            Some(42),
+            false,
+            0,
+            "agent-42.sluice-agent.invalid"
+        )
+    );
+    assert_eq!(agent.uri, "http://agent-42.sluice-agent.invalid/");
+    assert!(agent.host.ends_with(AGENT_HOST_DOMAIN));
+    // Direct servers stay exactly as they were.
+    let direct = &cluster.servers[0];
+    assert_eq!(
+        (
+            &*direct.endpoint,
+            direct.agent,
+            direct.tls,
+            direct.port,
+            &*direct.host
+        ),
+        ("https://10.0.0.1:6443", None, true, 6443, "10.0.0.1")
+    );
+    // A policy's subset mixes both kinds, by index.
+    let user = UserInfo::new("alice", &[]);
+    let read = RequestInfo::parse("GET", "/api/v1/pods", "").unwrap();
+    let policy = cluster.dispatch.dispatch(&read, &user).unwrap();
+    assert_eq!((&*policy.name, &*policy.servers), ("reads", &[0, 1][..]));
+}
