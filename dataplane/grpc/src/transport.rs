@@ -210,6 +210,21 @@ async fn client_handshake<T>(
 where
     T: AsyncRead + AsyncWrite + Unpin + 'static,
 {
+    client_over(io, settings, address)
+        .await
+        .map_err(|source| ConnectError::H2 { address, source })
+}
+
+/// An HTTP/2 client connection over any byte stream: sockets (above), and the gateway's link
+/// in memory to the tunnel router of its own process. `peer` names the other end in logs.
+pub async fn client_over<T>(
+    io: T,
+    settings: &H2Settings,
+    peer: impl std::fmt::Display + 'static,
+) -> Result<ClientConnection, h2::Error>
+where
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+{
     let (send_request, connection) = h2::client::Builder::new()
         .initial_window_size(settings.initial_stream_window)
         .initial_connection_window_size(settings.initial_connection_window)
@@ -218,11 +233,10 @@ where
         .max_concurrent_reset_streams(4096)
         .data_frame_budget(small_frame_budget(settings))
         .handshake::<_, Bytes>(crate::frames::FrameIo(io))
-        .await
-        .map_err(|source| ConnectError::H2 { address, source })?;
+        .await?;
     let driver = spawn_contained("grpc-client-connection", async move {
         if let Err(error) = connection.await {
-            tracing::debug!(%address, %error, "HTTP/2 client connection ended");
+            tracing::debug!(%peer, %error, "HTTP/2 client connection ended");
         }
     });
     Ok(ClientConnection {

@@ -40,6 +40,9 @@ pub enum ErrorKind {
     Unauthenticated,
     /// The endpoint does not serve the method.
     Unimplemented,
+    /// The caller may not call the method here: the Kubernetes API method on the external
+    /// endpoint, which only the gateway of a node may open (it speaks for a user).
+    PermissionDenied,
     /// No tunnel of the agent became free in time.
     NoTunnel,
     /// The call's own deadline passed.
@@ -75,7 +78,7 @@ impl ErrorKind {
         use ErrorKind::*;
         match self {
             ClientGone | ClientProtocol | BadRequest | OverShare | Unauthenticated
-            | Unimplemented | DeadlineExceeded => Side::Client,
+            | Unimplemented | PermissionDenied | DeadlineExceeded => Side::Client,
             StaleTunnel | AgentGone | AgentProtocol => Side::Agent,
             PeerUnavailable | PeerGone => Side::PeerNode,
             BackendUnavailable => Side::Backend,
@@ -94,6 +97,7 @@ impl ErrorKind {
             OverShare => Code::ResourceExhausted,
             Unauthenticated => Code::Unauthenticated,
             Unimplemented => Code::Unimplemented,
+            PermissionDenied => Code::PermissionDenied,
             NoTunnel | DeadlineExceeded => Code::DeadlineExceeded,
             AgentProtocol | NodeProtocol => Code::Internal,
             StaleTunnel | AgentGone | PeerUnavailable | PeerGone | LocatorUnavailable

@@ -456,3 +456,34 @@ fn agents_trickling_large_messages_cannot_exceed_the_node_buffer_budget() {
         every_worker_still_serves(&node);
     }
 }
+
+/// The agent's Kubernetes API forwarder acts as whichever user the caller names: a client of
+/// the external endpoint holding a valid JWT must not reach it, whatever it sends along.
+#[test]
+fn the_kubernetes_api_method_is_refused_on_the_external_endpoint_before_any_agent() {
+    for driver in DRIVERS {
+        let node = node(driver);
+        let external = node.external;
+        let (status, message, reached) = block_on(async {
+            let (mut agent_recv, agent_send, refused) = fake_tunnel(node.agent, descriptor()).await;
+            assert_eq!(refused, None);
+            let call = monoio::spawn(async move {
+                let extra = [("impersonate-user".to_string(), "admin".to_string())];
+                let path = "/sluice.kubernetes.v1.KubernetesApi/MakeRequest";
+                call_with(external, path, "7", &extra).await
+            });
+            let reached =
+                monoio::time::timeout(Duration::from_millis(500), recv_data(&mut agent_recv))
+                    .await
+                    .is_ok();
+            // A call that did reach the agent ends when its tunnel does.
+            drop((agent_recv, agent_send));
+            let (status, message) = call.await;
+            (status, message, reached)
+        });
+        assert_eq!(status, "7", "{driver}: PERMISSION_DENIED, got {message}");
+        assert!(message.contains("gateway"), "{driver}: {message}");
+        assert!(!reached, "{driver}: the call was forwarded to the agent");
+        every_worker_still_serves(&node);
+    }
+}

@@ -134,6 +134,13 @@ impl NodeShared {
         self.lock_connections().len()
     }
 
+    /// Whether `agent` has at least one connection to this node.
+    pub fn holds_agent(&self, agent: AgentId) -> bool {
+        self.lock_connections()
+            .get(&agent)
+            .is_some_and(|connections| !connections.is_empty())
+    }
+
     /// The ids of the agents with at least one connection to this node, sorted.
     pub fn held_agents(&self) -> Vec<AgentId> {
         let mut agents: Vec<AgentId> = self.lock_connections().keys().copied().collect();

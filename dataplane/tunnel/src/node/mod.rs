@@ -38,7 +38,7 @@ use crate::registry::ConnectionRegistry;
 use crate::wire::{BufferBudget, MetadataLimits};
 
 pub use collector::NodeCollector;
-pub use endpoints::{AgentEndpoint, ExternalEndpoint, PrivateEndpoint};
+pub use endpoints::{AgentEndpoint, ExternalEndpoint, GatewayLink, PrivateEndpoint};
 pub use tunnel::TunnelStreams;
 
 /// The node's decoders of what agents and clients send, for the fuzz targets (`fuzz/`): not

@@ -24,7 +24,10 @@ use super::super::remote::RemoteRouting;
 use super::super::router::{Readiness, Router};
 use super::super::NodeShared;
 use super::access::CallLine;
-use super::{forwardable, list_agents, parse_request, refused, serve_calls, settle, Admitted};
+use super::{
+    forwardable, list_agents, open_to_clients, parse_request, refused, serve_calls, settle,
+    Admitted,
+};
 use crate::auth::VerifiedTokens;
 use crate::error::{ErrorKind, TunnelError};
 use crate::metrics::CallRoute;
@@ -106,6 +109,7 @@ impl ExternalHandler {
             .map_err(|error| refused(&node.metrics, "external", &error));
         let is_authenticated = authenticated.is_ok();
         let admitted = authenticated
+            .and_then(|()| open_to_clients(method))
             .and_then(|()| parse_request(method, &parts.headers))
             .and_then(unless_shedding)
             .and_then(|admitted| forwardable(node, &parts.headers, admitted));

@@ -1,9 +1,11 @@
 //! The node's three listeners: agents park tunnels on the agent endpoint, clients call agents
-//! on the external endpoint, other nodes forward calls to the private endpoint.
+//! on the external endpoint, other nodes forward calls to the private endpoint; and the link in
+//! memory through which this process's gateway calls agents (`in_process`).
 
 mod access;
 pub mod agent;
 pub mod external;
+pub mod in_process;
 pub mod private;
 
 use std::pin::Pin;
@@ -24,6 +26,7 @@ use sluice_runtime::{CloseReason, ConnectionContext, TcpStream};
 
 pub use agent::AgentEndpoint;
 pub use external::ExternalEndpoint;
+pub use in_process::GatewayLink;
 pub use private::PrivateEndpoint;
 
 use super::answer::{grpc_headers, status_headers, Responder};
@@ -32,7 +35,7 @@ use super::NodeShared;
 use crate::auth::AuthError;
 use crate::error::{ErrorKind, TunnelError};
 use crate::metrics::TunnelMetrics;
-use crate::protocol::LIST_AGENTS_PATH;
+use crate::protocol::{KUBERNETES_API_SERVICE, LIST_AGENTS_PATH};
 
 /// Accepts a connection with TLS when configured, then serves HTTP/2 on it under the
 /// listener's limits (handshake, first request, idle, keepalive, age). Returns whether the
@@ -155,6 +158,20 @@ fn check_method(method: &str) -> Result<(), TunnelError> {
     Err(TunnelError::new(
         ErrorKind::Unimplemented,
         "malformed method: a gRPC :path starts with '/' (/package.Service/Method)",
+    ))
+}
+
+/// The external endpoint's clients may call any method of the agent's backend but not the
+/// agent's Kubernetes API forwarder: a call there carries the user the gateway vouches for, so
+/// a JWT holder reaching it could act as anyone in the cluster. Refused before routing, so
+/// nothing reaches an agent.
+fn open_to_clients(method: &str) -> Result<(), TunnelError> {
+    if !method.starts_with(KUBERNETES_API_SERVICE) {
+        return Ok(());
+    }
+    Err(TunnelError::new(
+        ErrorKind::PermissionDenied,
+        "the Kubernetes API service is reachable only through a node's Kubernetes API gateway, not the external endpoint",
     ))
 }
 
