@@ -20,6 +20,12 @@ pub mod agents {
     }
 }
 
+pub mod kubernetes {
+    pub mod v1 {
+        include!("gen/sluice.kubernetes.v1.rs");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::tunnel::v1::{connect_request, ConnectRequest, ConnectResponse, Message, Trailer};

@@ -5,9 +5,10 @@
 
 use std::path::{Path, PathBuf};
 
-const PROTOS: [&str; 2] = [
+const PROTOS: [&str; 3] = [
     "sluice/tunnel/v1/tunnel.proto",
     "sluice/agents/v1/agents.proto",
+    "sluice/kubernetes/v1/kubernetes.proto",
 ];
 
 fn generate(into: &Path) {
@@ -29,7 +30,11 @@ fn checked_in_code_matches_the_proto_files() {
     }
     let fresh = tempfile::tempdir().expect("temp dir");
     generate(fresh.path());
-    for name in ["sluice.tunnel.v1.rs", "sluice.agents.v1.rs"] {
+    for name in [
+        "sluice.tunnel.v1.rs",
+        "sluice.agents.v1.rs",
+        "sluice.kubernetes.v1.rs",
+    ] {
         let expected = std::fs::read_to_string(fresh.path().join(name)).expect("generated");
         let actual = std::fs::read_to_string(checked_in.join(name)).unwrap_or_default();
         assert!(

@@ -189,6 +189,7 @@ fn pure_crates_pull_in_no_async_runtime() {
         "sluice-config-error",
         "sluice-upstream-cluster",
         "sluice-apimachinery",
+        "sluice-kube-tunnel",
     ] {
         let closure = workspace.closure(pure);
         let runtimes: Vec<&String> = closure

@@ -6,6 +6,7 @@ mod certs;
 mod controlplane;
 mod curl_watch;
 mod delay_relay;
+mod ed25519;
 mod etcd;
 pub mod examples;
 mod gateway_rig;
@@ -40,6 +41,7 @@ pub use arp_watch::ArpWatch;
 pub use certs::{not_after_by_openssl, Certificates, ClientCert};
 pub use controlplane::{kubectl_with, ControlPlane};
 pub use curl_watch::CurlWatch;
+pub use ed25519::Ed25519Keys;
 pub use etcd::{
     etcd_installed, etcd_or_skip, EtcdCluster, EtcdServer, EtcdTlsFiles, ETCD_PROGRESS_INTERVAL,
 };
