@@ -12,7 +12,8 @@
 #   perf/run.sh access-log [--smoke]  the gateway's CPU per request, access log off, on, sampled
 #   perf/run.sh scale [--smoke]    the seeds' scale questions (issue 36): so far 5,000 VMs on one
 #                                  control plane (simulated agents, real watch clients) and
-#                                  10,000 clients through one gateway (--only vms|gateway)
+#                                  10,000 clients through one gateway, 10,000 watchers of one
+#                                  control plane (--only vms|gateway|fanout)
 #   perf/run.sh soak [--smoke] [--minutes N]  mixed tunnel + gateway load at half capacity for N
 #                                  minutes (default 30; 1 with --smoke), agents and clients churning
 #
@@ -42,7 +43,7 @@ as_root() {
 }
 
 packages=(haproxy nginx-light nghttp2-client wrk redis-server)
-if [ "$scenario" = controlplane ]; then packages+=(etcd-server); fi
+if [ "$scenario" = controlplane ] || [ "$scenario" = scale ]; then packages+=(etcd-server); fi
 # The ebpf scenario runs no Sluice process and no peer: trafgen and the harness only.
 build=(--features sluice/etcd -p sluice -p sluice-perf -p sluice-apiserver-sim)
 if [ "$scenario" = ebpf ]; then

@@ -129,7 +129,8 @@ run_perf_smoke() {
   # counted as dropped while on, no failed request.
   SLUICE_PERF_PROFILE=dev perf/run.sh access-log --smoke
   # The seeds' scale questions with small counts (20 VMs; 200 idle and 200 watching clients
-  # through one gateway): fails if any simulated peer saw an error or missed a delivery.
+  # through one gateway; 100 watchers of one control plane, embedded and etcd): fails if any
+  # simulated peer saw an error or missed a delivery.
   SLUICE_PERF_PROFILE=dev perf/run.sh scale --smoke
   perf/check-smoke scale
   # One minute of the soak (scripts/soak.sh runs 30): samples exist, errors are explained by an

@@ -196,6 +196,23 @@ fn scale_run(dir: &Path, delivered: u64, errors: u64) {
     );
     std::fs::write(dir.join("summary.md"), "# scale\n").unwrap();
     scale_gateway_run(dir, 200, 0);
+    for store in ["Embedded", "Etcd"] {
+        scale_fanout_run(dir, store, 0, 0);
+    }
+}
+
+/// A scale smoke run's fan-out record of `store` (`Embedded` or `Etcd`): 150 writes to 50
+/// watchers of each kind, `missing` events not delivered, `watcher_errors` relists or
+/// reconnects.
+fn scale_fanout_run(dir: &Path, store: &str, missing: u64, watcher_errors: u64) {
+    write(
+        dir,
+        &format!("raw/fanout-{}-50.json", store.to_lowercase()),
+        &json!({"store": store, "writes_acked": 150, "write_errors": 0,
+                "events_expected": 7500, "events_delivered": 7500 - missing,
+                "events_missing": missing, "watcher_errors": watcher_errors,
+                "delivery_p99_ms": 12.5, "controlplane_rss_mib": 60.0}),
+    );
 }
 
 /// A scale smoke run's gateway record: `watches` of 200 planned watches open, `errors` failed
@@ -254,4 +271,40 @@ fn a_scale_run_passes_only_with_every_delivery_every_client_and_no_error() {
     std::fs::remove_file(no_gateway.path().join("raw/gateway.json")).unwrap();
     let (passed, text) = check(no_gateway.path(), &["scale"]);
     assert!(!passed && text.contains("gateway.json"), "{text}");
+}
+
+#[test]
+fn a_scale_run_fails_when_a_fanout_watcher_missed_an_event_or_saw_an_error() {
+    let missed = tempfile::tempdir().unwrap();
+    scale_run(missed.path(), 20, 0);
+    scale_fanout_run(missed.path(), "Etcd", 3, 0);
+    let (passed, text) = check(missed.path(), &["scale"]);
+    assert!(!passed, "{text}");
+    assert!(
+        text.contains("fanout-etcd-50.json: 7497 of 7500 events delivered"),
+        "{text}"
+    );
+    assert!(
+        text.contains("fanout-etcd-50.json: events_missing is 3"),
+        "{text}"
+    );
+
+    let broken = tempfile::tempdir().unwrap();
+    scale_run(broken.path(), 20, 0);
+    scale_fanout_run(broken.path(), "Embedded", 0, 2);
+    let (passed, text) = check(broken.path(), &["scale"]);
+    assert!(
+        !passed && text.contains("fanout-embedded-50.json: watcher_errors is 2"),
+        "{text}"
+    );
+    assert!(!text.contains("etcd"), "{text}");
+
+    let one_store = tempfile::tempdir().unwrap();
+    scale_run(one_store.path(), 20, 0);
+    std::fs::remove_file(one_store.path().join("raw/fanout-etcd-50.json")).unwrap();
+    let (passed, text) = check(one_store.path(), &["scale"]);
+    assert!(
+        !passed && text.contains("no record of the etcd store"),
+        "{text}"
+    );
 }

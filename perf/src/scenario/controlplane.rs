@@ -197,12 +197,12 @@ fn markdown(
     text
 }
 
-struct Etcd {
-    process: Managed,
-    endpoint: String,
+pub(crate) struct Etcd {
+    pub process: Managed,
+    pub endpoint: String,
 }
 
-fn start_etcd(dir: &Path, cpu: &str) -> anyhow::Result<Etcd> {
+pub(crate) fn start_etcd(dir: &Path, cpu: &str) -> anyhow::Result<Etcd> {
     let client = free_port()?;
     let peer = free_port()?;
     let endpoint = format!("http://127.0.0.1:{client}");

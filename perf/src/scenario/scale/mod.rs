@@ -1,9 +1,13 @@
 //! `perf/run.sh scale`: the seeds' scale questions (issue 36), each answered by a harness of
 //! cheap simulated peers that speak the real protocols. Built so far: `vms` (seed 004's 5,000
 //! VMs on one control plane) and `gateway` (seed 003's 10,000 clients folded by one gateway
-//! onto a few apiserver connections). `--only vms` or `--only gateway` runs one part.
+//! onto a few apiserver connections) and `fanout` (10,000 gateway and node watchers of one
+//! control plane under steady writes). `--only vms`, `--only gateway` or `--only fanout` runs
+//! one part.
 //! `--smoke` runs each with small counts for CI and fails if any simulated peer saw an error.
 
+mod fanout;
+mod fanout_peers;
 mod fleet;
 mod gateway_clients;
 mod vms;
@@ -56,6 +60,27 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
             errors.push(format!(
                 "{} error(s) seen by the gateway's clients",
                 record.errors()
+            ));
+        }
+    }
+    if wanted("fanout") {
+        let fanout_dir = dir.join("fanout");
+        std::fs::create_dir_all(&fanout_dir)?;
+        let plan = fanout::Plan::new(harness.smoke);
+        let records = fanout::run(harness, &fanout_dir, &plan)?;
+        for record in &records {
+            let name = format!(
+                "raw/fanout-{}-{}.json",
+                record.store.name(),
+                record.target_writes_per_s
+            );
+            write_output(&harness.out, &name, &serde_json::to_string_pretty(record)?)?;
+        }
+        markdown.push_str(&fanout::markdown(harness, &plan, &records));
+        let failed: u64 = records.iter().map(fanout::FanoutRecord::errors).sum();
+        if failed > 0 {
+            errors.push(format!(
+                "{failed} write error(s), missed event(s) or watcher error(s) in the fan-out"
             ));
         }
     }
