@@ -22,6 +22,10 @@ pub struct RunRecord {
     /// Every process of the proxy side (empty for direct-to-upstream).
     pub proxy: Vec<ProcessUsage>,
     pub proxy_cpu_us_per_request: Option<f64>,
+    /// The user-time part of `proxy_cpu_us_per_request`.
+    pub proxy_user_us_per_request: Option<f64>,
+    /// The system-time (kernel) part of `proxy_cpu_us_per_request`.
+    pub proxy_system_us_per_request: Option<f64>,
     pub proxy_rss_kib: u64,
     /// CPU of the upstream (echo backend, apiserver simulator) per request, same interval.
     pub upstream_cpu_us_per_request: Option<f64>,
@@ -52,12 +56,16 @@ impl RunRecord {
         self
     }
 
-    /// Fills in the per-request CPU and total RSS from the proxy's usage.
+    /// Fills in the per-request CPU (all, user, system) and total RSS from the proxy's usage.
     pub fn with_proxy(mut self, proxy: Vec<ProcessUsage>) -> Self {
         let served = self.h2load.done;
-        let cpu: u64 = proxy.iter().map(|usage| usage.cpu_us).sum();
-        self.proxy_cpu_us_per_request =
-            (!proxy.is_empty() && served > 0).then(|| cpu as f64 / served as f64);
+        let per_request = |part: fn(&ProcessUsage) -> u64| {
+            let cpu: u64 = proxy.iter().map(part).sum();
+            (!proxy.is_empty() && served > 0).then(|| cpu as f64 / served as f64)
+        };
+        self.proxy_cpu_us_per_request = per_request(|usage| usage.cpu_us);
+        self.proxy_user_us_per_request = per_request(|usage| usage.user_us);
+        self.proxy_system_us_per_request = per_request(|usage| usage.system_us);
         self.proxy_rss_kib = proxy.iter().map(|usage| usage.rss_kib).sum();
         self.proxy = proxy;
         self
@@ -114,6 +122,10 @@ pub struct CaseSummary {
     pub p99_us: u64,
     pub p999_us: u64,
     pub proxy_cpu_us_per_request: Option<f64>,
+    /// Medians of the user and system parts (each over the runs, so they need not add up to
+    /// the median of the whole exactly).
+    pub proxy_user_us_per_request: Option<f64>,
+    pub proxy_system_us_per_request: Option<f64>,
     pub proxy_rss_kib: u64,
     pub upstream_cpu_us_per_request: Option<f64>,
     pub client_cpu_us_per_request: Option<f64>,
@@ -190,6 +202,16 @@ pub fn summarize(records: &[RunRecord]) -> Vec<CaseSummary> {
                         .filter_map(|r| r.proxy_cpu_us_per_request)
                         .collect(),
                 ),
+                proxy_user_us_per_request: median_f64(
+                    runs.iter()
+                        .filter_map(|r| r.proxy_user_us_per_request)
+                        .collect(),
+                ),
+                proxy_system_us_per_request: median_f64(
+                    runs.iter()
+                        .filter_map(|r| r.proxy_system_us_per_request)
+                        .collect(),
+                ),
                 proxy_rss_kib: runs.iter().map(|r| r.proxy_rss_kib).max().unwrap_or(0),
                 upstream_cpu_us_per_request: median_f64(
                     runs.iter()
@@ -234,12 +256,12 @@ pub(crate) mod tests {
         let proxy = if cpu_us == 0 {
             Vec::new()
         } else {
-            vec![ProcessUsage {
-                name: "proxy".into(),
-                pid: 1,
-                cpu_us,
-                rss_kib: 2048,
-            }]
+            // A quarter of it in the kernel.
+            let cpu = crate::measure::CpuTime {
+                user_us: cpu_us - cpu_us / 4,
+                system_us: cpu_us / 4,
+            };
+            vec![ProcessUsage::new("proxy", 1, cpu, 2048)]
         };
         RunRecord {
             scenario: "tunnel".into(),
@@ -253,6 +275,8 @@ pub(crate) mod tests {
             grpc_errors: Some(0),
             proxy: Vec::new(),
             proxy_cpu_us_per_request: None,
+            proxy_user_us_per_request: None,
+            proxy_system_us_per_request: None,
             proxy_rss_kib: 0,
             upstream_cpu_us_per_request: None,
             client_cpu_us_per_request: None,
@@ -262,12 +286,11 @@ pub(crate) mod tests {
     }
 
     fn usage(cpu_us: u64) -> ProcessUsage {
-        ProcessUsage {
-            name: "upstream".into(),
-            pid: 2,
-            cpu_us,
-            rss_kib: 1024,
-        }
+        let cpu = crate::measure::CpuTime {
+            user_us: cpu_us,
+            system_us: 0,
+        };
+        ProcessUsage::new("upstream", 2, cpu, 1024)
     }
 
     #[test]
@@ -312,11 +335,31 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn user_and_system_cpu_are_summed_over_the_proxys_processes() {
+        // Two processes (a node and its agent): 1,000 requests done.
+        let time = |user_us, system_us| crate::measure::CpuTime { user_us, system_us };
+        let run = record("sluice", 1, 100.0, 0).with_proxy(vec![
+            ProcessUsage::new("node", 1, time(30_000, 10_000), 1024),
+            ProcessUsage::new("agent", 2, time(20_000, 4_000), 1024),
+        ]);
+        assert_eq!(run.proxy_cpu_us_per_request, Some(64.0));
+        assert_eq!(run.proxy_user_us_per_request, Some(50.0));
+        assert_eq!(run.proxy_system_us_per_request, Some(14.0));
+        let summary = &summarize(&[run])[0];
+        assert_eq!(summary.proxy_user_us_per_request, Some(50.0));
+        assert_eq!(summary.proxy_system_us_per_request, Some(14.0));
+    }
+
+    #[test]
     fn cpu_per_request_is_total_cpu_over_requests_done() {
         let run = record("sluice", 1, 100.0, 70_000);
         assert_eq!(run.proxy_cpu_us_per_request, Some(70.0));
+        assert_eq!(run.proxy_user_us_per_request, Some(52.5));
+        assert_eq!(run.proxy_system_us_per_request, Some(17.5));
         assert_eq!(run.proxy_rss_kib, 2048);
-        assert_eq!(record("direct", 1, 100.0, 0).proxy_cpu_us_per_request, None);
+        let direct = record("direct", 1, 100.0, 0);
+        assert_eq!(direct.proxy_cpu_us_per_request, None);
+        assert_eq!(direct.proxy_system_us_per_request, None);
     }
 
     #[test]

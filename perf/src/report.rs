@@ -34,23 +34,26 @@ pub fn quotient(value: Option<f64>) -> String {
 }
 
 /// One table row per case and concurrency; throughput ratios against `baseline` (direct) and
-/// every peer, CPU ratios against every peer: of CPU per request, and of CPU per request in
-/// units of the client's CPU per request (steadier on a machine whose speed drifts).
+/// every peer, CPU ratios against every peer: of CPU per request, of its system (kernel) part,
+/// and of CPU per request in units of the client's CPU per request (steadier on a machine whose
+/// speed drifts). CPU per request is also split into user and system time.
 pub fn results_table(summaries: &[CaseSummary], baseline: &str, peers: &[&str]) -> String {
     let mut out = String::new();
     let ok_vs: String = peers.iter().map(|p| format!(" OK/s vs {p} |")).collect();
     let cpu_vs: String = peers.iter().map(|p| format!(" CPU vs {p} |")).collect();
+    let sys_vs: String = peers.iter().map(|p| format!(" sys vs {p} |")).collect();
     let per_client_vs: String = peers
         .iter()
         .map(|p| format!(" CPU/client CPU vs {p} |"))
         .collect();
     let _ = writeln!(
         out,
-        "| case | workload | clients x streams | req/s | OK/s | OK/s vs {baseline} |{ok_vs} mean us | p50 us | p90 us | p99 us | p99.9 us | proxy CPU us/req |{cpu_vs} upstream CPU us/req | client CPU us/req | proxy CPU/client CPU |{per_client_vs} proxy RSS MiB | TCP segments/req | errors | runs |"
+        "| case | workload | clients x streams | req/s | OK/s | OK/s vs {baseline} |{ok_vs} mean us | p50 us | p90 us | p99 us | p99.9 us | proxy CPU us/req |{cpu_vs} proxy user us/req | proxy sys us/req |{sys_vs} upstream CPU us/req | client CPU us/req | proxy CPU/client CPU |{per_client_vs} proxy RSS MiB | TCP segments/req | errors | runs |"
     );
     let _ = writeln!(
         out,
-        "|---|---|---|--:|--:|--:|{}--:|--:|--:|--:|--:|--:|{}--:|--:|--:|{}--:|--:|--:|--:|",
+        "|---|---|---|--:|--:|--:|{}--:|--:|--:|--:|--:|--:|{}--:|--:|{}--:|--:|--:|{}--:|--:|--:|--:|",
+        "--:|".repeat(peers.len()),
         "--:|".repeat(peers.len()),
         "--:|".repeat(peers.len()),
         "--:|".repeat(peers.len())
@@ -80,6 +83,18 @@ pub fn results_table(summaries: &[CaseSummary], baseline: &str, peers: &[&str]) 
                 )
             })
             .collect();
+        let sys_ratios: String = peer_rows
+            .iter()
+            .map(|p| {
+                format!(
+                    " {} |",
+                    ratio(
+                        s.proxy_system_us_per_request,
+                        p.and_then(|p| p.proxy_system_us_per_request)
+                    )
+                )
+            })
+            .collect();
         let per_client_ratios: String = peer_rows
             .iter()
             .map(|p| {
@@ -91,7 +106,7 @@ pub fn results_table(summaries: &[CaseSummary], baseline: &str, peers: &[&str]) 
             .collect();
         let _ = writeln!(
             out,
-            "| {} | {} | {} x {} | {:.0} | {:.0} | {} |{ok_ratios} {} | {} | {} | {} | {} | {} |{cpu_ratios} {} | {} | {} |{per_client_ratios} {} | {} | {} | {} |",
+            "| {} | {} | {} x {} | {:.0} | {:.0} | {} |{ok_ratios} {} | {} | {} | {} | {} | {} |{cpu_ratios} {} | {} |{sys_ratios} {} | {} | {} |{per_client_ratios} {} | {} | {} | {} |",
             s.case,
             s.workload,
             s.clients,
@@ -105,6 +120,8 @@ pub fn results_table(summaries: &[CaseSummary], baseline: &str, peers: &[&str]) 
             s.p99_us,
             s.p999_us,
             cpu(s.proxy_cpu_us_per_request),
+            cpu(s.proxy_user_us_per_request),
+            cpu(s.proxy_system_us_per_request),
             cpu(s.upstream_cpu_us_per_request),
             cpu(s.client_cpu_us_per_request),
             quotient(s.cpu_per_client_cpu),
@@ -135,12 +152,15 @@ mod tests {
     #[test]
     fn ratios_against_direct_and_peer() {
         let upstream = |cpu_us| {
-            [crate::measure::ProcessUsage {
-                name: "upstream".into(),
-                pid: 2,
-                cpu_us,
-                rss_kib: 0,
-            }]
+            [crate::measure::ProcessUsage::new(
+                "upstream",
+                2,
+                crate::measure::CpuTime {
+                    user_us: cpu_us,
+                    system_us: 0,
+                },
+                0,
+            )]
         };
         let summaries = summarize(&[
             record("direct", 1, 1000.0, 0).with_upstream(&upstream(5_000)),
@@ -178,6 +198,11 @@ mod tests {
         assert_eq!(cell("proxy CPU us/req"), "40.0");
         assert_eq!(cell("CPU vs haproxy"), "4.00x");
         assert_eq!(cell("CPU vs nginx"), "2.00x");
+        // `record` puts a quarter of the proxy's CPU in the kernel.
+        assert_eq!(cell("proxy user us/req"), "30.0");
+        assert_eq!(cell("proxy sys us/req"), "10.0");
+        assert_eq!(cell("sys vs haproxy"), "4.00x");
+        assert_eq!(cell("sys vs nginx"), "2.00x");
         assert_eq!(cell("upstream CPU us/req"), "9.0");
         assert_eq!(cell("client CPU us/req"), "8.0");
         assert_eq!(cell("proxy CPU/client CPU"), "5.00");

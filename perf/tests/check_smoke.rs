@@ -32,11 +32,20 @@ fn write(dir: &Path, name: &str, value: &Value) {
 }
 
 fn tunnel_record(case: &str, grpc_errors: Value) -> Value {
+    // Direct has no proxy, so no proxy CPU (null, as the harness writes it).
+    let (user, system) = if case == "direct" {
+        (Value::Null, Value::Null)
+    } else {
+        (json!(30.5), json!(9.5))
+    };
     json!({
         "scenario": "tunnel", "case": case, "workload": "grpc unary",
         "h2load": {"done": 2000, "status_2xx": 2000, "failed": 0, "errored": 0, "timeout": 0,
                    "status_4xx": 0, "status_5xx": 0},
         "grpc_errors": grpc_errors,
+        "proxy_cpu_us_per_request": if case == "direct" { Value::Null } else { json!(40.0) },
+        "proxy_user_us_per_request": user,
+        "proxy_system_us_per_request": system,
     })
 }
 
@@ -100,6 +109,23 @@ fn a_tunnel_record_that_did_not_count_grpc_statuses_fails() {
         text.contains("direct-c10-m10-r0.json: gRPC statuses not counted (grpc_errors None)"),
         "{text}"
     );
+}
+
+#[test]
+fn a_run_whose_proxy_cpu_lost_its_system_part_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    good_tunnel_run(dir.path());
+    // What wiring that summed the proxy's CPU but dropped the split would write.
+    let mut record = tunnel_record("sluice-1-node", json!(0));
+    record["proxy_system_us_per_request"] = Value::Null;
+    write(dir.path(), "raw/sluice-1-node-c10-m10-r0.json", &record);
+    let (passed, text) = check(dir.path(), &TUNNEL_CASES);
+    assert!(!passed, "{text}");
+    assert!(
+        text.contains("no run measured the proxy's system CPU"),
+        "{text}"
+    );
+    assert!(!text.contains("proxy's user"), "{text}");
 }
 
 fn soak_window(window: u32, tunnel_errors: u64, cancelled: u64, churn: bool) -> Value {
@@ -184,6 +210,51 @@ fn a_record_an_earlier_run_left_fails_the_check() {
     );
 }
 
+/// A scale smoke run's agents record (one 2-node layout, nothing wrong), changed by `spoil`.
+fn scale_agents_run(dir: &Path, spoil: impl FnOnce(&mut Value)) {
+    let mut record = json!({"layouts": [{
+        "layout": {"name": "2-nodes", "nodes": 2},
+        "points": [{"agents_total": 200, "node_rss_kib_per_agent": 12.5}],
+        "agent_errors": 0, "disconnects_outside_restart": 0,
+        "restart": {"agents_on_node": 100, "agents_unreachable": 0, "seconds_to_all_listed": 2.8},
+        "steady_calls": {"calls": 100, "errors": 0},
+        "restart_calls": {"calls": 150, "errors": 0},
+    }]});
+    spoil(&mut record["layouts"][0]);
+    write(dir, "raw/agents.json", &record);
+}
+
+#[test]
+fn a_scale_run_fails_when_an_agent_saw_an_error_or_stayed_unreachable() {
+    let cases: [(fn(&mut Value), &str); 4] = [
+        (|l| l["agent_errors"] = json!(1), "agents 2-nodes: agent_errors is 1"),
+        (
+            |l| l["restart"]["agents_unreachable"] = json!(3),
+            "3 of 100 agents unreachable after the node restart",
+        ),
+        (
+            |l| l["restart_calls"]["errors"] = json!(2),
+            "restart_calls errors is 2",
+        ),
+        (
+            |l| l["disconnects_outside_restart"] = json!(5),
+            "disconnects_outside_restart is 5",
+        ),
+    ];
+    for (spoil, expected) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        scale_run(dir.path(), 20, 0);
+        scale_agents_run(dir.path(), spoil);
+        let (passed, text) = check(dir.path(), &["scale"]);
+        assert!(!passed && text.contains(expected), "{expected}: {text}");
+    }
+    let missing = tempfile::tempdir().unwrap();
+    scale_run(missing.path(), 20, 0);
+    std::fs::remove_file(missing.path().join("raw/agents.json")).unwrap();
+    let (passed, text) = check(missing.path(), &["scale"]);
+    assert!(!passed && text.contains("agents.json"), "{text}");
+}
+
 /// A scale smoke run's VM-fleet record with `delivered` of 20 deliveries and `errors` failed
 /// runtime-info writes.
 fn scale_run(dir: &Path, delivered: u64, errors: u64) {
@@ -195,6 +266,7 @@ fn scale_run(dir: &Path, delivered: u64, errors: u64) {
                 "seconds_to_resync_after_restart": 0.9, "steady_controlplane_rss_mib": 48.0}),
     );
     std::fs::write(dir.join("summary.md"), "# scale\n").unwrap();
+    scale_agents_run(dir, |_| {});
     scale_gateway_run(dir, 200, 0);
     for store in ["Embedded", "Etcd"] {
         scale_fanout_run(dir, store, 0, 0);

@@ -531,6 +531,8 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                 grpc_errors: None,
                 proxy: Vec::new(),
                 proxy_cpu_us_per_request: None,
+                proxy_user_us_per_request: None,
+                proxy_system_us_per_request: None,
                 proxy_rss_kib: 0,
                 upstream_cpu_us_per_request: None,
                 client_cpu_us_per_request: None,
@@ -615,7 +617,8 @@ fn report(
          `proxy_buffering off`. Sluice: one worker, one upstream connection; clients authenticate \
          with a bearer token checked by TokenReview once and then cached (HAProxy and nginx pass the \
          token through and do no authentication). Proxy CPU is utime+stime of the proxy process over \
-         the counted part of a run divided by the requests done in it; upstream and client CPU the same \
+         the counted part of a run divided by the requests done in it, also shown apart as user \
+         (utime) and sys (stime, the kernel's time); upstream and client CPU the same \
          of the simulator and of h2load. \"Proxy CPU/client CPU\" divides the proxy's by h2load's \
          within each run: h2load does the same work for every case, so the quotient cancels most of \
          this machine's drift in speed between runs (the simulator's work depends on how the proxy \

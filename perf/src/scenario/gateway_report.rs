@@ -13,17 +13,22 @@ pub(super) fn added(value: u64, reference: Option<u64>) -> String {
     )
 }
 
+/// Microseconds to one decimal, `-` where not measured.
+fn us(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"))
+}
+
 pub(super) fn open_loop_table(summaries: &[CaseSummary]) -> String {
     let mut out = String::from(
-        "| case | workload | clients | req/s | mean us | p50 us | p90 us | p99 us | p99.9 us | added p50 us vs direct | added p99 us vs direct | proxy CPU us/req | CPU vs haproxy | proxy CPU/client CPU | CPU/client CPU vs haproxy | TCP segments/req | errors | runs |\n\
-         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+        "| case | workload | clients | req/s | mean us | p50 us | p90 us | p99 us | p99.9 us | added p50 us vs direct | added p99 us vs direct | proxy CPU us/req | user us/req | sys us/req | sys vs haproxy | CPU vs haproxy | proxy CPU/client CPU | CPU/client CPU vs haproxy | TCP segments/req | errors | runs |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
     );
     for s in summaries {
         let direct = find(summaries, DIRECT, s);
         let haproxy = find(summaries, HAPROXY, s);
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             s.case,
             s.workload,
             s.clients,
@@ -35,8 +40,13 @@ pub(super) fn open_loop_table(summaries: &[CaseSummary]) -> String {
             s.p999_us,
             added(s.p50_us, direct.map(|d| d.p50_us)),
             added(s.p99_us, direct.map(|d| d.p99_us)),
-            s.proxy_cpu_us_per_request
-                .map_or_else(|| "-".to_string(), |c| format!("{c:.1}")),
+            us(s.proxy_cpu_us_per_request),
+            us(s.proxy_user_us_per_request),
+            us(s.proxy_system_us_per_request),
+            ratio(
+                s.proxy_system_us_per_request,
+                haproxy.and_then(|h| h.proxy_system_us_per_request)
+            ),
             ratio(
                 s.proxy_cpu_us_per_request,
                 haproxy.and_then(|h| h.proxy_cpu_us_per_request)
@@ -160,4 +170,38 @@ pub(super) fn targets(closed: &[CaseSummary], open: &[CaseSummary]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::summarize;
+    use crate::record::tests::record;
+
+    #[test]
+    fn the_open_loop_table_splits_user_and_system_cpu() {
+        let mut runs = vec![
+            record(HAPROXY, 1, 5000.0, 20_000),
+            record(SLUICE, 1, 5000.0, 16_000),
+        ];
+        for run in &mut runs {
+            run.workload = "h2 get @5000/s".into();
+        }
+        let table = open_loop_table(&summarize(&runs));
+        let header: Vec<&str> = table.lines().next().unwrap().split('|').collect();
+        let row = table.lines().find(|l| l.starts_with("| sluice")).unwrap();
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        assert_eq!(header.len(), cells.len(), "{table}");
+        assert_eq!(
+            table.lines().nth(1).unwrap().split('|').count(),
+            cells.len()
+        );
+        let cell = |name: &str| cells[header.iter().position(|h| h.trim() == name).unwrap()];
+        // `record` puts a quarter of the CPU in the kernel; 1,000 requests.
+        assert_eq!(cell("proxy CPU us/req"), "16.0");
+        assert_eq!(cell("user us/req"), "12.0");
+        assert_eq!(cell("sys us/req"), "4.0");
+        assert_eq!(cell("sys vs haproxy"), "0.80x");
+        assert_eq!(cell("CPU vs haproxy"), "0.80x");
+    }
 }

@@ -10,6 +10,7 @@ use anyhow::bail;
 
 use super::{write_output, Harness};
 use crate::loadgen::{measure, H2load, H2loadSummary, Load, Measured, Percentiles};
+use crate::measure::ProcessUsage;
 use crate::peers::{nginx_grpc_config, start_haproxy, start_nginx_with, start_redis};
 use crate::process::{wait_until, Managed};
 use crate::record::{summarize, RunRecord};
@@ -336,6 +337,8 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                     grpc_errors: Some(failed_grpc),
                     proxy: Vec::new(),
                     proxy_cpu_us_per_request: None,
+                    proxy_user_us_per_request: None,
+                    proxy_system_us_per_request: None,
                     proxy_rss_kib: 0,
                     upstream_cpu_us_per_request: None,
                     client_cpu_us_per_request: None,
@@ -380,15 +383,29 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
 /// processes only (the agent runs beside the backend, in the private network), for a peer the
 /// whole proxy. Medians over the repeats.
 fn hop_cpu_per_call(record: &RunRecord) -> Option<f64> {
+    hop_per_call(record, |usage| usage.cpu_us)
+}
+
+/// The user-time part of [`hop_cpu_per_call`].
+fn hop_user_per_call(record: &RunRecord) -> Option<f64> {
+    hop_per_call(record, |usage| usage.user_us)
+}
+
+/// The system-time (kernel) part of [`hop_cpu_per_call`].
+fn hop_system_per_call(record: &RunRecord) -> Option<f64> {
+    hop_per_call(record, |usage| usage.system_us)
+}
+
+fn hop_per_call(record: &RunRecord, part: fn(&ProcessUsage) -> u64) -> Option<f64> {
     let nodes: Vec<_> = record
         .proxy
         .iter()
         .filter(|usage| usage.name.starts_with("node"))
         .collect();
     let cpu_us: u64 = if nodes.is_empty() {
-        record.proxy.iter().map(|usage| usage.cpu_us).sum()
+        record.proxy.iter().map(part).sum()
     } else {
-        nodes.iter().map(|usage| usage.cpu_us).sum()
+        nodes.into_iter().map(part).sum()
     };
     (!record.proxy.is_empty() && record.h2load.done > 0)
         .then(|| cpu_us as f64 / record.h2load.done as f64)
@@ -435,21 +452,33 @@ fn hop_cpu_table(records: &[RunRecord]) -> String {
     let per_client = |case: &str, clients: u32, streams: u32| {
         median_of(records, hop_per_client_cpu, (case, clients, streams))
     };
+    let user = |case: &str, clients: u32, streams: u32| {
+        median_of(records, hop_user_per_call, (case, clients, streams))
+    };
+    let system = |case: &str, clients: u32, streams: u32| {
+        median_of(records, hop_system_per_call, (case, clients, streams))
+    };
+    let us = |value: Option<f64>| value.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
     let mut out = String::from(
         "\nHop CPU per call (issue 7's measure: Sluice's node process(es) without the agent; \
-         HAProxy and nginx whole), and the same in units of h2load's CPU per call in the same run \
-         (steadier when the machine's speed drifts between runs):\n\n\
-         | case | clients x streams | hop CPU us/call | vs haproxy | vs nginx | hop CPU/client CPU | vs haproxy | vs nginx |\n\
-         |---|---|--:|--:|--:|--:|--:|--:|\n",
+         HAProxy and nginx whole), split into user and system (kernel) time, and the same in \
+         units of h2load's CPU per call in the same run (steadier when the machine's speed \
+         drifts between runs):\n\n\
+         | case | clients x streams | hop CPU us/call | vs haproxy | vs nginx | user us/call | sys us/call | sys vs haproxy | hop CPU/client CPU | vs haproxy | vs nginx |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
     );
     for (case, clients, streams) in &rows {
         let value = median(case, *clients, *streams);
         let quotient = per_client(case, *clients, *streams);
+        let kernel = system(case, *clients, *streams);
         out.push_str(&format!(
-            "| {case} | {clients} x {streams} | {} | {} | {} | {} | {} | {} |\n",
-            value.map_or_else(|| "-".to_string(), |v| format!("{v:.1}")),
+            "| {case} | {clients} x {streams} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            us(value),
             crate::report::ratio(value, median(HAPROXY, *clients, *streams)),
             crate::report::ratio(value, median(NGINX, *clients, *streams)),
+            us(user(case, *clients, *streams)),
+            us(kernel),
+            crate::report::ratio(kernel, system(HAPROXY, *clients, *streams)),
             crate::report::quotient(quotient),
             crate::report::ratio(quotient, per_client(HAPROXY, *clients, *streams)),
             crate::report::ratio(quotient, per_client(NGINX, *clients, *streams)),
@@ -539,7 +568,7 @@ fn report(
          Unary gRPC (5-byte message) with h2load; {} requests per run, {} run(s) per row (medians), \
          warm-up {} requests. CPUs: client {}, proxy side {}, echo backend {}. \
          HAProxy and nginx (`grpc_pass`, one process) are plain h2 hops. Proxy CPU is utime+stime of every proxy-side process (node(s) and agent for Sluice) \
-         divided by requests done; upstream and client CPU the same of the echo backend and of h2load. \"Proxy CPU/client CPU\" \
+         divided by requests done, also shown apart as user (utime) and sys (stime, the kernel's time); upstream and client CPU the same of the echo backend and of h2load. \"Proxy CPU/client CPU\" \
          divides the proxy's by h2load's within each run: h2load does the same work for every case, so the quotient cancels \
          most of this machine's drift in speed between runs. \
          req/s counts every answer (h2load); OK/s only calls answered with gRPC status OK \
@@ -597,7 +626,6 @@ fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::measure::ProcessUsage;
     use crate::record::tests::record;
 
     #[test]
@@ -619,13 +647,13 @@ mod tests {
         assert_eq!(grpc_errors(&summary, Some((10, 10)), Some((15, 14))), 3);
     }
 
+    /// A fifth of `cpu_us` in the kernel.
     fn usage(name: &str, cpu_us: u64) -> ProcessUsage {
-        ProcessUsage {
-            name: name.into(),
-            pid: 1,
-            cpu_us,
-            rss_kib: 1,
-        }
+        let cpu = crate::measure::CpuTime {
+            user_us: cpu_us - cpu_us / 5,
+            system_us: cpu_us / 5,
+        };
+        ProcessUsage::new(name, 1, cpu, 1)
     }
 
     #[test]
@@ -637,6 +665,8 @@ mod tests {
             usage("agent", 20_000),
         ]);
         assert_eq!(hop_cpu_per_call(&sluice), Some(15.0));
+        assert_eq!(hop_user_per_call(&sluice), Some(12.0));
+        assert_eq!(hop_system_per_call(&sluice), Some(3.0));
         let haproxy = record(HAPROXY, 1, 100.0, 10_000);
         assert_eq!(hop_cpu_per_call(&haproxy), Some(10.0));
         assert_eq!(hop_cpu_per_call(&record(DIRECT, 1, 100.0, 0)), None);
@@ -661,7 +691,9 @@ mod tests {
         assert_eq!(hop_per_client_cpu(&record(HAPROXY, 1, 100.0, 10_000)), None);
         let table = hop_cpu_table(&[haproxy, sluice]);
         assert!(
-            table.contains("| sluice-1-node | 1 x 1 | 15.0 | 1.50x | - | 3.00 | 2.40x | - |"),
+            table.contains(
+                "| sluice-1-node | 1 x 1 | 15.0 | 1.50x | - | 12.0 | 3.0 | 1.20x | 3.00 | 2.40x | - |"
+            ),
             "{table}"
         );
     }
