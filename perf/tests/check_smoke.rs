@@ -226,7 +226,8 @@ fn scale_agents_run(dir: &Path, spoil: impl FnOnce(&mut Value)) {
 
 #[test]
 fn a_scale_run_fails_when_an_agent_saw_an_error_or_stayed_unreachable() {
-    let cases: [(fn(&mut Value), &str); 4] = [
+    type Spoil = fn(&mut Value);
+    let cases: [(Spoil, &str); 4] = [
         (|l| l["agent_errors"] = json!(1), "agents 2-nodes: agent_errors is 1"),
         (
             |l| l["restart"]["agents_unreachable"] = json!(3),

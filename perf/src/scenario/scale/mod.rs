@@ -4,12 +4,19 @@
 //! onto a few apiserver connections) and `fanout` (10,000 gateway and node watchers of one
 //! control plane under steady writes). `--only vms`, `--only gateway` or `--only fanout` runs
 //! one part.
+//! `agents` (seed kas's tunnel agents across nodes sharing a Redis, a node restart) runs with
+//! `--only agents`.
 //! `--smoke` runs each with small counts for CI and fails if any simulated peer saw an error.
 
 mod fanout;
 mod fanout_peers;
+mod agent_sim;
+mod agents;
+mod agents_model;
+mod agents_report;
 mod fleet;
 mod gateway_clients;
+mod redis_probe;
 mod vms;
 
 use anyhow::bail;
@@ -81,6 +88,23 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
         if failed > 0 {
             errors.push(format!(
                 "{failed} write error(s), missed event(s) or watcher error(s) in the fan-out"
+            ));
+        }
+    }
+    if wanted("agents") {
+        let agents_dir = dir.join("agents");
+        std::fs::create_dir_all(&agents_dir)?;
+        let record = agents::run(harness, &agents_dir, agents::Plan::new(harness.smoke))?;
+        write_output(
+            &harness.out,
+            "raw/agents.json",
+            &serde_json::to_string_pretty(&record)?,
+        )?;
+        markdown.push_str(&agents_report::markdown(harness, &record));
+        if record.errors() > 0 {
+            errors.push(format!(
+                "{} error(s) seen by the simulated tunnel agents or their callers",
+                record.errors()
             ));
         }
     }
