@@ -214,3 +214,104 @@ fn a_garbage_pem_certificate_is_refused_by_check_config_and_run_alike() {
         ),
     );
 }
+
+/// A gateway config whose clusters directory holds `behind-nat`, a cluster with an endpoint and
+/// an agent server; `with_tunnel` adds a tunnel node, `key` sets the assertion key file.
+fn agent_server_gateway(
+    dir: &std::path::Path,
+    certs: &test_support::Certificates,
+    with_tunnel: bool,
+    key: Option<&std::path::Path>,
+) -> std::path::PathBuf {
+    let clusters = dir.join("clusters");
+    std::fs::create_dir_all(&clusters).expect("clusters directory");
+    std::fs::write(
+        clusters.join("behind-nat.yaml"),
+        format!(
+            "apiVersion: proxy.sluice.dev/v1alpha1\nkind: UpstreamCluster\nmetadata: {{name: behind-nat}}\nspec:\n  servers:\n  - endpoint: https://127.0.0.1:6443\n  - agent: {{id: 42}}\n  clientConfig: {{bearerToken: gateway-token, caFile: '{ca}'}}\n  secureServing: {{certFile: '{cert}', keyFile: '{key}'}}\n",
+            ca = certs.ca_cert.display(),
+            cert = certs.server_cert.display(),
+            key = certs.server_key.display(),
+        ),
+    )
+    .expect("cluster file");
+    let secret = dir.join("jwt.secret");
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef").expect("jwt secret");
+    let (listeners, tunnel) = if with_tunnel {
+        (
+            "  agent: {address: '127.0.0.1:0'}\n  external: {address: '127.0.0.1:0'}\n",
+            format!("tunnel:\n  jwt: {{secret_file: '{}'}}\n", secret.display()),
+        )
+    } else {
+        ("", String::new())
+    };
+    let key = key.map_or(String::new(), |key| {
+        format!("  agent_assertion_key_file: '{}'\n", key.display())
+    });
+    let path = dir.join("gateway.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "listeners:\n  admin: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'}}\n{listeners}{tunnel}gateway:\n  clusters_dir: '{}'\n{key}",
+            clusters.display()
+        ),
+    )
+    .expect("config file");
+    path
+}
+
+#[test]
+fn an_agent_server_needs_the_tunnel_and_the_assertion_key_in_the_same_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = test_support::Certificates::generate(&[]).unwrap();
+    let cluster_file = dir.path().join("clusters/behind-nat.yaml");
+    let field = format!(
+        "{}: metadata.name=\"behind-nat\" spec.servers[1].agent: an agent server needs",
+        cluster_file.display()
+    );
+    // Neither: the cluster's file, field and both reasons.
+    let path = agent_server_gateway(dir.path(), &certs, false, None);
+    assert_refused_alike(&path, &format!("{field} a tunnel section and gateway.agent_assertion_key_file in the gateway's config: the gateway reaches agents only through the tunnel node in its own process, and signs each request's user for the agent"));
+    // A tunnel but no key.
+    let path = agent_server_gateway(dir.path(), &certs, true, None);
+    assert_refused_alike(
+        &path,
+        &format!("{field} gateway.agent_assertion_key_file in the gateway's config"),
+    );
+    // A key that is not an Ed25519 private key: refused naming the field and the file.
+    let path = agent_server_gateway(dir.path(), &certs, true, Some(&certs.server_key));
+    assert_refused_alike(
+        &path,
+        &format!(
+            "{}: gateway.agent_assertion_key_file: {} holds a private key that is not an Ed25519 key",
+            path.display(),
+            certs.server_key.display()
+        ),
+    );
+    // A key but no tunnel.
+    let key = dir.path().join("gateway-assertion.pem");
+    let ed25519 = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+    std::fs::write(&key, ed25519.serialize_pem()).unwrap();
+    let path = agent_server_gateway(dir.path(), &certs, false, Some(&key));
+    assert_refused_alike(
+        &path,
+        &format!("{field} a tunnel section in the gateway's config"),
+    );
+    // Both: accepted.
+    let path = agent_server_gateway(dir.path(), &certs, true, Some(&key));
+    let (code, stderr) = check_only(&path);
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
+/// `check-config FILE` alone: its exit code and stderr.
+fn check_only(path: &std::path::Path) -> (Option<i32>, String) {
+    let output = Command::new(BIN)
+        .arg("check-config")
+        .arg(path)
+        .output()
+        .expect("sluice runs");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}

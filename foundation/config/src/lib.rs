@@ -55,6 +55,10 @@ pub struct GatewayConfig {
     /// How often a clusters directory is checked for changes (hot reload).
     pub reload_interval: Duration,
     pub access_log: AccessLogConfig,
+    /// Ed25519 private key (PKCS#8 PEM) the gateway signs each request's user with for the
+    /// agent behind an agent server; required by clusters with agent servers (checked with
+    /// the clusters, since the config alone does not know them). Readable when set.
+    pub agent_assertion_key_file: Option<PathBuf>,
 }
 
 /// `gateway.access_log`, `tunnel.access_log`: one structured line per request, written off the

@@ -36,6 +36,7 @@ pub(crate) struct RawGateway {
     pub(crate) credentials_dir: Leaf,
     pub(crate) reload_interval: Leaf,
     pub(crate) access_log: Option<RawAccessLog>,
+    pub(crate) agent_assertion_key_file: Leaf,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -509,6 +509,36 @@ fn a_gateway_credentials_dir_is_optional_and_must_be_a_readable_directory() {
 }
 
 #[test]
+fn a_gateway_agent_assertion_key_file_is_optional_and_must_be_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("assertion.pem");
+    std::fs::write(&key, "pem").unwrap();
+    let text = |setting: &str| {
+        format!(
+            "gateway: {{clusters_dir: '{}'{setting}}}\n",
+            dir.path().display()
+        )
+    };
+    let unset = load_str(&text(""), "gw.yaml").expect("valid");
+    assert_eq!(unset.gateway.unwrap().agent_assertion_key_file, None);
+    let set = load_str(
+        &text(&format!(", agent_assertion_key_file: '{}'", key.display())),
+        "gw.yaml",
+    )
+    .expect("valid");
+    assert_eq!(
+        set.gateway.unwrap().agent_assertion_key_file.as_deref(),
+        Some(key.as_path())
+    );
+    let missing = errors_of(&text(", agent_assertion_key_file: /nonexistent/key.pem"));
+    assert!(
+        missing.iter().any(|e| e
+            .starts_with("gateway.agent_assertion_key_file: cannot read \"/nonexistent/key.pem\"")),
+        "{missing:?}"
+    );
+}
+
+#[test]
 fn a_gateway_takes_its_clusters_from_a_directory_or_the_control_plane() {
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca.crt");

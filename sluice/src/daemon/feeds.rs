@@ -13,6 +13,7 @@ use serde_json::Value;
 use sluice_config::{AgentTokenConfig, ControlPlaneSource};
 use sluice_gateway_proxy::Gateway;
 use sluice_tunnel::node::NodeShared;
+use sluice_upstream_cluster::{check_agent_servers, AgentReach, InvalidSources};
 use sluice_watch_client::{
     ClientCertFiles, Resource, Snapshot, Transport, WatchClient, WatchClientConfig, WatchMetrics,
 };
@@ -46,6 +47,8 @@ pub struct FeedTargets {
     pub gateway: Option<(ControlPlaneSource, Arc<Gateway>)>,
     /// `gateway.credentials_dir`: the only files the gateway's objects may name.
     pub gateway_credentials: Option<PathBuf>,
+    /// What the gateway's config offers agent servers; a cluster it cannot serve is refused.
+    pub gateway_agents: AgentReach,
     pub node: Option<(ControlPlaneSource, Arc<NodeShared>)>,
 }
 
@@ -61,7 +64,13 @@ pub fn spawn(targets: FeedTargets, registry: &mut Registry) -> anyhow::Result<Op
         let (client, reporter) =
             watch_and_report(&source, "proxy.sluice.dev", "upstreamclusters", &metrics)?;
         let name = source.name.clone().unwrap_or_else(host_name);
-        let target = Target::Gateway(gateway, source.url, name, credentials);
+        let target = Target::Gateway(GatewayTarget {
+            gateway,
+            url: source.url,
+            name,
+            credentials,
+            agents: targets.gateway_agents,
+        });
         clients.push((client, target, reporter));
     }
     if let Some((source, node)) = targets.node {
@@ -113,10 +122,18 @@ fn watch_and_report(
 }
 
 enum Target {
-    /// The gateway, the control plane's URL, the gateway's name in status reports, its
-    /// credentials directory.
-    Gateway(Arc<Gateway>, String, String, Option<PathBuf>),
+    Gateway(GatewayTarget),
     Node(Arc<NodeShared>),
+}
+
+struct GatewayTarget {
+    gateway: Arc<Gateway>,
+    /// The control plane's URL.
+    url: String,
+    /// The gateway's name in status reports.
+    name: String,
+    credentials: Option<PathBuf>,
+    agents: AgentReach,
 }
 
 async fn run(
@@ -133,10 +150,10 @@ async fn run(
             let _ = stop.wait_for(|stopped| *stopped).await;
         })));
         tasks.push(tokio::spawn(match &target {
-            Target::Gateway(gateway, _, name, _) => Box::pin(super::status::report_gateway(
+            Target::Gateway(target) => Box::pin(super::status::report_gateway(
                 reporter,
-                gateway.clone(),
-                name.clone(),
+                target.gateway.clone(),
+                target.name.clone(),
                 stopping.clone(),
             ))
                 as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
@@ -179,9 +196,7 @@ async fn apply_snapshots(
         });
         if snapshot.synced && !unchanged {
             match &target {
-                Target::Gateway(gateway, url, _, credentials) => {
-                    apply_clusters(gateway, url, credentials.as_deref(), &snapshot)
-                }
+                Target::Gateway(target) => apply_clusters(target, &snapshot),
                 Target::Node(node) => apply_agents(node, &snapshot),
             }
             applied = Some(snapshot.clone());
@@ -197,15 +212,21 @@ async fn apply_snapshots(
     }
 }
 
-fn apply_clusters(
-    gateway: &Gateway,
-    url: &str,
-    credentials: Option<&std::path::Path>,
-    snapshot: &Snapshot,
-) {
+fn apply_clusters(target: &GatewayTarget, snapshot: &Snapshot) {
+    let GatewayTarget { gateway, url, .. } = target;
     let objects = snapshot.objects.values().map(|object| object.as_ref());
     let origin = format!("{url}/upstreamclusters");
+    let credentials = target.credentials.as_deref();
     let loaded = sluice_upstream_cluster::api::load_objects(objects, &origin, credentials)
+        .and_then(|clusters| {
+            let mut refused = InvalidSources::default();
+            check_agent_servers(&clusters, target.agents, &mut refused);
+            if refused.is_empty() {
+                Ok(clusters)
+            } else {
+                Err(refused)
+            }
+        })
         .map_err(sluice_gateway_proxy::ProxyError::from)
         .and_then(|clusters| gateway.install(clusters));
     match loaded {

@@ -2,6 +2,7 @@
 //! Each pillar wires its listeners and background tasks in its own module.
 
 mod access_log;
+pub(crate) mod assertion_key;
 mod cert_expiry;
 mod ebpf;
 mod feeds;
@@ -282,6 +283,7 @@ impl Pillars {
             .gateway
             .as_ref()
             .and_then(|gateway| gateway.credentials_dir.clone());
+        targets.gateway_agents = preflight::agent_reach(config);
         let pillars = Pillars {
             tracker,
             reloader,

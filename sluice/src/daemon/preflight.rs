@@ -12,6 +12,7 @@ use sluice_config::{
     ClusterSource, Config, ControlPlaneSource, FieldError, InvalidConfig, ServerTlsConfig,
 };
 use sluice_grpc::tls::{load_certificates, load_private_key, root_store, TlsError};
+use sluice_upstream_cluster::AgentReach;
 
 /// Every error a start would hit loading the files `config` names, or `Ok` if there is none.
 /// `origin` is the config file, as in the config's own errors.
@@ -42,8 +43,14 @@ pub fn check(config: &Config, origin: &str) -> Result<(), InvalidConfig> {
         agent_tls(agent, &mut errors);
     }
     if let Some(gateway) = &config.gateway {
+        if let Some(key) = &gateway.agent_assertion_key_file {
+            if let Err(error) = super::assertion_key::read(key) {
+                let field = super::assertion_key::FIELD;
+                errors.push(FieldError::new(field, error.to_string()));
+            }
+        }
         match &gateway.source {
-            ClusterSource::Directory(dir) => clusters(dir, &mut errors),
+            ClusterSource::Directory(dir) => clusters(dir, agent_reach(config), &mut errors),
             ClusterSource::ControlPlane(source) => {
                 controlplane("gateway.source.controlplane", source, &mut errors)
             }
@@ -130,11 +137,33 @@ fn agent_tls(agent: &sluice_config::AgentConfig, errors: &mut Vec<FieldError>) {
     }
 }
 
-/// The gateway's cluster files, loaded as the start loads them.
-fn clusters(dir: &Path, errors: &mut Vec<FieldError>) {
+/// The gateway's cluster files, loaded as the start loads them; then their agent servers
+/// against what the same config offers them.
+fn clusters(dir: &Path, reach: AgentReach, errors: &mut Vec<FieldError>) {
     let metrics = sluice_gateway_proxy::GatewayMetrics::register(&mut Registry::default(), 1);
     if let Err(error) = sluice_gateway_proxy::Gateway::load(dir, metrics) {
         errors.push(FieldError::new("gateway.clusters_dir", error.to_string()));
+        return;
+    }
+    let mut refused = sluice_upstream_cluster::InvalidSources::default();
+    if let Ok(loaded) = sluice_upstream_cluster::load_dir(dir) {
+        sluice_upstream_cluster::check_agent_servers(&loaded, reach, &mut refused);
+    }
+    if !refused.is_empty() {
+        let error = sluice_gateway_proxy::ProxyError::from(refused);
+        errors.push(FieldError::new("gateway.clusters_dir", error.to_string()));
+    }
+}
+
+/// What this config offers a cluster's agent servers: the tunnel node in the same process and
+/// the key the gateway signs users with.
+pub(crate) fn agent_reach(config: &Config) -> AgentReach {
+    AgentReach {
+        tunnel: config.tunnel.is_some(),
+        assertion_key: config
+            .gateway
+            .as_ref()
+            .is_some_and(|gateway| gateway.agent_assertion_key_file.is_some()),
     }
 }
 

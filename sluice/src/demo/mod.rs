@@ -146,6 +146,7 @@ impl UpDemo {
             credentials_dir: gateway.ca.parent().map(std::path::Path::to_path_buf),
             reload_interval: std::time::Duration::from_secs(1),
             access_log: Default::default(),
+            agent_assertion_key_file: None,
         });
         let mut demo = demo;
         demo.vm = Some(crate::demo::vm::VmPillar::start(&demo.dir, &controlplane));

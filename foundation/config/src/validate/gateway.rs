@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{controlplane, duration, scalar, Errors};
+use super::{controlplane, duration, readable_file, scalar, Errors};
 use crate::raw::RawGateway;
 use crate::{ClusterSource, GatewayConfig};
 
@@ -34,6 +34,13 @@ pub(super) fn gateway(raw: &RawGateway, errors: &mut Errors) -> GatewayConfig {
         access_log: super::access_log::access_log(
             raw.access_log.as_ref(),
             "gateway.access_log",
+            errors,
+        ),
+        // Its content (an Ed25519 private key) is checked where the gateway loads it.
+        agent_assertion_key_file: readable_file(
+            &raw.agent_assertion_key_file,
+            "gateway.agent_assertion_key_file",
+            false,
             errors,
         ),
     }
