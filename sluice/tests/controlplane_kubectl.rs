@@ -219,6 +219,51 @@ fn kubectl_manages_upstream_clusters_end_to_end() {
     ));
     assert!(unknown.contains("servres"), "{unknown}");
 
+    // An agent server beside endpoint servers, named `agent:42` by a policy's subset.
+    let behind_agent = examples::UPSTREAM_CLUSTER
+        .replace(
+            "  - endpoint: https://10.0.0.2:6443\n",
+            "  - agent: {id: 42}\n",
+        )
+        .replace(
+            "upsteamSubset: [https://10.0.0.2:6443]",
+            "upsteamSubset: [agent:42]",
+        );
+    ok(cp.kubectl(&["apply", "-f", "-"], Some(&behind_agent)));
+    let agent = ok(cp.kubectl(
+        &[
+            "get",
+            "uc",
+            "cluster-a.example.com",
+            "-o",
+            "jsonpath={.spec.servers[1].agent.id}",
+        ],
+        None,
+    ));
+    assert_eq!(agent, "42");
+    // 422 Invalid Statuses naming the field, as the gateway's loader does.
+    for (server, field, reason) in [
+        (
+            "agent: {id: 0}",
+            "spec.servers[1].agent.id",
+            "must be at least 1",
+        ),
+        (
+            "agent: {id: 42}\n    endpoint: https://10.0.0.9:6443",
+            "spec.servers[1]",
+            "set exactly one of endpoint",
+        ),
+    ] {
+        let refused = failed(cp.kubectl(
+            &["apply", "-f", "-"],
+            Some(&behind_agent.replace("agent: {id: 42}", server)),
+        ));
+        assert!(
+            refused.contains("is invalid") && refused.contains(field) && refused.contains(reason),
+            "{refused}"
+        );
+    }
+
     let deleted = ok(cp.kubectl(&["delete", "uc", "cluster-a.example.com"], None));
     assert!(deleted.contains("deleted"), "{deleted}");
     let empty = cp.kubectl(&["get", "uc"], None);
