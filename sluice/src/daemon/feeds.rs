@@ -297,3 +297,66 @@ pub(crate) fn client_config(source: &ControlPlaneSource) -> WatchClientConfig {
     config.backoff_max = Duration::from_secs(1);
     config
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use sluice_gateway_proxy::GatewayMetrics;
+    use sluice_watch_client::ObjectKey;
+
+    /// A gateway fed from the control plane, with no clusters yet.
+    fn target(agents: AgentReach, credentials: &std::path::Path) -> GatewayTarget {
+        let metrics = GatewayMetrics::register(&mut Registry::default(), 1);
+        GatewayTarget {
+            gateway: Gateway::with_clusters("https://cp", Vec::new(), metrics).unwrap(),
+            url: "https://cp".into(),
+            name: "gw".into(),
+            credentials: Some(credentials.to_path_buf()),
+            agents,
+        }
+    }
+
+    /// A listed UpstreamCluster with an endpoint and an agent server, naming the files of
+    /// `Certificates` inside its directory (the credentials directory).
+    fn snapshot() -> Snapshot {
+        let object = json!({
+            "apiVersion": "proxy.sluice.dev/v1alpha1", "kind": "UpstreamCluster",
+            "metadata": {"name": "behind-nat"},
+            "spec": {
+                "servers": [{"endpoint": "https://127.0.0.1:6443"}, {"agent": {"id": 42}}],
+                "clientConfig": {"bearerToken": "gateway-token", "caFile": "ca.pem"},
+                "secureServing": {"certFile": "server.pem", "keyFile": "server-key.pem"},
+            },
+        });
+        let mut snapshot = Snapshot {
+            synced: true,
+            ..Snapshot::default()
+        };
+        snapshot
+            .objects
+            .insert(ObjectKey::new("", "behind-nat"), Arc::new(object));
+        snapshot
+    }
+
+    #[test]
+    fn an_agent_server_is_installed_only_when_the_config_can_serve_it() {
+        let certs = test_support::Certificates::generate(&[]).unwrap();
+        let credentials = certs.ca_cert.parent().unwrap();
+        let refusing = target(AgentReach::default(), credentials);
+        apply_clusters(&refusing, &snapshot());
+        assert_eq!(refusing.gateway.metrics.reloads_failed.get(), 1);
+        assert!(refusing.gateway.current().snapshot.clusters().is_empty());
+
+        let serving = AgentReach {
+            tunnel: true,
+            assertion_key: true,
+        };
+        let serving = target(serving, credentials);
+        apply_clusters(&serving, &snapshot());
+        assert_eq!(serving.gateway.metrics.reloads_ok.get(), 1);
+        let generation = serving.gateway.current();
+        let cluster = &generation.snapshot.clusters()[0];
+        assert_eq!(cluster.servers[1].agent, Some(42));
+    }
+}
