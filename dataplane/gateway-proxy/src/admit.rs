@@ -87,6 +87,7 @@ impl GatewayHandler {
                 &compiled.servers,
                 &runtime.health,
             )
+            .or_else(|| crate::upstream::waiting_agent(&policy.servers, &compiled.servers))
             .ok_or_else(|| GatewayError::NoHealthyUpstream {
                 cluster: compiled.name.to_string(),
             })?;

@@ -58,6 +58,9 @@ pub enum ProxyBody {
         /// size is paid only while a response is in flight (`a_request_future_stays_small`).
         _held: Held,
     },
+    /// An agent server's answer through the tunnel (boxed: rarer than the others, and the
+    /// enum's size is paid by every response in flight).
+    Agent(Box<crate::via_agent::AgentBody>),
 }
 
 impl ProxyBody {
@@ -76,6 +79,7 @@ impl http_body::Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
         match self.get_mut() {
             ProxyBody::Full(bytes) => Poll::Ready(bytes.take().map(|bytes| Ok(Frame::data(bytes)))),
+            ProxyBody::Agent(answer) => answer.poll_frame(cx),
             ProxyBody::Upstream {
                 recv,
                 first,
@@ -119,6 +123,7 @@ impl http_body::Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ProxyBody::Full(bytes) => bytes.is_none(),
+            ProxyBody::Agent(answer) => answer.is_end_stream(),
             // h2 knows the upstream stream ended once its END_STREAM is read: saying so lets
             // hyper flag the last DATA frame instead of sending an empty one after it.
             ProxyBody::Upstream {

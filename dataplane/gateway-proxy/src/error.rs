@@ -18,8 +18,10 @@ use sluice_gateway::status::{
     EmptyObject, GatewayError, Status, StatusDetails, RETRY_AFTER_SECONDS,
 };
 
+mod agent;
 mod upgrade_head;
 
+pub use agent::AgentFailure;
 pub use upgrade_head::{UpgradeHeadError, MAX_HEAD_BYTES};
 
 /// Which party a failure belongs to.
@@ -61,6 +63,13 @@ pub enum ProxyError {
         server: Box<str>,
         #[source]
         cause: UpstreamFailure,
+    },
+    /// A request to an agent server failed before its answer reached the client.
+    #[error("agent {agent}: {cause}")]
+    Agent {
+        agent: u64,
+        #[source]
+        cause: AgentFailure,
     },
     /// The cluster files did not validate; nothing of them is applied.
     #[error("{count} config error(s)\n{0}", count = .0.error_count())]
@@ -146,6 +155,9 @@ pub enum ApiCallFailure {
     Timeout { path: Box<str>, timeout: Duration },
     #[error("no healthy server to ask")]
     NoHealthyServer,
+    /// An agent server's probe: the agent holds no tunnel connection on any node.
+    #[error("agent {agent} is not connected to any node")]
+    AgentNotConnected { agent: u64 },
     #[error(transparent)]
     Upstream(#[from] UpstreamFailure),
     /// The request could not be built (the server's address does not make a valid URI).
@@ -199,7 +211,7 @@ pub enum ClusterFileError {
 
 /// The label values of `sluice_gateway_rejected_total{reason}`, one per way the gateway answers
 /// a client itself (see [`ProxyError::metric_label`]).
-pub const REJECT_REASONS: [&str; 15] = [
+pub const REJECT_REASONS: [&str; 17] = [
     "unknown_host",
     "tls_handshake",
     "bad_request",
@@ -215,6 +227,8 @@ pub const REJECT_REASONS: [&str; 15] = [
     "upstream_failed",
     "internal",
     "overloaded",
+    "agent_not_connected",
+    "agent_busy",
 ];
 
 impl ProxyError {
@@ -239,7 +253,7 @@ impl ProxyError {
             },
             ProxyError::Handshake(_) => Side::Client,
             ProxyError::AuthUnavailable { .. } => Side::Auth,
-            ProxyError::Upstream { .. } => Side::Upstream,
+            ProxyError::Upstream { .. } | ProxyError::Agent { .. } => Side::Upstream,
             ProxyError::Config(_) | ProxyError::ClusterFiles { .. } => Side::Config,
             ProxyError::Overloaded => Side::Internal,
         }
@@ -254,6 +268,7 @@ impl ProxyError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::Agent { cause, .. } => cause.http_status(),
             ProxyError::Config(_) | ProxyError::ClusterFiles { .. } => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -269,6 +284,7 @@ impl ProxyError {
             ProxyError::AuthUnavailable { .. }
             | ProxyError::Upstream { .. }
             | ProxyError::Overloaded => "ServiceUnavailable",
+            ProxyError::Agent { cause, .. } => cause.status_reason(),
             ProxyError::Config(_) | ProxyError::ClusterFiles { .. } => "InternalError",
         }
     }
@@ -281,6 +297,7 @@ impl ProxyError {
                 Some(RETRY_AFTER_SECONDS)
             }
             ProxyError::Overloaded => Some(sluice_overload::RETRY_AFTER_SECONDS),
+            ProxyError::Agent { cause, .. } => cause.retry_later().then_some(RETRY_AFTER_SECONDS),
             ProxyError::Handshake(_) | ProxyError::Config(_) | ProxyError::ClusterFiles { .. } => {
                 None
             }
@@ -298,6 +315,7 @@ impl ProxyError {
             | ProxyError::Handshake(_)
             | ProxyError::Config(_)
             | ProxyError::ClusterFiles { .. }
+            | ProxyError::Agent { .. }
             | ProxyError::Overloaded => false,
         }
     }
@@ -321,6 +339,7 @@ impl ProxyError {
             | ProxyError::AuthUnavailable { .. }
             | ProxyError::Overloaded => true,
             ProxyError::Upstream { .. }
+            | ProxyError::Agent { .. }
             | ProxyError::Config(_)
             | ProxyError::ClusterFiles { .. } => false,
         }
@@ -351,6 +370,7 @@ impl ProxyError {
             ProxyError::Upstream { .. } => "upstream_failed",
             ProxyError::Config(_) | ProxyError::ClusterFiles { .. } => "internal",
             ProxyError::Overloaded => "overloaded",
+            ProxyError::Agent { cause, .. } => cause.metric_label(),
         }
     }
 
@@ -411,6 +431,7 @@ impl ApiCallFailure {
             ApiCallFailure::Timeout { .. } | ApiCallFailure::Upstream(_) => true,
             ApiCallFailure::Status { status, .. } => status.is_server_error(),
             ApiCallFailure::NoHealthyServer
+            | ApiCallFailure::AgentNotConnected { .. }
             | ApiCallFailure::Request(_)
             | ApiCallFailure::Encode(_)
             | ApiCallFailure::TooLarge { .. }

@@ -30,13 +30,19 @@ impl GatewayHandler {
         parts: &Parts,
         body: Incoming,
     ) -> Result<Response<ProxyBody>, ProxyError> {
+        let compiled = &generation.snapshot.clusters()[admitted.cluster];
+        if let Some(agent) = compiled.servers[admitted.server].agent {
+            // Boxed: inline, the tunnel path's state made every request's future larger
+            // (`a_request_future_stays_small`), direct ones included.
+            let via_agent = self.forward_via_agent(generation, admitted, info, parts, body, agent);
+            return Box::pin(via_agent).await;
+        }
         let Admitted {
             cluster,
             server,
             user,
             permit,
         } = admitted;
-        let compiled = &generation.snapshot.clusters()[cluster];
         let runtime = &generation.clusters[cluster];
         let server = &compiled.servers[server];
         let upstream_failed = |cause: UpstreamFailure| ProxyError::Upstream {

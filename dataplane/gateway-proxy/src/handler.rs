@@ -61,6 +61,8 @@ pub struct GatewayHandler {
     pub anonymous: Rc<UserInfo>,
     /// This core's budget of refusal log lines.
     refusal_logs: RefCell<crate::answer::LogBudget>,
+    /// This core's link to the tunnel node of this process (agent servers), opened on first use.
+    pub(crate) agent_link: RefCell<Option<h2::client::SendRequest<bytes::Bytes>>>,
 }
 
 /// What is known about a client connection after its handshake.
@@ -123,6 +125,7 @@ impl GatewayHandler {
             durations: RefCell::default(),
             anonymous: Rc::new(UserInfo::anonymous()),
             refusal_logs: RefCell::default(),
+            agent_link: RefCell::default(),
         }
     }
 

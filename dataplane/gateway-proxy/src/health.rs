@@ -7,10 +7,11 @@ use std::collections::HashMap;
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::{HeaderValue, Request};
 use sluice_gateway::cluster::spec::HealthCheck;
+use sluice_gateway::cluster::CompiledServer;
 use sluice_gateway::flow_control::CoreShare;
 use sluice_runtime::{BackgroundTask, StopSignal, WorkerContext};
 
@@ -92,7 +93,7 @@ async fn check_due(
                 .entry((cluster.name.clone(), server.endpoint.clone()))
                 .or_default();
             if streak.next_check.is_none_or(|next| next <= now) {
-                streak.next_check = Some(now + cluster.health_check.interval);
+                streak.next_check = Some(now + probe_interval(server, &cluster.health_check));
                 due.push((cluster_index, server_index));
             }
         }
@@ -100,7 +101,7 @@ async fn check_due(
     let probes = due.into_iter().map(|(cluster_index, server_index)| {
         let generation = generation.clone();
         async move {
-            let healthy = probe(pool, &generation, cluster_index, server_index).await;
+            let healthy = probe(pool, gateway, &generation, (cluster_index, server_index)).await;
             (cluster_index, server_index, healthy)
         }
     });
@@ -126,15 +127,37 @@ async fn check_due(
     }
 }
 
+/// How often a server is probed: an agent server's probe asks only whether the agent is
+/// connected (this process's registry, else one locator lookup), so it runs at least every
+/// second and a returning agent is back in rotation within about a second.
+fn probe_interval(server: &CompiledServer, check: &HealthCheck) -> Duration {
+    match server.agent {
+        Some(_) => check.interval.min(AGENT_PROBE_INTERVAL),
+        None => check.interval,
+    }
+}
+
+const AGENT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
 async fn probe(
     pool: &CorePool,
+    gateway: &Gateway,
     generation: &crate::state::Generation,
-    cluster_index: usize,
-    server_index: usize,
+    (cluster_index, server_index): (usize, usize),
 ) -> Result<(), ApiCallFailure> {
     let cluster = &generation.snapshot.clusters()[cluster_index];
     let runtime = &generation.clusters[cluster_index];
     let server = &cluster.servers[server_index];
+    if let Some(agent) = server.agent {
+        let connected = match gateway.agent_path() {
+            Some(path) => path.link.connected(agent).await,
+            None => false,
+        };
+        return match connected {
+            true => Ok(()),
+            false => Err(ApiCallFailure::AgentNotConnected { agent }),
+        };
+    }
     let check = async {
         let (send, _slot) = pool
             .stream(

@@ -6,7 +6,10 @@
 //! authentication (client certificate, bearer token via TokenReview, anonymous) -> client
 //! impersonation checked by SubjectAccessReview -> dispatch policy -> flow control -> round robin
 //! over healthy servers -> a shared HTTP/2 upstream connection, with the user as Impersonate-*
-//! headers -> the response streamed back frame by frame.
+//! headers -> the response streamed back frame by frame. A server that names an agent is
+//! reached through the reverse tunnel instead (`via_agent`): the node of this process routes
+//! the request to the agent, which replays it against its own apiserver as the user the
+//! gateway vouched for.
 //!
 //! Per-core state (upstream connections, auth caches, flow-control counters, round-robin
 //! cursors) is never shared; the config snapshot is swapped atomically by the reloader thread and
@@ -44,14 +47,18 @@ mod turns;
 mod upgrade;
 mod upstream;
 mod upstream_connect;
+mod via_agent;
 
 pub use collector::GatewayCollector;
 pub use connection::GatewayEndpoint;
-pub use error::{ApiCallFailure, ClusterFileError, ProxyError, Side, UpstreamFailure};
+pub use error::{
+    AgentFailure, ApiCallFailure, ClusterFileError, ProxyError, Side, UpstreamFailure,
+};
 pub use health::HealthChecker;
 pub use metrics::GatewayMetrics;
 pub use reload::{spawn_reloader, ReloaderHandle};
 pub use state::{load_generation, Gateway, Generation};
+pub use via_agent::{AgentLink, AgentPath, LinkFailure};
 // The upgrade-head parsers, public for the fuzz targets (`fuzz/`).
 pub use head::{is_upgrade, parse_request, parse_response_status, upstream_head, RequestHead};
 

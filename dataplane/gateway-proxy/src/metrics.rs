@@ -84,6 +84,8 @@ pub struct GatewayMetrics {
     pub auth_cache_misses: PerCoreCounter,
     pub refusal_logs_suppressed: PerCoreCounter,
     pub upgrade_early_dropped: PerCoreCounter,
+    /// Requests to agent servers whose answer head came back through the tunnel.
+    agent_requests: PerCoreCounter,
     /// Fair shares of upstream streams, per priority level.
     pub fair: crate::fair_metrics::FairShareMetrics,
     pub reloads_ok: Counter,
@@ -130,6 +132,7 @@ impl GatewayMetrics {
             auth_cache_misses,
             refusal_logs_suppressed: PerCoreCounter::new(workers),
             upgrade_early_dropped: PerCoreCounter::new(workers),
+            agent_requests: PerCoreCounter::new(workers),
             fair: crate::fair_metrics::FairShareMetrics::register(registry, workers),
             reloads_ok,
             reloads_failed,
@@ -166,6 +169,11 @@ impl GatewayMetrics {
             metrics.upgrade_early_dropped.clone(),
         );
         registry.register(
+            "sluice_gateway_agent_requests",
+            "Requests forwarded to agent servers through the reverse tunnel whose answer head came back (refusals: sluice_gateway_rejected_total, reason agent_not_connected or agent_busy)",
+            metrics.agent_requests.clone(),
+        );
+        registry.register(
             "sluice_gateway_upstream_connections",
             "HTTP/2 connections open to apiservers",
             metrics.upstream_connections.clone(),
@@ -181,6 +189,11 @@ impl GatewayMetrics {
             reload_family,
         );
         metrics
+    }
+
+    /// One request to an agent server answered through the tunnel.
+    pub fn agent_request(&self, worker: usize) {
+        self.agent_requests.inc(worker);
     }
 
     /// The latency histogram of `cluster` (a configured cluster's name, as in

@@ -72,6 +72,8 @@ pub struct Gateway {
     /// Where each generation's per-cluster certificate expiry goes, once the role exports it;
     /// the lock also orders publications, so the last one shows the current generation.
     expiry: Mutex<Option<CertificateExpiry>>,
+    /// How agent servers are reached, once the daemon wired a tunnel node and a signing key.
+    agent_path: std::sync::OnceLock<crate::via_agent::AgentPath>,
 }
 
 impl Gateway {
@@ -86,7 +88,20 @@ impl Gateway {
             metrics,
             dir: dir.to_path_buf(),
             expiry: Mutex::new(None),
+            agent_path: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Lets agent servers be reached (set once, by the daemon, before serving).
+    pub fn set_agent_path(&self, path: crate::via_agent::AgentPath) {
+        if self.agent_path.set(path).is_err() {
+            tracing::warn!("the gateway's agent path was already set; the first one stays");
+        }
+    }
+
+    /// How agent servers are reached; `None` without a tunnel node or signing key.
+    pub fn agent_path(&self) -> Option<&crate::via_agent::AgentPath> {
+        self.agent_path.get()
     }
 
     /// A gateway whose clusters come from elsewhere than a directory (the control plane),
@@ -105,6 +120,7 @@ impl Gateway {
             metrics,
             dir: PathBuf::from(origin),
             expiry: Mutex::new(None),
+            agent_path: std::sync::OnceLock::new(),
         }))
     }
 

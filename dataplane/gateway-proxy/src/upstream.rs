@@ -15,9 +15,22 @@ pub fn is_usable(servers: &[CompiledServer], health: &[Arc<ServerHealth>], index
         && health.get(index).is_some_and(|health| health.is_healthy())
 }
 
-/// The first usable server of a cluster (reviews ask it).
+/// The first usable server of a cluster that the gateway dials itself (reviews ask it; an
+/// agent server's apiserver is reached only through the tunnel, as the user).
 pub fn first_usable(servers: &[CompiledServer], health: &[Arc<ServerHealth>]) -> Option<usize> {
-    (0..servers.len()).find(|&index| is_usable(servers, health, index))
+    (0..servers.len())
+        .find(|&index| servers[index].agent.is_none() && is_usable(servers, health, index))
+}
+
+/// When no server of a policy is usable: its first enabled agent server, if it has one. The
+/// request then waits for that agent as tunnel calls do (up to `tunnel.max_wait`) and ends with
+/// a 503 naming the agent, rather than failing at once while the agent reconnects.
+pub fn waiting_agent(candidates: &[usize], servers: &[CompiledServer]) -> Option<usize> {
+    candidates.iter().copied().find(|&index| {
+        servers
+            .get(index)
+            .is_some_and(|server| server.agent.is_some() && !server.disabled)
+    })
 }
 
 /// This core's round-robin cursors, by cluster then policy (nested so that a lookup borrows the
@@ -184,5 +197,27 @@ mod tests {
         servers[0].disabled = true;
         let health = health(&[true, false, true]);
         assert_eq!(first_usable(&servers, &health), Some(2));
+    }
+
+    #[test]
+    fn reviews_never_ask_an_agent_server() {
+        let mut servers = servers(2);
+        servers[0].agent = Some(42);
+        assert_eq!(first_usable(&servers, &health(&[true, true])), Some(1));
+        assert_eq!(first_usable(&servers[..1], &health(&[true])), None);
+    }
+
+    #[test]
+    fn with_no_usable_server_a_policy_waits_for_its_first_enabled_agent_server() {
+        let mut servers = servers(4);
+        servers[1].agent = Some(7);
+        servers[1].disabled = true;
+        servers[3].agent = Some(8);
+        assert_eq!(waiting_agent(&[0, 1, 2, 3], &servers), Some(3));
+        assert_eq!(
+            waiting_agent(&[0, 1, 2], &servers),
+            None,
+            "direct servers do not wait"
+        );
     }
 }
