@@ -102,6 +102,8 @@ put("admin_head", "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
 
 # UpstreamCluster YAML
 put("cluster_yaml", fixture("dataplane/gateway/tests/fixtures/cluster.yaml"))
+# The same cluster with its second server behind agent 42's tunnel.
+put("cluster_yaml", fixture("dataplane/gateway/tests/fixtures/cluster.yaml").replace(b"  - endpoint: https://10.0.0.2:6443", b"  - agent: {id: 42}", 1))
 
 # policy YAML / JSON (first byte: even = YAML, odd = JSON)
 policy = fixture("vm-datapath/policy/tests/fixtures/three-vms.yaml")
