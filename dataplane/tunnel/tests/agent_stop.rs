@@ -84,6 +84,7 @@ fn start_agent(
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(1),
         },
+        kubernetes_api: None,
     };
     let metrics = AgentMetrics::register(&mut Registry::default());
     let mut server = ServerBuilder::new(options(driver), Arc::new(Lifecycle::new()));

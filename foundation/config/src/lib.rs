@@ -474,6 +474,39 @@ pub struct AgentConfig {
     pub max_message_bytes: usize,
     pub pool: PoolConfig,
     pub reconnect: ReconnectConfig,
+    /// Forward the gateway's Kubernetes API calls to an apiserver (opt-in).
+    pub kubernetes_api: Option<KubernetesApiConfig>,
+}
+
+/// `agent.kubernetes_api`: the one apiserver the agent forwards the gateway's requests to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubernetesApiConfig {
+    /// The id this agent has on the nodes; the gateway's assertions must name it.
+    pub agent_id: u64,
+    /// `https://host:port`, as written (or as derived in a pod).
+    pub url: String,
+    pub host: String,
+    pub port: u16,
+    /// CA of the apiserver's serving certificate.
+    pub ca_file: PathBuf,
+    /// The agent's own credential towards the apiserver.
+    pub credential: KubeCredential,
+    /// Ed25519 public keys (PEM files) whose assertions the agent accepts.
+    pub gateway_keys: Vec<PathBuf>,
+    /// Most Kubernetes API requests this agent forwards at once.
+    pub max_in_flight: usize,
+}
+
+/// How the agent authenticates to its apiserver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeCredential {
+    /// A bearer token file, read again whenever it changes (projected tokens rotate).
+    TokenFile(PathBuf),
+    /// A client certificate and its key.
+    ClientCertificate {
+        cert_file: PathBuf,
+        key_file: PathBuf,
+    },
 }
 
 impl std::fmt::Debug for AgentConfig {
@@ -484,6 +517,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("nodes", &self.nodes)
             .field("forward_to", &self.forward_to)
             .field("pool", &self.pool)
+            .field("kubernetes_api", &self.kubernetes_api)
             .finish_non_exhaustive()
     }
 }

@@ -202,6 +202,20 @@ pub(crate) struct RawAgent {
     pub(crate) max_message_bytes: Leaf,
     pub(crate) pool: RawPool,
     pub(crate) reconnect: RawReconnect,
+    pub(crate) kubernetes_api: Option<RawKubernetesApi>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct RawKubernetesApi {
+    pub(crate) agent_id: Leaf,
+    pub(crate) url: Leaf,
+    pub(crate) ca_file: Leaf,
+    pub(crate) token_file: Leaf,
+    pub(crate) client_cert_file: Leaf,
+    pub(crate) client_key_file: Leaf,
+    pub(crate) gateway_keys: Vec<Value>,
+    pub(crate) max_in_flight: Leaf,
 }
 
 #[derive(Debug, Default, Deserialize)]

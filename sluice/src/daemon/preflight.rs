@@ -130,10 +130,45 @@ fn agent_tls(agent: &sluice_config::AgentConfig, errors: &mut Vec<FieldError>) {
     if let Some(ca) = &agent.forward_ca_file {
         push(errors, "agent.forward_ca_file", root_store(ca));
     }
+    if let Some(kube) = &agent.kubernetes_api {
+        kubernetes_api_tls(kube, errors);
+    }
     if errors.len() == before {
         let metrics = sluice_tunnel::agent::AgentMetrics::register(&mut Registry::default());
-        let task = sluice_tunnel::agent::AgentTask::new(agent.clone(), metrics);
-        push(errors, "agent", task);
+        if let Err(error) = sluice_tunnel::agent::AgentTask::new(agent.clone(), metrics) {
+            errors.push(FieldError::new(error.field(), error.to_string()));
+        }
+    }
+}
+
+/// `agent.kubernetes_api`: the apiserver's CA and the agent's client certificate, one by one
+/// (the gateway keys are read by the agent task below, which names their field).
+fn kubernetes_api_tls(kube: &sluice_config::KubernetesApiConfig, errors: &mut Vec<FieldError>) {
+    let (cert, key) = match &kube.credential {
+        sluice_config::KubeCredential::ClientCertificate {
+            cert_file,
+            key_file,
+        } => (Some(cert_file), Some(key_file)),
+        sluice_config::KubeCredential::TokenFile(_) => (None, None),
+    };
+    let before = errors.len();
+    push(
+        errors,
+        "agent.kubernetes_api.ca_file",
+        root_store(&kube.ca_file),
+    );
+    if let Some(cert) = cert {
+        let loaded = load_certificates(cert);
+        push(errors, "agent.kubernetes_api.client_cert_file", loaded);
+    }
+    if let Some(key) = key {
+        let loaded = load_private_key(key);
+        push(errors, "agent.kubernetes_api.client_key_file", loaded);
+    }
+    if errors.len() == before {
+        let identity = cert.zip(key).map(|(c, k)| (c.as_path(), k.as_path()));
+        let built = sluice_grpc::tls::client_config(Some(&kube.ca_file), identity);
+        push(errors, "agent.kubernetes_api", built);
     }
 }
 
@@ -223,6 +258,36 @@ mod tests {
             )),
             "{lines:?}"
         );
+    }
+
+    #[test]
+    fn a_gateway_key_that_is_no_public_key_names_its_field() {
+        let certs = test_support::Certificates::generate(&[]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (token, key) = (dir.path().join("token"), dir.path().join("gateway.pub"));
+        std::fs::write(&token, "agent-token\n").unwrap();
+        std::fs::write(&key, "not a PEM key\n").unwrap();
+        let yaml = format!(
+            "agent:\n  token_file: '{t}'\n  nodes: ['http://127.0.0.1:8150']\n  forward_to: 'http://127.0.0.1:50051'\n  kubernetes_api:\n    agent_id: 42\n    url: 'https://127.0.0.1:6443'\n    ca_file: '{ca}'\n    token_file: '{t}'\n    gateway_keys: ['{k}']\n",
+            t = token.display(),
+            ca = certs.ca_cert.display(),
+            k = key.display(),
+        );
+        let config = sluice_config::load_str(&yaml, "agent.yaml").unwrap();
+        let error = check(&config, "agent.yaml").unwrap_err().to_string();
+        assert!(
+            error.starts_with(&format!(
+                "agent.yaml: agent.kubernetes_api.gateway_keys[0]: {}: ",
+                key.display()
+            )),
+            "{error}"
+        );
+        std::fs::write(
+            &key,
+            test_support::Ed25519Keys::generate().unwrap().public_pem,
+        )
+        .unwrap();
+        assert!(check(&config, "agent.yaml").is_ok());
     }
 
     #[test]

@@ -226,6 +226,7 @@ fn demo_agent(token: String) -> AgentConfig {
             initial_backoff: std::time::Duration::from_secs(1),
             max_backoff: std::time::Duration::from_secs(20),
         },
+        kubernetes_api: None,
     }
 }
 

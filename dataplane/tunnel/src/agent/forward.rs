@@ -12,6 +12,7 @@ use sluice_config::Endpoint;
 use sluice_grpc::status::decode_message;
 use sluice_grpc::transport::{recv_data, recv_data_now, recv_trailers_now, send_data};
 use sluice_grpc::{message_pieces, Code, FrameDecoder};
+use sluice_kube_tunnel::MAKE_REQUEST_PATH;
 use sluice_proto::tunnel::v1::{
     connect_request, connect_response, ConnectRequest, Error, RequestInfo,
 };
@@ -34,25 +35,19 @@ pub(super) async fn forward(
     node_send: &mut SendStream<Bytes>,
 ) -> bool {
     let mut close_send_seen = false;
-    let outcome = match open_backend_call(agent, &info).await {
-        Ok((response, mut backend_send)) => {
-            let limit = agent.task.config.max_message_bytes;
-            let up = pump_to_backend(reader, node_recv, &mut backend_send, &mut close_send_seen);
-            let down = pump_to_node(response, &mut *node_send, limit);
-            let outcome = monoio::select! {
-                sent = up => sent,
-                received = down => received,
-            };
-            if let Err(why) = &outcome {
-                tracing::debug!(method = %info.method_name, %why, "call ended early; cancelling both sides");
-                backend_send.send_reset(h2::Reason::CANCEL);
-            }
-            outcome
-        }
-        Err(error) => {
-            agent.task.metrics.backend_errors.inc(0);
-            Err(error)
-        }
+    let outcome = if info.method_name == MAKE_REQUEST_PATH {
+        // Never the backend: the configured apiserver, or UNIMPLEMENTED without one.
+        super::kube::exchange(agent, node_recv, reader, node_send, &mut close_send_seen).await
+    } else {
+        relay_backend(
+            agent,
+            &info,
+            node_recv,
+            reader,
+            node_send,
+            &mut close_send_seen,
+        )
+        .await
     };
     match call_end(outcome, close_send_seen) {
         CallEnd::Reuse => return true,
@@ -77,6 +72,37 @@ pub(super) async fn forward(
     false
 }
 
+/// Relays one call between the tunnel and the local gRPC backend.
+async fn relay_backend(
+    agent: &AgentShared,
+    info: &RequestInfo,
+    node_recv: &mut RecvStream,
+    reader: &mut TunnelReader,
+    node_send: &mut SendStream<Bytes>,
+    close_send_seen: &mut bool,
+) -> Result<(), TunnelError> {
+    match open_backend_call(agent, info).await {
+        Ok((response, mut backend_send)) => {
+            let limit = agent.task.config.max_message_bytes;
+            let up = pump_to_backend(reader, node_recv, &mut backend_send, close_send_seen);
+            let down = pump_to_node(response, &mut *node_send, limit);
+            let outcome = monoio::select! {
+                sent = up => sent,
+                received = down => received,
+            };
+            if let Err(why) = &outcome {
+                tracing::debug!(method = %info.method_name, %why, "call ended early; cancelling both sides");
+                backend_send.send_reset(h2::Reason::CANCEL);
+            }
+            outcome
+        }
+        Err(error) => {
+            agent.task.metrics.backend_errors.inc(0);
+            Err(error)
+        }
+    }
+}
+
 /// What the node, and through it an external client, is told about a failed call. A backend
 /// failure names the backend's address and the agent's network, which are the agent owner's
 /// business: the detail goes to this agent's log (rate-bounded, since every call fails alike
@@ -84,6 +110,14 @@ pub(super) async fn forward(
 fn answer_message(agent: &AgentShared, info: &RequestInfo, error: &TunnelError) -> String {
     if error.kind() != ErrorKind::BackendUnavailable {
         return error.message().to_string();
+    }
+    if info.method_name == MAKE_REQUEST_PATH {
+        // The apiserver's address and the failure are the agent owner's business too: the
+        // node answers UNAVAILABLE with its fixed text; the detail goes to this log.
+        if let Some(suppressed) = agent.backend_log.admit(std::time::Instant::now()) {
+            tracing::warn!(%error, suppressed_since_last = suppressed, "Kubernetes API call failed");
+        }
+        return APISERVER_UNAVAILABLE.to_string();
     }
     if let Some(suppressed) = agent.backend_log.admit(std::time::Instant::now()) {
         tracing::warn!(
@@ -99,6 +133,9 @@ fn answer_message(agent: &AgentShared, info: &RequestInfo, error: &TunnelError) 
 
 /// The whole of what a client learns when this agent's backend fails its call.
 pub const BACKEND_UNAVAILABLE: &str = "the agent could not reach its backend";
+
+/// The whole of what the gateway learns when this agent's apiserver fails its call.
+const APISERVER_UNAVAILABLE: &str = "the agent could not reach its apiserver";
 
 /// What becomes of a tunnel after a call.
 #[derive(Debug, PartialEq, Eq)]

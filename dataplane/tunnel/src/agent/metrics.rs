@@ -3,6 +3,8 @@
 use prometheus_client::registry::Registry;
 use sluice_metrics::{PerCoreCounter, PerCoreGauge};
 
+use super::KubeMetrics;
+
 /// Agent metrics.
 #[derive(Debug, Clone)]
 pub struct AgentMetrics {
@@ -13,6 +15,8 @@ pub struct AgentMetrics {
     pub backend_errors: PerCoreCounter,
     pub connect_failures: PerCoreCounter,
     pub moves: PerCoreCounter,
+    /// The Kubernetes API forwarder's (`sluice_agent_kube_*`).
+    pub kube: KubeMetrics,
 }
 
 impl AgentMetrics {
@@ -25,6 +29,7 @@ impl AgentMetrics {
             backend_errors: PerCoreCounter::new(1),
             connect_failures: PerCoreCounter::new(1),
             moves: PerCoreCounter::new(1),
+            kube: KubeMetrics::register(registry),
         };
         registry.register(
             "sluice_agent_tunnels_open",

@@ -1,8 +1,10 @@
 //! The agent (after agentk): dials out to nodes, keeps a pool of idle tunnels on each
 //! (`pool`), serves one call at a time per tunnel (`tunnel`), and forwards every tunnelled
-//! call to the local gRPC backend (`forward`), any method, any streaming shape.
+//! call to the local gRPC backend (`forward`), any method, any streaming shape, except the
+//! Kubernetes API method, which goes to the configured apiserver or nowhere (`kube`).
 
 mod forward;
+mod kube;
 mod metrics;
 mod pool;
 mod tunnel;
@@ -23,6 +25,7 @@ use sluice_grpc::transport::{connect, ClientConnection, H2Settings};
 use sluice_runtime::{BackgroundTask, StopSignal, WorkerContext};
 
 pub use forward::BACKEND_UNAVAILABLE;
+pub use kube::{KubeMetrics, KubeSetupError};
 pub use metrics::AgentMetrics;
 
 use crate::error::{ErrorKind, TunnelError};
@@ -34,13 +37,30 @@ pub struct AgentTask {
     metrics: AgentMetrics,
     node_tls: Option<Arc<rustls::ClientConfig>>,
     backend_tls: Option<Arc<rustls::ClientConfig>>,
+    kube: Option<Arc<kube::KubeSetup>>,
+}
+
+/// Why the agent task could not be built (each error names its config field).
+#[derive(Debug, thiserror::Error)]
+pub enum AgentSetupError {
+    #[error("{0}")]
+    Tls(#[from] sluice_grpc::tls::TlsError),
+    #[error("{0}")]
+    Kube(#[from] KubeSetupError),
+}
+
+impl AgentSetupError {
+    /// The config field to name in the error.
+    pub fn field(&self) -> String {
+        match self {
+            Self::Tls(_) => "agent".into(),
+            Self::Kube(error) => error.field(),
+        }
+    }
 }
 
 impl AgentTask {
-    pub fn new(
-        config: AgentConfig,
-        metrics: AgentMetrics,
-    ) -> Result<Self, sluice_grpc::tls::TlsError> {
+    pub fn new(config: AgentConfig, metrics: AgentMetrics) -> Result<Self, AgentSetupError> {
         let node_tls = config
             .nodes
             .iter()
@@ -52,11 +72,17 @@ impl AgentTask {
             .tls
             .then(|| sluice_grpc::tls::client_config(config.forward_ca_file.as_deref(), None))
             .transpose()?;
+        let kube = config
+            .kubernetes_api
+            .clone()
+            .map(|kube| kube::KubeSetup::new(kube, metrics.kube.clone()).map(Arc::new))
+            .transpose()?;
         Ok(Self {
             config: Arc::new(config),
             metrics,
             node_tls,
             backend_tls,
+            kube,
         })
     }
 }
@@ -73,6 +99,7 @@ impl BackgroundTask for AgentTask {
             backend_driver: RefCell::new(None),
             settings: H2Settings::default(),
             backend_log: LogInterval::default(),
+            kube: self.kube.clone().map(kube::KubeApi::new),
         });
         Box::pin(async move {
             let loops: Vec<_> = shared
@@ -97,6 +124,9 @@ impl BackgroundTask for AgentTask {
             if let Some(driver) = driver {
                 let _ = monoio::time::timeout(Duration::from_secs(2), driver).await;
             }
+            if let Some(kube) = &shared.kube {
+                kube.close().await;
+            }
         })
     }
 }
@@ -109,6 +139,8 @@ struct AgentShared {
     settings: H2Settings,
     /// Bounds the backend-failure log lines of this worker (see `forward::answer_message`).
     backend_log: LogInterval,
+    /// The Kubernetes API forwarder, when `agent.kubernetes_api` is set.
+    kube: Option<kube::KubeApi>,
 }
 
 /// At most one log line per [`LogInterval::EVERY`]; the lines it holds back are counted and
@@ -185,7 +217,8 @@ fn tls_for(
     Some((config, name))
 }
 
-/// Connects to a node or the backend; a failure is reported as `kind` (the side dialled).
+/// Connects to a node, the backend or the apiserver; a failure is reported as `kind` (the side
+/// dialled).
 async fn dial(
     endpoint: &Endpoint,
     tls: &Option<Arc<rustls::ClientConfig>>,

@@ -17,7 +17,7 @@ use sluice_runtime::{
     Driver, DriverSelection, Lifecycle, Placement, RunningServer, RuntimeOptions, ServerBuilder,
 };
 use sluice_tunnel::metrics::TunnelMetrics;
-use sluice_tunnel::node::{AgentEndpoint, ExternalEndpoint, NodeShared};
+use sluice_tunnel::node::{AgentEndpoint, ExternalEndpoint, NodeShared, PrivateEndpoint};
 use sluice_tunnel::protocol::{CONNECT_PATH, LIST_AGENTS_PATH};
 use sluice_tunnel::wire::frame;
 
@@ -29,6 +29,8 @@ pub struct Node {
     pub running: Option<RunningServer>,
     pub agent: SocketAddr,
     pub external: SocketAddr,
+    /// The private endpoint (node-to-node calls, [`private_jwt`]), when started with one.
+    pub private: Option<SocketAddr>,
     pub shared: Arc<NodeShared>,
 }
 
@@ -109,6 +111,50 @@ pub fn start_node_buffered(
     max_message_bytes: usize,
     max_buffered_bytes: usize,
 ) -> Node {
+    let limits = (max_message_bytes, max_buffered_bytes);
+    start_node_full(driver, agents, tracker, limits, false)
+}
+
+/// A node that also serves its private endpoint, for callers holding [`private_jwt`].
+pub fn start_node_private(driver: Driver, agents: Vec<AgentTokenConfig>) -> Node {
+    start_node_full(driver, agents, None, (LIMIT, 256 * 1024 * 1024), true)
+}
+
+pub const PRIVATE_SECRET: &[u8] = b"private-0123456789abcdef01234567";
+
+fn private_jwt_config() -> JwtConfig {
+    JwtConfig {
+        secret: PRIVATE_SECRET.to_vec(),
+        secret_file: "unused".into(),
+        issuer: "sluice-node".into(),
+        audience: "sluice-private".into(),
+        leeway: Duration::from_secs(5),
+        max_lifetime: Duration::from_secs(60),
+    }
+}
+
+/// A node-to-node token, as another node sends on the private endpoint.
+pub fn private_jwt() -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = serde_json::json!({"iss": "sluice-node", "aud": "sluice-private", "iat": now, "exp": now + 5});
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::default(),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(PRIVATE_SECRET),
+    )
+    .unwrap()
+}
+
+fn start_node_full(
+    driver: Driver,
+    agents: Vec<AgentTokenConfig>,
+    tracker: Option<Arc<dyn sluice_locator::AgentLocator>>,
+    (max_message_bytes, max_buffered_bytes): (usize, usize),
+    with_private: bool,
+) -> Node {
     let config = TunnelConfig {
         node_name: "malformed".into(),
         max_wait: Duration::from_secs(5),
@@ -126,7 +172,7 @@ pub fn start_node_buffered(
             leeway: Duration::from_secs(5),
             max_lifetime: Duration::from_secs(60),
         },
-        private_jwt: None,
+        private_jwt: with_private.then(private_jwt_config),
         advertise_address: None,
         peer_tls: None,
         peer_allowlist: Vec::new(),
@@ -150,9 +196,30 @@ pub fn start_node_buffered(
     let external = server
         .bind("external", &listener(), Placement::Workers)
         .unwrap();
+    let private = with_private.then(|| {
+        server
+            .bind("private", &listener(), Placement::Workers)
+            .unwrap()
+    });
     let metrics = TunnelMetrics::register(&mut Registry::default(), 2);
-    let shared =
-        NodeShared::new(&config, &listener(), &listener(), None, metrics, tracker).unwrap();
+    let private_listener = with_private.then(listener);
+    let shared = NodeShared::new(
+        &config,
+        &listener(),
+        &listener(),
+        private_listener.as_ref(),
+        metrics,
+        tracker,
+    )
+    .unwrap();
+    if let Some(private) = private {
+        server.serve(
+            private,
+            PrivateEndpoint {
+                node: shared.clone(),
+            },
+        );
+    }
     server.serve(
         agent,
         AgentEndpoint {
@@ -166,10 +233,12 @@ pub fn start_node_buffered(
         },
     );
     let (agent, external) = (server.local_addr(agent), server.local_addr(external));
+    let private = private.map(|private| server.local_addr(private));
     Node {
         running: Some(server.start().unwrap()),
         agent,
         external,
+        private,
         shared,
     }
 }

@@ -10,6 +10,9 @@ use super::{duration, readable_file, scalar, secret_from_file, unsigned, Errors}
 use crate::raw::{RawAgent, RawPool, RawReconnect};
 use crate::{AgentConfig, Endpoint, PoolConfig, ReconnectConfig};
 
+#[path = "agent_kube.rs"]
+pub(crate) mod kube;
+
 /// `agent:`: the agent role's token, the nodes it dials and the backend it forwards calls to.
 pub(super) fn agent(raw: &RawAgent, errors: &mut Errors) -> AgentConfig {
     let (token_file, token) =
@@ -42,6 +45,9 @@ pub(super) fn agent(raw: &RawAgent, errors: &mut Errors) -> AgentConfig {
     };
     let pool = pool(&raw.pool, errors);
     let reconnect = reconnect(&raw.reconnect, errors);
+    let kubernetes_api = raw.kubernetes_api.as_ref().and_then(|section| {
+        kube::kubernetes_api(section, kube::InCluster::from_env().as_ref(), errors)
+    });
     AgentConfig {
         token,
         token_file,
@@ -68,6 +74,7 @@ pub(super) fn agent(raw: &RawAgent, errors: &mut Errors) -> AgentConfig {
         ) as usize,
         pool,
         reconnect,
+        kubernetes_api,
     }
 }
 
