@@ -2,8 +2,8 @@
 # Runs one scenario of the Sluice macro benchmark and writes JSON, Markdown and SVG plots to
 # perf/results/<scenario>/ (perf/results/<scenario>-smoke/ with --smoke).
 #
-#   perf/run.sh gateway [--smoke]  Kubernetes API over TLS: direct, HAProxy, nginx, Sluice gateway
-#   perf/run.sh tunnel [--smoke]   unary gRPC: direct, HAProxy, nginx, Sluice one node, two nodes
+#   perf/run.sh gateway [--smoke]  Kubernetes API over TLS: direct, HAProxy, nginx, Pingora, Sluice gateway
+#   perf/run.sh tunnel [--smoke]   unary gRPC: direct, HAProxy, nginx, Pingora, Sluice one node, two nodes
 #   perf/run.sh idle [--smoke]     10,000 idle agent tunnels on one node: RSS and CPU
 #   perf/run.sh policy [--smoke]   criterion benches of sluice-benches, lifted into a summary
 #   perf/run.sh controlplane [--smoke]  1,000 watchers + steady writes: embedded store and etcd
@@ -22,6 +22,10 @@
 # builds the release binaries once (ebpf: only the harness). SLUICE_PERF_PROFILE=dev builds the
 # dev profile instead (the test suite's smoke run reuses its own build that way; its numbers are
 # not measurements).
+# Full gateway and tunnel runs (not --smoke, so never CI) also build the Pingora peer,
+# perf/peers/pingora/ (its own workspace, lock file and target directory; Debian's libssl through
+# OPENSSL_NO_VENDOR=1, so cmake, pkg-config and libssl-dev are installed for them), and run
+# without the Pingora case, saying so, when cargo cannot build it.
 # Extra arguments go to the harness (see `sluice-perf --help`: --client-cpu, --proxy-cpu, ...).
 set -euo pipefail
 
@@ -42,7 +46,17 @@ as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
 
+smoke=false
+for argument in "$@"; do
+  if [ "$argument" = --smoke ]; then smoke=true; fi
+done
+with_pingora=false
+if { [ "$scenario" = gateway ] || [ "$scenario" = tunnel ]; } && [ "$smoke" = false ]; then
+  with_pingora=true
+fi
+
 packages=(haproxy nginx-light nghttp2-client wrk redis-server)
+if [ "$with_pingora" = true ]; then packages+=(cmake pkg-config libssl-dev); fi
 if [ "$scenario" = controlplane ] || [ "$scenario" = scale ]; then packages+=(etcd-server); fi
 # The ebpf scenario runs no Sluice process and no peer: trafgen and the harness only.
 build=(--features sluice/etcd -p sluice -p sluice-perf -p sluice-apiserver-sim)
@@ -63,9 +77,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 out_name=$scenario
-for argument in "$@"; do
-  if [ "$argument" = --smoke ]; then out_name=$scenario-smoke; fi
-done
+if [ "$smoke" = true ]; then out_name=$scenario-smoke; fi
 
 if [ "$profile" = release ]; then
   cargo build --release --locked "${build[@]}"
@@ -74,5 +86,18 @@ else
   cargo build --locked "${build[@]}"
   bin=$CARGO_TARGET_DIR/debug
 fi
+pingora=()
+if [ "$with_pingora" = true ]; then
+  pingora_target=$HOME/.cache/sluice/target-pingora-peer
+  mkdir -p "$pingora_target"
+  pingora_log=$pingora_target/build.log
+  echo "perf: building the Pingora peer (perf/peers/pingora/, log: $pingora_log)" >&2
+  if OPENSSL_NO_VENDOR=1 CARGO_TARGET_DIR=$pingora_target cargo build --release --locked \
+    --manifest-path "$root/perf/peers/pingora/Cargo.toml" >"$pingora_log" 2>&1; then
+    pingora=(--pingora "$pingora_target/release/sluice-perf-pingora")
+  else
+    echo "perf: Pingora peer skipped: cargo could not build perf/peers/pingora/ (see $pingora_log)" >&2
+  fi
+fi
 exec "$bin/sluice-perf" "$scenario" --sluice "$bin/sluice" --workspace "$root" \
-  --out "$root/perf/results/$out_name" "$@"
+  --out "$root/perf/results/$out_name" "${pingora[@]}" "$@"

@@ -53,6 +53,10 @@ struct Cli {
     /// The `sluice-apiserver-sim` binary (default: next to `--sluice`).
     #[arg(long, value_name = "PATH")]
     apiserver_sim: Option<PathBuf>,
+    /// The `sluice-perf-pingora` binary (built from perf/peers/pingora/): adds the Pingora case
+    /// to the gateway and tunnel scenarios (without it, that case is skipped).
+    #[arg(long, value_name = "PATH")]
+    pingora: Option<PathBuf>,
     /// Where JSON, Markdown and plots go.
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
@@ -133,6 +137,7 @@ fn main() -> anyhow::Result<()> {
     let harness = scenario::Harness {
         sluice: sluice::SluiceBinary(sluice),
         apiserver_sim,
+        pingora: cli.pingora,
         out: cli.out,
         workspace: cli.workspace,
         smoke: cli.smoke,

@@ -1,7 +1,8 @@
 //! The gateway scenario: HTTP/2 and HTTP/1.1 TLS clients -> proxy -> one HTTP/2 TLS upstream
 //! (the apiserver simulator in its own process), next to direct client -> simulator, HAProxy
-//! (h2 over TLS to the upstream) and nginx (HTTP/1.1 keep-alive over TLS to the upstream: nginx
-//! cannot proxy to an HTTP/2 upstream).
+//! (h2 over TLS to the upstream), nginx (HTTP/1.1 keep-alive over TLS to the upstream: nginx
+//! cannot proxy to an HTTP/2 upstream) and Pingora (h2 over TLS, many streams per connection;
+//! when `perf/run.sh` could build it).
 //!
 //! Authentication: every client sends the same bearer token. The simulator accepts it as a
 //! caller (direct, HAProxy and nginx pass it through); the Sluice gateway checks it with a
@@ -21,7 +22,10 @@ use super::gateway_report::{open_loop_table, targets};
 use super::{write_output, Harness};
 use crate::certs::TlsFiles;
 use crate::loadgen::{measure, H2load, Load};
-use crate::peers::{haproxy_tls_config, nginx_tls_config, start_haproxy_with, start_nginx_with};
+use crate::peers::{
+    haproxy_tls_config, nginx_tls_config, start_haproxy_with, start_nginx_with, start_pingora,
+    PingoraHop,
+};
 use crate::process::{wait_until, Managed};
 use crate::record::{summarize, CaseSummary, RunRecord};
 use crate::sluice::{admin_get, driver_of, random_hex};
@@ -29,8 +33,14 @@ use crate::sluice::{admin_get, driver_of, random_hex};
 pub(super) const DIRECT: &str = "direct";
 pub(super) const HAPROXY: &str = "haproxy";
 const NGINX: &str = "nginx";
+pub(super) const PINGORA: &str = "pingora";
 pub(super) const SLUICE: &str = "sluice-gateway";
-const CASES: [&str; 4] = [DIRECT, HAPROXY, NGINX, SLUICE];
+const CASES: [&str; 5] = [DIRECT, HAPROXY, NGINX, PINGORA, SLUICE];
+
+/// Why a run has no Pingora rows.
+pub(super) const PINGORA_SKIPPED: &str =
+    "perf/run.sh builds perf/peers/pingora/ on full gateway and tunnel runs only, and skips it \
+     when cargo cannot build it";
 
 /// The cluster's name (TLS server name) in the gateway's config.
 pub(super) const HOST: &str = "kube.perf.test";
@@ -302,6 +312,22 @@ fn set_up(
                 admin: None,
             })
         }
+        PINGORA => {
+            let Some(program) = &harness.pingora else {
+                bail!("the pingora case needs --pingora (perf/run.sh builds it on full runs)");
+            };
+            let hop = PingoraHop::Tls {
+                cert: &tls.server.cert,
+                key: &tls.server.key,
+                server_name: HOST,
+            };
+            let peer = start_pingora(&case_dir, program, cpu, upstream, hop)?;
+            Ok(CaseSetup {
+                address: peer.address,
+                proxy: vec![peer.process],
+                admin: None,
+            })
+        }
         SLUICE => {
             let clusters_dir = case_dir.join("clusters");
             std::fs::create_dir_all(&clusters_dir)?;
@@ -421,6 +447,10 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
         .into_iter()
         .filter(|case| harness.only.is_empty() || harness.only.iter().any(|only| only == case));
     for case in cases {
+        if case == PINGORA && harness.pingora.is_none() {
+            eprintln!("gateway: {PINGORA} skipped: no --pingora binary ({PINGORA_SKIPPED})");
+            continue;
+        }
         eprintln!("gateway: {case}");
         let mut setup = set_up(case, harness, dir, &tls, simulator.address)?;
         wait_until(
@@ -583,6 +613,15 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
     )
 }
 
+/// The peers to compare with: HAProxy and nginx, and Pingora where it ran.
+fn peers_in(summaries: &[CaseSummary]) -> Vec<&'static str> {
+    let mut peers = vec![HAPROXY, NGINX];
+    if summaries.iter().any(|s| s.case == PINGORA) {
+        peers.push(PINGORA);
+    }
+    peers
+}
+
 /// What a plot shows of a row (`None`: no point).
 type Metric = fn(&CaseSummary) -> Option<f64>;
 
@@ -614,7 +653,9 @@ fn report(
          simulator {}. HAProxy: h2 over TLS to the upstream, `http-reuse always`, one thread. \
          nginx: one process (`master_process off`, one worker), HTTP/2 on the client side but \
          **HTTP/1.1 keep-alive to the upstream** (nginx cannot proxy to an HTTP/2 upstream), \
-         `proxy_buffering off`. Sluice: one worker, one upstream connection; clients authenticate \
+         `proxy_buffering off`. Pingora 0.9 (`perf/peers/pingora/`, openssl): one thread on its \
+         single-threaded runtime, h2 over TLS to the upstream with up to 1,000 streams per \
+         connection. Sluice: one worker, one upstream connection; clients authenticate \
          with a bearer token checked by TokenReview once and then cached (HAProxy and nginx pass the \
          token through and do no authentication). Proxy CPU is utime+stime of the proxy process over \
          the counted part of a run divided by the requests done in it, also shown apart as user \
@@ -636,11 +677,14 @@ fn report(
         harness.proxy_cpu,
         harness.upstream_cpu,
     );
+    if !closed.iter().chain(&open).any(|s| s.case == PINGORA) {
+        let _ = writeln!(markdown, "Pingora: not run ({PINGORA_SKIPPED}).\n");
+    }
     markdown.push_str("## Closed loop\n\n");
     markdown.push_str(&crate::report::results_table(
         &closed,
         DIRECT,
-        &[HAPROXY, NGINX],
+        &peers_in(&closed),
     ));
     markdown.push_str("\nResponse bodies (curl through each case, HTTP/2 and HTTP/1.1 alike):\n\n");
     for (case, sizes) in body_sizes {

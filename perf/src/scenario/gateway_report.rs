@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::gateway::{DIRECT, HAPROXY, SLUICE};
+use super::gateway::{DIRECT, HAPROXY, PINGORA, SLUICE};
 use crate::record::CaseSummary;
 use crate::report::{find, quotient, ratio};
 
@@ -20,15 +20,16 @@ fn us(value: Option<f64>) -> String {
 
 pub(super) fn open_loop_table(summaries: &[CaseSummary]) -> String {
     let mut out = String::from(
-        "| case | workload | clients | req/s | mean us | p50 us | p90 us | p99 us | p99.9 us | added p50 us vs direct | added p99 us vs direct | proxy CPU us/req | user us/req | sys us/req | sys vs haproxy | CPU vs haproxy | proxy CPU/client CPU | CPU/client CPU vs haproxy | TCP segments/req | errors | runs |\n\
-         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+        "| case | workload | clients | req/s | mean us | p50 us | p90 us | p99 us | p99.9 us | added p50 us vs direct | added p99 us vs direct | proxy CPU us/req | user us/req | sys us/req | sys vs haproxy | CPU vs haproxy | CPU vs pingora | proxy CPU/client CPU | CPU/client CPU vs haproxy | TCP segments/req | errors | runs |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
     );
     for s in summaries {
         let direct = find(summaries, DIRECT, s);
         let haproxy = find(summaries, HAPROXY, s);
+        let pingora = find(summaries, PINGORA, s);
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             s.case,
             s.workload,
             s.clients,
@@ -50,6 +51,10 @@ pub(super) fn open_loop_table(summaries: &[CaseSummary]) -> String {
             ratio(
                 s.proxy_cpu_us_per_request,
                 haproxy.and_then(|h| h.proxy_cpu_us_per_request)
+            ),
+            ratio(
+                s.proxy_cpu_us_per_request,
+                pingora.and_then(|p| p.proxy_cpu_us_per_request)
             ),
             quotient(s.cpu_per_client_cpu),
             ratio(
@@ -157,6 +162,20 @@ pub(super) fn targets(closed: &[CaseSummary], open: &[CaseSummary]) -> String {
                 );
             }
         }
+        if let Some(pingora) = find(open, PINGORA, s) {
+            if let (Some(sluice), Some(peer)) =
+                (s.proxy_cpu_us_per_request, pingora.proxy_cpu_us_per_request)
+            {
+                let _ = writeln!(
+                    out,
+                    "| proxy CPU/req <= Pingora's (issue 37) | {} | {sluice:.1} vs {peer:.1} us ({:.2}x){} | {} |",
+                    s.workload,
+                    sluice / peer,
+                    per_client_cpu(s, pingora),
+                    met(sluice <= peer)
+                );
+            }
+        }
         if let Some(direct) = find(open, DIRECT, s) {
             let extra = i128::from(s.p50_us) - i128::from(direct.p50_us);
             let _ = writeln!(
@@ -182,6 +201,7 @@ mod tests {
     fn the_open_loop_table_splits_user_and_system_cpu() {
         let mut runs = vec![
             record(HAPROXY, 1, 5000.0, 20_000),
+            record(PINGORA, 1, 5000.0, 32_000),
             record(SLUICE, 1, 5000.0, 16_000),
         ];
         for run in &mut runs {
@@ -203,5 +223,13 @@ mod tests {
         assert_eq!(cell("sys us/req"), "4.0");
         assert_eq!(cell("sys vs haproxy"), "0.80x");
         assert_eq!(cell("CPU vs haproxy"), "0.80x");
+        assert_eq!(cell("CPU vs pingora"), "0.50x");
+        let targets = targets(&[], &summarize(&runs));
+        assert!(
+            targets.contains(
+                "| proxy CPU/req <= Pingora's (issue 37) | h2 get @5000/s | 16.0 vs 32.0 us (0.50x) | met |"
+            ),
+            "{targets}"
+        );
     }
 }

@@ -24,6 +24,10 @@ pub struct Harness {
     pub sluice: SluiceBinary,
     /// The `sluice-apiserver-sim` binary (gateway scenario).
     pub apiserver_sim: PathBuf,
+    /// The `sluice-perf-pingora` binary (`perf/peers/pingora/`) for the gateway and tunnel
+    /// scenarios' Pingora case; `None`: that case is skipped (`perf/run.sh` builds it on full
+    /// runs only).
+    pub pingora: Option<PathBuf>,
     /// `perf/results/<scenario>` (or `<scenario>-smoke`).
     pub out: PathBuf,
     pub workspace: PathBuf,

@@ -1,7 +1,7 @@
 //! The tunnel scenario: unary gRPC calls (h2load with a prepared 5-byte message) through
 //! client -> node -> tunnel -> agent -> echo backend, on one node and across two nodes (Redis),
-//! next to direct client -> backend and HAProxy and nginx (`grpc_pass`) as a plain h2 hop in
-//! front of the same backend.
+//! next to direct client -> backend and HAProxy, nginx (`grpc_pass`) and Pingora (when
+//! `perf/run.sh` could build it) as a plain h2 hop in front of the same backend.
 
 use std::path::Path;
 use std::time::Duration;
@@ -11,7 +11,9 @@ use anyhow::bail;
 use super::{write_output, Harness};
 use crate::loadgen::{measure, H2load, H2loadSummary, Load, Measured, Percentiles};
 use crate::measure::ProcessUsage;
-use crate::peers::{nginx_grpc_config, start_haproxy, start_nginx_with, start_redis};
+use crate::peers::{
+    nginx_grpc_config, start_haproxy, start_nginx_with, start_pingora, start_redis, PingoraHop,
+};
 use crate::process::{wait_until, Managed};
 use crate::record::{summarize, RunRecord};
 use crate::sluice::{
@@ -27,8 +29,17 @@ const AGENT_ID: i64 = 1;
 const DIRECT: &str = "direct";
 const HAPROXY: &str = "haproxy";
 const NGINX: &str = "nginx";
+const PINGORA: &str = "pingora";
 const SLUICE_ONE_NODE: &str = "sluice-1-node";
 const SLUICE_TWO_NODES: &str = "sluice-2-nodes";
+const CASES: [&str; 6] = [
+    DIRECT,
+    HAPROXY,
+    NGINX,
+    PINGORA,
+    SLUICE_ONE_NODE,
+    SLUICE_TWO_NODES,
+];
 
 /// Concurrency levels (clients, streams per client), requests per run, repeats, warm-up.
 #[derive(Debug, Clone)]
@@ -111,6 +122,18 @@ fn set_up(
                 url: url(nginx.address),
                 entry_admin: None,
                 proxy: vec![nginx.process],
+                _support: Vec::new(),
+            })
+        }
+        PINGORA => {
+            let Some(program) = &harness.pingora else {
+                bail!("the pingora case needs --pingora (perf/run.sh builds it on full runs)");
+            };
+            let pingora = start_pingora(&case_dir, program, cpu, backend, PingoraHop::Grpc)?;
+            Ok(CaseSetup {
+                url: url(pingora.address),
+                entry_admin: None,
+                proxy: vec![pingora.process],
                 _support: Vec::new(),
             })
         }
@@ -263,7 +286,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
         .and_then(|metrics| driver_of(&metrics));
 
     let mut records = Vec::new();
-    let cases = [DIRECT, HAPROXY, NGINX, SLUICE_ONE_NODE, SLUICE_TWO_NODES];
+    let cases = CASES;
     if let Some(unknown) = harness.only.iter().find(|c| !cases.contains(&c.as_str())) {
         bail!(
             "--only {unknown}: the tunnel cases are {}",
@@ -272,6 +295,13 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
     }
     for case in cases {
         if !harness.only.is_empty() && !harness.only.iter().any(|c| c == case) {
+            continue;
+        }
+        if case == PINGORA && harness.pingora.is_none() {
+            eprintln!(
+                "tunnel: {PINGORA} skipped: no --pingora binary ({})",
+                super::gateway::PINGORA_SKIPPED
+            );
             continue;
         }
         eprintln!("tunnel: {case}");
@@ -461,27 +491,29 @@ fn hop_cpu_table(records: &[RunRecord]) -> String {
     let us = |value: Option<f64>| value.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
     let mut out = String::from(
         "\nHop CPU per call (issue 7's measure: Sluice's node process(es) without the agent; \
-         HAProxy and nginx whole), split into user and system (kernel) time, and the same in \
+         HAProxy, nginx and Pingora whole), split into user and system (kernel) time, and the same in \
          units of h2load's CPU per call in the same run (steadier when the machine's speed \
          drifts between runs):\n\n\
-         | case | clients x streams | hop CPU us/call | vs haproxy | vs nginx | user us/call | sys us/call | sys vs haproxy | hop CPU/client CPU | vs haproxy | vs nginx |\n\
-         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+         | case | clients x streams | hop CPU us/call | vs haproxy | vs nginx | vs pingora | user us/call | sys us/call | sys vs haproxy | hop CPU/client CPU | vs haproxy | vs nginx | vs pingora |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
     );
     for (case, clients, streams) in &rows {
         let value = median(case, *clients, *streams);
         let quotient = per_client(case, *clients, *streams);
         let kernel = system(case, *clients, *streams);
         out.push_str(&format!(
-            "| {case} | {clients} x {streams} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {case} | {clients} x {streams} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             us(value),
             crate::report::ratio(value, median(HAPROXY, *clients, *streams)),
             crate::report::ratio(value, median(NGINX, *clients, *streams)),
+            crate::report::ratio(value, median(PINGORA, *clients, *streams)),
             us(user(case, *clients, *streams)),
             us(kernel),
             crate::report::ratio(kernel, system(HAPROXY, *clients, *streams)),
             crate::report::quotient(quotient),
             crate::report::ratio(quotient, per_client(HAPROXY, *clients, *streams)),
             crate::report::ratio(quotient, per_client(NGINX, *clients, *streams)),
+            crate::report::ratio(quotient, per_client(PINGORA, *clients, *streams)),
         ));
     }
     out
@@ -521,6 +553,16 @@ fn targets(records: &[RunRecord], summaries: &[crate::record::CaseSummary]) -> S
                 "| hop CPU/call <= 0.8x HAProxy | {level} | {sluice:.1} vs {haproxy:.1} us ({:.2}x){quotients} | {} |\n",
                 sluice / haproxy,
                 met(sluice <= 0.8 * haproxy)
+            ));
+        }
+        if let (Some(sluice), Some(pingora)) = (
+            hop(&s.case, s.clients, s.streams),
+            hop(PINGORA, s.clients, s.streams),
+        ) {
+            out.push_str(&format!(
+                "| hop CPU/call <= Pingora's (issue 37) | {level} | {sluice:.1} vs {pingora:.1} us ({:.2}x) | {} |\n",
+                sluice / pingora,
+                met(sluice <= pingora)
             ));
         }
         let direct = crate::report::find(summaries, DIRECT, s);
@@ -567,7 +609,8 @@ fn report(
         "# Tunnel scenario{}\n\n{}\
          Unary gRPC (5-byte message) with h2load; {} requests per run, {} run(s) per row (medians), \
          warm-up {} requests. CPUs: client {}, proxy side {}, echo backend {}. \
-         HAProxy and nginx (`grpc_pass`, one process) are plain h2 hops. Proxy CPU is utime+stime of every proxy-side process (node(s) and agent for Sluice) \
+         HAProxy, nginx (`grpc_pass`, one process) and Pingora 0.9 (`perf/peers/pingora/`: one thread on its \
+         single-threaded runtime, h2c with up to 1,000 streams per upstream connection) are plain h2 hops. Proxy CPU is utime+stime of every proxy-side process (node(s) and agent for Sluice) \
          divided by requests done, also shown apart as user (utime) and sys (stime, the kernel's time); upstream and client CPU the same of the echo backend and of h2load. \"Proxy CPU/client CPU\" \
          divides the proxy's by h2load's within each run: h2load does the same work for every case, so the quotient cancels \
          most of this machine's drift in speed between runs. \
@@ -582,11 +625,16 @@ fn report(
         harness.proxy_cpu,
         harness.upstream_cpu,
     );
-    markdown.push_str(&crate::report::results_table(
-        &summaries,
-        DIRECT,
-        &[HAPROXY, NGINX],
-    ));
+    let mut peers = vec![HAPROXY, NGINX];
+    if summaries.iter().any(|s| s.case == PINGORA) {
+        peers.push(PINGORA);
+    } else {
+        markdown.push_str(&format!(
+            "Pingora: not run ({}).\n\n",
+            super::gateway::PINGORA_SKIPPED
+        ));
+    }
+    markdown.push_str(&crate::report::results_table(&summaries, DIRECT, &peers));
     markdown.push_str(&hop_cpu_table(records));
     markdown.push_str("\n## Against the targets of issue 17\n\n");
     markdown.push_str(&targets(records, &summaries));
@@ -594,8 +642,9 @@ fn report(
     write_output(&harness.out, "summary.md", &markdown)?;
 
     let series = |value: fn(&crate::record::CaseSummary) -> f64| -> Vec<crate::plot::Series> {
-        [DIRECT, HAPROXY, NGINX, SLUICE_ONE_NODE, SLUICE_TWO_NODES]
+        CASES
             .iter()
+            .filter(|case| summaries.iter().any(|s| s.case == **case))
             .map(|case| {
                 let points = summaries
                     .iter()
@@ -686,15 +735,24 @@ mod tests {
             .with_proxy(vec![usage("node-1", 15_000), usage("agent", 20_000)])
             .with_client(5_000);
         let haproxy = record(HAPROXY, 1, 100.0, 10_000).with_client(8_000);
+        let pingora = record(PINGORA, 1, 100.0, 30_000).with_client(6_000);
         assert_eq!(hop_per_client_cpu(&sluice), Some(3.0));
         assert_eq!(hop_per_client_cpu(&haproxy), Some(1.25));
         assert_eq!(hop_per_client_cpu(&record(HAPROXY, 1, 100.0, 10_000)), None);
-        let table = hop_cpu_table(&[haproxy, sluice]);
+        let runs = [haproxy, pingora, sluice];
+        let table = hop_cpu_table(&runs);
         assert!(
             table.contains(
-                "| sluice-1-node | 1 x 1 | 15.0 | 1.50x | - | 12.0 | 3.0 | 1.20x | 3.00 | 2.40x | - |"
+                "| sluice-1-node | 1 x 1 | 15.0 | 1.50x | - | 0.50x | 12.0 | 3.0 | 1.20x | 3.00 | 2.40x | - | 0.60x |"
             ),
             "{table}"
+        );
+        let targets = targets(&runs, &summarize(&runs));
+        assert!(
+            targets.contains(
+                "| hop CPU/call <= Pingora's (issue 37) | sluice-1-node 1 x 1 | 15.0 vs 30.0 us (0.50x) | met |"
+            ),
+            "{targets}"
         );
     }
 }

@@ -476,6 +476,7 @@ mod tests {
         Harness {
             sluice: SluiceBinary("sluice".into()),
             apiserver_sim: "sim".into(),
+            pingora: None,
             out: "out".into(),
             workspace: ".".into(),
             smoke,
