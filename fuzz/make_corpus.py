@@ -268,5 +268,22 @@ put("uplink_record", b"\x00" + json.dumps(["map", [[k, v] for k, v in UPLINK.ite
 put("uplink_record", b"\x01" + "\n".join(f"{k}={v}" for k, v in UPLINK.items()).encode())
 put("uplink_record", b"\x00" + b'["map",[["sluice-internal","true"]]]')
 
+# Kubernetes API through the tunnel (first byte: bit 0 tight bounds, see kube_tunnel_messages.rs):
+# the same bytes are read as a request, a response, order events and signed claims.
+kube_headers = ld(3, ld(1, "accept") + ld(2, b"application/json")) + ld(3, ld(1, "impersonate-user") + ld(2, b"admin"))
+for mode in [b"\x00", b"\x01"]:
+    put("kube_tunnel_messages", mode + ld(1, ld(1, "GET") + ld(2, "/api/v1/pods?watch=1") + kube_headers + ld(4, "a.b.c")))
+    put("kube_tunnel_messages", mode + ld(2, ld(1, b'{"kind":"Pod"}')))
+    put("kube_tunnel_messages", mode + ld(3, b""))
+    put("kube_tunnel_messages", mode + ld(4, ld(1, b"\x00stdin")))
+    put("kube_tunnel_messages", mode + ld(1, field(1, 0, 200) + ld(2, ld(1, "content-type") + ld(2, b"application/json"))))
+    put("kube_tunnel_messages", mode + ld(1, field(1, 0, 101) + ld(2, ld(1, "upgrade") + ld(2, b"SPDY/3.1"))))
+put("kube_tunnel_messages", b"\x00" + bytes([0x80, 0x81, 0x82, 0x00, 0x01, 0x02]))
+put("kube_tunnel_messages", b"\x00" + bytes([0x80, 0x82, 0x04, 0x83, 0x03, 0x83, 0x02, 0x82]))
+put("kube_tunnel_messages", b"\x00" + b'{"user":"bob","uid":"1","groups":["dev"],"extra":{"scopes":["view"]}}')
+put("kube_tunnel_messages", b"\x00" + b'{"exp":1800000061,"iat":1800000000}')
+put("kube_tunnel_messages", b"\x00" + b'{"aud":"sluice-agent:43","jti":"AAAAAAAAAAAAAAAAAAAAAA"}')
+put("kube_tunnel_messages", b"\x00" + b"eyJhbGciOiJFZERTQSJ9.e30.c2ln")
+
 total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(CORPUS) for f in fs)
 print(f"corpus: {total} bytes", file=sys.stderr)

@@ -153,3 +153,6 @@ fn out_of_order(side: &'static str, kind: MessageKind, state: Side, upgraded: bo
         when,
     }
 }
+
+#[cfg(test)]
+mod tests;
