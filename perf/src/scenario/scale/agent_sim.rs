@@ -4,9 +4,9 @@
 //! live as tasks of one tokio runtime, so the harness holds as many tunnels as its open-file
 //! limit allows. A simulated agent answers a call like an echo backend (Header, the request's
 //! message back, Trailer OK) and keeps the tunnel for the next one, as the real agent does.
-//! A lost connection is dialled again after the real agent's back-off (1 s doubling to 20 s,
-//! plus up to 20 % jitter); the node's address comes from a watch channel, so a restarted node
-//! is found where it now listens.
+//! Reconnects follow the real agent (`agent/pool.rs`): at once when the node ended the tunnel
+//! because it drains (UNAVAILABLE), after 1 s when the connection was lost, and a failed dial
+//! waits 1 s doubling to 20 s (plus up to 20 % jitter) before the next.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -73,6 +73,8 @@ impl SimStats {
 /// How a connection of one simulated agent ended.
 enum End {
     Stop,
+    /// The node drains: dial again at once (behind a load balancer, another node answers).
+    Moved,
     /// The node closed it or went away: dial again after the back-off.
     Lost,
     /// The dial failed (node not listening yet): back-off doubles.
@@ -99,6 +101,10 @@ pub async fn run_agent(
         };
         let wait = match end {
             End::Stop => return,
+            End::Moved => {
+                backoff = INITIAL_BACKOFF;
+                continue;
+            }
             End::Lost => {
                 backoff = INITIAL_BACKOFF;
                 backoff
@@ -217,8 +223,9 @@ async fn answer_calls(
     loop {
         let chunk = match recv.data().await {
             Some(Ok(chunk)) => chunk,
-            // The node ended the tunnel (drain, restart) or the connection broke.
-            Some(Err(_)) | None => return End::Lost,
+            // The node ended the tunnel: UNAVAILABLE when it drains (restart, retirement).
+            None => return ended_by(recv).await,
+            Some(Err(_)) => return End::Lost,
         };
         let _ = recv.flow_control().release_capacity(chunk.len());
         buffer.extend_from_slice(&chunk);
@@ -247,6 +254,22 @@ async fn answer_calls(
             }
         }
     }
+}
+
+/// How a tunnel the node ended with its trailers ends here: a drain (UNAVAILABLE) moves the
+/// agent at once, as `closed_by_drain` in the real agent decides.
+async fn ended_by(recv: &mut RecvStream) -> End {
+    let trailers = tokio::time::timeout(Duration::from_secs(1), recv.trailers()).await;
+    match trailers {
+        Ok(Ok(Some(trailers))) if is_drain(&trailers) => End::Moved,
+        _ => End::Lost,
+    }
+}
+
+fn is_drain(trailers: &http::HeaderMap) -> bool {
+    trailers
+        .get("grpc-status")
+        .is_some_and(|status| status.as_bytes() == b"14")
 }
 
 /// Header, the message back and Trailer OK, in one DATA frame (as the real agent gathers an
@@ -472,6 +495,18 @@ mod tests {
                 ..
             }))
         ));
+    }
+
+    #[test]
+    fn only_unavailable_trailers_move_the_agent_at_once() {
+        let trailers = |code: &'static str| {
+            let mut map = http::HeaderMap::new();
+            map.insert("grpc-status", http::HeaderValue::from_static(code));
+            map
+        };
+        assert!(is_drain(&trailers("14")));
+        assert!(!is_drain(&trailers("0")));
+        assert!(!is_drain(&http::HeaderMap::new()));
     }
 
     #[test]

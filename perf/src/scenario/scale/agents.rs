@@ -116,6 +116,10 @@ pub struct Restart {
     pub redis_commands: f64,
     pub redis_peak_used_memory: f64,
     pub node_cpu_ms: f64,
+    /// The kernel's TcpExt ListenOverflows and ListenDrops over the restart (whole machine):
+    /// connects the accept queue had no room for, retried by the client's SYN retransmits.
+    pub listen_overflows: u64,
+    pub listen_drops: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -512,6 +516,7 @@ fn restart_node(
     std::thread::sleep(Duration::from_millis(500));
     let disconnects_at_start = stats.disconnects.load(Ordering::Relaxed);
     let before = redis_probe::figures(&redis.endpoints)?;
+    let listen_before = listen_counters();
     let started = Instant::now();
     drop(nodes[0].process.take());
     let process = harness.sluice.start(
@@ -555,6 +560,9 @@ fn restart_node(
         std::thread::sleep(Duration::from_millis(100));
     }
     restart.agents_unreachable = agents.len().saturating_sub(listed);
+    let listen_after = listen_counters();
+    restart.listen_overflows = listen_after.0.saturating_sub(listen_before.0);
+    restart.listen_drops = listen_after.1.saturating_sub(listen_before.1);
     restart.node_cpu_ms = cpu_micros(new_pid)? as f64 / 1_000.0;
     let disconnects = stats.disconnects.load(Ordering::Relaxed) - disconnects_at_start;
     std::thread::sleep(Duration::from_secs(1));
@@ -566,9 +574,44 @@ fn restart_node(
     Ok((restart, calls, disconnects))
 }
 
+/// TcpExt ListenOverflows and ListenDrops from /proc/net/netstat (zeros if unreadable).
+fn listen_counters() -> (u64, u64) {
+    std::fs::read_to_string("/proc/net/netstat")
+        .map(|text| parse_listen_counters(&text))
+        .unwrap_or((0, 0))
+}
+
+/// The TcpExt header line names the fields of the value line after it.
+pub fn parse_listen_counters(netstat: &str) -> (u64, u64) {
+    let lines: Vec<&str> = netstat
+        .lines()
+        .filter(|l| l.starts_with("TcpExt:"))
+        .collect();
+    let [names, values, ..] = lines.as_slice() else {
+        return (0, 0);
+    };
+    let field = |wanted: &str| {
+        names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .find(|(name, _)| *name == wanted)
+            .and_then(|(_, value)| value.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("ListenOverflows"), field("ListenDrops"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listen_counters_are_read_by_name() {
+        let netstat = "TcpExt: SyncookiesSent ListenOverflows ListenDrops\n\
+                       TcpExt: 0 12 15\nIpExt: InNoRoutes\nIpExt: 0\n";
+        assert_eq!(parse_listen_counters(netstat), (12, 15));
+        assert_eq!(parse_listen_counters(""), (0, 0));
+    }
 
     #[test]
     fn agents_are_spread_over_the_nodes_without_overlap() {

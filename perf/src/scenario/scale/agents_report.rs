@@ -44,9 +44,9 @@ pub fn markdown(harness: &Harness, record: &AgentsRecord) -> String {
         "\nA graceful restart of node-0 (it drains and removes its entries, then starts again \
          on the same ports), with calls through node-1 to agents spread over all nodes:\n\n\
          | layout | agents on node-0 | node up s | all connected s | all listed in Redis s | \
-         unreachable | Redis ops/s | Redis commands | new node CPU ms | calls steady p50 / p99 ms | \
+         unreachable | listen overflows / drops | Redis ops/s | Redis commands | new node CPU ms | calls steady p50 / p99 ms | \
          calls during restart p50 / p99 / max ms | call errors | agent errors | lost \
-         connections outside the restart |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+         connections outside the restart |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
     );
     for layout in &record.layouts {
         out.push_str(&restart_row(layout));
@@ -88,7 +88,7 @@ fn restart_row(layout: &LayoutRecord) -> String {
     let (s, c) = (&layout.steady_calls, &layout.restart_calls);
     format!(
         "| {name} | {agents} | {up:.1} | {connected:.1} | {listed:.1} | {unreachable} | \
-         {ops:.0} | {commands:.0} | {cpu:.0} | {s50:.1} / {s99:.1} | {c50:.1} / {c99:.1} / \
+         {overflows} / {drops} | {ops:.0} | {commands:.0} | {cpu:.0} | {s50:.1} / {s99:.1} | {c50:.1} / {c99:.1} / \
          {cmax:.1} | {call_errors} | {agent_errors} | {lost} |\n",
         name = layout.layout.name,
         agents = r.agents_on_node,
@@ -96,6 +96,8 @@ fn restart_row(layout: &LayoutRecord) -> String {
         connected = r.seconds_to_all_connected,
         listed = r.seconds_to_all_listed,
         unreachable = r.agents_unreachable,
+        overflows = r.listen_overflows,
+        drops = r.listen_drops,
         ops = r.redis_ops_per_s,
         commands = r.redis_commands,
         cpu = r.node_cpu_ms,
