@@ -2,6 +2,7 @@
 //! Each pillar wires its listeners and background tasks in its own module.
 
 mod access_log;
+mod agent_link;
 pub(crate) mod assertion_key;
 mod cert_expiry;
 mod ebpf;
@@ -271,9 +272,16 @@ impl Pillars {
         expiry: &sluice_admin::CertificateExpiry,
     ) -> anyhow::Result<(Self, Option<Arc<sluice_tunnel::node::NodeShared>>)> {
         let node = tunnel::wire_node(config, server, registry, workers)?;
-        let gateway = gateway::wire(config, server, registry, workers, expiry)?;
-        let mut targets = feeds::FeedTargets::default();
         let node_shared = node.as_ref().map(|node| node.node.clone());
+        let gateway = gateway::wire(
+            config,
+            server,
+            registry,
+            workers,
+            expiry,
+            node_shared.as_ref(),
+        )?;
+        let mut targets = feeds::FeedTargets::default();
         let (tracker, node_feed) = node.map_or((None, None), |node| (node.tracker, node.feed));
         let (reloader, gateway_feed) =
             gateway.map_or((None, None), |gateway| (gateway.reloader, gateway.feed));
