@@ -13,7 +13,8 @@
 #   perf/run.sh scale [--smoke]    the seeds' scale questions (issue 36): so far 5,000 VMs on one
 #                                  control plane (simulated agents, real watch clients) and
 #                                  10,000 clients through one gateway, 10,000 watchers of one
-#                                  control plane (--only vms|gateway|fanout)
+#                                  control plane, idle tunnel agents across nodes over Redis
+#                                  (--only vms|gateway|fanout|agents)
 #   perf/run.sh soak [--smoke] [--minutes N]  mixed tunnel + gateway load at half capacity for N
 #                                  minutes (default 30; 1 with --smoke), agents and clients churning
 #
