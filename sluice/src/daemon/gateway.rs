@@ -24,6 +24,7 @@ pub fn wire(
     registry: &mut Registry,
     workers: usize,
     expiry: &sluice_admin::CertificateExpiry,
+    node: Option<&Arc<sluice_tunnel::node::NodeShared>>,
 ) -> anyhow::Result<Option<WiredGateway>> {
     let (Some(gateway), Some(listener)) = (&config.gateway, &config.listeners.gateway) else {
         return Ok(None);
@@ -38,6 +39,9 @@ pub fn wire(
             Gateway::with_clusters(&source.url, Vec::new(), metrics)?
         }
     };
+    if let Some(path) = super::agent_link::agent_path(gateway, node)? {
+        loaded.set_agent_path(path);
+    }
     loaded.export_certificate_expiry(expiry.clone());
     registry.register_collector(Box::new(GatewayCollector(loaded.clone())));
     let gateway_id = server.bind("gateway", listener, Placement::Workers)?;
