@@ -157,7 +157,6 @@ fn main() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pingora_core::upstreams::peer::Peer;
 
     fn parse(line: &str) -> Result<Args, String> {
         parse_args(line.split_whitespace().map(str::to_string))
