@@ -370,4 +370,36 @@ mod tests {
         );
         assert!(!exported.contains("alpha"), "{exported}");
     }
+
+    #[test]
+    fn a_reload_adding_an_agent_server_the_config_cannot_serve_is_refused() {
+        let clusters = Clusters::new();
+        clusters.write(
+            "a.yaml",
+            &clusters.yaml("a.example.com", &["https://10.0.0.1:6443"], ""),
+        );
+        let gateway = clusters.gateway();
+        let with_agent = clusters
+            .yaml("a.example.com", &["https://10.0.0.1:6443"], "")
+            .replace("  clientConfig:", "  - agent: {id: 42}\n  clientConfig:");
+        clusters.write("a.yaml", &with_agent);
+        let error = gateway.reload().unwrap_err();
+        assert!(
+            error.to_string().contains("spec.servers[1].agent"),
+            "{error}"
+        );
+        assert_eq!(
+            gateway.current().number,
+            1,
+            "the last good generation stays"
+        );
+
+        gateway.set_agent_reach(sluice_gateway::cluster::AgentReach {
+            tunnel: true,
+            assertion_key: true,
+        });
+        assert!(gateway.reload().is_ok());
+        let current = gateway.current();
+        assert_eq!(current.snapshot.clusters()[0].servers[1].agent, Some(42));
+    }
 }

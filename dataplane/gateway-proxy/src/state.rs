@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use http::HeaderValue;
-use sluice_gateway::cluster::{load_dir, GatewaySnapshot, LoadedCluster};
+use sluice_gateway::cluster::{
+    check_agent_servers, load_dir, AgentReach, GatewaySnapshot, InvalidSources, LoadedCluster,
+};
 use sluice_role_metrics::CertificateExpiry;
 
 use crate::error::{ClusterFileError, ProxyError};
@@ -74,6 +76,9 @@ pub struct Gateway {
     expiry: Mutex<Option<CertificateExpiry>>,
     /// How agent servers are reached, once the daemon wired a tunnel node and a signing key.
     agent_path: std::sync::OnceLock<crate::via_agent::AgentPath>,
+    /// What this gateway's config offers agent servers: a reload that adds one the config
+    /// cannot serve is refused, as the start was.
+    agent_reach: Mutex<AgentReach>,
 }
 
 impl Gateway {
@@ -89,7 +94,16 @@ impl Gateway {
             dir: dir.to_path_buf(),
             expiry: Mutex::new(None),
             agent_path: std::sync::OnceLock::new(),
+            agent_reach: Mutex::default(),
         }))
+    }
+
+    /// What the config offers agent servers (checked again by every directory reload).
+    pub fn set_agent_reach(&self, reach: AgentReach) {
+        *self
+            .agent_reach
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = reach;
     }
 
     /// Lets agent servers be reached (set once, by the daemon, before serving).
@@ -121,6 +135,7 @@ impl Gateway {
             dir: PathBuf::from(origin),
             expiry: Mutex::new(None),
             agent_path: std::sync::OnceLock::new(),
+            agent_reach: Mutex::default(),
         }))
     }
 
@@ -181,7 +196,17 @@ impl Gateway {
     /// core at once, on failure the old one stays.
     pub fn reload(&self) -> Result<u64, ProxyError> {
         let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        let generation = load_generation(&self.dir, number, &self.health)?;
+        let loaded = load_dir(&self.dir)?;
+        let reach = *self
+            .agent_reach
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut refused = InvalidSources::default();
+        check_agent_servers(&loaded, reach, &mut refused);
+        if !refused.is_empty() {
+            return Err(ProxyError::Config(refused));
+        }
+        let generation = build_generation(loaded, number, &self.health)?;
         self.current.store(Arc::new(generation));
         self.publish_expiry();
         Ok(number)

@@ -39,6 +39,7 @@ pub fn wire(
             Gateway::with_clusters(&source.url, Vec::new(), metrics)?
         }
     };
+    loaded.set_agent_reach(super::preflight::agent_reach(config));
     if let Some(path) = super::agent_link::agent_path(gateway, node)? {
         loaded.set_agent_path(path);
     }

@@ -5,8 +5,8 @@
 mod snapshot;
 
 pub use sluice_upstream_cluster::{
-    check_hostname, check_unique, load_dir, parse_clusters, spec, validate, FieldError,
-    InvalidConfig, InvalidSources, LoadedCluster, DISPATCH_VERBS,
+    check_agent_servers, check_hostname, check_unique, load_dir, parse_clusters, spec, validate,
+    AgentReach, FieldError, InvalidConfig, InvalidSources, LoadedCluster, DISPATCH_VERBS,
 };
 pub use snapshot::{
     strip_port, CompiledCluster, CompiledServer, GatewaySnapshot, AGENT_HOST_DOMAIN,
