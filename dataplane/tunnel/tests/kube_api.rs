@@ -22,8 +22,9 @@ use sluice_config::{
 use sluice_grpc::transport::{connect, recv_data, ClientConnection, H2Settings};
 use sluice_grpc::{encode_message, Code, FrameDecoder};
 use sluice_kube_tunnel::{
-    decode_response, encode_request_data, encode_request_end, encode_request_head, AssertionSigner,
-    ExchangeLimits, Identity, ResponseMessage, MAKE_REQUEST_PATH,
+    decode_response, encode_request_data, encode_request_end, encode_request_head,
+    encode_request_upgrade_data, AssertionSigner, ExchangeLimits, Identity, ResponseMessage,
+    MAKE_REQUEST_PATH,
 };
 use sluice_runtime::{
     Driver, DriverSelection, Lifecycle, RunningServer, RuntimeOptions, ServerBuilder,
@@ -246,7 +247,7 @@ struct Streaming {
 
 impl Streaming {
     async fn open(private: SocketAddr, agent: i64, messages: Vec<Bytes>) -> Self {
-        let (connection, response, send) = send_call(private, agent, messages).await;
+        let (connection, response, send) = send_call(private, agent, messages, true).await;
         let response = monoio::time::timeout(Duration::from_secs(10), response)
             .await
             .expect("an answer in time")
@@ -290,6 +291,7 @@ async fn send_call(
     private: SocketAddr,
     agent: i64,
     messages: Vec<Bytes>,
+    end: bool,
 ) -> (ClientConnection, ResponseFuture, SendStream<Bytes>) {
     let connection = connect(private, None, &H2Settings::default())
         .await
@@ -307,12 +309,12 @@ async fn send_call(
     for message in messages {
         out.extend_from_slice(&encode_message(false, &message));
     }
-    send.send_data(out.freeze(), true).unwrap();
+    send.send_data(out.freeze(), end).unwrap();
     (connection, response, send)
 }
 
 async fn make_request(private: SocketAddr, agent: i64, messages: Vec<Bytes>) -> Outcome {
-    let (_connection, response, _send) = send_call(private, agent, messages).await;
+    let (_connection, response, _send) = send_call(private, agent, messages, true).await;
     let response = monoio::time::timeout(Duration::from_secs(10), response)
         .await
         .expect("an answer in time")
@@ -540,6 +542,81 @@ async fn watches_stream_and_count_against_the_bound(rig: &Rig) {
     assert!(refused.grpc_message.contains("at most 2"), "{refused:?}");
 }
 
+/// The next message of an answer being read as it streams.
+async fn next_response(body: &mut RecvStream, frames: &mut FrameDecoder) -> ResponseMessage {
+    let wait = async {
+        loop {
+            if let Some(message) = frames.next_message().unwrap() {
+                return decode_response(&message.data, &ExchangeLimits::default()).unwrap();
+            }
+            let chunk = recv_data(body).await.expect("the answer goes on");
+            frames.push(chunk.unwrap());
+        }
+    };
+    monoio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("the next message in 10 s")
+}
+
+/// exec: after the apiserver's 101 the bytes go both ways as UpgradeData (the simulator echoes
+/// them), on the agent's own HTTP/1.1 connection; End closes it and the call ends OK.
+async fn exec_streams_both_ways_after_the_switch(rig: &Rig) {
+    rig.apiserver.clear_requests();
+    let path = "/api/v1/namespaces/default/pods/p/exec?command=sh&stdin=true";
+    let assertion = rig.assertion(KUBE_AGENT, "POST", path, Duration::ZERO);
+    let mut headers = hostile_headers("localhost");
+    headers.insert("connection", "Upgrade".parse().unwrap());
+    headers.insert("upgrade", "SPDY/3.1".parse().unwrap());
+    let head = encode_request_head(&Method::POST, path, &headers, &assertion);
+    let (_connection, response, mut send) = send_call(
+        rig.node.private.unwrap(),
+        KUBE_AGENT,
+        vec![head, encode_request_end()],
+        false,
+    )
+    .await;
+    let response = monoio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut body = response.into_body();
+    let mut frames = FrameDecoder::new(4 * 1024 * 1024);
+    match next_response(&mut body, &mut frames).await {
+        ResponseMessage::Head(head) => assert_eq!(head.status.as_u16(), 101),
+        other => panic!("expected the 101 head, got {other:?}"),
+    }
+    let said = b"hello through the tunnel";
+    let data = encode_request_upgrade_data(Bytes::from_static(said));
+    send.send_data(encode_message(false, &data), false).unwrap();
+    let mut echoed = Vec::new();
+    while echoed.len() < said.len() {
+        match next_response(&mut body, &mut frames).await {
+            ResponseMessage::UpgradeData(data) => echoed.extend_from_slice(&data),
+            other => panic!("expected upgrade data, got {other:?}"),
+        }
+    }
+    assert_eq!(echoed, said);
+    send.send_data(encode_message(false, &encode_request_end()), true)
+        .unwrap();
+    assert!(matches!(
+        next_response(&mut body, &mut frames).await,
+        ResponseMessage::End
+    ));
+    let trailers = std::future::poll_fn(|cx| body.poll_trailers(cx))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(trailers["grpc-status"], "0");
+    let seen = rig.apiserver.requests();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].version, http::Version::HTTP_11);
+    assert_eq!(seen[0].impersonate_user.as_deref(), Some("alice"));
+    assert_eq!(
+        seen[0].authorization.as_deref(),
+        Some(format!("Bearer {AGENT_SA_TOKEN}").as_str())
+    );
+}
+
 fn an_agent_without_the_section_answers_unimplemented(rig: &Rig) {
     rig.apiserver.clear_requests();
     let assertion = rig.assertion(PLAIN_AGENT, "GET", CONFIGMAPS, Duration::ZERO);
@@ -569,9 +646,10 @@ fn the_agent_forwards_kubernetes_api_calls_only_as_the_gateway_vouched() {
         bad_assertions_are_refused_before_the_apiserver(&rig);
         the_request_never_chooses_where_the_agent_connects(&rig);
         an_agent_without_the_section_answers_unimplemented(&rig);
+        block_on(exec_streams_both_ways_after_the_switch(&rig));
         assert_eq!(
             rig.kube_metrics.kube.requests(Code::Ok),
-            5,
+            6,
             "{driver:?}: requests answered OK"
         );
         block_on(watches_stream_and_count_against_the_bound(&rig));

@@ -104,6 +104,17 @@ async fn relay(
         .request_kind(MessageKind::Head)
         .map_err(|error| invalid(&error.to_string()))?;
     let request = authorized_request(kube, head)?;
+    if is_upgrade(request.headers()) {
+        let upgrade = super::upgrade::relay_upgrade(
+            kube,
+            request,
+            reader,
+            node_recv,
+            node_send,
+            close_send_seen,
+        );
+        return Box::pin(upgrade).await;
+    }
     let (response, mut api_send) = open(kube, request).await?;
     let up = pump_up(
         reader,
@@ -124,7 +135,7 @@ async fn relay(
     outcome
 }
 
-fn invalid(why: &str) -> TunnelError {
+pub(super) fn invalid(why: &str) -> TunnelError {
     TunnelError::new(
         ErrorKind::BadRequest,
         format!("malformed Kubernetes API request: {why}"),
@@ -149,12 +160,6 @@ fn authorized_request(kube: &KubeApi, head: RequestHead) -> Result<Request<()>, 
             format!("the gateway's assertion was refused: {}", error.reason()),
         )
     })?;
-    if is_upgrade(&head.headers) {
-        return Err(TunnelError::new(
-            ErrorKind::Unimplemented,
-            "this agent does not forward upgrades (exec, attach, port-forward) yet",
-        ));
-    }
     let bearer = kube.bearer()?;
     let headers = apiserver_headers(&head.headers, &identity, bearer.as_ref())
         .map_err(|error| invalid(&error.to_string()))?;
@@ -218,13 +223,13 @@ async fn open(
         .map_err(|error| unreachable(format!("the apiserver refused the request: {error}")))
 }
 
-enum Next {
+pub(super) enum Next {
     Message(RequestMessage),
     CloseSend,
 }
 
 /// The node's next message for this call, decoded.
-async fn next(
+pub(super) async fn next(
     reader: &mut TunnelReader,
     node_recv: &mut RecvStream,
     limits: &ExchangeLimits,

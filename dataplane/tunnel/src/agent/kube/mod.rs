@@ -6,12 +6,14 @@
 //!
 //! - `setup`: what the agent task builds once (TLS, the assertion verifier, metrics);
 //! - `apiserver`: the shared HTTP/2 connection and the agent's rotating token;
-//! - `exchange`: one call, from the request Head to the response's End.
+//! - `exchange`: one call, from the request Head to the response's End;
+//! - `upgrade`: exec, attach and port-forward, each on its own HTTP/1.1 connection.
 
 mod apiserver;
 mod exchange;
 mod metrics;
 mod setup;
+mod upgrade;
 
 pub(super) use exchange::exchange;
 pub use metrics::KubeMetrics;

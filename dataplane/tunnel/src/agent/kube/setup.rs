@@ -47,6 +47,8 @@ const MAX_KEY_FILE_BYTES: u64 = 16 * 1024;
 pub struct KubeSetup {
     pub(super) config: KubernetesApiConfig,
     pub(super) tls: Arc<rustls::ClientConfig>,
+    /// The same, offering HTTP/1.1: upgrades cannot go over HTTP/2.
+    pub(super) tls_http1: Arc<rustls::ClientConfig>,
     pub(super) authority: Authority,
     /// One replay cache for the whole agent: a lock taken only to verify, never across an
     /// await (the agent's tunnels run on one worker, so it is never contended).
@@ -72,6 +74,8 @@ impl KubeSetup {
             KubeCredential::TokenFile(_) => None,
         };
         let tls = sluice_grpc::tls::client_config(Some(&config.ca_file), identity)?;
+        let mut http1 = (*tls).clone();
+        http1.alpn_protocols = vec![b"http/1.1".to_vec()];
         let keys = config
             .gateway_keys
             .iter()
@@ -85,6 +89,7 @@ impl KubeSetup {
         Ok(Self {
             config,
             tls,
+            tls_http1: Arc::new(http1),
             authority,
             verifier: Mutex::new(verifier),
             metrics,
