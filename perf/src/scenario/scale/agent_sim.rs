@@ -32,6 +32,8 @@ const CONNECT_PATH: &str = "/sluice.tunnel.v1.ReverseTunnel/Connect";
 const AGENT_VERSION: &str = "sluice-perf-agent-sim";
 /// Bounds what one simulated agent buffers of a call (a small echo message).
 const MAX_CALL_BYTES: usize = 64 * 1024;
+/// Connections the calls are spread over.
+const CALLER_CONNECTIONS: usize = 8;
 const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(20);
 
@@ -382,7 +384,15 @@ pub async fn call(
 pub async fn caller(address: SocketAddr) -> anyhow::Result<SendRequest<Bytes>> {
     let tcp = TcpStream::connect(address).await?;
     tcp.set_nodelay(true)?;
-    let (client, connection) = h2::client::handshake(tcp).await?;
+    // h2 guards against a flood of small DATA frames with a budget that follows the connection
+    // window; the answers of hundreds of calls that waited for a restarting node's agents
+    // arrive together, before this busy runtime reads them, and spent the default budget (the
+    // client went away with ENHANCE_YOUR_CALM, failing every call in flight).
+    let (client, connection) = h2::client::Builder::new()
+        .initial_window_size(1 << 20)
+        .initial_connection_window_size(16 << 20)
+        .handshake(tcp)
+        .await?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
@@ -409,7 +419,11 @@ pub async fn calls_for(
     length: Duration,
     mut done: Option<watch::Receiver<bool>>,
 ) -> anyhow::Result<Calls> {
-    let mut client = caller(external).await?;
+    // Several connections, so a burst of answers is spread over several budgets (see `caller`).
+    let mut clients = Vec::new();
+    for _ in 0..CALLER_CONNECTIONS {
+        clients.push(caller(external).await?);
+    }
     let mut tasks = tokio::task::JoinSet::new();
     let mut ticker = tokio::time::interval(Duration::from_secs(1) / rate.max(1));
     let started = Instant::now();
@@ -425,10 +439,11 @@ pub async fn calls_for(
         // Spread over the agents: a stride coprime with most counts.
         let agent = (sent * 7_919) % agents as u64 + 1;
         let payload = bytes::Bytes::from(format!("call {sent}"));
-        let (mut stream, jwt) = (client.clone(), jwt.clone());
+        let slot = sent as usize % CALLER_CONNECTIONS;
+        let (mut stream, jwt) = (clients[slot].clone(), jwt.clone());
         tasks.spawn(async move { call(&mut stream, &jwt, agent, payload).await });
-        if sent.is_multiple_of(200) && client.clone().ready().await.is_err() {
-            client = caller(external).await?;
+        if sent.is_multiple_of(200) && clients[slot].clone().ready().await.is_err() {
+            clients[slot] = caller(external).await?;
         }
     }
     let mut latencies = Vec::new();
