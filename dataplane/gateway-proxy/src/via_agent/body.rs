@@ -17,14 +17,19 @@ use crate::body::InFlight;
 pub struct AgentBody {
     answer: AnswerStream,
     finished: bool,
+    /// A watch (long-running request) that breaks off ends cleanly, as an apiserver ends a
+    /// watch at its timeout: clients watch again from the last event they saw. Any other
+    /// answer that breaks off is reset, so a truncated body never looks complete.
+    ends_cleanly: bool,
     _held: (FlowPermit, InFlight),
 }
 
 impl AgentBody {
-    pub fn new(answer: AnswerStream, held: (FlowPermit, InFlight)) -> Self {
+    pub fn new(answer: AnswerStream, ends_cleanly: bool, held: (FlowPermit, InFlight)) -> Self {
         Self {
             answer,
             finished: false,
+            ends_cleanly,
             _held: held,
         }
     }
@@ -66,7 +71,10 @@ impl AgentBody {
         failure: crate::error::AgentFailure,
     ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
         self.finished = true;
-        tracing::debug!(%failure, "an answer through the tunnel broke off");
+        tracing::debug!(%failure, watch = self.ends_cleanly, "an answer through the tunnel broke off");
+        if self.ends_cleanly {
+            return Poll::Ready(None);
+        }
         Poll::Ready(Some(Err(h2::Error::from(h2::Reason::INTERNAL_ERROR))))
     }
 

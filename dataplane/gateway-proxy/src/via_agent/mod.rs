@@ -81,8 +81,10 @@ impl GatewayHandler {
             .await
             .map_err(failed)?;
         let held = (permit, InFlight::new(&self.gateway.metrics, self.worker));
+        let ends_cleanly = info.is_long_running();
         let mut answer = Response::new(ProxyBody::Agent(Box::new(AgentBody::new(
             answer_body,
+            ends_cleanly,
             held,
         ))));
         *answer.status_mut() = answer_head.status;

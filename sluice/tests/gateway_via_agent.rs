@@ -1,0 +1,399 @@
+//! A cluster behind NAT, end to end with real processes: kubectl -> `sluice run` (gateway and
+//! tunnel node in one process) -> the agent's reverse tunnel -> `sluice agent` with a
+//! `kubernetes_api` section -> the apiserver simulator, which only the agent can reach. The
+//! simulator must see the user the gateway authenticated as Impersonate-* headers and the
+//! agent's own credential, never the client's.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use test_support::{
+    apiserver_options, assert_driver, on_both_drivers, wait_until, ApiServer, Caller, Certificates,
+    ClientCert, Ed25519Keys, SluiceLauncher, SluiceProcess,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+const HOST: &str = "nat.sluice.test";
+const AGENT: i64 = 7;
+const AGENT_TOKEN: &str = "agent-7-tunnel-token-0123456789";
+/// The credential the agent presents to its apiserver (a service account's, in a pod).
+const AGENT_SA_TOKEN: &str = "agent-7-service-account-token";
+
+on_both_drivers!(
+    kubectl_reaches_a_cluster_behind_nat_as_its_user_through_the_agent,
+    an_agent_that_leaves_ends_watches_and_requests_wait_then_get_503_naming_it,
+);
+
+struct Rig {
+    dir: tempfile::TempDir,
+    certs: Certificates,
+    apiserver: ApiServer,
+    node: SluiceProcess,
+    agent: Option<SluiceProcess>,
+    driver: String,
+    alice: ClientCert,
+    _gateway_identity: ClientCert,
+}
+
+fn write(dir: &Path, name: &str, contents: impl AsRef<[u8]>) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).unwrap();
+    path
+}
+
+impl Rig {
+    fn start(driver: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = Certificates::generate(&[HOST]).unwrap();
+        let gateway_identity = certs.client("sluice-gateway", &[]).unwrap();
+        let apiserver = ApiServer::start_with(
+            apiserver_options(&certs).caller_token(AGENT_SA_TOKEN, "agent-7"),
+        )
+        .unwrap();
+        let keys = Ed25519Keys::generate().unwrap();
+        let signing_key = write(dir.path(), "gateway-signing.pem", &keys.private_pem);
+        write(dir.path(), "gateway-signing.pub.pem", &keys.public_pem);
+        write(
+            dir.path(),
+            "jwt.secret",
+            "test-secret-0123456789abcdef0123456789\n",
+        );
+        write(dir.path(), "agent.token", AGENT_TOKEN);
+        write(dir.path(), "sa.token", AGENT_SA_TOKEN);
+        let clusters = dir.path().join("clusters");
+        std::fs::create_dir_all(&clusters).unwrap();
+        write(
+            &clusters,
+            "behind-nat.yaml",
+            format!(
+                "apiVersion: proxy.sluice.dev/v1alpha1\nkind: UpstreamCluster\nmetadata:\n  name: {HOST}\nspec:\n  servers:\n  - agent: {{id: {AGENT}}}\n  healthCheck: {{interval: 200ms, timeout: 1s}}\n  clientConfig:\n    certFile: {gw_cert}\n    keyFile: {gw_key}\n    caFile: {ca}\n  secureServing:\n    certFile: {cert}\n    keyFile: {key}\n    clientCAFile: {ca}\n    extraHostnames: ['127.0.0.1']\n",
+                gw_cert = gateway_identity.cert.display(),
+                gw_key = gateway_identity.key.display(),
+                ca = certs.ca_cert.display(),
+                cert = certs.server_cert.display(),
+                key = certs.server_key.display(),
+            ),
+        );
+        let node_yaml = format!(
+            "runtime: {{workers: 2, drain_timeout: 2s, driver: {driver}}}\n\
+             listeners:\n  admin: {{address: '127.0.0.1:0'}}\n  agent: {{address: '127.0.0.1:0'}}\n  external: {{address: '127.0.0.1:0'}}\n  gateway: {{address: '127.0.0.1:0'}}\n\
+             tunnel:\n  node_name: node-a\n  max_wait: 2s\n  agents:\n  - {{id: {AGENT}, token_sha256: '{sha}'}}\n  jwt: {{secret_file: '{jwt}'}}\n\
+             gateway: {{clusters_dir: '{clusters}', agent_assertion_key_file: '{key}'}}\n",
+            sha = sha256_hex(AGENT_TOKEN),
+            jwt = dir.path().join("jwt.secret").display(),
+            clusters = clusters.display(),
+            key = signing_key.display(),
+        );
+        let launcher = SluiceLauncher::new(BIN).unwrap();
+        let config = launcher.write_file("node.yaml", &node_yaml).unwrap();
+        let node = launcher
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .spawn()
+            .expect("the node with its gateway starts");
+        let metrics = test_support::http_get(node.address("admin"), "/metrics")
+            .unwrap()
+            .body;
+        assert_driver(&metrics, driver);
+        let alice = certs.client("alice", &["dev-team", "qa"]).unwrap();
+        let mut rig = Self {
+            dir,
+            certs,
+            apiserver,
+            node,
+            agent: None,
+            driver: driver.to_string(),
+            alice,
+            _gateway_identity: gateway_identity,
+        };
+        rig.start_agent();
+        rig
+    }
+
+    fn start_agent(&mut self) {
+        let dir = self.dir.path();
+        let yaml = format!(
+            "runtime: {{workers: 1, drain_timeout: 2s, driver: {driver}}}\n\
+             listeners:\n  admin: {{address: '127.0.0.1:0'}}\n\
+             agent:\n  token_file: '{token}'\n  nodes: ['http://{node}']\n  forward_to: 'http://127.0.0.1:9'\n  pool: {{min_idle: 2, max: 20, grow_by: 4}}\n  reconnect: {{initial_backoff: 100ms, max_backoff: 500ms}}\n\
+             \x20 kubernetes_api:\n    agent_id: {AGENT}\n    url: '{url}'\n    ca_file: '{ca}'\n    token_file: '{sa}'\n    gateway_keys: ['{public}']\n",
+            driver = self.driver,
+            token = dir.join("agent.token").display(),
+            node = self.node.address("agent"),
+            url = self.apiserver.url(),
+            ca = self.certs.ca_cert.display(),
+            sa = dir.join("sa.token").display(),
+            public = dir.join("gateway-signing.pub.pem").display(),
+        );
+        let launcher = SluiceLauncher::new(BIN).unwrap();
+        let config = launcher.write_file("agent.yaml", &yaml).unwrap();
+        let agent = launcher
+            .arg("agent")
+            .arg("--config")
+            .arg(config)
+            .spawn()
+            .expect("the agent starts");
+        self.agent = Some(agent);
+        let idle = "sluice_tunnel_idle_tunnels";
+        assert!(
+            wait_until(Duration::from_secs(10), || metric(&self.node, idle) >= 1.0),
+            "the agent's tunnels reach the node"
+        );
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        write(
+            self.dir.path(),
+            "alice.kubeconfig",
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: nat\n  cluster:\n    server: https://{}\n    certificate-authority: {}\n    tls-server-name: {HOST}\nusers:\n- name: alice\n  user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: nat\n  context: {{cluster: nat, user: alice, namespace: default}}\ncurrent-context: nat\n",
+                self.node.address("gateway"),
+                self.certs.ca_cert.display(),
+                self.alice.cert.display(),
+                self.alice.key.display(),
+            ),
+        )
+    }
+
+    fn kubectl(&self, args: &[&str]) -> Output {
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .args(["--request-timeout", "10s"])
+            .args(args)
+            .output()
+            .expect("kubectl is installed")
+    }
+
+    /// curl as alice to the gateway by the cluster's name; the URL is the caller's.
+    fn curl(&self, options: &[&str]) -> Command {
+        let port = self.node.address("gateway").port();
+        let mut command = Command::new("curl");
+        command
+            .args(options)
+            .arg("--cacert")
+            .arg(&self.certs.ca_cert)
+            .arg("--cert")
+            .arg(&self.alice.cert)
+            .arg("--key")
+            .arg(&self.alice.key)
+            .args(["--resolve", &format!("{HOST}:{port}:127.0.0.1")]);
+        command
+    }
+
+    /// A GET as alice: (HTTP status, body).
+    fn get(&self, path: &str) -> (u16, String) {
+        let port = self.node.address("gateway").port();
+        let output = self
+            .curl(&[
+                "--silent",
+                "--http2",
+                "--max-time",
+                "10",
+                "--write-out",
+                "\n%{http_code}",
+            ])
+            .arg(format!("https://{HOST}:{port}{path}"))
+            .output()
+            .unwrap();
+        test_support::code_and_body(&output)
+    }
+
+    /// What the simulator saw of pod requests (the health checker never calls it: the agent
+    /// server's health is the agent's connection).
+    fn pod_requests(&self) -> Vec<test_support::RecordedRequest> {
+        self.apiserver
+            .requests()
+            .into_iter()
+            .filter(|request| request.uri.contains("/pods"))
+            .collect()
+    }
+}
+
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
+
+fn metric(process: &SluiceProcess, series: &str) -> f64 {
+    let Ok(answer) = test_support::http_get(process.address("admin"), "/metrics") else {
+        return 0.0;
+    };
+    answer
+        .body
+        .lines()
+        .filter(|line| line.starts_with(series))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn ok(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "kubectl failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// `kubectl get -w -o name` as alice; its output lines as they come.
+fn watch(rig: &Rig) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(rig.kubeconfig())
+        .args(["get", "pods", "-w", "-o", "name"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(child.stdout.take().unwrap());
+    (child, lines)
+}
+
+/// The lines of `stdout` as they come, read on a thread.
+fn lines_of(stdout: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
+    let (lines, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    received
+}
+
+/// Creates pods until the watch reports one: an event created between kubectl's list and its
+/// watch is not replayed by the simulator, so one pod alone could be missed.
+fn see_an_event(rig: &Rig, lines: &std::sync::mpsc::Receiver<String>, prefix: &str) -> bool {
+    for attempt in 0..10 {
+        let name = format!("{prefix}-{attempt}");
+        rig.apiserver.create_pod("default", &name);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match lines.recv_timeout(left) {
+                Ok(line) if line.contains(&name) => return true,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    }
+    false
+}
+
+fn kubectl_reaches_a_cluster_behind_nat_as_its_user_through_the_agent(driver: &str) {
+    let rig = Rig::start(driver);
+    rig.apiserver.create_pod("default", "web-1");
+
+    let listed = ok(&rig.kubectl(&["get", "pods"]));
+    assert!(listed.contains("web-1"), "{listed}");
+    let manifest = write(
+        rig.dir.path(),
+        "pod.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: created-1}\nspec:\n  containers: [{name: c, image: busybox}]\n",
+    );
+    let created = ok(&rig.kubectl(&["apply", "-f", manifest.to_str().unwrap()]));
+    assert!(created.contains("created-1"), "{created}");
+
+    let (mut child, lines) = watch(&rig);
+    let first = lines.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(first.contains("pod/"), "{first}");
+    assert!(
+        see_an_event(&rig, &lines, "watched"),
+        "watch events cross the tunnel"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+
+    let deleted = ok(&rig.kubectl(&["delete", "pod", "created-1", "--wait=false"]));
+    assert!(deleted.contains("created-1"), "{deleted}");
+
+    let requests = rig.pod_requests();
+    assert!(requests.len() >= 4, "{requests:?}");
+    for request in &requests {
+        assert_eq!(
+            request.impersonate_user.as_deref(),
+            Some("alice"),
+            "{request:?}"
+        );
+        assert_eq!(
+            request.impersonate_groups,
+            vec!["dev-team", "qa"],
+            "{request:?}"
+        );
+        // The agent's own credential, never the client's (alice used a certificate; the
+        // gateway's own identity never reaches an apiserver it cannot dial).
+        assert_eq!(
+            request.authorization.as_deref(),
+            Some(format!("Bearer {AGENT_SA_TOKEN}").as_str())
+        );
+        assert_eq!(request.caller, Some(Caller::Token("agent-7".into())));
+    }
+    assert!(metric(&rig.node, "sluice_gateway_agent_requests_total") >= 4.0);
+}
+
+fn an_agent_that_leaves_ends_watches_and_requests_wait_then_get_503_naming_it(driver: &str) {
+    let mut rig = Rig::start(driver);
+    rig.apiserver.create_pod("default", "web-1");
+    // curl, not kubectl: client-go re-watches and retries 503s by itself, which would hide
+    // how the stream ended.
+    let mut curl = rig
+        .curl(&["--silent", "--http2", "--no-buffer", "--max-time", "30"])
+        .arg(format!(
+            "https://{HOST}:{}/api/v1/namespaces/default/pods?watch=true",
+            rig.node.address("gateway").port()
+        ))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(curl.stdout.take().unwrap());
+    assert!(see_an_event(&rig, &lines, "before"), "the watch is open");
+
+    // The agent goes away: the watch ends cleanly (END_STREAM, as at an apiserver's watch
+    // timeout, so clients watch again), and a new request waits for the agent up to
+    // tunnel.max_wait (2 s) and gets a 503 Status naming it.
+    drop(rig.agent.take());
+    assert!(
+        wait_until(Duration::from_secs(10), || curl
+            .try_wait()
+            .unwrap()
+            .is_some()),
+        "the watch ended with the agent"
+    );
+    assert!(
+        curl.wait().unwrap().success(),
+        "the watch ended cleanly, not reset"
+    );
+    let started = Instant::now();
+    let (code, body) = rig.get("/api/v1/namespaces/default/pods");
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "waited for the agent"
+    );
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("\"kind\":\"Status\""), "{body}");
+    assert!(body.contains("agent 7"), "{body}");
+    let refusals = "sluice_gateway_rejected_total{reason=\"agent_not_connected\"}";
+    assert!(metric(&rig.node, refusals) >= 1.0);
+
+    // The agent returns: requests succeed again within a second of its tunnels arriving.
+    rig.start_agent();
+    let back = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(5), || rig
+            .get("/api/v1/namespaces/default/pods")
+            .0
+            == 200),
+        "requests succeed once the agent is back"
+    );
+    assert!(
+        back.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        back.elapsed()
+    );
+}
