@@ -186,6 +186,7 @@ fn up_prints_endpoints_serves_metrics_and_stops_on_ctrl_c() {
         "{listed}{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    the_printed_kubectl_reaches_the_cluster_behind_nat(&stdout, "this node's tunnel");
 
     let mut process = process;
     let sent = Instant::now();
@@ -361,6 +362,7 @@ fn up_with_three_nodes_routes_the_printed_call_through_redis_and_cleans_up() {
         metrics.contains("sluice_tunnel_private_requests_total{code=\"OK\"} 1"),
         "node 3 served the call on its private endpoint: {metrics}"
     );
+    the_printed_kubectl_reaches_the_cluster_behind_nat(&stdout, "Redis -> node-3");
 
     let mut process = process;
     process.signal(libc::SIGINT);
@@ -389,6 +391,15 @@ fn up_with_nodes_but_no_redis_server_says_what_to_install() {
         "{}",
         process.stderr()
     );
+}
+
+/// The printed kubectl command for the cluster behind NAT works as printed: client -> gateway
+/// -> the demo agent's tunnel (`path` says which way the banner says it goes) -> simulator.
+fn the_printed_kubectl_reaches_the_cluster_behind_nat(stdout: &str, path: &str) {
+    let line = printed_line(stdout, "--context behind-nat get pods");
+    assert!(stdout.contains(path), "{stdout}");
+    let (ok, output) = run_printed(line);
+    assert!(ok && output.contains("hello-sluice"), "{line}: {output}");
 }
 
 /// Runs a printed command line (a `# comment` after it is not part of it); (success, output).

@@ -68,11 +68,25 @@ pub fn print_banner(
             gateway.kubeconfig.display(),
             gateway.simulator.address()
         );
+        let path = match &demo.cluster {
+            None => "gateway -> this node's tunnel -> the demo agent".to_string(),
+            Some(cluster) => format!(
+                "gateway -> Redis -> node-{} -> the demo agent",
+                cluster.nodes.len() + 1
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "  kubectl --kubeconfig {} --context {} get pods\n    (cluster {}: the same simulator, which the gateway reaches only through\n    agent {DEMO_AGENT_ID}'s reverse tunnel: {path} -> simulator)",
+            gateway.kubeconfig.display(),
+            crate::demo::gateway::BEHIND_NAT_CONTEXT,
+            crate::demo::gateway::BEHIND_NAT_HOST,
+        );
     }
     if let Some(controlplane) = &demo.controlplane {
         let _ = writeln!(
             out,
-            "  kubectl --kubeconfig {} get upstreamclusters\n    (the control plane at {}, embedded; it pushes the cluster above to the gateway:\n    edit it with kubectl and the gateway follows)",
+            "  kubectl --kubeconfig {} get upstreamclusters\n    (the control plane at {}, embedded; it pushes the clusters above to the gateway:\n    edit it with kubectl and the gateway follows)",
             controlplane.kubeconfig.display(),
             controlplane.url
         );

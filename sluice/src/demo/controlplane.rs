@@ -48,11 +48,14 @@ impl Drop for DemoControlPlane {
 }
 
 impl DemoControlPlane {
-    /// Starts it on `listen` with its data in `dir`, stores `cluster_yaml` (the demo
-    /// UpstreamCluster) and issues the demo gateway's token.
-    pub fn start(dir: &Path, listen: SocketAddr, cluster_yaml: &str) -> anyhow::Result<Self> {
-        let cluster: serde_json::Value =
-            serde_norway::from_str(cluster_yaml).context("the demo cluster's YAML")?;
+    /// Starts it on `listen` with its data in `dir`, stores `clusters_yaml` (the demo
+    /// UpstreamClusters) and issues the demo gateway's token.
+    pub fn start(dir: &Path, listen: SocketAddr, clusters_yaml: &[String]) -> anyhow::Result<Self> {
+        let clusters = clusters_yaml
+            .iter()
+            .map(|yaml| serde_norway::from_str::<serde_json::Value>(yaml))
+            .collect::<Result<Vec<_>, _>>()
+            .context("the demo clusters' YAML")?;
         let options = ControlPlaneOptions::embedded(listen, dir.to_path_buf());
         let token_file = dir.join("gateway.token");
         let (started, outcome) = std::sync::mpsc::channel();
@@ -73,7 +76,7 @@ impl DemoControlPlane {
                     }
                 };
                 runtime.block_on(async move {
-                    match prepare(options, cluster, &token_path).await {
+                    match prepare(options, clusters, &token_path).await {
                         Ok(running) => {
                             let _ = started.send(Ok(Started {
                                 url: running.url.clone(),
@@ -185,15 +188,17 @@ pub async fn create_demo_object(store: &dyn Store, object: Value) -> anyhow::Res
 
 async fn prepare(
     options: ControlPlaneOptions,
-    cluster: serde_json::Value,
+    clusters: Vec<serde_json::Value>,
     token_file: &Path,
 ) -> anyhow::Result<RunningControlPlane> {
     let running = crate::controlplane::start(options).await?;
     let store = running.server.store().clone();
     let spec = sluice_apiserver::kinds::upstream_cluster();
-    create_object(store.as_ref(), &spec, cluster)
-        .await
-        .map_err(|error| anyhow::anyhow!("storing the demo cluster: {}", error.message))?;
+    for cluster in clusters {
+        create_object(store.as_ref(), &spec, cluster)
+            .await
+            .map_err(|error| anyhow::anyhow!("storing a demo cluster: {}", error.message))?;
+    }
     let issued = issue(Identity::new(Role::Gateway, "sluice-up")?)?;
     store_token(store.as_ref(), "gateway.sluice-up", &issued)
         .await

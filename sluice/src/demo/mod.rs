@@ -128,9 +128,7 @@ impl UpDemo {
             gateway_listener.address.set_port(0);
         }
         config.listeners.gateway = Some(gateway_listener);
-        // The gateway's cluster lives in the embedded control plane, which pushes it.
-        let cluster_yaml = std::fs::read_to_string(gateway.clusters_dir.join("demo.yaml"))
-            .context("reading the demo cluster")?;
+        // The gateway's clusters live in the embedded control plane, which pushes them.
         let mut listen: SocketAddr = "127.0.0.1:6443".parse()?;
         if ephemeral_ports {
             listen.set_port(0);
@@ -138,7 +136,7 @@ impl UpDemo {
         let controlplane = crate::demo::controlplane::DemoControlPlane::start(
             &demo.dir.join("controlplane"),
             listen,
-            &cluster_yaml,
+            &gateway.cluster_yaml,
         )?;
         config.gateway = Some(sluice_config::GatewayConfig {
             source: sluice_config::ClusterSource::ControlPlane(controlplane.source.clone()),
@@ -146,8 +144,11 @@ impl UpDemo {
             credentials_dir: gateway.ca.parent().map(std::path::Path::to_path_buf),
             reload_interval: std::time::Duration::from_secs(1),
             access_log: Default::default(),
-            agent_assertion_key_file: None,
+            agent_assertion_key_file: Some(gateway.signing_key.clone()),
         });
+        if let Some(agent) = config.agent.as_mut() {
+            agent.kubernetes_api = Some(demo_kubernetes_api(&gateway)?);
+        }
         let mut demo = demo;
         demo.vm = Some(crate::demo::vm::VmPillar::start(&demo.dir, &controlplane));
         demo.gateway = Some(gateway);
@@ -228,6 +229,28 @@ fn demo_agent(token: String) -> AgentConfig {
         },
         kubernetes_api: None,
     }
+}
+
+/// The demo agent's Kubernetes API forwarder: the simulator, reached with the agent's own
+/// certificate, on behalf of users the demo gateway vouches for.
+fn demo_kubernetes_api(
+    gateway: &crate::demo::gateway::DemoGateway,
+) -> anyhow::Result<sluice_config::KubernetesApiConfig> {
+    let address = gateway.simulator.address();
+    let (cert_file, key_file) = gateway.agent_identity.clone();
+    Ok(sluice_config::KubernetesApiConfig {
+        agent_id: u64::try_from(DEMO_AGENT_ID).context("the demo agent's id")?,
+        url: gateway.simulator.url(),
+        host: address.ip().to_string(),
+        port: address.port(),
+        ca_file: gateway.ca.clone(),
+        credential: sluice_config::KubeCredential::ClientCertificate {
+            cert_file,
+            key_file,
+        },
+        gateway_keys: vec![gateway.signing_public.clone()],
+        max_in_flight: 256,
+    })
 }
 
 /// The demo node's tunnel: the demo agent's token and a fresh JWT secret, generous limits.
