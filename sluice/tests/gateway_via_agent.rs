@@ -25,6 +25,7 @@ const AGENT_SA_TOKEN: &str = "agent-7-service-account-token";
 on_both_drivers!(
     kubectl_reaches_a_cluster_behind_nat_as_its_user_through_the_agent,
     an_agent_that_leaves_ends_watches_and_requests_wait_then_get_503_naming_it,
+    exec_upgrades_go_through_the_tunnel_and_carry_bytes_both_ways_as_the_user,
 );
 
 struct Rig {
@@ -396,4 +397,91 @@ fn an_agent_that_leaves_ends_watches_and_requests_wait_then_get_503_naming_it(dr
         "{:?}",
         back.elapsed()
     );
+}
+
+fn exec_upgrades_go_through_the_tunnel_and_carry_bytes_both_ways_as_the_user(driver: &str) {
+    let rig = Rig::start(driver);
+    rig.apiserver.create_pod("default", "web-1");
+    let script = r#"
+import socket, ssl, sys
+port, sni, ca, cert, key, target = sys.argv[1:7]
+context = ssl.create_default_context(cafile=ca)
+context.load_cert_chain(cert, key)
+context.set_alpn_protocols(["http/1.1"])
+conn = context.wrap_socket(socket.create_connection(("127.0.0.1", int(port))), server_hostname=sni)
+conn.settimeout(10)
+conn.sendall(("POST " + target + " HTTP/1.1\r\nHost: " + sni
+              + "\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n").encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    chunk = conn.recv(4096)
+    if not chunk:
+        break
+    head += chunk
+print(head.split(b"\r\n")[0].decode(), flush=True)
+if b" 101 " in head.split(b"\r\n")[0]:
+    conn.sendall(b"ping-through-exec")
+    echoed = head.split(b"\r\n\r\n", 1)[1]
+    while len(echoed) < 17:
+        echoed += conn.recv(4096)
+    print(echoed.decode(), flush=True)
+else:
+    # Any other answer is passed on whole and the connection closed.
+    rest = head
+    while True:
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        rest += chunk
+    print(rest.split(b"\r\n\r\n", 1)[1].decode(), flush=True)
+"#;
+    let run = |target: &str| {
+        let output = Command::new(test_support::python())
+            .arg("-c")
+            .arg(script)
+            .arg(rig.node.address("gateway").port().to_string())
+            .arg(HOST)
+            .arg(&rig.certs.ca_cert)
+            .arg(&rig.alice.cert)
+            .arg(&rig.alice.key)
+            .arg(target)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let upgraded = run("/api/v1/namespaces/default/pods/web-1/exec?command=sh");
+    assert_eq!(
+        upgraded.lines().collect::<Vec<_>>(),
+        vec!["HTTP/1.1 101 Switching Protocols", "ping-through-exec"],
+        "{upgraded}"
+    );
+    let execs = || {
+        rig.pod_requests()
+            .into_iter()
+            .filter(|request| request.uri.contains("/exec"))
+            .collect::<Vec<_>>()
+    };
+    let exec = execs().pop().unwrap();
+    assert_eq!(exec.impersonate_user.as_deref(), Some("alice"), "{exec:?}");
+    assert_eq!(exec.impersonate_groups, vec!["dev-team", "qa"], "{exec:?}");
+    assert_eq!(
+        exec.authorization.as_deref(),
+        Some(format!("Bearer {AGENT_SA_TOKEN}").as_str())
+    );
+    assert_eq!(exec.caller, Some(Caller::Token("agent-7".into())));
+    assert_eq!(format!("{:?}", exec.version), "HTTP/1.1");
+    // Any other answer reaches the client as it is, and nothing after it is relayed.
+    let refused = run("/api/v1/namespaces/default/pods/web-1");
+    assert_eq!(
+        refused.lines().next(),
+        Some("HTTP/1.1 405 Method Not Allowed"),
+        "{refused}"
+    );
+    assert!(refused.contains("\"kind\":\"Status\""), "{refused}");
+    assert_eq!(execs().len(), 1);
 }

@@ -152,6 +152,10 @@ impl GatewayHandler {
         let compiled = &generation.snapshot.clusters()[cluster];
         let runtime = &generation.clusters[cluster];
         let server = &compiled.servers[server];
+        if let Some(agent) = server.agent {
+            let via_agent = self.upgrade_via_agent(stream, (head, early), &user, agent);
+            return Box::pin(via_agent).await;
+        }
         let upstream_failed = |cause: UpstreamFailure| ProxyError::Upstream {
             server: server.endpoint.clone(),
             cause,

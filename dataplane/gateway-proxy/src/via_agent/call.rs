@@ -32,33 +32,66 @@ pub struct AnswerStream {
 /// Sends the request (`head`: the encoded request head, `body`: the client's) and waits for
 /// the answer's head.
 pub async fn exchange(
-    mut send: h2::client::SendRequest<Bytes>,
+    send: h2::client::SendRequest<Bytes>,
     agent: u64,
     head: Bytes,
     body: Incoming,
     limits: &ExchangeLimits,
 ) -> Result<(ResponseHead, AnswerStream), AgentFailure> {
+    let empty = http_body::Body::is_end_stream(&body);
+    let after = if empty { After::Nothing } else { After::Body };
+    let (response, stream) = start(send, agent, head, after).await?;
+    if !empty {
+        let pump = pump_request(body, stream, limits.max_data_bytes);
+        sluice_runtime::spawn_contained("gateway-agent-request-pump", pump);
+    }
+    answer(response, limits).await
+}
+
+/// What follows the request head on the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    /// The body, pumped as Data messages.
+    Body,
+    /// Nothing: the empty body's End, and the call's send side closes.
+    Nothing,
+    /// An upgrade: the empty body's End (sent before the 101 is known, as the agent expects),
+    /// then, once upgraded, the stream's bytes on the send side left open.
+    Upgrade,
+}
+
+/// Opens the call and sends the request head (and End, unless a body follows) in one DATA
+/// frame.
+pub async fn start(
+    mut send: h2::client::SendRequest<Bytes>,
+    agent: u64,
+    head: Bytes,
+    after: After,
+) -> Result<(h2::client::ResponseFuture, h2::SendStream<Bytes>), AgentFailure> {
     let request = Request::post(format!("http://sluice-node{MAKE_REQUEST_PATH}"))
         .header(http::header::CONTENT_TYPE, "application/grpc")
         .header(http::header::TE, "trailers")
         .header(AGENT_ID_HEADER, agent)
         .body(())
         .map_err(|error| AgentFailure::Protocol(error.to_string()))?;
-    let empty = http_body::Body::is_end_stream(&body);
     let (response, mut stream) = send
         .send_request(request, false)
         .map_err(AgentFailure::Send)?;
     let mut first = BytesMut::from(&sluice_grpc::encode_message(false, &head)[..]);
-    if empty {
+    if after != After::Body {
         first.extend_from_slice(&sluice_grpc::encode_message(false, &encode_request_end()));
     }
-    send_data(&mut stream, first.freeze(), empty)
+    send_data(&mut stream, first.freeze(), after == After::Nothing)
         .await
         .map_err(AgentFailure::Send)?;
-    if !empty {
-        let pump = pump_request(body, stream, limits.max_data_bytes);
-        sluice_runtime::spawn_contained("gateway-agent-request-pump", pump);
-    }
+    Ok((response, stream))
+}
+
+/// Waits for the answer's head.
+pub async fn answer(
+    response: h2::client::ResponseFuture,
+    limits: &ExchangeLimits,
+) -> Result<(ResponseHead, AnswerStream), AgentFailure> {
     let response = response.await.map_err(AgentFailure::Response)?;
     if let Some(code) = response.headers().get("grpc-status") {
         // Trailers only: the node or the agent refused the call outright.

@@ -12,6 +12,7 @@
 mod body;
 mod call;
 mod link;
+mod upgrade;
 
 pub use body::AgentBody;
 pub use link::{AgentLink, AgentPath, LinkFailure};
@@ -22,6 +23,7 @@ use std::time::SystemTime;
 use http::request::Parts;
 use http::Response;
 use hyper::body::Incoming;
+use sluice_gateway::identity::UserInfo;
 use sluice_gateway::request_info::RequestInfo;
 use sluice_kube_tunnel::{encode_request_head, Identity};
 
@@ -59,16 +61,7 @@ impl GatewayHandler {
             .uri
             .path_and_query()
             .map_or("/", |target| target.as_str());
-        let assertion = path
-            .signer
-            .sign(
-                &Identity::from(&*user),
-                agent,
-                parts.method.as_str(),
-                target,
-                SystemTime::now(),
-            )
-            .map_err(|error| failed(AgentFailure::Sign(error)))?;
+        let assertion = sign(path, &user, agent, &parts.method, target).map_err(failed)?;
         // The client's end-to-end headers without its credentials or impersonation; the agent
         // sets the user from the assertion alone.
         let headers = upstream_headers(&parts.headers, &user, None)?;
@@ -113,4 +106,23 @@ impl GatewayHandler {
             .await
             .map_err(|error| LinkFailure(error.to_string()))
     }
+}
+
+/// The user's assertion for `agent`, bound to the request line (`target`: origin form).
+fn sign(
+    path: &AgentPath,
+    user: &UserInfo,
+    agent: u64,
+    method: &http::Method,
+    target: &str,
+) -> Result<String, AgentFailure> {
+    path.signer
+        .sign(
+            &Identity::from(user),
+            agent,
+            method.as_str(),
+            target,
+            SystemTime::now(),
+        )
+        .map_err(AgentFailure::Sign)
 }
