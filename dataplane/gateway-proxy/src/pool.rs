@@ -222,25 +222,10 @@ impl CorePool {
     ) -> Result<(h2::client::SendRequest<Bytes>, StreamSlot), ClientStreamError> {
         let connections = self.server(cluster, server, client_tls);
         let max_connections = self.share.split(settings.max_connections_per_server).max(1);
-        let limits = connections.stream_limits(settings, max_connections);
-        connections.streams.borrow_mut().set_limits(limits, grant);
-        let share =
-            match ask_turn(&connections.streams, turn).map_err(ClientStreamError::Refused)? {
-                Asked::Held(share) => share,
-                // Boxed: only a request that waits carries the timer and the wait.
-                Asked::Queued(ticket, queued) => Box::pin(wait_turn(
-                    &connections.streams,
-                    turn,
-                    (ticket, queued),
-                    settings.max_queue_wait,
-                    (
-                        self.level_metrics(cluster, turn.level.map(|level| &**level)),
-                        self.worker,
-                    ),
-                ))
-                .await
-                .map_err(ClientStreamError::Refused)?,
-            };
+        let share = self
+            .take_turn(cluster, &connections, settings, turn)
+            .await
+            .map_err(ClientStreamError::Refused)?;
         let opened = self
             .open_stream(&connections, server, settings, max_connections)
             .await;
@@ -251,6 +236,52 @@ impl CorePool {
         let (send, mut slot) = opened.map_err(ClientStreamError::Upstream)?;
         slot._share = Some(share);
         Ok((send, slot))
+    }
+
+    /// A turn for a request to an agent server, which has no connection of this pool: the same
+    /// fair share per user and cap on long-running requests as an apiserver's streams, over
+    /// this core's share of `maxConnectionsPerServer` x `maxConcurrentStreams`. That is the
+    /// bound of requests this core has in flight to one agent (the agent bounds all of them
+    /// with its own `max_in_flight`).
+    pub async fn agent_turn(
+        &self,
+        (cluster, server): (&str, &CompiledServer),
+        client_tls: &Arc<rustls::ClientConfig>,
+        settings: &ConnectionPool,
+        turn: ClientTurn<'_>,
+    ) -> Result<ShareHeld, FairShareRefusal> {
+        let connections = self.server(cluster, server, client_tls);
+        self.take_turn(cluster, &connections, settings, turn).await
+    }
+
+    /// `turn.user`'s fair turn for one of this core's streams to a server (see `turns.rs`).
+    async fn take_turn(
+        &self,
+        cluster: &str,
+        connections: &ServerConnections,
+        settings: &ConnectionPool,
+        turn: ClientTurn<'_>,
+    ) -> Result<ShareHeld, FairShareRefusal> {
+        let max_connections = self.share.split(settings.max_connections_per_server).max(1);
+        let limits = connections.stream_limits(settings, max_connections);
+        connections.streams.borrow_mut().set_limits(limits, grant);
+        match ask_turn(&connections.streams, turn)? {
+            Asked::Held(share) => Ok(share),
+            // Boxed: only a request that waits carries the timer and the wait.
+            Asked::Queued(ticket, queued) => {
+                Box::pin(wait_turn(
+                    &connections.streams,
+                    turn,
+                    (ticket, queued),
+                    settings.max_queue_wait,
+                    (
+                        self.level_metrics(cluster, turn.level.map(|level| &**level)),
+                        self.worker,
+                    ),
+                ))
+                .await
+            }
+        }
     }
 
     /// A stream on this core's reserved connections to `server` (for the gateway's own

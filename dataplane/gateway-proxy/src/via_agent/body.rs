@@ -10,6 +10,7 @@ use sluice_kube_tunnel::ResponseMessage;
 
 use super::call::AnswerStream;
 use crate::body::InFlight;
+use crate::turns::ShareHeld;
 
 /// An agent server's answer body, holding the request's flow-control permit and in-flight
 /// count until its last byte is relayed or the client goes away.
@@ -21,11 +22,15 @@ pub struct AgentBody {
     /// watch at its timeout: clients watch again from the last event they saw. Any other
     /// answer that breaks off is reset, so a truncated body never looks complete.
     ends_cleanly: bool,
-    _held: (FlowPermit, InFlight),
+    _held: (FlowPermit, ShareHeld, InFlight),
 }
 
 impl AgentBody {
-    pub fn new(answer: AnswerStream, ends_cleanly: bool, held: (FlowPermit, InFlight)) -> Self {
+    pub fn new(
+        answer: AnswerStream,
+        ends_cleanly: bool,
+        held: (FlowPermit, ShareHeld, InFlight),
+    ) -> Self {
         Self {
             answer,
             finished: false,

@@ -33,6 +33,8 @@ use crate::error::{AgentFailure, ProxyError};
 use crate::handler::GatewayHandler;
 use crate::headers::upstream_headers;
 use crate::state::Generation;
+use crate::turns::ClientTurn;
+use sluice_gateway::status::GatewayError;
 
 impl GatewayHandler {
     /// [`GatewayHandler::forward`] for a server that names `agent`.
@@ -48,15 +50,35 @@ impl GatewayHandler {
         let failed = |cause: AgentFailure| ProxyError::Agent { agent, cause };
         let Admitted {
             cluster,
+            server,
             user,
             permit,
-            ..
         } = admitted;
         let compiled = &generation.snapshot.clusters()[cluster];
         let path = self
             .gateway
             .agent_path()
             .ok_or(failed(AgentFailure::NoPath))?;
+        // The same fair turn per user as an apiserver's streams: one user's watches cannot take
+        // every request this core may have in flight to the agent.
+        let turn = ClientTurn {
+            user: &user.name,
+            long_running: info.is_long_running(),
+            level: permit.level(),
+        };
+        let share = self
+            .pool
+            .agent_turn(
+                (&compiled.name, &compiled.servers[server]),
+                &generation.clusters[cluster].client_tls,
+                &compiled.connection_pool,
+                turn,
+            )
+            .await
+            .map_err(|refusal| GatewayError::FairShare {
+                level: permit.level().cloned(),
+                refusal,
+            })?;
         let target = parts
             .uri
             .path_and_query()
@@ -73,7 +95,11 @@ impl GatewayHandler {
         let (answer_head, answer_body) = call::exchange(send, agent, head, body, &path.limits)
             .await
             .map_err(failed)?;
-        let held = (permit, InFlight::new(&self.gateway.metrics, self.worker));
+        let held = (
+            permit,
+            share,
+            InFlight::new(&self.gateway.metrics, self.worker),
+        );
         let ends_cleanly = info.is_long_running();
         let mut answer = Response::new(ProxyBody::Agent(Box::new(AgentBody::new(
             answer_body,
