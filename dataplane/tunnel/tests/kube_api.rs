@@ -5,26 +5,24 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+mod kube_caller;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use common::*;
-use h2::client::ResponseFuture;
-use h2::{RecvStream, SendStream};
-use http::{HeaderMap, Method, Request};
+use http::{HeaderMap, Method};
+use kube_caller::*;
 use prometheus_client::registry::Registry;
 use sluice_config::{
     AgentConfig, Endpoint, KubeCredential, KubernetesApiConfig, PoolConfig, ReconnectConfig,
 };
-use sluice_grpc::transport::{connect, recv_data, ClientConnection, H2Settings};
 use sluice_grpc::{encode_message, Code, FrameDecoder};
 use sluice_kube_tunnel::{
-    decode_response, encode_request_data, encode_request_end, encode_request_head,
-    encode_request_upgrade_data, AssertionSigner, ExchangeLimits, Identity, ResponseMessage,
-    MAKE_REQUEST_PATH,
+    encode_request_data, encode_request_end, encode_request_head, encode_request_upgrade_data,
+    AssertionSigner, Identity, ResponseMessage,
 };
 use sluice_runtime::{
     Driver, DriverSelection, Lifecycle, RunningServer, RuntimeOptions, ServerBuilder,
@@ -36,16 +34,6 @@ const KUBE_AGENT: i64 = 7;
 const PLAIN_AGENT: i64 = 9;
 const AGENT_SA_TOKEN: &str = "agent-service-account-token";
 
-/// What the caller learns: the gRPC status, and the HTTP answer when there was one.
-#[derive(Debug, Default)]
-struct Outcome {
-    grpc_status: String,
-    grpc_message: String,
-    http_status: Option<u16>,
-    body: Vec<u8>,
-    ended: bool,
-}
-
 struct Keys {
     trusted: Ed25519Keys,
     other: Ed25519Keys,
@@ -53,7 +41,8 @@ struct Keys {
 
 struct Rig {
     _dir: tempfile::TempDir,
-    apiserver: ApiServer,
+    /// Taken (stopped) by the last case.
+    apiserver: Option<ApiServer>,
     node: Node,
     _agents: Vec<RunningServer>,
     kube_metrics: AgentMetrics,
@@ -150,7 +139,7 @@ fn start_rig(driver: Driver, certs: &Certificates, keys: &Keys) -> Rig {
     wait_for_tunnels(&node, 4);
     Rig {
         _dir: dir,
-        apiserver,
+        apiserver: Some(apiserver),
         node,
         _agents: agents,
         kube_metrics,
@@ -191,6 +180,10 @@ fn hostile_headers(host: &str) -> HeaderMap {
 }
 
 impl Rig {
+    fn api(&self) -> &ApiServer {
+        self.apiserver.as_ref().unwrap()
+    }
+
     fn assertion(&self, agent: i64, method: &str, path: &str, age: Duration) -> String {
         let now = SystemTime::now() - age;
         self.signer
@@ -236,127 +229,6 @@ impl Rig {
     }
 }
 
-/// A call whose answer is read as it streams (a watch).
-struct Streaming {
-    body: RecvStream,
-    frames: FrameDecoder,
-    seen: Vec<u8>,
-    _send: SendStream<Bytes>,
-    _connection: ClientConnection,
-}
-
-impl Streaming {
-    async fn open(private: SocketAddr, agent: i64, messages: Vec<Bytes>) -> Self {
-        let (connection, response, send) = send_call(private, agent, messages, true).await;
-        let response = monoio::time::timeout(Duration::from_secs(10), response)
-            .await
-            .expect("an answer in time")
-            .unwrap();
-        assert!(
-            !response.headers().contains_key("grpc-status"),
-            "{response:?}"
-        );
-        Self {
-            body: response.into_body(),
-            frames: FrameDecoder::new(4 * 1024 * 1024),
-            seen: Vec::new(),
-            _send: send,
-            _connection: connection,
-        }
-    }
-
-    /// Reads the answer until its body holds `needle` (the stream stays open).
-    async fn read_until(&mut self, needle: &str) {
-        let wait = async {
-            while !String::from_utf8_lossy(&self.seen).contains(needle) {
-                let chunk = recv_data(&mut self.body).await.expect("the watch goes on");
-                self.frames.push(chunk.unwrap());
-                while let Some(message) = self.frames.next_message().unwrap() {
-                    let limits = ExchangeLimits::default();
-                    if let ResponseMessage::Data(data) =
-                        decode_response(&message.data, &limits).unwrap()
-                    {
-                        self.seen.extend_from_slice(&data);
-                    }
-                }
-            }
-        };
-        monoio::time::timeout(Duration::from_secs(10), wait)
-            .await
-            .unwrap_or_else(|_| panic!("{needle} did not come through the watch in 10 s"));
-    }
-}
-
-async fn send_call(
-    private: SocketAddr,
-    agent: i64,
-    messages: Vec<Bytes>,
-    end: bool,
-) -> (ClientConnection, ResponseFuture, SendStream<Bytes>) {
-    let connection = connect(private, None, &H2Settings::default())
-        .await
-        .unwrap();
-    let mut ready = connection.ready().await.unwrap();
-    let request = Request::post(format!("http://node{MAKE_REQUEST_PATH}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("authorization", format!("Bearer {}", private_jwt()))
-        .header("sluice-agent-id", agent.to_string())
-        .body(())
-        .unwrap();
-    let (response, mut send) = ready.send_request(request, false).unwrap();
-    let mut out = BytesMut::new();
-    for message in messages {
-        out.extend_from_slice(&encode_message(false, &message));
-    }
-    send.send_data(out.freeze(), end).unwrap();
-    (connection, response, send)
-}
-
-async fn make_request(private: SocketAddr, agent: i64, messages: Vec<Bytes>) -> Outcome {
-    let (_connection, response, _send) = send_call(private, agent, messages, true).await;
-    let response = monoio::time::timeout(Duration::from_secs(10), response)
-        .await
-        .expect("an answer in time")
-        .unwrap();
-    let mut outcome = Outcome::default();
-    let headers = response.headers().clone();
-    let mut body = response.into_body();
-    let trailers = if headers.contains_key("grpc-status") {
-        headers
-    } else {
-        let mut frames = FrameDecoder::new(4 * 1024 * 1024);
-        while let Some(chunk) = recv_data(&mut body).await {
-            frames.push(chunk.unwrap());
-            while let Some(message) = frames.next_message().unwrap() {
-                match decode_response(&message.data, &ExchangeLimits::default()).unwrap() {
-                    ResponseMessage::Head(head) => outcome.http_status = Some(head.status.as_u16()),
-                    ResponseMessage::Data(data) => outcome.body.extend_from_slice(&data),
-                    ResponseMessage::End => outcome.ended = true,
-                    ResponseMessage::UpgradeData(_) => panic!("no upgrade was asked for"),
-                }
-            }
-        }
-        std::future::poll_fn(|cx| body.poll_trailers(cx))
-            .await
-            .unwrap()
-            .unwrap_or_default()
-    };
-    let text = |name: &str| {
-        trailers
-            .get(name)
-            .map(|value| value.to_str().unwrap().to_string())
-            .unwrap_or_default()
-    };
-    outcome.grpc_status = text("grpc-status");
-    outcome.grpc_message = text("grpc-message");
-    outcome
-}
-
-fn code(code: Code) -> String {
-    code.as_u32().to_string()
-}
-
 const CONFIGMAPS: &str = "/api/v1/namespaces/default/configmaps";
 
 /// GET, LIST and a create (a streamed body) go through as alice, with the agent's token, and
@@ -381,7 +253,7 @@ fn requests_succeed_as_the_vouched_for_user(rig: &Rig) {
     let listed = rig.call(KUBE_AGENT, Method::GET, CONFIGMAPS, &assertion, b"");
     assert_eq!(listed.http_status, Some(200), "{listed:?}");
     assert!(String::from_utf8_lossy(&listed.body).contains("\"ConfigMapList\""));
-    let seen = rig.apiserver.requests();
+    let seen = rig.api().requests();
     assert_eq!(seen.len(), 3, "{seen:?}");
     for request in &seen {
         assert_eq!(request.caller, Some(Caller::Token("sluice-agent".into())));
@@ -404,13 +276,13 @@ fn requests_succeed_as_the_vouched_for_user(rig: &Rig) {
 /// Every refused assertion is PERMISSION_DENIED, counted by reason, and the apiserver sees
 /// nothing of it.
 fn bad_assertions_are_refused_before_the_apiserver(rig: &Rig) {
-    rig.apiserver.clear_requests();
+    rig.api().clear_requests();
     let path = CONFIGMAPS;
     let old = Duration::from_secs(120);
     let replayed = rig.assertion(KUBE_AGENT, "GET", path, Duration::ZERO);
     let first = rig.call(KUBE_AGENT, Method::GET, path, &replayed, b"");
     assert_eq!(first.grpc_status, "0", "{first:?}");
-    rig.apiserver.clear_requests();
+    rig.api().clear_requests();
     let other_key = rig
         .other_signer
         .sign(&alice(), KUBE_AGENT as u64, "GET", path, SystemTime::now())
@@ -454,7 +326,7 @@ fn bad_assertions_are_refused_before_the_apiserver(rig: &Rig) {
             "{reason}"
         );
         assert!(
-            rig.apiserver.requests().is_empty(),
+            rig.api().requests().is_empty(),
             "{reason}: the apiserver saw it"
         );
     }
@@ -466,7 +338,7 @@ fn the_request_never_chooses_where_the_agent_connects(rig: &Rig) {
     let bait = TcpListener::bind("127.0.0.1:0").unwrap();
     bait.set_nonblocking(true).unwrap();
     let bait_address = bait.local_addr().unwrap();
-    rig.apiserver.clear_requests();
+    rig.api().clear_requests();
     let absolute = format!("https://{bait_address}{CONFIGMAPS}");
     let assertion = rig.assertion(KUBE_AGENT, "GET", &absolute, Duration::ZERO);
     let refused = rig.call(KUBE_AGENT, Method::GET, &absolute, &assertion, b"");
@@ -487,7 +359,7 @@ fn the_request_never_chooses_where_the_agent_connects(rig: &Rig) {
     );
     assert_eq!(hosted.http_status, Some(200), "{hosted:?}");
     assert_eq!(
-        rig.apiserver.requests().len(),
+        rig.api().requests().len(),
         1,
         "the configured apiserver answered"
     );
@@ -542,26 +414,10 @@ async fn watches_stream_and_count_against_the_bound(rig: &Rig) {
     assert!(refused.grpc_message.contains("at most 2"), "{refused:?}");
 }
 
-/// The next message of an answer being read as it streams.
-async fn next_response(body: &mut RecvStream, frames: &mut FrameDecoder) -> ResponseMessage {
-    let wait = async {
-        loop {
-            if let Some(message) = frames.next_message().unwrap() {
-                return decode_response(&message.data, &ExchangeLimits::default()).unwrap();
-            }
-            let chunk = recv_data(body).await.expect("the answer goes on");
-            frames.push(chunk.unwrap());
-        }
-    };
-    monoio::time::timeout(Duration::from_secs(10), wait)
-        .await
-        .expect("the next message in 10 s")
-}
-
 /// exec: after the apiserver's 101 the bytes go both ways as UpgradeData (the simulator echoes
 /// them), on the agent's own HTTP/1.1 connection; End closes it and the call ends OK.
 async fn exec_streams_both_ways_after_the_switch(rig: &Rig) {
-    rig.apiserver.clear_requests();
+    rig.api().clear_requests();
     let path = "/api/v1/namespaces/default/pods/p/exec?command=sh&stdin=true";
     let assertion = rig.assertion(KUBE_AGENT, "POST", path, Duration::ZERO);
     let mut headers = hostile_headers("localhost");
@@ -607,7 +463,7 @@ async fn exec_streams_both_ways_after_the_switch(rig: &Rig) {
         .unwrap()
         .unwrap();
     assert_eq!(trailers["grpc-status"], "0");
-    let seen = rig.apiserver.requests();
+    let seen = rig.api().requests();
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert_eq!(seen[0].version, http::Version::HTTP_11);
     assert_eq!(seen[0].impersonate_user.as_deref(), Some("alice"));
@@ -617,8 +473,27 @@ async fn exec_streams_both_ways_after_the_switch(rig: &Rig) {
     );
 }
 
+/// With the apiserver gone the call is UNAVAILABLE, with the node's fixed text (the agent keeps
+/// its apiserver's address to its log), and counted.
+fn an_unreachable_apiserver_is_unavailable(mut rig: Rig) {
+    let address = rig.api().address();
+    drop(rig.apiserver.take());
+    // The watches of the case before (their callers gone, but idle, so still relayed) end with
+    // the apiserver: their failures must not count here.
+    block_on(until_in_flight(&rig, 0));
+    let before = rig.kube_metrics.kube.apiserver_errors();
+    let assertion = rig.assertion(KUBE_AGENT, "GET", CONFIGMAPS, Duration::ZERO);
+    let failed = rig.call(KUBE_AGENT, Method::GET, CONFIGMAPS, &assertion, b"");
+    assert_eq!(failed.grpc_status, code(Code::Unavailable), "{failed:?}");
+    assert!(
+        !failed.grpc_message.contains(&address.port().to_string()),
+        "{failed:?}"
+    );
+    assert_eq!(rig.kube_metrics.kube.apiserver_errors(), before + 1);
+}
+
 fn an_agent_without_the_section_answers_unimplemented(rig: &Rig) {
-    rig.apiserver.clear_requests();
+    rig.api().clear_requests();
     let assertion = rig.assertion(PLAIN_AGENT, "GET", CONFIGMAPS, Duration::ZERO);
     let refused = rig.call(PLAIN_AGENT, Method::GET, CONFIGMAPS, &assertion, b"");
     assert_eq!(
@@ -630,7 +505,7 @@ fn an_agent_without_the_section_answers_unimplemented(rig: &Rig) {
         refused.grpc_message.contains("kubernetes_api"),
         "{refused:?}"
     );
-    assert!(rig.apiserver.requests().is_empty());
+    assert!(rig.api().requests().is_empty());
 }
 
 #[test]
@@ -654,5 +529,6 @@ fn the_agent_forwards_kubernetes_api_calls_only_as_the_gateway_vouched() {
         );
         block_on(watches_stream_and_count_against_the_bound(&rig));
         assert_eq!(rig.kube_metrics.kube.requests(Code::ResourceExhausted), 1);
+        an_unreachable_apiserver_is_unavailable(rig);
     }
 }

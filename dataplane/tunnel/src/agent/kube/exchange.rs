@@ -132,7 +132,40 @@ async fn relay(
     if outcome.is_err() {
         api_send.send_reset(h2::Reason::CANCEL);
     }
+    if outcome.is_ok() {
+        await_close_send(reader, node_recv, close_send_seen).await;
+    }
     outcome
+}
+
+/// How long an answered call waits for the rest of the request and the node's CloseSend.
+const CLOSE_SEND_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The answer can be complete before the request was read to its CloseSend (the apiserver
+/// answered early, or closed an upgraded stream right after the gateway's End): reads what is
+/// left, so the tunnel can carry another call. Without it the agent would end a tunnel the node
+/// has already parked for the next call, which would then fail.
+pub(super) async fn await_close_send(
+    reader: &mut TunnelReader,
+    node_recv: &mut RecvStream,
+    close_send_seen: &mut bool,
+) {
+    if *close_send_seen {
+        return;
+    }
+    let limits = ExchangeLimits::default();
+    let rest = async {
+        loop {
+            match next(reader, node_recv, &limits).await {
+                Ok(Next::CloseSend) => return true,
+                Ok(Next::Message(_)) => {}
+                Err(_) => return false,
+            }
+        }
+    };
+    *close_send_seen = monoio::time::timeout(CLOSE_SEND_WAIT, rest)
+        .await
+        .unwrap_or(false);
 }
 
 pub(super) fn invalid(why: &str) -> TunnelError {

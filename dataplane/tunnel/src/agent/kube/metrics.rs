@@ -86,6 +86,11 @@ impl KubeMetrics {
         self.in_flight.get()
     }
 
+    /// Calls failed by the apiserver so far (tests and diagnostics).
+    pub fn apiserver_errors(&self) -> u64 {
+        self.apiserver_errors.get()
+    }
+
     /// Assertions refused for `reason` so far (tests and diagnostics).
     pub fn refusals(&self, reason: &'static str) -> u64 {
         self.assertion_refused

@@ -137,10 +137,14 @@ pub(super) async fn relay_upgrade(
         .flatten()
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
     let down = pump_down(&mut api_read, rest, node_send, (upgraded, length), &limits);
-    monoio::select! {
+    let outcome = monoio::select! {
         sent = up => sent,
         received = down => received,
+    };
+    if outcome.is_ok() {
+        super::exchange::await_close_send(reader, node_recv, close_send_seen).await;
     }
+    outcome
 }
 
 type TlsStream = tokio_rustls::client::TlsStream<sluice_grpc::transport::CompatStream>;
