@@ -8,12 +8,12 @@
 //! `--only agents`.
 //! `--smoke` runs each with small counts for CI and fails if any simulated peer saw an error.
 
-mod fanout;
-mod fanout_peers;
 mod agent_sim;
 mod agents;
 mod agents_model;
 mod agents_report;
+mod fanout;
+mod fanout_peers;
 mod fleet;
 mod gateway_clients;
 mod redis_probe;
