@@ -26,6 +26,7 @@ on_both_drivers!(
     kubectl_reaches_a_cluster_behind_nat_as_its_user_through_the_agent,
     an_agent_that_leaves_ends_watches_and_requests_wait_then_get_503_naming_it,
     exec_upgrades_go_through_the_tunnel_and_carry_bytes_both_ways_as_the_user,
+    a_watch_its_client_leaves_frees_the_agents_slot,
 );
 
 struct Rig {
@@ -484,4 +485,35 @@ else:
     );
     assert!(refused.contains("\"kind\":\"Status\""), "{refused}");
     assert_eq!(execs().len(), 1);
+}
+
+/// A client that walks away from an idle watch must not leave the agent holding it: the reset
+/// crosses the gateway's link, the node and the tunnel, and the agent's in-flight slot (its
+/// `max_in_flight` bound) is free again.
+fn a_watch_its_client_leaves_frees_the_agents_slot(driver: &str) {
+    let rig = Rig::start(driver);
+    rig.apiserver.create_pod("default", "web-1");
+    let port = rig.node.address("gateway").port();
+    let mut curl = rig
+        .curl(&["--silent", "--http2", "--no-buffer", "--max-time", "30"])
+        .arg(format!(
+            "https://{HOST}:{port}/api/v1/namespaces/default/pods?watch=true"
+        ))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(curl.stdout.take().unwrap());
+    assert!(see_an_event(&rig, &lines, "open"), "the watch is open");
+    let agent = rig.agent.as_ref().unwrap();
+    let in_flight = "sluice_agent_kube_in_flight";
+    assert_eq!(metric(agent, in_flight), 1.0, "the watch holds one slot");
+
+    // The client goes away while the watch is idle.
+    curl.kill().unwrap();
+    curl.wait().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || metric(agent, in_flight) == 0.0),
+        "the agent still holds the abandoned watch: {}",
+        metric(agent, in_flight)
+    );
 }
