@@ -142,7 +142,8 @@ impl Plan {
     }
 
     /// The control plane's limits raised for the run (its defaults: 4,096 connections, 10,000
-    /// watches, 64 per gateway or node identity), and every watcher of a kind shares one token.
+    /// watches, 64 per gateway or node identity, 100 requests in flight per admin): every
+    /// watcher of a kind shares one token, and the writer keeps up to 256 writes in flight.
     pub fn controlplane_flags(&self) -> Vec<String> {
         let watches = self.watchers.div_ceil(2) + 64;
         let connections = self.hosts().div_ceil(2) + 64;
@@ -154,6 +155,9 @@ impl Plan {
             "--max-requests-in-flight".to_string(),
             "1000".to_string(),
         ];
+        // The admin's writes: the writer's own cap on writes in flight, not the server's
+        // per-identity default (100), decides when a slow commit becomes an error.
+        flags.extend(["--request-share".to_string(), "admin=256/256".to_string()]);
         for role in ["gateway", "node"] {
             flags.extend([
                 "--watch-share".to_string(),
@@ -401,12 +405,9 @@ async fn create_objects(admin: &Transport, plan: &Plan) -> anyhow::Result<()> {
                     "kind": "Agent", "metadata": metadata,
                     "spec": {"id": object + 1, "tokenSha256": "0".repeat(64)}}),
             };
-            admin
-                .post_json(
-                    &kind.resource().path(),
-                    Bytes::from(body.to_string()),
-                    1 << 20,
-                )
+            let (path, body) = (kind.resource().path(), Bytes::from(body.to_string()));
+            // A control plane that has just started on etcd may still refuse a connection.
+            super::fleet::retrying(|| admin.post_json(&path, body.clone(), 1 << 20))
                 .await
                 .with_context(|| format!("creating {} {name}", kind.role()))?;
         }
@@ -601,5 +602,6 @@ mod tests {
             "{flags}"
         );
         assert!(flags.contains("--max-connections 6724"), "{flags}");
+        assert!(flags.contains("--request-share admin=256/256"), "{flags}");
     }
 }
