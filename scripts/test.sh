@@ -118,7 +118,7 @@ run_perf_smoke() {
   SLUICE_PERF_PROFILE=dev perf/run.sh tunnel --smoke
   perf/check-smoke tunnel direct haproxy nginx sluice-1-node sluice-2-nodes
   SLUICE_PERF_PROFILE=dev perf/run.sh gateway --smoke
-  perf/check-smoke gateway direct haproxy nginx sluice-gateway
+  perf/check-smoke gateway direct haproxy nginx sluice-gateway sluice-gateway-tunnel
   SLUICE_PERF_PROFILE=dev perf/run.sh controlplane --smoke
   perf/check-smoke controlplane embedded etcd
   SLUICE_PERF_PROFILE=dev perf/run.sh ebpf --smoke
