@@ -19,6 +19,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 
 use super::gateway_report::{open_loop_table, targets};
+use super::gateway_tunnel::{added_table, SLUICE_TUNNEL};
 use super::{write_output, Harness};
 use crate::certs::TlsFiles;
 use crate::loadgen::{measure, H2load, Load};
@@ -35,7 +36,7 @@ pub(super) const HAPROXY: &str = "haproxy";
 const NGINX: &str = "nginx";
 pub(super) const PINGORA: &str = "pingora";
 pub(super) const SLUICE: &str = "sluice-gateway";
-const CASES: [&str; 5] = [DIRECT, HAPROXY, NGINX, PINGORA, SLUICE];
+const CASES: [&str; 6] = [DIRECT, HAPROXY, NGINX, PINGORA, SLUICE, SLUICE_TUNNEL];
 
 /// Why a run has no Pingora rows.
 pub(super) const PINGORA_SKIPPED: &str =
@@ -275,7 +276,7 @@ fn set_up(
     harness: &Harness,
     dir: &Path,
     tls: &TlsFiles,
-    upstream: SocketAddr,
+    (upstream, token): (SocketAddr, &str),
 ) -> anyhow::Result<CaseSetup> {
     let cpu = &harness.proxy_cpu;
     let case_dir = dir.join(case);
@@ -343,6 +344,15 @@ fn set_up(
                 address: gateway.address("gateway")?,
                 admin: Some(gateway.address("admin")?),
                 proxy: vec![gateway.process],
+            })
+        }
+        SLUICE_TUNNEL => {
+            let (gateway, agent) =
+                super::gateway_tunnel::start(harness, &case_dir, tls, (upstream, token))?;
+            Ok(CaseSetup {
+                address: gateway.address("gateway")?,
+                admin: Some(gateway.address("admin")?),
+                proxy: vec![gateway.process, agent.process],
             })
         }
         other => bail!("unknown gateway case {other}"),
@@ -452,7 +462,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
             continue;
         }
         eprintln!("gateway: {case}");
-        let mut setup = set_up(case, harness, dir, &tls, simulator.address)?;
+        let mut setup = set_up(case, harness, dir, &tls, (simulator.address, &token))?;
         wait_until(
             &format!("{case} to answer requests"),
             Duration::from_secs(30),
@@ -699,6 +709,14 @@ fn report(
         plan.open_loop.rate()
     ));
     markdown.push_str(&open_loop_table(&open));
+    if open.iter().chain(&closed).any(|s| s.case == SLUICE_TUNNEL) {
+        markdown.push_str(
+            "\n## Through an agent's tunnel (issue 34)\n\nThe cluster's server is an agent: client -> gateway -> its process's tunnel node -> the agent's tunnel -> `sluice agent` -> simulator; its CPU is both Sluice processes'. Closed loop, then open loop:\n\n",
+        );
+        markdown.push_str(&added_table(&closed));
+        markdown.push('\n');
+        markdown.push_str(&added_table(&open));
+    }
     markdown.push_str("\n## Against the targets of issue 17\n\n");
     markdown.push_str(&targets(&closed, &open));
     markdown.push('\n');
