@@ -2,7 +2,8 @@
 # Runs one scenario of the Sluice macro benchmark and writes JSON, Markdown and SVG plots to
 # perf/results/<scenario>/ (perf/results/<scenario>-smoke/ with --smoke).
 #
-#   perf/run.sh gateway [--smoke]  Kubernetes API over TLS: direct, HAProxy, nginx, Pingora, Sluice gateway
+#   perf/run.sh gateway [--smoke]  Kubernetes API over TLS: direct, HAProxy, nginx, Pingora, Sluice gateway,
+#                                  Sluice gateway through an agent's tunnel (sluice-gateway-tunnel)
 #   perf/run.sh tunnel [--smoke]   unary gRPC: direct, HAProxy, nginx, Pingora, Sluice one node, two nodes
 #   perf/run.sh idle [--smoke]     10,000 idle agent tunnels on one node: RSS and CPU
 #   perf/run.sh policy [--smoke]   criterion benches of sluice-benches, lifted into a summary
