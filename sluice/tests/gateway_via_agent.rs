@@ -5,10 +5,13 @@
 //! agent's own credential, never the client's.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+#[path = "via_agent/shared.rs"]
+mod shared;
+use shared::{lines_of, metric, ok, sha256_hex, write, AGENT_SA_TOKEN, AGENT_TOKEN};
 
 use test_support::{
     apiserver_options, assert_driver, on_both_drivers, wait_until, ApiServer, Caller, Certificates,
@@ -18,9 +21,6 @@ use test_support::{
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 const HOST: &str = "nat.sluice.test";
 const AGENT: i64 = 7;
-const AGENT_TOKEN: &str = "agent-7-tunnel-token-0123456789";
-/// The credential the agent presents to its apiserver (a service account's, in a pod).
-const AGENT_SA_TOKEN: &str = "agent-7-service-account-token";
 
 on_both_drivers!(
     kubectl_reaches_a_cluster_behind_nat_as_its_user_through_the_agent,
@@ -38,12 +38,6 @@ struct Rig {
     driver: String,
     alice: ClientCert,
     _gateway_identity: ClientCert,
-}
-
-fn write(dir: &Path, name: &str, contents: impl AsRef<[u8]>) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, contents).unwrap();
-    path
 }
 
 impl Rig {
@@ -216,33 +210,6 @@ impl Rig {
     }
 }
 
-fn sha256_hex(text: &str) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(text.as_bytes()))
-}
-
-fn metric(process: &SluiceProcess, series: &str) -> f64 {
-    let Ok(answer) = test_support::http_get(process.address("admin"), "/metrics") else {
-        return 0.0;
-    };
-    answer
-        .body
-        .lines()
-        .filter(|line| line.starts_with(series))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-fn ok(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "kubectl failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
 /// `kubectl get -w -o name` as alice; its output lines as they come.
 fn watch(rig: &Rig) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
     let mut child = Command::new("kubectl")
@@ -255,19 +222,6 @@ fn watch(rig: &Rig) -> (std::process::Child, std::sync::mpsc::Receiver<String>) 
         .unwrap();
     let lines = lines_of(child.stdout.take().unwrap());
     (child, lines)
-}
-
-/// The lines of `stdout` as they come, read on a thread.
-fn lines_of(stdout: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
-    let (lines, received) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    received
 }
 
 /// Creates pods until the watch reports one: an event created between kubectl's list and its

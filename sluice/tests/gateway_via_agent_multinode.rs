@@ -8,10 +8,13 @@
 //!   against one whose policies send to an agent server: each must hold the same on both.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
+
+#[path = "via_agent/shared.rs"]
+mod shared;
+use shared::{lines_of, metric, ok, sha256_hex, write, AGENT_SA_TOKEN, AGENT_TOKEN};
 
 use test_support::{
     apiserver_options, gateway_curl, on_both_drivers, wait_until, ApiServer, Caller, Certificates,
@@ -21,9 +24,6 @@ use test_support::{
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 const AGENT: u64 = 7;
-const AGENT_TOKEN: &str = "agent-7-tunnel-token-0123456789";
-/// The credential the agent presents to its apiserver (a service account's, in a pod).
-const AGENT_SA_TOKEN: &str = "agent-7-service-account-token";
 /// The name the simulator records for requests carrying the agent's credential.
 const AGENT_CALLER: &str = "agent-7";
 /// The gateway's own client certificate's name: the caller of its direct requests.
@@ -38,30 +38,6 @@ on_both_drivers!(
     kubectl_through_node_a_reaches_the_agent_held_by_node_c,
     deny_rules_flow_control_and_impersonation_hold_on_direct_and_agent_servers,
 );
-
-fn write(dir: &Path, name: &str, contents: impl AsRef<[u8]>) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, contents).unwrap();
-    path
-}
-
-fn sha256_hex(text: &str) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(text.as_bytes()))
-}
-
-/// The sum of every series of `process`'s metrics whose line starts with `series`.
-fn metric(process: &SluiceProcess, series: &str) -> f64 {
-    let Ok(answer) = test_support::http_get(process.address("admin"), "/metrics") else {
-        return 0.0;
-    };
-    answer
-        .body
-        .lines()
-        .filter(|line| line.starts_with(series))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
 
 fn spawn(command: &str, name: &str, yaml: &str) -> SluiceProcess {
     let launcher = SluiceLauncher::new(BIN).unwrap();
@@ -273,19 +249,6 @@ fn kubectl(base: &Base, gateway: &SluiceProcess, host: &str, args: &[&str]) -> O
     command.output().expect("kubectl is installed")
 }
 
-/// The lines of `stdout` as they come, read on a thread.
-fn lines_of(stdout: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
-    let (lines, received) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    received
-}
-
 /// Whether a line containing `wanted` comes within 10 s.
 fn lines_of_until(lines: &std::sync::mpsc::Receiver<String>, wanted: &str) -> bool {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -297,16 +260,6 @@ fn lines_of_until(lines: &std::sync::mpsc::Receiver<String>, wanted: &str) -> bo
         }
     }
     false
-}
-
-fn ok(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "kubectl failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// Node A (gateway and tunnel node) and node C (tunnel node), both with private endpoints and
