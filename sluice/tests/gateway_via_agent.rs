@@ -27,6 +27,7 @@ on_both_drivers!(
     an_agent_that_leaves_ends_watches_and_requests_wait_then_get_503_naming_it,
     exec_upgrades_go_through_the_tunnel_and_carry_bytes_both_ways_as_the_user,
     a_watch_its_client_leaves_frees_the_agents_slot,
+    the_python_kubernetes_client_lists_and_watches_through_the_agent,
 );
 
 struct Rig {
@@ -470,4 +471,47 @@ fn a_watch_its_client_leaves_frees_the_agents_slot(driver: &str) {
         "the agent still holds the abandoned watch: {}",
         metric(agent, in_flight)
     );
+}
+
+/// The Python `kubernetes` client, unchanged, through the tunnel: it dials 127.0.0.1 without a
+/// server name (the cluster lists the address) and presents alice's certificate.
+fn the_python_kubernetes_client_lists_and_watches_through_the_agent(driver: &str) {
+    let rig = Rig::start(driver);
+    rig.apiserver.create_pod("default", "py-1");
+    let kubeconfig = write(
+        rig.dir.path(),
+        "python.kubeconfig",
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: nat\n  cluster:\n    server: https://{}\n    certificate-authority: {}\nusers:\n- name: alice\n  user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: nat\n  context: {{cluster: nat, user: alice}}\ncurrent-context: nat\n",
+            rig.node.address("gateway"),
+            rig.certs.ca_cert.display(),
+            rig.alice.cert.display(),
+            rig.alice.key.display(),
+        ),
+    );
+    let mut python = Command::new(test_support::python())
+        .arg(test_support::python_script("kube_list_watch.py"))
+        .arg(&kubeconfig)
+        .args(["default", "py-2"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(python.stdout.take().unwrap());
+    let next = || lines.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(next(), "list py-1");
+    assert_eq!(next(), "event ADDED py-1");
+    assert!(wait_until(Duration::from_secs(10), || rig
+        .apiserver
+        .watchers("pods")
+        == 1));
+    rig.apiserver.emit_pod_event("ADDED", "default", "py-2");
+    assert_eq!(next(), "event ADDED py-2");
+    assert!(python.wait().unwrap().success());
+    let watched = rig
+        .pod_requests()
+        .into_iter()
+        .find(|request| request.uri.contains("watch=true"))
+        .unwrap();
+    assert_eq!(watched.impersonate_user.as_deref(), Some("alice"));
+    assert_eq!(watched.caller, Some(Caller::Token("agent-7".into())));
 }
