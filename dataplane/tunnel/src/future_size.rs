@@ -11,3 +11,7 @@ pub(crate) fn of_four<A, B, C, D, F: Future>(_: fn(A, B, C, D) -> F) -> usize {
 pub(crate) fn of_five<A, B, C, D, E, F: Future>(_: fn(A, B, C, D, E) -> F) -> usize {
     std::mem::size_of::<F>()
 }
+
+pub(crate) fn of_six<A, B, C, D, E, G, F: Future>(_: fn(A, B, C, D, E, G) -> F) -> usize {
+    std::mem::size_of::<F>()
+}

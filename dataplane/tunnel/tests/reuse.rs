@@ -226,6 +226,37 @@ fn a_parked_tunnel_of_a_revoked_agent_is_closed() {
     }
 }
 
+/// The sweep beside an agent connection sleeps while nothing is parked on it: a tunnel parked
+/// again after the sweep took the first one over (and went back to sleep) must still wake it.
+/// One driver: the sweep does not depend on it.
+#[test]
+fn a_tunnel_parked_again_after_the_sweep_went_to_sleep_is_still_taken_over() {
+    let node = start_node(Driver::IoUring);
+    block_on(async {
+        let (mut recv, mut send) = tunnel_after_one_call(&node).await;
+        // Past two sweep periods: the sweep has handed the tunnel to an owner task and found
+        // nothing else parked on the connection.
+        monoio::time::sleep(Duration::from_millis(2_200)).await;
+        let mut reader = TunnelReader::new(LIMIT);
+        let call = spawn_unary(&node, b"again");
+        read_call(&mut recv, &mut reader).await;
+        answer(&mut send, b"pong");
+        assert_eq!(call.await.0, "0");
+        // Parked again; the agent sends a stray byte with no call coming: only an owner task
+        // reads it, and only the sweep hands a parked tunnel to one. (A reset would not do:
+        // the agent's connection ends with its last stream, and with it the tunnel.)
+        send.send_data(Bytes::from_static(b"x"), false).unwrap();
+        let forgotten = monoio::time::timeout(Duration::from_secs(5), async {
+            while node.shared.registry.idle_count() > 0 {
+                monoio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        assert!(forgotten.is_ok(), "the tunnel is still parked");
+    });
+    still_serves(&node);
+}
+
 #[test]
 fn a_tunnel_the_agent_reset_while_parked_is_skipped_and_then_forgotten() {
     for driver in [Driver::IoUring, Driver::Legacy] {

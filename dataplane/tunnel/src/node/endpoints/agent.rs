@@ -19,7 +19,9 @@ use sluice_runtime::{
 
 use super::super::answer::{grpc_headers, Responder};
 use super::super::disconnects::Disconnect;
-use super::super::tunnel::{drop_parked, hold_idle, unpark_stale, OpenTunnel, TunnelStreams};
+use super::super::tunnel::{
+    drop_parked, hold_idle, unpark_stale, OpenTunnel, ParkedSignal, TunnelStreams,
+};
 use super::super::{quota, NodeShared};
 use super::{refused, serve_connection, settle};
 use crate::error::{ErrorKind, TunnelError};
@@ -54,9 +56,11 @@ impl ConnectionHandler for AgentEndpoint {
     ) -> Pin<Box<dyn std::future::Future<Output = ()>>> {
         Box::pin(async move {
             let announced: Announced = Rc::default();
+            let parked = ParkedSignal::default();
             let node = self.node.clone();
             let handler_conn = conn.clone();
             let handler_announced = announced.clone();
+            let handler_parked = parked.clone();
             let serving = serve_connection(
                 stream,
                 self.node.agent_tls.clone(),
@@ -67,6 +71,7 @@ impl ConnectionHandler for AgentEndpoint {
                         node.clone(),
                         handler_conn.clone(),
                         handler_announced.clone(),
+                        handler_parked.clone(),
                         request,
                         respond,
                     )
@@ -76,7 +81,7 @@ impl ConnectionHandler for AgentEndpoint {
             let agents = || announced_agents(&announced);
             let clean = monoio::select! {
                 clean = serving => clean,
-                () = unpark_stale(&self.node, &closing, agents) => true,
+                () = unpark_stale(&self.node, &closing, &parked, agents) => true,
             };
             drop_parked(&self.node, &closing, &announced_agents(&announced));
             for key in announced.borrow().iter() {
@@ -120,6 +125,7 @@ async fn accept_tunnel(
     node: Arc<NodeShared>,
     conn: ConnectionContext,
     announced: Announced,
+    parked: ParkedSignal,
     request: Request<RecvStream>,
     respond: SendResponse<Bytes>,
 ) {
@@ -130,6 +136,7 @@ async fn accept_tunnel(
         &node,
         &conn,
         &announced,
+        parked,
         request,
         &mut responder,
     ))
@@ -148,6 +155,7 @@ async fn open_tunnel(
     node: &NodeShared,
     conn: &ConnectionContext,
     announced: &Announced,
+    parked: ParkedSignal,
     request: Request<RecvStream>,
     responder: &mut Responder,
 ) -> Result<TunnelStreams, TunnelError> {
@@ -222,6 +230,7 @@ async fn open_tunnel(
         reader,
         reusable: descriptor.reusable,
         closing: conn.closing(),
+        parked,
         _open: OpenTunnel::new(&node.metrics.tunnels_connected, conn.worker()),
         _slot: slot,
     })
@@ -262,7 +271,7 @@ mod tests {
     /// is boxed out of it: inline it made each task 2,432 bytes.
     #[test]
     fn an_idle_tunnel_task_stays_small() {
-        let size = crate::future_size::of_five(accept_tunnel);
+        let size = crate::future_size::of_six(accept_tunnel);
         assert!(size <= 1536, "an idle tunnel's task is {size} bytes");
     }
 }
