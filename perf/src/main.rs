@@ -79,7 +79,8 @@ struct Cli {
     /// `etcd`; ebpf: `without`, `with`, `with-stats`), to profile one.
     #[arg(long, value_delimiter = ',', value_name = "CASE")]
     only: Vec<String>,
-    /// Replace the concurrency levels (tunnel scenario), as CLIENTSxSTREAMS: `50x10,10x10`.
+    /// Replace the concurrency levels (tunnel scenario; the gateway scenario takes the clients),
+    /// as CLIENTSxSTREAMS: `50x10,10x10`.
     #[arg(long, value_delimiter = ',', value_name = "CxS", value_parser = parse_level)]
     levels: Vec<(u32, u32)>,
     /// Replace the number of requests per run (tunnel scenario).

@@ -441,6 +441,10 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
         plan.duration = seconds;
         plan.open_loop.duration = seconds;
     }
+    if !harness.levels.is_empty() {
+        // CLIENTSxSTREAMS as the tunnel scenario takes them; a gateway client has one stream.
+        plan.levels = harness.levels.iter().map(|&(clients, _)| clients).collect();
+    }
     let dir = &super::fresh_work_dir(&harness.out)?;
     let tls = crate::certs::generate(dir, &["127.0.0.1", "localhost", HOST])?;
     let token = random_hex(24)?;
