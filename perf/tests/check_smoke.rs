@@ -228,7 +228,10 @@ fn scale_agents_run(dir: &Path, spoil: impl FnOnce(&mut Value)) {
 fn a_scale_run_fails_when_an_agent_saw_an_error_or_stayed_unreachable() {
     type Spoil = fn(&mut Value);
     let cases: [(Spoil, &str); 4] = [
-        (|l| l["agent_errors"] = json!(1), "agents 2-nodes: agent_errors is 1"),
+        (
+            |l| l["agent_errors"] = json!(1),
+            "agents 2-nodes: agent_errors is 1",
+        ),
         (
             |l| l["restart"]["agents_unreachable"] = json!(3),
             "3 of 100 agents unreachable after the node restart",
