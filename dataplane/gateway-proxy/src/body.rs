@@ -60,7 +60,17 @@ pub enum ProxyBody {
     },
     /// An agent server's answer through the tunnel (boxed: rarer than the others, and the
     /// enum's size is paid by every response in flight).
-    Agent(Box<crate::via_agent::AgentBody>),
+    Agent(BoxedBody),
+}
+
+/// A body made by a module above this one (`via_agent`), boxed as a trait object so that this
+/// module names none of them.
+pub struct BoxedBody(pub Pin<Box<dyn http_body::Body<Data = Bytes, Error = h2::Error>>>);
+
+impl std::fmt::Debug for BoxedBody {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("BoxedBody")
+    }
 }
 
 impl ProxyBody {
@@ -79,7 +89,7 @@ impl http_body::Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
         match self.get_mut() {
             ProxyBody::Full(bytes) => Poll::Ready(bytes.take().map(|bytes| Ok(Frame::data(bytes)))),
-            ProxyBody::Agent(answer) => answer.poll_frame(cx),
+            ProxyBody::Agent(answer) => answer.0.as_mut().poll_frame(cx),
             ProxyBody::Upstream {
                 recv,
                 first,
@@ -123,7 +133,7 @@ impl http_body::Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ProxyBody::Full(bytes) => bytes.is_none(),
-            ProxyBody::Agent(answer) => answer.is_end_stream(),
+            ProxyBody::Agent(answer) => answer.0.is_end_stream(),
             // h2 knows the upstream stream ended once its END_STREAM is read: saying so lets
             // hyper flag the last DATA frame instead of sending an empty one after it.
             ProxyBody::Upstream {

@@ -21,7 +21,7 @@ use sluice_gateway::status::{
 mod agent;
 mod upgrade_head;
 
-pub use agent::AgentFailure;
+pub use agent::{AgentFailure, LinkFailure};
 pub use upgrade_head::{UpgradeHeadError, MAX_HEAD_BYTES};
 
 /// Which party a failure belongs to.

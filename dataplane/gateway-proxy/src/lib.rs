@@ -22,6 +22,7 @@
 mod access;
 mod activity;
 mod admit;
+mod agent_link;
 mod answer;
 mod auth;
 mod body;
@@ -49,6 +50,7 @@ mod upstream;
 mod upstream_connect;
 mod via_agent;
 
+pub use agent_link::{AgentLink, AgentPath, LinkFailure};
 pub use collector::GatewayCollector;
 pub use connection::GatewayEndpoint;
 pub use error::{
@@ -58,7 +60,6 @@ pub use health::HealthChecker;
 pub use metrics::GatewayMetrics;
 pub use reload::{spawn_reloader, ReloaderHandle};
 pub use state::{load_generation, Gateway, Generation};
-pub use via_agent::{AgentLink, AgentPath, LinkFailure};
 // The upgrade-head parsers, public for the fuzz targets (`fuzz/`).
 pub use head::{is_upgrade, parse_request, parse_response_status, upstream_head, RequestHead};
 

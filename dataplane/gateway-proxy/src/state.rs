@@ -75,7 +75,7 @@ pub struct Gateway {
     /// the lock also orders publications, so the last one shows the current generation.
     expiry: Mutex<Option<CertificateExpiry>>,
     /// How agent servers are reached, once the daemon wired a tunnel node and a signing key.
-    agent_path: std::sync::OnceLock<crate::via_agent::AgentPath>,
+    agent_path: std::sync::OnceLock<crate::agent_link::AgentPath>,
     /// What this gateway's config offers agent servers: a reload that adds one the config
     /// cannot serve is refused, as the start was.
     agent_reach: Mutex<AgentReach>,
@@ -107,14 +107,14 @@ impl Gateway {
     }
 
     /// Lets agent servers be reached (set once, by the daemon, before serving).
-    pub fn set_agent_path(&self, path: crate::via_agent::AgentPath) {
+    pub fn set_agent_path(&self, path: crate::agent_link::AgentPath) {
         if self.agent_path.set(path).is_err() {
             tracing::warn!("the gateway's agent path was already set; the first one stays");
         }
     }
 
     /// How agent servers are reached; `None` without a tunnel node or signing key.
-    pub fn agent_path(&self) -> Option<&crate::via_agent::AgentPath> {
+    pub fn agent_path(&self) -> Option<&crate::agent_link::AgentPath> {
         self.agent_path.get()
     }
 

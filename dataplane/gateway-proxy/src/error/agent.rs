@@ -4,7 +4,11 @@ use http::StatusCode;
 use sluice_grpc::Code;
 use sluice_kube_tunnel::{AssertionError, CodecError};
 
-use crate::via_agent::LinkFailure;
+/// The gateway's link to the tunnel node of its process could not be opened or used. (Here,
+/// not in `via_agent`, so the error type sits below every module that uses it.)
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the link to this process's tunnel node failed: {0}")]
+pub struct LinkFailure(pub String);
 
 /// The step of the tunnel path that failed.
 #[derive(Debug, thiserror::Error)]

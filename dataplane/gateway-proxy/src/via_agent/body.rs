@@ -40,7 +40,7 @@ impl AgentBody {
     }
 
     /// A broken-off answer resets the client's stream, as when an apiserver's stream fails.
-    pub fn poll_frame(
+    fn next_frame(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
@@ -83,7 +83,23 @@ impl AgentBody {
         Poll::Ready(Some(Err(h2::Error::from(h2::Reason::INTERNAL_ERROR))))
     }
 
-    pub fn is_end_stream(&self) -> bool {
+    fn ended(&self) -> bool {
         self.finished
+    }
+}
+
+impl http_body::Body for AgentBody {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        self.get_mut().next_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended()
     }
 }

@@ -11,11 +11,10 @@
 
 mod body;
 mod call;
-mod link;
 mod upgrade;
 
+pub use crate::agent_link::{AgentLink, AgentPath, LinkFailure};
 pub use body::AgentBody;
-pub use link::{AgentLink, AgentPath, LinkFailure};
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -28,7 +27,7 @@ use sluice_gateway::request_info::RequestInfo;
 use sluice_kube_tunnel::{encode_request_head, Identity};
 
 use crate::admit::Admitted;
-use crate::body::{InFlight, ProxyBody};
+use crate::body::{BoxedBody, InFlight, ProxyBody};
 use crate::error::{AgentFailure, ProxyError};
 use crate::handler::GatewayHandler;
 use crate::headers::upstream_headers;
@@ -101,11 +100,11 @@ impl GatewayHandler {
             InFlight::new(&self.gateway.metrics, self.worker),
         );
         let ends_cleanly = info.is_long_running();
-        let mut answer = Response::new(ProxyBody::Agent(Box::new(AgentBody::new(
+        let mut answer = Response::new(ProxyBody::Agent(BoxedBody(Box::pin(AgentBody::new(
             answer_body,
             ends_cleanly,
             held,
-        ))));
+        )))));
         *answer.status_mut() = answer_head.status;
         *answer.headers_mut() = crate::headers::response_headers(answer_head.headers);
         self.gateway.metrics.agent_request(self.worker);

@@ -9,10 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use sluice_kube_tunnel::{AssertionSigner, ExchangeLimits};
 
-/// The link could not be opened or used.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("the link to this process's tunnel node failed: {0}")]
-pub struct LinkFailure(pub String);
+pub use crate::error::LinkFailure;
 
 /// This process's tunnel node, as the gateway sees it.
 pub trait AgentLink: Send + Sync + std::fmt::Debug {
