@@ -5,6 +5,8 @@
 //! agent, Redis memory and commands per agent, then restarts one node gracefully and times
 //! how long until every agent of it is connected again and listed in Redis (what every other
 //! node's lookup reads), with calls through another node running all along.
+//! `--levels 5000x1,10000x1` replaces the layouts (agents per node x nodes, one Redis) and
+//! `--seconds` the idle window, for short runs at a chosen size.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -83,6 +85,48 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// The plan with `--levels AGENTSxNODES,...` (one layout on one Redis per node count, its
+    /// steps the agents per node given for it) and `--seconds` (the idle window) when given:
+    /// a short run at a chosen size, for example before and after a change to what a
+    /// connection holds.
+    pub fn with_overrides(mut self, levels: &[(u32, u32)], seconds: Option<Duration>) -> Self {
+        if let Some(window) = seconds {
+            self.idle_window = window;
+        }
+        if levels.is_empty() {
+            return self;
+        }
+        let mut layouts: Vec<Layout> = Vec::new();
+        for &(agents, nodes) in levels {
+            let nodes = nodes as usize;
+            match layouts.iter_mut().find(|l| l.nodes == nodes) {
+                Some(layout) => layout.steps.push(agents as usize),
+                None => layouts.push(Layout {
+                    name: if nodes == 1 { "1-node" } else { "n-nodes" },
+                    redis: RedisKind::Single,
+                    nodes,
+                    steps: vec![agents as usize],
+                }),
+            }
+        }
+        for layout in &mut layouts {
+            layout.steps.sort_unstable();
+            layout.steps.dedup();
+            if layout.nodes > 1 {
+                layout.name = NODE_NAMES[layout.nodes.min(NODE_NAMES.len()) - 1];
+            }
+        }
+        self.layouts = layouts;
+        self
+    }
+}
+
+/// Layout names (and so output directories) by node count, from `--levels`.
+const NODE_NAMES: [&str; 8] = [
+    "1-node", "2-nodes", "3-nodes", "4-nodes", "5-nodes", "6-nodes", "7-nodes", "8-nodes",
+];
+
 /// One measured point: every agent connected and listed, then idle.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Point {
@@ -159,6 +203,7 @@ impl AgentsRecord {
 }
 
 pub fn run(harness: &Harness, dir: &Path, plan: Plan) -> anyhow::Result<AgentsRecord> {
+    let plan = plan.with_overrides(&harness.levels, harness.seconds);
     super::vms::raise_fd_limit(19_500)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -611,6 +656,30 @@ mod tests {
                        TcpExt: 0 12 15\nIpExt: InNoRoutes\nIpExt: 0\n";
         assert_eq!(parse_listen_counters(netstat), (12, 15));
         assert_eq!(parse_listen_counters(""), (0, 0));
+    }
+
+    #[test]
+    fn levels_replace_the_layouts_one_per_node_count() {
+        let plan = Plan::new(false).with_overrides(
+            &[(5_000, 1), (2_000, 2), (1_000, 1)],
+            Some(Duration::from_secs(7)),
+        );
+        let layouts: Vec<_> = plan
+            .layouts
+            .iter()
+            .map(|l| (l.name, l.nodes, l.steps.clone(), l.redis))
+            .collect();
+        assert_eq!(
+            layouts,
+            vec![
+                ("1-node", 1, vec![1_000, 5_000], RedisKind::Single),
+                ("2-nodes", 2, vec![2_000], RedisKind::Single),
+            ]
+        );
+        assert_eq!(plan.idle_window, Duration::from_secs(7));
+        let unchanged = Plan::new(false).with_overrides(&[], None);
+        assert_eq!(unchanged.layouts.len(), 4);
+        assert_eq!(unchanged.idle_window, Duration::from_secs(20));
     }
 
     #[test]
