@@ -11,28 +11,27 @@
 //! still gets its bytes out once [`SEND_AT`] is reached. A flush writes straight to the
 //! socket when it has room and uses an io_uring write only for the rest (`send_gathered`).
 //!
-//! The ops own their half of the stream and their buffer and hand both back on completion, so
-//! no reference to this struct outlives a poll (no lifetime tricks), and the boxed op futures
-//! are reused: nothing is allocated per read or write in steady state.
+//! Reads wait for readiness and then `recv` straight into the consumer's buffer (h2's, or
+//! rustls'): a quiet connection holds no read buffer of its own. A completion read would own a
+//! buffer for as long as the peer stays quiet (16 KiB per idle agent connection before, issue
+//! 36), and its bytes were then copied once more into the consumer's.
+//!
+//! The ops own their half of the stream (and a write its buffer) and hand them back on
+//! completion, so no reference to this struct outlives a poll (no lifetime tricks), and the
+//! boxed op futures are reused: nothing is allocated per read or write in steady state.
 
 use std::future::Future;
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use monoio::io::{
-    AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, OwnedReadHalf, OwnedWriteHalf, Splitable,
-};
+use monoio::io::{AsyncWriteRent, AsyncWriteRentExt, OwnedReadHalf, OwnedWriteHalf, Splitable};
 use monoio::net::TcpStream;
 use monoio::BufResult;
 use reusable_box_future::ReusableLocalBoxFuture;
 use tokio::io::ReadBuf;
-
-/// Bytes one socket read may bring in. TLS records are at most ~16 KiB and rustls takes them
-/// one at a time, so a larger buffer mostly costs memory on every idle connection (an io_uring
-/// read holds its buffer for as long as the connection is quiet).
-const READ_SIZE: usize = 16 * 1024;
 
 /// Gathered bytes at which `poll_write` starts sending without waiting for a flush.
 const SEND_AT: usize = 64 * 1024;
@@ -49,7 +48,7 @@ const GATHER_LIMIT: usize = 256 * 1024;
 /// connection keeps").
 const KEEP_CAPACITY: usize = 16 * 1024;
 
-type ReadOp = ReusableLocalBoxFuture<(BufResult<usize, Vec<u8>>, OwnedReadHalf<TcpStream>)>;
+type ReadOp = ReusableLocalBoxFuture<(io::Result<()>, OwnedReadHalf<TcpStream>)>;
 type WriteOp = ReusableLocalBoxFuture<(BufResult<(), Vec<u8>>, OwnedWriteHalf<TcpStream>)>;
 
 /// A monoio TCP stream with tokio's I/O traits; see the module comment.
@@ -59,13 +58,16 @@ pub struct GatherStream {
 }
 
 struct ReadSide {
-    /// `None` while a read is in flight (the op owns it).
+    /// The socket, read with `recv` once it is readable.
+    fd: RawFd,
+    /// `None` while a readiness wait is in flight (the op owns it).
     half: Option<OwnedReadHalf<TcpStream>>,
-    /// Received bytes not yet handed out are `buffer[offset..]`; `None` while in flight.
-    buffer: Option<Vec<u8>>,
-    offset: usize,
+    /// The readiness wait (io_uring: a POLL_ADD; legacy: epoll readiness confirmed by poll(2)).
     op: ReadOp,
     armed: bool,
+    /// Socket reads, and of those the ones that found nothing yet (`Debug` and tests).
+    reads: u64,
+    waits: u64,
 }
 
 struct WriteSide {
@@ -92,11 +94,12 @@ impl GatherStream {
         let (read_half, write_half) = stream.into_split();
         Self {
             read: ReadSide {
+                fd,
                 half: Some(read_half),
-                buffer: Some(Vec::new()),
-                offset: 0,
                 op: ReusableLocalBoxFuture::new(async { unreachable_read() }),
                 armed: false,
+                reads: 0,
+                waits: 0,
             },
             write: WriteSide {
                 fd,
@@ -114,7 +117,7 @@ impl GatherStream {
 }
 
 // The placeholder futures the op slots are created with are replaced before their first poll.
-fn unreachable_read() -> (BufResult<usize, Vec<u8>>, OwnedReadHalf<TcpStream>) {
+fn unreachable_read() -> (io::Result<()>, OwnedReadHalf<TcpStream>) {
     unreachable!("an unarmed read op is never polled")
 }
 
@@ -123,43 +126,63 @@ fn unreachable_write() -> (BufResult<(), Vec<u8>>, OwnedWriteHalf<TcpStream>) {
 }
 
 impl ReadSide {
-    fn buffered(&self) -> &[u8] {
-        match &self.buffer {
-            Some(buffer) => &buffer[self.offset..],
-            None => &[],
+    fn poll_read(&mut self, cx: &mut Context<'_>, into: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if into.remaining() == 0 {
+            return Poll::Ready(Ok(())); // a recv of 0 bytes would read as the end of stream
+        }
+        loop {
+            if self.armed {
+                let (result, half) = ready!(self.op.poll(cx));
+                self.armed = false;
+                self.half = Some(half);
+                result?;
+            }
+            self.reads += 1;
+            // SAFETY: `recv_now` only writes into the slice (the kernel copies into it), never
+            // reads it or de-initialises any of it.
+            let unfilled = unsafe { into.unfilled_mut() };
+            match recv_now(self.fd, unfilled) {
+                // 0 is the end of stream: nothing put into `into`.
+                Ok(received) => {
+                    // SAFETY: the kernel wrote the first `received` bytes.
+                    unsafe { into.assume_init(received) };
+                    into.advance(received);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) => return Poll::Ready(Err(error)),
+            }
+            let Some(half) = self.half.take() else {
+                return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+            };
+            self.waits += 1;
+            self.op.set(async move {
+                // SAFETY: the cell holds the stream for as long as `half` (moved in here) lives;
+                // the wait only reads its descriptor, as monoio's own halves share the stream.
+                let stream = unsafe { &*half.0.get() };
+                // Not relaxed: on the legacy driver a stale readiness is confirmed by poll(2).
+                let ready = stream.readable(false).await;
+                (ready, half)
+            });
+            self.armed = true;
         }
     }
+}
 
-    fn poll_read(&mut self, cx: &mut Context<'_>, into: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        loop {
-            let buffered = self.buffered();
-            if !buffered.is_empty() {
-                let taken = buffered.len().min(into.remaining());
-                into.put_slice(&buffered[..taken]);
-                self.offset += taken;
-                return Poll::Ready(Ok(()));
-            }
-            if !self.armed {
-                let (Some(half), Some(mut buffer)) = (self.half.take(), self.buffer.take()) else {
-                    return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
-                };
-                buffer.clear();
-                buffer.reserve_exact(READ_SIZE);
-                self.offset = 0;
-                let mut half = half;
-                self.op.set(async move {
-                    let read = half.read(buffer).await;
-                    (read, half)
-                });
-                self.armed = true;
-            }
-            let ((result, buffer), half) = ready!(self.op.poll(cx));
-            self.armed = false;
-            self.half = Some(half);
-            self.buffer = Some(buffer);
-            if result? == 0 {
-                return Poll::Ready(Ok(())); // end of stream: nothing put into `into`
-            }
+/// Reads what the socket holds now into `into` without waiting: the bytes read (0 at the end
+/// of stream), `WouldBlock` when nothing has arrived.
+fn recv_now(fd: RawFd, into: &mut [MaybeUninit<u8>]) -> io::Result<usize> {
+    loop {
+        // SAFETY: `into` is valid for writes of `into.len()` bytes for the duration of the
+        // call, and `fd` is the connection's socket, open for as long as this stream lives.
+        let received =
+            unsafe { libc::recv(fd, into.as_mut_ptr().cast(), into.len(), libc::MSG_DONTWAIT) };
+        if received >= 0 {
+            return Ok(received as usize);
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(error);
         }
     }
 }
@@ -350,7 +373,8 @@ impl tokio::io::AsyncWrite for GatherStream {
 impl std::fmt::Debug for GatherStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GatherStream")
-            .field("buffered", &self.read.buffered().len())
+            .field("reads", &self.read.reads)
+            .field("read_waits", &self.read.waits)
             .field("gathered", &self.write.gathered.len())
             .field("sending", &self.write.armed)
             .field("sends", &self.write.sends)
@@ -491,7 +515,7 @@ mod tests {
     #[monoio::test_all(timer_enabled = true)]
     async fn reads_hand_out_what_arrived_and_end_of_stream_reads_zero() {
         let (mut stream, mut peer) = pair().await;
-        let data = pattern(READ_SIZE * 3 + 5);
+        let data = pattern(100 * 1024 + 5);
         let (result, _) = peer.write_all(data.clone()).await;
         result.unwrap();
         drop(peer);
@@ -500,6 +524,73 @@ mod tests {
         assert!(received == data);
         let mut more = [0u8; 8];
         assert_eq!(stream.read(&mut more).await.unwrap(), 0);
+    }
+
+    #[monoio::test_all(timer_enabled = true)]
+    async fn a_read_of_a_quiet_peer_waits_for_readiness_and_lands_in_the_callers_buffer() {
+        let (mut stream, mut peer) = pair().await;
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut storage = [0u8; 64];
+        let mut into = ReadBuf::new(&mut storage);
+        let polled = tokio::io::AsyncRead::poll_read(Pin::new(&mut stream), &mut cx, &mut into);
+        assert!(polled.is_pending(), "{polled:?}");
+        assert_eq!((stream.read.reads, stream.read.waits), (1, 1));
+        assert!(
+            stream.read.armed && stream.read.half.is_none(),
+            "{stream:?}"
+        );
+        let (result, _) = peer.write_all(b"late".to_vec()).await;
+        result.unwrap();
+        let mut received = [0u8; 64];
+        let read = stream.read(&mut received).await.unwrap();
+        assert_eq!(&received[..read], b"late");
+        assert_eq!(
+            stream.read.waits, 1,
+            "the data was there once readable: {stream:?}"
+        );
+    }
+
+    #[monoio::test_all(timer_enabled = true)]
+    async fn a_read_with_data_waiting_takes_it_without_a_wait() {
+        let (mut stream, mut peer) = pair().await;
+        let (result, _) = peer.write_all(b"ready".to_vec()).await;
+        result.unwrap();
+        // Let the bytes cross loopback before the read.
+        monoio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let mut received = [0u8; 16];
+        let read = stream.read(&mut received).await.unwrap();
+        assert_eq!(&received[..read], b"ready");
+        assert_eq!((stream.read.reads, stream.read.waits), (1, 0));
+    }
+
+    #[monoio::test_all(timer_enabled = true)]
+    async fn a_read_into_a_full_buffer_reads_nothing_and_is_not_the_end_of_stream() {
+        let (mut stream, mut peer) = pair().await;
+        let (result, _) = peer.write_all(b"kept".to_vec()).await;
+        result.unwrap();
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut into = ReadBuf::new(&mut []);
+        let polled = tokio::io::AsyncRead::poll_read(Pin::new(&mut stream), &mut cx, &mut into);
+        assert!(matches!(polled, Poll::Ready(Ok(()))), "{polled:?}");
+        assert_eq!(stream.read.reads, 0, "no socket read for no room");
+        let mut received = [0u8; 4];
+        stream.read_exact(&mut received).await.unwrap();
+        assert_eq!(&received, b"kept");
+    }
+
+    #[monoio::test_all(timer_enabled = true)]
+    async fn a_waiting_read_sees_the_peers_close_as_the_end_of_stream() {
+        let (mut stream, peer) = pair().await;
+        let reader = async {
+            let mut received = [0u8; 8];
+            stream.read(&mut received).await.unwrap()
+        };
+        let closer = async move {
+            monoio::time::sleep(std::time::Duration::from_millis(20)).await;
+            drop(peer);
+        };
+        let (read, ()) = monoio::join!(reader, closer);
+        assert_eq!(read, 0);
     }
 
     #[monoio::test_all(timer_enabled = true)]

@@ -95,7 +95,8 @@ pub type CompatStream = crate::gather::GatherStream;
 /// Wraps a monoio stream for tokio-style consumers (h2, tokio-rustls, hyper).
 ///
 /// The adapter gathers writes until a flush (one socket write and, small responses, one TCP
-/// segment per batch) and sizes its buffers on demand: see `gather.rs`. monoio's
+/// segment per batch), and reads by waiting for readiness, then `recv` into the consumer's
+/// buffer (a quiet connection holds no read buffer): see `gather.rs`. monoio's
 /// readiness-based `poll-io` streams were tried as well: with them a call hung until its
 /// deadline when connections were retired by age (`attacks_slowloris.rs::connections_retired_by_age_cost_no_call`
 /// failed 3 runs in 8, on both drivers); the cause is not found yet (docs/PERFORMANCE.md,
