@@ -291,7 +291,14 @@ fn kubectl_reaches_a_cluster_behind_nat_as_its_user_through_the_agent(driver: &s
         );
         assert_eq!(request.caller, Some(Caller::Token("agent-7".into())));
     }
-    assert!(metric(&rig.node, "sluice_gateway_agent_requests_total") >= 4.0);
+    let answered = format!(
+        "sluice_gateway_forwarded_total{{cluster=\"{HOST}\",server_kind=\"agent\",result=\"answered\"}}"
+    );
+    assert!(metric(&rig.node, &answered) >= 4.0);
+    let heads = format!(
+        "sluice_gateway_answer_head_seconds_count{{cluster=\"{HOST}\",server_kind=\"agent\"}}"
+    );
+    assert!(metric(&rig.node, &heads) >= 4.0);
 }
 
 fn an_agent_that_leaves_ends_watches_and_requests_wait_then_get_503_naming_it(driver: &str) {
@@ -337,6 +344,10 @@ fn an_agent_that_leaves_ends_watches_and_requests_wait_then_get_503_naming_it(dr
     assert!(body.contains("agent 7"), "{body}");
     let refusals = "sluice_gateway_rejected_total{reason=\"agent_not_connected\"}";
     assert!(metric(&rig.node, refusals) >= 1.0);
+    let per_cluster = format!(
+        "sluice_gateway_forwarded_total{{cluster=\"{HOST}\",server_kind=\"agent\",result=\"agent_not_connected\"}}"
+    );
+    assert!(metric(&rig.node, &per_cluster) >= 1.0);
 
     // The agent returns: requests succeed again within a second of its tunnels arriving.
     rig.start_agent();

@@ -364,7 +364,14 @@ fn kubectl_through_node_a_reaches_the_agent_held_by_node_c(driver: &str) {
         0.0
     );
     assert!(metric(&c, "sluice_tunnel_private_requests_total{code=\"OK\"}") >= 4.0);
-    assert!(metric(&a, "sluice_gateway_agent_requests_total") >= 4.0);
+    assert!(metric(&a, &answered(NAT, "agent")) >= 4.0);
+}
+
+/// The series counting `cluster`'s requests answered by servers of `kind`.
+fn answered(cluster: &str, kind: &str) -> String {
+    format!(
+        "sluice_gateway_forwarded_total{{cluster=\"{cluster}\",server_kind=\"{kind}\",result=\"answered\"}}"
+    )
 }
 
 /// The policies both table clusters share; `subset` is where they send.
@@ -408,7 +415,9 @@ fn deny_rules_flow_control_and_impersonation_hold_on_direct_and_agent_servers(dr
     // Reviews went to the direct server only, as the gateway itself.
     assert!(base.apiserver.subject_access_review_calls() >= 2);
     assert!(base.seen(AGENT_CALLER, "subjectaccessreviews").is_empty());
-    assert!(metric(&node, "sluice_gateway_agent_requests_total") >= 5.0);
+    assert!(metric(&node, &answered(TUNNEL, "agent")) >= 5.0);
+    assert!(metric(&node, &answered(DIRECT, "apiserver")) >= 5.0);
+    assert_eq!(metric(&node, &answered(DIRECT, "agent")), 0.0);
 }
 
 /// One server kind of the table: the cluster `host` on `node`, whose requests the simulator

@@ -6,10 +6,10 @@
 //! when a request queues or is refused, never on the uncontended path.
 
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use sluice_gateway::fair_share::FairShareRefusal;
-use sluice_metrics::{PerCoreCounter, PerCoreGauge, PerCoreHistogram};
+use sluice_metrics::{Cores, PerCoreCounter, PerCoreGauge, PerCoreHistogram};
 
 /// The `level` label of requests no flow-control schema admitted (not a valid schema name, so
 /// it cannot collide with one).
@@ -31,27 +31,6 @@ struct RefusalLabels {
     cluster: String,
     level: String,
     reason: &'static str,
-}
-
-#[derive(Debug, Clone)]
-struct Cores(usize);
-
-impl MetricConstructor<PerCoreGauge> for Cores {
-    fn new_metric(&self) -> PerCoreGauge {
-        PerCoreGauge::new(self.0)
-    }
-}
-
-impl MetricConstructor<PerCoreHistogram> for Cores {
-    fn new_metric(&self) -> PerCoreHistogram {
-        PerCoreHistogram::new(self.0, WAIT_BOUNDS)
-    }
-}
-
-impl MetricConstructor<PerCoreCounter> for Cores {
-    fn new_metric(&self) -> PerCoreCounter {
-        PerCoreCounter::new(self.0)
-    }
 }
 
 /// The families, shared by every core.
@@ -76,9 +55,18 @@ pub struct LevelMetrics {
 impl FairShareMetrics {
     pub fn register(registry: &mut Registry, workers: usize) -> Self {
         let metrics = Self {
-            waiting: Family::new_with_constructor(Cores(workers)),
-            wait: Family::new_with_constructor(Cores(workers)),
-            refused: Family::new_with_constructor(Cores(workers)),
+            waiting: Family::new_with_constructor(Cores {
+                cores: workers,
+                bounds: WAIT_BOUNDS,
+            }),
+            wait: Family::new_with_constructor(Cores {
+                cores: workers,
+                bounds: WAIT_BOUNDS,
+            }),
+            refused: Family::new_with_constructor(Cores {
+                cores: workers,
+                bounds: WAIT_BOUNDS,
+            }),
         };
         registry.register(
             "sluice_gateway_fair_queue_waiting",

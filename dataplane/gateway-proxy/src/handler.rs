@@ -28,6 +28,7 @@ use crate::access::AccessNote;
 use crate::auth::CoreAuth;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
+use crate::forward_metrics::ServerKind;
 use crate::pool::CorePool;
 use crate::state::{Gateway, Generation};
 use crate::upstream::RoundRobin;
@@ -59,6 +60,8 @@ pub struct GatewayHandler {
     durations: RefCell<HashMap<Box<str>, PerCoreHistogram>>,
     /// `system:anonymous`, made once per core and shared by every anonymous request.
     pub anonymous: Rc<UserInfo>,
+    /// Forwarded requests by cluster, server kind and result: this core's handles.
+    forward_metrics: RefCell<crate::forward_metrics::CoreForwardMetrics>,
     /// This core's budget of refusal log lines.
     refusal_logs: RefCell<crate::answer::LogBudget>,
     /// This core's link to the tunnel node of this process (agent servers), opened on first use.
@@ -125,6 +128,7 @@ impl GatewayHandler {
             durations: RefCell::default(),
             anonymous: Rc::new(UserInfo::anonymous()),
             refusal_logs: RefCell::default(),
+            forward_metrics: RefCell::default(),
             agent_link: RefCell::default(),
         }
     }
@@ -188,7 +192,14 @@ impl GatewayHandler {
         let admitted = self
             .admit(client, generation, info, (&parts.headers, note))
             .await?;
-        self.forward(generation, admitted, info, parts, body).await
+        let kind = ServerKind::of(
+            &generation.snapshot.clusters()[admitted.cluster].servers[admitted.server],
+        );
+        let started = Instant::now();
+        let answer = self.forward(generation, admitted, info, parts, body).await;
+        let result = answer.as_ref().map(|_| ());
+        self.record_forward((&client.cluster, kind), result, Some(started.elapsed()));
+        answer
     }
 
     /// Counts and logs a refusal (the client's answer is built by the caller from the same
@@ -203,6 +214,22 @@ impl GatewayHandler {
             &self.gateway.metrics,
             (self.worker, &mut self.refusal_logs.borrow_mut()),
             (&client.cluster, method, path),
+        );
+    }
+
+    /// One request sent towards a server of `kind` (see `forward_metrics`).
+    pub fn record_forward(
+        &self,
+        target: (&str, crate::forward_metrics::ServerKind),
+        result: Result<(), &ProxyError>,
+        head: Option<std::time::Duration>,
+    ) {
+        self.forward_metrics.borrow_mut().record(
+            &self.gateway.metrics.forward,
+            self.worker,
+            target,
+            result,
+            head,
         );
     }
 

@@ -31,6 +31,7 @@ mod connection;
 mod error;
 mod fair_metrics;
 mod forward;
+mod forward_metrics;
 mod handler;
 mod head;
 mod headers;

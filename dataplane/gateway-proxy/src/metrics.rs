@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-use sluice_metrics::{PerCoreCounter, PerCoreGauge, PerCoreHistogram};
+use sluice_metrics::{Cores, PerCoreCounter, PerCoreGauge, PerCoreHistogram};
 
 use crate::error::REJECT_REASONS;
 
@@ -47,12 +47,6 @@ struct ClusterLabels {
     cluster: String,
 }
 
-impl MetricConstructor<PerCoreHistogram> for PerCore {
-    fn new_metric(&self) -> PerCoreHistogram {
-        PerCoreHistogram::new(self.0, PerCoreHistogram::latency_bounds())
-    }
-}
-
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
@@ -64,28 +58,19 @@ struct ResultLabels {
 }
 
 #[derive(Debug, Clone)]
-struct PerCore(usize);
-
-impl MetricConstructor<PerCoreCounter> for PerCore {
-    fn new_metric(&self) -> PerCoreCounter {
-        PerCoreCounter::new(self.0)
-    }
-}
-
-#[derive(Debug, Clone)]
 pub struct GatewayMetrics {
-    requests: Family<RequestLabels, PerCoreCounter, PerCore>,
+    requests: Family<RequestLabels, PerCoreCounter, Cores>,
     resources: Arc<Mutex<HashSet<(String, String)>>>,
     rejected: Vec<PerCoreCounter>,
-    duration: Family<ClusterLabels, PerCoreHistogram, PerCore>,
+    duration: Family<ClusterLabels, PerCoreHistogram, Cores>,
     pub in_flight: PerCoreGauge,
     pub upstream_connections: PerCoreGauge,
     pub auth_cache_hits: PerCoreCounter,
     pub auth_cache_misses: PerCoreCounter,
     pub refusal_logs_suppressed: PerCoreCounter,
     pub upgrade_early_dropped: PerCoreCounter,
-    /// Requests to agent servers whose answer head came back through the tunnel.
-    agent_requests: PerCoreCounter,
+    /// Forwarded requests by cluster, server kind and result; answer-head latency.
+    pub forward: crate::forward_metrics::ForwardFamilies,
     /// Fair shares of upstream streams, per priority level.
     pub fair: crate::fair_metrics::FairShareMetrics,
     pub reloads_ok: Counter,
@@ -94,10 +79,12 @@ pub struct GatewayMetrics {
 
 impl GatewayMetrics {
     pub fn register(registry: &mut Registry, workers: usize) -> Self {
-        let rejected_family =
-            Family::<ReasonLabels, PerCoreCounter, PerCore>::new_with_constructor(PerCore(workers));
-        let auth_family =
-            Family::<ResultLabels, PerCoreCounter, PerCore>::new_with_constructor(PerCore(workers));
+        let rejected_family = Family::<ReasonLabels, PerCoreCounter, Cores>::new_with_constructor(
+            Cores::new(workers),
+        );
+        let auth_family = Family::<ResultLabels, PerCoreCounter, Cores>::new_with_constructor(
+            Cores::new(workers),
+        );
         let reload_family = Family::<ResultLabels, Counter>::default();
         // One statement per lookup: get_or_create returns a read guard, and a second lookup
         // in the same expression would wait for it forever.
@@ -122,17 +109,17 @@ impl GatewayMetrics {
             })
             .collect();
         let metrics = Self {
-            requests: Family::new_with_constructor(PerCore(workers)),
+            requests: Family::new_with_constructor(Cores::new(workers)),
             resources: Arc::default(),
             rejected,
-            duration: Family::new_with_constructor(PerCore(workers)),
+            duration: Family::new_with_constructor(Cores::new(workers)),
             in_flight: PerCoreGauge::new(workers),
             upstream_connections: PerCoreGauge::new(workers),
             auth_cache_hits,
             auth_cache_misses,
             refusal_logs_suppressed: PerCoreCounter::new(workers),
             upgrade_early_dropped: PerCoreCounter::new(workers),
-            agent_requests: PerCoreCounter::new(workers),
+            forward: crate::forward_metrics::ForwardFamilies::register(registry, workers),
             fair: crate::fair_metrics::FairShareMetrics::register(registry, workers),
             reloads_ok,
             reloads_failed,
@@ -169,11 +156,6 @@ impl GatewayMetrics {
             metrics.upgrade_early_dropped.clone(),
         );
         registry.register(
-            "sluice_gateway_agent_requests",
-            "Requests forwarded to agent servers through the reverse tunnel whose answer head came back (refusals: sluice_gateway_rejected_total, reason agent_not_connected or agent_busy)",
-            metrics.agent_requests.clone(),
-        );
-        registry.register(
             "sluice_gateway_upstream_connections",
             "HTTP/2 connections open to apiservers",
             metrics.upstream_connections.clone(),
@@ -189,11 +171,6 @@ impl GatewayMetrics {
             reload_family,
         );
         metrics
-    }
-
-    /// One request to an agent server answered through the tunnel.
-    pub fn agent_request(&self, worker: usize) {
-        self.agent_requests.inc(worker);
     }
 
     /// The latency histogram of `cluster` (a configured cluster's name, as in

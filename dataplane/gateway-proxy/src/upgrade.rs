@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::HeaderValue;
+use sluice_gateway::identity::UserInfo;
 use sluice_gateway::request_info::RequestInfo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
@@ -19,6 +20,7 @@ use crate::access::AccessNote;
 use crate::admit::Admitted;
 use crate::body::InFlight;
 use crate::error::{ProxyError, UpgradeHeadError, UpstreamFailure};
+use crate::forward_metrics::ServerKind;
 use crate::handler::{
     decoded_path, request_info, request_labels, ClientConnection, GatewayHandler,
 };
@@ -138,7 +140,7 @@ impl GatewayHandler {
         client: &ClientConnection,
         generation: &Arc<Generation>,
         (info, note): (&RequestInfo<'_>, &AccessNote),
-        (stream, mut head, early): (&mut ClientStream, RequestHead, Bytes),
+        (stream, head, early): (&mut ClientStream, RequestHead, Bytes),
     ) -> Result<u16, ProxyError> {
         let Admitted {
             cluster,
@@ -150,18 +152,46 @@ impl GatewayHandler {
             .admit(client, generation, info, (&head.headers, note))
             .await?;
         let compiled = &generation.snapshot.clusters()[cluster];
+        let (kind, relayed) = match compiled.servers[server].agent {
+            Some(agent) => (
+                ServerKind::Agent,
+                Box::pin(self.upgrade_via_agent(stream, (head, early), &user, agent)).await,
+            ),
+            None => (
+                ServerKind::Apiserver,
+                self.upgrade_direct(
+                    generation,
+                    (cluster, server),
+                    info,
+                    &user,
+                    (stream, head, early),
+                )
+                .await,
+            ),
+        };
+        self.record_forward((&compiled.name, kind), relayed.as_ref().map(|_| ()), None);
+        relayed
+    }
+
+    /// An admitted upgrade to an apiserver this gateway dials: its own HTTP/1.1 TLS
+    /// connection, the head, then bytes relayed both ways.
+    async fn upgrade_direct(
+        &self,
+        generation: &Arc<Generation>,
+        (cluster, server): (usize, usize),
+        info: &RequestInfo<'_>,
+        user: &UserInfo,
+        (stream, mut head, early): (&mut ClientStream, RequestHead, Bytes),
+    ) -> Result<u16, ProxyError> {
+        let compiled = &generation.snapshot.clusters()[cluster];
         let runtime = &generation.clusters[cluster];
         let server = &compiled.servers[server];
-        if let Some(agent) = server.agent {
-            let via_agent = self.upgrade_via_agent(stream, (head, early), &user, agent);
-            return Box::pin(via_agent).await;
-        }
         let upstream_failed = |cause: UpstreamFailure| ProxyError::Upstream {
             server: server.endpoint.clone(),
             cause,
         };
         let protocol = head.headers.get(http::header::UPGRADE).cloned();
-        let mut headers = upstream_headers(&head.headers, &user, runtime.bearer.as_ref())?;
+        let mut headers = upstream_headers(&head.headers, user, runtime.bearer.as_ref())?;
         headers.insert(
             http::header::CONNECTION,
             HeaderValue::from_static("Upgrade"),

@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use sluice_grpc::Code;
-use sluice_metrics::{PerCoreCounter, PerCoreGauge, PerCoreHistogram};
+use sluice_metrics::{Cores, PerCoreCounter, PerCoreGauge, PerCoreHistogram};
 
 /// Distinct method names given their own label; later ones are counted as "other" so a caller
 /// cannot grow the metric set without bound.
@@ -68,21 +68,6 @@ impl AgentRefusal {
     }
 }
 
-#[derive(Debug, Clone)]
-struct PerCore(usize);
-
-impl MetricConstructor<PerCoreCounter> for PerCore {
-    fn new_metric(&self) -> PerCoreCounter {
-        PerCoreCounter::new(self.0)
-    }
-}
-
-impl MetricConstructor<PerCoreHistogram> for PerCore {
-    fn new_metric(&self) -> PerCoreHistogram {
-        PerCoreHistogram::new(self.0, PerCoreHistogram::latency_bounds())
-    }
-}
-
 /// Where a call went: the `route` label of its latency, so remote calls (a hop through another
 /// node) are selectable apart from local ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,7 +117,7 @@ const ROUTE_DECISIONS: [&str; 4] = ["local", "remote", "waited", "retried"];
 pub struct TunnelMetrics {
     routes: Vec<PerCoreCounter>,
     private_requests: Vec<PerCoreCounter>,
-    requests: Family<CallLabels, PerCoreCounter, PerCore>,
+    requests: Family<CallLabels, PerCoreCounter, Cores>,
     auth_failures: Family<AuthLabels, Counter>,
     metadata_refused: Family<FromLabels, Counter>,
     peers_refused: Counter,
@@ -150,15 +135,14 @@ pub struct TunnelMetrics {
 
 impl TunnelMetrics {
     pub fn register(registry: &mut Registry, workers: usize) -> Self {
-        let route_family = Family::<DecisionLabels, PerCoreCounter, PerCore>::new_with_constructor(
-            PerCore(workers),
+        let route_family = Family::<DecisionLabels, PerCoreCounter, Cores>::new_with_constructor(
+            Cores::new(workers),
         );
-        let duration_family =
-            Family::<RouteLabels, PerCoreHistogram, PerCore>::new_with_constructor(PerCore(
-                workers,
-            ));
+        let duration_family = Family::<RouteLabels, PerCoreHistogram, Cores>::new_with_constructor(
+            Cores::new(workers),
+        );
         let private_family =
-            Family::<CodeLabels, PerCoreCounter, PerCore>::new_with_constructor(PerCore(workers));
+            Family::<CodeLabels, PerCoreCounter, Cores>::new_with_constructor(Cores::new(workers));
         let metrics = Self {
             routes: ROUTE_DECISIONS
                 .iter()
@@ -177,7 +161,7 @@ impl TunnelMetrics {
                         .clone()
                 })
                 .collect(),
-            requests: Family::new_with_constructor(PerCore(workers)),
+            requests: Family::new_with_constructor(Cores::new(workers)),
             auth_failures: Family::default(),
             metadata_refused: Family::default(),
             peers_refused: Counter::default(),

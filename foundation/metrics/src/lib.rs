@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::family::MetricConstructor;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
 /// A monotonically increasing counter with one slot per core.
@@ -217,6 +218,42 @@ impl PerCoreHistogram {
             })
             .collect();
         (sum_nanos as f64 / 1e9, counts.iter().sum(), buckets)
+    }
+}
+
+/// Makes the per-core metrics of a `Family` (`Family::new_with_constructor`): for `cores`
+/// cores, histograms with `bounds`.
+#[derive(Debug, Clone, Copy)]
+pub struct Cores {
+    pub cores: usize,
+    pub bounds: &'static [f64],
+}
+
+impl Cores {
+    /// Histograms get [`PerCoreHistogram::latency_bounds`].
+    pub fn new(cores: usize) -> Self {
+        Self {
+            cores,
+            bounds: PerCoreHistogram::latency_bounds(),
+        }
+    }
+}
+
+impl MetricConstructor<PerCoreCounter> for Cores {
+    fn new_metric(&self) -> PerCoreCounter {
+        PerCoreCounter::new(self.cores)
+    }
+}
+
+impl MetricConstructor<PerCoreGauge> for Cores {
+    fn new_metric(&self) -> PerCoreGauge {
+        PerCoreGauge::new(self.cores)
+    }
+}
+
+impl MetricConstructor<PerCoreHistogram> for Cores {
+    fn new_metric(&self) -> PerCoreHistogram {
+        PerCoreHistogram::new(self.cores, self.bounds)
     }
 }
 

@@ -107,7 +107,6 @@ impl GatewayHandler {
         )))));
         *answer.status_mut() = answer_head.status;
         *answer.headers_mut() = crate::headers::response_headers(answer_head.headers);
-        self.gateway.metrics.agent_request(self.worker);
         tracing::debug!(cluster = %compiled.name, user = %user.name, verb = info.verb.as_str(), path = info.path, agent, status = answer_head.status.as_u16(), "forwarded through the tunnel");
         Ok(answer)
     }

@@ -65,7 +65,6 @@ impl GatewayHandler {
             .await
             .map_err(failed)?;
         let (answer_head, answer) = call::answer(response, &path.limits).await.map_err(failed)?;
-        self.gateway.metrics.agent_request(self.worker);
         let status = answer_head.status.as_u16();
         tracing::debug!(user = %user.name, path = target, agent, status, "upgrade through the tunnel");
         if !early.is_empty() && answer_head.status != StatusCode::SWITCHING_PROTOCOLS {

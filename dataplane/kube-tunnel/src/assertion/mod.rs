@@ -4,6 +4,7 @@
 //! method and path; the agent accepts it only if a key it trusts signed it, it is current, and
 //! it has not been used before.
 
+mod jws;
 mod keys;
 mod replay;
 
@@ -11,17 +12,17 @@ mod replay;
 mod tests;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
-use jsonwebtoken::errors::ErrorKind;
-use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use ed25519_dalek::{SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use sluice_gateway::identity::UserInfo;
 
-use replay::ReplayCache;
+use replay::ReplayWindows;
 
 /// `iss` of every assertion.
 pub const ISSUER: &str = "sluice-gateway";
@@ -81,7 +82,15 @@ pub enum AssertionError {
     #[error("the assertion was already used")]
     Replayed,
     #[error(
-        "{capacity} unexpired assertions are remembered already: refused rather than remember more"
+        "the assertion is number {sequence} of its gateway, {window} or more before the newest accepted ({newest}): too old to tell whether it was used"
+    )]
+    OutsideReplayWindow {
+        sequence: u64,
+        newest: u64,
+        window: u64,
+    },
+    #[error(
+        "assertions of {capacity} gateways are remembered already, none expired: refused rather than remember more"
     )]
     ReplayCacheFull { capacity: usize },
     #[error("assertion key: {0}")]
@@ -102,6 +111,7 @@ impl AssertionError {
             Self::WrongAgent { .. } => "wrong_agent",
             Self::WrongRequest => "wrong_request",
             Self::Replayed => "replayed",
+            Self::OutsideReplayWindow { .. } => "outside_replay_window",
             Self::ReplayCacheFull { .. } => "replay_cache_full",
             Self::Key(_) => "key",
             Self::Signing(_) => "signing",
@@ -121,6 +131,7 @@ struct Claims {
     aud: String,
     iat: u64,
     exp: u64,
+    /// base64url(sender id (8 bytes) | sequence (8 bytes, big-endian)): see `replay.rs`.
     jti: String,
     /// base64url(SHA-256("<METHOD> <path>")): the one request the assertion is good for.
     req: String,
@@ -151,9 +162,14 @@ fn unix_seconds(time: SystemTime) -> u64 {
         .map_or(0, |since| since.as_secs())
 }
 
-/// The gateway's signing key.
+/// The gateway's signing key, and the numbering of its assertions.
 pub struct AssertionSigner {
-    key: EncodingKey,
+    key: SigningKey,
+    /// Random per signer: a restarted gateway numbers from 1 again as another sender.
+    sender: [u8; 8],
+    /// One atomic add per request, shared by the workers: the alternative, a sender per
+    /// worker, would multiply the agents' replay windows by the cores.
+    next_sequence: AtomicU64,
 }
 
 impl std::fmt::Debug for AssertionSigner {
@@ -165,8 +181,13 @@ impl std::fmt::Debug for AssertionSigner {
 impl AssertionSigner {
     /// From an Ed25519 private key in PKCS#8 PEM (`openssl genpkey -algorithm ed25519`).
     pub fn from_pem(pem: &[u8]) -> Result<Self, AssertionError> {
+        let mut sender = [0u8; 8];
+        getrandom::getrandom(&mut sender)
+            .map_err(|error| AssertionError::Signing(format!("no randomness: {error}")))?;
         Ok(Self {
             key: keys::private_key(pem)?,
+            sender,
+            next_sequence: AtomicU64::new(1),
         })
     }
 
@@ -180,9 +201,10 @@ impl AssertionSigner {
         path: &str,
         now: SystemTime,
     ) -> Result<String, AssertionError> {
+        let sequence = self.next_sequence.fetch_add(1, Ordering::Relaxed);
         let mut jti = [0u8; 16];
-        getrandom::getrandom(&mut jti)
-            .map_err(|error| AssertionError::Signing(format!("no randomness: {error}")))?;
+        jti[..8].copy_from_slice(&self.sender);
+        jti[8..].copy_from_slice(&sequence.to_be_bytes());
         let iat = unix_seconds(now);
         let claims = Claims {
             iss: ISSUER.to_string(),
@@ -196,8 +218,7 @@ impl AssertionSigner {
             groups: identity.groups.clone(),
             extra: identity.extra.clone(),
         };
-        jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &claims, &self.key)
-            .map_err(|error| AssertionError::Signing(error.to_string()))
+        jws::encode(&claims, &self.key)
     }
 }
 
@@ -208,8 +229,11 @@ pub struct VerifierOptions {
     pub max_lifetime: Duration,
     /// How far the gateway's clock may be from the agent's, either way.
     pub clock_skew: Duration,
-    /// Most assertions remembered (until they expire) to refuse their replay.
-    pub replay_capacity: usize,
+    /// Per gateway, how far behind its newest accepted assertion one may arrive (in
+    /// assertions; a multiple of 64 bits of memory per gateway).
+    pub replay_window: u64,
+    /// Most gateways whose assertions are remembered at once (until all of one's expire).
+    pub max_senders: usize,
 }
 
 impl Default for VerifierOptions {
@@ -217,18 +241,18 @@ impl Default for VerifierOptions {
         Self {
             max_lifetime: Duration::from_secs(60),
             clock_skew: Duration::from_secs(5),
-            replay_capacity: 65_536,
+            replay_window: 8_192,
+            max_senders: 4_096,
         }
     }
 }
 
 /// An agent's check of the assertions the gateway sends with each request.
 pub struct AssertionVerifier {
-    keys: Vec<DecodingKey>,
+    keys: Vec<VerifyingKey>,
     audience: String,
     options: VerifierOptions,
-    validation: Validation,
-    replays: ReplayCache,
+    replays: ReplayWindows,
 }
 
 impl std::fmt::Debug for AssertionVerifier {
@@ -238,7 +262,7 @@ impl std::fmt::Debug for AssertionVerifier {
             .field("keys", &self.keys.len())
             .field("audience", &self.audience)
             .field("options", &self.options)
-            .field("remembered", &self.replays.len())
+            .field("senders", &self.replays.senders())
             .finish()
     }
 }
@@ -258,19 +282,11 @@ impl AssertionVerifier {
         if trusted.is_empty() {
             return Err(AssertionError::Key("no trusted public key".into()));
         }
-        // The signature and algorithm only: every claim is checked below, each with its own
-        // error.
-        let mut validation = Validation::new(Algorithm::EdDSA);
-        validation.required_spec_claims.clear();
-        validation.validate_exp = false;
-        validation.validate_nbf = false;
-        validation.validate_aud = false;
         Ok(Self {
             keys: trusted,
             audience: audience(agent_id),
             options,
-            validation,
-            replays: ReplayCache::new(options.replay_capacity),
+            replays: ReplayWindows::new(options.replay_window, options.max_senders),
         })
     }
 
@@ -283,7 +299,7 @@ impl AssertionVerifier {
         path: &str,
         now: SystemTime,
     ) -> Result<Identity, AssertionError> {
-        let claims = self.verified_claims(token)?;
+        let claims = jws::decode(token, &self.keys)?;
         if claims.iss != ISSUER {
             return Err(AssertionError::Malformed(format!(
                 "issuer {:?} is not {ISSUER}",
@@ -323,8 +339,8 @@ impl AssertionVerifier {
         if claims.req != request_binding(method, path) {
             return Err(AssertionError::WrongRequest);
         }
-        let jti = jti(&claims.jti)?;
-        self.replays.insert(jti, forget_after, now)?;
+        let (sender, sequence) = jti(&claims.jti)?;
+        self.replays.accept(sender, sequence, forget_after, now)?;
         Ok(Identity {
             user: claims.user,
             uid: claims.uid,
@@ -333,38 +349,19 @@ impl AssertionVerifier {
         })
     }
 
-    /// The claims, once one trusted key verifies the signature.
-    fn verified_claims(&self, token: &str) -> Result<Claims, AssertionError> {
-        let header = jsonwebtoken::decode_header(token)
-            .map_err(|error| AssertionError::Malformed(error.to_string()))?;
-        if header.alg != Algorithm::EdDSA {
-            return Err(AssertionError::Malformed(format!(
-                "algorithm {:?} is not EdDSA",
-                header.alg
-            )));
-        }
-        for key in &self.keys {
-            match jsonwebtoken::decode::<Claims>(token, key, &self.validation) {
-                Ok(data) => return Ok(data.claims),
-                Err(error) if matches!(error.kind(), ErrorKind::InvalidSignature) => continue,
-                Err(error) => return Err(AssertionError::Malformed(error.to_string())),
-            }
-        }
-        Err(AssertionError::BadSignature)
-    }
-
-    /// Assertions remembered against replay now.
-    pub fn remembered(&self) -> usize {
-        self.replays.len()
+    /// Gateways whose assertions are remembered against replay now.
+    pub fn senders(&self) -> usize {
+        self.replays.senders()
     }
 }
 
-/// The 128-bit random `jti`, as the gateway encodes it.
-fn jti(text: &str) -> Result<u128, AssertionError> {
+/// The sender and sequence of a `jti`, as the gateway encodes them.
+fn jti(text: &str) -> Result<(u64, u64), AssertionError> {
     let bytes = URL_SAFE_NO_PAD
         .decode(text)
         .ok()
         .and_then(|bytes| <[u8; 16]>::try_from(bytes).ok())
         .ok_or_else(|| AssertionError::Malformed("jti is not 128 bits in base64url".into()))?;
-    Ok(u128::from_be_bytes(bytes))
+    let number = u128::from_be_bytes(bytes);
+    Ok(((number >> 64) as u64, number as u64))
 }

@@ -64,7 +64,13 @@ fn forge(edit: impl FnOnce(&mut Claims)) -> String {
         extra: BTreeMap::new(),
     };
     edit(&mut claims);
-    jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &claims, &signer(0).key).unwrap()
+    jws::encode(&claims, &signer(0).key).unwrap()
+}
+
+/// The claims of a token, unverified.
+fn claims_of(token: &str) -> Claims {
+    let payload = token.split('.').nth(1).unwrap();
+    serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap()
 }
 
 #[test]
@@ -75,7 +81,7 @@ fn a_signed_assertion_verifies_to_its_identity() {
         .unwrap();
     assert_eq!(verified, identity());
     // The claims are what the design names.
-    let claims: Claims = jsonwebtoken::dangerous::insecure_decode_claims(&token).unwrap();
+    let claims = claims_of(&token);
     assert_eq!(
         (claims.iss.as_str(), claims.aud.as_str()),
         ("sluice-gateway", "sluice-agent:42")
@@ -220,35 +226,147 @@ fn an_assertion_is_accepted_once() {
     assert!(verifier
         .verify(&other_agent, METHOD, PATH, at(NOW))
         .is_err());
-    assert_eq!(verifier.remembered(), 1);
+    assert_eq!(verifier.senders(), 1);
 }
 
 #[test]
-fn a_full_replay_cache_refuses_until_entries_expire() {
-    let options = VerifierOptions {
-        replay_capacity: 3,
-        ..VerifierOptions::default()
+fn a_signer_numbers_its_assertions_and_another_signer_is_another_sender() {
+    let numbers = |signer: &AssertionSigner| -> Vec<(u64, u64)> {
+        (0..3)
+            .map(|_| {
+                let token = signer
+                    .sign(&identity(), AGENT, METHOD, PATH, at(NOW))
+                    .unwrap();
+                jti(&claims_of(&token).jti).unwrap()
+            })
+            .collect()
     };
-    let mut verifier = verifier(options);
-    for _ in 0..3 {
+    let sent = numbers(&signer(0));
+    assert_eq!(
+        sent.iter()
+            .map(|(_, sequence)| *sequence)
+            .collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    assert!(sent.iter().all(|(sender, _)| *sender == sent[0].0));
+    // The same key loaded again (a restarted gateway) starts at 1 under another sender id.
+    let again = numbers(&signer(0));
+    assert_eq!(again[0].1, 1);
+    assert_ne!(again[0].0, sent[0].0);
+}
+
+#[test]
+fn assertions_may_arrive_out_of_order_within_the_window_and_each_once() {
+    let mut windowed = verifier(VerifierOptions {
+        replay_window: 64,
+        ..VerifierOptions::default()
+    });
+    let signer = signer(0);
+    let tokens: Vec<String> = (0..100)
+        .map(|_| {
+            signer
+                .sign(&identity(), AGENT, METHOD, PATH, at(NOW))
+                .unwrap()
+        })
+        .collect();
+    // The newest first, then the 63 before it in reverse: all within a 64-wide window.
+    for token in tokens[36..].iter().rev() {
+        windowed.verify(token, METHOD, PATH, at(NOW)).unwrap();
+    }
+    for token in &tokens[36..] {
+        assert_eq!(
+            windowed.verify(token, METHOD, PATH, at(NOW)),
+            Err(AssertionError::Replayed)
+        );
+    }
+    assert_eq!(
+        windowed.verify(&tokens[35], METHOD, PATH, at(NOW)),
+        Err(AssertionError::OutsideReplayWindow {
+            sequence: 36,
+            newest: 100,
+            window: 64
+        })
+    );
+    // More than the old per-assertion cache's 65,536 within one lifetime: the memory is per
+    // gateway, not per assertion.
+    let mut defaults = verifier(VerifierOptions::default());
+    for _ in 0..70_000 {
+        let token = signer
+            .sign(&identity(), AGENT, METHOD, PATH, at(NOW))
+            .unwrap();
+        defaults.verify(&token, METHOD, PATH, at(NOW)).unwrap();
+    }
+    assert_eq!(defaults.senders(), 1);
+    // The defaults docs/CONFIG.md states.
+    let options = VerifierOptions::default();
+    assert_eq!((options.replay_window, options.max_senders), (8_192, 4_096));
+}
+
+#[test]
+fn a_cache_full_of_live_gateways_refuses_a_new_one_until_one_expires() {
+    let mut verifier = verifier(VerifierOptions {
+        max_senders: 2,
+        ..VerifierOptions::default()
+    });
+    // sign_now makes a new signer, a new sender, each time.
+    for _ in 0..2 {
         verifier.verify(&sign_now(), METHOD, PATH, at(NOW)).unwrap();
     }
     assert_eq!(
         verifier.verify(&sign_now(), METHOD, PATH, at(NOW)),
-        Err(AssertionError::ReplayCacheFull { capacity: 3 })
+        Err(AssertionError::ReplayCacheFull { capacity: 2 })
     );
-    assert_eq!(verifier.remembered(), 3);
-    // Still remembered at the last second they could be accepted...
+    // Still remembered at the last second their assertions could be accepted...
     let later = signer(0)
         .sign(&identity(), AGENT, METHOD, PATH, at(NOW + 35))
         .unwrap();
     assert_eq!(
         verifier.verify(&later, METHOD, PATH, at(NOW + 35)),
-        Err(AssertionError::ReplayCacheFull { capacity: 3 })
+        Err(AssertionError::ReplayCacheFull { capacity: 2 })
     );
     // ...and forgotten after it.
     verifier.verify(&later, METHOD, PATH, at(NOW + 36)).unwrap();
-    assert_eq!(verifier.remembered(), 1);
+    assert_eq!(verifier.senders(), 1);
+}
+
+/// The first key pair as `jsonwebtoken` takes it.
+fn jsonwebtoken_keys() -> (jsonwebtoken::EncodingKey, jsonwebtoken::DecodingKey) {
+    use rustls_pki_types::pem::PemObject;
+    let private =
+        rustls_pki_types::PrivatePkcs8KeyDer::from_pem_slice(&keys()[0].private_pem).unwrap();
+    let public = verifier(VerifierOptions::default()).keys[0].to_bytes();
+    (
+        jsonwebtoken::EncodingKey::from_ed_der(private.secret_pkcs8_der()),
+        jsonwebtoken::DecodingKey::from_ed_der(&public),
+    )
+}
+
+#[test]
+fn tokens_are_standard_jws_both_ways() {
+    use jsonwebtoken::{Algorithm, Header, Validation};
+    let ours = sign_now();
+    let mut validation = Validation::new(Algorithm::EdDSA);
+    validation.set_audience(&["sluice-agent:42"]);
+    validation.validate_exp = false;
+    let decoded =
+        jsonwebtoken::decode::<serde_json::Value>(&ours, &jsonwebtoken_keys().1, &validation)
+            .unwrap();
+    assert_eq!(decoded.claims["user"], "alice");
+    // A token jsonwebtoken signed with the same key verifies here.
+    let mut claims = claims_of(&sign_now());
+    claims.jti = URL_SAFE_NO_PAD.encode([3u8; 16]);
+    let theirs = jsonwebtoken::encode(
+        &Header::new(Algorithm::EdDSA),
+        &claims,
+        &jsonwebtoken_keys().0,
+    )
+    .unwrap();
+    assert_eq!(
+        verifier(VerifierOptions::default())
+            .verify(&theirs, METHOD, PATH, at(NOW))
+            .unwrap(),
+        identity()
+    );
 }
 
 #[test]
@@ -391,6 +509,11 @@ fn every_error_has_a_distinct_reason_and_is_permission_denied() {
         },
         AssertionError::WrongRequest,
         AssertionError::Replayed,
+        AssertionError::OutsideReplayWindow {
+            sequence: 0,
+            newest: 0,
+            window: 0,
+        },
         AssertionError::ReplayCacheFull { capacity: 0 },
         AssertionError::Key(String::new()),
         AssertionError::Signing(String::new()),
@@ -401,4 +524,52 @@ fn every_error_has_a_distinct_reason_and_is_permission_denied() {
     assert!(errors
         .iter()
         .all(|error| error.grpc_code() == crate::grpc_code::PERMISSION_DENIED));
+}
+
+/// What one request's assertion costs the gateway (sign) and the agent (verify), beside the
+/// same through `jsonwebtoken` in the same run: `cargo test --release -p sluice-kube-tunnel
+/// jws_cost -- --ignored --nocapture`. A measurement, not a check: no timing is asserted.
+#[test]
+#[ignore]
+fn jws_cost() {
+    use jsonwebtoken::{Algorithm, Header, Validation};
+    const ROUNDS: u32 = 5_000;
+    let time = |work: &mut dyn FnMut()| {
+        let start = std::time::Instant::now();
+        for _ in 0..ROUNDS {
+            work();
+        }
+        start.elapsed() / ROUNDS
+    };
+    let signer = signer(0);
+    let ours_sign = time(&mut || {
+        std::hint::black_box(
+            signer
+                .sign(&identity(), AGENT, METHOD, PATH, at(NOW))
+                .unwrap(),
+        );
+    });
+    let claims = claims_of(&sign_now());
+    let (encoding, decoding) = jsonwebtoken_keys();
+    let theirs_sign = time(&mut || {
+        std::hint::black_box(
+            jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &claims, &encoding).unwrap(),
+        );
+    });
+    let token = sign_now();
+    let trusted = verifier(VerifierOptions::default()).keys;
+    let ours_verify = time(&mut || {
+        std::hint::black_box(jws::decode(&token, &trusted).unwrap());
+    });
+    let mut validation = Validation::new(Algorithm::EdDSA);
+    validation.validate_aud = false;
+    validation.validate_exp = false;
+    let theirs_verify = time(&mut || {
+        std::hint::black_box(
+            jsonwebtoken::decode::<serde_json::Value>(&token, &decoding, &validation).unwrap(),
+        );
+    });
+    eprintln!(
+        "sign: {ours_sign:?} (jsonwebtoken {theirs_sign:?}); verify: {ours_verify:?} (jsonwebtoken {theirs_verify:?})"
+    );
 }
