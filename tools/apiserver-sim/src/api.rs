@@ -19,6 +19,7 @@ use super::{lock, Caller, RecordedRequest, Shared};
 mod answers;
 mod reviews;
 mod table;
+mod websocket;
 
 use answers::{json_bytes, not_found, object_not_found, ok_json, plain, status};
 use table::table_of;
@@ -298,6 +299,17 @@ impl Server {
         let streaming = ["/exec", "/attach", "/portforward"]
             .iter()
             .any(|suffix| request.uri().path().ends_with(suffix));
+        if streaming && websocket::is_websocket(request.headers()) {
+            let command = request
+                .uri()
+                .query()
+                .unwrap_or("")
+                .split('&')
+                .filter_map(|pair| pair.strip_prefix("command="))
+                .map(decode)
+                .collect();
+            return websocket::accept(request, command);
+        }
         if let (true, Some(protocol)) = (streaming, header("upgrade")) {
             tokio::spawn(async move {
                 if let Ok(upgraded) = hyper::upgrade::on(request).await {
