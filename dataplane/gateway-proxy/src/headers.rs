@@ -10,24 +10,8 @@ use sluice_gateway::cluster::CompiledServer;
 use sluice_gateway::identity::{strip_client_identity, write_impersonation_headers, UserInfo};
 use sluice_gateway::status::GatewayError;
 
-/// Hop-by-hop headers (RFC 9110 7.6.1) and `host` (HTTP/2 carries it as :authority).
-const HOP_BY_HOP: [&str; 10] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-];
-
-/// Whether `name` is one of [`HOP_BY_HOP`].
-pub fn is_hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(&name.as_str())
-}
+pub use sluice_gateway::hop_by_hop::is_hop_by_hop;
+use sluice_gateway::hop_by_hop::HOP_BY_HOP;
 
 /// Appends every end-to-end header of `from` to `to`.
 pub fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {

@@ -5,25 +5,14 @@
 //! gateway has already checked that impersonation and put its result in the assertion.
 
 use http::header::{self, HeaderMap, HeaderValue};
+use sluice_gateway::hop_by_hop::is_hop_by_hop;
 use sluice_gateway::identity::{write_impersonation_headers, IdentityError, UserInfo};
 
 use crate::assertion::Identity;
 
-/// Hop-by-hop headers (RFC 9110 7.6.1), `host` (the agent names its own apiserver) and the
-/// credentials of the client or of a proxy before the gateway.
-const DROPPED: [&str; 11] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "authorization",
-];
+/// Beside the hop-by-hop ones (`host` among them: the agent names its own apiserver): the
+/// client's credentials (the agent sends its own).
+const DROPPED: [&str; 1] = ["authorization"];
 
 /// Prefixes of headers that assert who the user is: impersonation, and the front-proxy
 /// (request-header authentication) headers an apiserver may be configured to trust.
@@ -69,7 +58,8 @@ pub fn apiserver_headers(
     let mut headers = HeaderMap::with_capacity(request.len() + 4);
     for (name, value) in request {
         let name_text = name.as_str();
-        let dropped = DROPPED.contains(&name_text)
+        let dropped = is_hop_by_hop(name)
+            || DROPPED.contains(&name_text)
             || DROPPED_PREFIXES
                 .iter()
                 .any(|prefix| name_text.starts_with(prefix))
