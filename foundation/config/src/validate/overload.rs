@@ -14,7 +14,8 @@ pub(crate) fn overload(raw: &RawOverload, errors: &mut Errors) -> OverloadConfig
         defaults.interval,
         errors,
     );
-    // Faster than 10 ms the sampling itself (a directory listing of /proc/self/fd) costs CPU;
+    // Faster than 10 ms the sampling itself (reading the process's memory and its descriptor
+    // count from /proc) costs CPU;
     // slower than 5 s a burst of connections reaches the limit between two samples.
     if !(Duration::from_millis(10)..=Duration::from_secs(5)).contains(&interval) {
         errors.push(
