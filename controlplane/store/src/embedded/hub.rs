@@ -5,6 +5,11 @@
 //! hub and flagged lagged, its stream ends with [`crate::StoreError::Lagged`] once it has
 //! drained what it had, and it re-watches from history. Memory per watcher is thus bounded by
 //! its channel, and the store keeps nothing for slow readers.
+//!
+//! Watchers are grouped by prefix and a change is wrapped in one [`Arc`] shared by every
+//! watcher of it: with thousands of watchers of a few prefixes (issue 36's fan-out), a commit
+//! compares the key with each prefix once, walks only the watchers that want it, and copies no
+//! key or value per watcher under the hub's lock (which the writer holds).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -12,6 +17,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::mpsc;
 
 use crate::types::Event;
+
+/// A group is swept of watchers whose stream was dropped once it has grown to this many, and
+/// then each time it doubles (so the sweeps cost O(1) per subscription).
+const FIRST_SWEEP: usize = 16;
 
 /// The watchers currently following live changes.
 #[derive(Debug)]
@@ -24,13 +33,28 @@ struct HubState {
     /// The revision of the last change handed to the watchers.
     last_published: u64,
     /// `None` once the store has closed: new subscriptions end at once.
-    watchers: Option<Vec<Watcher>>,
+    groups: Option<Vec<Group>>,
+}
+
+/// The watchers of one prefix.
+#[derive(Debug)]
+struct Group {
+    prefix: String,
+    watchers: Vec<Watcher>,
+    /// The size at which a subscription next sweeps closed watchers out.
+    sweep_at: usize,
+}
+
+impl Group {
+    fn sweep(&mut self) {
+        self.watchers.retain(|watcher| !watcher.sender.is_closed());
+        self.sweep_at = (self.watchers.len() * 2).max(FIRST_SWEEP);
+    }
 }
 
 #[derive(Debug)]
 struct Watcher {
-    prefix: String,
-    sender: mpsc::Sender<Event>,
+    sender: mpsc::Sender<Arc<Event>>,
     lagged: Arc<AtomicBool>,
 }
 
@@ -38,7 +62,7 @@ struct Watcher {
 #[derive(Debug)]
 pub(crate) struct Subscription {
     /// Every change under the prefix with a revision above `registered_at`, until it closes.
-    pub receiver: mpsc::Receiver<Event>,
+    pub receiver: mpsc::Receiver<Arc<Event>>,
     /// Set when the hub dropped this watcher because its channel was full.
     pub lagged: Arc<AtomicBool>,
     /// The last revision published before this subscription: the watcher reads the changes up
@@ -59,7 +83,7 @@ impl Hub {
         Hub {
             state: Mutex::new(HubState {
                 last_published: current_revision,
-                watchers: Some(Vec::new()),
+                groups: Some(Vec::new()),
             }),
         }
     }
@@ -76,12 +100,24 @@ impl Hub {
         let lagged = Arc::new(AtomicBool::new(false));
         let mut state = self.state();
         let registered_at = state.last_published;
-        if let Some(watchers) = state.watchers.as_mut() {
-            watchers.push(Watcher {
-                prefix: prefix.to_owned(),
+        if let Some(groups) = state.groups.as_mut() {
+            let watcher = Watcher {
                 sender,
                 lagged: lagged.clone(),
-            });
+            };
+            match groups.iter_mut().find(|group| group.prefix == prefix) {
+                Some(group) => {
+                    if group.watchers.len() >= group.sweep_at {
+                        group.sweep();
+                    }
+                    group.watchers.push(watcher);
+                }
+                None => groups.push(Group {
+                    prefix: prefix.to_owned(),
+                    watchers: vec![watcher],
+                    sweep_at: FIRST_SWEEP,
+                }),
+            }
         }
         Subscription {
             receiver,
@@ -95,22 +131,27 @@ impl Hub {
     pub fn publish(&self, event: &Event) {
         let mut state = self.state();
         state.last_published = event.revision();
-        let Some(watchers) = state.watchers.as_mut() else {
+        let Some(groups) = state.groups.as_mut() else {
             return;
         };
-        watchers.retain(|watcher| {
-            if !event.key().starts_with(&watcher.prefix) {
-                return !watcher.sender.is_closed();
+        let mut shared: Option<Arc<Event>> = None;
+        for group in groups.iter_mut() {
+            if !event.key().starts_with(&group.prefix) {
+                continue;
             }
-            match watcher.sender.try_send(event.clone()) {
-                Ok(()) => true,
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    watcher.lagged.store(true, Ordering::Release);
-                    false
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => false,
-            }
-        });
+            let shared = shared.get_or_insert_with(|| Arc::new(event.clone()));
+            group
+                .watchers
+                .retain(|watcher| match watcher.sender.try_send(shared.clone()) {
+                    Ok(()) => true,
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        watcher.lagged.store(true, Ordering::Release);
+                        false
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => false,
+                });
+        }
+        groups.retain(|group| !group.watchers.is_empty());
     }
 
     /// The revision up to which `subscription` has received every change of its prefix: the
@@ -121,23 +162,24 @@ impl Hub {
         // up to `last_published` was already taken.
         let state = self.state();
         let idle = subscription.receiver.is_empty() && !subscription.receiver.is_closed();
-        (idle && state.watchers.is_some()).then_some(state.last_published)
+        (idle && state.groups.is_some()).then_some(state.last_published)
     }
 
     /// Ends every watcher's live feed; used when the store is dropped.
     pub fn close(&self) {
-        self.state().watchers = None;
+        self.state().groups = None;
     }
 
     /// How many watchers follow live changes (for tests and, later, metrics); watchers whose
-    /// stream was dropped are otherwise only noticed at the next change.
+    /// stream was dropped are otherwise only noticed at the next change of their prefix.
     pub fn watcher_count(&self) -> usize {
         let mut state = self.state();
-        let Some(watchers) = state.watchers.as_mut() else {
+        let Some(groups) = state.groups.as_mut() else {
             return 0;
         };
-        watchers.retain(|watcher| !watcher.sender.is_closed());
-        watchers.len()
+        groups.iter_mut().for_each(Group::sweep);
+        groups.retain(|group| !group.watchers.is_empty());
+        groups.iter().map(|group| group.watchers.len()).sum()
     }
 }
 
@@ -194,6 +236,51 @@ mod tests {
         assert_eq!(hub.progress(&subscription), Some(5));
         hub.close();
         assert_eq!(hub.progress(&subscription), None);
+    }
+
+    #[test]
+    fn every_watcher_of_a_change_shares_one_copy_in_revision_order() {
+        let hub = Hub::new(0);
+        let mut first = hub.subscribe("/a/", 4);
+        let mut second = hub.subscribe("/a/", 4);
+        let mut everything = hub.subscribe("/", 4);
+        let mut other = hub.subscribe("/b/", 4);
+        hub.publish(&put("/a/x", 1));
+        hub.publish(&put("/b/x", 2));
+        hub.publish(&put("/a/y", 3));
+        let taken = |subscription: &mut Subscription| {
+            std::iter::from_fn(|| subscription.receiver.try_recv().ok()).collect::<Vec<_>>()
+        };
+        let (first, second, everything) = (
+            taken(&mut first),
+            taken(&mut second),
+            taken(&mut everything),
+        );
+        let revisions =
+            |events: &[Arc<Event>]| -> Vec<u64> { events.iter().map(|e| e.revision()).collect() };
+        assert_eq!(revisions(&first), vec![1, 3]);
+        assert_eq!(revisions(&everything), vec![1, 2, 3]);
+        assert!(Arc::ptr_eq(&first[0], &second[0]));
+        assert!(Arc::ptr_eq(&first[1], &everything[2]));
+        assert_eq!(revisions(&taken(&mut other)), vec![2]);
+    }
+
+    #[test]
+    fn watchers_that_come_and_go_are_swept_out_of_a_quiet_prefix() {
+        let hub = Hub::new(0);
+        let _kept: Vec<_> = (0..3).map(|_| hub.subscribe("/quiet/", 1)).collect();
+        for _ in 0..1_000 {
+            drop(hub.subscribe("/quiet/", 1));
+            let state = hub.state();
+            let held = state
+                .groups
+                .as_ref()
+                .map_or(0, |groups| groups[0].watchers.len());
+            assert!(held <= FIRST_SWEEP.max(2 * 4), "{held} watchers held");
+        }
+        assert_eq!(hub.watcher_count(), 3);
+        hub.publish(&put("/loud/x", 1));
+        assert_eq!(hub.watcher_count(), 3);
     }
 
     #[test]

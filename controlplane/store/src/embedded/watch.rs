@@ -153,7 +153,8 @@ async fn next_live(
         while let Some(event) = next {
             if event.revision() > *position.cursor {
                 *position.cursor = event.revision();
-                events.push(event);
+                // The hub shares one copy among the watchers; the batch owns its events.
+                events.push(Arc::unwrap_or_clone(event));
             }
             next = if events.len() < history::EVENTS_PER_BATCH {
                 subscription.receiver.try_recv().ok()
