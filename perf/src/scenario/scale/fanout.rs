@@ -96,6 +96,8 @@ pub struct Plan {
     pub window: Duration,
     /// Objects of each kind the writes go round.
     pub objects: usize,
+    /// The stores run, in order (both unless `SLUICE_PERF_FANOUT` names some).
+    pub stores: Vec<Store>,
 }
 
 impl Plan {
@@ -107,6 +109,7 @@ impl Plan {
                 rates: vec![50],
                 window: Duration::from_secs(3),
                 objects: 10,
+                stores: vec![Store::Embedded, Store::Etcd],
             }
         } else {
             Self {
@@ -115,6 +118,7 @@ impl Plan {
                 rates: vec![50, 200],
                 window: Duration::from_secs(20),
                 objects: 20,
+                stores: vec![Store::Embedded, Store::Etcd],
             }
         }
     }
@@ -231,7 +235,7 @@ pub fn run(harness: &Harness, dir: &Path, plan: &Plan) -> anyhow::Result<Vec<Fan
         .enable_all()
         .build()?;
     let mut records = Vec::new();
-    for store in [Store::Embedded, Store::Etcd] {
+    for &store in &plan.stores {
         let store_dir = dir.join(store.name());
         std::fs::create_dir_all(&store_dir)?;
         let mut runs = run_store(

@@ -1,0 +1,103 @@
+//! The fan-out part's sizes taken from `SLUICE_PERF_FANOUT`, for runs smaller than issue 36's
+//! (a before/after comparison that has to finish in minutes on a busy machine), e.g.
+//! `SLUICE_PERF_FANOUT=watchers=2000,rates=50,stores=embedded,window=20 perf/run.sh scale
+//! --only fanout`. Unset, the plan is the issue's.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use super::fanout::{Plan, Store};
+
+/// The variable read by [`Plan::from_env`].
+pub const VARIABLE: &str = "SLUICE_PERF_FANOUT";
+
+impl Plan {
+    /// The plan for `smoke`, with the sizes `SLUICE_PERF_FANOUT` overrides.
+    pub fn from_env(smoke: bool) -> anyhow::Result<Plan> {
+        let plan = Plan::new(smoke);
+        match std::env::var(VARIABLE) {
+            Ok(spec) => plan
+                .overridden(&spec)
+                .with_context(|| format!("{VARIABLE}={spec:?}")),
+            Err(_) => Ok(plan),
+        }
+    }
+
+    /// The plan with `name=value` pairs, comma-separated, in place of its sizes: `watchers`,
+    /// `per_connection`, `objects`, `window` (seconds), `rates` and `stores` (`+`-separated
+    /// lists, e.g. `rates=50+200`, `stores=embedded+etcd`).
+    pub fn overridden(mut self, spec: &str) -> anyhow::Result<Plan> {
+        for pair in spec.split(',').filter(|pair| !pair.is_empty()) {
+            let (name, value) = pair
+                .split_once('=')
+                .with_context(|| format!("{pair:?} is not name=value"))?;
+            let count = || -> anyhow::Result<usize> {
+                match value.parse::<usize>() {
+                    Ok(count) if count > 0 => Ok(count),
+                    _ => bail!("{name} must be a positive count, not {value:?}"),
+                }
+            };
+            match name {
+                "watchers" => self.watchers = count()?,
+                "per_connection" => self.per_connection = count()?,
+                "objects" => self.objects = count()?,
+                "window" => self.window = Duration::from_secs(count()? as u64),
+                "rates" => {
+                    self.rates = value
+                        .split('+')
+                        .map(|rate| match rate.parse::<u32>() {
+                            Ok(rate) if rate > 0 => Ok(rate),
+                            _ => bail!("a rate must be positive writes/s, not {rate:?}"),
+                        })
+                        .collect::<anyhow::Result<_>>()?
+                }
+                "stores" => {
+                    self.stores = value
+                        .split('+')
+                        .map(|store| match store {
+                            "embedded" => Ok(Store::Embedded),
+                            "etcd" => Ok(Store::Etcd),
+                            _ => bail!("a store is embedded or etcd, not {store:?}"),
+                        })
+                        .collect::<anyhow::Result<_>>()?
+                }
+                _ => bail!("unknown size {name:?}"),
+            }
+        }
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_sizes_replace_the_plans_and_the_rest_stay() {
+        let plan = Plan::new(false)
+            .overridden("watchers=2000,rates=50+200,stores=embedded,window=10")
+            .unwrap();
+        assert_eq!(plan.watchers, 2_000);
+        assert_eq!(plan.hosts(), 500);
+        assert_eq!(plan.rates, vec![50, 200]);
+        assert_eq!(plan.stores, vec![Store::Embedded]);
+        assert_eq!(plan.window, Duration::from_secs(10));
+        assert_eq!(plan.objects, Plan::new(false).objects);
+        assert_eq!(Plan::new(true).overridden("").unwrap().watchers, 100);
+    }
+
+    #[test]
+    fn bad_sizes_are_refused_by_name() {
+        for (spec, says) in [
+            ("watchers=0", "positive"),
+            ("watchers", "name=value"),
+            ("rates=50+fast", "\"fast\""),
+            ("stores=redis", "\"redis\""),
+            ("clients=3", "unknown size"),
+        ] {
+            let error = Plan::new(true).overridden(spec).unwrap_err().to_string();
+            assert!(error.contains(says), "{spec}: {error}");
+        }
+    }
+}
