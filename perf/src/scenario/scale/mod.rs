@@ -14,6 +14,7 @@ mod agents_model;
 mod agents_report;
 mod fanout;
 mod fanout_peers;
+mod fanout_plan;
 mod fleet;
 mod gateway_clients;
 mod redis_probe;
@@ -73,7 +74,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
     if wanted("fanout") {
         let fanout_dir = dir.join("fanout");
         std::fs::create_dir_all(&fanout_dir)?;
-        let plan = fanout::Plan::new(harness.smoke);
+        let plan = fanout::Plan::from_env(harness.smoke)?;
         let records = fanout::run(harness, &fanout_dir, &plan)?;
         for record in &records {
             let name = format!(
