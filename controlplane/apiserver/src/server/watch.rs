@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use serde_json::Value;
 use sluice_apimachinery::list::{bookmark_event, error_event, watch_event, WatchEventType};
@@ -27,6 +27,11 @@ use super::ApiServer;
 
 /// Encoded events queued per watch before the watch waits for its client.
 const QUEUE: usize = 64;
+
+/// The events of one store batch go to the client joined in body chunks of up to this many
+/// bytes: one HTTP/2 DATA frame and TLS record per chunk instead of per event (issue 36's
+/// fan-out); 16 KiB is both HTTP/2's default largest frame and TLS's largest record.
+const CHUNK_BYTES: usize = 16 * 1024;
 
 /// A watch whose store connection breaks is opened again this many times in a row, this far
 /// apart, before the client is told (with an ERROR event) to watch again itself.
@@ -232,28 +237,43 @@ impl Watch {
             Visibility::Own { name } => Some(super::keys::object_key(&self.spec, None, name)),
             _ => None,
         };
+        let mut chunks = Chunks::new(CHUNK_BYTES);
         for event in batch.events {
             if own_key.as_deref().is_some_and(|key| key != event.key()) {
                 continue;
             }
-            if shared {
-                let Some((event_type, line)) = self.shared_line(&event) else {
-                    continue;
-                };
-                *first = false;
-                if sender.send(line).await.is_err() {
-                    return false;
-                }
-                self.events.sent(event_type);
-                continue;
-            }
-            let Some((event_type, object)) = self.translate(event) else {
+            let encoded = if shared {
+                self.shared_line(&event)
+            } else {
+                self.translate(event).map(|(event_type, object)| {
+                    (event_type, self.encode(event_type, &object, *first))
+                })
+            };
+            let Some((event_type, line)) = encoded else {
                 continue;
             };
-            if !self.send(sender, event_type, &object, first).await {
-                return false;
+            *first = false;
+            if let Some(full) = chunks.push(line, event_type) {
+                if !self.send_chunk(sender, full).await {
+                    return false;
+                }
             }
         }
+        match chunks.take() {
+            Some(last) => self.send_chunk(sender, last).await,
+            None => true,
+        }
+    }
+
+    /// Sends joined lines, counting their events once they are queued for the client.
+    async fn send_chunk(&self, sender: &mpsc::Sender<Bytes>, chunk: Chunk) -> bool {
+        let (bytes, event_types) = chunk;
+        if sender.send(bytes).await.is_err() {
+            return false;
+        }
+        event_types
+            .into_iter()
+            .for_each(|event_type| self.events.sent(event_type));
         true
     }
 
@@ -329,22 +349,75 @@ impl Watch {
         object: &Value,
         first: &mut bool,
     ) -> bool {
-        let event = match self.format {
-            ResponseFormat::Object => watch_event(event_type, object.clone()),
-            ResponseFormat::Table(_) => table::table_watch_event(
-                &self.spec,
-                event_type,
-                object,
-                &self.table_options,
-                *first,
-            ),
-        };
+        let encoded = self.encode(event_type, object, *first);
         *first = false;
-        let sent = sender.send(line(&event)).await.is_ok();
+        let sent = sender.send(encoded).await.is_ok();
         if sent {
             self.events.sent(event_type);
         }
         sent
+    }
+
+    /// The line of an event in the watch's format (a Table's first event carries its columns).
+    fn encode(&self, event_type: WatchEventType, object: &Value, first: bool) -> Bytes {
+        let event = match self.format {
+            ResponseFormat::Object => watch_event(event_type, object.clone()),
+            ResponseFormat::Table(_) => {
+                table::table_watch_event(&self.spec, event_type, object, &self.table_options, first)
+            }
+        };
+        line(&event)
+    }
+}
+
+/// Joined lines and the types of the events they carry.
+type Chunk = (Bytes, Vec<WatchEventType>);
+
+/// Event lines joined into body chunks of at most `limit` bytes; a longer line is a chunk of
+/// its own, and a lone line is passed on without a copy.
+struct Chunks {
+    limit: usize,
+    lines: Vec<Bytes>,
+    event_types: Vec<WatchEventType>,
+    len: usize,
+}
+
+impl Chunks {
+    fn new(limit: usize) -> Self {
+        Chunks {
+            limit,
+            lines: Vec::new(),
+            event_types: Vec::new(),
+            len: 0,
+        }
+    }
+
+    /// Adds a line; returns the chunk to send first when the line would not fit in it.
+    fn push(&mut self, line: Bytes, event_type: WatchEventType) -> Option<Chunk> {
+        let full = (self.len > 0 && self.len + line.len() > self.limit)
+            .then(|| self.take())
+            .flatten();
+        self.len += line.len();
+        self.lines.push(line);
+        self.event_types.push(event_type);
+        full
+    }
+
+    /// The lines gathered so far as one chunk, `None` if there are none.
+    fn take(&mut self) -> Option<Chunk> {
+        let event_types = std::mem::take(&mut self.event_types);
+        let len = std::mem::replace(&mut self.len, 0);
+        let mut lines = std::mem::take(&mut self.lines);
+        let bytes = match lines.len() {
+            0 => return None,
+            1 => lines.pop()?,
+            _ => {
+                let mut joined = BytesMut::with_capacity(len);
+                lines.iter().for_each(|line| joined.extend_from_slice(line));
+                joined.freeze()
+            }
+        };
+        Some((bytes, event_types))
     }
 }
 
@@ -352,4 +425,63 @@ pub(crate) fn line(event: &Value) -> Bytes {
     let mut bytes = serde_json::to_vec(event).unwrap_or_default();
     bytes.push(b'\n');
     Bytes::from(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(chunk: &Chunk) -> Vec<&[u8]> {
+        chunk.0.split_inclusive(|byte| *byte == b'\n').collect()
+    }
+
+    #[test]
+    fn lines_are_joined_in_order_up_to_the_limit() {
+        let mut chunks = Chunks::new(10);
+        assert!(chunks
+            .push(Bytes::from_static(b"abc\n"), WatchEventType::Added)
+            .is_none());
+        assert!(chunks
+            .push(Bytes::from_static(b"de\n"), WatchEventType::Modified)
+            .is_none());
+        let full = chunks.push(Bytes::from_static(b"fghi\n"), WatchEventType::Deleted);
+        let full = full.expect("the third line does not fit");
+        assert_eq!(lines(&full), vec![&b"abc\n"[..], b"de\n"]);
+        assert_eq!(
+            full.1,
+            vec![WatchEventType::Added, WatchEventType::Modified]
+        );
+        let last = chunks.take().expect("the third line is kept");
+        assert_eq!(last.0, Bytes::from_static(b"fghi\n"));
+        assert_eq!(last.1, vec![WatchEventType::Deleted]);
+        assert!(chunks.take().is_none());
+    }
+
+    #[test]
+    fn a_line_over_the_limit_is_a_chunk_of_its_own_and_a_lone_line_is_not_copied() {
+        let mut chunks = Chunks::new(4);
+        let long = Bytes::from(b"0123456789\n".to_vec());
+        assert!(chunks.push(long.clone(), WatchEventType::Added).is_none());
+        let full = chunks.push(Bytes::from_static(b"x\n"), WatchEventType::Added);
+        let full = full.expect("the long line goes alone");
+        assert_eq!(full.0.as_ptr(), long.as_ptr(), "passed on without a copy");
+        let (rest, event_types) = chunks.take().expect("the short line is kept");
+        assert_eq!((rest, event_types.len()), (Bytes::from_static(b"x\n"), 1));
+    }
+
+    #[test]
+    fn a_chunk_never_exceeds_the_limit_unless_one_line_does() {
+        let mut chunks = Chunks::new(CHUNK_BYTES);
+        let mut sent = Vec::new();
+        for n in 0..2_000usize {
+            let line = Bytes::from(format!("{}\n", "x".repeat(n % 300)));
+            sent.extend(chunks.push(line, WatchEventType::Modified));
+        }
+        sent.extend(chunks.take());
+        assert!(sent.len() > 1);
+        assert!(sent.iter().all(|(bytes, _)| bytes.len() <= CHUNK_BYTES));
+        let events: usize = sent.iter().map(|(_, types)| types.len()).sum();
+        let lines_sent: usize = sent.iter().map(|chunk| lines(chunk).len()).sum();
+        assert_eq!((events, lines_sent), (2_000, 2_000));
+    }
 }
