@@ -5,6 +5,7 @@ pub mod controlplane;
 pub mod ebpf;
 pub mod gateway;
 mod gateway_report;
+mod gateway_setup;
 mod gateway_tunnel;
 pub mod idle;
 pub mod policy;
