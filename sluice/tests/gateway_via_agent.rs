@@ -15,7 +15,7 @@ use shared::{lines_of, metric, ok, sha256_hex, write, AGENT_SA_TOKEN, AGENT_TOKE
 
 use test_support::{
     apiserver_options, assert_driver, on_both_drivers, wait_until, ApiServer, Caller, Certificates,
-    ClientCert, Ed25519Keys, SluiceLauncher, SluiceProcess,
+    ClientCert, Ed25519Keys, SluiceLauncher, SluiceProcess, SubjectAccessRule, TokenUser,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
@@ -299,6 +299,84 @@ fn kubectl_reaches_a_cluster_behind_nat_as_its_user_through_the_agent(driver: &s
         "sluice_gateway_answer_head_seconds_count{{cluster=\"{HOST}\",server_kind=\"agent\"}}"
     );
     assert!(metric(&rig.node, &heads) >= 4.0);
+    reviews_of_a_cluster_of_agents_alone_go_through_the_agent(&rig);
+}
+
+/// The cluster has agent servers only: the gateway's TokenReviews and SubjectAccessReviews go
+/// through the agent too, sent by the agent as itself (no impersonation), and the requests they
+/// admit go as the reviewed user.
+fn reviews_of_a_cluster_of_agents_alone_go_through_the_agent(rig: &Rig) {
+    rig.apiserver
+        .add_token("bob-token", TokenUser::new("bob", &["qa"]));
+    let pods = "/api/v1/namespaces/default/pods";
+    let as_bob = |token: &str| {
+        let port = rig.node.address("gateway").port();
+        let output = Command::new("curl")
+            .args([
+                "--silent",
+                "--max-time",
+                "10",
+                "--write-out",
+                "\n%{http_code}",
+            ])
+            .arg("--cacert")
+            .arg(&rig.certs.ca_cert)
+            .args(["--resolve", &format!("{HOST}:{port}:127.0.0.1")])
+            .args(["-H", &format!("Authorization: Bearer {token}")])
+            .arg(format!("https://{HOST}:{port}{pods}"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap();
+        (code.parse::<u16>().unwrap(), body.to_string())
+    };
+    let reviews = |path: &str| {
+        rig.apiserver
+            .requests()
+            .into_iter()
+            .filter(|request| request.uri.ends_with(path))
+            .collect::<Vec<_>>()
+    };
+    let (code, body) = as_bob("bob-token");
+    assert_eq!(code, 200, "{body}");
+    let last = rig.pod_requests().pop().unwrap();
+    assert_eq!(last.impersonate_user.as_deref(), Some("bob"), "{last:?}");
+    let token_reviews = reviews("/tokenreviews");
+    assert_eq!(token_reviews.len(), 1, "{token_reviews:?}");
+    assert_eq!(
+        token_reviews[0].caller,
+        Some(Caller::Token("agent-7".into()))
+    );
+    assert_eq!(token_reviews[0].impersonate_user, None, "{token_reviews:?}");
+    let (code, body) = as_bob("not-a-token");
+    assert_eq!(code, 401, "{body}");
+
+    // Impersonation: the SubjectAccessReview crosses the agent the same way.
+    rig.apiserver
+        .allow(SubjectAccessRule::impersonate("alice", "users", "dave"));
+    let output = rig
+        .curl(&[
+            "--silent",
+            "--max-time",
+            "10",
+            "-H",
+            "Impersonate-User: dave",
+        ])
+        .arg(format!(
+            "https://{HOST}:{}{pods}",
+            rig.node.address("gateway").port()
+        ))
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let last = rig.pod_requests().pop().unwrap();
+    assert_eq!(last.impersonate_user.as_deref(), Some("dave"), "{last:?}");
+    let access_reviews = reviews("/subjectaccessreviews");
+    assert!(!access_reviews.is_empty());
+    assert!(access_reviews
+        .iter()
+        .all(|review| review.impersonate_user.is_none()
+            && review.caller == Some(Caller::Token("agent-7".into()))));
 }
 
 fn an_agent_that_leaves_ends_watches_and_requests_wait_then_get_503_naming_it(driver: &str) {

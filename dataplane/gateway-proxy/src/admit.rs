@@ -121,7 +121,7 @@ impl GatewayHandler {
             let user = self
                 .auth
                 .user_for_token(
-                    &self.pool,
+                    self,
                     generation,
                     (cluster, client.peer),
                     token,
@@ -153,7 +153,7 @@ impl GatewayHandler {
         for check in impersonation_checks(&requested) {
             let allowed = self
                 .auth
-                .may_impersonate(&self.pool, generation, cluster, &authenticated, &check)
+                .may_impersonate(self, generation, cluster, &authenticated, &check)
                 .await
                 .map_err(|cause| auth_unavailable(&compiled.name, cause))?;
             if !allowed {

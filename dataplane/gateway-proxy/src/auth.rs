@@ -15,9 +15,8 @@ use sluice_gateway::identity::{ImpersonationCheck, UserInfo};
 use sluice_gateway::status::GatewayError;
 
 use crate::error::{ApiCallFailure, ProxyError};
-use crate::pool::CorePool;
 use crate::review::{
-    access_allowed, access_review, review, token_review, token_verdict, TokenVerdict,
+    access_allowed, access_review, review, token_review, token_verdict, Reviewer, TokenVerdict,
     ACCESS_REVIEW_PATH, TOKEN_REVIEW_PATH,
 };
 use crate::review_key::{access_question, KeyView, ReviewKey};
@@ -226,7 +225,7 @@ impl CoreAuth {
     /// has the cluster's maximum of reviews in flight.
     pub async fn user_for_token(
         &self,
-        pool: &CorePool,
+        reviewer: &dyn Reviewer,
         generation: &Generation,
         (cluster, source): (usize, IpAddr),
         token: &str,
@@ -286,7 +285,7 @@ impl CoreAuth {
         // Boxed, as the access review below: a review is a whole upstream call (kilobytes of
         // state), made on a cache miss only, and every request's future would carry it.
         let answer = Box::pin(review(
-            pool,
+            reviewer,
             generation,
             cluster,
             TOKEN_REVIEW_PATH,
@@ -333,7 +332,7 @@ impl CoreAuth {
     /// Whether `user` may impersonate what `check` names (SubjectAccessReview, cached).
     pub async fn may_impersonate(
         &self,
-        pool: &CorePool,
+        reviewer: &dyn Reviewer,
         generation: &Generation,
         cluster: usize,
         user: &UserInfo,
@@ -348,7 +347,7 @@ impl CoreAuth {
         }
         let settings = &generation.snapshot.clusters()[cluster].authentication;
         let answer = Box::pin(review(
-            pool,
+            reviewer,
             generation,
             cluster,
             ACCESS_REVIEW_PATH,

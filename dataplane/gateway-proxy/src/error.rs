@@ -158,6 +158,13 @@ pub enum ApiCallFailure {
     /// An agent server's probe: the agent holds no tunnel connection on any node.
     #[error("agent {agent} is not connected to any node")]
     AgentNotConnected { agent: u64 },
+    /// A review through an agent (a cluster of agent servers alone) that got no answer.
+    #[error("through agent {agent}: {cause}")]
+    Agent {
+        agent: u64,
+        #[source]
+        cause: AgentFailure,
+    },
     #[error(transparent)]
     Upstream(#[from] UpstreamFailure),
     /// The request could not be built (the server's address does not make a valid URI).
@@ -430,6 +437,7 @@ impl ApiCallFailure {
         match self {
             ApiCallFailure::Timeout { .. } | ApiCallFailure::Upstream(_) => true,
             ApiCallFailure::Status { status, .. } => status.is_server_error(),
+            ApiCallFailure::Agent { cause, .. } => cause.retry_later(),
             ApiCallFailure::NoHealthyServer
             | ApiCallFailure::AgentNotConnected { .. }
             | ApiCallFailure::Request(_)

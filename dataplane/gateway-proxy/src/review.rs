@@ -1,10 +1,13 @@
 //! The review calls the gateway makes to a cluster's apiserver as itself: TokenReview and
 //! SubjectAccessReview, as JSON over a pooled HTTP/2 stream on the connections reserved for
 //! them (`CorePool::reserved_stream`: client requests, however many, never hold those streams,
-//! so a user holding every client stream cannot starve authentication). Building the request
-//! objects and reading the answers are plain functions; `post_json` is the only I/O.
+//! so a user holding every client stream cannot starve authentication). A cluster whose servers
+//! are all agents is asked through an agent instead (`via_agent/review.rs`), which is why the
+//! callers hold a [`Reviewer`]. Building the request objects and reading the answers are plain
+//! functions; `post_json` is the only I/O here.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -21,7 +24,18 @@ use crate::upstream::first_usable;
 pub const TOKEN_REVIEW_PATH: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
 pub const ACCESS_REVIEW_PATH: &str = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
 /// Larger review answers are refused (real ones are a few hundred bytes).
-const MAX_REVIEW_BYTES: usize = 1024 * 1024;
+pub const MAX_REVIEW_BYTES: usize = 1024 * 1024;
+
+/// Carries one review to a cluster and returns the answer's JSON.
+pub trait Reviewer {
+    fn post<'a>(
+        &'a self,
+        generation: &'a Generation,
+        cluster: usize,
+        path: &'static str,
+        body: Value,
+    ) -> Pin<Box<dyn Future<Output = Result<Value, ApiCallFailure>> + 'a>>;
+}
 /// How much of a failed answer's body its error quotes.
 const EXCERPT_BYTES: usize = 200;
 
@@ -124,14 +138,14 @@ pub fn access_allowed(answer: &Value) -> bool {
 /// POSTs a review object to a healthy server of the cluster as the gateway itself and returns
 /// the answer, within `timeout`.
 pub async fn review(
-    pool: &CorePool,
+    reviewer: &dyn Reviewer,
     generation: &Generation,
     cluster: usize,
     path: &'static str,
     body: Value,
     timeout: Duration,
 ) -> Result<Value, ApiCallFailure> {
-    match monoio::time::timeout(timeout, post_json(pool, generation, cluster, path, body)).await {
+    match monoio::time::timeout(timeout, reviewer.post(generation, cluster, path, body)).await {
         Ok(answer) => answer,
         Err(_) => Err(ApiCallFailure::Timeout {
             path: path.into(),
@@ -140,7 +154,8 @@ pub async fn review(
     }
 }
 
-async fn post_json(
+/// The review on a reserved stream to the cluster's first usable server that the gateway dials.
+pub async fn post_json(
     pool: &CorePool,
     generation: &Generation,
     cluster: usize,
@@ -198,14 +213,23 @@ async fn post_json(
         }
         collected.extend_from_slice(&chunk);
     }
+    review_answer(path, status, &collected)
+}
+
+/// The answer's JSON, or why it is not one.
+pub fn review_answer(
+    path: &'static str,
+    status: http::StatusCode,
+    body: &[u8],
+) -> Result<Value, ApiCallFailure> {
     if !status.is_success() {
         return Err(ApiCallFailure::Status {
             path: path.into(),
             status,
-            excerpt: excerpt(&collected),
+            excerpt: excerpt(body),
         });
     }
-    serde_json::from_slice(&collected).map_err(|source| ApiCallFailure::InvalidJson {
+    serde_json::from_slice(body).map_err(|source| ApiCallFailure::InvalidJson {
         path: path.into(),
         source,
     })

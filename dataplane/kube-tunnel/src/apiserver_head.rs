@@ -54,6 +54,32 @@ pub fn apiserver_headers(
     if identity.user.is_empty() {
         return Err(HeadError::EmptyUser);
     }
+    let mut headers = end_to_end(request);
+    write_impersonation_headers(&UserInfo::from(identity), &mut headers)?;
+    set_bearer(&mut headers, bearer);
+    Ok(headers)
+}
+
+/// The headers of the gateway's own review (see `assertion::Vouched::GatewayReview`): the
+/// request's end-to-end headers as for a user, no impersonation, the agent's credential.
+pub fn review_headers(request: &HeaderMap, bearer: Option<&HeaderValue>) -> HeaderMap {
+    let mut headers = end_to_end(request);
+    set_bearer(&mut headers, bearer);
+    headers
+}
+
+fn set_bearer(headers: &mut HeaderMap, bearer: Option<&HeaderValue>) {
+    if let Some(bearer) = bearer {
+        let mut bearer = bearer.clone();
+        bearer.set_sensitive(true);
+        headers.insert(header::AUTHORIZATION, bearer);
+    }
+}
+
+/// `request`'s headers without hop-by-hop ones (and those its `Connection` names), `Host`,
+/// credentials and every header that asserts who the user is; an upgrade keeps `Upgrade` and
+/// gets `Connection: Upgrade`.
+fn end_to_end(request: &HeaderMap) -> HeaderMap {
     let connection_listed = connection_tokens(request);
     let mut headers = HeaderMap::with_capacity(request.len() + 4);
     for (name, value) in request {
@@ -74,13 +100,7 @@ pub fn apiserver_headers(
             headers.append(header::UPGRADE, value.clone());
         }
     }
-    write_impersonation_headers(&UserInfo::from(identity), &mut headers)?;
-    if let Some(bearer) = bearer {
-        let mut bearer = bearer.clone();
-        bearer.set_sensitive(true);
-        headers.insert(header::AUTHORIZATION, bearer);
-    }
-    Ok(headers)
+    headers
 }
 
 /// The lowercase names listed in the request's `Connection` headers.

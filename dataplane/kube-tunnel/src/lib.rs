@@ -13,9 +13,10 @@ pub mod apiserver_head;
 pub mod assertion;
 pub mod codec;
 
-pub use apiserver_head::{apiserver_headers, HeadError};
+pub use apiserver_head::{apiserver_headers, review_headers, HeadError};
 pub use assertion::{
-    AssertionError, AssertionSigner, AssertionVerifier, Identity, VerifierOptions,
+    AssertionError, AssertionSigner, AssertionVerifier, Identity, VerifierOptions, Vouched,
+    REVIEW_PATHS,
 };
 pub use codec::{
     decode_request, decode_response, encode_request_data, encode_request_end, encode_request_head,

@@ -185,6 +185,23 @@ impl AnswerStream {
     }
 }
 
+/// `body` as Data messages (each at most `max_data` bytes), then End.
+pub async fn send_body(
+    stream: &mut h2::SendStream<Bytes>,
+    mut body: Bytes,
+    max_data: usize,
+) -> Result<(), AgentFailure> {
+    while !body.is_empty() {
+        let piece = body.split_to(body.len().min(max_data.max(1)));
+        let message = sluice_grpc::encode_message(false, &encode_request_data(piece));
+        send_data(stream, message, false)
+            .await
+            .map_err(AgentFailure::Send)?;
+    }
+    let end = sluice_grpc::encode_message(false, &encode_request_end());
+    send_data(stream, end, true).await.map_err(AgentFailure::Send)
+}
+
 /// Client request body -> Data messages (each at most `max_data` bytes), then End, with the
 /// link's flow control.
 async fn pump_request(mut body: Incoming, mut stream: h2::SendStream<Bytes>, max_data: usize) {

@@ -11,6 +11,7 @@
 
 mod body;
 mod call;
+mod review;
 mod upgrade;
 
 pub use crate::agent_link::{AgentLink, AgentPath, LinkFailure};
@@ -112,7 +113,7 @@ impl GatewayHandler {
     }
 
     /// This worker's link to the tunnel node, opened on first use and again once it broke.
-    async fn agent_link(
+    pub(crate) async fn agent_link(
         &self,
         path: &AgentPath,
     ) -> Result<h2::client::SendRequest<bytes::Bytes>, LinkFailure> {

@@ -153,3 +153,23 @@ fn an_identity_that_cannot_be_sent_is_refused() {
     assert_eq!(error.grpc_code(), crate::grpc_code::INVALID_ARGUMENT);
     assert_eq!(HeadError::EmptyUser.reason(), "empty_user");
 }
+
+#[test]
+fn a_review_goes_as_the_agent_with_no_identity_of_anyones() {
+    let client = request(&[
+        ("Content-Type", "application/json"),
+        ("Impersonate-User", "admin"),
+        ("X-Remote-User", "admin"),
+        ("Authorization", "Bearer someone-elses"),
+        ("Host", "evil.example"),
+    ]);
+    let bearer = HeaderValue::from_static("Bearer agent-token");
+    let headers = review_headers(&client, Some(&bearer));
+    assert_eq!(values(&headers, "authorization"), ["Bearer agent-token"]);
+    assert!(headers.get("authorization").unwrap().is_sensitive());
+    assert_eq!(values(&headers, "content-type"), ["application/json"]);
+    for gone in ["impersonate-user", "x-remote-user", "host"] {
+        assert!(!headers.contains_key(gone), "{gone}");
+    }
+    assert_eq!(headers.len(), 2);
+}

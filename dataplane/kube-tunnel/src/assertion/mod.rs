@@ -30,6 +30,23 @@ pub const ISSUER: &str = "sluice-gateway";
 /// agent to connect, short enough that a leaked one is soon useless.
 pub const SIGNED_LIFETIME: Duration = Duration::from_secs(30);
 
+/// The only requests a review assertion is good for: the gateway's own TokenReviews and
+/// SubjectAccessReviews, for a cluster it reaches through agents alone.
+pub const REVIEW_PATHS: [&str; 2] = [
+    "/apis/authentication.k8s.io/v1/tokenreviews",
+    "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+];
+
+/// Whom an accepted assertion vouches for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Vouched {
+    /// A user the gateway authenticated: the agent impersonates them.
+    User(Identity),
+    /// The gateway itself, asking a review (POST to one of [`REVIEW_PATHS`]): the agent sends
+    /// it as itself, impersonating nobody.
+    GatewayReview,
+}
+
 /// The user a request acts as (Kubernetes `user.Info`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Identity {
@@ -79,6 +96,8 @@ pub enum AssertionError {
     WrongAgent { audience: String },
     #[error("the assertion is bound to another request (method and path)")]
     WrongRequest,
+    #[error("a review assertion is good only for POST to a TokenReview or SubjectAccessReview, and a user's never")]
+    NotAReview,
     #[error("the assertion was already used")]
     Replayed,
     #[error(
@@ -110,6 +129,7 @@ impl AssertionError {
             Self::LifetimeTooLong { .. } => "lifetime_too_long",
             Self::WrongAgent { .. } => "wrong_agent",
             Self::WrongRequest => "wrong_request",
+            Self::NotAReview => "not_a_review",
             Self::Replayed => "replayed",
             Self::OutsideReplayWindow { .. } => "outside_replay_window",
             Self::ReplayCacheFull { .. } => "replay_cache_full",
@@ -142,6 +162,13 @@ struct Claims {
     groups: Vec<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     extra: BTreeMap<String, Vec<String>>,
+    /// The gateway's own review, not a user's request (`user` is then empty).
+    #[serde(default, skip_serializing_if = "is_false")]
+    review: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !value
 }
 
 fn audience(agent_id: u64) -> String {
@@ -201,11 +228,33 @@ impl AssertionSigner {
         path: &str,
         now: SystemTime,
     ) -> Result<String, AssertionError> {
+        self.sign_for(Some(identity), agent_id, (method, path), now)
+    }
+
+    /// An assertion that the gateway itself asks the review at `path` (one of
+    /// [`REVIEW_PATHS`]) through agent `agent_id`.
+    pub fn sign_review(
+        &self,
+        agent_id: u64,
+        path: &str,
+        now: SystemTime,
+    ) -> Result<String, AssertionError> {
+        self.sign_for(None, agent_id, ("POST", path), now)
+    }
+
+    fn sign_for(
+        &self,
+        identity: Option<&Identity>,
+        agent_id: u64,
+        (method, path): (&str, &str),
+        now: SystemTime,
+    ) -> Result<String, AssertionError> {
         let sequence = self.next_sequence.fetch_add(1, Ordering::Relaxed);
         let mut jti = [0u8; 16];
         jti[..8].copy_from_slice(&self.sender);
         jti[8..].copy_from_slice(&sequence.to_be_bytes());
         let iat = unix_seconds(now);
+        let user = identity.cloned().unwrap_or_default();
         let claims = Claims {
             iss: ISSUER.to_string(),
             aud: audience(agent_id),
@@ -213,10 +262,11 @@ impl AssertionSigner {
             exp: iat + SIGNED_LIFETIME.as_secs(),
             jti: URL_SAFE_NO_PAD.encode(jti),
             req: request_binding(method, path),
-            user: identity.user.clone(),
-            uid: identity.uid.clone(),
-            groups: identity.groups.clone(),
-            extra: identity.extra.clone(),
+            user: user.user,
+            uid: user.uid,
+            groups: user.groups,
+            extra: user.extra,
+            review: identity.is_none(),
         };
         jws::encode(&claims, &self.key)
     }
@@ -290,8 +340,8 @@ impl AssertionVerifier {
         })
     }
 
-    /// The identity `token` vouches for, if it is valid for the request `method path` now;
-    /// an accepted token is remembered and refused the next time.
+    /// The user `token` vouches for, if it is a user's assertion valid for the request
+    /// `method path` now (see [`AssertionVerifier::verify_vouched`]).
     pub fn verify(
         &mut self,
         token: &str,
@@ -299,6 +349,21 @@ impl AssertionVerifier {
         path: &str,
         now: SystemTime,
     ) -> Result<Identity, AssertionError> {
+        match self.verify_vouched(token, method, path, now)? {
+            Vouched::User(identity) => Ok(identity),
+            Vouched::GatewayReview => Err(AssertionError::NotAReview),
+        }
+    }
+
+    /// Whom `token` vouches for, if it is valid for the request `method path` now; an
+    /// accepted token is remembered and refused the next time.
+    pub fn verify_vouched(
+        &mut self,
+        token: &str,
+        method: &str,
+        path: &str,
+        now: SystemTime,
+    ) -> Result<Vouched, AssertionError> {
         let claims = jws::decode(token, &self.keys)?;
         if claims.iss != ISSUER {
             return Err(AssertionError::Malformed(format!(
@@ -339,14 +404,23 @@ impl AssertionVerifier {
         if claims.req != request_binding(method, path) {
             return Err(AssertionError::WrongRequest);
         }
+        // A user may POST a review of their own (impersonated, as any request); the gateway's
+        // review assertion is good for nothing else.
+        let review_request = method == "POST" && REVIEW_PATHS.contains(&path);
+        if claims.review && (!review_request || !claims.user.is_empty()) {
+            return Err(AssertionError::NotAReview);
+        }
         let (sender, sequence) = jti(&claims.jti)?;
         self.replays.accept(sender, sequence, forget_after, now)?;
-        Ok(Identity {
+        if claims.review {
+            return Ok(Vouched::GatewayReview);
+        }
+        Ok(Vouched::User(Identity {
             user: claims.user,
             uid: claims.uid,
             groups: claims.groups,
             extra: claims.extra,
-        })
+        }))
     }
 
     /// Gateways whose assertions are remembered against replay now.

@@ -62,6 +62,7 @@ fn forge(edit: impl FnOnce(&mut Claims)) -> String {
         uid: None,
         groups: vec![],
         extra: BTreeMap::new(),
+        review: false,
     };
     edit(&mut claims);
     jws::encode(&claims, &signer(0).key).unwrap()
@@ -303,6 +304,75 @@ fn assertions_may_arrive_out_of_order_within_the_window_and_each_once() {
 }
 
 #[test]
+fn a_review_assertion_is_good_for_the_gateways_reviews_only() {
+    for path in REVIEW_PATHS {
+        let token = signer(0).sign_review(AGENT, path, at(NOW)).unwrap();
+        assert_eq!(
+            verifier(VerifierOptions::default()).verify_vouched(&token, "POST", path, at(NOW)),
+            Ok(Vouched::GatewayReview)
+        );
+        // Never as a user's: `verify` is for user requests alone.
+        assert_eq!(
+            verifier(VerifierOptions::default()).verify(&token, "POST", path, at(NOW)),
+            Err(AssertionError::NotAReview)
+        );
+    }
+    // Bound to its request like any assertion, and signed for nothing but a review.
+    let token = signer(0)
+        .sign_review(AGENT, REVIEW_PATHS[0], at(NOW))
+        .unwrap();
+    assert_eq!(
+        verifier(VerifierOptions::default()).verify_vouched(&token, METHOD, PATH, at(NOW)),
+        Err(AssertionError::WrongRequest)
+    );
+    for (method, path) in [("GET", REVIEW_PATHS[0]), ("POST", PATH)] {
+        let token = forge(|claims| {
+            claims.review = true;
+            claims.user = String::new();
+            claims.req = request_binding(method, path);
+        });
+        assert_eq!(
+            verifier(VerifierOptions::default()).verify_vouched(&token, method, path, at(NOW)),
+            Err(AssertionError::NotAReview),
+            "{method} {path}"
+        );
+    }
+    // The gateway never signs one for another request either.
+    let token = signer(0).sign_review(AGENT, PATH, at(NOW)).unwrap();
+    assert_eq!(
+        verifier(VerifierOptions::default()).verify_vouched(&token, "POST", PATH, at(NOW)),
+        Err(AssertionError::NotAReview)
+    );
+    // A review claim that also names a user is not one the gateway signs.
+    let both = forge(|claims| {
+        claims.review = true;
+        claims.req = request_binding("POST", REVIEW_PATHS[1]);
+    });
+    assert_eq!(
+        verifier(VerifierOptions::default()).verify_vouched(
+            &both,
+            "POST",
+            REVIEW_PATHS[1],
+            at(NOW)
+        ),
+        Err(AssertionError::NotAReview)
+    );
+    // A user may ask a review of their own, impersonated as any request.
+    let users = signer(0)
+        .sign(&identity(), AGENT, "POST", REVIEW_PATHS[0], at(NOW))
+        .unwrap();
+    assert_eq!(
+        verifier(VerifierOptions::default()).verify_vouched(
+            &users,
+            "POST",
+            REVIEW_PATHS[0],
+            at(NOW)
+        ),
+        Ok(Vouched::User(identity()))
+    );
+}
+
+#[test]
 fn a_cache_full_of_live_gateways_refuses_a_new_one_until_one_expires() {
     let mut verifier = verifier(VerifierOptions {
         max_senders: 2,
@@ -508,6 +578,7 @@ fn every_error_has_a_distinct_reason_and_is_permission_denied() {
             audience: String::new(),
         },
         AssertionError::WrongRequest,
+        AssertionError::NotAReview,
         AssertionError::Replayed,
         AssertionError::OutsideReplayWindow {
             sequence: 0,

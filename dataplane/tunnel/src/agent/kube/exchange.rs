@@ -14,7 +14,8 @@ use sluice_grpc::transport::{recv_data_held, release, send_data};
 use sluice_grpc::Code;
 use sluice_kube_tunnel::{
     apiserver_headers, decode_request, encode_response_data, encode_response_end,
-    encode_response_head, ExchangeLimits, ExchangeOrder, MessageKind, RequestHead, RequestMessage,
+    encode_response_head, review_headers, ExchangeLimits, ExchangeOrder, MessageKind, RequestHead,
+    RequestMessage, Vouched,
 };
 use sluice_proto::tunnel::v1::connect_request;
 use sluice_proto::tunnel::v1::{ConnectRequest, Header, Trailer};
@@ -179,13 +180,13 @@ pub(super) fn invalid(why: &str) -> TunnelError {
 /// from the configuration's authority and the head's path only.
 fn authorized_request(kube: &KubeApi, head: RequestHead) -> Result<Request<()>, TunnelError> {
     let setup = &kube.setup;
-    let verified = setup.verifier().verify(
+    let verified = setup.verifier().verify_vouched(
         &head.assertion,
         head.method.as_str(),
         &head.path,
         SystemTime::now(),
     );
-    let identity = verified.map_err(|error| {
+    let vouched = verified.map_err(|error| {
         setup.metrics.refused(error.reason());
         tracing::debug!(%error, "Kubernetes API request refused: the assertion did not verify");
         TunnelError::new(
@@ -194,8 +195,13 @@ fn authorized_request(kube: &KubeApi, head: RequestHead) -> Result<Request<()>, 
         )
     })?;
     let bearer = kube.bearer()?;
-    let headers = apiserver_headers(&head.headers, &identity, bearer.as_ref())
-        .map_err(|error| invalid(&error.to_string()))?;
+    let headers = match vouched {
+        Vouched::User(identity) => apiserver_headers(&head.headers, &identity, bearer.as_ref())
+            .map_err(|error| invalid(&error.to_string()))?,
+        // The gateway's own TokenReview or SubjectAccessReview (the assertion allows no other
+        // request): as the agent itself.
+        Vouched::GatewayReview => review_headers(&head.headers, bearer.as_ref()),
+    };
     apiserver_request(&setup.authority, head.method, &head.path, headers)
 }
 
