@@ -412,6 +412,31 @@ async fn watches_stream_and_count_against_the_bound(rig: &Rig) {
         "{refused:?}"
     );
     assert!(refused.grpc_message.contains("at most 2"), "{refused:?}");
+    // The gateway's own review still goes through: authentication has capacity of its own.
+    let path = "/apis/authentication.k8s.io/v1/tokenreviews";
+    let assertion = rig
+        .signer
+        .sign_review(KUBE_AGENT as u64, path, SystemTime::now())
+        .unwrap();
+    let review =
+        br#"{"apiVersion":"authentication.k8s.io/v1","kind":"TokenReview","spec":{"token":"x"}}"#;
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    let reviewed = make_request(
+        private,
+        KUBE_AGENT,
+        vec![
+            encode_request_head(&Method::POST, path, &headers, &assertion),
+            encode_request_data(Bytes::from_static(review)),
+            encode_request_end(),
+        ],
+    )
+    .await;
+    assert_eq!(reviewed.grpc_status, code(Code::Ok), "{reviewed:?}");
+    assert!(
+        matches!(reviewed.http_status, Some(200 | 201)),
+        "{reviewed:?}"
+    );
 }
 
 /// exec: after the apiserver's 101 the bytes go both ways as UpgradeData (the simulator echoes

@@ -29,6 +29,11 @@ use crate::wire::{data_frame, frame_into, TunnelReader};
 /// Longest wait for the request Head after the call arrived.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Calls the agent takes beyond `max_in_flight` for the gateway's own TokenReviews and
+/// SubjectAccessReviews: users' watches filling the bound must not stop the gateway
+/// authenticating anyone (a review is known only once its head is read, hence the check there).
+const REVIEW_RESERVE: usize = 16;
+
 /// Serves one call; `close_send_seen` as in `forward::forward` (the tunnel's reuse).
 pub(in crate::agent) async fn exchange(
     agent: &AgentShared,
@@ -44,13 +49,9 @@ pub(in crate::agent) async fn exchange(
         ));
     };
     let metrics = &kube.setup.metrics;
-    let limit = kube.setup.config.max_in_flight;
-    if kube.in_flight.get() >= limit {
+    if kube.in_flight.get() >= kube.setup.config.max_in_flight + REVIEW_RESERVE {
         metrics.answered(Code::ResourceExhausted);
-        return Err(TunnelError::new(
-            ErrorKind::OverShare,
-            format!("the agent forwards at most {limit} Kubernetes API requests at once"),
-        ));
+        return Err(over_share(kube));
     }
     let _slot = InFlight::new(kube);
     let outcome = relay(kube, node_recv, reader, node_send, close_send_seen).await;
@@ -60,6 +61,14 @@ pub(in crate::agent) async fn exchange(
     };
     metrics.answered(code);
     outcome
+}
+
+fn over_share(kube: &KubeApi) -> TunnelError {
+    let limit = kube.setup.config.max_in_flight;
+    TunnelError::new(
+        ErrorKind::OverShare,
+        format!("the agent forwards at most {limit} Kubernetes API requests at once"),
+    )
 }
 
 /// Counts a call in flight for as long as it lives.
@@ -104,7 +113,11 @@ async fn relay(
     order
         .request_kind(MessageKind::Head)
         .map_err(|error| invalid(&error.to_string()))?;
-    let request = authorized_request(kube, head)?;
+    let (request, review) = authorized_request(kube, head)?;
+    // This call counts itself: a user's request fits while the total is within the bound.
+    if !review && kube.in_flight.get() > kube.setup.config.max_in_flight {
+        return Err(over_share(kube));
+    }
     if is_upgrade(request.headers()) {
         let upgrade = super::upgrade::relay_upgrade(
             kube,
@@ -177,8 +190,12 @@ pub(super) fn invalid(why: &str) -> TunnelError {
 }
 
 /// The assertion verified for exactly this method and path, then the apiserver request built
-/// from the configuration's authority and the head's path only.
-fn authorized_request(kube: &KubeApi, head: RequestHead) -> Result<Request<()>, TunnelError> {
+/// from the configuration's authority and the head's path only; and whether it is the
+/// gateway's own review.
+fn authorized_request(
+    kube: &KubeApi,
+    head: RequestHead,
+) -> Result<(Request<()>, bool), TunnelError> {
     let setup = &kube.setup;
     let verified = setup.verifier().verify_vouched(
         &head.assertion,
@@ -195,6 +212,7 @@ fn authorized_request(kube: &KubeApi, head: RequestHead) -> Result<Request<()>, 
         )
     })?;
     let bearer = kube.bearer()?;
+    let review = vouched == Vouched::GatewayReview;
     let headers = match vouched {
         Vouched::User(identity) => apiserver_headers(&head.headers, &identity, bearer.as_ref())
             .map_err(|error| invalid(&error.to_string()))?,
@@ -202,7 +220,8 @@ fn authorized_request(kube: &KubeApi, head: RequestHead) -> Result<Request<()>, 
         // request): as the agent itself.
         Vouched::GatewayReview => review_headers(&head.headers, bearer.as_ref()),
     };
-    apiserver_request(&setup.authority, head.method, &head.path, headers)
+    let request = apiserver_request(&setup.authority, head.method, &head.path, headers)?;
+    Ok((request, review))
 }
 
 /// The request to the configured apiserver: `https`, the configured authority, and the path
