@@ -19,6 +19,7 @@ mod fleet;
 mod gateway_clients;
 mod redis_probe;
 mod vms;
+mod vms_plan;
 
 use anyhow::bail;
 
@@ -39,7 +40,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
     if wanted("vms") {
         let vm_dir = dir.join("vms");
         std::fs::create_dir_all(&vm_dir)?;
-        let record = vms::run(harness, &vm_dir, vms::Plan::new(harness.smoke))?;
+        let record = vms::run(harness, &vm_dir, vms::Plan::from_env(harness.smoke)?)?;
         write_output(
             &harness.out,
             "raw/vms.json",
