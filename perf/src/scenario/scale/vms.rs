@@ -170,7 +170,9 @@ fn start_controlplane(
 ) -> anyhow::Result<(Managed, String)> {
     let addresses = dir.join("controlplane-addresses.json");
     let _ = std::fs::remove_file(&addresses);
-    let watches = plan.vms * 4 + 2_000;
+    // A resized pool keeps the other roles' default reservations (22% of it): room for them
+    // beside the agents' four watches each (at 5,000 VMs, 4 x VMs + 2,000 was refused).
+    let watches = plan.vms * 6 + 2_000;
     let args: Vec<String> = vec![
         "--addresses-file".into(),
         addresses.display().to_string(),
