@@ -199,7 +199,9 @@ pub async fn send_body(
             .map_err(AgentFailure::Send)?;
     }
     let end = sluice_grpc::encode_message(false, &encode_request_end());
-    send_data(stream, end, true).await.map_err(AgentFailure::Send)
+    send_data(stream, end, true)
+        .await
+        .map_err(AgentFailure::Send)
 }
 
 /// Client request body -> Data messages (each at most `max_data` bytes), then End, with the
