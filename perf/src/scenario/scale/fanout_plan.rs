@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
+
+use super::size_spec;
 
 use super::fanout::{Plan, Store};
 
@@ -15,29 +17,16 @@ pub const VARIABLE: &str = "SLUICE_PERF_FANOUT";
 impl Plan {
     /// The plan for `smoke`, with the sizes `SLUICE_PERF_FANOUT` overrides.
     pub fn from_env(smoke: bool) -> anyhow::Result<Plan> {
-        let plan = Plan::new(smoke);
-        match std::env::var(VARIABLE) {
-            Ok(spec) => plan
-                .overridden(&spec)
-                .with_context(|| format!("{VARIABLE}={spec:?}")),
-            Err(_) => Ok(plan),
-        }
+        size_spec::from_env(VARIABLE, Plan::new(smoke), Plan::overridden)
     }
 
     /// The plan with `name=value` pairs, comma-separated, in place of its sizes: `watchers`,
     /// `per_connection`, `objects`, `window` (seconds), `rates` and `stores` (`+`-separated
     /// lists, e.g. `rates=50+200`, `stores=embedded+etcd`).
     pub fn overridden(mut self, spec: &str) -> anyhow::Result<Plan> {
-        for pair in spec.split(',').filter(|pair| !pair.is_empty()) {
-            let (name, value) = pair
-                .split_once('=')
-                .with_context(|| format!("{pair:?} is not name=value"))?;
-            let count = || -> anyhow::Result<usize> {
-                match value.parse::<usize>() {
-                    Ok(count) if count > 0 => Ok(count),
-                    _ => bail!("{name} must be a positive count, not {value:?}"),
-                }
-            };
+        for pair in size_spec::pairs(spec) {
+            let (name, value) = pair?;
+            let count = || size_spec::positive_count(name, value);
             match name {
                 "watchers" => self.watchers = count()?,
                 "per_connection" => self.per_connection = count()?,

@@ -18,6 +18,7 @@ mod fanout_plan;
 mod fleet;
 mod gateway_clients;
 mod redis_probe;
+mod size_spec;
 mod vms;
 mod vms_plan;
 

@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
+
+use super::size_spec;
 
 use super::vms::Plan;
 
@@ -15,26 +17,15 @@ pub const VARIABLE: &str = "SLUICE_PERF_VMS";
 impl Plan {
     /// The plan for `smoke`, with the sizes `SLUICE_PERF_VMS` overrides.
     pub fn from_env(smoke: bool) -> anyhow::Result<Plan> {
-        let plan = Plan::new(smoke);
-        match std::env::var(VARIABLE) {
-            Ok(spec) => plan
-                .overridden(&spec)
-                .with_context(|| format!("{VARIABLE}={spec:?}")),
-            Err(_) => Ok(plan),
-        }
+        size_spec::from_env(VARIABLE, Plan::new(smoke), Plan::overridden)
     }
 
     /// The plan with `name=value` pairs, comma-separated, in place of its sizes: `vms`,
     /// `policies`, `writes`, `heartbeat` and `steady` (seconds).
     pub fn overridden(mut self, spec: &str) -> anyhow::Result<Plan> {
-        for pair in spec.split(',').filter(|pair| !pair.is_empty()) {
-            let (name, value) = pair
-                .split_once('=')
-                .with_context(|| format!("{pair:?} is not name=value"))?;
-            let count = match value.parse::<usize>() {
-                Ok(count) if count > 0 => count,
-                _ => bail!("{name} must be a positive count, not {value:?}"),
-            };
+        for pair in size_spec::pairs(spec) {
+            let (name, value) = pair?;
+            let count = size_spec::positive_count(name, value)?;
             match name {
                 "vms" => self.vms = count,
                 "policies" => self.policies = count,
