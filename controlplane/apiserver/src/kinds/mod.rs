@@ -25,7 +25,7 @@ pub use applied_to_group::applied_to_group;
 pub use event::{event, EVENT_TYPES, MAX_MESSAGE, MAX_REASON};
 pub use network_policy::network_policy;
 pub use runtime_info::{runtime_info, AGENT_STATES};
-pub use span::{in_span, receives_policies, PolicyResource, SpanIndex};
+pub use span::{in_span, receives_policies, PolicyResource, SpanByVm, SpanIndex};
 pub use status_entries::foreign_status_change;
 pub use token::{token, token_identity};
 pub use upstream_cluster::upstream_cluster;

@@ -25,8 +25,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
+mod by_vm;
+pub use by_vm::SpanByVm;
+
 /// The policy resources a vm-agent may read within its span.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PolicyResource {
     NetworkPolicy,
     AddressGroup,

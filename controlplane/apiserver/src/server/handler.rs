@@ -224,14 +224,7 @@ impl ApiServer {
         };
         match auth::authorize(identity, &asked) {
             Ok(Decision::Allow) => Ok(Visibility::All),
-            Ok(Decision::AllowWithinSpan { vm }) => {
-                let receives = self.receives_policies(&vm).await?;
-                Ok(Visibility::Span {
-                    vm,
-                    index: Arc::new(self.span_index().await?),
-                    receives,
-                })
-            }
+            Ok(Decision::AllowWithinSpan { vm }) => self.span_visibility(vm).await,
             Ok(Decision::AllowOwn { name }) => Ok(Visibility::Own { name }),
             Err(denied) => {
                 let mut error = StatusError::forbidden(

@@ -72,7 +72,7 @@ pub struct ApiMetrics {
     pub admission_refused: Family<AdmissionLabels, Counter>,
     pub store_revision: Gauge,
     pub tokens: Gauge,
-    /// Policy lists made by VM agents' span watches (see `span_watch`).
+    /// Complete reads of the shared span view (see `span_feed`).
     pub span_policy_reads: Counter,
 }
 
@@ -169,8 +169,8 @@ impl ApiMetrics {
         );
         prefixed.register(
             "span_policy_reads",
-            "Lists of every policy object by VM agents' watches: one when a watch starts and one \
-             per change of its VM (about one per heartbeat)",
+            "Complete reads of every policy object and VM by the shared span view: at its start \
+             and whenever its store watch breaks",
             metrics.span_policy_reads.clone(),
         );
         metrics

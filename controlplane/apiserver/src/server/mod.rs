@@ -13,6 +13,8 @@ mod overload;
 mod query;
 mod reply;
 mod reviews;
+mod span_feed;
+mod span_list;
 mod span_watch;
 mod tokens;
 mod visibility;
@@ -193,6 +195,8 @@ pub struct ApiServer {
     /// Where Events are recorded; the queue's reader starts with [`ApiServer::serve`].
     events: crate::events::Recorder,
     event_queue: std::sync::Mutex<Option<(EventQueue, crate::events::EventMetrics)>>,
+    /// What VM agents may read, shared by their requests (started by the first).
+    span_feed: std::sync::OnceLock<Arc<span_feed::SpanFeed>>,
 }
 
 type EventQueue = tokio::sync::mpsc::Receiver<crate::events::Occurrence>;
@@ -240,6 +244,7 @@ impl ApiServer {
             encoded: Arc::default(),
             events,
             event_queue: std::sync::Mutex::new(Some((event_queue, event_metrics))),
+            span_feed: std::sync::OnceLock::new(),
             limits,
         })
     }

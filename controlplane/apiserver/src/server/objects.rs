@@ -142,6 +142,9 @@ impl ApiServer {
         call: &Call<'_>,
         options: &ListOptions,
     ) -> Result<(Vec<Value>, ListPage), StatusError> {
+        if let Visibility::Span { vm, .. } = &call.visibility {
+            return self.span_list(call, options, vm).await;
+        }
         let prefix = list_prefix(call.spec, call.request.namespace);
         let limit = options
             .limit

@@ -49,17 +49,11 @@ impl Visibility {
     /// The object as this caller is shown it. A VM agent gets policy objects without their
     /// realization status: the VMManager rewrites it as other VMs connect and realize, and
     /// each rewrite would otherwise be a MODIFIED event to every agent of the span.
-    pub fn present(&self, spec: &KindSpec, mut object: Value) -> Value {
+    pub fn present(&self, spec: &KindSpec, object: Value) -> Value {
         let Visibility::Span { vm, .. } = self else {
             return object;
         };
-        if let Some(map) = object.as_object_mut() {
-            map.remove("status");
-        }
-        // Who wrote which field is no agent's business (and would name other VMs' fields).
-        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
-            meta.remove("managedFields");
-        }
+        let object = present_to_agents(object);
         match PolicyResource::from_plural(&spec.plural) {
             Some(PolicyResource::AppliedToGroup) => own_members(object, vm),
             _ => object,
@@ -67,7 +61,21 @@ impl Visibility {
     }
 }
 
-fn own_members(mut group: Value, vm: &str) -> Value {
+/// What every VM agent is shown of a policy object, before a group's members are narrowed to
+/// its own: no realization status, no field managers.
+pub(crate) fn present_to_agents(mut object: Value) -> Value {
+    if let Some(map) = object.as_object_mut() {
+        map.remove("status");
+    }
+    // Who wrote which field is no agent's business (and would name other VMs' fields).
+    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("managedFields");
+    }
+    object
+}
+
+/// An applied-to group with only `vm`'s members.
+pub(crate) fn own_members(mut group: Value, vm: &str) -> Value {
     if let Some(members) = group
         .pointer_mut("/spec/members")
         .and_then(Value::as_array_mut)

@@ -189,6 +189,11 @@ fn start_controlplane(
         watches.to_string(),
         "--watch-share".into(),
         format!("vm-agent={}/8", plan.vms * 4),
+        // Every simulated agent dials from 127.0.0.1, where real VMs have an address each: the
+        // per-address cap on connections not yet authenticated (64) would evict them in turn
+        // while thousands connect at once (11,129 evictions in the first 5,000-VM run).
+        "--max-unauthenticated-connections-per-address".into(),
+        "1024".into(),
         "--vm-heartbeat-timeout".into(),
         format!("{}s", (plan.heartbeat * 3).as_secs().max(2)),
     ];
