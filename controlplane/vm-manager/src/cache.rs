@@ -48,6 +48,24 @@ pub fn name_of(key: &str) -> &str {
     key.rsplit('/').next().unwrap_or(key)
 }
 
+/// Whether a change from `old` to `new` can change some NetworkPolicy's status: a VM's state
+/// (who is desired), a runtime info's realized policies, a policy object's name, generation or
+/// spec (spans and wanted generations). Not a heartbeat's time, not a status.
+fn moves_policy_status(followed: Followed, old: Option<&Value>, new: Option<&Value>) -> bool {
+    let pointers: &[&str] = match followed {
+        Followed::Vms => &["/status/state"],
+        Followed::RuntimeInfos => &["/networkPolicies"],
+        Followed::Policies => &["/metadata/name", "/metadata/generation", "/spec"],
+    };
+    match (old, new) {
+        (Some(old), Some(new)) => pointers
+            .iter()
+            .any(|pointer| old.pointer(pointer) != new.pointer(pointer)),
+        (None, None) => false,
+        _ => true,
+    }
+}
+
 impl Cache {
     /// Replaces one resource's objects with a fresh list; everything is re-evaluated.
     pub fn replace(&mut self, followed: Followed, rows: &[KeyValue]) {
@@ -63,18 +81,20 @@ impl Cache {
     /// Applies a change; returns the name of a runtime info that was written (a heartbeat).
     pub fn apply(&mut self, followed: Followed, event: &Event) -> Option<String> {
         let slot = self.slot(followed, event.key());
-        match event {
-            Event::Put { kv, .. } => {
-                if let Some(object) = decode(kv) {
-                    self.map(followed).insert(slot.clone(), object);
-                }
-            }
-            Event::Delete { .. } => {
-                self.map(followed).remove(&slot);
-            }
+        let old = match event {
+            Event::Put { kv, .. } => match decode(kv) {
+                Some(object) => self.map(followed).insert(slot.clone(), object),
+                None => None,
+            },
+            Event::Delete { .. } => self.map(followed).remove(&slot),
+        };
+        let new = self.map(followed).get(&slot);
+        // Only what a policy status is computed from: a heartbeat, or a status this manager
+        // wrote itself, would otherwise make every write recompute every policy (issue 36:
+        // thousands of VMs heartbeating).
+        if moves_policy_status(followed, old.as_ref(), new) {
+            self.policies_dirty = true;
         }
-        // Any change may change a state or a realization count.
-        self.policies_dirty = true;
         match followed {
             Followed::Vms => {
                 self.dirty_vms.insert(slot);
@@ -143,6 +163,110 @@ mod tests {
         };
         assert_eq!(cache.apply(Followed::RuntimeInfos, &delete), None);
         assert!(cache.runtime_infos.is_empty());
+    }
+
+    #[test]
+    fn only_what_a_policy_status_reads_makes_policies_dirty() {
+        let mut cache = Cache::default();
+        let put = |key: &str, value: Value, revision: u64| Event::Put {
+            kv: row(key, value, revision),
+            prev: None,
+        };
+        let info = "/registry/vm.sluice.dev/virtualmachineruntimeinfos/vm1";
+        let vm = "/registry/vm.sluice.dev/virtualmachines/vm1";
+        let policy = "/registry/policy.sluice.dev/networkpolicies/p";
+        let steps = [
+            (
+                Followed::RuntimeInfos,
+                put(
+                    info,
+                    json!({"heartbeat": 1, "networkPolicies": {"p": "1"}}),
+                    2,
+                ),
+                true,
+            ),
+            (
+                Followed::RuntimeInfos,
+                put(
+                    info,
+                    json!({"heartbeat": 2, "networkPolicies": {"p": "1"}}),
+                    3,
+                ),
+                false,
+            ),
+            (
+                Followed::RuntimeInfos,
+                put(
+                    info,
+                    json!({"heartbeat": 3, "networkPolicies": {"p": "2"}}),
+                    4,
+                ),
+                true,
+            ),
+            (
+                Followed::Vms,
+                put(
+                    vm,
+                    json!({"status": {"state": "AgentedConnected", "heartbeat": 1}}),
+                    5,
+                ),
+                true,
+            ),
+            (
+                Followed::Vms,
+                put(
+                    vm,
+                    json!({"status": {"state": "AgentedConnected", "heartbeat": 2}}),
+                    6,
+                ),
+                false,
+            ),
+            (
+                Followed::Vms,
+                put(vm, json!({"status": {"state": "AgentedBootstrap"}}), 7),
+                true,
+            ),
+            (
+                Followed::Policies,
+                put(
+                    policy,
+                    json!({"metadata": {"name": "p", "generation": 1}, "spec": {}}),
+                    8,
+                ),
+                true,
+            ),
+            (
+                Followed::Policies,
+                put(
+                    policy,
+                    json!({"metadata": {"name": "p", "generation": 1}, "spec": {}, "status": {"realizedVMs": 1}}),
+                    9,
+                ),
+                false,
+            ),
+            (
+                Followed::Policies,
+                put(
+                    policy,
+                    json!({"metadata": {"name": "p", "generation": 2}, "spec": {"priority": 2}}),
+                    10,
+                ),
+                true,
+            ),
+            (
+                Followed::Policies,
+                Event::Delete {
+                    prev: row(policy, json!({}), 10),
+                    revision: 11,
+                },
+                true,
+            ),
+        ];
+        for (n, (followed, event, dirty)) in steps.into_iter().enumerate() {
+            cache.policies_dirty = false;
+            cache.apply(followed, &event);
+            assert_eq!(cache.policies_dirty, dirty, "step {n}");
+        }
     }
 
     #[test]

@@ -28,6 +28,19 @@ const WRITE_TRIES: usize = 4;
 const MIN_TICK: Duration = Duration::from_millis(250);
 /// Pause before following the store again after an error.
 const RESTART_PAUSE: Duration = Duration::from_secs(1);
+/// The shortest time between two passes over every NetworkPolicy's status: realization counts
+/// lag by at most this much, and a burst of state changes costs one pass per gap.
+const POLICY_PASS_GAP: Duration = Duration::from_millis(250);
+
+/// What woke the follow loop.
+enum Next {
+    /// The staleness timer: every VM is evaluated again.
+    Sweep,
+    /// Policy statuses are dirty and the gap since the last pass is over.
+    PolicyPass,
+    /// A batch (or the end) of one of the three watches.
+    Batch(usize, Option<Result<WatchBatch, StoreError>>),
+}
 
 /// The VMManager of one control-plane replica.
 pub struct VmManager {
@@ -37,6 +50,8 @@ pub struct VmManager {
     /// When this replica saw each VM's runtime info written (server clock). Kept across
     /// re-lists: a list is not a report.
     seen: HashMap<String, SystemTime>,
+    /// The earliest time of the next pass over the policies' statuses.
+    next_policy_pass: tokio::time::Instant,
 }
 
 /// One followed resource: its prefix, how far it was read, its watch.
@@ -56,6 +71,7 @@ impl VmManager {
             timeout,
             metrics,
             seen: HashMap::new(),
+            next_policy_pass: tokio::time::Instant::now(),
         }
     }
 
@@ -98,20 +114,23 @@ impl VmManager {
         let mut ticker = tokio::time::interval(tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let pass_due = tokio::time::sleep_until(self.next_policy_pass);
             let next = {
                 let [vms, infos, policies] = &mut follows[..] else {
                     return Ok(());
                 };
                 tokio::select! {
-                    _ = ticker.tick() => None,
-                    item = vms.stream.next() => Some((0, item)),
-                    item = infos.stream.next() => Some((1, item)),
-                    item = policies.stream.next() => Some((2, item)),
+                    _ = ticker.tick() => Next::Sweep,
+                    _ = pass_due, if cache.policies_dirty => Next::PolicyPass,
+                    item = vms.stream.next() => Next::Batch(0, item),
+                    item = infos.stream.next() => Next::Batch(1, item),
+                    item = policies.stream.next() => Next::Batch(2, item),
                 }
             };
             match next {
-                None => cache.dirty_vms.extend(cache.vms.keys().cloned()),
-                Some((index, item)) => {
+                Next::Sweep => cache.dirty_vms.extend(cache.vms.keys().cloned()),
+                Next::PolicyPass => {}
+                Next::Batch(index, item) => {
                     let follow = &mut follows[index];
                     self.receive(follow, item, &mut cache).await?;
                 }
@@ -171,8 +190,12 @@ impl VmManager {
         for name in dirty {
             self.reconcile_vm(cache, &name).await;
         }
-        if std::mem::take(&mut cache.policies_dirty) {
+        // A pass over every policy costs a span index and each policy's span: at most one per
+        // POLICY_PASS_GAP, however many VMs change state or realize meanwhile.
+        if cache.policies_dirty && tokio::time::Instant::now() >= self.next_policy_pass {
+            cache.policies_dirty = false;
             self.reconcile_policies(cache).await;
+            self.next_policy_pass = tokio::time::Instant::now() + POLICY_PASS_GAP;
         }
         let mut counts: BTreeMap<VmState, i64> =
             VmState::ALL.into_iter().map(|state| (state, 0)).collect();
@@ -222,6 +245,11 @@ impl VmManager {
                         );
                         let event = crate::events::transition_event(&written, &decision);
                         self.server.events().record(event);
+                    }
+                    // The watch will bring this write back as unchanged: who is desired may
+                    // have changed now.
+                    if state_of(&vm) != state_of(&written) {
+                        cache.policies_dirty = true;
                     }
                     cache.vms.insert(name.to_string(), written);
                     return;

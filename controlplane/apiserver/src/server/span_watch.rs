@@ -10,8 +10,9 @@
 //! consistent snapshots, and a BOOKMARK at the view's revision follows (with
 //! `allowWatchBookmarks`): the agent then knows its policy view reflects every VM state up to
 //! there. A write of the agent's own VM (a heartbeat) wakes only that VM's watches and costs a
-//! BOOKMARK; a policy change wakes every span watch, which reads the few keys of its own span
-//! from the view's index, compares them by pointer, and encodes only what changed.
+//! BOOKMARK; a policy change wakes the watches of the VMs it was or is now sent to, which read
+//! the few keys of their own span from the view, compare them by pointer, and encode only what
+//! changed. Every watch also looks every 10 s (a BOOKMARK if the view moved).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,7 +27,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::admission::Slot;
 use super::objects::without_version;
-use super::span_feed::{PolicySet, SpanFeed, SpanView};
+use super::span_feed::{SpanFeed, SpanView};
 use super::visibility::{own_members, Visibility};
 use super::watch::{line, Watch};
 use super::ApiServer;
@@ -63,8 +64,7 @@ impl ApiServer {
     ) -> Result<(), StatusError> {
         let feed = self.span_feed();
         // Subscribed before the view is read: a change after the read wakes the watch.
-        let policies = feed.policy_changes();
-        let vm_changes = feed.vm_changes(&vm);
+        let wakes = feed.vm_changes(&vm);
         let view = match after {
             None => feed.fresh(&vm).await?,
             Some(after) => feed.at(&vm, after).await?,
@@ -75,17 +75,13 @@ impl ApiServer {
             vm,
             feed,
             shown: BTreeMap::new(),
-            set: view.set.clone(),
+            set_since: view.set.since,
             receives: view.receives,
             // The first pass sends one at the start's revision: an agent whose span is empty
             // learns at once that its view is complete there.
             bookmarked: 0,
         };
         span.shown = span.visible(&view);
-        let wakes = Wakes {
-            policies,
-            vm: vm_changes,
-        };
         tokio::spawn(span.run(after.is_none(), sender, permit, wakes));
         Ok(())
     }
@@ -107,16 +103,12 @@ struct SpanWatch {
     feed: Arc<SpanFeed>,
     /// What the agent has been sent of the watched resource, by key.
     shown: BTreeMap<String, Shown>,
-    /// The policy set and VM state `shown` was worked out from.
-    set: Arc<PolicySet>,
+    /// The policy set (by the revision it began at: the watch holds no set, so old sets are
+    /// freed) and VM state `shown` was worked out from.
+    set_since: u64,
     receives: bool,
     /// The revision of the last BOOKMARK sent (or of the view the watch started from).
     bookmarked: u64,
-}
-
-struct Wakes {
-    policies: watch::Receiver<u64>,
-    vm: watch::Receiver<u64>,
 }
 
 impl SpanWatch {
@@ -125,7 +117,7 @@ impl SpanWatch {
         send_initial: bool,
         sender: mpsc::Sender<Bytes>,
         _permit: Slot,
-        mut wakes: Wakes,
+        mut wakes: watch::Receiver<u64>,
     ) {
         let _open = self.watch.open();
         let mut first = true;
@@ -156,8 +148,7 @@ impl SpanWatch {
             let woke = tokio::select! {
                 _ = &mut deadline => false,
                 _ = sender.closed() => false,
-                changed = wakes.policies.changed() => changed.is_ok(),
-                changed = wakes.vm.changed() => changed.is_ok(),
+                changed = wakes.changed() => changed.is_ok(),
                 _ = progress.tick() => true,
             };
             if !woke {
@@ -188,7 +179,7 @@ impl SpanWatch {
         sender: &mpsc::Sender<Bytes>,
         first: &mut bool,
     ) -> bool {
-        if Arc::ptr_eq(&view.set, &self.set) && view.receives == self.receives {
+        if view.set.since == self.set_since && view.receives == self.receives {
             return true;
         }
         let now = self.visible(view);
@@ -220,7 +211,7 @@ impl SpanWatch {
             }
         }
         self.shown = now;
-        self.set = view.set.clone();
+        self.set_since = view.set.since;
         self.receives = view.receives;
         true
     }

@@ -10,7 +10,8 @@
 //! - publishes a new [`PolicySet`] only when what an agent is shown changes (a status-only
 //!   write, such as the VMManager's realization counts, changes nothing);
 //! - wakes only a VM's own watches when that VM is written (a heartbeat costs a bookmark, not
-//!   a re-list);
+//!   a re-list), and on a policy change only the watches of the VMs the changed objects were
+//!   or are now sent to (a property test holds that every VM whose view moves is woken);
 //! - answers "is the view at least as new as the store was when this request arrived" by
 //!   comparing the store's current revision with its own, so a list or a watch never shows
 //!   an older state than the request saw.
@@ -53,9 +54,7 @@ pub(crate) struct SpanFeed {
     metrics: ApiMetrics,
     /// The revision the view is complete at (`None` before its first load).
     progress: watch::Sender<Option<u64>>,
-    /// Bumped at each new policy set: every span watch compares its span again.
-    policies: watch::Sender<u64>,
-    /// The watches of each VM, woken when that VM is written.
+    /// The watches of each VM, woken when that VM is written or a change reaches its span.
     vm_signals: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// Dropped with the feed: ends the follower.
     _alive: watch::Sender<()>,
@@ -107,7 +106,6 @@ impl SpanFeed {
                 store: store.clone(),
                 metrics: metrics.clone(),
                 progress: watch::Sender::new(None),
-                policies: watch::Sender::new(0),
                 vm_signals: Mutex::default(),
                 _alive: alive,
             });
@@ -186,18 +184,9 @@ impl SpanFeed {
         }
     }
 
-    /// Wakes when the policy set changes.
-    pub(crate) fn policy_changes(&self) -> watch::Receiver<u64> {
-        self.policies.subscribe()
-    }
-
-    /// Wakes when `vm`'s object is written.
+    /// Wakes when `vm`'s object is written or a policy change reaches its span (before or after).
     pub(crate) fn vm_changes(&self, vm: &str) -> watch::Receiver<u64> {
-        let mut signals = self
-            .vm_signals
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        signals
+        self.signals()
             .entry(vm.to_string())
             .or_insert_with(|| watch::Sender::new(0))
             .subscribe()
@@ -212,37 +201,38 @@ impl SpanFeed {
         let revision = list_all(self.store.as_ref(), &policies, None, &mut updates).await?;
         list_all(self.store.as_ref(), &vms, Some(revision), &mut updates).await?;
         self.state().load(revision, updates);
-        self.published(revision, true, Vec::new());
+        // After a reload anything may have moved: every watch looks again.
+        let every: Vec<String> = self.signals().keys().cloned().collect();
+        self.published(revision, every);
         Ok(revision)
     }
 
     fn apply(&self, batch: WatchBatch) {
         let updates: Vec<Update> = batch.events.iter().filter_map(update_of).collect();
-        let (changed, touched) = self.state().apply(batch.revision, updates);
-        self.published(batch.revision, changed, touched);
+        let woken = self.state().apply(batch.revision, updates);
+        self.published(batch.revision, woken);
     }
 
-    /// Tells the watches what moved: every one when the set changed, a VM's own when it was
-    /// written; then the waiters for the revision.
-    fn published(&self, revision: u64, changed: bool, touched: Vec<String>) {
-        if changed {
-            self.policies.send_modify(|generation| *generation += 1);
-        }
-        if !touched.is_empty() {
-            let mut signals = self
-                .vm_signals
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            for vm in touched {
-                let Some(signal) = signals.get(&vm) else {
-                    continue;
-                };
-                if signal.send(revision).is_err() {
-                    // No watch of that VM is open any more.
-                    signals.remove(&vm);
-                }
+    fn signals(&self) -> MutexGuard<'_, HashMap<String, watch::Sender<u64>>> {
+        self.vm_signals
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Wakes the watches of the VMs whose view may have moved, then the waiters for the
+    /// revision.
+    fn published(&self, revision: u64, woken: impl IntoIterator<Item = String>) {
+        let mut signals = self.signals();
+        for vm in woken {
+            let Some(signal) = signals.get(&vm) else {
+                continue;
+            };
+            if signal.send(revision).is_err() {
+                // No watch of that VM is open any more.
+                signals.remove(&vm);
             }
         }
+        drop(signals);
         self.progress.send_replace(Some(revision));
     }
 }

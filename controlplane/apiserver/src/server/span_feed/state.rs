@@ -3,7 +3,7 @@
 //! finds what its agent was shown then), and each VM's `receives_policies` with the revision
 //! it last flipped.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -148,11 +148,13 @@ impl FeedState {
         self.revision = Some(revision);
     }
 
-    /// Applies one store batch's changes; returns whether the policy set changed and the VMs
-    /// whose state was written (whatever it became).
-    pub fn apply(&mut self, revision: u64, updates: Vec<Update>) -> (bool, Vec<String>) {
+    /// Applies one store batch's changes; returns the VMs whose agents' view may have moved:
+    /// those written (whatever their state became), and those a changed policy object was or
+    /// is now sent to. Other VMs' agents see nothing new and are not woken.
+    pub fn apply(&mut self, revision: u64, updates: Vec<Update>) -> BTreeSet<String> {
         let mut objects: Option<(BTreeMap<_, _>, HashMap<_, _>)> = None;
-        let mut touched = Vec::new();
+        let mut changes = Vec::new();
+        let mut wake = BTreeSet::new();
         for update in updates {
             match update {
                 Update::Policy {
@@ -161,9 +163,10 @@ impl FeedState {
                     presented,
                 } => {
                     let current = self.set.objects.get(&key);
-                    if !changes(current.map(Arc::as_ref), presented.as_ref()) {
+                    if !differs(current.map(Arc::as_ref), presented.as_ref()) {
                         continue;
                     }
+                    changes.push((resource, current.cloned(), key.clone()));
                     let (objects, resources) = objects.get_or_insert_with(|| {
                         (self.set.objects.clone(), self.set.resources.clone())
                     });
@@ -184,21 +187,28 @@ impl FeedState {
                     revision,
                 } => {
                     self.vm_state(&name, receives, revision);
-                    touched.push(name);
+                    wake.insert(name);
                 }
             }
         }
         self.revision = Some(revision);
-        let changed = objects.is_some();
         if let Some((objects, resources)) = objects {
             let set = Arc::new(PolicySet::new(revision, objects, resources));
+            for (resource, old, key) in changes {
+                if let Some(old) = old {
+                    wake.extend(self.set.index.span(resource, &old));
+                }
+                if let Some(new) = set.objects.get(&key) {
+                    wake.extend(set.index.span(resource, new));
+                }
+            }
             self.history
                 .push_back(std::mem::replace(&mut self.set, set));
             while self.history.len() > HISTORY {
                 self.history.pop_front();
             }
         }
-        (changed, touched)
+        wake
     }
 
     fn vm_state(&mut self, name: &str, receives: bool, revision: u64) {
@@ -242,7 +252,7 @@ impl FeedState {
 
 /// Whether `new` differs from `old` in more than its resourceVersion (a status-only write is
 /// no change once presented).
-fn changes(old: Option<&Value>, new: Option<&Value>) -> bool {
+fn differs(old: Option<&Value>, new: Option<&Value>) -> bool {
     match (old, new) {
         (None, None) => false,
         (Some(old), Some(new)) => {
@@ -291,14 +301,30 @@ mod tests {
         let mut state = FeedState::default();
         state.load(5, vec![group(4, &["vm1"]), vm("vm1", true, 3)]);
         let before = state.set.clone();
-        let (changed, touched) = state.apply(6, vec![group(6, &["vm1"])]);
-        assert!(!changed && touched.is_empty());
+        let woken = state.apply(6, vec![group(6, &["vm1"])]);
+        assert!(woken.is_empty());
         assert!(Arc::ptr_eq(&before, &state.set));
-        let (changed, _) = state.apply(7, vec![group(7, &["vm1", "vm2"])]);
-        assert!(changed);
+        let woken = state.apply(7, vec![group(7, &["vm1", "vm2"])]);
+        assert_eq!(woken, BTreeSet::from(["vm1".into(), "vm2".into()]));
         assert_eq!(state.set.since, 7);
-        let keys = state.set.by_vm.keys(PolicyResource::AppliedToGroup, "vm2");
+        let woken = state.apply(8, vec![group(8, &["vm3"])]);
+        let left_and_joined = ["vm1", "vm2", "vm3"].map(String::from);
+        assert_eq!(
+            woken,
+            BTreeSet::from(left_and_joined),
+            "old and new members"
+        );
+        assert_eq!(
+            state.apply(9, vec![vm("vm7", false, 9)]),
+            BTreeSet::from(["vm7".into()])
+        );
+        let keys = state.set.by_vm.keys(PolicyResource::AppliedToGroup, "vm3");
         assert_eq!(keys.into_iter().collect::<Vec<_>>(), ["/g/web"]);
+        assert!(state
+            .set
+            .by_vm
+            .keys(PolicyResource::AppliedToGroup, "vm2")
+            .is_empty());
     }
 
     #[test]
@@ -331,5 +357,92 @@ mod tests {
         }
         assert_eq!(state.history.len(), HISTORY);
         assert!(state.at("a", 2).is_none());
+    }
+
+    mod woken {
+        use super::*;
+        use crate::server::visibility::own_members;
+        use proptest::prelude::*;
+
+        const RESOURCES: [PolicyResource; 3] = [
+            PolicyResource::AppliedToGroup,
+            PolicyResource::NetworkPolicy,
+            PolicyResource::AddressGroup,
+        ];
+
+        fn name() -> impl Strategy<Value = String> {
+            (0u8..3).prop_map(|n| format!("n{n}"))
+        }
+
+        fn vms() -> impl Strategy<Value = Vec<String>> {
+            prop::collection::vec((0u8..5).prop_map(|n| format!("vm{n}")), 0..3)
+        }
+
+        /// One policy object: its resource, key and presented value.
+        fn object() -> impl Strategy<Value = (PolicyResource, String, Value)> {
+            (
+                0usize..3,
+                name(),
+                vms(),
+                prop::collection::vec(name(), 0..2),
+                any::<bool>(),
+            )
+                .prop_map(|(kind, name, vms, names, flag)| {
+                    let resource = RESOURCES[kind];
+                    let spec = match resource {
+                        PolicyResource::AppliedToGroup => {
+                            let members: Vec<Value> =
+                                vms.iter().map(|vm| json!({"vm": vm, "up": flag})).collect();
+                            json!({"members": members})
+                        }
+                        PolicyResource::NetworkPolicy => json!({"appliedTo": names.clone(),
+                            "rules": [{"peers": {"addressGroups": names}}], "flag": flag}),
+                        PolicyResource::AddressGroup => json!({"flag": flag}),
+                    };
+                    let object = json!({"metadata": {"name": name}, "spec": spec});
+                    (resource, format!("/{kind}/{name}"), object)
+                })
+        }
+
+        fn visible(state: &FeedState, vm: &str) -> BTreeMap<String, Value> {
+            let mut seen = BTreeMap::new();
+            for resource in RESOURCES {
+                for key in state.set.by_vm.keys(resource, vm) {
+                    let object = state.set.objects[key].as_ref().clone();
+                    let shown = match resource {
+                        PolicyResource::AppliedToGroup => own_members(object, vm),
+                        _ => object,
+                    };
+                    seen.insert(key.to_string(), shown);
+                }
+            }
+            seen
+        }
+
+        proptest! {
+            /// Every VM whose agent would be shown something else after a change is woken.
+            #[test]
+            fn every_vm_whose_view_moves_is_woken(
+                before in prop::collection::vec(object(), 0..8),
+                change in object(),
+                delete in any::<bool>(),
+            ) {
+                let update = |(resource, key, object): (PolicyResource, String, Value)| {
+                    Update::Policy { key, resource, presented: Some(object) }
+                };
+                let mut state = FeedState::default();
+                state.load(1, before.into_iter().map(update).collect());
+                let vms: Vec<String> = (0..5).map(|n| format!("vm{n}")).collect();
+                let was: Vec<_> = vms.iter().map(|vm| visible(&state, vm)).collect();
+                let (resource, key, object) = change;
+                let presented = (!delete).then_some(object);
+                let woken = state.apply(2, vec![Update::Policy { key, resource, presented }]);
+                for (vm, was) in vms.iter().zip(was) {
+                    if visible(&state, vm) != was {
+                        prop_assert!(woken.contains(vm), "{} not woken", vm);
+                    }
+                }
+            }
+        }
     }
 }
