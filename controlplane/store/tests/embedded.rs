@@ -107,3 +107,46 @@ async fn the_quota_refuses_puts_until_deletes_and_compaction_free_space() {
     let reopened = EmbeddedStore::open_with(&path, config).unwrap();
     assert_eq!(reopened.usage().unwrap().used_bytes, used);
 }
+
+/// Group commit, measured (not a pass/fail timing: run it by name with `--ignored`): 64
+/// writers at once against one writer, the same number of writes, on the same disk. Without
+/// group commit each write pays its own fsync and the two rates are about equal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: cargo test --release -p sluice-store --test embedded group_commit -- --ignored --nocapture"]
+async fn group_commit_rate() {
+    const WRITES: usize = 2_048;
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> =
+        Arc::new(EmbeddedStore::open(dir.path().join("store.redb")).unwrap());
+    let started = std::time::Instant::now();
+    for n in 0..WRITES {
+        store
+            .create(&format!("/one/{n}"), bytes::Bytes::from_static(b"v"))
+            .await
+            .unwrap();
+    }
+    let one = WRITES as f64 / started.elapsed().as_secs_f64();
+    let started = std::time::Instant::now();
+    let tasks: Vec<_> = (0..64)
+        .map(|writer| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for n in 0..WRITES / 64 {
+                    let key = format!("/many/{writer}/{n}");
+                    store
+                        .create(&key, bytes::Bytes::from_static(b"v"))
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let many = WRITES as f64 / started.elapsed().as_secs_f64();
+    println!(
+        "one writer: {one:.0} writes/s; 64 writers: {many:.0} writes/s ({:.1}x)",
+        many / one
+    );
+}

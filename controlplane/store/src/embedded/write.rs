@@ -19,6 +19,48 @@ pub(crate) enum WriteOp {
     Delete { expected: Option<u64> },
 }
 
+/// A write waiting for a group commit, and where its caller waits for the answer.
+#[derive(Debug)]
+pub(crate) struct Queued {
+    pub key: String,
+    pub op: WriteOp,
+    answer: std::sync::mpsc::SyncSender<Result<KeyValue, StoreError>>,
+}
+
+pub(crate) type Answer = std::sync::mpsc::Receiver<Result<KeyValue, StoreError>>;
+
+impl Queued {
+    pub fn new(key: &str, op: WriteOp) -> (Self, Answer) {
+        let (answer, receiver) = std::sync::mpsc::sync_channel(1);
+        let key = key.to_owned();
+        (Self { key, op, answer }, receiver)
+    }
+
+    pub fn answer(self, result: Result<KeyValue, StoreError>) {
+        // The caller waits under the write lock or has returned already: never blocks.
+        let _ = self.answer.try_send(result);
+    }
+
+    /// Answers every write of a group whose transaction failed with that failure.
+    pub fn fail_all(batch: Vec<Queued>, error: &StoreError) {
+        for queued in batch {
+            queued.answer(Err(Self::copy_of(error)));
+        }
+    }
+
+    /// A transaction failure for each write of its group (the errors are not `Clone`: their
+    /// sources are boxed).
+    pub fn copy_of(error: &StoreError) -> StoreError {
+        match error {
+            StoreError::Corrupt { revision, reason } => StoreError::Corrupt {
+                revision: *revision,
+                reason,
+            },
+            other => StoreError::unavailable(other.to_string()),
+        }
+    }
+}
+
 /// A committed-to-be write: its change and the log's bytes after it.
 #[derive(Debug)]
 pub(crate) struct Applied {

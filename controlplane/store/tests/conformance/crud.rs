@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use sluice_store::{Store, StoreError};
 
 use super::{base, open, Backend};
@@ -158,4 +159,54 @@ pub async fn concurrent_updates_with_the_same_expectation_have_one_winner(backen
         store.current_revision().await.unwrap(),
         base.mod_revision + 1
     );
+}
+
+/// Many writers at once (the embedded store commits them in groups): every write gets its own
+/// revision, the revisions are gap-free, the answers match what is stored, a refused write in
+/// the middle of the crowd changes nothing, and a watch sees each change once, in order.
+pub async fn concurrent_writers_each_get_their_own_revision(backend: &dyn Backend) {
+    let store = open(backend).await;
+    let start = store.current_revision().await.unwrap();
+    store.create("/crowd/taken", value("first")).await.unwrap();
+    let mut watch = store.watch("/crowd/", start);
+    let mut tasks = Vec::new();
+    for writer in 0..32 {
+        let store: Arc<dyn Store> = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            for n in 0..8 {
+                let key = format!("/crowd/{writer:02}-{n}");
+                answers.push(store.create(&key, value(&key)).await.unwrap());
+                let refused = store.create("/crowd/taken", value("again")).await;
+                assert!(matches!(refused, Err(StoreError::AlreadyExists { .. })));
+            }
+            answers
+        }));
+    }
+    let mut revisions = Vec::new();
+    for task in tasks {
+        for kv in task.await.unwrap() {
+            assert_eq!(kv.value, value(&kv.key), "the answer is the write's own");
+            revisions.push(kv.mod_revision);
+        }
+    }
+    revisions.sort_unstable();
+    let first = start + 2;
+    let expected: Vec<u64> = (first..first + 256).collect();
+    assert_eq!(
+        revisions, expected,
+        "one revision each, no gap, none shared"
+    );
+    assert_eq!(store.current_revision().await.unwrap(), first + 255);
+    let mut seen = Vec::new();
+    while seen.len() < 257 {
+        let batch = tokio::time::timeout(std::time::Duration::from_secs(10), watch.next())
+            .await
+            .expect("the watch keeps up")
+            .expect("the watch goes on")
+            .unwrap();
+        seen.extend(batch.events.iter().map(|event| event.revision()));
+    }
+    let all: Vec<u64> = (start + 1..=first + 255).collect();
+    assert_eq!(seen, all, "each change once, in revision order");
 }

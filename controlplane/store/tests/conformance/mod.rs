@@ -50,6 +50,7 @@ macro_rules! conformance_tests {
             crud::oversized_values_and_bad_keys_are_refused_with_typed_errors,
             crud::default_limit_is_etcds_request_size,
             crud::concurrent_updates_with_the_same_expectation_have_one_winner,
+            crud::concurrent_writers_each_get_their_own_revision,
             list::lists_stay_inside_their_prefix_in_key_order,
             list::pages_follow_each_other_and_say_when_more_remain,
             list::pages_at_a_revision_see_one_snapshot_across_writes,
