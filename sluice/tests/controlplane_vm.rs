@@ -197,6 +197,9 @@ fn the_vm_lifecycle_through_the_api() {
     kubectl_ok(&cp, &["apply", "-f", "-"], Some(VM1));
     let vm2 = VM1.replace("vm1", "vm2");
     kubectl_ok(&cp, &["apply", "-f", "-"], Some(&vm2));
+    // A name that extends vm1's: vm1's agent reads its own VM by key, and must not get this.
+    let vm10 = VM1.replace("vm1", "vm10");
+    kubectl_ok(&cp, &["apply", "-f", "-"], Some(&vm10));
     wait_state(&cp, "vm1", "AgentedBootstrap", Duration::from_secs(5));
     let policies = [examples::APPLIED_TO_GROUP, examples::NETWORK_POLICY].join("\n---\n");
     kubectl_ok(&cp, &["create", "-f", "-"], Some(&policies));
@@ -320,6 +323,25 @@ fn the_agent_touches_only_its_own_vm_objects(cp: &ControlPlane, vm1: &str) {
         .map(|vm| vm["metadata"]["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["vm1"]);
+    // Its watch follows vm1 alone: vm10's change never reaches it, vm1's does.
+    let watch = RawWatch::start(cp, vm1, &format!("{VMS}?watch=1"));
+    let added = watch
+        .next_change(Duration::from_secs(5))
+        .expect("vm1 ADDED");
+    assert_eq!(added["object"]["metadata"]["name"], "vm1", "{added}");
+    kubectl_ok(cp, &["label", "vm", "vm10", "watched=no"], None);
+    kubectl_ok(cp, &["label", "vm", "vm1", "watched=yes"], None);
+    // (The VMManager may write vm1's status meanwhile: every event is vm1's, until the label.)
+    loop {
+        let changed = watch
+            .next_change(Duration::from_secs(5))
+            .expect("vm1 MODIFIED");
+        assert_eq!(changed["object"]["metadata"]["name"], "vm1", "{changed}");
+        if changed["object"]["metadata"]["labels"]["watched"] == "yes" {
+            break;
+        }
+    }
+    drop(watch);
     let status = json!({"status": {"state": "AgentedConnected"}});
     let (code, _) = call(
         cp,

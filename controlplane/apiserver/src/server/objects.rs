@@ -145,7 +145,12 @@ impl ApiServer {
         if let Visibility::Span { vm, .. } = &call.visibility {
             return self.span_list(call, options, vm).await;
         }
-        let prefix = list_prefix(call.spec, call.request.namespace);
+        let prefix = match &call.visibility {
+            // A VM agent listing its own VM reads that key, not every VM (issue 36: 5,000
+            // agents listing at once after a restart); names extending it are filtered below.
+            Visibility::Own { name } => object_key(call.spec, None, name),
+            _ => list_prefix(call.spec, call.request.namespace),
+        };
         let limit = options
             .limit
             .map_or(MAX_PAGE, |limit| (limit as usize).min(MAX_PAGE));

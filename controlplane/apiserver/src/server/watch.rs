@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 
 use super::admission::Slot;
 
-use super::keys::list_prefix;
+use super::keys::{list_prefix, object_key};
 use super::metrics::{ResourceLabels, WatchEventCounters};
 use super::objects::{decode, matches_selection, Call};
 use super::reply::Reply;
@@ -44,9 +44,16 @@ impl ApiServer {
         let (format, table_options) = call.format()?;
         let permit = self.admit(&self.watch_slots, &call.identity)?;
         let from = options.resource_version.filter(|revision| *revision > 0);
+        let prefix = match &call.visibility {
+            // A VM agent's watch of its own VM follows only that key: following the whole
+            // prefix woke every agent's watch at every VM's write (issue 36: 5,000 watches x
+            // every heartbeat, the control plane's core spent skipping other VMs' keys).
+            Visibility::Own { name } => object_key(call.spec, None, name),
+            _ => list_prefix(call.spec, call.request.namespace),
+        };
         let watch = Watch {
             spec: call.spec.clone(),
-            prefix: list_prefix(call.spec, call.request.namespace),
+            prefix,
             options,
             visibility: call.visibility.clone(),
             format,
@@ -116,6 +123,8 @@ impl ApiServer {
 /// One open watch.
 pub(crate) struct Watch {
     pub(crate) spec: KindSpec,
+    /// The store prefix followed: the resource's (or one namespace's), or a VM agent's own
+    /// object's key.
     pub(crate) prefix: String,
     pub(crate) options: ListOptions,
     pub(crate) visibility: Visibility,
@@ -231,15 +240,12 @@ impl Watch {
             return sender.send(bookmark).await.is_ok();
         }
         let shared = self.sends_every_change_unchanged();
-        // A VM agent's watch of its own VM: other VMs' changes (heartbeats) are skipped by
-        // key, before any decode.
-        let own_key = match &self.visibility {
-            Visibility::Own { name } => Some(super::keys::object_key(&self.spec, None, name)),
-            _ => None,
-        };
+        // A VM agent's watch of its own VM follows its key as a prefix (see `watch`): VMs
+        // whose names extend this one's are skipped by key, before any decode.
+        let own = matches!(self.visibility, Visibility::Own { .. });
         let mut chunks = Chunks::new(CHUNK_BYTES);
         for event in batch.events {
-            if own_key.as_deref().is_some_and(|key| key != event.key()) {
+            if own && event.key() != self.prefix {
                 continue;
             }
             let encoded = if shared {
