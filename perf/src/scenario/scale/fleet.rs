@@ -213,7 +213,9 @@ async fn report(transport: &Transport, vm: &str) -> Result<(), WatchError> {
         "agentState": "Active", "os": "Debian 12", "agentVersion": "perf-fleet",
         "conditions": [{"type": "OVSDBConnected", "status": "True", "reason": "Connected"}]});
     let body = Bytes::from(body.to_string());
-    retrying(|| async {
+    // A VM agent retries its first report until it lands: give it as long as the run waits
+    // for every VM to connect (with 5,000 agents dialling at once, some wait minutes).
+    retrying_for(Duration::from_secs(600), || async {
         match transport
             .post_json(&runtime_infos(), body.clone(), ANSWER_LIMIT)
             .await
@@ -240,12 +242,21 @@ async fn heartbeat(fleet: &Fleet, transport: &Transport, vm: &str, beat: u64) {
 
 /// Runs `send` until it succeeds, waiting out 429s and connection failures (a control plane
 /// restarting) for up to a minute, as an agent's retry loop would.
-pub async fn retrying<F, Fut>(mut send: F) -> Result<Bytes, WatchError>
+pub async fn retrying<F, Fut>(send: F) -> Result<Bytes, WatchError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Bytes, WatchError>>,
 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    retrying_for(Duration::from_secs(60), send).await
+}
+
+/// [`retrying`] for up to `patience`.
+pub async fn retrying_for<F, Fut>(patience: Duration, mut send: F) -> Result<Bytes, WatchError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Bytes, WatchError>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
     let mut pause = Duration::from_millis(200);
     loop {
         let error = match send().await {

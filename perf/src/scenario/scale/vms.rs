@@ -181,10 +181,11 @@ fn start_controlplane(
         listen.into(),
         "--data-dir".into(),
         dir.join("controlplane").display().to_string(),
-        // One per agent, plus the admin's writers and the part of the table unauthenticated
-        // connections may hold (1,024 by default; it may not exceed the whole).
+        // One per agent, plus the part of the table unauthenticated connections may hold
+        // (1,024 by default) and the other roles' reservations (1,088): with only 2,048 more,
+        // the vm-agent role's part was 4,936 and 5,000 agents could not all connect.
         "--max-connections".into(),
-        (plan.vms + 2_048).to_string(),
+        (plan.vms + 3_072).to_string(),
         "--max-watches".into(),
         watches.to_string(),
         "--watch-share".into(),
