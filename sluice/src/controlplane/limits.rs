@@ -183,6 +183,22 @@ impl LimitArgs {
 mod tests {
     use super::*;
 
+    /// CONFIG.md's sizing for N VM agents: `--max-connections` resizes every role's share in
+    /// proportion, so 5,000 agents need about 2 x N + 2,048, and N + 3,072 leaves them 4,554.
+    #[test]
+    fn a_resized_table_gives_vm_agents_about_65_percent_of_its_authenticated_part() {
+        let most_for_vm_agents = |max_connections: usize| {
+            let args = LimitArgs {
+                max_connections: Some(max_connections),
+                ..LimitArgs::default()
+            };
+            let connections = args.limits().unwrap().authenticated_connections();
+            connections.share(Role::VmAgent).reserved + connections.shared()
+        };
+        assert_eq!(most_for_vm_agents(5_000 + 3_072), 4_554);
+        assert!(most_for_vm_agents(2 * 5_000 + 2_048) >= 5_000);
+    }
+
     #[test]
     fn shares_parse_and_apply() {
         let args = LimitArgs {
