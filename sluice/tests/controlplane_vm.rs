@@ -214,6 +214,15 @@ fn the_vm_lifecycle_through_the_api() {
         &format!("{POLICIES}?watch=1&allowWatchBookmarks=true"),
     );
     assert!(watch.next_change(Duration::from_millis(800)).is_none());
+    // A resourceVersion the store has not reached is refused at once, as for a plain watch.
+    let future = format!("{POLICIES}?watch=1&resourceVersion=999999999");
+    let (code, body) = call(&cp, &vm1, "GET", &future, None);
+    assert_eq!(code, 503, "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("Too large resource version: 999999999"),
+        "{body}"
+    );
 
     // Reports make it Connected; the watch sends the policy, then a bookmark past the VM.
     let generation = admin_get(&cp, &format!("{POLICIES}/web"))["metadata"]["generation"]

@@ -26,7 +26,7 @@ use futures_util::{FutureExt, StreamExt};
 use serde_json::Value;
 use sluice_apimachinery::options::ListOptions;
 use sluice_apimachinery::{StatusError, StatusReason};
-use sluice_store::{Event, Store, WatchBatch};
+use sluice_store::{Event, Store, StoreError, WatchBatch};
 use tokio::sync::watch;
 
 use super::keys::list_prefix;
@@ -138,8 +138,21 @@ impl SpanFeed {
         })
     }
 
-    /// `vm`'s view as it was at `revision`; 410 when that is older than the view remembers.
+    /// `vm`'s view as it was at `revision`; 410 when that is older than the view remembers,
+    /// 503 at once for a revision the store has not reached (as a plain watch answers).
     pub(crate) async fn at(&self, vm: &str, revision: u64) -> Result<SpanView, StatusError> {
+        let current = self
+            .store
+            .current_revision()
+            .await
+            .map_err(|error| store_status(&network_policy(), "", error))?;
+        if revision > current {
+            let future = StoreError::FutureRevision {
+                requested: revision,
+                current,
+            };
+            return Err(store_status(&network_policy(), "", future));
+        }
         self.reach(revision).await?;
         let state = self.state();
         let (set, receives) = state.at(vm, revision).ok_or_else(|| {
