@@ -171,7 +171,7 @@ fn gateway_markdown(harness: &Harness, r: &gateway_clients::GatewayRecord) -> St
 fn vms_markdown(harness: &Harness, r: &vms::VmRecord) -> String {
     let plan = &r.plan;
     format!(
-        "## VMs on one control plane (embedded store)\n\n\
+        "## VMs on one control plane ({store})\n\n\
          {vms} VMs, each with its own vm-agent token and a simulated agent in the harness on CPU \
          {client} (a runtime-info report, then a heartbeat every {beat:?}; the agent's four watches \
          run by `sluice-watch-client`); {policies} NetworkPolicies, each applied to an \
@@ -181,6 +181,7 @@ fn vms_markdown(harness: &Harness, r: &vms::VmRecord) -> String {
          | set-up (tokens, VMs, policies stored) | {setup:.1} s |\n\
          | every VM AgentedConnected after its agent started | {connect:.1} s |\n\
          | control-plane CPU at steady state ({steady:?}, heartbeats only) | {cpu:.1} % of a core |\n\
+         | etcd CPU over the same window | {etcd_cpu} |\n\
          | control-plane RSS at steady state | {rss:.0} MiB |\n\
          | policy write to affected agent: p50 / p99 / max | {p50:.1} / {p99:.1} / {max:.1} ms |\n\
          | deliveries seen / expected | {seen} / {expected} |\n\
@@ -188,6 +189,10 @@ fn vms_markdown(harness: &Harness, r: &vms::VmRecord) -> String {
          | restart to every agent seeing a write made after it | {resync:.1} s |\n\
          | heartbeats accepted | {beats} |\n\
          | agent write errors | {errors} |\n",
+        store = if plan.etcd { "etcd, one member" } else { "embedded store" },
+        etcd_cpu = r
+            .steady_etcd_cpu_percent
+            .map_or("-".to_string(), |cpu| format!("{cpu:.1} % of a core")),
         vms = plan.vms,
         client = harness.client_cpu,
         beat = plan.heartbeat,

@@ -24,7 +24,7 @@ use tokio::sync::{watch, Semaphore};
 use super::fleet::{self, retrying, Fleet, SENT_ANNOTATION};
 use crate::measure::CpuMeter;
 use crate::process::Managed;
-use crate::scenario::controlplane::{kubeconfig_token, percentile_ms};
+use crate::scenario::controlplane::{kubeconfig_token, percentile_ms, start_etcd};
 use crate::scenario::Harness;
 
 /// Sizes and durations of one run.
@@ -37,6 +37,9 @@ pub struct Plan {
     pub steady: Duration,
     /// Policy writes timed to their affected agents.
     pub writes: usize,
+    /// The control plane's store is an etcd member (on the upstream CPU) instead of the
+    /// embedded one.
+    pub etcd: bool,
 }
 
 impl Plan {
@@ -48,6 +51,7 @@ impl Plan {
                 heartbeat: Duration::from_secs(1),
                 steady: Duration::from_secs(3),
                 writes: 4,
+                etcd: false,
             }
         } else {
             Self {
@@ -56,6 +60,7 @@ impl Plan {
                 heartbeat: Duration::from_secs(30),
                 steady: Duration::from_secs(90),
                 writes: 50,
+                etcd: false,
             }
         }
     }
@@ -67,6 +72,8 @@ pub struct VmRecord {
     pub seconds_to_set_up: f64,
     pub seconds_to_connect_all: f64,
     pub steady_controlplane_cpu_percent: f64,
+    /// etcd's CPU over the same window, when the store is etcd.
+    pub steady_etcd_cpu_percent: Option<f64>,
     pub steady_controlplane_rss_mib: f64,
     /// `sluice_controlplane_connections` at steady state: one per agent (its watches and
     /// reports share an h2 connection) and the admin's one.
@@ -167,6 +174,7 @@ fn start_controlplane(
     dir: &Path,
     plan: &Plan,
     listen: &str,
+    etcd: Option<&str>,
 ) -> anyhow::Result<(Managed, String)> {
     let addresses = dir.join("controlplane-addresses.json");
     let _ = std::fs::remove_file(&addresses);
@@ -199,6 +207,10 @@ fn start_controlplane(
         "--vm-heartbeat-timeout".into(),
         format!("{}s", (plan.heartbeat * 3).as_secs().max(2)),
     ];
+    let mut args = args;
+    if let Some(endpoint) = etcd {
+        args.extend(["--etcd-endpoints".to_string(), endpoint.to_string()]);
+    }
     let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
     let mut process = Managed::spawn(
         "controlplane",
@@ -214,7 +226,12 @@ fn start_controlplane(
 
 pub fn run(harness: &Harness, dir: &Path, plan: Plan) -> anyhow::Result<VmRecord> {
     raise_fd_limit(plan.vms * 2 + 4_096)?;
-    let (controlplane, address) = start_controlplane(harness, dir, &plan, "127.0.0.1:0")?;
+    let etcd = match plan.etcd {
+        true => Some(start_etcd(dir, &harness.upstream_cpu)?),
+        false => None,
+    };
+    let endpoint = etcd.as_ref().map(|etcd| etcd.endpoint.as_str());
+    let (controlplane, address) = start_controlplane(harness, dir, &plan, "127.0.0.1:0", endpoint)?;
     let url = format!("https://{address}");
     let ca = dir.join("controlplane/pki/ca.crt");
     let admin_token = dir.join("admin.token");
@@ -261,11 +278,16 @@ pub fn run(harness: &Harness, dir: &Path, plan: Plan) -> anyhow::Result<VmRecord
         plan.vms
     );
 
-    let meter = CpuMeter::start(&[("controlplane".to_string(), controlplane.pid())])?;
+    let mut metered_processes = vec![("controlplane".to_string(), controlplane.pid())];
+    if let Some(etcd) = &etcd {
+        metered_processes.push(("etcd".to_string(), etcd.process.pid()));
+    }
+    let meter = CpuMeter::start(&metered_processes)?;
     let metered = Instant::now();
     std::thread::sleep(plan.steady);
     let usage = meter.finish()?;
-    let steady_cpu = usage[0].cpu_us as f64 / 1e6 / metered.elapsed().as_secs_f64() * 100.0;
+    let steady_seconds = metered.elapsed().as_secs_f64();
+    let steady_cpu = usage[0].cpu_us as f64 / 1e6 / steady_seconds * 100.0;
     let connections = runtime.block_on(admin.metric("sluice_controlplane_connections "))? as usize;
     println!("vms: {connections} control-plane connections at steady state");
 
@@ -279,7 +301,7 @@ pub fn run(harness: &Harness, dir: &Path, plan: Plan) -> anyhow::Result<VmRecord
     // and store: the agents' clients reconnect as they would to a restarted replica.
     drop(controlplane);
     let restarted = Instant::now();
-    let (mut controlplane, _) = start_controlplane(harness, dir, &plan, &address)?;
+    let (mut controlplane, _) = start_controlplane(harness, dir, &plan, &address, endpoint)?;
     let resync = runtime.block_on(resync(&admin, &fleet, restarted))?;
     let _ = stop.send(true);
     controlplane.check_alive()?;
@@ -299,6 +321,9 @@ pub fn run(harness: &Harness, dir: &Path, plan: Plan) -> anyhow::Result<VmRecord
         seconds_to_set_up,
         seconds_to_connect_all,
         steady_controlplane_cpu_percent: steady_cpu,
+        steady_etcd_cpu_percent: usage
+            .get(1)
+            .map(|etcd| etcd.cpu_us as f64 / 1e6 / steady_seconds * 100.0),
         steady_controlplane_rss_mib: usage[0].rss_kib as f64 / 1024.0,
         steady_controlplane_connections: connections,
         heartbeats: fleet.heartbeats.load(Ordering::Relaxed),

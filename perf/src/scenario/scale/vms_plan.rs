@@ -21,10 +21,19 @@ impl Plan {
     }
 
     /// The plan with `name=value` pairs, comma-separated, in place of its sizes: `vms`,
-    /// `policies`, `writes`, `heartbeat` and `steady` (seconds).
+    /// `policies`, `writes`, `heartbeat` and `steady` (seconds), and `store` (`embedded` or
+    /// `etcd`).
     pub fn overridden(mut self, spec: &str) -> anyhow::Result<Plan> {
         for pair in size_spec::pairs(spec) {
             let (name, value) = pair?;
+            if name == "store" {
+                self.etcd = match value {
+                    "etcd" => true,
+                    "embedded" => false,
+                    other => bail!("store {other:?}: embedded or etcd"),
+                };
+                continue;
+            }
             let count = size_spec::positive_count(name, value)?;
             match name {
                 "vms" => self.vms = count,
@@ -54,6 +63,8 @@ mod tests {
         assert_eq!(plan.heartbeat, Plan::new(false).heartbeat);
         assert_eq!(plan.writes, Plan::new(false).writes);
         assert_eq!(Plan::new(true).overridden("").unwrap().vms, 20);
+        assert!(!Plan::new(false).etcd);
+        assert!(Plan::new(true).overridden("store=etcd").unwrap().etcd);
     }
 
     #[test]
@@ -63,6 +74,7 @@ mod tests {
             ("policies", "name=value"),
             ("steady=1m", "\"1m\""),
             ("nodes=3", "unknown size"),
+            ("store=redis", "embedded or etcd"),
         ] {
             let error = Plan::new(true).overridden(spec).unwrap_err().to_string();
             assert!(error.contains(says), "{spec}: {error}");
