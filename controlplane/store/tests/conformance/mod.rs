@@ -61,6 +61,7 @@ macro_rules! conformance_tests {
             watch::a_watch_older_than_the_compaction_point_is_told_so,
             watch::dropping_the_store_ends_live_watches_as_unavailable,
             watch::an_idle_watch_reports_progress_past_other_prefixes_writes,
+            watch::a_watch_of_the_empty_prefix_sees_every_key,
             compaction::compaction_keeps_current_values_and_the_state_at_its_point,
             compaction::compacting_a_busy_history_keeps_every_current_value,
             compaction::the_compactor_compacts_to_the_revision_seen_one_tick_earlier,

@@ -194,3 +194,19 @@ pub async fn an_idle_watch_reports_progress_past_other_prefixes_writes(backend: 
     store.update("/r/a", value("2"), None).await.unwrap();
     assert_eq!(revisions(&events_until(&mut stream, b + 4).await), [b + 4]);
 }
+
+/// A watch of the empty prefix follows every key, in one ordered stream (the API server's
+/// span view follows policies and VMs so), live changes and history alike.
+pub async fn a_watch_of_the_empty_prefix_sees_every_key(backend: &dyn Backend) {
+    let store = open(backend).await;
+    let b = base(&*store).await;
+    store.create("/a/x", value("1")).await.unwrap();
+    let mut everything = store.watch("", b);
+    store.create("/b/y", value("1")).await.unwrap();
+    store.update("/a/x", value("2"), None).await.unwrap();
+    let seen = events_until(&mut everything, b + 3).await;
+    assert_eq!(revisions(&seen), range(b + 1, b + 3));
+    let keys: Vec<&str> = seen.iter().map(Event::key).collect();
+    assert_eq!(keys, ["/a/x", "/b/y", "/a/x"]);
+    assert_eq!(store.current_revision().await.unwrap(), b + 3);
+}
