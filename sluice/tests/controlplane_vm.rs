@@ -3,7 +3,8 @@
 //! make it AgentedConnected, their absence makes it AgentedBootstrap again; the agent's span
 //! watch follows that state (ADDED, DELETED, BOOKMARKs past the VM's version); the agent can
 //! touch only its own VM objects; NetworkPolicy status counts realized VMs; and a control plane
-//! restarted after the timeout demotes the VM at once.
+//! restarted after the timeout gives a Connected VM one timeout to report: a reporting agent's
+//! VM stays Connected, a silent one's is demoted after that grace.
 #![allow(clippy::unwrap_used)]
 
 use std::process::Command;
@@ -286,24 +287,64 @@ fn the_vm_lifecycle_through_the_api() {
     assert!(pending);
     drop(watch);
 
-    // Connected again, then the control plane is away longer than the timeout: it demotes
-    // the VM as it starts, before any report.
+    // Connected again, then the control plane is away longer than the timeout while the agent
+    // keeps trying: its absence is not the agent's fault, so the restarted process gives the
+    // VM one timeout to report and the agent's next report holds it Connected.
     let mut reporter = Reporter::start(&cp, &vm1, "vm1", json!({}));
     wait_state(&cp, "vm1", "AgentedConnected", Duration::from_secs(5));
-    reporter.stop();
     cp.stop();
     // Not a synchronisation: the scenario is the control plane away longer than the timeout.
     std::thread::sleep(Duration::from_secs(3));
     cp.restart().unwrap();
-    wait_state(&cp, "vm1", "AgentedBootstrap", Duration::from_secs(3));
+    // Two timeouts with the reporter running: a demotion would have happened by now.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(vm_state(&cp, "vm1"), "AgentedConnected");
+    assert_eq!(
+        transitions(&cp, "AgentedConnected", "AgentedBootstrap"),
+        0,
+        "a reporting agent's VM was demoted after a control-plane outage"
+    );
+
+    // Away again with the agent gone too: demoted, but only after the grace of one timeout.
+    reporter.stop();
+    cp.stop();
+    std::thread::sleep(Duration::from_secs(3));
+    let restarted_at = std::time::SystemTime::now();
+    cp.restart().unwrap();
+    wait_state(&cp, "vm1", "AgentedBootstrap", Duration::from_secs(6));
     assert_eq!(
         transitions(&cp, "AgentedConnected", "AgentedBootstrap"),
         1,
         "the restarted process made the change"
     );
+    let vm = admin_get(&cp, "/apis/vm.sluice.dev/v1alpha1/virtualmachines/vm1");
+    let demoted = vm["status"]["conditions"][0]["lastTransitionTime"]
+        .as_str()
+        .map(epoch_seconds)
+        .unwrap();
+    let restarted_at = restarted_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        demoted >= restarted_at + 2,
+        "demoted at once, not after the 2 s grace: {vm}"
+    );
     let _reporter = Reporter::start(&cp, &vm1, "vm1", json!({}));
     wait_state(&cp, "vm1", "AgentedConnected", Duration::from_secs(5));
     assert_eq!(transitions(&cp, "AgentedBootstrap", "AgentedConnected"), 1);
+}
+
+/// An RFC 3339 time in whole seconds since the epoch, read by `date` (the test's clock).
+fn epoch_seconds(time: &str) -> u64 {
+    let output = Command::new("date")
+        .args(["-u", "-d", time, "+%s"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 fn the_agent_touches_only_its_own_vm_objects(cp: &ControlPlane, vm1: &str) {

@@ -453,8 +453,9 @@ fn a_vm_agent_takes_over_enforces_survives_outages_and_gives_the_uplink_back() {
     // The control plane killed (no goodbye to the agent's watches) and away for 60 s:
     // enforcement unchanged throughout, probed back to back (a round takes ~3-4 s here: the
     // forbidden port's probe waits out its 1 s timeout; 17-19 rounds were seen in 60 s, 12 are
-    // required) under a 10 ms ping train that must lose nothing; back, the VM is Bootstrap
-    // until the agent reports, then Connected again.
+    // required) under a 10 ms ping train that must lose nothing; back, the control plane gives
+    // the VM one timeout to report (controlplane_vm checks that grace) and the agent's report
+    // keeps it, or makes it again, Connected.
     let pinger = PingTrain::start(lan.peer.name(), &lan.vm_ip, PROBE_INTERVAL).unwrap();
     cp.kill();
     let outage = Instant::now();
@@ -471,17 +472,6 @@ fn a_vm_agent_takes_over_enforces_survives_outages_and_gives_the_uplink_back() {
         "the outage cut the peer off: {probes}"
     );
     cp.restart().unwrap();
-    assert!(
-        wait_until(Duration::from_secs(20), || {
-            let metrics = cp.curl("GET", "/metrics", None).1;
-            metrics.lines().any(|line| {
-                line.starts_with("sluice_vm_state_transitions_total{")
-                    && line.contains("from=\"AgentedConnected\"")
-                    && line.contains("to=\"AgentedBootstrap\"")
-            })
-        }),
-        "the stale VM never went back to Bootstrap"
-    );
     assert!(
         wait_until(Duration::from_secs(20), || vm_state(&cp)
             == "AgentedConnected"),

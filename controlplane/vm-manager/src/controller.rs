@@ -50,6 +50,8 @@ pub struct VmManager {
     /// When this replica saw each VM's runtime info written (server clock). Kept across
     /// re-lists: a list is not a report.
     seen: HashMap<String, SystemTime>,
+    /// When the VMs were last listed (the start of the grace in [`VmInputs::listed`]).
+    listed: SystemTime,
     /// The earliest time of the next pass over the policies' statuses.
     next_policy_pass: tokio::time::Instant,
     /// The earliest time the states gauge is counted again, and whether a count waits for it.
@@ -74,6 +76,7 @@ impl VmManager {
             timeout,
             metrics,
             seen: HashMap::new(),
+            listed: SystemTime::now(),
             next_policy_pass: tokio::time::Instant::now(),
             next_count: tokio::time::Instant::now(),
             count_pending: false,
@@ -97,8 +100,8 @@ impl VmManager {
         }
     }
 
-    /// Lists the three resources, evaluates every VM (a control plane that was away longer
-    /// than the timeout demotes Connected VMs here), then follows their changes.
+    /// Lists the three resources, evaluates every VM (a Connected VM keeps one timeout from
+    /// here to report), then follows their changes.
     async fn follow(&mut self) -> Result<(), VmManagerError> {
         let mut cache = Cache::default();
         let mut follows = Vec::new();
@@ -114,6 +117,7 @@ impl VmManager {
                 outages: 0,
             });
         }
+        self.listed = SystemTime::now();
         self.reconcile(&mut cache).await;
         let tick = (self.timeout / 4).max(MIN_TICK);
         let mut ticker = tokio::time::interval(tick);
@@ -235,6 +239,7 @@ impl VmManager {
                 vm: &vm,
                 runtime_info: cache.runtime_infos.get(name),
                 seen: self.seen.get(name).copied(),
+                listed: self.listed,
                 now: SystemTime::now(),
                 timeout: self.timeout,
             };

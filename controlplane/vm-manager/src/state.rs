@@ -64,6 +64,11 @@ pub struct VmInputs<'a> {
     pub runtime_info: Option<&'a Value>,
     /// When this replica last saw the runtime info written.
     pub seen: Option<SystemTime>,
+    /// When this replica last listed the VMs: a VM stored `AgentedConnected` counts as heard
+    /// from then. While the control plane was away its agents could not report, so it gives
+    /// them one timeout to do so instead of demoting every VM as it starts (Kubernetes' node
+    /// controller grants the same grace after it starts).
+    pub listed: SystemTime,
     pub now: SystemTime,
     pub timeout: Duration,
 }
@@ -84,20 +89,51 @@ impl VmDecision {
     }
 }
 
-/// The heartbeat the state machine judges: the later of this replica's sighting and the
-/// stored `status.lastHeartbeat` (another replica's, or this one's before a restart), and
-/// none without a runtime info. Taking the later one makes replicas agree instead of
-/// overwriting each other's times.
+/// The last heartbeat anyone saw: the later of this replica's sighting and the stored
+/// `status.lastHeartbeat` (another replica's), and none without a runtime info.
 pub fn heartbeat(inputs: &VmInputs<'_>) -> Option<SystemTime> {
     inputs.runtime_info?;
-    let stored = inputs
-        .vm
-        .pointer("/status/lastHeartbeat")
-        .and_then(Value::as_str)
-        .and_then(parse_rfc3339);
+    let stored = stored_heartbeat(inputs.vm);
     match (inputs.seen, stored) {
         (Some(seen), Some(stored)) => Some(seen.max(stored)),
         (seen, stored) => seen.or(stored),
+    }
+}
+
+fn stored_heartbeat(vm: &Value) -> Option<SystemTime> {
+    vm.pointer("/status/lastHeartbeat")
+        .and_then(Value::as_str)
+        .and_then(parse_rfc3339)
+}
+
+/// The heartbeat the state machine judges: the last one seen, or the replica's list time for
+/// a VM stored `AgentedConnected` (the grace of [`VmInputs::listed`]). The grace never
+/// promotes a VM: once stored otherwise, only a report makes it Connected.
+fn judged_heartbeat(inputs: &VmInputs<'_>, beat: Option<SystemTime>) -> Option<SystemTime> {
+    let beat = beat?;
+    if state_of(inputs.vm) == Some(VmState::AgentedConnected) {
+        return Some(beat.max(inputs.listed));
+    }
+    Some(beat)
+}
+
+/// The `status.lastHeartbeat` to write: the stored one while the last heartbeat is less than a
+/// timeout newer and the state stays, else the last heartbeat. The state is judged from this
+/// replica's sightings, not from this field, so refreshing it once per timeout (not per
+/// report) costs one VM write per timeout instead of one per report (issue 36: at 5,000 VMs
+/// the per-report write was half the control plane's steady CPU).
+fn recorded_heartbeat(
+    inputs: &VmInputs<'_>,
+    beat: Option<SystemTime>,
+    state: VmState,
+) -> Option<SystemTime> {
+    let beat = beat?;
+    let stored = stored_heartbeat(inputs.vm).filter(|_| state_of(inputs.vm) == Some(state));
+    match stored {
+        Some(stored) if beat.duration_since(stored).unwrap_or_default() < inputs.timeout => {
+            Some(stored)
+        }
+        _ => Some(beat),
     }
 }
 
@@ -105,10 +141,11 @@ pub fn heartbeat(inputs: &VmInputs<'_>) -> Option<SystemTime> {
 pub fn vm_status(inputs: &VmInputs<'_>) -> Option<VmDecision> {
     let management = management_of(inputs.vm)?;
     let beat = heartbeat(inputs);
-    let (state, reason) = evaluate(management, beat, inputs.now, inputs.timeout);
+    let judged = judged_heartbeat(inputs, beat);
+    let (state, reason) = evaluate(management, judged, inputs.now, inputs.timeout);
     let mut status = Map::new();
     status.insert("state".into(), json!(state.as_str()));
-    if let Some(beat) = beat {
+    if let Some(beat) = recorded_heartbeat(inputs, beat, state) {
         status.insert("lastHeartbeat".into(), json!(format_rfc3339(beat)));
     }
     if let Some(info) = inputs.runtime_info {

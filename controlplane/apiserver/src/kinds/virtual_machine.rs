@@ -58,7 +58,7 @@ pub fn virtual_machine() -> KindSpec {
                 "Heartbeat",
                 ".status.lastHeartbeat",
                 "date",
-                "when the VMManager last saw the agent's runtime info",
+                "when the VMManager saw the agent's runtime info (refreshed once per timeout)",
             ),
         ],
         schema: json!({"type": "object", "required": ["spec"], "properties": {
