@@ -418,3 +418,59 @@ fn model_lists_gets_and_watches_survive_compaction() {
         |store, (steps, page)| Box::pin(model::lists_match(store, steps, page)),
     );
 }
+
+/// A watch whose reader stops (an API client that stops reading its watch) must not stall
+/// the store: etcd keeps sending it changes, and on a connection it shares with the other
+/// requests those changes would fill the connection's flow-control window and leave every
+/// later answer unsent (issue 36: 5,000 VM agents on etcd never synced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_nobody_reads_stalls_no_other_request() {
+    if !etcd_or_skip("a_watch_nobody_reads_stalls_no_other_request") {
+        return;
+    }
+    let server = EtcdServer::start().expect("etcd starts");
+    let store = store_on(vec![server.endpoint()], Duration::from_secs(3)).await;
+    let base = store.current_revision().await.unwrap();
+    store.create("/stall/first", value("1")).await.unwrap();
+    // Several, so that their streams' windows add up past the connection's.
+    let mut streams = Vec::new();
+    for _ in 0..8 {
+        let mut stream = store.watch("/stall/", base);
+        assert_eq!(
+            revisions(&events_until(&mut stream, base + 1).await),
+            [base + 1]
+        );
+        streams.push(stream);
+    }
+    // Not read again: 64 MiB of changes flow past them, far beyond any window.
+    let big = bytes::Bytes::from(vec![b'x'; 1 << 20]);
+    for index in 0..64 {
+        let key = format!("/stall/{index}");
+        let written = store.create(&key, big.clone()).await;
+        assert!(
+            written.is_ok(),
+            "write {index} behind an unread watch: {written:?}"
+        );
+    }
+    let last = store.get("/stall/63").await.unwrap().unwrap().mod_revision;
+    // Each unread watch was cut, not left holding the connection: what was queued, then
+    // Lagged, and watching again from there misses nothing.
+    for mut stream in streams {
+        let mut seen = base + 1;
+        let lagged_at = loop {
+            match next(&mut stream).await {
+                Some(Ok(batch)) => seen = batch.revision,
+                Some(Err(StoreError::Lagged { last_revision })) => break last_revision,
+                other => panic!("expected batches then Lagged, got {other:?}"),
+            }
+        };
+        assert_eq!(lagged_at, seen);
+        assert!(lagged_at < last, "an unread watch was never cut");
+        let mut again = store.watch("/stall/", lagged_at);
+        let events = events_until(&mut again, last).await;
+        assert_eq!(
+            revisions(&events),
+            (lagged_at + 1..=last).collect::<Vec<_>>()
+        );
+    }
+}
