@@ -56,6 +56,8 @@ pub struct Fleet {
     pub reported: AtomicUsize,
     /// Runtime-info writes refused (after retries) or failed.
     pub write_errors: AtomicUsize,
+    /// What the first few of them were, for the run's log.
+    pub first_errors: Mutex<Vec<String>>,
     /// Heartbeats sent and accepted.
     pub heartbeats: AtomicUsize,
     /// Watch errors the clients reported (from their metrics: reconnects are normal).
@@ -76,10 +78,23 @@ impl Fleet {
             metrics: WatchMetrics::register(&mut registry),
             reported: AtomicUsize::new(0),
             write_errors: AtomicUsize::new(0),
+            first_errors: Mutex::new(Vec::new()),
             heartbeats: AtomicUsize::new(0),
             latencies_us: Mutex::new(Vec::new()),
             received: Mutex::new(HashMap::new()),
             markers: Mutex::new(vec![0; vms]),
+        }
+    }
+
+    /// Counts a failed write and keeps the first few descriptions.
+    pub fn write_failed(&self, what: std::fmt::Arguments<'_>) {
+        let count = self.write_errors.fetch_add(1, Ordering::Relaxed);
+        if count < 5 {
+            let note = format!("{what}");
+            eprintln!("vms: an agent's write failed: {note}");
+            if let Ok(mut errors) = self.first_errors.lock() {
+                errors.push(note);
+            }
         }
     }
 
@@ -106,12 +121,15 @@ pub async fn run_agent(
     config.token_file = Some(token_file);
     // As the VM agent does (`vm-datapath/agent/src/lifecycle/feed.rs`): back quickly.
     config.backoff_max = Duration::from_secs(2);
-    let Ok(transport) = Transport::new(&config).map(Arc::new) else {
-        fleet.write_errors.fetch_add(1, Ordering::Relaxed);
-        return;
+    let transport = match Transport::new(&config) {
+        Ok(transport) => Arc::new(transport),
+        Err(error) => {
+            fleet.write_failed(format_args!("{vm}: no transport: {error}"));
+            return;
+        }
     };
-    if report(&transport, &vm).await.is_err() {
-        fleet.write_errors.fetch_add(1, Ordering::Relaxed);
+    if let Err(error) = report(&transport, &vm).await {
+        fleet.write_failed(format_args!("{vm}: first report: {error}"));
         return;
     }
     fleet.reported.fetch_add(1, Ordering::Relaxed);
@@ -235,9 +253,11 @@ async fn heartbeat(fleet: &Fleet, transport: &Transport, vm: &str, beat: u64) {
     let body = Bytes::from(patch.to_string());
     let sent = retrying(|| transport.merge_patch(&path, body.clone(), ANSWER_LIMIT)).await;
     match sent {
-        Ok(_) => fleet.heartbeats.fetch_add(1, Ordering::Relaxed),
-        Err(_) => fleet.write_errors.fetch_add(1, Ordering::Relaxed),
-    };
+        Ok(_) => {
+            fleet.heartbeats.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(error) => fleet.write_failed(format_args!("{vm}: heartbeat {beat}: {error}")),
+    }
 }
 
 /// Runs `send` until it succeeds, waiting out 429s and connection failures (a control plane

@@ -280,11 +280,19 @@ async fn follow(feed: Weak<SpanFeed>, store: Arc<dyn Store>, mut closed: watch::
                 _ = closed.changed() => return,
                 item = changes.next() => item,
             };
-            let Some(Ok(batch)) = item else {
-                if let Some(Err(error)) = item {
-                    tracing::warn!(%error, "policy view: store watch ended; listing again");
+            let batch = match item {
+                Some(Ok(batch)) => batch,
+                // Cut for falling behind: every change up to there is applied, so watching
+                // again from there is enough (a list would cost every object again).
+                Some(Err(StoreError::Lagged { last_revision })) => {
+                    changes = store.watch("", last_revision);
+                    continue;
                 }
-                break;
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "policy view: store watch ended; listing again");
+                    break;
+                }
+                None => break,
             };
             let Some(strong) = feed.upgrade() else {
                 return;
