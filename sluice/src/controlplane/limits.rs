@@ -72,6 +72,9 @@ pub struct LimitArgs {
     /// An unanswered PING closes the connection after this long (default 20s).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub keepalive_timeout: Option<Duration>,
+    /// A watch gets a BOOKMARK for progress alone at most this often (default 60s).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub watch_bookmark_interval: Option<Duration>,
     /// Open watches at once, all roles together (default 10000).
     #[arg(long, value_name = "N")]
     pub max_watches: Option<usize>,
@@ -143,6 +146,11 @@ impl LimitArgs {
                 "--keepalive-timeout",
                 self.keepalive_timeout,
                 &mut limits.keepalive_timeout,
+            ),
+            (
+                "--watch-bookmark-interval",
+                self.watch_bookmark_interval,
+                &mut limits.bookmark_interval,
             ),
         ] {
             if let Some(value) = value {
@@ -257,5 +265,25 @@ mod tests {
             ..LimitArgs::default()
         };
         assert!(zero.limits().unwrap_err().contains("--idle-timeout"));
+        let zero = LimitArgs {
+            watch_bookmark_interval: Some(Duration::ZERO),
+            ..LimitArgs::default()
+        };
+        let refused = zero.limits().unwrap_err();
+        assert!(refused.contains("--watch-bookmark-interval"), "{refused}");
+    }
+
+    #[test]
+    fn the_bookmark_interval_is_a_minute_unless_set() {
+        let limits = LimitArgs::default().limits().unwrap();
+        assert_eq!(limits.bookmark_interval, Duration::from_secs(60));
+        let args = LimitArgs {
+            watch_bookmark_interval: Some(Duration::from_secs(5)),
+            ..LimitArgs::default()
+        };
+        assert_eq!(
+            args.limits().unwrap().bookmark_interval,
+            Duration::from_secs(5)
+        );
     }
 }

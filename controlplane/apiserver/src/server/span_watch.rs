@@ -16,7 +16,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::Value;
@@ -32,11 +31,6 @@ use super::visibility::{own_members, Visibility};
 use super::watch::{line, Watch};
 use super::ApiServer;
 use crate::kinds::PolicyResource;
-
-/// A watch with nothing to report still sends a BOOKMARK this often when the view moved (as
-/// the store's progress notifications do for plain watches), so a resume finds its revision
-/// in the view's history.
-const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
 impl ApiServer {
     pub(crate) fn span_feed(&self) -> Arc<SpanFeed> {
@@ -134,7 +128,10 @@ impl SpanWatch {
         }
         let deadline = tokio::time::sleep(self.watch.duration);
         tokio::pin!(deadline);
-        let mut progress = tokio::time::interval(PROGRESS_EVERY);
+        // With nothing to report, a BOOKMARK still goes out this often when the view moved (as
+        // a plain watch's for the store's progress), so a resume finds its revision in the
+        // view's history.
+        let mut progress = tokio::time::interval(self.watch.bookmark_every);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             // The view may have moved between the start's read and the subscription's first

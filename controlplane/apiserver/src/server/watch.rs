@@ -60,6 +60,7 @@ impl ApiServer {
             table_options,
             store: self.store.clone(),
             duration: self.watch_duration(call),
+            bookmark_every: self.limits.bookmark_interval,
             events: WatchEventCounters::new(&self.metrics, &call.spec.plural),
             metrics: self.metrics.clone(),
             encoded: self.encoded.clone(),
@@ -132,6 +133,8 @@ pub(crate) struct Watch {
     pub(crate) table_options: TableOptions,
     pub(crate) store: std::sync::Arc<dyn Store>,
     pub(crate) duration: Duration,
+    /// The shortest time between two BOOKMARKs for progress alone.
+    pub(crate) bookmark_every: Duration,
     pub(crate) metrics: super::metrics::ApiMetrics,
     /// Counted as each event is sent, so a watch that stays open shows its traffic.
     pub(crate) events: WatchEventCounters,
@@ -182,6 +185,7 @@ impl Watch {
         }
         let mut last = after;
         let mut outages = 0;
+        let mut next_bookmark = tokio::time::Instant::now() + self.bookmark_every;
         let mut stream = self.store.watch(&self.prefix, after);
         while ok {
             let item = tokio::select! {
@@ -194,6 +198,15 @@ impl Watch {
                 Some(Ok(batch)) => {
                     outages = 0;
                     let revision = batch.revision;
+                    let progress_only = batch.events.is_empty();
+                    let now = tokio::time::Instant::now();
+                    if progress_only && now < next_bookmark {
+                        last = revision;
+                        continue;
+                    }
+                    if progress_only {
+                        next_bookmark = now + self.bookmark_every;
+                    }
                     ok = self.deliver(batch, &sender, &mut first).await;
                     last = revision;
                 }
