@@ -121,7 +121,7 @@ fn judged_heartbeat(inputs: &VmInputs<'_>, beat: Option<SystemTime>) -> Option<S
 /// timeout newer and the state stays, else the last heartbeat. The state is judged from this
 /// replica's sightings, not from this field, so refreshing it once per timeout (not per
 /// report) costs one VM write per timeout instead of one per report (issue 36: at 5,000 VMs
-/// the per-report write was half the control plane's steady CPU).
+/// the per-report write was a tenth of the control plane's steady CPU).
 fn recorded_heartbeat(
     inputs: &VmInputs<'_>,
     beat: Option<SystemTime>,
