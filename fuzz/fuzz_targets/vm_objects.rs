@@ -21,6 +21,8 @@ fuzz_target!(|data: &[u8]| {
         vm: &object,
         runtime_info: Some(&object),
         seen: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)),
+        // Within the timeout of `now`: the restart grace's path is taken for Connected VMs.
+        listed: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_050),
         now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_090),
         timeout: Duration::from_secs(90),
     };
