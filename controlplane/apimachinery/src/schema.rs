@@ -18,7 +18,8 @@ use crate::status::{FieldError, StatusError};
 /// the same, so a kind registered again with another schema gets its own.
 type SchemaCache = HashMap<String, Vec<(String, Value, Arc<Value>)>>;
 static SCHEMAS: LazyLock<RwLock<SchemaCache>> = LazyLock::new(RwLock::default);
-/// Kinds the cache holds at most (a registry has a few dozen; past it, it starts over).
+/// Kinds the cache holds at most (a registry has a few dozen); past it, new kinds are built
+/// each time rather than pushing out the ones cached.
 const MAX_CACHED_KINDS: usize = 1024;
 
 /// The schema of a whole object: apiVersion, kind, metadata and the kind's own properties.
@@ -38,8 +39,8 @@ fn object_schema(spec: &KindSpec) -> Arc<Value> {
     }
     let whole = Arc::new(build_object_schema(spec));
     let mut schemas = SCHEMAS.write().unwrap_or_else(PoisonError::into_inner);
-    if schemas.len() >= MAX_CACHED_KINDS {
-        schemas.clear();
+    if schemas.len() >= MAX_CACHED_KINDS && !schemas.contains_key(&spec.kind) {
+        return whole;
     }
     let entries = schemas.entry(spec.kind.clone()).or_default();
     entries.retain(|(group, _, _)| *group != spec.group);
