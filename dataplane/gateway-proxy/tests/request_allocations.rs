@@ -444,8 +444,9 @@ fn maker(trace: &Backtrace) -> (String, String) {
 }
 
 /// The crate a source file belongs to: `std` for the toolchain's library, the registry
-/// crate's name (`.../registry/src/<index>/hyper-util-0.1.10/src/...` is `hyper_util`), and
-/// `sluice` for this repository's own crates (`./src/forward.rs`, `dataplane/gateway/...`).
+/// crate's name (`.../registry/src/<index>/hyper-util-0.1.10/src/...` is `hyper_util`), a
+/// patched third-party crate's name (`vendor/h2/src/...` is `h2`), and `sluice` for this
+/// repository's own crates (`./src/forward.rs`, `dataplane/gateway/...`).
 fn crate_of_file(file: &str) -> Option<String> {
     if file.starts_with("/rustc/") || file.contains("/library/") {
         return Some("std".to_string());
@@ -460,6 +461,9 @@ fn crate_of_file(file: &str) -> Option<String> {
             None => package,
         };
         return Some(name.replace('-', "_"));
+    }
+    if let Some((_, rest)) = file.split_once("vendor/") {
+        return rest.split('/').next().map(|name| name.replace('-', "_"));
     }
     // The workspace's own files are named relative to where they were compiled from.
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?.parent()?;
