@@ -1,0 +1,321 @@
+//! The rig the gateway's allocation and memory tests share: certificates, an HTTP/2
+//! apiserver answering every request with [`BODY`], the gateway on one worker core in front of
+//! it, and a kubectl-like GET.
+
+#![allow(dead_code)] // each test binary uses its own part of the rig
+
+use std::backtrace::Backtrace;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair,
+};
+use sluice_config::ListenerConfig;
+use sluice_gateway_proxy::{Gateway, GatewayEndpoint, GatewayMetrics};
+use sluice_grpc::transport::ClientConnection;
+use sluice_runtime::{
+    ConnectionLimits, Driver, DriverSelection, HandlerFactory, Lifecycle, Placement, RunningServer,
+    RuntimeOptions, ServerBuilder,
+};
+
+pub const CLUSTER: &str = "gw.allocations.test";
+pub const BODY: &[u8] =
+    br#"{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]}"#;
+
+/// PEM files: a CA, a serving certificate (the gateway's cluster name, and the loopback
+/// address the apiserver is dialled at), a client certificate for `alice` in `dev` and the
+/// gateway's own identity towards the apiserver.
+pub struct Files {
+    _dir: tempfile::TempDir,
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    pub gateway_cert: PathBuf,
+    pub gateway_key: PathBuf,
+}
+
+pub fn files() -> Files {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name.push(DnType::CommonName, "test CA");
+    let issuer = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let names = vec![CLUSTER.to_string(), "127.0.0.1".to_string()];
+    let mut server = CertificateParams::new(names).unwrap();
+    server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let server_key = KeyPair::generate().unwrap();
+    let server_cert = server.signed_by(&server_key, &issuer).unwrap();
+    let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
+    client.distinguished_name.push(DnType::CommonName, "alice");
+    client
+        .distinguished_name
+        .push(DnType::OrganizationName, "dev");
+    client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let client_key = KeyPair::generate().unwrap();
+    let client_cert = client.signed_by(&client_key, &issuer).unwrap();
+    let mut gateway = CertificateParams::new(Vec::<String>::new()).unwrap();
+    gateway
+        .distinguished_name
+        .push(DnType::CommonName, "sluice-gateway");
+    gateway.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let gateway_key = KeyPair::generate().unwrap();
+    let gateway_cert = gateway.signed_by(&gateway_key, &issuer).unwrap();
+    Files {
+        ca: write("ca.pem", issuer.pem()),
+        server_cert: write("server.pem", server_cert.pem()),
+        server_key: write("server-key.pem", server_key.serialize_pem()),
+        client_cert: write("client.pem", client_cert.pem()),
+        client_key: write("client-key.pem", client_key.serialize_pem()),
+        gateway_cert: write("gateway.pem", gateway_cert.pem()),
+        gateway_key: write("gateway-key.pem", gateway_key.serialize_pem()),
+        _dir: dir,
+    }
+}
+
+/// The cluster directory: one cluster in front of `apiserver`, client certificates verified
+/// against the CA, one dispatch policy for everyone with a flow-control schema.
+pub fn clusters_dir(files: &Files, apiserver: SocketAddr) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = (
+        files.ca.display(),
+        files.server_cert.display(),
+        files.server_key.display(),
+    );
+    let (identity, identity_key) = (files.gateway_cert.display(), files.gateway_key.display());
+    let yaml = format!(
+        "apiVersion: proxy.sluice.dev/v1alpha1
+kind: UpstreamCluster
+metadata:
+  name: {CLUSTER}
+spec:
+  servers:
+  - endpoint: https://{apiserver}
+  clientConfig: {{caFile: {ca}, certFile: {identity}, keyFile: {identity_key}}}
+  secureServing: {{certFile: {cert}, keyFile: {key}, clientCAFile: {ca}}}
+  flowControl:
+    schemas:
+    - name: everyone
+      maxRequestsInflight: {{max: 100}}
+  dispatchPolicies:
+  - name: everyone
+    flowControlSchemaName: everyone
+    rules:
+    - verbs: [\"*\"]
+      apiGroups: [\"*\"]
+      resources: [\"*\"]
+"
+    );
+    std::fs::write(dir.path().join("cluster.yaml"), yaml).unwrap();
+    dir
+}
+
+/// An HTTP/2 apiserver on its own thread answering every request with [`BODY`].
+pub fn start_apiserver(cert: &Path, key: &Path) -> SocketAddr {
+    let config = sluice_grpc::tls::server_config(cert, key, None).unwrap();
+    let (bound, address) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut runtime = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            bound.send(listener.local_addr().unwrap()).unwrap();
+            while let Ok((stream, _)) = listener.accept().await {
+                monoio::spawn(serve_apiserver_connection(stream, config.clone()));
+            }
+        });
+    });
+    address.recv().unwrap()
+}
+
+async fn serve_apiserver_connection(
+    stream: monoio::net::TcpStream,
+    config: Arc<rustls::ServerConfig>,
+) {
+    let io = sluice_grpc::transport::compat(stream).unwrap();
+    let Ok(tls) = tokio_rustls::TlsAcceptor::from(config).accept(io).await else {
+        return;
+    };
+    let Ok(mut connection) = h2::server::handshake(tls).await else {
+        return;
+    };
+    while let Some(Ok((_request, mut respond))) = connection.accept().await {
+        let response = http::Response::builder()
+            .status(200)
+            .header("content-type", "application/json")
+            .body(())
+            .unwrap();
+        if let Ok(mut body) = respond.send_response(response, false) {
+            let _ = body.send_data(Bytes::from_static(BODY), true);
+        }
+    }
+}
+
+/// The gateway on one worker core of `driver`, serving `clusters` through `listener` (which
+/// wraps the gateway's own to mark its worker thread), with room for `connections` clients.
+pub fn start_gateway<F: HandlerFactory + 'static>(
+    driver: Driver,
+    clusters: &Path,
+    connections: usize,
+    listener: impl FnOnce(GatewayEndpoint) -> F,
+) -> (RunningServer, SocketAddr) {
+    let metrics =
+        GatewayMetrics::register(&mut prometheus_client::registry::Registry::default(), 1);
+    let gateway = Gateway::load(clusters, metrics).unwrap();
+    let options = RuntimeOptions {
+        workers: 1,
+        driver: DriverSelection {
+            driver,
+            fallback_reason: None,
+        },
+        uring_entries: 256,
+        drain_timeout: Duration::from_secs(2),
+    };
+    let mut server = ServerBuilder::new(options, Arc::new(Lifecycle::new()));
+    let config = ListenerConfig {
+        address: "127.0.0.1:0".parse().unwrap(),
+        backlog: 64,
+        max_connections_per_worker: connections,
+        limits: ConnectionLimits::default(),
+        tls: None,
+    };
+    let id = server.bind("gateway", &config, Placement::Workers).unwrap();
+    let address = server.local_addr(id);
+    let endpoint = GatewayEndpoint {
+        gateway,
+        workers: 1,
+    };
+    server.serve(id, listener(endpoint));
+    let running = server
+        .start()
+        .unwrap_or_else(|error| panic!("{driver}: {error}"));
+    (running, address)
+}
+
+/// One GET through the gateway, as kubectl sends it, its response read to the end.
+pub async fn one_request(connection: &ClientConnection) {
+    let mut send = connection.ready().await.unwrap();
+    let request = http::Request::get(format!(
+        "https://{CLUSTER}/api/v1/namespaces/default/pods?limit=500"
+    ))
+    // What kubectl sends with a `get pods`.
+    .header(
+        "accept",
+        "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+    )
+    .header(
+        "user-agent",
+        "kubectl/v1.31.0 (linux/amd64) kubernetes/abcdef0",
+    )
+    .header("kubectl-command", "kubectl get")
+    .header("kubectl-session", "0f4e6e5a-3c2b-4f44-9a7c-5b1d0c1e2f3a")
+    .header("accept-encoding", "gzip")
+    .body(())
+    .unwrap();
+    let (response, _) = send.send_request(request, true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200, "{response:?}");
+    let mut body = response.into_body();
+    let mut length = 0;
+    while let Some(chunk) = sluice_grpc::transport::recv_data(&mut body).await {
+        length += chunk.unwrap().len();
+    }
+    assert_eq!(length, BODY.len());
+}
+
+// --- attribution: which crate made an allocation ---------------------------------------
+
+/// Crates that allocate on behalf of their caller (collections, buffers, header maps, the
+/// allocator itself): the allocation is charged to the first frame above them.
+const PASS_THROUGH: &[&str] = &[
+    "std",
+    "hashbrown",
+    "http",
+    "bytes",
+    "slab",
+    "indexmap",
+    "smallvec",
+    "futures_util",
+    "futures_channel",
+    "futures_core",
+    "event_listener",
+    "this test",
+];
+
+/// The crate group an allocation is charged to, and the frame: the first frame (innermost
+/// first) whose crate does not just pass allocations through. Frames are told apart by their
+/// source file, since frames inlined into their caller carry no crate path in their name.
+pub fn maker(trace: &Backtrace) -> (String, String) {
+    let text = trace.to_string();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        let Some((_, symbol)) = line.trim_start().split_once(": ") else {
+            continue;
+        };
+        let file = lines
+            .peek()
+            .and_then(|next| next.trim_start().strip_prefix("at "))
+            .map(str::to_string);
+        let Some(krate) = file.as_deref().and_then(crate_of_file) else {
+            continue;
+        };
+        if PASS_THROUGH.contains(&krate.as_str()) {
+            continue;
+        }
+        let place = file.unwrap_or_default();
+        let place = place.rsplit('/').next().unwrap_or("");
+        return (group(&krate), format!("{symbol} ({place})"));
+    }
+    ("unknown".to_string(), String::new())
+}
+
+/// The crate a source file belongs to: `std` for the toolchain's library, the registry
+/// crate's name (`.../registry/src/<index>/hyper-util-0.1.10/src/...` is `hyper_util`), a
+/// patched third-party crate's name (`vendor/h2/src/...` is `h2`), and `sluice` for this
+/// repository's own crates (`./src/forward.rs`, `dataplane/gateway/...`).
+fn crate_of_file(file: &str) -> Option<String> {
+    if file.starts_with("/rustc/") || file.contains("/library/") {
+        return Some("std".to_string());
+    }
+    // These tests' own files (the allocators, the rig), named relative to the crate or not.
+    if file.starts_with("tests/") || file.contains("/tests/") {
+        return Some("this test".to_string());
+    }
+    if let Some((_, rest)) = file.split_once("/registry/src/") {
+        let package = rest.split('/').nth(1)?;
+        let name = match package.rfind('-') {
+            Some(dash) => &package[..dash],
+            None => package,
+        };
+        return Some(name.replace('-', "_"));
+    }
+    if let Some((_, rest)) = file.split_once("vendor/") {
+        return rest.split('/').next().map(|name| name.replace('-', "_"));
+    }
+    // The workspace's own files are named relative to where they were compiled from.
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?.parent()?;
+    (!file.starts_with('/') || file.starts_with(workspace.to_str()?)).then(|| "sluice".to_string())
+}
+
+fn group(krate: &str) -> String {
+    match krate {
+        "hyper" | "hyper_util" => "hyper",
+        "rustls" | "tokio_rustls" | "ring" => "rustls",
+        name if name.starts_with("monoio") => "monoio",
+        other => other,
+    }
+    .to_string()
+}
