@@ -3,6 +3,7 @@
 //! store reveals no credential.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -53,6 +54,8 @@ pub fn digest(secret: &str) -> String {
 #[derive(Debug, Clone, Default)]
 pub struct TokenBook {
     by_digest: HashMap<[u8; 32], Identity>,
+    /// The store revision the records were read at (0: not read from a store).
+    revision: u64,
 }
 
 impl TokenBook {
@@ -71,6 +74,24 @@ impl TokenBook {
             }
         }
         (book, unusable)
+    }
+
+    /// This book, read from the store at `revision`.
+    pub fn at_revision(mut self, revision: u64) -> Self {
+        self.revision = revision;
+        self
+    }
+
+    /// Which of two books to serve: the one read at the later revision. Reloads (a token
+    /// create's read-your-write, the token watch's) may finish in another order than they
+    /// read, and an older book installed over a newer one drops the tokens stored in between
+    /// until the next token change.
+    pub fn newer(current: &Arc<TokenBook>, candidate: &Arc<TokenBook>) -> Arc<TokenBook> {
+        if current.revision > candidate.revision {
+            Arc::clone(current)
+        } else {
+            Arc::clone(candidate)
+        }
     }
 
     /// The identity behind an `Authorization: Bearer` value.
@@ -144,5 +165,28 @@ mod tests {
         let (book, unusable) = TokenBook::new([record.clone()]);
         assert!(book.is_empty());
         assert_eq!(unusable, [record]);
+    }
+
+    #[test]
+    fn a_book_read_earlier_never_replaces_one_read_later() {
+        let first = issue(identity(Role::VmAgent, "vm-1")).unwrap();
+        let second = issue(identity(Role::VmAgent, "vm-2")).unwrap();
+        let earlier = Arc::new(TokenBook::new([first.record.clone()]).0.at_revision(7));
+        let later = Arc::new(
+            TokenBook::new([first.record.clone(), second.record.clone()])
+                .0
+                .at_revision(9),
+        );
+        // The later read finished first: the earlier one, arriving after, is not installed.
+        let served = TokenBook::newer(&later, &earlier);
+        assert!(served.authenticate(&second.secret).is_ok());
+        assert!(Arc::ptr_eq(&TokenBook::newer(&earlier, &later), &later));
+        // Equal revisions read the same records: the candidate is as good as the current one.
+        let again = Arc::new(
+            TokenBook::new([first.record, second.record])
+                .0
+                .at_revision(9),
+        );
+        assert!(Arc::ptr_eq(&TokenBook::newer(&later, &again), &again));
     }
 }

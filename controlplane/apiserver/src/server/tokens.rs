@@ -91,8 +91,10 @@ impl ApiServer {
                 "stored tokens with an unusable digest were skipped"
             );
         }
-        self.metrics.tokens.set(book.len() as i64);
-        self.tokens.store(Arc::new(book));
+        let book = Arc::new(book.at_revision(revision));
+        let served = self.tokens.rcu(|current| TokenBook::newer(current, &book));
+        let served = TokenBook::newer(&served, &book);
+        self.metrics.tokens.set(served.len() as i64);
         Ok(revision)
     }
 
