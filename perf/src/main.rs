@@ -36,7 +36,8 @@ enum Scenario {
     Scaling,
     /// The gateway's CPU per request with its access log off, on, and sampled one in 100.
     AccessLog,
-    /// The seeds' scale questions: so far 5,000 VMs on one control plane.
+    /// The seeds' scale questions: 5,000 VMs on one control plane, 10,000 clients through one
+    /// gateway, 10,000 watchers, idle tunnel agents across nodes (`--only vms|gateway|fanout|agents`).
     Scale,
     /// Mixed tunnel and gateway load at half capacity for minutes, agents and clients churning:
     /// RSS, fds, p99 and errors over time.

@@ -11,6 +11,7 @@ mod etcd;
 pub mod examples;
 mod gateway_rig;
 mod grpc;
+pub mod heap_profile;
 mod http;
 pub mod metric_names;
 mod netns;

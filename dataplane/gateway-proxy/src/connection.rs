@@ -66,13 +66,17 @@ impl ConnectionHandler for GatewayHandler {
         conn: ConnectionContext,
     ) -> Pin<Box<dyn Future<Output = ()>>> {
         Box::pin(async move {
-            let Some((stream, client, http2)) = self.handshake(stream, &conn).await else {
+            // The handshake and HTTP/1.1 are boxed: this future lives as long as the
+            // connection, and their states inline would make every HTTP/2 client's hold room
+            // for them (docs/PERFORMANCE.md, "Issue 36: what a connection's task holds").
+            let handshake = Box::pin(self.handshake(stream, &conn));
+            let Some((stream, client, http2)) = handshake.await else {
                 return;
             };
             if http2 {
                 self.serve_http2(stream, client, &conn).await;
             } else {
-                self.serve_http1(stream, client, &conn).await;
+                Box::pin(self.serve_http1(stream, client, &conn)).await;
             }
         })
     }
@@ -135,12 +139,15 @@ impl GatewayHandler {
         Some((accepted.stream, client, http2))
     }
 
-    async fn serve_http2(
+    /// Not an `async fn`: an `async fn`'s arguments stay in its future for as long as it runs,
+    /// the connection's whole life, and `stream` (the TLS session) is over a kilobyte that
+    /// hyper's connection holds again. The connection is built here and only it moves in.
+    fn serve_http2<'a>(
         self: &Rc<Self>,
         stream: ClientStream,
         client: Rc<ClientConnection>,
-        conn: &ConnectionContext,
-    ) {
+        conn: &'a ConnectionContext,
+    ) -> impl Future<Output = ()> + use<'a> {
         let activity = Rc::new(Activity::default());
         let limits = conn.limits();
         let mut builder = hyper::server::conn::http2::Builder::new(LocalExec);
@@ -151,19 +158,21 @@ impl GatewayHandler {
             .max_concurrent_streams(1000);
         let service = self.service(client, &activity, conn.request_counter(), conn.closing());
         let io = TokioIo::new(sluice_grpc::frames::FrameIo(stream));
-        let connection = builder.serve_connection(io, service);
-        let connection = std::pin::pin!(connection);
-        let shut_down = |connection: Pin<&mut _>| {
-            hyper::server::conn::http2::Connection::graceful_shutdown(connection)
-        };
-        drive(
-            connection,
-            shut_down,
-            &activity,
-            conn,
-            CloseReason::KeepaliveTimeout,
-        )
-        .await;
+        // Boxed here: pinned inside the future, it would be held twice (moved in, then pinned).
+        let mut connection = Box::pin(builder.serve_connection(io, service));
+        async move {
+            let shut_down = |connection: Pin<&mut _>| {
+                hyper::server::conn::http2::Connection::graceful_shutdown(connection)
+            };
+            drive(
+                connection.as_mut(),
+                shut_down,
+                &activity,
+                conn,
+                CloseReason::KeepaliveTimeout,
+            )
+            .await;
+        }
     }
 
     /// Upgrades (exec, attach, port-forward) need the raw connection: the first request head is

@@ -24,12 +24,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use common::{
-    clusters_dir, files, maker, one_request, start_apiserver, start_gateway, Files, CLUSTER,
+    client_tls, clusters_dir, connect_client, files, on_client_runtime, one_request,
+    start_apiserver, start_gateway, Files,
 };
-use rustls_pki_types::ServerName;
 use sluice_gateway_proxy::GatewayEndpoint;
-use sluice_grpc::transport::H2Settings;
 use sluice_runtime::{ConnectionHandler, Driver, HandlerFactory, WorkerContext};
+use test_support::heap_profile::charged_to;
 
 /// The figures docs/PERFORMANCE.md prints: allocations the gateway's thread makes per proxied
 /// request (a kubectl `get pods` answered 200 with a small JSON body, HTTP/2 both sides, a
@@ -131,22 +131,9 @@ struct Counts {
 
 /// Warms the gateway up, then counts [`MEASURED`] requests and traces [`TRACED`] more.
 fn count_requests(gateway: SocketAddr, files: &Files) -> Counts {
-    let client_tls = sluice_grpc::tls::client_config(
-        Some(&files.ca),
-        Some((&files.client_cert, &files.client_key)),
-    )
-    .unwrap();
-    let name = ServerName::try_from(CLUSTER).unwrap();
-    let mut runtime = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
-        .enable_timer()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let settings = H2Settings::default();
-        let connection =
-            sluice_grpc::transport::connect(gateway, Some((client_tls, name)), &settings)
-                .await
-                .unwrap();
+    let tls = client_tls(files);
+    on_client_runtime(async {
+        let connection = connect_client(gateway, &tls).await;
         for _ in 0..WARM_UP {
             one_request(&connection).await;
         }
@@ -168,7 +155,7 @@ fn count_requests(gateway: SocketAddr, files: &Files) -> Counts {
         let mut by_crate = BTreeMap::new();
         let mut sites = BTreeMap::new();
         for trace in &traces {
-            let (group, site) = maker(trace);
+            let (group, site) = charged_to(trace);
             *sites.entry(format!("{group}: {site}")).or_insert(0) += 1;
             *by_crate.entry(group).or_insert(0) += 1;
         }

@@ -53,18 +53,19 @@ impl ServeLimits<'static> {
 }
 
 /// Serves HTTP/2 on an accepted connection with the default limits: see [`serve_limited`].
-pub async fn serve<T, H, F>(
+pub fn serve<'a, T, D, H, F>(
     io: T,
-    settings: &H2Settings,
-    drain: impl Future<Output = ()>,
+    settings: &'a H2Settings,
+    drain: D,
     handler: H,
-) -> Result<(), h2::Error>
+) -> impl Future<Output = Result<(), h2::Error>> + use<'a, T, D, H, F>
 where
     T: AsyncRead + AsyncWrite + Unpin + 'static,
+    D: Future<Output = ()>,
     H: FnMut(Request<RecvStream>, SendResponse<Bytes>) -> F,
     F: Future<Output = ()> + 'static,
 {
-    serve_limited(io, settings, ServeLimits::defaults(), drain, handler).await
+    serve_limited(io, settings, ServeLimits::defaults(), drain, handler)
 }
 
 /// What ended one turn of the serve loop.
@@ -81,25 +82,34 @@ enum Next<S> {
 /// Every time limit shares one timer ([`Alarms`]): the loop wakes for each batch of frames a
 /// busy connection moves, and every future polled per wake is paid again on each call of a
 /// one-call-at-a-time client.
-pub async fn serve_limited<T, H, F>(
+///
+/// Not an `async fn`: an `async fn`'s arguments stay in its future for as long as it runs,
+/// which is the connection's whole life, and `io` may be a TLS session of over a kilobyte. It
+/// is moved behind [`Shared`]'s `Rc` before the future is made, so only the pointer stays.
+pub fn serve_limited<'a, T, D, H, F>(
     io: T,
-    settings: &H2Settings,
-    limits: ServeLimits<'_>,
-    drain: impl Future<Output = ()>,
+    settings: &'a H2Settings,
+    limits: ServeLimits<'a>,
+    drain: D,
     handler: H,
-) -> Result<(), h2::Error>
+) -> impl Future<Output = Result<(), h2::Error>> + use<'a, T, D, H, F>
 where
     T: AsyncRead + AsyncWrite + Unpin + 'static,
+    D: Future<Output = ()>,
     H: FnMut(Request<RecvStream>, SendResponse<Bytes>) -> F,
     F: Future<Output = ()> + 'static,
 {
     let io = Shared::new(io);
-    let kept = io.clone();
-    let (result, went_away) = serve_h2(io, settings, limits, drain, handler).await;
-    if went_away {
-        linger(kept).await;
+    async move {
+        let kept = io.clone();
+        let (result, went_away) = serve_h2(io, settings, limits, drain, handler).await;
+        if went_away {
+            // Boxed: its 4 KiB read scratch inline would be reserved in every connection's
+            // task for its whole life, though only a connection closing after a GOAWAY lingers.
+            Box::pin(linger(kept)).await;
+        }
+        result
     }
-    result
 }
 
 /// Serves until the connection ends; also says whether it ended after this side's GOAWAY.
@@ -115,6 +125,10 @@ where
     H: FnMut(Request<RecvStream>, SendResponse<Bytes>) -> F,
     F: Future<Output = ()> + 'static,
 {
+    // Boxed with its timer, and taken apart in the statement that awaits it: this future lives
+    // as long as its connection, and a handshake's state kept inline (or the result it left
+    // behind) would make every quiet connection hold it (docs/PERFORMANCE.md, "Issue 36: what
+    // a connection's task holds").
     let handshake = h2::server::Builder::new()
         .max_concurrent_streams(settings.max_concurrent_streams)
         .initial_window_size(settings.initial_stream_window)
@@ -123,14 +137,17 @@ where
         .max_header_list_size(settings.max_header_list_size)
         .data_frame_budget(small_frame_budget(settings))
         .handshake::<_, Bytes>(crate::frames::FrameIo(io));
-    let Ok(connection) = monoio::time::timeout_at(limits.handshake_deadline, handshake).await
-    else {
-        (limits.on_limit)(CloseReason::HandshakeTimeout);
-        return (Ok(()), false);
-    };
-    let mut connection = match connection {
-        Ok(connection) => connection,
-        Err(error) => return (Err(error), false),
+    let handshake = Box::pin(monoio::time::timeout_at(
+        limits.handshake_deadline,
+        handshake,
+    ));
+    let mut connection = match handshake.await {
+        Ok(Ok(connection)) => connection,
+        Ok(Err(error)) => return (Err(error), false),
+        Err(_) => {
+            (limits.on_limit)(CloseReason::HandshakeTimeout);
+            return (Ok(()), false);
+        }
     };
     let now = Instant::now();
     let mut alarms = Alarms {

@@ -4,7 +4,6 @@
 
 #![allow(dead_code)] // each test binary uses its own part of the rig
 
-use std::backtrace::Backtrace;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,7 +16,7 @@ use rcgen::{
 };
 use sluice_config::ListenerConfig;
 use sluice_gateway_proxy::{Gateway, GatewayEndpoint, GatewayMetrics};
-use sluice_grpc::transport::ClientConnection;
+use sluice_grpc::transport::{ClientConnection, H2Settings};
 use sluice_runtime::{
     ConnectionLimits, Driver, DriverSelection, HandlerFactory, Lifecycle, Placement, RunningServer,
     RuntimeOptions, ServerBuilder,
@@ -205,6 +204,42 @@ pub fn start_gateway<F: HandlerFactory + 'static>(
     (running, address)
 }
 
+/// Runs `future` on the clients' runtime (the legacy driver, on this thread: the gateway under
+/// test runs the driver the test picks).
+pub fn on_client_runtime<F: std::future::Future>(future: F) -> F::Output {
+    monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+        .enable_timer()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
+/// What a client dials the gateway with: TLS to [`CLUSTER`] as `alice` (client certificate).
+/// One config for all of a test's connections, so later ones resume the first's TLS session.
+pub type ClientTls = (
+    Arc<rustls::ClientConfig>,
+    rustls_pki_types::ServerName<'static>,
+);
+
+pub fn client_tls(files: &Files) -> ClientTls {
+    let config = sluice_grpc::tls::client_config(
+        Some(&files.ca),
+        Some((&files.client_cert, &files.client_key)),
+    )
+    .unwrap();
+    (
+        config,
+        rustls_pki_types::ServerName::try_from(CLUSTER).unwrap(),
+    )
+}
+
+/// A client connection to the gateway over `tls`, then HTTP/2.
+pub async fn connect_client(gateway: SocketAddr, tls: &ClientTls) -> ClientConnection {
+    sluice_grpc::transport::connect(gateway, Some(tls.clone()), &H2Settings::default())
+        .await
+        .unwrap()
+}
+
 /// One GET through the gateway, as kubectl sends it, its response read to the end.
 pub async fn one_request(connection: &ClientConnection) {
     let mut send = connection.ready().await.unwrap();
@@ -234,88 +269,4 @@ pub async fn one_request(connection: &ClientConnection) {
         length += chunk.unwrap().len();
     }
     assert_eq!(length, BODY.len());
-}
-
-// --- attribution: which crate made an allocation ---------------------------------------
-
-/// Crates that allocate on behalf of their caller (collections, buffers, header maps, the
-/// allocator itself): the allocation is charged to the first frame above them.
-const PASS_THROUGH: &[&str] = &[
-    "std",
-    "hashbrown",
-    "http",
-    "bytes",
-    "slab",
-    "indexmap",
-    "smallvec",
-    "futures_util",
-    "futures_channel",
-    "futures_core",
-    "event_listener",
-    "this test",
-];
-
-/// The crate group an allocation is charged to, and the frame: the first frame (innermost
-/// first) whose crate does not just pass allocations through. Frames are told apart by their
-/// source file, since frames inlined into their caller carry no crate path in their name.
-pub fn maker(trace: &Backtrace) -> (String, String) {
-    let text = trace.to_string();
-    let mut lines = text.lines().peekable();
-    while let Some(line) = lines.next() {
-        let Some((_, symbol)) = line.trim_start().split_once(": ") else {
-            continue;
-        };
-        let file = lines
-            .peek()
-            .and_then(|next| next.trim_start().strip_prefix("at "))
-            .map(str::to_string);
-        let Some(krate) = file.as_deref().and_then(crate_of_file) else {
-            continue;
-        };
-        if PASS_THROUGH.contains(&krate.as_str()) {
-            continue;
-        }
-        let place = file.unwrap_or_default();
-        let place = place.rsplit('/').next().unwrap_or("");
-        return (group(&krate), format!("{symbol} ({place})"));
-    }
-    ("unknown".to_string(), String::new())
-}
-
-/// The crate a source file belongs to: `std` for the toolchain's library, the registry
-/// crate's name (`.../registry/src/<index>/hyper-util-0.1.10/src/...` is `hyper_util`), a
-/// patched third-party crate's name (`vendor/h2/src/...` is `h2`), and `sluice` for this
-/// repository's own crates (`./src/forward.rs`, `dataplane/gateway/...`).
-fn crate_of_file(file: &str) -> Option<String> {
-    if file.starts_with("/rustc/") || file.contains("/library/") {
-        return Some("std".to_string());
-    }
-    // These tests' own files (the allocators, the rig), named relative to the crate or not.
-    if file.starts_with("tests/") || file.contains("/tests/") {
-        return Some("this test".to_string());
-    }
-    if let Some((_, rest)) = file.split_once("/registry/src/") {
-        let package = rest.split('/').nth(1)?;
-        let name = match package.rfind('-') {
-            Some(dash) => &package[..dash],
-            None => package,
-        };
-        return Some(name.replace('-', "_"));
-    }
-    if let Some((_, rest)) = file.split_once("vendor/") {
-        return rest.split('/').next().map(|name| name.replace('-', "_"));
-    }
-    // The workspace's own files are named relative to where they were compiled from.
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?.parent()?;
-    (!file.starts_with('/') || file.starts_with(workspace.to_str()?)).then(|| "sluice".to_string())
-}
-
-fn group(krate: &str) -> String {
-    match krate {
-        "hyper" | "hyper_util" => "hyper",
-        "rustls" | "tokio_rustls" | "ring" => "rustls",
-        name if name.starts_with("monoio") => "monoio",
-        other => other,
-    }
-    .to_string()
 }

@@ -195,8 +195,10 @@ pub(super) async fn unpark_stale(
     loop {
         event_listener::listener!(parked.0 => next_park);
         let left = sweep(node, closing, &agents);
+        // The timers are boxed: this future lives in every agent connection's task, and a
+        // timer inline (640 bytes) would be held by every idle one, which waits with none.
         if closing.is_fired() {
-            monoio::time::sleep(CLOSING_SWEEP).await;
+            Box::pin(monoio::time::sleep(CLOSING_SWEEP)).await;
             continue;
         }
         if left == 0 {
@@ -207,7 +209,7 @@ pub(super) async fn unpark_stale(
         }
         monoio::select! {
             () = closing.wait() => {}
-            () = monoio::time::sleep(PARKED_FOR) => {}
+            () = Box::pin(monoio::time::sleep(PARKED_FOR)) => {}
         }
     }
 }

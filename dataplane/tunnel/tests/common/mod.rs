@@ -2,6 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::net::SocketAddr;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -14,7 +15,8 @@ use sluice_config::{AgentTokenConfig, JwtConfig, ListenerConfig, TunnelConfig};
 use sluice_grpc::transport::{connect, recv_data, H2Settings};
 use sluice_proto::tunnel::v1::{connect_request, ConnectRequest, Descriptor};
 use sluice_runtime::{
-    Driver, DriverSelection, Lifecycle, Placement, RunningServer, RuntimeOptions, ServerBuilder,
+    ConnectionHandler, Driver, DriverSelection, HandlerFactory, Lifecycle, Placement,
+    RunningServer, RuntimeOptions, ServerBuilder, WorkerContext,
 };
 use sluice_tunnel::metrics::TunnelMetrics;
 use sluice_tunnel::node::{AgentEndpoint, ExternalEndpoint, NodeShared, PrivateEndpoint};
@@ -152,8 +154,40 @@ fn start_node_full(
     driver: Driver,
     agents: Vec<AgentTokenConfig>,
     tracker: Option<Arc<dyn sluice_locator::AgentLocator>>,
+    limits: (usize, usize),
+    with_private: bool,
+) -> Node {
+    start_node_hooked(driver, agents, tracker, limits, with_private, || {})
+}
+
+/// A node whose agent endpoint runs `on_agent_worker` on each worker thread it is built on (a
+/// memory test marks the threads it measures).
+pub fn start_node_marking(
+    driver: Driver,
+    agents: Vec<AgentTokenConfig>,
+    on_agent_worker: fn(),
+) -> Node {
+    let limits = (LIMIT, 256 * 1024 * 1024);
+    start_node_hooked(driver, agents, None, limits, false, on_agent_worker)
+}
+
+/// A listener's handlers, with `.1` run on each worker thread they are built on.
+struct OnWorker<F>(F, fn());
+
+impl<F: HandlerFactory> HandlerFactory for OnWorker<F> {
+    fn create(&self, worker: &WorkerContext) -> Rc<dyn ConnectionHandler> {
+        (self.1)();
+        self.0.create(worker)
+    }
+}
+
+fn start_node_hooked(
+    driver: Driver,
+    agents: Vec<AgentTokenConfig>,
+    tracker: Option<Arc<dyn sluice_locator::AgentLocator>>,
     (max_message_bytes, max_buffered_bytes): (usize, usize),
     with_private: bool,
+    on_agent_worker: fn(),
 ) -> Node {
     let config = TunnelConfig {
         node_name: "malformed".into(),
@@ -222,9 +256,12 @@ fn start_node_full(
     }
     server.serve(
         agent,
-        AgentEndpoint {
-            node: shared.clone(),
-        },
+        OnWorker(
+            AgentEndpoint {
+                node: shared.clone(),
+            },
+            on_agent_worker,
+        ),
     );
     server.serve(
         external,

@@ -75,9 +75,12 @@ where
     let drain = conn.process_draining();
     let result = match tls {
         Some(tls) => {
+            // Boxed with its timer, and taken apart in the statement that awaits it: the
+            // handshake's state (a TLS session mid-handshake) or its result kept in this future
+            // would stay beside the serving state for the connection's whole life.
             let accept = tokio_rustls::TlsAcceptor::from(tls).accept(io);
-            match monoio::time::timeout_at(deadline, accept).await {
-                Ok(Ok(io)) => serve_limited(io, settings, limits, drain, handler).await,
+            let io = match Box::pin(monoio::time::timeout_at(deadline, accept)).await {
+                Ok(Ok(io)) => io,
                 Ok(Err(error)) => {
                     tracing::debug!(%peer, %error, "TLS handshake failed");
                     return false;
@@ -86,7 +89,8 @@ where
                     on_limit(CloseReason::HandshakeTimeout);
                     return false;
                 }
-            }
+            };
+            serve_limited(io, settings, limits, drain, handler).await
         }
         None => serve_limited(io, settings, limits, drain, handler).await,
     };
