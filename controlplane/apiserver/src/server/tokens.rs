@@ -92,9 +92,8 @@ impl ApiServer {
             );
         }
         let book = Arc::new(book.at_revision(revision));
-        let served = self.tokens.rcu(|current| TokenBook::newer(current, &book));
-        let served = TokenBook::newer(&served, &book);
-        self.metrics.tokens.set(served.len() as i64);
+        self.tokens.rcu(|current| TokenBook::newer(current, &book));
+        self.metrics.tokens.set(self.tokens.load().len() as i64);
         Ok(revision)
     }
 
