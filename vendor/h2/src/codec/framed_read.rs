@@ -433,6 +433,8 @@ where
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(map_err(e)))),
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => {
+                    // HPACK first: its table may hold the last slices of the read buffer.
+                    self.decoder.hpack.release_idle();
                     buffer_pool::release_read(self.inner.read_buffer_mut());
                     return Poll::Pending;
                 }

@@ -1,4 +1,4 @@
-mod buffer_pool;
+pub(crate) mod buffer_pool;
 mod error;
 mod framed_read;
 mod framed_write;

@@ -1,4 +1,6 @@
 use super::{header::BytesStr, huffman, Header};
+use crate::codec::buffer_pool;
+use crate::ext::Protocol;
 use crate::frame;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -19,6 +21,9 @@ pub struct Decoder {
     max_size_update: Option<usize>,
     last_max_update: usize,
     table: Table,
+    /// Sluice patch: the decoding scratch is empty with no capacity while the connection is
+    /// quiet; it is taken from `buffer_pool` when a Huffman-coded string arrives and handed
+    /// back by `release_idle`.
     buffer: BytesMut,
 }
 
@@ -141,6 +146,8 @@ struct Table {
     entries: VecDeque<Header>,
     size: usize,
     max_size: usize,
+    /// Sluice patch: entries inserted since `own_fresh` last ran (the newest, at the front).
+    fresh: usize,
 }
 
 struct StringMarker {
@@ -158,7 +165,7 @@ impl Decoder {
             max_size_update: None,
             last_max_update: size,
             table: Table::new(size),
-            buffer: BytesMut::with_capacity(4096),
+            buffer: BytesMut::new(),
         }
     }
 
@@ -171,6 +178,23 @@ impl Decoder {
         };
 
         self.max_size_update = Some(size);
+    }
+
+    /// Sluice patch: called when the connection has nothing more to read for now. Gives the
+    /// decoding scratch back to `buffer_pool`, so a quiet connection holds none.
+    ///
+    /// Entries inserted since the last call are copied into allocations of their own first:
+    /// a pseudo-header value (`:authority`, `:scheme`, `:path`, `:protocol`) is a slice of
+    /// the scratch (Huffman-coded) or of the frame it came in (literal), and would otherwise
+    /// keep that whole buffer alive for as long as it stays in the table. Header field values
+    /// are copies already (`HeaderValue::from_bytes`). Each entry is copied at most once, so
+    /// a peer whose entries settle (the usual gRPC or kubectl client) costs nothing here.
+    pub fn release_idle(&mut self) {
+        self.table.own_fresh();
+        if self.buffer.capacity() > 0 {
+            self.buffer.clear();
+            buffer_pool::release_hpack(&mut self.buffer);
+        }
     }
 
     /// Decodes the headers found in the given buffer.
@@ -333,6 +357,9 @@ impl Decoder {
 
         let offset = (buf.position() - old_pos) as usize;
         if huff {
+            if self.buffer.capacity() == 0 {
+                self.buffer = buffer_pool::take_hpack();
+            }
             let ret = {
                 let raw = &buf.chunk()[..len];
                 huffman::decode(raw, &mut self.buffer).map(|buf| StringMarker {
@@ -500,6 +527,7 @@ impl Table {
             entries: VecDeque::new(),
             size: 0,
             max_size,
+            fresh: 0,
         }
     }
 
@@ -541,6 +569,22 @@ impl Table {
 
             // Track the entry
             self.entries.push_front(entry);
+            self.fresh += 1;
+        }
+    }
+
+    /// Sluice patch: copies the pseudo-header values of the entries inserted since the last
+    /// call out of the buffers they were decoded from (see `Decoder::release_idle`).
+    fn own_fresh(&mut self) {
+        let fresh = std::mem::take(&mut self.fresh).min(self.entries.len());
+        for entry in self.entries.iter_mut().take(fresh) {
+            match entry {
+                Header::Authority(value) | Header::Scheme(value) | Header::Path(value) => {
+                    *value = BytesStr::from(value.as_str());
+                }
+                Header::Protocol(protocol) => *protocol = Protocol::from(protocol.as_str()),
+                Header::Field { .. } | Header::Method(_) | Header::Status(_) => {}
+            }
         }
     }
 
