@@ -1,22 +1,27 @@
-//! Headers that HPACK sends by reference still arrive intact after a connection went quiet.
+//! Connections whose buffers went back to a pool when they went quiet still work right.
 //!
-//! The h2 patch (vendor/README.md) hands a quiet connection's HPACK decoding scratch back to a
-//! per-thread pool, after copying the dynamic table's newest pseudo-header values (which are
-//! slices of that scratch or of the frame they came in) into allocations of their own. Here two
-//! connections on one server thread take turns, with a pause after every request so that each
-//! read waits (a quiet moment) and the scratch moves between them; every `:authority` after the
-//! first of its kind is sent as a dynamic-table index, so the server decodes it from the table
-//! entry that was copied. Both drivers.
+//! The h2 and rustls patches (vendor/README.md) hand a quiet connection's read and write
+//! buffers, HPACK decoding scratch and TLS read buffer back to per-thread pools; before the
+//! scratch goes, the dynamic table's newest pseudo-header values (slices of it, or of the frame
+//! they came in) are copied into allocations of their own. Here two connections on one server
+//! thread take turns, with a pause after every request so that each read waits (a quiet
+//! moment) and the pooled buffers move between them; every `:authority` after the first of its
+//! kind is sent as a dynamic-table index, so the server decodes it from the table entry that
+//! was copied, and the server echoes what it decoded. Cleartext and TLS, both drivers.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
+use rustls::pki_types::ServerName;
+use sluice_grpc::tls;
 use sluice_grpc::transport::{compat, connect, serve, ClientConnection, H2Settings};
+use test_support::Certificates;
 
 /// Requests per connection; authorities repeat so that most are sent by index.
 const REQUESTS: usize = 24;
@@ -38,27 +43,6 @@ fn block_on<F: std::future::Future>(legacy: bool, future: F) -> F::Output {
     }
 }
 
-/// Serves every connection with [`echo_head`], on one thread.
-fn start_echo_server(legacy: bool) -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let address = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        block_on(legacy, async move {
-            let listener = monoio::net::TcpListener::from_std(listener).unwrap();
-            loop {
-                let (stream, _) = listener.accept().await.unwrap();
-                monoio::spawn(async move {
-                    let io = compat(stream).unwrap();
-                    let never = std::future::pending();
-                    let _ = serve(io, &H2Settings::default(), never, echo_head).await;
-                });
-            }
-        })
-    });
-    address
-}
-
 /// Answers with the authority and path the server decoded, as response headers.
 async fn echo_head(request: Request<h2::RecvStream>, mut respond: h2::server::SendResponse<Bytes>) {
     let authority = request.uri().authority().unwrap().to_string();
@@ -68,6 +52,35 @@ async fn echo_head(request: Request<h2::RecvStream>, mut respond: h2::server::Se
         .body(())
         .unwrap();
     let _ = respond.send_response(response, true);
+}
+
+/// Serves every connection with [`echo_head`], on one thread, over TLS when given a config.
+fn start_echo_server(legacy: bool, tls: Option<Arc<rustls::ServerConfig>>) -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let address = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        block_on(legacy, async move {
+            let listener = monoio::net::TcpListener::from_std(listener).unwrap();
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let tls = tls.clone();
+                monoio::spawn(async move {
+                    let io = compat(stream).unwrap();
+                    let never = std::future::pending();
+                    let settings = H2Settings::default();
+                    let _ = match tls {
+                        Some(tls) => {
+                            let io = tokio_rustls::TlsAcceptor::from(tls).accept(io).await;
+                            serve(io.unwrap(), &settings, never, echo_head).await
+                        }
+                        None => serve(io, &settings, never, echo_head).await,
+                    };
+                });
+            }
+        })
+    });
+    address
 }
 
 /// A long authority, so that its Huffman code is several bytes and differs between names.
@@ -90,13 +103,23 @@ async fn echo(connection: &ClientConnection, authority: &str, path: &str) -> (St
     (header("x-authority"), header("x-path"))
 }
 
-fn run(legacy: bool) {
-    let address = start_echo_server(legacy);
+fn run(legacy: bool, use_tls: bool) {
+    let certs = Certificates::generate(&[]).unwrap();
+    let server_tls =
+        use_tls.then(|| tls::server_config(&certs.server_cert, &certs.server_key, None).unwrap());
+    let client_tls = tls::client_config(Some(&certs.ca_cert), None).unwrap();
+    let address = start_echo_server(legacy, server_tls);
     block_on(legacy, async move {
         let settings = H2Settings::default();
+        let tls = || {
+            use_tls.then(|| {
+                let name = ServerName::try_from("localhost").unwrap();
+                (client_tls.clone(), name)
+            })
+        };
         let connections = [
-            connect(address, None, &settings).await.unwrap(),
-            connect(address, None, &settings).await.unwrap(),
+            connect(address, tls(), &settings).await.unwrap(),
+            connect(address, tls(), &settings).await.unwrap(),
         ];
         for request in 0..REQUESTS {
             for (side, connection) in connections.iter().enumerate() {
@@ -106,7 +129,7 @@ fn run(legacy: bool) {
                 assert_eq!(
                     decoded,
                     (authority, path),
-                    "request {request} on connection {side}, legacy driver: {legacy}"
+                    "request {request} on connection {side}, legacy driver: {legacy}, TLS: {use_tls}"
                 );
                 // Long enough for the server's read to wait: a quiet moment on each request.
                 monoio::time::sleep(Duration::from_millis(3)).await;
@@ -117,10 +140,20 @@ fn run(legacy: bool) {
 
 #[test]
 fn indexed_authorities_survive_quiet_moments_on_io_uring() {
-    run(false);
+    run(false, false);
 }
 
 #[test]
 fn indexed_authorities_survive_quiet_moments_on_the_legacy_driver() {
-    run(true);
+    run(true, false);
+}
+
+#[test]
+fn tls_connections_survive_quiet_moments_on_io_uring() {
+    run(false, true);
+}
+
+#[test]
+fn tls_connections_survive_quiet_moments_on_the_legacy_driver() {
+    run(true, true);
 }
