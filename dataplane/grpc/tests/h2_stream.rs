@@ -4,12 +4,15 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
+mod common;
+
+use common::block_on;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
 use rustls::pki_types::ServerName;
 use sluice_grpc::tls;
 use sluice_grpc::transport::{compat, connect, recv_data, send_data, serve, H2Settings};
@@ -17,22 +20,6 @@ use test_support::Certificates;
 
 const TOTAL: usize = 32 * 1024 * 1024;
 const CHUNK: usize = 256 * 1024;
-
-fn block_on<F: std::future::Future>(legacy: bool, future: F) -> F::Output {
-    if legacy {
-        RuntimeBuilder::<LegacyDriver>::new()
-            .enable_timer()
-            .build()
-            .expect("legacy runtime")
-            .block_on(future)
-    } else {
-        RuntimeBuilder::<IoUringDriver>::new()
-            .enable_timer()
-            .build()
-            .expect("io_uring runtime")
-            .block_on(future)
-    }
-}
 
 /// A byte pattern that catches reordered, dropped or duplicated chunks.
 fn chunk(index: usize) -> Bytes {

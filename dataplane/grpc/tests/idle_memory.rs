@@ -11,6 +11,10 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
+mod common;
+
+use common::block_on;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -20,7 +24,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
 use sluice_grpc::transport::{compat, connect, send_data, serve, H2Settings};
 
 /// Counts the live bytes and blocks, by power-of-two size class, of threads that opted in.
@@ -81,22 +84,6 @@ fn snapshot() -> (isize, Vec<isize>) {
         .map(|b| b.load(Ordering::Relaxed))
         .collect();
     (LIVE_BYTES.load(Ordering::Relaxed), blocks)
-}
-
-fn block_on<F: std::future::Future>(legacy: bool, future: F) -> F::Output {
-    if legacy {
-        RuntimeBuilder::<LegacyDriver>::new()
-            .enable_timer()
-            .build()
-            .unwrap()
-            .block_on(future)
-    } else {
-        RuntimeBuilder::<IoUringDriver>::new()
-            .enable_timer()
-            .build()
-            .unwrap()
-            .block_on(future)
-    }
 }
 
 /// Serves every connection; each stream is answered (headers) and then held open, quiet.

@@ -11,13 +11,16 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
+mod common;
+
+use common::block_on;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
 use rustls::pki_types::ServerName;
 use sluice_grpc::tls;
 use sluice_grpc::transport::{compat, connect, serve, ClientConnection, H2Settings};
@@ -26,22 +29,6 @@ use test_support::Certificates;
 /// Requests per connection; authorities repeat so that most are sent by index.
 const REQUESTS: usize = 24;
 const AUTHORITIES: usize = 3;
-
-fn block_on<F: std::future::Future>(legacy: bool, future: F) -> F::Output {
-    if legacy {
-        RuntimeBuilder::<LegacyDriver>::new()
-            .enable_timer()
-            .build()
-            .unwrap()
-            .block_on(future)
-    } else {
-        RuntimeBuilder::<IoUringDriver>::new()
-            .enable_timer()
-            .build()
-            .unwrap()
-            .block_on(future)
-    }
-}
 
 /// Answers with the authority and path the server decoded, as response headers.
 async fn echo_head(request: Request<h2::RecvStream>, mut respond: h2::server::SendResponse<Bytes>) {

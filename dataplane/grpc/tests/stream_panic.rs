@@ -4,28 +4,15 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
+mod common;
+
+use common::block_on;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use http::{Request, Response};
-use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
 use sluice_grpc::transport::{compat, connect, serve, H2Settings};
-
-fn block_on<F: std::future::Future>(legacy: bool, future: F) -> F::Output {
-    if legacy {
-        RuntimeBuilder::<LegacyDriver>::new()
-            .enable_timer()
-            .build()
-            .expect("legacy runtime")
-            .block_on(future)
-    } else {
-        RuntimeBuilder::<IoUringDriver>::new()
-            .enable_timer()
-            .build()
-            .expect("io_uring runtime")
-            .block_on(future)
-    }
-}
 
 #[test]
 fn a_panicking_stream_task_ends_its_stream_not_the_server() {
