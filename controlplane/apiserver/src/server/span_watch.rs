@@ -130,8 +130,11 @@ impl SpanWatch {
         tokio::pin!(deadline);
         // With nothing to report, a BOOKMARK still goes out this often when the view moved (as
         // a plain watch's for the store's progress), so a resume finds its revision in the
-        // view's history.
-        let mut progress = tokio::time::interval(self.watch.bookmark_every);
+        // view's history. The first tick is one interval away: `interval`'s immediate one
+        // would send a second BOOKMARK right after the start's whenever a write landed
+        // between the two reads of the view.
+        let every = self.watch.bookmark_every;
+        let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             // The view may have moved between the start's read and the subscription's first
