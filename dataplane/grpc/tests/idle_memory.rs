@@ -181,13 +181,14 @@ fn idle_heap_per_connection(legacy: bool) -> f64 {
 fn an_idle_connection_holds_no_codec_buffer_on_either_driver() {
     for legacy in [false, true] {
         let per_connection = idle_heap_per_connection(legacy);
-        // 10.1 KB (io_uring) and 10.4 KB (legacy) here on 2026-11-30; 15.9 and 15.1 KB while
-        // h2 kept its HPACK decoding scratch, 16.6 and 19.0 KB while the serve loop's future
+        // 10.1-12.4 KB (io_uring) and 10.4-12.6 KB (legacy) here on 2026-11-30, varying from
+        // run to run (not analysed: the thread's buffer pools are counted too); 15.9 and
+        // 15.1 KB while h2 kept its HPACK decoding scratch, 16.6 and 19.0 KB while the serve loop's future
         // kept the handshake's state inline, 41.1 KB while h2 kept its codec buffers, 57.7 KB
         // while a pending read also held a 16 KiB buffer. Either codec buffer or the HPACK
         // scratch held again (8, 16 or 4 KiB) crosses the bound.
         assert!(
-            per_connection < 12_500.0,
+            per_connection < 13_500.0,
             "{per_connection:.0} bytes of heap per idle connection: a codec, HPACK or read buffer held again?"
         );
     }

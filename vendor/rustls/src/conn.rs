@@ -962,12 +962,6 @@ impl<Data> ConnectionCore<Data> {
         }
 
         deframer_buffer.discard(buffer_progress.take_discard());
-        // Sluice patch: everything read is processed (no partial record, no handshake message
-        // spanning records): the read buffer goes back to its pool until the next read.
-        #[cfg(feature = "std")]
-        if !self.hs_deframer.is_active() {
-            deframer_buffer.release_if_empty();
-        }
         self.state = Ok(state);
         Ok(self.common_state.current_io_state())
     }
