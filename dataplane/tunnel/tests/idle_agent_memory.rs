@@ -7,8 +7,8 @@
 //!
 //! The bound asserted holds the agent connection task's claim (`node/endpoints/`,
 //! `sluice_grpc::serve`): its future keeps no handshake, lingering or timer state beside the
-//! serving loop's, and the h2 patch's (vendor/README.md): no codec buffer and no HPACK
-//! decoding scratch while quiet.
+//! serving loop's, and the h2 patch's (vendor/README.md): no codec buffer, no HPACK decoding
+//! scratch and no spare stream or frame slots while quiet.
 
 #![allow(clippy::unwrap_used)]
 
@@ -30,16 +30,17 @@ static GLOBAL: LiveBlocks = LiveBlocks;
 const WARM: i64 = 20;
 /// Agents tracked.
 const IDLE: i64 = 200;
-/// Live heap per idle agent asserted, by driver: 13.1 KB on io_uring and 20.4 KB on the
-/// legacy driver (2026-11-30); 17.1 and 21.6 KB while h2 kept its 4 KiB HPACK decoding
-/// scratch; 23.8 KB on io_uring while the connection's task kept its handshake's,
+/// Live heap per idle agent asserted, by driver: 10.0 KB on io_uring and 17.1 KB on the
+/// legacy driver (2026-11-30); 13.2 and 20.4 KB while h2 kept the frame slots and the stream
+/// slot room its Connect stream grew; 17.1 and 21.6 KB while h2 kept its 4 KiB HPACK decoding
+/// scratch too; 23.8 KB on io_uring while the connection's task kept its handshake's,
 /// lingering's and timers' states inline. On the legacy driver about half the connections
 /// still hold their 8 KiB read buffer: a frame split from it was alive at their last read,
 /// and nothing reads again until the next keepalive (not analysed further).
 fn bound(driver: Driver) -> f64 {
     match driver {
-        Driver::Legacy => 24_000.0,
-        _ => 15_000.0,
+        Driver::Legacy => 21_500.0,
+        _ => 11_500.0,
     }
 }
 

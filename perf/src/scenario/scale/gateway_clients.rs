@@ -309,9 +309,11 @@ fn rss_mib(pid: u32) -> anyhow::Result<f64> {
     Ok(rss_kib(pid)? as f64 / 1024.0)
 }
 
-/// RSS after a short settle (the allocator and the kernel's page accounting catch up).
+/// RSS after a short settle: the allocator and the kernel's page accounting catch up, and the
+/// last client opened has passed its first idle check (a quarter of the default 10 s header
+/// timeout after its handshake), whose wake-up lets h2 drop the room its GET's stream grew.
 fn settled_rss_kib(pid: u32) -> anyhow::Result<f64> {
-    std::thread::sleep(Duration::from_secs(2));
+    std::thread::sleep(Duration::from_secs(3));
     Ok(rss_kib(pid)? as f64)
 }
 

@@ -27,6 +27,9 @@ pub struct FramedWrite<T, B> {
     final_flush_done: bool,
 
     encoder: Encoder<B>,
+
+    /// Sluice patch: a frame was buffered since `take_wrote` last asked.
+    wrote: bool,
 }
 
 #[derive(Debug)]
@@ -87,6 +90,7 @@ where
         FramedWrite {
             inner,
             final_flush_done: false,
+            wrote: false,
             encoder: Encoder {
                 hpack: hpack::Encoder::default(),
                 buf: Cursor::new(BytesMut::new()),
@@ -127,7 +131,13 @@ where
     /// `poll_ready` must be called first to ensure that a frame may be
     /// accepted.
     pub fn buffer(&mut self, item: Frame<B>) -> Result<(), UserError> {
+        self.wrote = true;
         self.encoder.buffer(item)
+    }
+
+    /// Sluice patch: whether a frame was buffered since the last call.
+    pub fn take_wrote(&mut self) -> bool {
+        std::mem::take(&mut self.wrote)
     }
 
     /// Flush buffered data to the wire

@@ -153,6 +153,11 @@ where
         self.framed_write().buffer(item)
     }
 
+    /// Sluice patch: whether a frame was buffered to be written since the last call.
+    pub(crate) fn take_wrote(&mut self) -> bool {
+        self.framed_write().take_wrote()
+    }
+
     /// Flush buffered data to the wire
     pub fn flush(&mut self, cx: &mut Context) -> Poll<io::Result<()>> {
         self.framed_write().flush(cx)

@@ -60,6 +60,9 @@ where
     /// A `tracing` span tracking the lifetime of the connection.
     span: tracing::Span,
 
+    /// Sluice patch: how the connection stood at its last quiet moment, for `quiet_moment`.
+    quiet: Quiet,
+
     /// Client or server
     _phantom: PhantomData<P>,
 }
@@ -111,6 +114,15 @@ impl DataFrameBudget {
     pub(crate) fn is_auto(self) -> bool {
         matches!(self, Self::Auto)
     }
+}
+
+/// Sluice patch: what `ConnectionInner::quiet_moment` remembers between quiet moments.
+#[derive(Debug, Default)]
+struct Quiet {
+    /// A frame was received since the last quiet moment.
+    frames: bool,
+    /// At the last quiet moment, no frame waited in the streams' send or receive buffers.
+    settled: bool,
 }
 
 #[derive(Debug)]
@@ -168,6 +180,7 @@ where
                 settings: Settings::new(config.settings),
                 streams,
                 span,
+                quiet: Quiet::default(),
                 _phantom: PhantomData,
             },
         }
@@ -332,6 +345,8 @@ where
                                 continue;
                             }
 
+                            let wrote = self.codec.take_wrote();
+                            self.inner.quiet_moment(wrote);
                             return Poll::Pending;
                         }
                     };
@@ -384,11 +399,9 @@ where
             }
             ready!(self.poll_ready(cx))?;
 
-            match self
-                .inner
-                .as_dyn()
-                .recv_frame(ready!(Pin::new(&mut self.codec).poll_next(cx)?))?
-            {
+            let frame = ready!(Pin::new(&mut self.codec).poll_next(cx)?);
+            self.inner.quiet.frames = true;
+            match self.inner.as_dyn().recv_frame(frame)? {
                 ReceivedFrame::Settings(frame) => {
                     self.inner.settings.recv_settings(
                         frame,
@@ -418,6 +431,20 @@ where
     P: Peer,
     B: Buf,
 {
+    /// Sluice patch: the connection waits for its peer, everything queued written. A quiet
+    /// moment with no frame received or written since the one before, where the one before
+    /// found no frame buffered, hands the room the streams grew back (`Streams::release_idle`):
+    /// a connection gone quiet keeps none of it, while one that carries a request after each
+    /// answer, or a watch's events, never reaches such a moment (each moment follows a frame in
+    /// or out), so it does not allocate them again per request or event. What wakes a quiet
+    /// connection without a frame (its owner's idle check) brings that moment.
+    fn quiet_moment(&mut self, wrote: bool) {
+        let active = std::mem::take(&mut self.quiet.frames) | wrote;
+        self.quiet.settled = self
+            .streams
+            .release_idle(!active && self.quiet.settled);
+    }
+
     fn as_dyn(&mut self) -> DynConnection<'_, B> {
         let ConnectionInner {
             state,

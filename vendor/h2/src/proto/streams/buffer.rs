@@ -33,6 +33,14 @@ impl<T> Buffer<T> {
     pub fn is_empty(&self) -> bool {
         self.slab.is_empty()
     }
+
+    /// Sluice patch: an empty buffer drops the slots it grew at its busiest (see
+    /// `Streams::release_idle`).
+    pub fn release_capacity(&mut self) {
+        if self.slab.is_empty() && self.slab.capacity() > 0 {
+            self.slab = Slab::new();
+        }
+    }
 }
 
 impl Deque {

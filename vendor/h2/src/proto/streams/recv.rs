@@ -85,6 +85,16 @@ pub(crate) enum Open {
 }
 
 impl Recv {
+    /// Sluice patch: no received frame waits to be read (see `Streams::release_idle`).
+    pub(super) fn buffer_is_empty(&self) -> bool {
+        self.buffer.is_empty()
+    }
+
+    /// Sluice patch: the empty receive buffer drops the slots it grew.
+    pub(super) fn release_buffer_capacity(&mut self) {
+        self.buffer.release_capacity();
+    }
+
     pub fn new(peer: peer::Dyn, config: &Config) -> Self {
         let next_stream_id = if peer.is_server() { 1 } else { 2 };
 

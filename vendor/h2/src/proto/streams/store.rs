@@ -86,6 +86,26 @@ impl Store {
         }
     }
 
+    /// Sluice patch: the store drops the room it grew at its busiest (see
+    /// `Streams::release_idle`): all of it when empty, else what lies past the streams still
+    /// stored (a slab slot cannot move, since keys name it).
+    pub fn release_capacity(&mut self) {
+        if self.slab.is_empty() {
+            if self.slab.capacity() > 0 {
+                self.slab = slab::Slab::new();
+            }
+        } else if self.slab.capacity() > self.slab.len() {
+            self.slab.shrink_to_fit();
+        }
+        if self.ids.is_empty() {
+            if self.ids.capacity() > 0 {
+                self.ids = IndexMap::new();
+            }
+        } else if self.ids.capacity() > self.ids.len() {
+            self.ids.shrink_to_fit();
+        }
+    }
+
     pub fn find_mut(&mut self, id: &StreamId) -> Option<Ptr<'_>> {
         let index = {
             let key = self.ids.get(id)?;
