@@ -18,6 +18,13 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
+/// The load generator must not be what a scale run measures: the in-process peers of the scale
+/// scenarios decode, mirror and drop an object per event, and with glibc's allocator
+/// `_int_malloc`, `free` and their helpers were about half of the fan-out client's samples at
+/// 10,000 watchers (docs/PERFORMANCE.md, "Issue 36: 5,000 VMs and 10,000 watchers again").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Scenario {
     /// Kubernetes API requests over TLS through the gateway vs HAProxy, nginx and direct.
