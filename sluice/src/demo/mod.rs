@@ -52,6 +52,21 @@ impl Drop for UpDemo {
     }
 }
 
+/// Creates `dir` for this process alone (mode 0700). One that exists already was left by an
+/// earlier `up` with the same process id, killed before it could remove it: no live process
+/// owns it (two live processes never share an id), so it goes first. Without that, a reused
+/// id made `up` fail with "File exists".
+fn fresh_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    if std::fs::symlink_metadata(dir).is_ok() {
+        std::fs::remove_dir_all(dir)
+            .with_context(|| format!("cannot remove {}, left by an earlier run", dir.display()))?;
+    }
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))
+}
+
 fn random_hex(bytes: usize) -> anyhow::Result<String> {
     let mut buffer = vec![0u8; bytes];
     std::fs::File::open("/dev/urandom")
@@ -75,10 +90,7 @@ impl UpDemo {
     pub fn prepare(ephemeral_ports: bool) -> anyhow::Result<(Config, UpDemo)> {
         let mut config = Config::embedded_defaults()?;
         let dir = std::env::temp_dir().join(format!("sluice-up-{}", std::process::id()));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
+        fresh_private_dir(&dir)?;
         let demo = UpDemo {
             jwt_secret_file: dir.join("jwt.secret"),
             dir,
@@ -324,5 +336,29 @@ impl crate::daemon::RunHook for UpDemo {
         }
         banner::print_banner(workers, driver, addresses, self);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::fresh_private_dir;
+
+    #[test]
+    fn a_directory_left_by_an_earlier_run_is_replaced_by_an_empty_private_one() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("sluice-up-1");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("jwt.secret"), "an earlier run's").unwrap();
+
+        fresh_private_dir(&dir).unwrap();
+
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        let new = parent.path().join("sluice-up-2");
+        fresh_private_dir(&new).unwrap();
+        assert!(new.is_dir());
     }
 }
