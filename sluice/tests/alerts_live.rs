@@ -413,6 +413,7 @@ fn up_with_gateway_traffic(driver: &str) -> SluiceProcess {
             "--driver",
             driver,
         ])
+        .stop_with(libc::SIGINT)
         .spawn()
         .expect("sluice up starts");
     assert!(wait_until(Duration::from_secs(15), || up

@@ -17,6 +17,7 @@ fn start_up() -> SluiceProcess {
     let process = SluiceLauncher::new(BIN)
         .unwrap()
         .args(["up", "--ephemeral-ports", "--workers", "1"])
+        .stop_with(libc::SIGINT)
         .spawn()
         .expect("sluice up starts");
     assert!(

@@ -107,6 +107,7 @@ fn up_with_traffic() -> SluiceProcess {
     let up = SluiceLauncher::new(BIN)
         .unwrap()
         .args(["up", "--ephemeral-ports", "--workers", "1", "--nodes", "2"])
+        .stop_with(libc::SIGINT)
         .spawn()
         .expect("sluice up starts");
     assert!(wait_until(Duration::from_secs(15), || up

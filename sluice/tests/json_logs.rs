@@ -42,6 +42,7 @@ fn up_logs_json_when_asked() {
     let process = SluiceLauncher::new(BIN)
         .unwrap()
         .args(["up", "--ephemeral-ports", "--log-format", "json"])
+        .stop_with(libc::SIGINT)
         .spawn()
         .expect("sluice up starts");
     assert!(

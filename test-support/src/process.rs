@@ -12,6 +12,7 @@ use crate::wait_until;
 pub struct SluiceLauncher {
     command: Command,
     dir: tempfile::TempDir,
+    stop_signal: Option<i32>,
 }
 
 impl SluiceLauncher {
@@ -20,7 +21,19 @@ impl SluiceLauncher {
         let dir = tempfile::tempdir()?;
         let mut command = Command::new(binary.as_ref());
         command.stdin(Stdio::null());
-        Ok(Self { command, dir })
+        Ok(Self {
+            command,
+            dir,
+            stop_signal: None,
+        })
+    }
+
+    /// The process is stopped with `signal` when dropped (then killed if it has not exited
+    /// within [`GRACEFUL_STOP`]), so it cleans up what it made outside its directory, as
+    /// `sluice up` removes its `/tmp/sluice-up-<pid>`; without it, a drop kills it at once.
+    pub fn stop_with(mut self, signal: i32) -> Self {
+        self.stop_signal = Some(signal);
+        self
     }
 
     /// The process's private directory (removed with the process).
@@ -97,6 +110,7 @@ impl SluiceLauncher {
         let child = self.command.spawn()?;
         Ok(SluiceProcess {
             child,
+            stop_signal: self.stop_signal,
             dir: self.dir,
             stdout,
             stderr,
@@ -109,6 +123,8 @@ impl SluiceLauncher {
 #[derive(Debug)]
 pub struct SluiceProcess {
     child: Child,
+    /// Sent on drop before the kill (see [`SluiceLauncher::stop_with`]).
+    stop_signal: Option<i32>,
     dir: tempfile::TempDir,
     stdout: PathBuf,
     stderr: PathBuf,
@@ -163,8 +179,20 @@ impl SluiceProcess {
     }
 }
 
+/// How long a dropped process given a stop signal has to exit before it is killed.
+pub const GRACEFUL_STOP: Duration = Duration::from_secs(15);
+
 impl Drop for SluiceProcess {
     fn drop(&mut self) {
+        if let (Some(signal), Ok(None)) = (self.stop_signal, self.child.try_wait()) {
+            // SAFETY: kill(2) with our own child's pid and a valid signal number has no memory
+            // effects.
+            if unsafe { libc::kill(self.pid(), signal) } == 0
+                && self.wait_exit(GRACEFUL_STOP).is_some()
+            {
+                return;
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
