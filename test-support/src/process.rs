@@ -147,9 +147,17 @@ impl SluiceProcess {
 
     /// Sends a signal (`libc::SIGTERM`, `libc::SIGINT`, ...).
     pub fn signal(&self, signal: i32) {
+        assert!(
+            self.try_signal(signal),
+            "kill({}, {signal}) failed",
+            self.pid()
+        );
+    }
+
+    /// Sends a signal; false if the kernel refused (the process is gone, for one).
+    fn try_signal(&self, signal: i32) -> bool {
         // SAFETY: kill(2) with our own child's pid and a valid signal number has no memory effects.
-        let result = unsafe { libc::kill(self.pid(), signal) };
-        assert_eq!(result, 0, "kill({}, {signal}) failed", self.pid());
+        unsafe { libc::kill(self.pid(), signal) == 0 }
     }
 
     /// Waits up to `timeout` for the process to exit.
@@ -185,11 +193,7 @@ pub const GRACEFUL_STOP: Duration = Duration::from_secs(15);
 impl Drop for SluiceProcess {
     fn drop(&mut self) {
         if let (Some(signal), Ok(None)) = (self.stop_signal, self.child.try_wait()) {
-            // SAFETY: kill(2) with our own child's pid and a valid signal number has no memory
-            // effects.
-            if unsafe { libc::kill(self.pid(), signal) } == 0
-                && self.wait_exit(GRACEFUL_STOP).is_some()
-            {
+            if self.try_signal(signal) && self.wait_exit(GRACEFUL_STOP).is_some() {
                 return;
             }
         }

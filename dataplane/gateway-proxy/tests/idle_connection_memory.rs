@@ -39,7 +39,7 @@ const IDLE: usize = 200;
 /// with the room h2's streams grew held, 21.1 KB with rustls' read buffer held too, 25.3 KB with h2's HPACK decoding scratch held as well, 27.2 KB
 /// with the handshake's and HTTP/1.1's states inline in the connection's task too, 51.8 KB
 /// with h2's codec buffers held too.
-const BOUND: f64 = 15_000.0;
+const BOUND: f64 = 14_000.0;
 
 /// When a connection's idle clock first checks it, with the listener's default limits.
 const FIRST_CHECK: Duration = Duration::from_millis(2_500);
