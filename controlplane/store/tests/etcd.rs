@@ -474,3 +474,37 @@ async fn a_watch_nobody_reads_stalls_no_other_request() {
         );
     }
 }
+
+/// A compaction another client already made is still one this client asked for: compacted
+/// at revision 1 reads the same as never compacted, so only the refusal tells (the model
+/// property found it when one case compacted etcd to 1 and a later one asked for 1 again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compacting_where_another_client_already_did_reports_that_point() {
+    if !etcd_or_skip("compacting_where_another_client_already_did_reports_that_point") {
+        return;
+    }
+    let server = EtcdServer::start().expect("etcd starts");
+    let first = store_on(vec![server.endpoint()], DEADLINE).await;
+    for index in 0..3 {
+        first
+            .create(&format!("/again/{index}"), value("1"))
+            .await
+            .unwrap();
+    }
+    first.compact(1).await.unwrap();
+    assert_eq!(first.compact_revision().await.unwrap(), 1);
+    let second = store_on(vec![server.endpoint()], DEADLINE).await;
+    assert_eq!(
+        second.compact_revision().await.unwrap(),
+        0,
+        "nothing dropped"
+    );
+    second.compact(1).await.unwrap();
+    assert_eq!(second.compact_revision().await.unwrap(), 1);
+    // Further on, bisection finds what the refusal reports.
+    first.compact(3).await.unwrap();
+    let third = store_on(vec![server.endpoint()], DEADLINE).await;
+    third.compact(3).await.unwrap();
+    assert_eq!(third.compact_revision().await.unwrap(), 3);
+    assert_eq!(second.compact_revision().await.unwrap(), 3);
+}

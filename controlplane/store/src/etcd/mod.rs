@@ -469,8 +469,13 @@ impl Store for EtcdStore {
                 self.shared.note_compaction(revision);
                 Ok(())
             }
-            // At or before the compaction point: nothing to do, as for the embedded store.
-            Err(Failure::Compacted) => Ok(()),
+            // At or before the compaction point: nothing to do, as for the embedded store. It
+            // is still news to this client, which bisection cannot find when `revision` is 1:
+            // compacted at 1 reads the same as never compacted.
+            Err(Failure::Compacted) => {
+                self.shared.note_compaction(revision);
+                Ok(())
+            }
             Err(failure) => Err(self.shared.explain(failure, revision).await),
         }
     }
