@@ -106,7 +106,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                     address,
                     Protocol::H2,
                     kind,
-                    clients,
+                    (clients, 1),
                     load,
                     None,
                 )

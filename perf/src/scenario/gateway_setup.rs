@@ -259,7 +259,7 @@ pub(super) fn h2load(
     address: SocketAddr,
     protocol: Protocol,
     request: RequestKind,
-    clients: u32,
+    (clients, streams): (u32, u32),
     load: Load,
     rps_per_client: Option<u32>,
 ) -> H2load {
@@ -267,7 +267,7 @@ pub(super) fn h2load(
         url: format!("https://{address}{}", request.path()),
         load,
         clients,
-        streams: 1,
+        streams,
         body_file: None,
         headers: vec![format!("authorization: Bearer {token}")],
         h1: protocol == Protocol::H1,

@@ -120,7 +120,7 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
                 address,
                 Protocol::H2,
                 RequestKind::Get,
-                clients,
+                (clients, 1),
                 load,
                 None,
             )
