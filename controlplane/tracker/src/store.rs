@@ -10,6 +10,11 @@ use tokio::sync::Mutex;
 
 use crate::{now_unix_ms, AgentId, NodeEntry, TrackerError, TrackerMetrics, TrackerOptions};
 
+/// Writes (one agent's or one record's) pipelined in one round trip to a single Redis: enough
+/// to take thousands of agents back per second, few enough that a lookup queued behind them
+/// waits one short round trip.
+const WRITES_PER_ROUND_TRIP: usize = 500;
+
 /// Where Redis is.
 #[derive(Debug, Clone)]
 pub enum RedisTarget {
@@ -232,7 +237,7 @@ impl Store {
             }
             return Ok(());
         }
-        for chunk in agents.chunks(500) {
+        for chunk in agents.chunks(WRITES_PER_ROUND_TRIP) {
             let mut pipeline = redis::pipe();
             for agent in chunk {
                 let key = agent_key(&self.options.key_prefix, *agent);
@@ -265,7 +270,11 @@ impl Store {
             return Ok(());
         }
         // In a cluster each key may live on another master: one request per agent.
-        let per_request = if self.is_cluster() { 1 } else { 500 };
+        let per_request = if self.is_cluster() {
+            1
+        } else {
+            WRITES_PER_ROUND_TRIP
+        };
         for chunk in agents.chunks(per_request) {
             let mut pipeline = redis::pipe();
             for agent in chunk {
@@ -290,21 +299,50 @@ impl Store {
         let ttl_ms = self.options.ttl.as_millis() as i64;
         let expires = now_unix_ms() + self.options.ttl.as_millis() as u64;
         let index = agents_index_key(&self.options.key_prefix);
-        for record in records {
+        let fields = |record: &crate::ConnectionRecord| {
             let key = connections_key(&self.options.key_prefix, record.agent);
             let field = format!("{}/{}", self.options.node_name, record.connection_id);
             let value = format!("{expires}|{}|{}", record.since_unix_ms, record.version);
-            let mut transaction = redis::pipe();
-            transaction
-                .atomic()
-                .hset(&key, field, value)
-                .ignore()
-                .pexpire(&key, ttl_ms)
-                .ignore();
-            self.run::<()>(&transaction, true).await?;
-            let mut add = redis::pipe();
-            add.sadd(&index, record.agent).ignore();
-            self.run::<()>(&add, true).await?;
+            (key, field, value)
+        };
+        if self.is_cluster() {
+            // A cluster routes a transaction to one slot's master: one per record, and the
+            // index (another slot) apart.
+            for record in records {
+                let mut transaction = redis::pipe();
+                let (key, field, value) = fields(record);
+                transaction
+                    .atomic()
+                    .hset(&key, field, value)
+                    .ignore()
+                    .pexpire(&key, ttl_ms)
+                    .ignore();
+                self.run::<()>(&transaction, true).await?;
+                let mut add = redis::pipe();
+                add.sadd(&index, record.agent).ignore();
+                self.run::<()>(&add, true).await?;
+            }
+            return Ok(());
+        }
+        // One transaction per record, a chunk of them pipelined in one round trip: a node
+        // restarting takes its agents back in batches, not one round trip each (issue 36).
+        for chunk in records.chunks(WRITES_PER_ROUND_TRIP) {
+            let mut pipeline = redis::pipe();
+            for record in chunk {
+                let (key, field, value) = fields(record);
+                pipeline
+                    .cmd("MULTI")
+                    .ignore()
+                    .hset(&key, field, value)
+                    .ignore()
+                    .pexpire(&key, ttl_ms)
+                    .ignore()
+                    .cmd("EXEC")
+                    .ignore()
+                    .sadd(&index, record.agent)
+                    .ignore();
+            }
+            self.run::<()>(&pipeline, true).await?;
         }
         Ok(())
     }
@@ -314,14 +352,22 @@ impl Store {
         &self,
         connections: &[(AgentId, i64)],
     ) -> Result<(), TrackerError> {
-        for (agent, connection_id) in connections {
+        // A cluster takes a pipeline whose keys are in different slots only one at a time.
+        let per_round_trip = if self.is_cluster() {
+            1
+        } else {
+            WRITES_PER_ROUND_TRIP
+        };
+        for chunk in connections.chunks(per_round_trip) {
             let mut pipeline = redis::pipe();
-            pipeline
-                .hdel(
-                    connections_key(&self.options.key_prefix, *agent),
-                    format!("{}/{connection_id}", self.options.node_name),
-                )
-                .ignore();
+            for (agent, connection_id) in chunk {
+                pipeline
+                    .hdel(
+                        connections_key(&self.options.key_prefix, *agent),
+                        format!("{}/{connection_id}", self.options.node_name),
+                    )
+                    .ignore();
+            }
             self.run::<()>(&pipeline, true).await?;
         }
         Ok(())

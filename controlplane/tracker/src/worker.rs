@@ -14,6 +14,40 @@ use crate::store::{RedisTarget, Store};
 use crate::{arrivals, Command, LookupReply, LookupResult, TrackerMetrics, TrackerOptions};
 use sluice_locator::{AgentId, Arrivals, ConnectionRecord, LocatorError};
 
+/// Arrivals taken from the queue at once, at most: a node restarting gets thousands in a
+/// burst, and each batch costs a round trip or two however large it is.
+const ARRIVALS_PER_BATCH: usize = 1_000;
+
+/// Agents and connections that arrived, in the order the node sent them.
+#[derive(Debug, Default, PartialEq)]
+struct Arrived {
+    agents: Vec<AgentId>,
+    records: Vec<ConnectionRecord>,
+}
+
+/// `first` and the arrivals queued right behind it, up to [`ARRIVALS_PER_BATCH`]; returns the
+/// first other command it met (to run after the batch, so the order holds) or `first` when it
+/// is not an arrival.
+fn gather_arrivals(
+    first: Command,
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+) -> (Arrived, Option<Command>) {
+    let mut arrived = Arrived::default();
+    let mut command = first;
+    for _ in 0..ARRIVALS_PER_BATCH {
+        match command {
+            Command::Register(agent) => arrived.agents.push(agent),
+            Command::ConnectionUp(record) => arrived.records.push(record),
+            other => return (arrived, Some(other)),
+        }
+        match commands.try_recv() {
+            Ok(next) => command = next,
+            Err(_) => return (arrived, None),
+        }
+    }
+    (arrived, Some(command))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Held {
     Registered,
@@ -62,8 +96,12 @@ pub(crate) async fn run(
         tokio::select! {
             command = commands.recv() => {
                 let Some(command) = command else { return };
-                if tracker.on_command(command).await.is_break() {
-                    return;
+                let (arrived, next) = gather_arrivals(command, &mut commands);
+                tracker.arrive(arrived).await;
+                if let Some(command) = next {
+                    if tracker.on_command(command).await.is_break() {
+                        return;
+                    }
                 }
             }
             Some((agent, result)) = looked_up.recv() => tracker.answer_lookups(agent, result),
@@ -98,16 +136,26 @@ impl Tracker {
     /// Breaks after a shutdown.
     async fn on_command(&mut self, command: Command) -> ControlFlow<()> {
         match command {
-            // A withdrawn (draining) node advertises nothing more.
-            Command::Register(_) | Command::ConnectionUp(_) if self.withdrawn => {}
-            Command::Register(agent) => self.register(agent).await,
+            Command::Register(agent) => {
+                self.arrive(Arrived {
+                    agents: vec![agent],
+                    records: Vec::new(),
+                })
+                .await
+            }
             Command::Unregister(agent) => {
                 if let Some(state) = self.held.get_mut(&agent) {
                     *state = Held::Leaving(Instant::now() + self.unregister_delay);
                 }
             }
             Command::Lookup(agent, reply) => self.lookup(agent, reply),
-            Command::ConnectionUp(record) => self.connection_up(record).await,
+            Command::ConnectionUp(record) => {
+                self.arrive(Arrived {
+                    agents: Vec::new(),
+                    records: vec![record],
+                })
+                .await
+            }
             Command::ConnectionDown(agent, connection_id) => {
                 if self.connections.remove(agent, connection_id) {
                     if let Err(error) = self
@@ -139,12 +187,37 @@ impl Tracker {
         ControlFlow::Continue(())
     }
 
-    async fn register(&mut self, agent: AgentId) {
-        if self.held.insert(agent, Held::Registered).is_none() {
-            if let Err(error) = self.store.register(&[agent]).await {
-                tracing::warn!(agent, %error, "cannot register agent in redis; will retry");
-                self.unwritten.push(agent);
+    /// Registers the agents new to this node and writes the connection records, each kind in
+    /// as few round trips as the store allows. A withdrawn (draining) node advertises nothing.
+    async fn arrive(&mut self, arrived: Arrived) {
+        if self.withdrawn {
+            return;
+        }
+        let new: Vec<AgentId> = arrived
+            .agents
+            .into_iter()
+            .filter(|agent| self.held.insert(*agent, Held::Registered).is_none())
+            .collect();
+        if let Err(error) = self.store.register(&new).await {
+            tracing::warn!(agents = new.len(), %error, "cannot register agents in redis; will retry");
+            self.unwritten.extend(new);
+        }
+        let mut accepted = Vec::with_capacity(arrived.records.len());
+        for record in arrived.records {
+            // Over the agent's bound nothing is written (the node refuses such connections
+            // first; this holds whatever it sends).
+            if self.connections.insert(record.clone()) {
+                accepted.push(record);
+            } else {
+                self.metrics.records_refused.inc(0);
+                tracing::warn!(
+                    agent = record.agent,
+                    "agent over its connection records in the tracker; not written to redis"
+                );
             }
+        }
+        if let Err(error) = self.store.write_connections(&accepted).await {
+            tracing::warn!(%error, "cannot record agent connections in redis; the next refresh retries");
         }
     }
 
@@ -163,24 +236,6 @@ impl Tracker {
     fn answer_lookups(&mut self, agent: AgentId, result: LookupResult) {
         for reply in self.lookups.remove(&agent).unwrap_or_default() {
             let _ = reply.send(result.clone().map_err(LocatorError::from));
-        }
-    }
-
-    async fn connection_up(&mut self, record: ConnectionRecord) {
-        // Over the agent's bound nothing is written (the node refuses such connections first;
-        // this holds whatever it sends).
-        if !self.connections.insert(record.clone()) {
-            self.metrics.records_refused.inc(0);
-            tracing::warn!(
-                agent = record.agent,
-                "agent over its connection records in the tracker; not written to redis"
-            );
-        } else if let Err(error) = self
-            .store
-            .write_connections(std::slice::from_ref(&record))
-            .await
-        {
-            tracing::warn!(%error, "cannot record an agent connection in redis; the next refresh retries");
         }
     }
 
@@ -286,5 +341,70 @@ impl Tracker {
             Ok(_) => {}
             Err(error) => tracing::warn!(%error, "tracker garbage collection failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(agent: AgentId) -> ConnectionRecord {
+        ConnectionRecord {
+            agent,
+            connection_id: 1,
+            version: String::new(),
+            node: "node".to_string(),
+            since_unix_ms: 0,
+        }
+    }
+
+    fn queue(commands: Vec<Command>) -> mpsc::UnboundedReceiver<Command> {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        for command in commands {
+            sender.send(command).unwrap();
+        }
+        receiver
+    }
+
+    #[test]
+    fn arrivals_queued_together_are_one_batch_and_the_next_command_waits_its_turn() {
+        let mut commands = queue(vec![
+            Command::ConnectionUp(record(1)),
+            Command::Register(2),
+            Command::ConnectionUp(record(2)),
+            Command::ConnectionDown(1, 1),
+            Command::Register(3),
+        ]);
+        let (arrived, next) = gather_arrivals(Command::Register(1), &mut commands);
+        assert_eq!(arrived.agents, [1, 2]);
+        assert_eq!(arrived.records, [record(1), record(2)]);
+        assert!(matches!(next, Some(Command::ConnectionDown(1, 1))));
+        // What followed the other command is the next batch.
+        let first = commands.try_recv().unwrap();
+        let (arrived, next) = gather_arrivals(first, &mut commands);
+        assert_eq!(arrived.agents, [3]);
+        assert!(next.is_none());
+    }
+
+    #[test]
+    fn a_command_that_is_no_arrival_runs_alone() {
+        let mut commands = queue(vec![Command::Register(1)]);
+        let (arrived, next) = gather_arrivals(Command::Unregister(7), &mut commands);
+        assert_eq!(arrived, Arrived::default());
+        assert!(matches!(next, Some(Command::Unregister(7))));
+        assert!(matches!(commands.try_recv(), Ok(Command::Register(1))));
+    }
+
+    #[test]
+    fn a_batch_stops_at_its_bound_and_hands_on_the_arrival_it_reached() {
+        let queued = (1..=ARRIVALS_PER_BATCH as AgentId + 5)
+            .map(Command::Register)
+            .collect();
+        let mut commands = queue(queued);
+        let (arrived, next) = gather_arrivals(Command::Register(0), &mut commands);
+        assert_eq!(arrived.agents.len(), ARRIVALS_PER_BATCH);
+        assert!(
+            matches!(next, Some(Command::Register(agent)) if agent == ARRIVALS_PER_BATCH as AgentId)
+        );
     }
 }

@@ -422,3 +422,50 @@ fn listings_come_in_bounded_pages_and_an_agents_records_are_bounded() {
     expected.extend([(9, "node-a".to_string(), 1), (9, "node-b".to_string(), 4)]);
     assert_eq!(listed, expected);
 }
+
+/// A node taking thousands of agents back at once (a restart: they all dial again) writes them
+/// in batches, not a round trip or two each, and every one of them is in Redis; then its
+/// drain removes them the same way.
+#[test]
+fn a_burst_of_arrivals_is_written_in_batches_and_every_agent_lands() {
+    const AGENTS: i64 = 3_000;
+    let redis = RedisServer::start().unwrap();
+    let (node, metrics) = tracker(redis.url(), options("node-a", "burst"));
+    for agent in 1..=AGENTS {
+        node.register(agent);
+        node.connection_up(record(agent, 1, "node-a"));
+    }
+    let index = || -> i64 {
+        redis
+            .command(&["SCARD", "burst:tunnel:agents"])
+            .unwrap()
+            .trim_start_matches(':')
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(wait_until(Duration::from_secs(20), || index() == AGENTS));
+    for agent in [1, AGENTS / 2, AGENTS] {
+        assert_eq!(
+            block_on(node.lookup(agent)).unwrap().len(),
+            1,
+            "agent {agent}"
+        );
+    }
+    let writes = metrics.writes.sum();
+    // One at a time this is 3,000 registrations and 6,000 record writes.
+    assert!(
+        writes < (AGENTS / 10) as u64,
+        "{writes} write round trips for {AGENTS} arrivals"
+    );
+    assert_eq!(redis.command_calls("hset"), 2 * AGENTS as u64);
+
+    let before = metrics.writes.sum();
+    node.withdraw(Duration::from_secs(20));
+    let removals = metrics.writes.sum() - before;
+    assert!(
+        removals < 20,
+        "{removals} round trips to remove {AGENTS} agents"
+    );
+    assert_eq!(block_on(node.lookup(AGENTS)).unwrap().len(), 0);
+}
