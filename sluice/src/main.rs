@@ -78,6 +78,10 @@ fn man_pages(out_dir: &std::path::Path) -> ExitCode {
 
 fn main() -> ExitCode {
     report_huge_pages_refused();
+    // Header strings leave as raw literals, as HAProxy writes them: Huffman coding cost a
+    // table walk per byte of every value not in the dynamic table, here and in the peer's
+    // decoder (issue 37; docs/PERFORMANCE.md, "HPACK without Huffman").
+    h2::set_huffman_encoding(false);
     let cli = cli::Cli::parse();
     // Given after the subcommand, or (as earlier versions took it) before.
     let before = cli.addresses_file;

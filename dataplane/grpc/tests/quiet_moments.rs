@@ -14,61 +14,19 @@
 mod common;
 
 use common::block_on;
+use common::echo::{echo, start_echo_server};
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response};
 use rustls::pki_types::ServerName;
 use sluice_grpc::tls;
-use sluice_grpc::transport::{compat, connect, serve, ClientConnection, H2Settings};
+use sluice_grpc::transport::{connect, H2Settings};
 use test_support::Certificates;
 
 /// Requests per connection; authorities repeat so that most are sent by index.
 const REQUESTS: usize = 24;
 const AUTHORITIES: usize = 3;
-
-/// Answers with the authority and path the server decoded, as response headers.
-async fn echo_head(request: Request<h2::RecvStream>, mut respond: h2::server::SendResponse<Bytes>) {
-    let authority = request.uri().authority().unwrap().to_string();
-    let response = Response::builder()
-        .header("x-authority", authority)
-        .header("x-path", request.uri().path())
-        .body(())
-        .unwrap();
-    let _ = respond.send_response(response, true);
-}
-
-/// Serves every connection with [`echo_head`], on one thread, over TLS when given a config.
-fn start_echo_server(legacy: bool, tls: Option<Arc<rustls::ServerConfig>>) -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let address = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        block_on(legacy, async move {
-            let listener = monoio::net::TcpListener::from_std(listener).unwrap();
-            loop {
-                let (stream, _) = listener.accept().await.unwrap();
-                let tls = tls.clone();
-                monoio::spawn(async move {
-                    let io = compat(stream).unwrap();
-                    let never = std::future::pending();
-                    let settings = H2Settings::default();
-                    let _ = match tls {
-                        Some(tls) => {
-                            let io = tokio_rustls::TlsAcceptor::from(tls).accept(io).await;
-                            serve(io.unwrap(), &settings, never, echo_head).await
-                        }
-                        None => serve(io, &settings, never, echo_head).await,
-                    };
-                });
-            }
-        })
-    });
-    address
-}
 
 /// A long authority, so that its Huffman code is several bytes and differs between names.
 fn authority(index: usize, address: SocketAddr) -> String {
@@ -76,18 +34,6 @@ fn authority(index: usize, address: SocketAddr) -> String {
         "service-{index}.namespace-with-a-long-name.svc.cluster.local:{}",
         address.port()
     )
-}
-
-/// One request; returns what the server decoded.
-async fn echo(connection: &ClientConnection, authority: &str, path: &str) -> (String, String) {
-    let mut client = connection.send_request.clone().ready().await.unwrap();
-    let request = Request::get(format!("http://{authority}{path}"))
-        .body(())
-        .unwrap();
-    let (response, _) = client.send_request(request, true).unwrap();
-    let response = response.await.unwrap();
-    let header = |name: &str| response.headers()[name].to_str().unwrap().to_string();
-    (header("x-authority"), header("x-path"))
 }
 
 fn run(legacy: bool, use_tls: bool) {

@@ -138,6 +138,12 @@ mod share;
 pub mod fuzz_bridge;
 
 pub use crate::error::{Error, Reason};
+/// Sluice's patch (h2 issue 780 asks for a switch like it): whether this process's HPACK
+/// encoders Huffman-code string literals, as upstream always does (the default). Off, every
+/// string goes as a raw literal, as HAProxy's encoder writes them: no table walk per byte on
+/// the values the dynamic table does not hold (paths, lengths, ids), and none for the decoder
+/// at the other end, for about a quarter more bytes of those strings. Decoding is unchanged.
+pub use crate::hpack::set_huffman_encoding;
 pub use crate::share::{FlowControl, Ping, PingPong, Pong, RecvStream, SendStream, StreamId};
 
 #[cfg(feature = "unstable")]

@@ -2,6 +2,10 @@
 
 use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
 
+// Used by some of the test binaries that include this module.
+#[allow(dead_code)]
+pub mod echo;
+
 /// Runs `future` to completion on a fresh monoio runtime with timers: the legacy (epoll)
 /// driver when `legacy`, io_uring otherwise.
 pub fn block_on<F: std::future::Future>(legacy: bool, future: F) -> F::Output {

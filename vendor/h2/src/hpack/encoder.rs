@@ -1,6 +1,8 @@
 use super::table::{Index, Table};
 use super::{huffman, Header};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use bytes::{BufMut, BytesMut};
 use http::header::{HeaderName, HeaderValue};
 
@@ -253,7 +255,21 @@ fn encode_not_indexed2(name: &[u8], value: &[u8], sensitive: bool, dst: &mut Byt
     encode_str(value, dst);
 }
 
+/// Whether string literals are Huffman-coded (Sluice's patch; see [`crate::set_huffman_encoding`]).
+static HUFFMAN: AtomicBool = AtomicBool::new(true);
+
+/// Sets whether this process's encoders Huffman-code string literals (upstream always does).
+pub fn set_huffman_encoding(enabled: bool) {
+    HUFFMAN.store(enabled, Ordering::Relaxed);
+}
+
 fn encode_str(val: &[u8], dst: &mut BytesMut) {
+    if !HUFFMAN.load(Ordering::Relaxed) {
+        // A raw literal, as HAProxy's encoder writes every string.
+        encode_int(val.len(), 7, 0, dst);
+        dst.put_slice(val);
+        return;
+    }
     if !val.is_empty() {
         let idx = position(dst);
 
