@@ -25,6 +25,8 @@ use sluice_watch_client::{Resource, Transport, WatchClientConfig};
 use tokio::sync::watch;
 
 use crate::measure::CpuMeter;
+
+use super::fanout_plan::Client;
 use crate::process::Managed;
 
 use super::fanout_peers::{
@@ -98,6 +100,8 @@ pub struct Plan {
     pub objects: usize,
     /// The stores run, in order (both unless `SLUICE_PERF_FANOUT` names some).
     pub stores: Vec<Store>,
+    /// Which watchers the harness runs.
+    pub client: Client,
 }
 
 impl Plan {
@@ -110,6 +114,7 @@ impl Plan {
                 window: Duration::from_secs(3),
                 objects: 10,
                 stores: vec![Store::Embedded, Store::Etcd],
+                client: Client::Product,
             }
         } else {
             Self {
@@ -119,6 +124,7 @@ impl Plan {
                 window: Duration::from_secs(20),
                 objects: 20,
                 stores: vec![Store::Embedded, Store::Etcd],
+                client: Client::Product,
             }
         }
     }
@@ -522,15 +528,16 @@ fn load_average() -> f64 {
 pub fn markdown(harness: &Harness, plan: &Plan, records: &[FanoutRecord]) -> String {
     let mut text = format!(
         "\n## Watch fan-out\n\n\
-         {watchers} watchers (`sluice-watch-client`: half gateways watching UpstreamClusters, half \
+         {watchers} watchers ({client_kind}: half gateways watching UpstreamClusters, half \
          nodes watching Agents, {per} watches per HTTP/2 connection, {hosts} connections) in the \
          harness on CPU {client}; `sluice controlplane` on CPU {proxy} with `{flags}`; etcd on CPU \
          {upstream}. Open-loop patches for {window:?} per rate, alternating kinds, round {objects} \
-         objects of each; a write reaches the watchers of its kind. Delivery: a watcher's snapshot \
-         first showing the write, minus its send time.\n\n\
+         objects of each; a write reaches the watchers of its kind. Delivery: a watcher first seeing \
+         the write (its snapshot; a light watcher's event line), minus its send time.\n\n\
          | store | target writes/s | writes/s acked | write ack p50 / p99 ms | delivery p50 / p99 / max ms | events delivered | missing | watcher errors | write errors | control plane CPU % | us per event | RSS MiB | etcd CPU % | client CPU % | load avg before / after |\n\
          |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
         watchers = plan.watchers,
+        client_kind = plan.client.describe(),
         per = plan.per_connection,
         hosts = plan.hosts(),
         client = harness.client_cpu,

@@ -14,6 +14,8 @@ use sluice_watch_client::{
 use tokio::sync::{watch, Semaphore};
 
 use super::fanout::{Kind, Plan, SENT_ANNOTATION};
+use super::fanout_plan::Client;
+use super::fanout_raw::RawWatcher;
 
 /// Writes in flight at once at most; a write beyond it is not sent and counts as an error.
 const MAX_IN_FLIGHT: usize = 256;
@@ -21,7 +23,7 @@ const MAX_IN_FLIGHT: usize = 256;
 const STARTING_HOSTS: usize = 64;
 
 /// The annotation's value: `SEQ NANOS`.
-fn parse_sent(value: &str) -> Option<(u64, u64)> {
+pub(super) fn parse_sent(value: &str) -> Option<(u64, u64)> {
     let (seq, nanos) = value.split_once(' ')?;
     Some((seq.parse().ok()?, nanos.parse().ok()?))
 }
@@ -52,7 +54,14 @@ impl Tally {
 
     /// Object `object` is now at `seq` (sent at `nanos`), seen at `now`: every write to it
     /// after the one seen before is delivered now, its send time looked up when coalesced.
-    fn observe(&mut self, plan: &Plan, log: &WriteLog, object: usize, seq: u64, now: u64) {
+    pub(super) fn observe(
+        &mut self,
+        plan: &Plan,
+        log: &WriteLog,
+        object: usize,
+        seq: u64,
+        now: u64,
+    ) {
         let Some(seen) = self.seen.get(object).copied() else {
             return;
         };
@@ -89,7 +98,10 @@ pub struct Watchers {
     pub tallies: Vec<Arc<Mutex<Tally>>>,
     metrics: Vec<ResourceMetrics>,
     synced: AtomicUsize,
-    failed: AtomicUsize,
+    pub(super) failed: AtomicUsize,
+    /// MODIFIED events the light watchers (`client=raw`) read; the product's client counts
+    /// its own in `metrics`.
+    pub(super) raw_events: AtomicU64,
 }
 
 impl Watchers {
@@ -101,7 +113,8 @@ impl Watchers {
     }
 
     pub fn received(&self) -> u64 {
-        self.metrics.iter().map(|m| m.events("MODIFIED")).sum()
+        let counted: u64 = self.metrics.iter().map(|m| m.events("MODIFIED")).sum();
+        counted + self.raw_events.load(Ordering::Relaxed)
     }
 
     pub fn errors(&self) -> u64 {
@@ -158,6 +171,7 @@ pub fn start_watchers(
         metrics,
         synced: AtomicUsize::new(0),
         failed: AtomicUsize::new(0),
+        raw_events: AtomicU64::new(0),
     });
     let starting = Arc::new(Semaphore::new(STARTING_HOSTS));
     for (kind, members) in hosts {
@@ -205,6 +219,23 @@ impl Host {
         let (first_sync, mut synced) = tokio::sync::mpsc::channel::<()>(members.len());
         let count = members.len();
         for (tally, metric) in members {
+            if self.plan.client == Client::Raw {
+                tokio::spawn(
+                    RawWatcher {
+                        transport: transport.clone(),
+                        resource: self.kind.resource(),
+                        watch_timeout: self.config.watch_timeout,
+                        tally,
+                        plan: self.plan.clone(),
+                        log: self.log.clone(),
+                        watchers: self.watchers.clone(),
+                        first_sync: first_sync.clone(),
+                        stopping: self.stopping.clone(),
+                    }
+                    .run(),
+                );
+                continue;
+            }
             let client = WatchClient::with_transport(
                 self.config.clone(),
                 self.kind.resource(),

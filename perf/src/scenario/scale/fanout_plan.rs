@@ -9,10 +9,31 @@ use anyhow::bail;
 
 use super::size_spec;
 
+use serde::Serialize;
+
 use super::fanout::{Plan, Store};
 
 /// The variable read by [`Plan::from_env`].
 pub const VARIABLE: &str = "SLUICE_PERF_FANOUT";
+
+/// The harness's watchers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Client {
+    /// `sluice-watch-client` as gateways and nodes run it: decoded, mirrored, diffed.
+    Product,
+    /// A LIST and a WATCH whose event lines are scanned, not decoded (`fanout_raw.rs`).
+    Raw,
+}
+
+impl Client {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Client::Product => "`sluice-watch-client`",
+            Client::Raw => "light watchers (LIST and WATCH, event lines scanned, not decoded)",
+        }
+    }
+}
 
 impl Plan {
     /// The plan for `smoke`, with the sizes `SLUICE_PERF_FANOUT` overrides.
@@ -22,7 +43,8 @@ impl Plan {
 
     /// The plan with `name=value` pairs, comma-separated, in place of its sizes: `watchers`,
     /// `per_connection`, `objects`, `window` (seconds), `rates` and `stores` (`+`-separated
-    /// lists, e.g. `rates=50+200`, `stores=embedded+etcd`).
+    /// lists, e.g. `rates=50+200`, `stores=embedded+etcd`), and `client` (`product`, the
+    /// default, or `raw`: the light watchers of `fanout_raw.rs`).
     pub fn overridden(mut self, spec: &str) -> anyhow::Result<Plan> {
         for pair in size_spec::pairs(spec) {
             let (name, value) = pair?;
@@ -51,6 +73,13 @@ impl Plan {
                         })
                         .collect::<anyhow::Result<_>>()?
                 }
+                "client" => {
+                    self.client = match value {
+                        "product" => Client::Product,
+                        "raw" => Client::Raw,
+                        _ => bail!("a client is product or raw, not {value:?}"),
+                    }
+                }
                 _ => bail!("unknown size {name:?}"),
             }
         }
@@ -74,6 +103,14 @@ mod tests {
         assert_eq!(plan.window, Duration::from_secs(10));
         assert_eq!(plan.objects, Plan::new(false).objects);
         assert_eq!(Plan::new(true).overridden("").unwrap().watchers, 100);
+        assert_eq!(
+            Plan::new(true).overridden("").unwrap().client,
+            Client::Product
+        );
+        assert_eq!(
+            Plan::new(true).overridden("client=raw").unwrap().client,
+            Client::Raw
+        );
     }
 
     #[test]
@@ -84,6 +121,7 @@ mod tests {
             ("rates=50+fast", "\"fast\""),
             ("stores=redis", "\"redis\""),
             ("clients=3", "unknown size"),
+            ("client=curl", "\"curl\""),
         ] {
             let error = Plan::new(true).overridden(spec).unwrap_err().to_string();
             assert!(error.contains(says), "{spec}: {error}");

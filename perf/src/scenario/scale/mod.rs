@@ -15,6 +15,7 @@ mod agents_report;
 mod fanout;
 mod fanout_peers;
 mod fanout_plan;
+mod fanout_raw;
 mod fleet;
 mod gateway_clients;
 mod redis_probe;
