@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 
-use super::gateway_report::{open_loop_table, targets};
+use super::gateway_report::{issue37_goals, open_loop_table, targets};
 use super::gateway_setup::{body_sizes, set_up, BodySizes};
 pub(super) use super::gateway_setup::{
     cluster_yaml, gateway_yaml, h2load, start_simulator, Simulator,
@@ -473,6 +473,8 @@ fn report(
     }
     markdown.push_str("\n## Against the targets of issue 17\n\n");
     markdown.push_str(&targets(&closed, &open));
+    markdown.push_str("\n## Against the goals of issue 37\n\n");
+    markdown.push_str(&issue37_goals(&closed, &open));
     markdown.push('\n');
 
     let mut plots = Vec::new();

@@ -1,4 +1,5 @@
-//! The gateway scenario's report tables: the open-loop table and issue 17's targets.
+//! The gateway scenario's report tables: the open-loop table, issue 17's targets and issue
+//! 37's goals.
 
 use std::fmt::Write as _;
 
@@ -191,11 +192,125 @@ pub(super) fn targets(closed: &[CaseSummary], open: &[CaseSummary]) -> String {
     out
 }
 
+/// Issue 37's gateway goals, from this run's medians against HAProxy: small-GET CPU per
+/// request at the fixed rate <= 0.8x, mean and p99 there <= 0.8x, saturation (HTTP/2 GETs with
+/// 10 streams per client) >= 1.1x its OK/s, LIST CPU per request at 64 clients <= 0.6x.
+pub(super) fn issue37_goals(closed: &[CaseSummary], open: &[CaseSummary]) -> String {
+    let mut out = String::from("| goal | workload | measured | status |\n|---|---|---|---|\n");
+    let cpu = |s: &CaseSummary, peer: &CaseSummary| {
+        Some((s.proxy_cpu_us_per_request?, peer.proxy_cpu_us_per_request?))
+    };
+    for s in open
+        .iter()
+        .filter(|s| s.case == SLUICE && s.workload.starts_with("h2 get @"))
+    {
+        let Some(haproxy) = find(open, HAPROXY, s) else {
+            continue;
+        };
+        if let Some((sluice, peer)) = cpu(s, haproxy) {
+            let _ = writeln!(
+                out,
+                "| CPU/req <= 0.8x HAProxy | {} | {sluice:.1} vs {peer:.1} us ({:.2}x) | {} |",
+                s.workload,
+                sluice / peer,
+                met(sluice <= 0.8 * peer)
+            );
+        }
+        let (mean, p99) = (
+            s.mean_us as f64 / haproxy.mean_us.max(1) as f64,
+            s.p99_us as f64 / haproxy.p99_us.max(1) as f64,
+        );
+        let _ = writeln!(
+            out,
+            "| mean and p99 <= 0.8x HAProxy | {} | mean {} vs {} us ({mean:.2}x), p99 {} vs {} us ({p99:.2}x) | {} |",
+            s.workload,
+            s.mean_us,
+            haproxy.mean_us,
+            s.p99_us,
+            haproxy.p99_us,
+            met(mean <= 0.8 && p99 <= 0.8)
+        );
+    }
+    for s in closed.iter().filter(|s| s.case == SLUICE) {
+        let Some(haproxy) = find(closed, HAPROXY, s) else {
+            continue;
+        };
+        let row = format!("{} c{} x {}", s.workload, s.clients, s.streams);
+        if s.workload == "h2 get" && s.streams >= 10 {
+            let ratio = s.ok_per_second / haproxy.ok_per_second.max(1.0);
+            let _ = writeln!(
+                out,
+                "| saturation OK/s >= 1.1x HAProxy | {row} | {:.0} vs {:.0} ({ratio:.2}x) | {} |",
+                s.ok_per_second,
+                haproxy.ok_per_second,
+                met(ratio >= 1.1)
+            );
+        }
+        if s.workload == "h2 list" && s.clients == 64 && s.streams == 1 {
+            if let Some((sluice, peer)) = cpu(s, haproxy) {
+                let _ = writeln!(
+                    out,
+                    "| LIST CPU/req <= 0.6x HAProxy | {row} | {sluice:.1} vs {peer:.1} us ({:.2}x) | {} |",
+                    sluice / peer,
+                    met(sluice <= 0.6 * peer)
+                );
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::record::summarize;
     use crate::record::tests::record;
+
+    #[test]
+    fn issue_37s_goals_are_judged_on_their_rows_only() {
+        let named = |case: &str, workload: &str, streams: u32, rps: f64, cpu: u64| {
+            let mut run = record(case, streams, rps, cpu);
+            run.workload = workload.into();
+            run.clients = 64;
+            run
+        };
+        let closed = summarize(&[
+            named(HAPROXY, "h2 get", 10, 50_000.0, 8_000),
+            named(SLUICE, "h2 get", 10, 60_000.0, 8_000),
+            named(HAPROXY, "h2 get", 1, 40_000.0, 15_000),
+            named(SLUICE, "h2 get", 1, 30_000.0, 15_000),
+            named(HAPROXY, "h2 list", 1, 3_000.0, 200_000),
+            named(SLUICE, "h2 list", 1, 3_000.0, 150_000),
+        ]);
+        let open = summarize(&[
+            named(HAPROXY, "h2 get @5000/s", 1, 1_000.0, 20_000),
+            named(SLUICE, "h2 get @5000/s", 1, 700.0, 15_000),
+        ]);
+        let table = issue37_goals(&closed, &open);
+        assert!(
+            table.contains("| saturation OK/s >= 1.1x HAProxy | h2 get c64 x 10 | 60000 vs 50000 (1.20x) | met |"),
+            "{table}"
+        );
+        assert!(
+            !table.contains("h2 get c64 x 1 "),
+            "one stream is no saturation row: {table}"
+        );
+        assert!(
+            table.contains("| LIST CPU/req <= 0.6x HAProxy | h2 list c64 x 1 | 150.0 vs 200.0 us (0.75x) | **missed** |"),
+            "{table}"
+        );
+        assert!(
+            table.contains(
+                "| CPU/req <= 0.8x HAProxy | h2 get @5000/s | 15.0 vs 20.0 us (0.75x) | met |"
+            ),
+            "{table}"
+        );
+        // `record` sets every latency to the rate it is given.
+        assert!(
+            table.contains("mean 700 vs 1000 us (0.70x), p99 700 vs 1000 us (0.70x) | met |"),
+            "{table}"
+        );
+    }
 
     #[test]
     fn the_open_loop_table_splits_user_and_system_cpu() {
