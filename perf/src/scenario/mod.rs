@@ -13,6 +13,7 @@ pub mod scale;
 pub mod scaling;
 pub mod soak;
 pub mod tunnel;
+mod tunnel_report;
 
 use std::path::{Path, PathBuf};
 
