@@ -419,3 +419,74 @@ fn a_collection_delete_removes_objects_written_meanwhile() {
     );
     assert_eq!(removed, OBJECTS, "every selected object is in the answer");
 }
+
+/// Binds the calling thread (and so the processes it spawns) to `cpu` alone; returns the mask
+/// it had.
+fn pin_this_thread(cpu: usize) -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t is plain data; sched_{get,set}affinity only read and write the masks
+    // passed, sized by the length given.
+    unsafe {
+        let mut before: libc::cpu_set_t = std::mem::zeroed();
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        assert_eq!(libc::sched_getaffinity(0, size, &mut before), 0);
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut one);
+        assert_eq!(libc::sched_setaffinity(0, size, &one), 0);
+        before
+    }
+}
+
+#[test]
+fn a_control_plane_pinned_to_one_cpu_runs_on_one_thread_and_serves_watches() {
+    let before = pin_this_thread(0);
+    let started = ControlPlane::start(BIN, &[]);
+    // SAFETY: restores the mask `pin_this_thread` read, of the right size.
+    let restored =
+        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &before) };
+    assert_eq!(restored, 0);
+    let cp = started.unwrap();
+    let logged = wait_until(WATCH_WAIT, || {
+        cp.process.stderr().contains("current_thread")
+    });
+    assert!(
+        logged,
+        "no current_thread runtime logged:\n{}",
+        cp.process.stderr()
+    );
+
+    ok(cp.kubectl(&["create", "-f", "-"], Some(examples::UPSTREAM_CLUSTER)));
+    let mut watch = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig())
+        .args([
+            "get",
+            "uc",
+            "-w",
+            "-o",
+            "jsonpath={.spec.healthCheck.interval}{\"\\n\"}",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(watch.stdout.take().unwrap());
+    let listed = lines.wait_for(WATCH_WAIT, |seen| !seen.is_empty());
+    assert!(listed, "the watch never listed: {:?}", lines.seen());
+    ok(cp.kubectl(
+        &[
+            "patch",
+            "uc",
+            "cluster-a.example.com",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"healthCheck":{"interval":"7s"}}}"#,
+        ],
+        None,
+    ));
+    let seen = lines.wait_for(WATCH_WAIT, |seen| {
+        seen.iter().any(|line| line.contains("7s"))
+    });
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(seen, "the watch saw: {:?}", lines.seen());
+}
