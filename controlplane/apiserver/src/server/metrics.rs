@@ -83,7 +83,7 @@ fn latency_histogram() -> Histogram {
 }
 
 impl ApiMetrics {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             requests: Family::default(),
             request_seconds: Family::new_with_constructor(latency_histogram),

@@ -19,6 +19,7 @@ mod span_watch;
 mod tokens;
 mod visibility;
 mod watch;
+mod watch_body;
 pub mod write_budget;
 mod writes;
 

@@ -3,15 +3,19 @@
 use std::convert::Infallible;
 
 use bytes::Bytes;
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt as _;
 use http::{HeaderValue, Response, StatusCode};
-use http_body_util::combinators::BoxBody;
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use serde_json::Value;
 use sluice_apimachinery::StatusError;
 use tokio::sync::mpsc;
 
-pub type Body = BoxBody<Bytes, Infallible>;
+/// Not `Sync`: a watch's body holds the store's watch stream, which only its connection's
+/// stream task polls.
+pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// A handler's answer.
 pub enum Reply {
@@ -28,8 +32,8 @@ pub enum Reply {
         content_type: &'static str,
         body: Bytes,
     },
-    /// A watch: newline-delimited JSON events as the sender produces them.
-    Stream(mpsc::Receiver<Bytes>),
+    /// A watch: newline-delimited JSON events as the stream produces them.
+    Stream(BoxStream<'static, Bytes>),
 }
 
 impl Reply {
@@ -117,12 +121,31 @@ fn json_response(status: StatusCode, body: &Value, warnings: &[String]) -> Respo
     response
 }
 
-fn stream_response(receiver: mpsc::Receiver<Bytes>) -> Response<Body> {
-    let frames = futures_util::stream::unfold(receiver, |mut receiver| async move {
+/// The chunks a task sends on `receiver` as a watch's stream (a VM agent's span watch).
+pub fn received(receiver: mpsc::Receiver<Bytes>) -> BoxStream<'static, Bytes> {
+    futures_util::stream::unfold(receiver, |mut receiver| async move {
         let chunk = receiver.recv().await?;
-        Some((Ok::<_, Infallible>(Frame::data(chunk)), receiver))
-    });
-    let mut response = Response::new(BodyExt::boxed(StreamBody::new(frames)));
+        Some((chunk, receiver))
+    })
+    .boxed()
+}
+
+/// A watch's body. The connection's stream task polls the watch itself, so a panic there is
+/// contained here: it ends this watch's body (the client watches again), and is logged.
+fn stream_response(stream: BoxStream<'static, Bytes>) -> Response<Body> {
+    let frames = std::panic::AssertUnwindSafe(stream)
+        .catch_unwind()
+        .filter_map(|chunk| {
+            if chunk.is_err() {
+                tracing::error!("a watch panicked; its body ends");
+            }
+            std::future::ready(
+                chunk
+                    .ok()
+                    .map(|chunk| Ok::<_, Infallible>(Frame::data(chunk))),
+            )
+        });
+    let mut response = Response::new(BodyExt::boxed_unsync(StreamBody::new(frames)));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -131,5 +154,5 @@ fn stream_response(receiver: mpsc::Receiver<Bytes>) -> Response<Body> {
 }
 
 fn full(bytes: Bytes) -> Body {
-    BodyExt::boxed(Full::new(bytes))
+    BodyExt::boxed_unsync(Full::new(bytes))
 }
