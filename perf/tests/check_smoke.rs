@@ -275,16 +275,23 @@ fn scale_run(dir: &Path, delivered: u64, errors: u64) {
     for store in ["Embedded", "Etcd"] {
         scale_fanout_run(dir, store, 0, 0);
     }
+    scale_fanout_record(dir, "Embedded", "Raw", 0, 0);
 }
 
 /// A scale smoke run's fan-out record of `store` (`Embedded` or `Etcd`): 150 writes to 50
 /// watchers of each kind, `missing` events not delivered, `watcher_errors` relists or
 /// reconnects.
 fn scale_fanout_run(dir: &Path, store: &str, missing: u64, watcher_errors: u64) {
+    scale_fanout_record(dir, store, "Product", missing, watcher_errors);
+}
+
+/// The same of `client`'s watchers (`Product` or `Raw`, the light ones: a `-light` file).
+fn scale_fanout_record(dir: &Path, store: &str, client: &str, missing: u64, watcher_errors: u64) {
+    let light = if client == "Raw" { "-light" } else { "" };
     write(
         dir,
-        &format!("raw/fanout-{}-50.json", store.to_lowercase()),
-        &json!({"store": store, "writes_acked": 150, "write_errors": 0,
+        &format!("raw/fanout-{}-50{light}.json", store.to_lowercase()),
+        &json!({"store": store, "client": client, "writes_acked": 150, "write_errors": 0,
                 "events_expected": 7500, "events_delivered": 7500 - missing,
                 "events_missing": missing, "watcher_errors": watcher_errors,
                 "delivery_p99_ms": 12.5, "controlplane_rss_mib": 60.0}),
@@ -381,6 +388,24 @@ fn a_scale_run_fails_when_a_fanout_watcher_missed_an_event_or_saw_an_error() {
     let (passed, text) = check(one_store.path(), &["scale"]);
     assert!(
         !passed && text.contains("no record of the etcd store"),
+        "{text}"
+    );
+
+    let no_light = tempfile::tempdir().unwrap();
+    scale_run(no_light.path(), 20, 0);
+    std::fs::remove_file(no_light.path().join("raw/fanout-embedded-50-light.json")).unwrap();
+    let (passed, text) = check(no_light.path(), &["scale"]);
+    assert!(
+        !passed && text.contains("no record of the light watchers"),
+        "{text}"
+    );
+
+    let light_missed = tempfile::tempdir().unwrap();
+    scale_run(light_missed.path(), 20, 0);
+    scale_fanout_record(light_missed.path(), "Embedded", "Raw", 2, 0);
+    let (passed, text) = check(light_missed.path(), &["scale"]);
+    assert!(
+        !passed && text.contains("fanout-embedded-50-light.json: events_missing is 2"),
         "{text}"
     );
 }

@@ -102,6 +102,9 @@ pub struct Plan {
     pub stores: Vec<Store>,
     /// Which watchers the harness runs.
     pub client: Client,
+    /// After the stores, the light watchers once more on the embedded store (smoke runs, so
+    /// the watchers behind issue 36's 10,000-watcher figures do not rot unnoticed).
+    pub light_too: bool,
 }
 
 impl Plan {
@@ -115,6 +118,7 @@ impl Plan {
                 objects: 10,
                 stores: vec![Store::Embedded, Store::Etcd],
                 client: Client::Product,
+                light_too: true,
             }
         } else {
             Self {
@@ -125,6 +129,7 @@ impl Plan {
                 objects: 20,
                 stores: vec![Store::Embedded, Store::Etcd],
                 client: Client::Product,
+                light_too: false,
             }
         }
     }
@@ -185,6 +190,8 @@ impl Plan {
 /// One (store, rate) run.
 #[derive(Debug, Serialize)]
 pub struct FanoutRecord {
+    /// Which watchers ran: the product's client or the light ones.
+    pub client: Client,
     pub store: Store,
     pub watchers: usize,
     pub connections: usize,
@@ -253,6 +260,26 @@ pub fn run(harness: &Harness, dir: &Path, plan: &Plan) -> anyhow::Result<Vec<Fan
             client_cpus.len(),
         )
         .with_context(|| format!("fan-out on the {} store", store.name()))?;
+        records.append(&mut runs);
+    }
+    if plan.light_too && plan.client != Client::Raw {
+        let light = Plan {
+            client: Client::Raw,
+            stores: vec![Store::Embedded],
+            ..plan.clone()
+        };
+        let store_dir = dir.join("embedded-light");
+        std::fs::create_dir_all(&store_dir)?;
+        let store = Store::Embedded;
+        let mut runs = run_store(
+            harness,
+            &runtime,
+            &store_dir,
+            store,
+            &light,
+            client_cpus.len(),
+        )
+        .context("fan-out of the light watchers on the embedded store")?;
         records.append(&mut runs);
     }
     Ok(records)
@@ -473,6 +500,7 @@ impl RateRun<'_> {
         let window = writes.elapsed.as_secs_f64();
         let percent = |cpu_us: u64| cpu_us as f64 / 1e6 / metered * 100.0;
         Ok(FanoutRecord {
+            client: self.plan.client,
             store: Store::Embedded,
             watchers: self.plan.watchers,
             connections: self.plan.hosts(),
@@ -549,8 +577,9 @@ pub fn markdown(harness: &Harness, plan: &Plan, records: &[FanoutRecord]) -> Str
     );
     for r in records {
         text.push_str(&format!(
-            "| {} | {} | {:.1} | {:.1} / {:.1} | {:.1} / {:.1} / {:.1} | {} | {} | {} | {} | {:.0} | {:.2} | {:.0} | {} | {:.0} of {} CPU(s) | {:.1} / {:.1} |\n",
+            "| {}{} | {} | {:.1} | {:.1} / {:.1} | {:.1} / {:.1} / {:.1} | {} | {} | {} | {} | {:.0} | {:.2} | {:.0} | {} | {:.0} of {} CPU(s) | {:.1} / {:.1} |\n",
             r.store.name(),
+            if r.client == plan.client { "" } else { " (light watchers)" },
             r.target_writes_per_s,
             r.writes_per_s,
             r.write_ack_p50_ms,

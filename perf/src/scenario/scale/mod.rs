@@ -80,8 +80,12 @@ pub fn run(harness: &Harness) -> anyhow::Result<()> {
         let plan = fanout::Plan::from_env(harness.smoke)?;
         let records = fanout::run(harness, &fanout_dir, &plan)?;
         for record in &records {
+            let light = match record.client {
+                fanout_plan::Client::Raw if plan.client != fanout_plan::Client::Raw => "-light",
+                _ => "",
+            };
             let name = format!(
-                "raw/fanout-{}-{}.json",
+                "raw/fanout-{}-{}{light}.json",
                 record.store.name(),
                 record.target_writes_per_s
             );
