@@ -60,6 +60,45 @@ impl Lines {
     }
 }
 
+/// `kubectl get uc -w` printing each cluster's health-check interval, once it has listed: from
+/// then on, any change reaches it.
+fn watch_intervals(cp: &ControlPlane) -> (std::process::Child, Lines) {
+    let mut watch = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig())
+        .args([
+            "get",
+            "uc",
+            "-w",
+            "-o",
+            "jsonpath={.spec.healthCheck.interval}{\"\\n\"}",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(watch.stdout.take().unwrap());
+    let listed = lines.wait_for(WATCH_WAIT, |seen| !seen.is_empty());
+    assert!(listed, "the watch never listed: {:?}", lines.seen());
+    (watch, lines)
+}
+
+/// Sets cluster-a's health-check interval with a merge patch.
+fn set_interval(cp: &ControlPlane, interval: &str) {
+    let patch = format!(r#"{{"spec":{{"healthCheck":{{"interval":"{interval}"}}}}}}"#);
+    ok(cp.kubectl(
+        &[
+            "patch",
+            "uc",
+            "cluster-a.example.com",
+            "--type=merge",
+            "-p",
+            &patch,
+        ],
+        None,
+    ));
+}
+
 #[test]
 fn kubectl_manages_upstream_clusters_end_to_end() {
     let cp = ControlPlane::start(BIN, &[]).unwrap();
@@ -128,36 +167,8 @@ fn kubectl_manages_upstream_clusters_end_to_end() {
     }
 
     // `get -w` sees a change another client makes.
-    let mut watch = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(cp.kubeconfig())
-        .args([
-            "get",
-            "uc",
-            "-w",
-            "-o",
-            "jsonpath={.spec.healthCheck.interval}{\"\\n\"}",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = Lines::of(watch.stdout.take().unwrap());
-    // kubectl prints the list before it watches from the list's resourceVersion: once a line
-    // is out, any later change reaches this watch.
-    let listed = lines.wait_for(WATCH_WAIT, |seen| !seen.is_empty());
-    assert!(listed, "the watch never listed: {:?}", lines.seen());
-    ok(cp.kubectl(
-        &[
-            "patch",
-            "uc",
-            "cluster-a.example.com",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"healthCheck":{"interval":"7s"}}}"#,
-        ],
-        None,
-    ));
+    let (mut watch, lines) = watch_intervals(&cp);
+    set_interval(&cp, "7s");
     ok(cp.kubectl(
         &[
             "patch",
@@ -455,34 +466,8 @@ fn a_control_plane_pinned_to_one_cpu_runs_on_one_thread_and_serves_watches() {
     );
 
     ok(cp.kubectl(&["create", "-f", "-"], Some(examples::UPSTREAM_CLUSTER)));
-    let mut watch = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(cp.kubeconfig())
-        .args([
-            "get",
-            "uc",
-            "-w",
-            "-o",
-            "jsonpath={.spec.healthCheck.interval}{\"\\n\"}",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let lines = Lines::of(watch.stdout.take().unwrap());
-    let listed = lines.wait_for(WATCH_WAIT, |seen| !seen.is_empty());
-    assert!(listed, "the watch never listed: {:?}", lines.seen());
-    ok(cp.kubectl(
-        &[
-            "patch",
-            "uc",
-            "cluster-a.example.com",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"healthCheck":{"interval":"7s"}}}"#,
-        ],
-        None,
-    ));
+    let (mut watch, lines) = watch_intervals(&cp);
+    set_interval(&cp, "7s");
     let seen = lines.wait_for(WATCH_WAIT, |seen| {
         seen.iter().any(|line| line.contains("7s"))
     });
