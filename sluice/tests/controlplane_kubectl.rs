@@ -189,17 +189,7 @@ fn kubectl_manages_upstream_clusters_end_to_end() {
 
     // A stale update: 409 Conflict.
     let stale = ok(cp.kubectl(&["get", "uc", "cluster-a.example.com", "-o", "json"], None));
-    ok(cp.kubectl(
-        &[
-            "patch",
-            "uc",
-            "cluster-a.example.com",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"healthCheck":{"interval":"3s"}}}"#,
-        ],
-        None,
-    ));
+    set_interval(&cp, "3s");
     let conflict = failed(cp.kubectl(&["replace", "-f", "-"], Some(&stale)));
     assert!(
         conflict.contains("Conflict") && conflict.contains("the object has been modified"),
