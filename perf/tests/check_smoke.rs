@@ -275,19 +275,20 @@ fn scale_run(dir: &Path, delivered: u64, errors: u64) {
     for store in ["Embedded", "Etcd"] {
         scale_fanout_run(dir, store, 0, 0);
     }
-    scale_fanout_record(dir, "Embedded", "Raw", 0, 0);
+    scale_fanout_record(dir, "Embedded", "raw", 0, 0);
 }
 
 /// A scale smoke run's fan-out record of `store` (`Embedded` or `Etcd`): 150 writes to 50
 /// watchers of each kind, `missing` events not delivered, `watcher_errors` relists or
 /// reconnects.
 fn scale_fanout_run(dir: &Path, store: &str, missing: u64, watcher_errors: u64) {
-    scale_fanout_record(dir, store, "Product", missing, watcher_errors);
+    scale_fanout_record(dir, store, "product", missing, watcher_errors);
 }
 
-/// The same of `client`'s watchers (`Product` or `Raw`, the light ones: a `-light` file).
+/// The same of `client`'s watchers (`product` or `raw`, the light ones: a `-light` file), as
+/// the harness writes them.
 fn scale_fanout_record(dir: &Path, store: &str, client: &str, missing: u64, watcher_errors: u64) {
-    let light = if client == "Raw" { "-light" } else { "" };
+    let light = if client == "raw" { "-light" } else { "" };
     write(
         dir,
         &format!("raw/fanout-{}-50{light}.json", store.to_lowercase()),
@@ -402,7 +403,7 @@ fn a_scale_run_fails_when_a_fanout_watcher_missed_an_event_or_saw_an_error() {
 
     let light_missed = tempfile::tempdir().unwrap();
     scale_run(light_missed.path(), 20, 0);
-    scale_fanout_record(light_missed.path(), "Embedded", "Raw", 2, 0);
+    scale_fanout_record(light_missed.path(), "Embedded", "raw", 2, 0);
     let (passed, text) = check(light_missed.path(), &["scale"]);
     assert!(
         !passed && text.contains("fanout-embedded-50-light.json: events_missing is 2"),
