@@ -1,6 +1,9 @@
 //! Tunnel protobuf messages (`sluice.tunnel.v1`, `sluice.agents.v1`) as prost decodes them, and
 //! the tunnel's own reader over gRPC frames (`sluice_tunnel::wire::TunnelReader`), with
-//! re-encode round trips, `data_frame` read back, and metadata turned into HTTP headers.
+//! re-encode round trips, `data_frame` read back, and metadata turned into HTTP headers; and the
+//! private hop's splice scanner (`sluice_tunnel::wire::splice`) over the same bytes, checked
+//! against the reader: a call the scanner passes whole ends where prost sees its last message,
+//! and the scanner's verdict does not depend on the chunking.
 #![no_main]
 use bytes::Bytes;
 use http::HeaderMap;
@@ -9,6 +12,7 @@ use sluice_proto::agents::v1::{ListConnectedAgentsRequest, ListConnectedAgentsRe
 use sluice_proto::tunnel::v1::{
     connect_request, connect_response, ConnectRequest, ConnectResponse,
 };
+use sluice_tunnel::wire::splice::{CallScanner, Direction};
 use sluice_tunnel::wire::{
     data_frame, metadata_into_headers, request_info_frame_into, HeaderMetadata, MetadataLimits,
     TunnelReader,
@@ -40,6 +44,64 @@ fn metadata(entries: &[sluice_proto::tunnel::v1::MetadataEntry]) {
     }
 }
 
+/// Scans `bytes` in chunks of `step`: (bytes consumed, ended) or the error.
+fn scan(direction: Direction, bytes: &[u8], step: usize) -> Result<(usize, bool), String> {
+    let mut scanner = CallScanner::new(direction, 1024);
+    let mut consumed = 0;
+    for chunk in bytes.chunks(step) {
+        let scanned = scanner.scan(chunk).map_err(|error| error.to_string())?;
+        consumed += scanned.consumed;
+        if scanned.ended {
+            return Ok((consumed, true));
+        }
+    }
+    Ok((consumed, false))
+}
+
+/// What the scanner passes as a whole call, prost reads as one: unless the content of a frame
+/// is refused by prost (which the receiving end then refuses), the last message is the one
+/// that ends a call in that direction.
+fn splice_agrees_with_the_reader(rest: &[u8], request_side: bool, step: usize) {
+    let direction = if request_side {
+        Direction::FromAgent
+    } else {
+        Direction::ToAgent
+    };
+    let whole = scan(direction, rest, rest.len().max(1));
+    assert_eq!(whole, scan(direction, rest, step), "the verdict depends on the chunking");
+    let Ok((consumed, true)) = whole else {
+        return;
+    };
+    let mut reader = TunnelReader::new(1024);
+    reader.push(Bytes::copy_from_slice(&rest[..consumed]));
+    let mut last_ends = false;
+    loop {
+        let next = if request_side {
+            reader.next_request().map(|message| {
+                message.map(|message| {
+                    matches!(
+                        message,
+                        connect_request::Msg::Trailer(_) | connect_request::Msg::Error(_)
+                    )
+                })
+            })
+        } else {
+            reader.next_response().map(|message| {
+                message.map(|message| matches!(message, connect_response::Msg::CloseSend(_)))
+            })
+        };
+        match next {
+            Ok(Some(ends)) => last_ends = ends,
+            Ok(None) => break,
+            // The frame's shape was right and its content is not (the scanner does not look
+            // inside): the agent or the routing node, which decode it, refuse it.
+            Err(_) => return,
+        }
+    }
+    assert!(last_ends, "the scanner ended the call where prost sees no end");
+    assert_eq!(reader.buffered(), 0);
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
         return;
@@ -63,6 +125,7 @@ fuzz_target!(|data: &[u8]| {
     // The same bytes as a tunnel stream, split into chunks of up to 16 bytes.
     let request_side = mode & 0x80 != 0;
     let step = usize::from(mode & 0x0f) + 1;
+    splice_agrees_with_the_reader(rest, request_side, step);
     let mut reader = TunnelReader::new(1024);
     let input = Bytes::copy_from_slice(rest);
     'chunks: for at in (0..input.len()).step_by(step) {

@@ -244,6 +244,39 @@ def list_agents(args):
     return {"bytes": raw.hex()}
 
 
+def field(number, payload):
+    """A length-delimited protobuf field (wire type 2); lengths below 2^14 are enough here."""
+    length = len(payload)
+    prefix = bytes([length]) if length < 0x80 else bytes([(length & 0x7F) | 0x80, length >> 7])
+    return bytes([(number << 3) | 2]) + prefix + payload
+
+
+def spliced(args):
+    """A framed call on a node's private endpoint, as another node sends it: each gRPC message
+    is a tunnel ConnectResponse (RequestInfo, Message, CloseSend), each reply a ConnectRequest.
+    --frames: hex messages to send instead of a call of /test.Echo/Unary with --payload."""
+    if args.frames:
+        frames = [bytes.fromhex(frame) for frame in args.frames.split(",")]
+    else:
+        frames = [
+            field(1, field(1, b"/test.Echo/Unary")),
+            field(2, field(1, args.payload.encode())),
+            field(3, b""),
+        ]
+    ch = channel(args)
+    md = metadata(args)
+    call = ch.stream_stream("/sluice.tunnel.v1.Private/Spliced")
+    replies = []
+    try:
+        for reply in call(iter(frames), metadata=md, timeout=args.timeout):
+            replies.append(reply.hex())
+        return {"code": "OK", "replies": replies}
+    except grpc.RpcError as error:
+        result = status(error)
+        result["replies"] = replies
+        return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("check")
@@ -256,6 +289,7 @@ def main() -> int:
     parser.add_argument("--cancel-when", default="", help="cancel: a file whose creation means the call is at the backend")
     parser.add_argument("--timeout", type=float, default=10.0)
     parser.add_argument("--payload", default="ping")
+    parser.add_argument("--frames", default="", help="spliced: hex tunnel messages, comma-separated")
     parser.add_argument("--stream", default="1000:10:50", help="slow-stream's request: N:SIZE:DELAY_MS")
     parser.add_argument("--issuer", default="gitlab")
     parser.add_argument("--lifetime", type=int, default=30)
@@ -274,6 +308,7 @@ def main() -> int:
         "concurrency": concurrency,
         "list-agents": list_agents,
         "steady": steady,
+        "spliced": spliced,
     }
     print(json.dumps(checks[args.check](args)), flush=True)
     return 0

@@ -130,6 +130,10 @@ pub struct TunnelMetrics {
     pub wait_duration: PerCoreHistogram,
     pub protocol_errors: PerCoreCounter,
     pub tunnels_reused: PerCoreCounter,
+    /// Framed calls from other nodes spliced into a tunnel of this node.
+    pub private_spliced: PerCoreCounter,
+    /// Calls this node sent framed to another node.
+    pub remote_framed: PerCoreCounter,
     methods: Arc<Mutex<HashSet<String>>>,
 }
 
@@ -182,6 +186,8 @@ impl TunnelMetrics {
             wait_duration: PerCoreHistogram::new(workers, PerCoreHistogram::latency_bounds()),
             protocol_errors: PerCoreCounter::new(workers),
             tunnels_reused: PerCoreCounter::new(workers),
+            private_spliced: PerCoreCounter::new(workers),
+            remote_framed: PerCoreCounter::new(workers),
             methods: Arc::default(),
         };
         registry.register(
@@ -232,6 +238,16 @@ impl TunnelMetrics {
             "sluice_tunnel_tunnels_reused",
             "Tunnels put back in the registry after a clean call (agents that declare reusable)",
             self.tunnels_reused.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_private_spliced_calls",
+            "Framed calls from other nodes whose tunnel messages this node spliced into an agent's tunnel unread (tunnel.splice_private_hop)",
+            self.private_spliced.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_remote_framed_calls",
+            "Calls this node sent to another node framed as tunnel messages, that node having offered it (tunnel.splice_private_hop)",
+            self.remote_framed.clone(),
         );
     }
 

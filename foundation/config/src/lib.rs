@@ -305,6 +305,10 @@ pub struct TunnelConfig {
     pub peer_allowlist: Vec<IpNetwork>,
     /// How long this node gives another node to connect and to acknowledge what it sent.
     pub peer_timeouts: PeerTimeouts,
+    /// Calls to and from other nodes that offer it travel as tunnel messages the node holding
+    /// the agent splices into its tunnel unread (default on; off: plain gRPC requests, as
+    /// nodes without framed calls send them).
+    pub splice_private_hop: bool,
     /// What one agent may hold on this node, and how large its Descriptor may be.
     pub agent_limits: AgentLimits,
     pub access_log: AccessLogConfig,

@@ -157,6 +157,7 @@ pub(crate) struct RawTunnel {
     pub(crate) peer_allowlist: Vec<Value>,
     pub(crate) peer_connect_timeout: Leaf,
     pub(crate) peer_unacked_timeout: Leaf,
+    pub(crate) splice_private_hop: Leaf,
     pub(crate) max_connections_per_agent: Leaf,
     pub(crate) max_tunnels_per_agent: Leaf,
     pub(crate) max_agent_services: Leaf,

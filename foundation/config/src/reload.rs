@@ -146,6 +146,10 @@ fn tunnel_plan(a: &TunnelConfig, b: &TunnelConfig, plan: &mut ReloadPlan) {
     restart(a.peer_tls != b.peer_tls, "peer_tls");
     restart(a.peer_allowlist != b.peer_allowlist, "peer_allowlist");
     restart(
+        a.splice_private_hop != b.splice_private_hop,
+        "splice_private_hop",
+    );
+    restart(
         a.agent_limits != b.agent_limits,
         "max_*_per_agent, max_agent_*, list_page_size",
     );

@@ -292,6 +292,7 @@ fn demo_tunnel(secret: Vec<u8>, secret_file: PathBuf, agent_token: &str) -> Tunn
         peer_tls: None,
         peer_allowlist: Vec::new(),
         peer_timeouts: Default::default(),
+        splice_private_hop: true,
         agent_limits: Default::default(),
         access_log: Default::default(),
     }

@@ -94,12 +94,20 @@ impl Responder {
 
     /// Reports the tunnel this node holds for the call (100 Continue) to the routing node that
     /// raced this one, and waits for it to start the request. Fails with `ClientGone` when the
-    /// routing node chose another node (reset) or went quiet.
-    pub(super) async fn report_ready(&mut self, body: &mut CallBody) -> Result<(), TunnelError> {
-        let ready = Response::builder()
+    /// routing node chose another node (reset) or went quiet. `offer`: the 100 Continue says
+    /// this node takes framed calls (`framed.rs`).
+    pub(super) async fn report_ready(
+        &mut self,
+        body: &mut CallBody,
+        offer: bool,
+    ) -> Result<(), TunnelError> {
+        let mut ready = Response::builder()
             .status(http::StatusCode::CONTINUE)
             .body(())
             .map_err(|_| TunnelError::client_gone())?;
+        if offer {
+            super::framed::offer(&mut ready);
+        }
         let respond = &mut self.respond;
         respond
             .send_informational(ready)

@@ -14,6 +14,7 @@ mod call;
 mod collector;
 mod disconnects;
 pub mod endpoints;
+mod framed;
 mod listing;
 mod pumps;
 mod quota;
@@ -84,6 +85,9 @@ pub struct NodeShared {
     peer_allowlist: Vec<sluice_config::IpNetwork>,
     /// How long another node gets to connect and to acknowledge what this node sent it.
     peer_timeouts: sluice_config::PeerTimeouts,
+    /// Calls between this node and other nodes that offer it travel framed
+    /// (`tunnel.splice_private_hop`, `framed.rs`).
+    pub(super) splice_private_hop: bool,
     settings: H2Settings,
     /// Publishes which agents this node holds and finds the others (multi-node); `None`
     /// without Redis.
@@ -224,6 +228,7 @@ impl NodeShared {
             peer_tls: config.peer_tls.as_ref().map(PeerTls::new).transpose()?,
             peer_allowlist: config.peer_allowlist.clone(),
             peer_timeouts: config.peer_timeouts,
+            splice_private_hop: config.splice_private_hop,
             settings: H2Settings::default(),
             locator,
             private_jwt: config
@@ -295,6 +300,7 @@ pub(crate) mod test_node {
             peer_tls: None,
             peer_allowlist: Vec::new(),
             peer_timeouts: Default::default(),
+            splice_private_hop: true,
             agent_limits,
             access_log: Default::default(),
         };

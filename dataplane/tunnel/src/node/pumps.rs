@@ -46,6 +46,35 @@ impl Upload {
         self.sent || !self.replay.overflowed
     }
 
+    /// A framed call's upload on the holding node: the routing node's chunks read before the
+    /// tunnel took the call, kept for another tunnel like a client's.
+    pub(super) fn spliced(early: &[Bytes], ended: bool) -> Self {
+        let mut replay = Replay::of(early);
+        replay.ended = ended;
+        Self {
+            early: Vec::new(),
+            sent: false,
+            replay,
+        }
+    }
+
+    /// Keeps a chunk taken from the caller's body (see [`Replay`]).
+    pub(super) fn record(&mut self, chunk: &Bytes) {
+        self.replay.record(chunk);
+    }
+
+    /// The caller's body ended: the replay holds all of it (unless it overflowed).
+    pub(super) fn body_ended(&mut self) {
+        self.replay.ended = true;
+    }
+
+    /// Whether any byte of the caller's request went out with this upload (or was taken for
+    /// it): a node that received them may have passed them on, so the call must not go to
+    /// another route, which could run it twice.
+    pub(super) fn took_any(&self) -> bool {
+        self.sent || self.replay.size > 0
+    }
+
     /// Puts the request read so far back in the call's `early` chunks (and `ended` flag, see
     /// [`CallBody`]) for the next tunnel; a request sent whole is still there.
     pub(super) fn restore(self, early: &mut Vec<Bytes>, ended: &mut bool) {
@@ -100,7 +129,7 @@ fn agent_gone(why: impl ToString) -> TunnelError {
 
 /// A send down a tunnel failed. REFUSED_STREAM: the agent withdrew the tunnel unread (see
 /// `ReadError::Refused`), so the call may go down another one; anything else: the agent is gone.
-fn send_failed(error: h2::Error) -> TunnelError {
+pub(super) fn send_failed(error: h2::Error) -> TunnelError {
     if error.reason() == Some(h2::Reason::REFUSED_STREAM) {
         return TunnelError::new(ErrorKind::StaleTunnel, error.to_string());
     }

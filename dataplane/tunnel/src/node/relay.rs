@@ -15,6 +15,7 @@ use sluice_grpc::transport::{recv_data, recv_data_held, release, send_data};
 use sluice_grpc::{encode_timeout, Code};
 
 use super::answer::{status_headers, Responder};
+use super::framed::{frame_up, framed_answer, offered};
 use super::pumps::{
     pump_down, pump_up, take_ready_chunks, whole_request, CallBody, Replay, Upload,
 };
@@ -32,15 +33,22 @@ use crate::wire::{request_info_frame_into, HeaderMetadata};
 pub(super) struct CallHead<'a> {
     method: &'a str,
     headers: &'a HeaderMap,
-    deadline: Option<Instant>,
+    pub(super) agent: AgentId,
+    pub(super) deadline: Option<Instant>,
 }
 
 impl<'a> CallHead<'a> {
     /// `headers`: the client's (hop headers are left out when encoding).
-    pub(super) fn new(method: &'a str, headers: &'a HeaderMap, deadline: Option<Instant>) -> Self {
+    pub(super) fn new(
+        method: &'a str,
+        headers: &'a HeaderMap,
+        agent: AgentId,
+        deadline: Option<Instant>,
+    ) -> Self {
         Self {
             method,
             headers,
+            agent,
             deadline,
         }
     }
@@ -79,6 +87,21 @@ pub(super) async fn start_local(
     if !body.ended {
         take_ready_chunks(body).await?;
     }
+    let (first, upload) = first_frame(node, head, body);
+    send_data(&mut tunnel.send, first, false)
+        .await
+        .map_err(|error| TunnelError::new(ErrorKind::StaleTunnel, error.to_string()))?;
+    Ok(upload)
+}
+
+/// The first bytes of a call's tunnel messages: its RequestInfo, with the whole request and
+/// CloseSend when the client's body already ended (then `Upload::sent`, and the body's chunks
+/// stay in `body.early`); otherwise the chunks read so far move to the upload.
+pub(super) fn first_frame(
+    node: &NodeShared,
+    head: &CallHead<'_>,
+    body: &mut CallBody,
+) -> (Bytes, Upload) {
     let whole = body
         .ended
         .then(|| {
@@ -94,20 +117,18 @@ pub(super) async fn start_local(
         Some(whole) => whole,
         None => head.frame(),
     };
-    send_data(&mut tunnel.send, first, false)
-        .await
-        .map_err(|error| TunnelError::new(ErrorKind::StaleTunnel, error.to_string()))?;
     let (early, replay) = if sent {
         (Vec::new(), Replay::default())
     } else {
         let replay = Replay::of(&body.early);
         (std::mem::take(&mut body.early), replay)
     };
-    Ok(Upload {
+    let upload = Upload {
         early,
         sent,
         replay,
-    })
+    };
+    (first, upload)
 }
 
 /// Relays a started call through a local tunnel until the agent's status; a tunnel that
@@ -121,7 +142,6 @@ pub(super) async fn relay_local(
     worker: usize,
 ) -> Result<Code, TunnelError> {
     let (client_body, responder) = call;
-    let agent = tunnel.agent;
     let outcome = {
         let up = std::pin::pin!(pump_up(
             up,
@@ -138,12 +158,23 @@ pub(super) async fn relay_local(
         ));
         run_call(up, down, deadline).await
     };
+    end_of_call(node, tunnel, outcome, worker)
+}
+
+/// What a tunnel becomes after its call: back in the registry for the next call when both
+/// sides finished cleanly (the agent then waits for the next RequestInfo on this stream),
+/// closed properly when the call ended otherwise, reset when the call failed.
+pub(super) fn end_of_call(
+    node: &Arc<NodeShared>,
+    mut tunnel: TunnelStreams,
+    outcome: Result<((Code, bool), bool), TunnelError>,
+    worker: usize,
+) -> Result<Code, TunnelError> {
+    let agent = tunnel.agent;
     match outcome {
         Ok(((code, ended_with_trailer), up_finished)) => {
             if tunnel.reusable && ended_with_trailer && up_finished && tunnel.reader.buffered() == 0
             {
-                // Both sides finished cleanly: the agent waits for the next RequestInfo on this
-                // stream, so the tunnel goes back to the registry instead of closing.
                 node.metrics.tunnels_reused.inc(worker);
                 give_back(node, tunnel);
             } else {
@@ -196,15 +227,16 @@ impl Unconfirmed {
     }
 }
 
-/// Relays a call another node took: client request to it, its answer back. A call sent
-/// directly (not confirmed yet) streams its body at once and waits, until `until`, for the
-/// node's 100 Continue; before it the call is still being routed, and ends as `Unconfirmed`.
+/// Relays a call another node took: client request to it, its answer back, as a plain gRPC
+/// request or framed (`framed.rs`) when that node offered it. A call sent directly (not
+/// confirmed yet) streams its body at once and waits, until `until`, for the node's 100
+/// Continue; before it the call is still being routed, and ends as `Unconfirmed`.
 pub(super) async fn relay_remote(
+    node: &NodeShared,
+    head: &CallHead<'_>,
     call: RemoteCall,
     client: &mut CallBody,
     responder: &mut Responder,
-    deadline: Option<Instant>,
-    agent: AgentId,
     until: Instant,
 ) -> Result<Result<Code, TunnelError>, Unconfirmed> {
     let RemoteCall {
@@ -213,15 +245,22 @@ pub(super) async fn relay_remote(
         mut response,
         send: mut peer_send,
         confirmed,
+        framed,
+        offers,
     } = call;
-    tracing::trace!(agent, node = %peer_name, confirmed, "relaying through another node");
+    let (agent, deadline) = (head.agent, head.deadline);
+    tracing::trace!(agent, node = %peer_name, confirmed, framed, "relaying through another node");
     let peer_gone = move |error: h2::Error| {
         TunnelError::new(ErrorKind::PeerGone, format!("node {address}: {error}"))
     };
     let forwarded = Cell::new(false);
     let confirmed = Cell::new(confirmed);
+    let mut upload = None;
     // Client -> peer: DATA as it arrives (the peer's node checks the framing).
     let up = async {
+        if framed {
+            return frame_up(node, head, client, &mut upload, &mut peer_send, peer_gone).await;
+        }
         // Chunks read before this route (a tunnel that broke before taking them).
         for chunk in std::mem::take(&mut client.early) {
             forwarded.set(true);
@@ -249,20 +288,28 @@ pub(super) async fn relay_remote(
     };
     let down = async {
         if !confirmed.get() {
-            match confirmation(&mut response, until, responder).await {
+            match confirmation(&mut response, until, responder, &offers).await {
                 Ok(()) => confirmed.set(true),
                 Err(why) => return Ok(Err(why)),
             }
         }
-        pass_remote_answer(response, responder, peer_gone)
-            .await
-            .map(Ok)
+        let answered = if framed {
+            framed_answer(node, response, responder, peer_gone).await
+        } else {
+            pass_remote_answer(response, responder, peer_gone).await
+        };
+        answered.map(Ok)
     };
     let outcome = {
         let up = std::pin::pin!(up);
         let down = std::pin::pin!(down);
         run_call(up, down, deadline).await
     };
+    // As for a plain call: once any byte of the request went to the node, the call cannot go
+    // elsewhere (that node may have passed it on).
+    if upload.as_ref().is_some_and(Upload::took_any) {
+        forwarded.set(true);
+    }
     let unconfirmed = |why: UnconfirmedWhy| match why {
         UnconfirmedWhy::Expired => Unconfirmed::Expired,
         UnconfirmedWhy::ClientReset => Unconfirmed::ClientReset,
@@ -334,6 +381,7 @@ async fn confirmation(
     response: &mut h2::client::ResponseFuture,
     until: Instant,
     responder: &mut Responder,
+    offers: &Cell<bool>,
 ) -> Result<(), UnconfirmedWhy> {
     let informational = monoio::select! {
         informational = poll_fn(|cx| response.poll_informational(cx)) => informational,
@@ -342,7 +390,12 @@ async fn confirmation(
     };
     let refused = |why| Err(UnconfirmedWhy::Refused(why));
     match informational {
-        Some(Ok(info)) if info.status() == http::StatusCode::CONTINUE => Ok(()),
+        Some(Ok(info)) if info.status() == http::StatusCode::CONTINUE => {
+            if offered(&info) {
+                offers.set(true);
+            }
+            Ok(())
+        }
         Some(Ok(info)) => refused(RefusedWhy::Unexpected(info.status())),
         Some(Err(error)) => refused(RefusedWhy::Failed(error.to_string())),
         // A final answer without a tunnel (none in time, refused, shutting down, ...).
@@ -441,7 +494,7 @@ fn in_call_to(agent: AgentId, error: TunnelError) -> TunnelError {
 /// The pumps are pinned by the caller and the deadline's timer is boxed: a call's future is
 /// moved (copied) at every level of `.await`, and a pump held here by value, or a timer (640
 /// bytes, 128-byte aligned), would be copied along with it on every call.
-async fn run_call<T, U, D>(
+pub(super) async fn run_call<T, U, D>(
     mut up: Pin<&mut U>,
     mut down: Pin<&mut D>,
     deadline: Option<Instant>,

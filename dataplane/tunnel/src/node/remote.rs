@@ -2,10 +2,11 @@
 //! connections to other nodes' private endpoints, and the race that picks the first node with a
 //! ready tunnel.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::poll_fn;
 use std::net::SocketAddr;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -20,6 +21,7 @@ use sluice_grpc::encode_timeout;
 use sluice_locator::{AgentLocator, LocatorError};
 
 use super::call::header_text;
+use super::framed::SPLICE_PATH;
 use super::route::{peers_of, Peer};
 use super::NodeShared;
 use crate::error::{ErrorKind, TunnelError};
@@ -119,6 +121,19 @@ pub(super) struct RemoteCall {
     pub(super) send: SendStream<Bytes>,
     /// Whether the node already reported its tunnel.
     pub(super) confirmed: bool,
+    /// Sent framed (`framed.rs`): the connection's node offered it earlier.
+    pub(super) framed: bool,
+    /// Set when the node's 100 Continue offers framed calls: the connection's flag.
+    pub(super) offers: Rc<Cell<bool>>,
+}
+
+/// This core's connection to one other node's private endpoint.
+#[derive(Debug)]
+struct PeerConnection {
+    send: SendRequest<Bytes>,
+    /// The node offered framed calls on this connection (learnt from a 100 Continue; a new
+    /// connection starts without, so a node replaced by an older one is never sent them).
+    offers: Rc<Cell<bool>>,
 }
 
 /// How long a core reuses the locator's listing of an agent's nodes. Agents' Redis entries live
@@ -133,7 +148,7 @@ const MAX_REMOTE_LISTINGS: usize = 4096;
 pub(super) struct RemoteRouting {
     node: Arc<NodeShared>,
     pub(super) locator: Arc<dyn AgentLocator>,
-    peers: RefCell<HashMap<SocketAddr, SendRequest<Bytes>>>,
+    peers: RefCell<HashMap<SocketAddr, PeerConnection>>,
     /// Per agent: when the locator was last asked and the other nodes it listed.
     listings: RefCell<HashMap<AgentId, (Instant, Vec<Peer>)>>,
     /// The `authorization` value of this second's node token. A token's claims are whole
@@ -200,18 +215,26 @@ impl RemoteRouting {
         Ok(nodes)
     }
 
-    /// This core's connection to another node's private endpoint.
-    async fn peer(&self, address: SocketAddr) -> Result<SendRequest<Bytes>, PeerFailure> {
+    /// This core's connection to another node's private endpoint, ready for a request, and
+    /// whether that node offered framed calls on it.
+    async fn peer(
+        &self,
+        address: SocketAddr,
+    ) -> Result<(SendRequest<Bytes>, Rc<Cell<bool>>), PeerFailure> {
         // Addresses come from Redis: whoever can write there could point this node (and the
         // private JWT it presents) anywhere, so they must lie in `tunnel.peer_allowlist`.
         if !peer_allowed(&self.node.peer_allowlist, address) {
             self.node.metrics.peer_refused();
             return Err(PeerFailure::NotAllowed(address));
         }
-        let existing = self.peers.borrow().get(&address).cloned();
-        if let Some(peer) = existing {
+        let existing = self
+            .peers
+            .borrow()
+            .get(&address)
+            .map(|peer| (peer.send.clone(), peer.offers.clone()));
+        if let Some((peer, offers)) = existing {
             if let Ok(ready) = peer.ready().await {
-                return Ok(ready);
+                return Ok((ready, offers));
             }
             self.peers.borrow_mut().remove(&address);
         }
@@ -239,10 +262,13 @@ impl RemoteRouting {
         .await
         .inspect_err(|_| self.node.metrics.peer_connect_failed())?;
         let ready = connection.ready().await?;
-        self.peers
-            .borrow_mut()
-            .insert(address, connection.send_request);
-        Ok(ready)
+        let offers = Rc::new(Cell::new(false));
+        let kept = PeerConnection {
+            send: connection.send_request,
+            offers: offers.clone(),
+        };
+        self.peers.borrow_mut().insert(address, kept);
+        Ok((ready, offers))
     }
 
     /// Opens the call on every candidate node at once; the first that reports a ready tunnel
@@ -264,12 +290,14 @@ impl RemoteRouting {
             .map(|(name, address)| async move {
                 self.open(*address, parts, deadline, agent, token)
                     .await
-                    .map(|(response, send)| RemoteCall {
+                    .map(|started| RemoteCall {
                         node: name.clone(),
                         address: *address,
-                        response,
-                        send,
+                        response: started.response,
+                        send: started.send,
                         confirmed: true,
+                        framed: started.framed,
+                        offers: started.offers,
                     })
                     .map_err(|why| (why.unreachable(), format!("node {name} ({address}): {why}")))
             })
@@ -304,7 +332,7 @@ impl RemoteRouting {
     ) -> Result<RemoteCall, PeersFailed> {
         let (name, address) = candidate;
         let token = self.token().map_err(PeersFailed::refused)?;
-        let (response, send) = self
+        let started = self
             .start(*address, parts, deadline, agent, &token)
             .await
             .map_err(|why| PeersFailed {
@@ -317,9 +345,11 @@ impl RemoteRouting {
         Ok(RemoteCall {
             node: name.clone(),
             address: *address,
-            response,
-            send,
+            response: started.response,
+            send: started.send,
             confirmed: false,
+            framed: started.framed,
+            offers: started.offers,
         })
     }
 
@@ -361,7 +391,8 @@ impl RemoteRouting {
     }
 
     /// Sends the call's headers to one node's private endpoint on this core's connection to
-    /// it (opened, or opened again, when there is none that works).
+    /// it (opened, or opened again, when there is none that works): framed when that node
+    /// offered it on this connection.
     async fn start(
         &self,
         address: SocketAddr,
@@ -369,20 +400,37 @@ impl RemoteRouting {
         deadline: Option<Instant>,
         agent: AgentId,
         token: &HeaderValue,
-    ) -> Result<(ResponseFuture, SendStream<Bytes>), PeerFailure> {
+    ) -> Result<Started, PeerFailure> {
         let authority = self.authority(address)?;
-        let request = peer_request(&authority, parts, deadline, agent, token)?;
-        let mut peer = self.peer(address).await?;
-        match peer.send_request(request, false) {
-            Ok(started) => Ok(started),
+        let call = PeerCall {
+            authority: &authority,
+            parts,
+            deadline,
+            agent,
+            token,
+        };
+        let (mut peer, offers) = self.peer(address).await?;
+        let framed = self.node.splice_private_hop && offers.get();
+        match peer.send_request(call.request(framed)?, false) {
+            Ok((response, send)) => Ok(Started {
+                response,
+                send,
+                framed,
+                offers,
+            }),
             // The kept connection was closed meanwhile (the peer's idle timeout or connection
             // age, a GOAWAY): nothing was sent, so one new connection is tried at once rather
-            // than counting the node out of this call.
+            // than counting the node out of this call. It has offered nothing yet.
             Err(_) => {
                 self.peers.borrow_mut().remove(&address);
-                let request = peer_request(&authority, parts, deadline, agent, token)?;
-                let mut peer = self.peer(address).await?;
-                Ok(peer.send_request(request, false)?)
+                let (mut peer, offers) = self.peer(address).await?;
+                let (response, send) = peer.send_request(call.request(false)?, false)?;
+                Ok(Started {
+                    response,
+                    send,
+                    framed: false,
+                    offers,
+                })
             }
         }
     }
@@ -396,15 +444,21 @@ impl RemoteRouting {
         deadline: Option<Instant>,
         agent: AgentId,
         token: &HeaderValue,
-    ) -> Result<(ResponseFuture, SendStream<Bytes>), PeerFailure> {
-        let (mut response, send) = self.start(address, parts, deadline, agent, token).await?;
+    ) -> Result<Started, PeerFailure> {
+        let mut started = self.start(address, parts, deadline, agent, token).await?;
+        let response = &mut started.response;
         match poll_fn(|cx| response.poll_informational(cx)).await {
-            Some(Ok(info)) if info.status() == http::StatusCode::CONTINUE => Ok((response, send)),
+            Some(Ok(info)) if info.status() == http::StatusCode::CONTINUE => {
+                if super::framed::offered(&info) {
+                    started.offers.set(true);
+                }
+                Ok(started)
+            }
             Some(Ok(info)) => Err(PeerFailure::Unexpected(info.status())),
             Some(Err(error)) => Err(error.into()),
             // A final answer without a ready tunnel (no tunnel in time, refused, ...).
             None => {
-                let answer = response.await?;
+                let answer = started.response.await?;
                 let text = |name: &str| header_text(answer.headers(), name).unwrap_or("");
                 Err(PeerFailure::Answered(
                     text("grpc-status").to_string(),
@@ -413,6 +467,14 @@ impl RemoteRouting {
             }
         }
     }
+}
+
+/// A call's stream opened on another node.
+struct Started {
+    response: ResponseFuture,
+    send: SendStream<Bytes>,
+    framed: bool,
+    offers: Rc<Cell<bool>>,
 }
 
 /// Why one node of a race did not take the call (reported in the race's error message).
@@ -481,47 +543,59 @@ fn peer_allowed(allowlist: &[sluice_config::IpNetwork], address: SocketAddr) -> 
             .any(|network| network.contains(address.ip()))
 }
 
-/// The call as forwarded to another node: the client's metadata, the node's token, the agent,
-/// the remaining deadline, and a request for readiness first.
-fn peer_request(
-    authority: &Authority,
-    parts: &http::request::Parts,
+/// What a call forwarded to another node carries in its request head.
+struct PeerCall<'a> {
+    authority: &'a Authority,
+    parts: &'a http::request::Parts,
     deadline: Option<Instant>,
     agent: AgentId,
-    token: &HeaderValue,
-) -> Result<Request<()>, http::Error> {
-    // The client's parsed path is shared, not formatted and parsed again.
-    let mut uri = http::uri::Parts::default();
-    uri.scheme = Some(http::uri::Scheme::HTTP);
-    uri.authority = Some(authority.clone());
-    uri.path_and_query = parts.uri.path_and_query().cloned();
-    let mut request = Request::post(Uri::from_parts(uri)?).body(())?;
-    let headers = request.headers_mut();
-    // The client's metadata as it arrived (it passed this node's limits then), hop headers
-    // left out: values are shared, not copied, and nothing is parsed again.
-    let _ = headers.try_reserve(parts.headers.len() + 4);
-    for (name, value) in &parts.headers {
-        if !is_hop_header(name) {
-            headers.append(name.clone(), value.clone());
+    token: &'a HeaderValue,
+}
+
+impl PeerCall<'_> {
+    /// The request head: the node's token, the agent, the remaining deadline and a request
+    /// for readiness first; the client's method and metadata too unless the call is framed
+    /// (then they travel in its RequestInfo).
+    fn request(&self, framed: bool) -> Result<Request<()>, http::Error> {
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = Some(http::uri::Scheme::HTTP);
+        uri.authority = Some(self.authority.clone());
+        uri.path_and_query = if framed {
+            Some(http::uri::PathAndQuery::from_static(SPLICE_PATH))
+        } else {
+            // The client's parsed path is shared, not formatted and parsed again.
+            self.parts.uri.path_and_query().cloned()
+        };
+        let mut request = Request::post(Uri::from_parts(uri)?).body(())?;
+        let headers = request.headers_mut();
+        if !framed {
+            // The client's metadata as it arrived (it passed this node's limits then), hop
+            // headers left out: values are shared, not copied, and nothing is parsed again.
+            let _ = headers.try_reserve(self.parts.headers.len() + 4);
+            for (name, value) in &self.parts.headers {
+                if !is_hop_header(name) {
+                    headers.append(name.clone(), value.clone());
+                }
+            }
         }
-    }
-    headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
-    headers
-        .entry(http::header::CONTENT_TYPE)
-        .or_insert(HeaderValue::from_static("application/grpc"));
-    headers.insert(
-        http::header::EXPECT,
-        HeaderValue::from_static("100-continue"),
-    );
-    headers.insert(http::header::AUTHORIZATION, token.clone());
-    headers.insert(AGENT_ID, HeaderValue::from(agent));
-    if let Some(deadline) = deadline {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        if let Ok(value) = HeaderValue::from_str(&encode_timeout(remaining)) {
-            headers.insert(TIMEOUT, value);
+        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+        headers
+            .entry(http::header::CONTENT_TYPE)
+            .or_insert(HeaderValue::from_static("application/grpc"));
+        headers.insert(
+            http::header::EXPECT,
+            HeaderValue::from_static("100-continue"),
+        );
+        headers.insert(http::header::AUTHORIZATION, self.token.clone());
+        headers.insert(AGENT_ID, HeaderValue::from(self.agent));
+        if let Some(deadline) = self.deadline {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if let Ok(value) = HeaderValue::from_str(&encode_timeout(remaining)) {
+                headers.insert(TIMEOUT, value);
+            }
         }
+        Ok(request)
     }
-    Ok(request)
 }
 
 #[cfg(test)]

@@ -13,7 +13,8 @@ use sluice_locator::EventListener;
 
 use super::answer::{ClientReset, Responder};
 use super::call::CallTarget;
-use super::pumps::CallBody;
+use super::framed::{relay_spliced, start_spliced};
+use super::pumps::{CallBody, Upload};
 use super::relay::{relay_local, relay_remote, start_local, CallHead};
 use super::remote::{RemoteCall, RemoteRouting};
 use super::route::{RouteEvent, RouteState, RouteStep};
@@ -60,6 +61,24 @@ pub(super) struct Router<'a> {
     pub(super) worker: usize,
     /// The route the call last took, for its latency's label.
     taken: std::cell::Cell<crate::metrics::CallRoute>,
+    /// How the call goes down a tunnel of this node.
+    carry: Carry,
+}
+
+/// How a call goes down a tunnel of this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Carry {
+    /// A client's gRPC call: RequestInfo from its headers, its messages wrapped (`relay.rs`).
+    Relay,
+    /// A routing node's framed call: its tunnel messages spliced in unread (`framed.rs`).
+    Splice,
+}
+
+/// How carrying a call on a local tunnel ended.
+enum Carried {
+    Ended(Result<Code, TunnelError>),
+    /// The tunnel failed before the call used it: routing decides again.
+    Again(RouteEvent<'static>),
 }
 
 impl<'a> Router<'a> {
@@ -78,7 +97,14 @@ impl<'a> Router<'a> {
             parts,
             worker,
             taken: std::cell::Cell::new(crate::metrics::CallRoute::None),
+            carry: Carry::Relay,
         }
+    }
+
+    /// The call is a routing node's framed call (`framed.rs`).
+    pub(super) fn splicing(mut self) -> Self {
+        self.carry = Carry::Splice;
+        self
     }
 
     /// The route the call took ([`CallRoute::None`](crate::metrics::CallRoute) before any).
@@ -98,7 +124,12 @@ impl Router<'_> {
         responder: &mut Responder,
     ) -> Result<Code, TunnelError> {
         let node = &**self.node;
-        let head = CallHead::new(self.parts.uri.path(), &self.parts.headers, self.deadline);
+        let head = CallHead::new(
+            self.parts.uri.path(),
+            &self.parts.headers,
+            self.agent,
+            self.deadline,
+        );
         let mut body = CallBody {
             body,
             early: Vec::new(),
@@ -119,17 +150,19 @@ impl Router<'_> {
                 .route(&mut state, step, responder)
                 .await
                 .inspect_err(|_| self.observe_wait(&state))?;
-            let mut tunnel = match route {
+            let tunnel = match route {
                 Route::Local(tunnel) => {
                     self.taken.set(crate::metrics::CallRoute::Local);
                     tunnel
                 }
                 Route::Remote(call) => {
                     self.taken.set(crate::metrics::CallRoute::Remote);
+                    if call.framed {
+                        node.metrics.remote_framed.inc(self.worker);
+                    }
                     let until = state.wait_until();
                     let relayed =
-                        relay_remote(call, &mut body, responder, self.deadline, self.agent, until)
-                            .await;
+                        relay_remote(node, &head, call, &mut body, responder, until).await;
                     match relayed {
                         Ok(outcome) => return outcome,
                         // A node called directly did not take the call after all: routing
@@ -142,38 +175,102 @@ impl Router<'_> {
                 }
             };
             if std::mem::take(&mut report) {
-                if let Err(error) = responder.report_ready(&mut body).await {
+                let offer = self.node.splice_private_hop;
+                if let Err(error) = responder.report_ready(&mut body, offer).await {
                     give_back(self.node, tunnel);
                     return Err(error);
                 }
             }
-            match start_local(node, &mut tunnel, &head, &mut body).await {
-                Ok(mut up) => {
-                    self.observe_wait(&state);
-                    let call = (&mut body.body, &mut *responder);
-                    let relayed =
-                        relay_local(self.node, tunnel, &mut up, call, self.deadline, self.worker)
-                            .await;
-                    match relayed {
-                        Err(error) if refused_unread(&error, up.replayable(), responder) => {
-                            up.restore(&mut body.early, &mut body.ended);
-                            let failed = RouteEvent::Failed {
-                                error,
-                                replied: false,
-                            };
-                            step = state.next_step(failed, Instant::now());
-                        }
-                        other => return other,
-                    }
+            let carried = match self.carry {
+                Carry::Relay => {
+                    self.relay_local(tunnel, &head, &mut body, &state, responder)
+                        .await
                 }
-                Err(error) => {
-                    let failed = RouteEvent::Failed {
-                        error,
-                        replied: responder.replied(),
-                    };
-                    step = state.next_step(failed, Instant::now());
+                Carry::Splice => {
+                    self.splice_local(tunnel, &mut body, &state, responder)
+                        .await
                 }
+            };
+            match carried {
+                Carried::Ended(outcome) => return outcome,
+                Carried::Again(failed) => step = state.next_step(failed, Instant::now()),
             }
+        }
+    }
+
+    /// A call on a tunnel of this node: started (RequestInfo down), then relayed.
+    async fn relay_local(
+        &self,
+        mut tunnel: TunnelStreams,
+        head: &CallHead<'_>,
+        body: &mut CallBody,
+        state: &RouteState,
+        responder: &mut Responder,
+    ) -> Carried {
+        let mut up = match start_local(self.node, &mut tunnel, head, body).await {
+            Ok(up) => up,
+            Err(error) => return self.not_started(error, responder),
+        };
+        self.observe_wait(state);
+        let call = (&mut body.body, &mut *responder);
+        let relayed =
+            relay_local(self.node, tunnel, &mut up, call, self.deadline, self.worker).await;
+        self.relayed(relayed, up, body, responder)
+    }
+
+    /// A framed call from a routing node on a tunnel of this node: its frames spliced in.
+    async fn splice_local(
+        &self,
+        mut tunnel: TunnelStreams,
+        body: &mut CallBody,
+        state: &RouteState,
+        responder: &mut Responder,
+    ) -> Carried {
+        let (mut up, scanner) = match start_spliced(self.node, &mut tunnel, body).await {
+            Ok(started) => started,
+            Err(error) => return self.not_started(error, responder),
+        };
+        self.observe_wait(state);
+        self.node.metrics.private_spliced.inc(self.worker);
+        let call = (&mut *body, &mut *responder);
+        let relayed = relay_spliced(
+            self.node,
+            tunnel,
+            (&mut up, scanner),
+            call,
+            self.deadline,
+            self.worker,
+        )
+        .await;
+        self.relayed(relayed, up, body, responder)
+    }
+
+    /// A tunnel that failed before the call was started on it: routing decides again.
+    fn not_started(&self, error: TunnelError, responder: &Responder) -> Carried {
+        Carried::Again(RouteEvent::Failed {
+            error,
+            replied: responder.replied(),
+        })
+    }
+
+    /// A relayed call's end; one the agent refused unread goes back to routing with all of
+    /// its request.
+    fn relayed(
+        &self,
+        relayed: Result<Code, TunnelError>,
+        up: Upload,
+        body: &mut CallBody,
+        responder: &Responder,
+    ) -> Carried {
+        match relayed {
+            Err(error) if refused_unread(&error, up.replayable(), responder) => {
+                up.restore(&mut body.early, &mut body.ended);
+                Carried::Again(RouteEvent::Failed {
+                    error,
+                    replied: false,
+                })
+            }
+            other => Carried::Ended(other),
         }
     }
 
@@ -436,6 +533,7 @@ mod tests {
             parts: &parts,
             worker: 0,
             taken: std::cell::Cell::new(crate::metrics::CallRoute::None),
+            carry: Carry::Relay,
         };
         let other = cluster.locator("b", "10.0.0.2:2");
         let started = Instant::now();
@@ -476,6 +574,7 @@ mod tests {
             parts: &parts,
             worker: 0,
             taken: std::cell::Cell::new(crate::metrics::CallRoute::None),
+            carry: Carry::Relay,
         };
         let mut state = RouteState::new(5, None, node.max_wait(), false, Instant::now());
         let step = state.start();

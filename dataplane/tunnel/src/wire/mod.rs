@@ -2,6 +2,7 @@
 //! conversion between HTTP/2 headers and tunnel metadata is in `metadata`.
 
 mod metadata;
+pub mod splice;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use h2::RecvStream;

@@ -211,6 +211,7 @@ fn start_node_hooked(
         peer_tls: None,
         peer_allowlist: Vec::new(),
         peer_timeouts: Default::default(),
+        splice_private_hop: true,
         agent_limits: Default::default(),
         access_log: Default::default(),
     };

@@ -3,7 +3,7 @@
 
 use serde_norway::Value;
 
-use super::{scalar, Errors};
+use super::{flag, scalar, Errors};
 use crate::raw::RawAccessLog;
 use crate::AccessLogConfig;
 
@@ -35,21 +35,6 @@ pub(super) fn access_log(
             defaults.errors_always,
             errors,
         ),
-    }
-}
-
-fn flag(value: Option<&Value>, path: &str, default: bool, errors: &mut Errors) -> bool {
-    let Some(value) = value else {
-        return default;
-    };
-    match scalar(value, path, errors).as_deref() {
-        Some("true") => true,
-        Some("false") => false,
-        Some(other) => {
-            errors.push(path, format!("expected true or false, found {other:?}"));
-            default
-        }
-        None => default,
     }
 }
 

@@ -218,6 +218,22 @@ fn text(leaf: &Leaf, path: &str, default: &str, errors: &mut Errors) -> String {
 }
 
 /// The text of a scalar leaf, or `None` (with an error) for mappings and sequences.
+/// A `true`/`false` field; `default` when absent.
+pub(crate) fn flag(value: Option<&Value>, path: &str, default: bool, errors: &mut Errors) -> bool {
+    let Some(value) = value else {
+        return default;
+    };
+    match scalar(value, path, errors).as_deref() {
+        Some("true") => true,
+        Some("false") => false,
+        Some(other) => {
+            errors.push(path, format!("expected true or false, found {other:?}"));
+            default
+        }
+        None => default,
+    }
+}
+
 pub(crate) fn scalar(value: &Value, path: &str, errors: &mut Errors) -> Option<String> {
     match value {
         Value::String(text) => Some(text.clone()),

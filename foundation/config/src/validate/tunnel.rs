@@ -105,6 +105,12 @@ pub(super) fn tunnel(raw: &RawTunnel, errors: &mut Errors) -> TunnelConfig {
         peer_tls: raw.peer_tls.as_ref().and_then(|raw| peer_tls(raw, errors)),
         peer_allowlist: peer_allowlist(raw, errors),
         peer_timeouts: peer_timeouts(raw, errors),
+        splice_private_hop: super::flag(
+            raw.splice_private_hop.as_ref(),
+            "tunnel.splice_private_hop",
+            true,
+            errors,
+        ),
         agent_limits: agent_limits(raw, errors),
         access_log: super::access_log::access_log(
             raw.access_log.as_ref(),

@@ -19,6 +19,7 @@ use sluice_runtime::{
 
 use super::super::answer::Responder;
 use super::super::call::expects_continue;
+use super::super::framed::SPLICE_PATH;
 use super::super::router::{Readiness, Router};
 use super::super::NodeShared;
 use super::access::CallLine;
@@ -78,6 +79,8 @@ impl PrivateHandler {
         let (parts, body) = request.into_parts();
         let mut responder = Responder::new(respond);
         let authenticated = self.authenticate(&parts.headers);
+        // A routing node sends framed calls only after this node offered them.
+        let spliced = node.splice_private_hop && parts.uri.path() == SPLICE_PATH;
         let is_authenticated = authenticated.is_ok();
         let admitted = authenticated
             .and_then(|()| parse_request(parts.uri.path(), &parts.headers))
@@ -93,7 +96,10 @@ impl PrivateHandler {
             Ok(Admitted::ListAgents) => Box::pin(list_agents(node, body, &mut responder)).await,
             Ok(Admitted::Call(target)) => {
                 // Never to other nodes (no `RemoteRouting`), so forwarded calls cannot loop.
-                let router = Router::new(&self.node, None, &target, &parts, conn.worker());
+                let mut router = Router::new(&self.node, None, &target, &parts, conn.worker());
+                if spliced {
+                    router = router.splicing();
+                }
                 let readiness = if expects_continue(&parts.headers) {
                     Readiness::Report
                 } else {

@@ -1,0 +1,207 @@
+//! The private hop between nodes: framed calls (the holding node splices the routing node's
+//! tunnel messages into the agent's tunnel unread) where both nodes offer them, plain gRPC
+//! requests to and from a node that does not (`tunnel.splice_private_hop: false`, as a node
+//! without framed calls), and a framed call's checks against a node-token holder.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+mod common;
+
+use common::{client_args, metric, start_agent, wait_for_idle_tunnels, Secrets};
+use test_support::{on_both_drivers, tunnel_client, GrpcBackend, RedisServer, SluiceProcess};
+
+on_both_drivers!(framed_calls_carry_every_call_shape_between_nodes);
+
+struct Nodes {
+    secrets: Secrets,
+    private_secret: std::path::PathBuf,
+    nodes: Vec<SluiceProcess>,
+    _redis: RedisServer,
+}
+
+/// One node per entry of `splicing` (its `tunnel.splice_private_hop`), sharing a redis-server.
+fn nodes(driver: &str, splicing: &[bool]) -> Nodes {
+    let redis = RedisServer::start().unwrap();
+    let redis_yaml = format!(
+        "redis:\n  url: '{}'\n  key_prefix: hop\n  unregister_delay: 500ms\n",
+        redis.unix_url()
+    );
+    let secrets = Secrets::on(driver);
+    let private_secret = secrets.dir.path().join("private.secret");
+    std::fs::write(
+        &private_secret,
+        "private-node-secret-0123456789abcdef0123\n",
+    )
+    .unwrap();
+    let nodes = splicing
+        .iter()
+        .enumerate()
+        .map(|(index, splice)| {
+            let tunnel_extra = format!(
+                "  node_name: node-{index}\n  splice_private_hop: {splice}\n  private_jwt: {{secret_file: '{}', issuer: sluice-node, audience: sluice-private}}\n",
+                private_secret.display()
+            );
+            common::start_node_on(&secrets, "10s", 32 * 1024 * 1024, None, driver, &tunnel_extra, &redis_yaml, None)
+        })
+        .collect();
+    Nodes {
+        secrets,
+        private_secret,
+        nodes,
+        _redis: redis,
+    }
+}
+
+fn counter(node: &SluiceProcess, name: &str) -> f64 {
+    metric(node, &format!("{name}_total")).unwrap_or(0.0)
+}
+
+const FRAMED: &str = "sluice_tunnel_remote_framed_calls";
+const SPLICED: &str = "sluice_tunnel_private_spliced_calls";
+
+fn shapes_through(caller: &SluiceProcess, secrets: &Secrets, agent: i64) {
+    let result = tunnel_client("shapes", &client_args(caller, secrets, agent));
+    assert_eq!(result["unary"], "hello", "{result}");
+    assert_eq!(result["initial_metadata"], "r-42", "{result}");
+    assert_eq!(result["trailing_metadata"], "done", "{result}");
+    assert_eq!(result["server_stream_count"], 10_000, "{result}");
+    assert_eq!(result["server_stream_in_order"], true, "{result}");
+    assert_eq!(result["bidi"], true, "{result}");
+    assert_eq!(result["big_echo"], true, "{result}");
+    assert_eq!(result["fail"]["code"], "NOT_FOUND", "{result}");
+}
+
+/// Both nodes offer framed calls: after the first call on a connection (plain, which carries
+/// the offer), every call goes framed, and each shape (metadata both ways, streams, a 4 MiB
+/// echo, an error status) arrives as the client sent it and the backend answered.
+fn framed_calls_carry_every_call_shape_between_nodes(driver: &str) {
+    let cluster = nodes(driver, &[true, true]);
+    let backend = GrpcBackend::start().unwrap();
+    let (a, c) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let _agent = start_agent(&cluster.secrets, 7, c, backend.address, 20, None);
+    wait_for_idle_tunnels(c, 2.0);
+    shapes_through(a, &cluster.secrets, 7);
+    let framed_before = counter(a, FRAMED);
+    let remote_before = metric(a, "sluice_tunnel_routes_total{decision=\"remote\"}").unwrap();
+    shapes_through(a, &cluster.secrets, 7);
+    let framed = counter(a, FRAMED) - framed_before;
+    let remote =
+        metric(a, "sluice_tunnel_routes_total{decision=\"remote\"}").unwrap() - remote_before;
+    // Each round's client is one connection, served by one core of A, whose connection to C
+    // carries plain only the first call it ever carried (the offer comes on its 100 Continue):
+    // the second round's client may land on the other core.
+    assert!(remote >= 5.0, "calls routed to C: {remote}");
+    assert!(
+        framed >= remote - 1.0,
+        "{framed} of the second round's {remote} calls went framed"
+    );
+    assert_eq!(
+        counter(c, SPLICED),
+        counter(a, FRAMED),
+        "C spliced what A framed"
+    );
+    assert!(counter(c, "sluice_tunnel_tunnels_reused") >= 1.0);
+}
+
+/// A node that does not offer framed calls (as one without them) gets plain requests, and
+/// one that does not send them sends plain requests to a node that offers them.
+#[test]
+fn a_node_without_framed_calls_gets_and_sends_plain_ones() {
+    let cluster = nodes("auto", &[true, false]);
+    let backend = GrpcBackend::start().unwrap();
+    let (on, off) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let _on_off = start_agent(&cluster.secrets, 7, off, backend.address, 10, None);
+    let _on_on = start_agent(&cluster.secrets, 8, on, backend.address, 10, None);
+    wait_for_idle_tunnels(off, 2.0);
+    wait_for_idle_tunnels(on, 2.0);
+    for _ in 0..2 {
+        // To the node without framed calls, and from it.
+        shapes_through(on, &cluster.secrets, 7);
+        shapes_through(off, &cluster.secrets, 8);
+    }
+    for node in [on, off] {
+        assert_eq!(counter(node, FRAMED), 0.0);
+        assert_eq!(counter(node, SPLICED), 0.0);
+        assert!(metric(node, "sluice_tunnel_private_requests_total{code=\"OK\"}").unwrap() >= 10.0);
+    }
+}
+
+fn spliced(node: &SluiceProcess, cluster: &Nodes, frames: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "--node".into(),
+        node.address("private").to_string(),
+        "--agent-id".into(),
+        "7".into(),
+        "--secret-file".into(),
+        cluster.private_secret.display().to_string(),
+        "--issuer".into(),
+        "sluice-node".into(),
+        "--audience".into(),
+        "sluice-private".into(),
+        "--lifetime".into(),
+        "5".into(),
+        "--payload".into(),
+        "framed-by-grpcio".into(),
+    ];
+    if !frames.is_empty() {
+        args.extend(["--frames".into(), frames.join(",")]);
+    }
+    tunnel_client("spliced", &args)
+}
+
+/// A framed call written by grpcio (each gRPC message a tunnel message, as a routing node sends
+/// them) is answered with the agent's messages; what is not one well-formed call is refused
+/// INVALID_ARGUMENT naming what was wrong, counted, and the node goes on serving. (A call cut
+/// short before its CloseSend may still be answered first, as a server may answer a local call
+/// before its request ends: that case is the scanner's unit tests'.)
+#[test]
+fn a_framed_call_is_checked_before_the_agent_sees_it() {
+    let cluster = nodes("auto", &[true]);
+    let backend = GrpcBackend::start().unwrap();
+    let node = &cluster.nodes[0];
+    let _agent = start_agent(&cluster.secrets, 7, node, backend.address, 10, None);
+    wait_for_idle_tunnels(node, 2.0);
+
+    let answered = spliced(node, &cluster, &[]);
+    assert_eq!(answered["code"], "OK", "{answered}");
+    let replies: Vec<&str> = answered["replies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|reply| reply.as_str().unwrap())
+        .collect();
+    // Header (field 2), Message (field 3) holding the echo, Trailer (field 4) with status 0.
+    assert!(replies.first().unwrap().starts_with("12"), "{answered}");
+    let echo: String = "framed-by-grpcio"
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert!(
+        replies
+            .iter()
+            .any(|reply| reply.starts_with("1a") && reply.contains(&echo)),
+        "{answered}"
+    );
+    assert!(replies.last().unwrap().starts_with("22"), "{answered}");
+    assert_eq!(counter(node, SPLICED), 1.0);
+
+    let info = "0a120a102f746573742e4563686f2f556e617279"; // RequestInfo{/test.Echo/Unary}
+    let message = "12060a0470696e67"; // Message{"ping"}
+    let close = "1a00";
+    let cases: [(&[&str], &str); 4] = [
+        (&[message, close], "first message is its RequestInfo"),
+        (&[info, "1a001200"], "not exactly one known message"),
+        (&[info, info, close], "a second RequestInfo"),
+        (&[info, "2200", close], "not exactly one known message"),
+    ];
+    for (frames, why) in cases {
+        let refused = spliced(node, &cluster, frames);
+        assert_eq!(refused["code"], "INVALID_ARGUMENT", "{frames:?}: {refused}");
+        let details = refused["details"].as_str().unwrap();
+        assert!(details.contains(why), "{frames:?}: {refused}");
+    }
+    assert!(counter(node, "sluice_tunnel_protocol_errors") >= 4.0);
+    let again = spliced(node, &cluster, &[]);
+    assert_eq!(again["code"], "OK", "the node still serves: {again}");
+    let plain = tunnel_client("unary", &client_args(node, &cluster.secrets, 7));
+    assert_eq!(plain["code"], "OK", "{plain}");
+}
