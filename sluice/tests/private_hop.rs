@@ -100,6 +100,12 @@ fn framed_calls_carry_every_call_shape_between_nodes(driver: &str) {
         "C spliced what A framed"
     );
     assert!(counter(c, "sluice_tunnel_tunnels_reused") >= 1.0);
+    // Calls one after another go down the stream the previous call kept (`relays.rs`).
+    let reused = counter(a, "sluice_tunnel_relay_streams_reused");
+    assert!(
+        reused >= framed - 2.0,
+        "{reused} of {framed} framed calls went down a kept stream"
+    );
 }
 
 /// A node that does not offer framed calls (as one without them) gets plain requests, and
@@ -187,6 +193,20 @@ fn a_framed_call_is_checked_before_the_agent_sees_it() {
     let info = "0a120a102f746573742e4563686f2f556e617279"; // RequestInfo{/test.Echo/Unary}
     let message = "12060a0470696e67"; // Message{"ping"}
     let close = "1a00";
+    // Two calls one after the other on one stream: each answered whole, in order.
+    let twice = spliced(
+        node,
+        &cluster,
+        &[info, message, close, info, message, close],
+    );
+    assert_eq!(twice["code"], "OK", "{twice}");
+    let replies = twice["replies"].as_array().unwrap();
+    let trailers = replies
+        .iter()
+        .filter(|reply| reply.as_str().unwrap().starts_with("22"))
+        .count();
+    assert_eq!(trailers, 2, "{twice}");
+    assert_eq!(counter(node, SPLICED), 3.0);
     let cases: [(&[&str], &str); 4] = [
         (&[message, close], "first message is its RequestInfo"),
         (&[info, "1a001200"], "not exactly one known message"),
@@ -203,5 +223,11 @@ fn a_framed_call_is_checked_before_the_agent_sees_it() {
     let again = spliced(node, &cluster, &[]);
     assert_eq!(again["code"], "OK", "the node still serves: {again}");
     let plain = tunnel_client("unary", &client_args(node, &cluster.secrets, 7));
-    assert_eq!(plain["code"], "OK", "{plain}");
+    assert_eq!(
+        plain["code"],
+        "OK",
+        "{plain}\n{}\n{}",
+        node.stderr(),
+        _agent.stderr()
+    );
 }

@@ -134,6 +134,8 @@ pub struct TunnelMetrics {
     pub private_spliced: PerCoreCounter,
     /// Calls this node sent framed to another node.
     pub remote_framed: PerCoreCounter,
+    /// Of those, calls sent on a framed stream kept from an earlier call.
+    pub relays_reused: PerCoreCounter,
     methods: Arc<Mutex<HashSet<String>>>,
 }
 
@@ -188,6 +190,7 @@ impl TunnelMetrics {
             tunnels_reused: PerCoreCounter::new(workers),
             private_spliced: PerCoreCounter::new(workers),
             remote_framed: PerCoreCounter::new(workers),
+            relays_reused: PerCoreCounter::new(workers),
             methods: Arc::default(),
         };
         registry.register(
@@ -248,6 +251,11 @@ impl TunnelMetrics {
             "sluice_tunnel_remote_framed_calls",
             "Calls this node sent to another node framed as tunnel messages, that node having offered it (tunnel.splice_private_hop)",
             self.remote_framed.clone(),
+        );
+        registry.register(
+            "sluice_tunnel_relay_streams_reused",
+            "Framed calls this node sent on a stream to another node kept from an earlier call (no new HTTP/2 stream)",
+            self.relays_reused.clone(),
         );
     }
 

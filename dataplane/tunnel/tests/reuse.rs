@@ -413,3 +413,38 @@ fn a_call_streamed_down_a_refused_tunnel_goes_to_another_tunnel() {
         still_serves(&node);
     }
 }
+
+/// An agent whose call was answered before the call's CloseSend reached it ends the tunnel
+/// after its Trailer and reads nothing more (`forward.rs`: `CallEnd::EndTunnel`). A tunnel the
+/// node gave back before that end arrived is stale: the next call on it was never read, so it
+/// goes to another tunnel instead of failing.
+#[test]
+fn a_tunnel_the_agent_ended_after_its_call_sends_the_next_call_elsewhere() {
+    for driver in [Driver::IoUring, Driver::Legacy] {
+        let node = start_node(driver);
+        block_on(async {
+            let (mut first_recv, mut first_send) = tunnel_after_one_call(&node).await;
+            // The agent ends the tunnel after the node parked it.
+            first_send.send_data(Bytes::new(), true).unwrap();
+            monoio::time::sleep(Duration::from_millis(100)).await;
+            let call = spawn_unary(&node, b"again");
+            // The call went down the ended tunnel first (its RequestInfo, then a reset once the
+            // node read the end); nothing reads it there.
+            let tried = monoio::time::timeout(Duration::from_secs(5), recv_data(&mut first_recv))
+                .await
+                .expect("the node tries the parked tunnel");
+            assert!(tried.is_some(), "{driver}: {tried:?}");
+            let (mut recv, mut send, refused) =
+                fake_tunnel(node.agent, descriptor_reusable(true)).await;
+            assert_eq!(refused, None, "{driver}");
+            let mut reader = TunnelReader::new(LIMIT);
+            let (_, messages) = read_call(&mut recv, &mut reader).await;
+            assert_eq!(messages, vec![encode_message(false, b"again").slice(5..)]);
+            answer(&mut send, b"pong");
+            let (status, message) = call.await;
+            assert_eq!(status, "0", "{driver}: {message}");
+        });
+        assert!(node.shared.metrics.routes("retried") >= 1, "{driver}");
+        still_serves(&node);
+    }
+}

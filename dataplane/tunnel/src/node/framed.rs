@@ -93,7 +93,10 @@ fn pass(
 
 /// Holding node: relays a started framed call until the agent's last message, both ways as
 /// the bytes arrive (credit goes back to each sender once its bytes went on). A tunnel that
-/// finished cleanly goes back to the registry, as after a local call.
+/// finished cleanly goes back to the registry, as after a local call. The call's request ends
+/// at its CloseSend, not at the end of the stream: the routing node may keep the stream for its
+/// next call. `Ok` carries whether both directions ended at a message boundary (the stream can
+/// carry another call).
 pub(super) async fn relay_spliced(
     node: &Arc<NodeShared>,
     mut tunnel: TunnelStreams,
@@ -101,37 +104,51 @@ pub(super) async fn relay_spliced(
     call: (&mut CallBody, &mut Responder),
     deadline: Option<Instant>,
     worker: usize,
-) -> Result<Code, TunnelError> {
+) -> Result<(Code, bool), TunnelError> {
     let (upload, mut scanner) = started;
     let (body, responder) = call;
     let limit = frame_limit(node);
     let outcome = {
         let up = async {
-            if !body.ended {
-                while let Some(chunk) = recv_data_held(&mut body.body).await {
-                    let chunk = chunk.map_err(|_| TunnelError::client_gone())?;
-                    upload.record(&chunk);
-                    let size = chunk.len();
-                    let (chunk, _) = pass(&mut scanner, chunk, from_caller)?;
-                    send_data(&mut tunnel.send, chunk, false)
-                        .await
-                        .map_err(super::pumps::send_failed)?;
-                    release(&mut body.body, size);
-                }
+            while !scanner.ended() && !body.ended {
+                let Some(chunk) = recv_data_held(&mut body.body).await else {
+                    body.ended = true;
+                    break;
+                };
+                let chunk = chunk.map_err(|_| TunnelError::client_gone())?;
+                upload.record(&chunk);
+                let size = chunk.len();
+                let (chunk, _) = pass(&mut scanner, chunk, from_caller)?;
+                send_data(&mut tunnel.send, chunk, false)
+                    .await
+                    .map_err(super::pumps::send_failed)?;
+                release(&mut body.body, size);
             }
             upload.body_ended();
             scanner.finish().map_err(from_caller)
         };
         let down = splice_down(&mut tunnel.recv, responder, limit);
-        let (up, down) = (std::pin::pin!(up), std::pin::pin!(down));
-        run_call(up, down, deadline).await
+        let (mut up, mut down) = (std::pin::pin!(up), std::pin::pin!(down));
+        let outcome = run_call(up.as_mut(), down.as_mut(), deadline).await;
+        // The agent answered before the call's CloseSend passed (the tunnel then ends, as the
+        // agent ends it): the stream carries a next call only once that CloseSend has come.
+        let aligned = match &outcome {
+            Ok((_, up_done)) if *up_done => true,
+            Ok(_) => {
+                let rest = Box::pin(monoio::time::timeout(REQUEST_END_GRACE, up.as_mut()));
+                matches!(rest.await, Ok(Ok(())))
+            }
+            Err(_) => false,
+        };
+        (outcome, aligned)
     };
-    super::relay::end_of_call(node, tunnel, outcome, worker)
+    let (outcome, aligned) = outcome;
+    super::relay::end_of_call(node, tunnel, outcome, worker).map(|code| (code, aligned))
 }
 
 /// Holding node: the agent's frames to the routing node as they arrive, under one fixed
-/// response head; after the last one the hop's stream ends OK (a framed call is a gRPC
-/// stream whose messages are tunnel messages). Returns the call's status and whether the
+/// response head (sent with the stream's first call). The stream itself ends OK when the relay
+/// ends (`end_relay`): a framed stream is a gRPC stream whose messages are tunnel messages. Returns the call's status and whether the
 /// agent ended it with a Trailer (not an Error).
 async fn splice_down(
     recv: &mut RecvStream,
@@ -139,6 +156,7 @@ async fn splice_down(
     limit: usize,
 ) -> Result<(Code, bool), TunnelError> {
     let mut scanner = CallScanner::new(Direction::FromAgent, limit);
+    let mut answered = false;
     loop {
         let next = monoio::select! {
             chunk = recv_data_held(recv) => Some(chunk),
@@ -146,6 +164,8 @@ async fn splice_down(
         };
         let chunk = match next {
             None => return Err(TunnelError::client_gone()),
+            // As in `pump_down`: ended before any answer, the call was never read.
+            Some(None) if !answered => return Err(super::pumps::stale_ended()),
             Some(None) => {
                 return Err(TunnelError::new(
                     ErrorKind::AgentGone,
@@ -161,6 +181,7 @@ async fn splice_down(
             Some(Some(Ok(chunk))) => chunk,
         };
         let size = chunk.len();
+        answered |= size > 0;
         let (chunk, ended) = pass(&mut scanner, chunk, from_agent)?;
         let stream = match responder.stream.as_mut() {
             Some(stream) => stream,
@@ -177,12 +198,62 @@ async fn splice_down(
             .map_err(|_| TunnelError::client_gone())?;
         release(recv, size);
         if ended {
-            // The hop's own gRPC status: it carried the call (whose status is in the agent's
-            // last message).
+            return Ok(last_status(scanner.terminal()));
+        }
+    }
+}
+
+/// Ends a framed stream whose calls all ended (the routing node ended it or went quiet, the
+/// node drains): its own status is OK, each call's is in its agent's last message.
+pub(super) fn end_relay(responder: &mut Responder) {
+    match responder.stream.as_mut() {
+        Some(stream) => {
             let mut trailers = HeaderMap::new();
             status_headers(&mut trailers, Code::Ok, "");
             let _ = stream.send_trailers(trailers);
-            return Ok(last_status(scanner.terminal()));
+        }
+        None => responder.finish(Code::Ok, ""),
+    }
+}
+
+/// How long a holding node waits, after the agent's last message, for the routing node's
+/// CloseSend of the same call before it gives up carrying further calls on the stream.
+const REQUEST_END_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long a holding node keeps a framed stream open waiting for the routing node's next call
+/// (a routing node keeps one for `RELAY_KEPT`, far less: this only bounds one it forgot).
+const RELAY_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Holding node: waits on a kept framed stream for the next call's first bytes (then in
+/// `body.early`). `false`: the relay is over (the routing node ended or reset the stream, it
+/// stayed quiet for `RELAY_IDLE`, or the connection is closing).
+pub(super) async fn next_call(
+    body: &mut CallBody,
+    responder: &mut Responder,
+    closing: &sluice_runtime::Closing,
+) -> bool {
+    // Boxed: a monoio timer is 640 bytes, 128-byte aligned.
+    let mut idle = Box::pin(monoio::time::sleep(RELAY_IDLE));
+    loop {
+        let next = monoio::select! {
+            biased;
+            chunk = sluice_grpc::transport::recv_data(&mut body.body) => Some(chunk),
+            _ = responder.reset() => None,
+            _ = closing.wait() => None,
+            _ = &mut idle => None,
+        };
+        match next {
+            // An empty DATA frame (one that only ends the stream, say) starts no call.
+            Some(Some(Ok(chunk))) if chunk.is_empty() => {}
+            Some(Some(Ok(chunk))) => {
+                body.early.push(chunk);
+                return true;
+            }
+            Some(None) => {
+                body.ended = true;
+                return false;
+            }
+            Some(Some(Err(_))) | None => return false,
         }
     }
 }
@@ -198,27 +269,31 @@ fn last_status(terminal: Option<&[u8]>) -> (Code, bool) {
     }
 }
 
-/// Routing node: the client's call, framed once, to the holding node, whose stream ends after
-/// CloseSend. `upload` keeps what of the client's request was taken, should the holding node
-/// not take the call after all.
+/// Routing node: the client's call, framed once, to the holding node. The stream stays open
+/// after CloseSend, for the agent's next call (`relays.rs`). `upload` keeps what of the
+/// client's request was taken, should the holding node not take the call after all. On a kept
+/// stream (`on_kept`), a first send that fails finds the stream already gone: `StaleTunnel`,
+/// nothing sent.
 pub(super) async fn frame_up(
     node: &NodeShared,
     head: &CallHead<'_>,
     client: &mut CallBody,
-    upload: &mut Option<Upload>,
-    peer: &mut SendStream<Bytes>,
-    peer_gone: impl Fn(h2::Error) -> TunnelError,
+    (upload, peer): (&mut Option<Upload>, &mut SendStream<Bytes>),
+    on_kept: bool,
+    peer_gone: impl Fn(h2::Error) -> TunnelError + Copy,
 ) -> Result<(), TunnelError> {
     if !client.ended {
         take_ready_chunks(client).await?;
     }
     let (first, started) = first_frame(node, head, client);
     let up = upload.insert(started);
-    if up.sent {
-        // RequestInfo, the messages and CloseSend in one frame that ends the hop's stream.
-        return send_data(peer, first, true).await.map_err(peer_gone);
-    }
-    send_data(peer, first, false).await.map_err(&peer_gone)?;
+    send_data(peer, first, false).await.map_err(|error| {
+        if on_kept {
+            TunnelError::new(ErrorKind::StaleTunnel, error.to_string())
+        } else {
+            peer_gone(error)
+        }
+    })?;
     pump_up(up, &mut client.body, peer, node.max_message_bytes)
         .await
         .map_err(|error| match error.kind() {
@@ -227,57 +302,73 @@ pub(super) async fn frame_up(
                 TunnelError::new(ErrorKind::PeerGone, error.message().to_string())
             }
             _ => error,
-        })?;
-    send_data(peer, Bytes::new(), true).await.map_err(peer_gone)
+        })
 }
 
-/// Routing node: the holding node's answer to a framed call, turned into the client's
-/// response as a local tunnel's messages are. Its trailers-only answer (no tunnel after all, or
-/// a failure before the agent answered) and a failure it reports after its head went out come
+/// Routing node: the holding node's response head to a framed call on a new stream. Its
+/// trailers-only answer (no tunnel after all, or a failure before the agent answered) comes
 /// back with its code and message.
-pub(super) async fn framed_answer(
-    node: &NodeShared,
+pub(super) async fn framed_head(
     response: h2::client::ResponseFuture,
     responder: &mut Responder,
     peer_gone: impl Fn(h2::Error) -> TunnelError,
-) -> Result<Code, TunnelError> {
+) -> Result<RecvStream, TunnelError> {
     let response = monoio::select! {
         response = response => response.map_err(&peer_gone)?,
         _ = responder.reset() => return Err(TunnelError::client_gone()),
     };
-    let (head, mut body) = response.into_parts();
-    if let Some(code) = status_of(&head.headers) {
-        return Err(peer_status(code, &head.headers));
+    let (head, body) = response.into_parts();
+    match status_of(&head.headers) {
+        Some(code) => Err(peer_status(code, &head.headers)),
+        None => Ok(body),
     }
-    let mut reader = TunnelReader::with_budget(node.max_message_bytes, node.buffer_budget.clone());
+}
+
+/// Routing node: the agent's messages on a framed stream, turned into the client's response as
+/// a local tunnel's are. A failure the holding node reports after its head went out comes back
+/// with its code and message; a kept stream (`on_kept`) that node ended before this call
+/// (its status OK, nothing of the call answered) is `StaleTunnel`: it read none of the call.
+pub(super) async fn framed_down(
+    node: &NodeShared,
+    recv: &mut RecvStream,
+    reader: &mut TunnelReader,
+    responder: &mut Responder,
+    on_kept: bool,
+    peer_gone: impl Fn(h2::Error) -> TunnelError,
+) -> Result<Code, TunnelError> {
     let relayed = pump_down(
-        &mut body,
-        &mut reader,
+        recv,
+        reader,
         responder,
         &node.metrics,
         &node.metadata_limits,
     )
     .await;
-    match relayed {
-        Ok((code, _)) => Ok(code),
-        // The holding node ended its stream before the agent's last message: its trailers say
-        // why.
-        Err(error) if error.kind() == ErrorKind::AgentGone && body.is_end_stream() => {
-            let trailers = std::future::poll_fn(|cx| body.poll_trailers(cx)).await;
-            match trailers {
-                Ok(Some(trailers)) => match status_of(&trailers) {
-                    Some(code) => Err(peer_status(code, &trailers)),
-                    None => Err(error),
-                },
-                Ok(None) => Err(error),
-                Err(broken) => Err(peer_gone(broken)),
-            }
+    let error = match relayed {
+        Ok((code, _)) => return Ok(code),
+        Err(error) if matches!(error.kind(), ErrorKind::AgentGone | ErrorKind::StaleTunnel) => {
+            // Said of a tunnel by the pump; here the stream is the holding node's.
+            TunnelError::new(ErrorKind::PeerGone, error.message().to_string())
         }
-        Err(error) if error.kind() == ErrorKind::AgentGone => Err(TunnelError::new(
-            ErrorKind::PeerGone,
-            error.message().to_string(),
+        Err(error) => return Err(error),
+    };
+    if !recv.is_end_stream() {
+        // Reset or broken.
+        return Err(error);
+    }
+    // The holding node ended the stream before the agent's last message: its trailers say why.
+    let trailers = match std::future::poll_fn(|cx| recv.poll_trailers(cx)).await {
+        Ok(Some(trailers)) => trailers,
+        Ok(None) => return Err(error),
+        Err(broken) => return Err(peer_gone(broken)),
+    };
+    match status_of(&trailers) {
+        Some(Code::Ok) if on_kept && !responder.replied() => Err(TunnelError::new(
+            ErrorKind::StaleTunnel,
+            "the kept stream was ended before the call",
         )),
-        Err(error) => Err(error),
+        Some(code) => Err(peer_status(code, &trailers)),
+        None => Err(error),
     }
 }
 

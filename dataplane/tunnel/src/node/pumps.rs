@@ -29,6 +29,16 @@ pub(super) struct CallBody {
     pub(super) ended: bool,
 }
 
+impl CallBody {
+    pub(super) fn new(body: RecvStream) -> Self {
+        Self {
+            body,
+            early: Vec::new(),
+            ended: false,
+        }
+    }
+}
+
 /// What of the client's request went down the tunnel before the relay started.
 pub(super) struct Upload {
     /// Body chunks read early, not yet sent.
@@ -134,6 +144,14 @@ pub(super) fn send_failed(error: h2::Error) -> TunnelError {
         return TunnelError::new(ErrorKind::StaleTunnel, error.to_string());
     }
     agent_gone(error)
+}
+
+/// A tunnel the agent ended before any answer to the call on it (see `pump_down`).
+pub(super) fn stale_ended() -> TunnelError {
+    TunnelError::new(
+        ErrorKind::StaleTunnel,
+        "the agent ended the tunnel before reading the call",
+    )
 }
 
 fn agent_protocol(why: impl ToString) -> TunnelError {
@@ -344,6 +362,7 @@ pub(super) async fn pump_down(
     metrics: &TunnelMetrics,
     limits: &MetadataLimits,
 ) -> Result<(Code, bool), TunnelError> {
+    let mut answered = false;
     loop {
         let next = monoio::select! {
             message = reader.read_request(recv) => Some(message),
@@ -365,9 +384,14 @@ pub(super) async fn pump_down(
                 );
             }
             Some(Err(ReadError::Protocol(error))) => return Err(agent_protocol(error)),
+            // An agent that ended its call before this one's CloseSend reached it ends the
+            // tunnel after its Trailer and reads nothing more: a tunnel given back just before
+            // that end arrived is stale, and the call it carried was never read.
+            Some(Ok(None)) if !answered => return Err(stale_ended()),
             Some(Ok(None)) => return Err(agent_gone("the tunnel closed before the call ended")),
             Some(Ok(Some(message))) => message,
         };
+        answered = true;
         if let Some(end) = pass_down(message, responder, metrics, limits).await? {
             return Ok(end);
         }

@@ -1,7 +1,6 @@
 //! Relaying a routed call: down a local tunnel, or through the node that won the race. Errors
 //! come back as [`TunnelError`]s for the endpoint to answer.
 
-use std::cell::Cell;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,17 +9,14 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use h2::RecvStream;
-use http::{HeaderMap, Response};
-use sluice_grpc::transport::{recv_data, recv_data_held, release, send_data};
+use http::HeaderMap;
+use sluice_grpc::transport::send_data;
 use sluice_grpc::{encode_timeout, Code};
 
 use super::answer::{status_headers, Responder};
-use super::framed::{frame_up, framed_answer, offered};
 use super::pumps::{
     pump_down, pump_up, take_ready_chunks, whole_request, CallBody, Replay, Upload,
 };
-use super::remote::RemoteCall;
-use super::route::{Peer, RouteEvent};
 use super::tunnel::{give_back, TunnelStreams};
 use super::NodeShared;
 use crate::error::{ErrorKind, TunnelError};
@@ -173,7 +169,13 @@ pub(super) fn end_of_call(
     let agent = tunnel.agent;
     match outcome {
         Ok(((code, ended_with_trailer), up_finished)) => {
-            if tunnel.reusable && ended_with_trailer && up_finished && tunnel.reader.buffered() == 0
+            // An agent that ends the tunnel after its call (it answered before the call's
+            // CloseSend reached it) may have said so already.
+            if tunnel.reusable
+                && ended_with_trailer
+                && up_finished
+                && tunnel.reader.buffered() == 0
+                && !tunnel.recv.is_end_stream()
             {
                 node.metrics.tunnels_reused.inc(worker);
                 give_back(node, tunnel);
@@ -193,283 +195,8 @@ pub(super) fn end_of_call(
     }
 }
 
-/// Why a call sent directly to one node ended before that node confirmed a tunnel: routing
-/// decides what follows (`RouteEvent::Unconfirmed`, `Expired`, `ClientReset`).
-pub(super) enum Unconfirmed {
-    /// The call's wait for a tunnel ended first.
-    Expired,
-    /// The client reset the call.
-    ClientReset,
-    /// The node answered without a tunnel, or its stream broke; `forwarded`: whether any byte
-    /// of the client's request was taken for it (then the call cannot go elsewhere).
-    Refused {
-        peer: Peer,
-        error: TunnelError,
-        forwarded: bool,
-    },
-}
-
-impl Unconfirmed {
-    pub(super) fn event(&self) -> RouteEvent<'_> {
-        match self {
-            Unconfirmed::Expired => RouteEvent::Expired,
-            Unconfirmed::ClientReset => RouteEvent::ClientReset,
-            Unconfirmed::Refused {
-                peer,
-                error,
-                forwarded,
-            } => RouteEvent::Unconfirmed {
-                peer,
-                error: error.clone(),
-                forwarded: *forwarded,
-            },
-        }
-    }
-}
-
-/// Relays a call another node took: client request to it, its answer back, as a plain gRPC
-/// request or framed (`framed.rs`) when that node offered it. A call sent directly (not
-/// confirmed yet) streams its body at once and waits, until `until`, for the node's 100
-/// Continue; before it the call is still being routed, and ends as `Unconfirmed`.
-pub(super) async fn relay_remote(
-    node: &NodeShared,
-    head: &CallHead<'_>,
-    call: RemoteCall,
-    client: &mut CallBody,
-    responder: &mut Responder,
-    until: Instant,
-) -> Result<Result<Code, TunnelError>, Unconfirmed> {
-    let RemoteCall {
-        node: peer_name,
-        address,
-        mut response,
-        send: mut peer_send,
-        confirmed,
-        framed,
-        offers,
-    } = call;
-    let (agent, deadline) = (head.agent, head.deadline);
-    tracing::trace!(agent, node = %peer_name, confirmed, framed, "relaying through another node");
-    let peer_gone = move |error: h2::Error| {
-        TunnelError::new(ErrorKind::PeerGone, format!("node {address}: {error}"))
-    };
-    let forwarded = Cell::new(false);
-    let confirmed = Cell::new(confirmed);
-    let mut upload = None;
-    // Client -> peer: DATA as it arrives (the peer's node checks the framing).
-    let up = async {
-        if framed {
-            return frame_up(node, head, client, &mut upload, &mut peer_send, peer_gone).await;
-        }
-        // Chunks read before this route (a tunnel that broke before taking them).
-        for chunk in std::mem::take(&mut client.early) {
-            forwarded.set(true);
-            send_data(&mut peer_send, chunk, false)
-                .await
-                .map_err(peer_gone)?;
-        }
-        if !client.ended {
-            // Credit goes back to the client only once its bytes went on to the peer node.
-            while let Some(chunk) = recv_data_held(&mut client.body).await {
-                let chunk = chunk.map_err(|_| TunnelError::client_gone())?;
-                let size = chunk.len();
-                // Counted as soon as it left the client's stream: a chunk taken but not sent
-                // is lost to any other route as well.
-                forwarded.set(true);
-                send_data(&mut peer_send, chunk, false)
-                    .await
-                    .map_err(peer_gone)?;
-                release(&mut client.body, size);
-            }
-        }
-        send_data(&mut peer_send, Bytes::new(), true)
-            .await
-            .map_err(peer_gone)
-    };
-    let down = async {
-        if !confirmed.get() {
-            match confirmation(&mut response, until, responder, &offers).await {
-                Ok(()) => confirmed.set(true),
-                Err(why) => return Ok(Err(why)),
-            }
-        }
-        let answered = if framed {
-            framed_answer(node, response, responder, peer_gone).await
-        } else {
-            pass_remote_answer(response, responder, peer_gone).await
-        };
-        answered.map(Ok)
-    };
-    let outcome = {
-        let up = std::pin::pin!(up);
-        let down = std::pin::pin!(down);
-        run_call(up, down, deadline).await
-    };
-    // As for a plain call: once any byte of the request went to the node, the call cannot go
-    // elsewhere (that node may have passed it on).
-    if upload.as_ref().is_some_and(Upload::took_any) {
-        forwarded.set(true);
-    }
-    let unconfirmed = |why: UnconfirmedWhy| match why {
-        UnconfirmedWhy::Expired => Unconfirmed::Expired,
-        UnconfirmedWhy::ClientReset => Unconfirmed::ClientReset,
-        UnconfirmedWhy::Refused(why) => Unconfirmed::Refused {
-            error: TunnelError::new(
-                ErrorKind::PeerUnavailable,
-                format!("node {peer_name} ({address}): {why}"),
-            )
-            .with_code(why.code()),
-            peer: (peer_name.clone(), address),
-            forwarded: forwarded.get(),
-        },
-    };
-    match outcome {
-        Ok((Ok(code), _)) => Ok(Ok(code)),
-        Ok((Err(why), _)) => {
-            peer_send.send_reset(h2::Reason::CANCEL);
-            Err(unconfirmed(why))
-        }
-        Err(error) if !confirmed.get() => {
-            // Before the node confirmed its tunnel the call is still being routed: it ends as
-            // a race that found nobody would (the deadline, the client, the node failing).
-            peer_send.send_reset(h2::Reason::CANCEL);
-            Err(unconfirmed(match error.kind() {
-                ErrorKind::DeadlineExceeded => UnconfirmedWhy::Expired,
-                ErrorKind::ClientGone => UnconfirmedWhy::ClientReset,
-                _ => UnconfirmedWhy::Refused(RefusedWhy::Failed(error.message().to_string())),
-            }))
-        }
-        Err(error) => {
-            peer_send.send_reset(h2::Reason::CANCEL);
-            Ok(Err(in_call_to(agent, error)))
-        }
-    }
-}
-
-/// `Unconfirmed` before the call's peer and progress are added.
-enum UnconfirmedWhy {
-    Expired,
-    ClientReset,
-    Refused(RefusedWhy),
-}
-
-/// Why a node did not confirm a tunnel.
-#[derive(Debug, thiserror::Error)]
-enum RefusedWhy {
-    #[error("answered {0} {1:?} without a tunnel")]
-    Answered(Code, String),
-    #[error("unexpected {0}")]
-    Unexpected(http::StatusCode),
-    #[error("{0}")]
-    Failed(String),
-}
-
-impl RefusedWhy {
-    /// The code a client gets when the call cannot be routed again: the node's own answer,
-    /// UNAVAILABLE otherwise.
-    fn code(&self) -> Code {
-        match self {
-            RefusedWhy::Answered(code, _) => *code,
-            _ => Code::Unavailable,
-        }
-    }
-}
-
-/// Waits until the node a call was sent to directly reports its tunnel (100 Continue; the
-/// private endpoint sends it before it uses a tunnel), answers without one, or `until`.
-async fn confirmation(
-    response: &mut h2::client::ResponseFuture,
-    until: Instant,
-    responder: &mut Responder,
-    offers: &Cell<bool>,
-) -> Result<(), UnconfirmedWhy> {
-    let informational = monoio::select! {
-        informational = poll_fn(|cx| response.poll_informational(cx)) => informational,
-        _ = Box::pin(monoio::time::sleep_until(until.into())) => return Err(UnconfirmedWhy::Expired),
-        _ = responder.reset() => return Err(UnconfirmedWhy::ClientReset),
-    };
-    let refused = |why| Err(UnconfirmedWhy::Refused(why));
-    match informational {
-        Some(Ok(info)) if info.status() == http::StatusCode::CONTINUE => {
-            if offered(&info) {
-                offers.set(true);
-            }
-            Ok(())
-        }
-        Some(Ok(info)) => refused(RefusedWhy::Unexpected(info.status())),
-        Some(Err(error)) => refused(RefusedWhy::Failed(error.to_string())),
-        // A final answer without a tunnel (none in time, refused, shutting down, ...).
-        None => match poll_fn(|cx| Pin::new(&mut *response).poll(cx)).await {
-            Ok(answer) => {
-                let headers = answer.headers();
-                let code = headers
-                    .get("grpc-status")
-                    .map_or(Code::Unknown, |value| Code::from_header(value.as_bytes()));
-                let message = headers
-                    .get("grpc-message")
-                    .and_then(|value| value.to_str().ok())
-                    .unwrap_or("")
-                    .to_string();
-                refused(RefusedWhy::Answered(code, message))
-            }
-            Err(error) => refused(RefusedWhy::Failed(error.to_string())),
-        },
-    }
-}
-
-/// The answering node's response, headers to trailers, to the client.
-async fn pass_remote_answer(
-    response: h2::client::ResponseFuture,
-    responder: &mut Responder,
-    peer_gone: impl Fn(h2::Error) -> TunnelError,
-) -> Result<Code, TunnelError> {
-    let response = monoio::select! {
-        response = response => response.map_err(&peer_gone)?,
-        _ = responder.reset() => return Err(TunnelError::client_gone()),
-    };
-    let (head, mut body) = response.into_parts();
-    let code_of = |headers: &HeaderMap| {
-        headers
-            .get("grpc-status")
-            .map_or(Code::Unknown, |value| Code::from_header(value.as_bytes()))
-    };
-    let trailers_only = head.headers.contains_key("grpc-status");
-    let mut forwarded = Response::new(());
-    *forwarded.headers_mut() = head.headers.clone();
-    if trailers_only {
-        let _ = responder.respond.send_response(forwarded, true);
-        return Ok(code_of(&head.headers));
-    }
-    let stream = responder
-        .respond
-        .send_response(forwarded, false)
-        .map_err(|_| TunnelError::client_gone())?;
-    let stream = responder.stream.insert(stream);
-    loop {
-        let next = monoio::select! {
-            chunk = recv_data(&mut body) => Some(chunk),
-            _ = poll_fn(|cx| stream.poll_reset(cx)) => None,
-        };
-        match next {
-            None => return Err(TunnelError::client_gone()),
-            Some(None) => break,
-            Some(Some(Ok(chunk))) => send_data(stream, chunk, false)
-                .await
-                .map_err(|_| TunnelError::client_gone())?,
-            Some(Some(Err(error))) => return Err(peer_gone(error)),
-        }
-    }
-    let trailers = poll_fn(|cx| body.poll_trailers(cx))
-        .await
-        .map_err(&peer_gone)?
-        .unwrap_or_default();
-    let code = code_of(&trailers);
-    let _ = stream.send_trailers(trailers);
-    Ok(code)
-}
-
 /// Names the agent in the message of a call that failed while relaying.
-fn in_call_to(agent: AgentId, error: TunnelError) -> TunnelError {
+pub(super) fn in_call_to(agent: AgentId, error: TunnelError) -> TunnelError {
     let code = error.code();
     let message = match error.kind() {
         ErrorKind::DeadlineExceeded => format!("deadline exceeded in a call to agent {agent}"),

@@ -12,26 +12,21 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use h2::client::{ResponseFuture, SendRequest};
-use h2::SendStream;
+use h2::{RecvStream, SendStream};
 use http::uri::Authority;
-use http::{HeaderName, HeaderValue, Request, Uri};
+use http::HeaderValue;
 use rustls_pki_types::ServerName;
 use sluice_config::{JwtConfig, PeerTlsConfig};
-use sluice_grpc::encode_timeout;
 use sluice_locator::{AgentLocator, LocatorError};
 
 use super::call::header_text;
-use super::framed::SPLICE_PATH;
+use super::peer_request::PeerCall;
+use super::relays::{RelayPool, RelayStream};
 use super::route::{peers_of, Peer};
 use super::NodeShared;
 use crate::error::{ErrorKind, TunnelError};
-use crate::protocol::{AGENT_ID_HEADER, GRPC_TIMEOUT};
 use crate::registry::AgentId;
-use crate::wire::is_hop_header;
-
-// Parsed once: a name given as text is parsed again on every insert.
-const AGENT_ID: HeaderName = HeaderName::from_static(AGENT_ID_HEADER);
-const TIMEOUT: HeaderName = HeaderName::from_static(GRPC_TIMEOUT);
+use crate::wire::TunnelReader;
 
 /// Peer authorities a core keeps; peer addresses come from Redis, so the map is bounded
 /// (emptied when full: re-parsing one is cheap, an unbounded map is not).
@@ -117,7 +112,7 @@ impl PrivateSigner {
 pub(super) struct RemoteCall {
     pub(super) node: String,
     pub(super) address: SocketAddr,
-    pub(super) response: ResponseFuture,
+    pub(super) answer: PeerAnswer,
     pub(super) send: SendStream<Bytes>,
     /// Whether the node already reported its tunnel.
     pub(super) confirmed: bool,
@@ -125,6 +120,34 @@ pub(super) struct RemoteCall {
     pub(super) framed: bool,
     /// Set when the node's 100 Continue offers framed calls: the connection's flag.
     pub(super) offers: Rc<Cell<bool>>,
+}
+
+/// Where a remote call's answer comes from.
+pub(super) enum PeerAnswer {
+    /// A new stream: the node's response head is still to come.
+    Pending(ResponseFuture),
+    /// A framed stream kept from an earlier call (`relays.rs`): its head came then.
+    Kept(RecvStream, TunnelReader),
+}
+
+impl RemoteCall {
+    /// The next call on a kept framed stream.
+    fn on_kept(stream: RelayStream) -> Self {
+        Self {
+            node: stream.node,
+            address: stream.address,
+            answer: PeerAnswer::Kept(stream.recv, stream.reader),
+            send: stream.send,
+            confirmed: true,
+            framed: true,
+            offers: stream.offers,
+        }
+    }
+
+    /// Whether the call goes down a kept framed stream.
+    pub(super) fn on_kept_stream(&self) -> bool {
+        matches!(self.answer, PeerAnswer::Kept(..))
+    }
 }
 
 /// This core's connection to one other node's private endpoint.
@@ -157,6 +180,8 @@ pub(super) struct RemoteRouting {
     /// Each peer's address as the `:authority` of the calls forwarded to it (formatted and
     /// parsed once, not per call).
     authorities: RefCell<HashMap<SocketAddr, Authority>>,
+    /// Framed streams kept after clean calls, for the next call to the same agent and node.
+    pub(super) relays: RelayPool,
 }
 
 impl RemoteRouting {
@@ -169,6 +194,7 @@ impl RemoteRouting {
             listings: RefCell::default(),
             signed: RefCell::default(),
             authorities: RefCell::default(),
+            relays: RelayPool::default(),
         })
     }
 
@@ -283,6 +309,10 @@ impl RemoteRouting {
         agent: AgentId,
     ) -> Result<RemoteCall, PeersFailed> {
         use futures_util::stream::{FuturesUnordered, StreamExt};
+        // A node that took a call for the agent moments ago on a stream kept since: no race.
+        if let Some(kept) = self.relays.take(candidates, agent) {
+            return Ok(RemoteCall::on_kept(kept));
+        }
         let token = self.token().map_err(PeersFailed::refused)?;
         let token = &token;
         let mut racing: FuturesUnordered<_> = candidates
@@ -293,7 +323,7 @@ impl RemoteRouting {
                     .map(|started| RemoteCall {
                         node: name.clone(),
                         address: *address,
-                        response: started.response,
+                        answer: PeerAnswer::Pending(started.response),
                         send: started.send,
                         confirmed: true,
                         framed: started.framed,
@@ -330,6 +360,9 @@ impl RemoteRouting {
         deadline: Option<Instant>,
         agent: AgentId,
     ) -> Result<RemoteCall, PeersFailed> {
+        if let Some(kept) = self.relays.take(std::slice::from_ref(candidate), agent) {
+            return Ok(RemoteCall::on_kept(kept));
+        }
         let (name, address) = candidate;
         let token = self.token().map_err(PeersFailed::refused)?;
         let started = self
@@ -345,7 +378,7 @@ impl RemoteRouting {
         Ok(RemoteCall {
             node: name.clone(),
             address: *address,
-            response: started.response,
+            answer: PeerAnswer::Pending(started.response),
             send: started.send,
             confirmed: false,
             framed: started.framed,
@@ -541,61 +574,6 @@ fn peer_allowed(allowlist: &[sluice_config::IpNetwork], address: SocketAddr) -> 
         || allowlist
             .iter()
             .any(|network| network.contains(address.ip()))
-}
-
-/// What a call forwarded to another node carries in its request head.
-struct PeerCall<'a> {
-    authority: &'a Authority,
-    parts: &'a http::request::Parts,
-    deadline: Option<Instant>,
-    agent: AgentId,
-    token: &'a HeaderValue,
-}
-
-impl PeerCall<'_> {
-    /// The request head: the node's token, the agent, the remaining deadline and a request
-    /// for readiness first; the client's method and metadata too unless the call is framed
-    /// (then they travel in its RequestInfo).
-    fn request(&self, framed: bool) -> Result<Request<()>, http::Error> {
-        let mut uri = http::uri::Parts::default();
-        uri.scheme = Some(http::uri::Scheme::HTTP);
-        uri.authority = Some(self.authority.clone());
-        uri.path_and_query = if framed {
-            Some(http::uri::PathAndQuery::from_static(SPLICE_PATH))
-        } else {
-            // The client's parsed path is shared, not formatted and parsed again.
-            self.parts.uri.path_and_query().cloned()
-        };
-        let mut request = Request::post(Uri::from_parts(uri)?).body(())?;
-        let headers = request.headers_mut();
-        if !framed {
-            // The client's metadata as it arrived (it passed this node's limits then), hop
-            // headers left out: values are shared, not copied, and nothing is parsed again.
-            let _ = headers.try_reserve(self.parts.headers.len() + 4);
-            for (name, value) in &self.parts.headers {
-                if !is_hop_header(name) {
-                    headers.append(name.clone(), value.clone());
-                }
-            }
-        }
-        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
-        headers
-            .entry(http::header::CONTENT_TYPE)
-            .or_insert(HeaderValue::from_static("application/grpc"));
-        headers.insert(
-            http::header::EXPECT,
-            HeaderValue::from_static("100-continue"),
-        );
-        headers.insert(http::header::AUTHORIZATION, self.token.clone());
-        headers.insert(AGENT_ID, HeaderValue::from(self.agent));
-        if let Some(deadline) = self.deadline {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if let Ok(value) = HeaderValue::from_str(&encode_timeout(remaining)) {
-                headers.insert(TIMEOUT, value);
-            }
-        }
-        Ok(request)
-    }
 }
 
 #[cfg(test)]

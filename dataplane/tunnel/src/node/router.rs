@@ -15,8 +15,9 @@ use super::answer::{ClientReset, Responder};
 use super::call::CallTarget;
 use super::framed::{relay_spliced, start_spliced};
 use super::pumps::{CallBody, Upload};
-use super::relay::{relay_local, relay_remote, start_local, CallHead};
+use super::relay::{relay_local, start_local, CallHead};
 use super::remote::{RemoteCall, RemoteRouting};
+use super::remote_relay::relay_remote;
 use super::route::{RouteEvent, RouteState, RouteStep};
 use super::tunnel::{give_back, TunnelStreams};
 use super::NodeShared;
@@ -27,8 +28,8 @@ use crate::registry::AgentId;
 /// agent withdrew the tunnel without reading it (REFUSED_STREAM, see `ReadError::Refused`), the
 /// node still holds all of the request it read (`Upload::replayable`) and the client has seen
 /// nothing.
-fn refused_unread(error: &TunnelError, replayable: bool, responder: &Responder) -> bool {
-    replayable && error.kind() == ErrorKind::StaleTunnel && !responder.replied()
+fn refused_unread(error: &TunnelError, replayable: bool, replied: bool) -> bool {
+    replayable && error.kind() == ErrorKind::StaleTunnel && !replied
 }
 
 /// Where a routed call goes.
@@ -63,6 +64,8 @@ pub(super) struct Router<'a> {
     taken: std::cell::Cell<crate::metrics::CallRoute>,
     /// How the call goes down a tunnel of this node.
     carry: Carry,
+    /// A framed call ended at a message boundary both ways ([`Self::relay_goes_on`]).
+    relay_goes_on: std::cell::Cell<bool>,
 }
 
 /// How a call goes down a tunnel of this node.
@@ -98,6 +101,7 @@ impl<'a> Router<'a> {
             worker,
             taken: std::cell::Cell::new(crate::metrics::CallRoute::None),
             carry: Carry::Relay,
+            relay_goes_on: std::cell::Cell::new(false),
         }
     }
 
@@ -123,6 +127,22 @@ impl Router<'_> {
         readiness: Readiness,
         responder: &mut Responder,
     ) -> Result<Code, TunnelError> {
+        let mut body = CallBody {
+            body,
+            early: Vec::new(),
+            ended: false,
+        };
+        self.drive_body(&mut body, readiness, responder).await
+    }
+
+    /// [`Self::drive`] on a body the caller keeps: a framed stream carries further calls
+    /// (`framed.rs`).
+    pub(super) async fn drive_body(
+        &self,
+        body: &mut CallBody,
+        readiness: Readiness,
+        responder: &mut Responder,
+    ) -> Result<Code, TunnelError> {
         let node = &**self.node;
         let head = CallHead::new(
             self.parts.uri.path(),
@@ -130,11 +150,6 @@ impl Router<'_> {
             self.agent,
             self.deadline,
         );
-        let mut body = CallBody {
-            body,
-            early: Vec::new(),
-            ended: false,
-        };
         let cluster = self.remote.is_some();
         let mut state = RouteState::new(
             self.agent,
@@ -160,9 +175,12 @@ impl Router<'_> {
                     if call.framed {
                         node.metrics.remote_framed.inc(self.worker);
                     }
+                    if call.on_kept_stream() {
+                        node.metrics.relays_reused.inc(self.worker);
+                    }
                     let until = state.wait_until();
                     let relayed =
-                        relay_remote(node, &head, call, &mut body, responder, until).await;
+                        relay_remote(node, self.remote, &head, call, body, responder, until).await;
                     match relayed {
                         Ok(outcome) => return outcome,
                         // A node called directly did not take the call after all: routing
@@ -176,20 +194,17 @@ impl Router<'_> {
             };
             if std::mem::take(&mut report) {
                 let offer = self.node.splice_private_hop;
-                if let Err(error) = responder.report_ready(&mut body, offer).await {
+                if let Err(error) = responder.report_ready(body, offer).await {
                     give_back(self.node, tunnel);
                     return Err(error);
                 }
             }
             let carried = match self.carry {
                 Carry::Relay => {
-                    self.relay_local(tunnel, &head, &mut body, &state, responder)
+                    self.relay_local(tunnel, &head, body, &state, responder)
                         .await
                 }
-                Carry::Splice => {
-                    self.splice_local(tunnel, &mut body, &state, responder)
-                        .await
-                }
+                Carry::Splice => self.splice_local(tunnel, body, &state, responder).await,
             };
             match carried {
                 Carried::Ended(outcome) => return outcome,
@@ -231,7 +246,6 @@ impl Router<'_> {
             Err(error) => return self.not_started(error, responder),
         };
         self.observe_wait(state);
-        self.node.metrics.private_spliced.inc(self.worker);
         let call = (&mut *body, &mut *responder);
         let relayed = relay_spliced(
             self.node,
@@ -242,14 +256,39 @@ impl Router<'_> {
             self.worker,
         )
         .await;
-        self.relayed(relayed, up, body, responder)
+        let relayed = relayed.map(|(code, boundary)| {
+            self.relay_goes_on.set(boundary);
+            code
+        });
+        let carried = self.relayed(relayed, up, body, responder);
+        if let Carried::Ended(_) = carried {
+            // Once per call, not per tunnel it tried.
+            self.node.metrics.private_spliced.inc(self.worker);
+        }
+        carried
+    }
+
+    /// Whether anything of this call's answer went out. A framed stream's head went out with
+    /// its first call, so a later call on it has replied only once a byte of its own answer
+    /// passed, and a splice fails `StaleTunnel` only before that (`framed.rs`).
+    fn replied(&self, responder: &Responder) -> bool {
+        match self.carry {
+            Carry::Relay => responder.replied(),
+            Carry::Splice => false,
+        }
+    }
+
+    /// Whether the framed call ended at a message boundary both ways, so its stream can carry
+    /// the routing node's next call.
+    pub(super) fn relay_goes_on(&self) -> bool {
+        self.relay_goes_on.get()
     }
 
     /// A tunnel that failed before the call was started on it: routing decides again.
     fn not_started(&self, error: TunnelError, responder: &Responder) -> Carried {
         Carried::Again(RouteEvent::Failed {
             error,
-            replied: responder.replied(),
+            replied: self.replied(responder),
         })
     }
 
@@ -263,7 +302,7 @@ impl Router<'_> {
         responder: &Responder,
     ) -> Carried {
         match relayed {
-            Err(error) if refused_unread(&error, up.replayable(), responder) => {
+            Err(error) if refused_unread(&error, up.replayable(), self.replied(responder)) => {
                 up.restore(&mut body.early, &mut body.ended);
                 Carried::Again(RouteEvent::Failed {
                     error,
@@ -487,100 +526,5 @@ impl RaceEnd {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use sluice_locator::memory::MemoryCluster;
-    use sluice_locator::AgentLocator;
-
-    use super::super::test_node::{node, run};
-    use super::*;
-    use crate::error::ErrorKind;
-
-    /// A client that never resets its call.
-    struct Patient;
-
-    impl ClientReset for Patient {
-        async fn reset(&mut self) {
-            std::future::pending::<()>().await
-        }
-    }
-
-    struct Reset;
-
-    impl ClientReset for Reset {
-        async fn reset(&mut self) {}
-    }
-
-    fn parts() -> http::request::Parts {
-        http::Request::new(()).into_parts().0
-    }
-
-    #[test]
-    fn an_arrival_elsewhere_wakes_a_waiting_call_before_the_poll() {
-        let cluster = MemoryCluster::new();
-        let locator: Arc<dyn AgentLocator> = cluster.locator("n", "10.0.0.1:1");
-        let node = node(Some(locator));
-        let remote = RemoteRouting::new(&node).unwrap();
-        let parts = parts();
-        let router = Router {
-            node: &node,
-            remote: Some(&remote),
-            agent: 5,
-            deadline: None,
-            parts: &parts,
-            worker: 0,
-            taken: std::cell::Cell::new(crate::metrics::CallRoute::None),
-            carry: Carry::Relay,
-        };
-        let other = cluster.locator("b", "10.0.0.2:2");
-        let started = Instant::now();
-        // The test node's max_wait (1 s) ends before the locator poll (2 s): only the arrival
-        // can make the call look up the agent again.
-        let mut state = RouteState::new(5, None, node.max_wait(), true, started);
-        let mut client = Patient;
-        let error = run(async {
-            let arrive = async {
-                monoio::time::sleep(Duration::from_millis(50)).await;
-                other.register(5);
-                std::future::pending::<()>().await
-            };
-            monoio::select! {
-                routed = router.route(&mut state, RouteStep::Look { retried: false }, &mut client) => routed,
-                _ = arrive => unreachable!(),
-            }
-        })
-        .err()
-        .unwrap();
-        // The arrival led to a race with node b, which failed (this node cannot sign node
-        // tokens), so the call was routed again and waited out its max_wait.
-        assert_eq!(node.metrics.routes("remote"), 1);
-        assert_eq!(node.metrics.routes("retried"), 1);
-        assert_eq!(error.kind(), ErrorKind::NoTunnel);
-        assert!(started.elapsed() >= node.max_wait());
-    }
-
-    #[test]
-    fn a_client_reset_ends_the_wait_at_once() {
-        let node = node(None);
-        let parts = parts();
-        let router = Router {
-            node: &node,
-            remote: None,
-            agent: 5,
-            deadline: None,
-            parts: &parts,
-            worker: 0,
-            taken: std::cell::Cell::new(crate::metrics::CallRoute::None),
-            carry: Carry::Relay,
-        };
-        let mut state = RouteState::new(5, None, node.max_wait(), false, Instant::now());
-        let step = state.start();
-        let error = run(router.route(&mut state, step, &mut Reset))
-            .err()
-            .unwrap();
-        assert_eq!(error.kind(), ErrorKind::ClientGone);
-    }
-}
+#[path = "router_tests.rs"]
+mod tests;

@@ -155,6 +155,11 @@ impl CallScanner {
         })
     }
 
+    /// Whether the call's last message passed.
+    pub fn ended(&self) -> bool {
+        self.phase == Phase::Ended
+    }
+
     /// At the end of the stream: an error unless the call ended there.
     pub fn finish(&self) -> Result<(), SpliceError> {
         if self.phase == Phase::Ended {

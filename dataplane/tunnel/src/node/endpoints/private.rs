@@ -19,7 +19,9 @@ use sluice_runtime::{
 
 use super::super::answer::Responder;
 use super::super::call::expects_continue;
-use super::super::framed::SPLICE_PATH;
+use super::super::call::CallTarget;
+use super::super::framed::{end_relay, next_call, SPLICE_PATH};
+use super::super::pumps::CallBody;
 use super::super::router::{Readiness, Router};
 use super::super::NodeShared;
 use super::access::CallLine;
@@ -90,6 +92,7 @@ impl PrivateHandler {
             _ => None,
         };
         let mut route = CallRoute::None;
+        let mut relay = None;
         let outcome = match admitted {
             // Boxed: its Redis timeout (a 640-byte, 128-byte aligned timer) stays out of
             // every call's future.
@@ -105,19 +108,22 @@ impl PrivateHandler {
                 } else {
                     Readiness::Silent
                 };
-                let outcome = router.drive(body, readiness, &mut responder).await;
+                let mut body = CallBody::new(body);
+                let outcome = router
+                    .drive_body(&mut body, readiness, &mut responder)
+                    .await;
                 // Carried here for another node; `none` when no tunnel was found.
                 if router.taken() != CallRoute::None {
                     route = CallRoute::Private;
+                }
+                if spliced && outcome.is_ok() {
+                    relay = Some((target.agent, body, router.relay_goes_on()));
                 }
                 outcome
             }
             Err(error) => Err(error),
         };
         let code = settle(outcome, &mut responder, node, conn.worker());
-        node.metrics.private_request(code, conn.worker());
-        node.metrics
-            .observe_request(route, conn.worker(), started.elapsed().as_secs_f64());
         let line = CallLine {
             endpoint: "private",
             method: parts.uri.path(),
@@ -127,8 +133,81 @@ impl PrivateHandler {
             code,
             started,
         };
-        super::access::log(&conn, line);
+        self.served(&conn, line);
+        match relay {
+            Some((agent, body, true)) if !body.ended => {
+                // Boxed: only a framed stream's first call goes on to carry more.
+                Box::pin(self.serve_relay(&conn, agent, &parts, body, responder)).await;
+            }
+            Some(_) => end_relay(&mut responder),
+            None => {}
+        }
+    }
+
+    /// Counts and logs one call served.
+    fn served(&self, conn: &ConnectionContext, line: CallLine<'_>) {
+        let node = &*self.node;
+        node.metrics.private_request(line.code, conn.worker());
+        node.metrics.observe_request(
+            line.route,
+            conn.worker(),
+            line.started.elapsed().as_secs_f64(),
+        );
+        super::access::log(conn, line);
         conn.request_served();
+    }
+
+    /// The calls after the first on a framed stream the routing node keeps (`framed.rs`): each
+    /// waits for its first bytes, then is routed to a tunnel of this node and spliced as the
+    /// first was, with no deadline of its own (the routing node keeps the call's deadline and
+    /// resets the stream at it). The stream ends OK when the routing node ends it or stays
+    /// quiet, or the connection closes; a call that fails ends it with that call's status.
+    async fn serve_relay(
+        &self,
+        conn: &ConnectionContext,
+        agent: crate::registry::AgentId,
+        parts: &http::request::Parts,
+        mut body: CallBody,
+        mut responder: Responder,
+    ) {
+        let node = &*self.node;
+        let target = CallTarget {
+            agent,
+            deadline: None,
+        };
+        let closing = conn.closing();
+        while next_call(&mut body, &mut responder, &closing).await {
+            let started = Instant::now();
+            let router = Router::new(&self.node, None, &target, parts, conn.worker()).splicing();
+            let outcome = router
+                .drive_body(&mut body, Readiness::Silent, &mut responder)
+                .await;
+            let goes_on = outcome.is_ok() && router.relay_goes_on() && !body.ended;
+            let ended = outcome.is_err();
+            let route = match router.taken() {
+                CallRoute::None => CallRoute::None,
+                _ => CallRoute::Private,
+            };
+            let code = settle(outcome, &mut responder, node, conn.worker());
+            let line = CallLine {
+                endpoint: "private",
+                method: parts.uri.path(),
+                authenticated: true,
+                agent: Some(agent),
+                route,
+                code,
+                started,
+            };
+            self.served(conn, line);
+            if ended {
+                // Answered with its status, which ended the stream.
+                return;
+            }
+            if !goes_on {
+                break;
+            }
+        }
+        end_relay(&mut responder);
     }
 
     /// The calling node's JWT, checked against this node's private validator.
