@@ -10,6 +10,7 @@ mod keys;
 mod metrics;
 mod objects;
 mod overload;
+mod panics;
 mod query;
 mod reply;
 mod reviews;
@@ -223,6 +224,7 @@ impl ApiServer {
     ) -> Arc<Self> {
         let mut prometheus = prometheus_client::registry::Registry::default();
         let metrics = ApiMetrics::register(&mut prometheus);
+        panics::register(&mut prometheus);
         register(&mut prometheus);
         let write_metrics = write_budget::WriteMetrics::register(&mut prometheus, store.clone());
         let event_metrics = crate::events::EventMetrics::register(&mut prometheus);
@@ -269,13 +271,16 @@ impl ApiServer {
             .ok()
             .and_then(|mut queue| queue.take());
         if let Some((queue, metrics)) = queue {
-            tokio::spawn(crate::events::write_events(
-                self.store.clone(),
-                self.limits.events.clone(),
-                metrics,
-                instance,
-                queue,
-                stop,
+            tokio::spawn(panics::contained(
+                panics::Task::Events,
+                crate::events::write_events(
+                    self.store.clone(),
+                    self.limits.events.clone(),
+                    metrics,
+                    instance,
+                    queue,
+                    stop,
+                ),
             ));
         }
     }
@@ -333,8 +338,9 @@ impl ApiServer {
             let server = self.clone();
             let acceptor = acceptor.clone();
             let stop = stop.clone();
-            // tokio contains a panicking task; the guard still releases the slot and gauge.
-            tokio::spawn(async move {
+            // A panic ends this connection's task only; the guard still releases the slot
+            // and gauge as it unwinds.
+            tokio::spawn(panics::contained(panics::Task::Connection, async move {
                 let open = OpenConnection::new(admitted, &server);
                 let tracked = open.admitted.0.clone();
                 tokio::select! {
@@ -344,7 +350,7 @@ impl ApiServer {
                     }
                 }
                 drop(open);
-            });
+            }));
         }
         let mut tasks = self.tasks.subscribe();
         if tokio::time::timeout(grace, tasks.wait_for(|open| *open == 0))

@@ -131,13 +131,15 @@ pub fn received(receiver: mpsc::Receiver<Bytes>) -> BoxStream<'static, Bytes> {
 }
 
 /// A watch's body. The connection's stream task polls the watch itself, so a panic there is
-/// contained here: it ends this watch's body (the client watches again), and is logged.
+/// contained here: it ends this watch's body (the client watches again), and is logged and
+/// counted (`panics.rs`).
 fn stream_response(stream: BoxStream<'static, Bytes>) -> Response<Body> {
     let frames = std::panic::AssertUnwindSafe(stream)
         .catch_unwind()
         .filter_map(|chunk| {
-            if chunk.is_err() {
-                tracing::error!("a watch panicked; its body ends");
+            if let Err(payload) = &chunk {
+                let message = super::panics::message_of(payload.as_ref());
+                super::panics::record(super::panics::Task::Watch, message);
             }
             std::future::ready(
                 chunk
@@ -155,4 +157,29 @@ fn stream_response(stream: BoxStream<'static, Bytes>) -> Response<Body> {
 
 fn full(bytes: Bytes) -> Body {
     BodyExt::boxed_unsync(Full::new(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use futures_util::StreamExt;
+
+    use super::super::panics::{count, Task};
+    use super::*;
+
+    /// A watch whose stream panics after its first event: the client gets that event, then
+    /// the body ends; the panic is counted, and the server (this test's runtime) goes on.
+    #[tokio::test]
+    async fn a_panicking_watch_ends_its_body_and_is_counted() {
+        let before = count(Task::Watch);
+        let stream = futures_util::stream::iter([Bytes::from_static(b"{\"type\":\"ADDED\"}\n")])
+            .chain(futures_util::stream::once(async {
+                panic!("planted in a watch")
+            }))
+            .boxed();
+        let response = render(Ok(Reply::Stream(stream)));
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"{\"type\":\"ADDED\"}\n");
+        assert_eq!(count(Task::Watch), before + 1);
+    }
 }

@@ -76,7 +76,10 @@ impl ApiServer {
             bookmarked: 0,
         };
         span.shown = span.visible(&view);
-        tokio::spawn(span.run(after.is_none(), sender, permit, wakes));
+        tokio::spawn(super::panics::contained(
+            super::panics::Task::SpanWatch,
+            span.run(after.is_none(), sender, permit, wakes),
+        ));
         Ok(())
     }
 }
