@@ -18,8 +18,25 @@ struct Nodes {
     _redis: RedisServer,
 }
 
-/// One node per entry of `splicing` (its `tunnel.splice_private_hop`), sharing a redis-server.
-fn nodes(driver: &str, splicing: &[bool]) -> Nodes {
+/// How a node of a test speaks on the private hop.
+#[derive(Clone, Copy)]
+enum Hop {
+    /// This build, `tunnel.splice_private_hop: true` (the default).
+    Framed,
+    /// The build `SLUICE_PREVIOUS_BIN` names (a release without framed calls, which does not
+    /// know the setting), or this build with the setting off when it is not set.
+    Previous,
+}
+
+/// The older build [`Hop::Previous`] runs, if one is given.
+fn previous_build() -> Option<String> {
+    std::env::var("SLUICE_PREVIOUS_BIN")
+        .ok()
+        .filter(|path| !path.is_empty())
+}
+
+/// One node per entry of `hops`, sharing a redis-server.
+fn nodes(driver: &str, hops: &[Hop]) -> Nodes {
     let redis = RedisServer::start().unwrap();
     let redis_yaml = format!(
         "redis:\n  url: '{}'\n  key_prefix: hop\n  unregister_delay: 500ms\n",
@@ -32,15 +49,28 @@ fn nodes(driver: &str, splicing: &[bool]) -> Nodes {
         "private-node-secret-0123456789abcdef0123\n",
     )
     .unwrap();
-    let nodes = splicing
+    let nodes = hops
         .iter()
         .enumerate()
-        .map(|(index, splice)| {
+        .map(|(index, hop)| {
+            let previous = previous_build().filter(|_| matches!(hop, Hop::Previous));
+            let splice = match (hop, &previous) {
+                (Hop::Framed, _) => "  splice_private_hop: true\n",
+                (_, None) => "  splice_private_hop: false\n",
+                (_, Some(_)) => "",
+            };
             let tunnel_extra = format!(
-                "  node_name: node-{index}\n  splice_private_hop: {splice}\n  private_jwt: {{secret_file: '{}', issuer: sluice-node, audience: sluice-private}}\n",
+                "  node_name: node-{index}\n{splice}  private_jwt: {{secret_file: '{}', issuer: sluice-node, audience: sluice-private}}\n",
                 private_secret.display()
             );
-            common::start_node_on(&secrets, "10s", 32 * 1024 * 1024, None, driver, &tunnel_extra, &redis_yaml, None)
+            let yaml = common::node_yaml(&secrets, "10s", 32 * 1024 * 1024, None, driver, &tunnel_extra, &redis_yaml, None);
+            match previous {
+                Some(binary) => {
+                    eprintln!("node-{index} runs the previous build {binary}");
+                    common::run_node_with(&binary, &yaml)
+                }
+                None => common::run_node(&yaml),
+            }
         })
         .collect();
     Nodes {
@@ -74,7 +104,7 @@ fn shapes_through(caller: &SluiceProcess, secrets: &Secrets, agent: i64) {
 /// the offer), every call goes framed, and each shape (metadata both ways, streams, a 4 MiB
 /// echo, an error status) arrives as the client sent it and the backend answered.
 fn framed_calls_carry_every_call_shape_between_nodes(driver: &str) {
-    let cluster = nodes(driver, &[true, true]);
+    let cluster = nodes(driver, &[Hop::Framed, Hop::Framed]);
     let backend = GrpcBackend::start().unwrap();
     let (a, c) = (&cluster.nodes[0], &cluster.nodes[1]);
     let _agent = start_agent(&cluster.secrets, 7, c, backend.address, 20, None);
@@ -108,11 +138,12 @@ fn framed_calls_carry_every_call_shape_between_nodes(driver: &str) {
     );
 }
 
-/// A node that does not offer framed calls (as one without them) gets plain requests, and
-/// one that does not send them sends plain requests to a node that offers them.
+/// A node that does not offer framed calls gets plain requests, and one that does not send
+/// them sends plain requests to a node that offers them: with `SLUICE_PREVIOUS_BIN` naming a
+/// build from before framed calls, across versions, as in a rolling upgrade.
 #[test]
 fn a_node_without_framed_calls_gets_and_sends_plain_ones() {
-    let cluster = nodes("auto", &[true, false]);
+    let cluster = nodes("auto", &[Hop::Framed, Hop::Previous]);
     let backend = GrpcBackend::start().unwrap();
     let (on, off) = (&cluster.nodes[0], &cluster.nodes[1]);
     let _on_off = start_agent(&cluster.secrets, 7, off, backend.address, 10, None);
@@ -161,7 +192,7 @@ fn spliced(node: &SluiceProcess, cluster: &Nodes, frames: &[&str]) -> serde_json
 /// before its request ends: that case is the scanner's unit tests'.)
 #[test]
 fn a_framed_call_is_checked_before_the_agent_sees_it() {
-    let cluster = nodes("auto", &[true]);
+    let cluster = nodes("auto", &[Hop::Framed]);
     let backend = GrpcBackend::start().unwrap();
     let node = &cluster.nodes[0];
     let _agent = start_agent(&cluster.secrets, 7, node, backend.address, 10, None);

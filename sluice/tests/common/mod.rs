@@ -117,6 +117,35 @@ pub fn start_node_on(
     extra_yaml: &str,
     private_tls: Option<&Certificates>,
 ) -> SluiceProcess {
+    let yaml = node_yaml(
+        secrets,
+        max_wait,
+        max_message_bytes,
+        tls,
+        driver,
+        tunnel_extra,
+        extra_yaml,
+        private_tls,
+    );
+    let node = run_node(&yaml);
+    if driver != "auto" {
+        assert_driver(&node, driver);
+    }
+    node
+}
+
+/// The YAML [`start_node_on`] runs a node with.
+#[allow(clippy::too_many_arguments)] // one knob per YAML setting the tests vary
+pub fn node_yaml(
+    secrets: &Secrets,
+    max_wait: &str,
+    max_message_bytes: usize,
+    tls: Option<&Certificates>,
+    driver: &str,
+    tunnel_extra: &str,
+    extra_yaml: &str,
+    private_tls: Option<&Certificates>,
+) -> String {
     let agents = agents_yaml(secrets);
     let yaml = format!(
         "runtime: {{workers: 2, drain_timeout: 2s, driver: {driver}}}\n\
@@ -136,16 +165,17 @@ pub fn start_node_on(
             ),
         },
     ) + &peer_tls(private_tls) + extra_yaml;
-    let node = run_node(&yaml);
-    if driver != "auto" {
-        assert_driver(&node, driver);
-    }
-    node
+    yaml
 }
 
 /// `sluice run` on `yaml` (written as `node.yaml` in the process's own directory), ready.
 pub fn run_node(yaml: &str) -> SluiceProcess {
-    let launcher = SluiceLauncher::new(BIN).unwrap();
+    run_node_with(BIN, yaml)
+}
+
+/// [`run_node`] with another build of `sluice` (an older version, in compatibility tests).
+pub fn run_node_with(binary: &str, yaml: &str) -> SluiceProcess {
+    let launcher = SluiceLauncher::new(binary).unwrap();
     let config = launcher.write_file("node.yaml", yaml).unwrap();
     launcher
         .arg("run")
