@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{client_args, metric, start_agent, wait_for_idle_tunnels, Secrets};
+use common::{assert_shapes, client_args, metric, start_agent, wait_for_idle_tunnels, Secrets};
 use serde_json::Value;
 use test_support::{
     on_both_drivers, spawn_tunnel_client, tunnel_client, wait_until, Certificates, GrpcBackend,
@@ -52,12 +52,7 @@ fn cluster_on(
     max_wait: &str,
 ) -> Cluster {
     let secrets = Secrets::on(driver);
-    let private_secret = secrets.dir.path().join("private.secret");
-    std::fs::write(
-        &private_secret,
-        "private-node-secret-0123456789abcdef0123\n",
-    )
-    .unwrap();
+    let private_secret = secrets.private_secret();
     let nodes = ["node-a", "node-b", "node-c"]
         .iter()
         .map(|name| {
@@ -99,15 +94,10 @@ fn a_call_to_any_node_reaches_the_agent_on_another(driver: &str) {
     let (a, c) = (&cluster.nodes[0], &cluster.nodes[2]);
     let _agent = start_agent(&cluster.secrets, 7, c, backend.address, 20, None);
     wait_for_idle_tunnels(c, 2.0);
-    let result = tunnel_client("shapes", &client_args(a, &cluster.secrets, 7));
-    assert_eq!(result["unary"], "hello", "{result}");
-    assert_eq!(result["initial_metadata"], "r-42", "{result}");
-    assert_eq!(result["trailing_metadata"], "done", "{result}");
-    assert_eq!(result["server_stream_count"], 10_000, "{result}");
-    assert_eq!(result["server_stream_in_order"], true, "{result}");
-    assert_eq!(result["bidi"], true, "{result}");
-    assert_eq!(result["big_echo"], true, "{result}");
-    assert_eq!(result["fail"]["code"], "NOT_FOUND", "{result}");
+    assert_shapes(&tunnel_client(
+        "shapes",
+        &client_args(a, &cluster.secrets, 7),
+    ));
     assert!(metric(a, "sluice_tunnel_routes_total{decision=\"remote\"}").unwrap_or(0.0) >= 1.0);
     assert!(metric(c, "sluice_tunnel_private_requests_total{code=\"OK\"}").unwrap_or(0.0) >= 1.0);
     // Latency by route: A relayed every call to C (remote), C carried them for A (private).

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{client_args, metric, start_agent, wait_for_idle_tunnels, Secrets};
+use common::{assert_shapes, client_args, metric, start_agent, wait_for_idle_tunnels, Secrets};
 use test_support::{on_both_drivers, tunnel_client, GrpcBackend, RedisServer, SluiceProcess};
 
 on_both_drivers!(framed_calls_carry_every_call_shape_between_nodes);
@@ -43,12 +43,7 @@ fn nodes(driver: &str, hops: &[Hop]) -> Nodes {
         redis.unix_url()
     );
     let secrets = Secrets::on(driver);
-    let private_secret = secrets.dir.path().join("private.secret");
-    std::fs::write(
-        &private_secret,
-        "private-node-secret-0123456789abcdef0123\n",
-    )
-    .unwrap();
+    let private_secret = secrets.private_secret();
     let nodes = hops
         .iter()
         .enumerate()
@@ -89,15 +84,10 @@ const FRAMED: &str = "sluice_tunnel_remote_framed_calls";
 const SPLICED: &str = "sluice_tunnel_private_spliced_calls";
 
 fn shapes_through(caller: &SluiceProcess, secrets: &Secrets, agent: i64) {
-    let result = tunnel_client("shapes", &client_args(caller, secrets, agent));
-    assert_eq!(result["unary"], "hello", "{result}");
-    assert_eq!(result["initial_metadata"], "r-42", "{result}");
-    assert_eq!(result["trailing_metadata"], "done", "{result}");
-    assert_eq!(result["server_stream_count"], 10_000, "{result}");
-    assert_eq!(result["server_stream_in_order"], true, "{result}");
-    assert_eq!(result["bidi"], true, "{result}");
-    assert_eq!(result["big_echo"], true, "{result}");
-    assert_eq!(result["fail"]["code"], "NOT_FOUND", "{result}");
+    assert_shapes(&tunnel_client(
+        "shapes",
+        &client_args(caller, secrets, agent),
+    ));
 }
 
 /// Both nodes offer framed calls: after the first call on a connection (plain, which carries

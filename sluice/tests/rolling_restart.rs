@@ -95,12 +95,7 @@ fn holders(redis: &RedisServer, agent: i64) -> usize {
 fn three_nodes_restarted_in_turn_under_load_fail_no_call(driver: &str) {
     let redis = RedisServer::start().unwrap();
     let secrets = Secrets::on(driver);
-    let private_secret = secrets.dir.path().join("private.secret");
-    std::fs::write(
-        &private_secret,
-        "private-node-secret-0123456789abcdef0123\n",
-    )
-    .unwrap();
+    let private_secret = secrets.private_secret();
     let private_secret = private_secret.display().to_string();
     // Every node, first started or restarted, is checked to run on `driver` (as the agents are).
     let start = |spec: &NodeSpec| {

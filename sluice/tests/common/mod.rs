@@ -27,6 +27,14 @@ impl Secrets {
         Self::on("auto")
     }
 
+    /// Writes the secret a test's nodes sign each other's node JWTs with
+    /// (`tunnel.private_jwt`) beside the others, and returns its path.
+    pub fn private_secret(&self) -> PathBuf {
+        let path = self.dir.path().join("private.secret");
+        std::fs::write(&path, "private-node-secret-0123456789abcdef0123\n").unwrap();
+        path
+    }
+
     /// Secrets for a test whose nodes and agents all run on `driver`.
     pub fn on(driver: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
@@ -103,6 +111,20 @@ pub fn start_node(
         "",
         None,
     )
+}
+
+/// Asserts that every call of tunnel_client.py's `shapes` check came back as the test backend
+/// answers it: metadata both ways, a 10,000-message stream in order, bidi, a 4 MiB echo and an
+/// error status.
+pub fn assert_shapes(result: &serde_json::Value) {
+    assert_eq!(result["unary"], "hello", "{result}");
+    assert_eq!(result["initial_metadata"], "r-42", "{result}");
+    assert_eq!(result["trailing_metadata"], "done", "{result}");
+    assert_eq!(result["server_stream_count"], 10_000, "{result}");
+    assert_eq!(result["server_stream_in_order"], true, "{result}");
+    assert_eq!(result["bidi"], true, "{result}");
+    assert_eq!(result["big_echo"], true, "{result}");
+    assert_eq!(result["fail"]["code"], "NOT_FOUND", "{result}");
 }
 
 /// A node on a given I/O driver (`auto`, `uring`, `legacy`).

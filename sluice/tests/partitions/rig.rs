@@ -48,12 +48,7 @@ impl Rig {
         let net = Network::new(&[REDIS, NODE_A, NODE_B, CLIENTS]).unwrap();
         let redis = start_redis(&net);
         let secrets = Secrets::new();
-        let private_secret = secrets.dir.path().join("private.secret");
-        std::fs::write(
-            &private_secret,
-            "private-node-secret-0123456789abcdef0123\n",
-        )
-        .unwrap();
+        let private_secret = secrets.private_secret();
         let nodes = [NODE_A, NODE_B]
             .map(|name| start_node(&net, &secrets, &private_secret, name, tunnel_extra))
             .into_iter()
