@@ -4,8 +4,9 @@
 //! agent's tunnel splices those frames into the tunnel and the agent's frames back without
 //! decoding them (`wire::splice` only checks where each message ends). The hop's own HTTP/2
 //! request carries just the node token, the agent and the deadline, so neither node encodes or
-//! decodes the client's metadata a second time, and the holding node answers with one fixed
-//! response head and `grpc-status: 0` (both indexed by HPACK after the first call).
+//! decodes the client's metadata a second time. A stream outlives its call (`relays.rs`): the
+//! next call for the same agent goes down it, and the holding node answers a stream with one
+//! response head and, when it ends, `grpc-status: 0`.
 //!
 //! Offered per connection: the holding node says so on its 100 Continue (`SPLICE_OFFER`), and
 //! the routing node frames the calls that follow on that connection. A node that never says so
@@ -124,7 +125,11 @@ pub(super) async fn relay_spliced(
                     .map_err(super::pumps::send_failed)?;
                 release(&mut body.body, size);
             }
-            upload.body_ended();
+            if body.ended {
+                // The replay's `ended` is the stream's: a call put back for another tunnel
+                // must not end a stream that carries more calls.
+                upload.body_ended();
+            }
             scanner.finish().map_err(from_caller)
         };
         let down = splice_down(&mut tunnel.recv, responder, limit);
@@ -148,8 +153,8 @@ pub(super) async fn relay_spliced(
 
 /// Holding node: the agent's frames to the routing node as they arrive, under one fixed
 /// response head (sent with the stream's first call). The stream itself ends OK when the relay
-/// ends (`end_relay`): a framed stream is a gRPC stream whose messages are tunnel messages. Returns the call's status and whether the
-/// agent ended it with a Trailer (not an Error).
+/// ends (`end_relay`): a framed stream is a gRPC stream whose messages are tunnel messages.
+/// Returns the call's status and whether the agent ended it with a Trailer (not an Error).
 async fn splice_down(
     recv: &mut RecvStream,
     responder: &mut Responder,

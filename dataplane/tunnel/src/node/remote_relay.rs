@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::time::Instant;
 
 use bytes::Bytes;
+use h2::RecvStream;
 use http::{HeaderMap, Response};
 use sluice_grpc::transport::{recv_data, recv_data_held, release, send_data};
 use sluice_grpc::Code;
@@ -98,54 +99,24 @@ pub(super) async fn relay_remote(
             }
             plain_up(client, &mut peer_send, &forwarded, peer_gone).await
         };
-        let down = async {
-            let (recv, reader) = match answer {
-                PeerAnswer::Kept(recv, reader) => kept.insert((recv, reader)),
-                PeerAnswer::Pending(mut response) => {
-                    if !confirmed.get() {
-                        match confirmation(&mut response, until, responder, &offers).await {
-                            Ok(()) => confirmed.set(true),
-                            Err(why) => return Ok(Err(why)),
-                        }
-                    }
-                    if !framed {
-                        return pass_remote_answer(response, responder, peer_gone)
-                            .await
-                            .map(Ok);
-                    }
-                    let recv = framed_head(response, responder, peer_gone).await?;
-                    let reader = TunnelReader::with_budget(
-                        node.max_message_bytes,
-                        node.buffer_budget.clone(),
-                    );
-                    kept.insert((recv, reader))
-                }
-            };
-            framed_down(node, recv, reader, responder, on_kept, peer_gone)
-                .await
-                .map(Ok)
+        let hop = Hop {
+            framed,
+            on_kept,
+            until,
+            confirmed: &confirmed,
+            offers: &offers,
         };
+        let down = remote_answer(node, hop, answer, responder, &mut kept, peer_gone);
         let up = std::pin::pin!(up);
         let down = std::pin::pin!(down);
         run_call(up, down, deadline).await
     };
-    // As for a plain call: once any byte of the request went to the node, the call cannot go
-    // elsewhere (that node may have passed it on)...
-    if upload.as_ref().is_some_and(Upload::took_any) {
-        forwarded.set(true);
-    }
-    // ...unless it went down a kept stream the node had already ended: it read none of it.
+    // On a kept stream the node had already ended, none of the call was read.
     let stale = matches!(&outcome, Err(error) if on_kept
         && error.kind() == ErrorKind::StaleTunnel
         && !responder.replied());
-    if stale {
-        match upload.take() {
-            Some(upload) if upload.replayable() => {
-                upload.restore(&mut client.early, &mut client.ended);
-                forwarded.set(false);
-            }
-            _ => forwarded.set(true),
-        }
+    if let Some(upload) = upload {
+        forwarded.set(framed_request_taken(upload, stale, client));
     }
     let unconfirmed = |why: UnconfirmedWhy| match why {
         UnconfirmedWhy::Expired => Unconfirmed::Expired,
@@ -179,22 +150,77 @@ pub(super) async fn relay_remote(
             peer_send.send_reset(h2::Reason::CANCEL);
             Err(unconfirmed(why))
         }
-        Err(error) if stale || !confirmed.get() => {
-            // Before the node confirmed its tunnel (or on a kept stream it had ended) the call
-            // is still being routed: it ends as a race that found nobody would (the deadline,
-            // the client, the node failing).
-            peer_send.send_reset(h2::Reason::CANCEL);
-            Err(unconfirmed(match error.kind() {
-                ErrorKind::DeadlineExceeded => UnconfirmedWhy::Expired,
-                ErrorKind::ClientGone => UnconfirmedWhy::ClientReset,
-                _ => UnconfirmedWhy::Refused(RefusedWhy::Failed(error.message().to_string())),
-            }))
-        }
         Err(error) => {
             peer_send.send_reset(h2::Reason::CANCEL);
-            Ok(Err(in_call_to(agent, error)))
+            if stale || !confirmed.get() {
+                // Before the node confirmed its tunnel (or on a kept stream it had ended) the
+                // call is still being routed: it ends as a race that found nobody would (the
+                // deadline, the client, the node failing).
+                Err(unconfirmed(UnconfirmedWhy::of(&error)))
+            } else {
+                Ok(Err(in_call_to(agent, error)))
+            }
         }
     }
+}
+
+/// How a remote call's answer is awaited.
+struct Hop<'a> {
+    framed: bool,
+    /// On a stream kept from an earlier call: no head to wait for.
+    on_kept: bool,
+    /// When an unconfirmed call's wait for the node's 100 Continue ends.
+    until: Instant,
+    confirmed: &'a Cell<bool>,
+    /// The connection's flag, set when the 100 Continue offers framed calls.
+    offers: &'a Cell<bool>,
+}
+
+/// Peer -> client: the node's 100 Continue when still due, then its answer, plain or framed. A
+/// framed stream's receiving half and reader are left in `kept`, for the stream's next call.
+async fn remote_answer(
+    node: &NodeShared,
+    hop: Hop<'_>,
+    answer: PeerAnswer,
+    responder: &mut Responder,
+    kept: &mut Option<(RecvStream, TunnelReader)>,
+    peer_gone: impl Fn(h2::Error) -> TunnelError + Copy,
+) -> Result<Result<Code, UnconfirmedWhy>, TunnelError> {
+    let (recv, reader) = match answer {
+        PeerAnswer::Kept(recv, reader) => kept.insert((recv, reader)),
+        PeerAnswer::Pending(mut response) => {
+            if !hop.confirmed.get() {
+                match confirmation(&mut response, hop.until, responder, hop.offers).await {
+                    Ok(()) => hop.confirmed.set(true),
+                    Err(why) => return Ok(Err(why)),
+                }
+            }
+            if !hop.framed {
+                return pass_remote_answer(response, responder, peer_gone)
+                    .await
+                    .map(Ok);
+            }
+            let recv = framed_head(response, responder, peer_gone).await?;
+            let reader =
+                TunnelReader::with_budget(node.max_message_bytes, node.buffer_budget.clone());
+            kept.insert((recv, reader))
+        }
+    };
+    framed_down(node, recv, reader, responder, hop.on_kept, peer_gone)
+        .await
+        .map(Ok)
+}
+
+/// Whether a framed call's request is the node's now. As for a plain call, once any byte of
+/// it went to the node the call cannot go elsewhere (that node may have passed it on), unless
+/// it went down a kept stream the node had already ended (`stale`): then it is put back in
+/// `client` when it was kept whole.
+fn framed_request_taken(upload: Upload, stale: bool, client: &mut CallBody) -> bool {
+    if stale && upload.replayable() {
+        upload.restore(&mut client.early, &mut client.ended);
+        return false;
+    }
+    upload.took_any()
 }
 
 /// Client -> peer for a plain call: DATA as it arrives (the peer's node checks the framing).
@@ -272,6 +298,17 @@ enum RefusedWhy {
     Unexpected(http::StatusCode),
     #[error("{0}")]
     Failed(String),
+}
+
+impl UnconfirmedWhy {
+    /// A failure before the node confirmed: the deadline, the client, or the node.
+    fn of(error: &TunnelError) -> Self {
+        match error.kind() {
+            ErrorKind::DeadlineExceeded => UnconfirmedWhy::Expired,
+            ErrorKind::ClientGone => UnconfirmedWhy::ClientReset,
+            _ => UnconfirmedWhy::Refused(RefusedWhy::Failed(error.message().to_string())),
+        }
+    }
 }
 
 impl RefusedWhy {
