@@ -65,10 +65,12 @@ fn a_node_counts_its_listeners_syns_on_its_interface(driver: &str) {
     let external = node.address("external");
     let text = metrics(netns.name(), admin);
     assert_driver(&text, driver);
+    // The node's log says why, should the kernel refuse the counters.
     assert_eq!(
         metric_value(&text, "sluice_ebpf_enabled"),
         Some(1.0),
-        "{text}"
+        "{text}\n{}",
+        node.stderr()
     );
     assert_eq!(
         metric_value(&text, "sluice_ebpf_attached_interfaces"),
