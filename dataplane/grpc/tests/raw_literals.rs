@@ -22,19 +22,23 @@ struct Tapped {
     to_client: Mutex<Vec<u8>>,
 }
 
-/// Copies `from` into `to`, recording what passed.
+/// Copies `from` into `to`, recording what passes before it passes.
 fn pump(mut from: TcpStream, mut to: TcpStream, tapped: Arc<Tapped>, to_server: bool) {
     let mut buffer = [0u8; 16 * 1024];
+    let record = if to_server {
+        &tapped.to_server
+    } else {
+        &tapped.to_client
+    };
     while let Ok(read) = from.read(&mut buffer) {
-        if read == 0 || to.write_all(&buffer[..read]).is_err() {
+        if read == 0 {
             break;
         }
-        let record = if to_server {
-            &tapped.to_server
-        } else {
-            &tapped.to_client
-        };
+        // Recorded before forwarding: once the peer has the bytes, the test may look at them.
         record.lock().unwrap().extend_from_slice(&buffer[..read]);
+        if to.write_all(&buffer[..read]).is_err() {
+            break;
+        }
     }
     let _ = to.shutdown(std::net::Shutdown::Write);
 }
