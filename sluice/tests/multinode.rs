@@ -5,7 +5,9 @@ mod common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{assert_shapes, client_args, metric, start_agent, wait_for_idle_tunnels, Secrets};
+use common::{
+    assert_shapes, client_args, metric, private_args, start_agent, wait_for_idle_tunnels, Secrets,
+};
 use serde_json::Value;
 use test_support::{
     on_both_drivers, spawn_tunnel_client, tunnel_client, wait_until, Certificates, GrpcBackend,
@@ -69,23 +71,6 @@ fn cluster_on(
         nodes,
         _redis: redis,
     }
-}
-
-fn private_args(node: &SluiceProcess, cluster: &Cluster, agent: i64) -> Vec<String> {
-    vec![
-        "--node".into(),
-        node.address("private").to_string(),
-        "--agent-id".into(),
-        agent.to_string(),
-        "--secret-file".into(),
-        cluster.private_secret.display().to_string(),
-        "--issuer".into(),
-        "sluice-node".into(),
-        "--audience".into(),
-        "sluice-private".into(),
-        "--lifetime".into(),
-        "5".into(),
-    ]
 }
 
 fn a_call_to_any_node_reaches_the_agent_on_another(driver: &str) {
@@ -233,7 +218,7 @@ fn private_and_external_tokens_are_not_interchangeable(driver: &str) {
     wait_for_idle_tunnels(c, 2.0);
 
     // A node token on node C's private endpoint works (C holds the agent).
-    let direct = tunnel_client("unary", &private_args(c, &cluster, 7));
+    let direct = tunnel_client("unary", &private_args(c, &cluster.private_secret, 7));
     assert_eq!(direct["code"], "OK", "{direct}");
     // An external token on a private endpoint is refused.
     let mut external_on_private = client_args(c, &cluster.secrets, 7);
@@ -241,19 +226,19 @@ fn private_and_external_tokens_are_not_interchangeable(driver: &str) {
     let refused = tunnel_client("unary", &external_on_private);
     assert_eq!(refused["code"], "UNAUTHENTICATED", "{refused}");
     // A node token on the external endpoint is refused.
-    let mut private_on_external = private_args(a, &cluster, 7);
+    let mut private_on_external = private_args(a, &cluster.private_secret, 7);
     private_on_external[1] = a.address("external").to_string();
     let refused = tunnel_client("unary", &private_on_external);
     assert_eq!(refused["code"], "UNAUTHENTICATED", "{refused}");
     // An expired node token is refused.
-    let mut expired = private_args(c, &cluster, 7);
+    let mut expired = private_args(c, &cluster.private_secret, 7);
     expired.extend(["--lifetime".into(), "-60".into()]);
     let refused = tunnel_client("unary", &expired);
     assert_eq!(refused["code"], "UNAUTHENTICATED", "{refused}");
     // A token from another secret is refused on the private endpoint.
     let other = cluster.secrets.dir.path().join("other.secret");
     std::fs::write(&other, "some-other-secret-0123456789abcdef012345\n").unwrap();
-    let mut wrong_secret = private_args(c, &cluster, 7);
+    let mut wrong_secret = private_args(c, &cluster.private_secret, 7);
     wrong_secret[5] = other.display().to_string();
     let refused = tunnel_client("unary", &wrong_secret);
     assert_eq!(refused["code"], "UNAUTHENTICATED", "{refused}");
@@ -398,7 +383,7 @@ fn nodes_talk_to_rediss_and_to_each_other_over_mutual_tls(driver: &str) {
     assert_eq!(result["bidi"], true, "{result}");
     assert!(metric(c, "sluice_tunnel_private_requests_total{code=\"OK\"}").unwrap_or(0.0) >= 1.0);
     // A plain-text client cannot use the TLS private endpoint, even with a valid node token.
-    let refused = tunnel_client("unary", &private_args(c, &cluster, 7));
+    let refused = tunnel_client("unary", &private_args(c, &cluster.private_secret, 7));
     assert_eq!(refused["code"], "UNAVAILABLE", "{refused}");
 }
 

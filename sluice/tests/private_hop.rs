@@ -6,10 +6,16 @@
 
 mod common;
 
-use common::{assert_shapes, client_args, metric, start_agent, wait_for_idle_tunnels, Secrets};
+use common::{
+    assert_shapes, client_args, metric, private_args, start_agent, wait_for_idle_tunnels, Secrets,
+};
 use test_support::{on_both_drivers, tunnel_client, GrpcBackend, RedisServer, SluiceProcess};
 
-on_both_drivers!(framed_calls_carry_every_call_shape_between_nodes);
+on_both_drivers!(
+    framed_calls_carry_every_call_shape_between_nodes,
+    a_node_without_framed_calls_gets_and_sends_plain_ones,
+    a_framed_call_is_checked_before_the_agent_sees_it
+);
 
 struct Nodes {
     secrets: Secrets,
@@ -131,9 +137,8 @@ fn framed_calls_carry_every_call_shape_between_nodes(driver: &str) {
 /// A node that does not offer framed calls gets plain requests, and one that does not send
 /// them sends plain requests to a node that offers them: with `SLUICE_PREVIOUS_BIN` naming a
 /// build from before framed calls, across versions, as in a rolling upgrade.
-#[test]
-fn a_node_without_framed_calls_gets_and_sends_plain_ones() {
-    let cluster = nodes("auto", &[Hop::Framed, Hop::Previous]);
+fn a_node_without_framed_calls_gets_and_sends_plain_ones(driver: &str) {
+    let cluster = nodes(driver, &[Hop::Framed, Hop::Previous]);
     let backend = GrpcBackend::start().unwrap();
     let (on, off) = (&cluster.nodes[0], &cluster.nodes[1]);
     let _on_off = start_agent(&cluster.secrets, 7, off, backend.address, 10, None);
@@ -153,22 +158,8 @@ fn a_node_without_framed_calls_gets_and_sends_plain_ones() {
 }
 
 fn spliced(node: &SluiceProcess, cluster: &Nodes, frames: &[&str]) -> serde_json::Value {
-    let mut args = vec![
-        "--node".into(),
-        node.address("private").to_string(),
-        "--agent-id".into(),
-        "7".into(),
-        "--secret-file".into(),
-        cluster.private_secret.display().to_string(),
-        "--issuer".into(),
-        "sluice-node".into(),
-        "--audience".into(),
-        "sluice-private".into(),
-        "--lifetime".into(),
-        "5".into(),
-        "--payload".into(),
-        "framed-by-grpcio".into(),
-    ];
+    let mut args = private_args(node, &cluster.private_secret, 7);
+    args.extend(["--payload".into(), "framed-by-grpcio".into()]);
     if !frames.is_empty() {
         args.extend(["--frames".into(), frames.join(",")]);
     }
@@ -180,9 +171,8 @@ fn spliced(node: &SluiceProcess, cluster: &Nodes, frames: &[&str]) -> serde_json
 /// INVALID_ARGUMENT naming what was wrong, counted, and the node goes on serving. (A call cut
 /// short before its CloseSend may still be answered first, as a server may answer a local call
 /// before its request ends: that case is the scanner's unit tests'.)
-#[test]
-fn a_framed_call_is_checked_before_the_agent_sees_it() {
-    let cluster = nodes("auto", &[Hop::Framed]);
+fn a_framed_call_is_checked_before_the_agent_sees_it(driver: &str) {
+    let cluster = nodes(driver, &[Hop::Framed]);
     let backend = GrpcBackend::start().unwrap();
     let node = &cluster.nodes[0];
     let _agent = start_agent(&cluster.secrets, 7, node, backend.address, 10, None);

@@ -314,6 +314,29 @@ pub fn client_args(node: &SluiceProcess, secrets: &Secrets, agent: i64) -> Vec<S
     ]
 }
 
+/// Arguments for `tunnel_client.py` calling `node`'s private endpoint itself, as a routing node
+/// does, with a node JWT signed by `private_secret` (`Secrets::private_secret`).
+pub fn private_args(
+    node: &SluiceProcess,
+    private_secret: &std::path::Path,
+    agent: i64,
+) -> Vec<String> {
+    vec![
+        "--node".into(),
+        node.address("private").to_string(),
+        "--agent-id".into(),
+        agent.to_string(),
+        "--secret-file".into(),
+        private_secret.display().to_string(),
+        "--issuer".into(),
+        "sluice-node".into(),
+        "--audience".into(),
+        "sluice-private".into(),
+        "--lifetime".into(),
+        "5".into(),
+    ]
+}
+
 /// The `tunnel.agents` list entries (indented for a block under `agents:`) for every token.
 pub fn agents_yaml(secrets: &Secrets) -> String {
     secrets
