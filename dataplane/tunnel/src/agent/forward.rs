@@ -7,7 +7,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use h2::client::ResponseFuture;
 use h2::{RecvStream, SendStream};
-use http::{HeaderMap, HeaderValue, Request};
+use http::uri::{self, Authority, InvalidUri, PathAndQuery, Scheme};
+use http::{HeaderMap, HeaderValue, Method, Request, Uri};
 use sluice_config::Endpoint;
 use sluice_grpc::status::decode_message;
 use sluice_grpc::transport::{recv_data, recv_data_now, recv_trailers_now, send_data};
@@ -22,7 +23,7 @@ use crate::error::{ErrorKind, Side, TunnelError};
 use crate::protocol::GRPC_TIMEOUT;
 use crate::wire::{
     data_frame, frame, header_frame_into, metadata_into_headers, trailer_frame_into,
-    HeaderMetadata, MetadataLimits, MetadataTooLarge, ReadError, TunnelReader,
+    HeaderMetadata, MetadataLimits, ReadError, TunnelReader,
 };
 
 /// Relays one call between the tunnel and the backend. Returns whether the tunnel can carry
@@ -161,25 +162,58 @@ pub(super) fn call_end(outcome: Result<(), TunnelError>, close_send_seen: bool) 
     }
 }
 
+/// The backend's `host:port` as every call's request carries it: parsed once per worker
+/// (`AgentShared`) rather than formatted and parsed with each call's URI. An IPv6 host gets its
+/// brackets back (the config keeps the host without them).
+pub(super) fn backend_authority(backend: &Endpoint) -> Result<Authority, InvalidUri> {
+    let host = if backend.host.contains(':') {
+        format!("[{}]", backend.host)
+    } else {
+        backend.host.clone()
+    };
+    Authority::try_from(format!("{host}:{}", backend.port))
+}
+
 /// The backend request for a tunnelled call: its method, the client's metadata, and the
 /// deadline the node forwarded (it is a hop header elsewhere, so it is set here by hand).
-/// Metadata past [`MetadataLimits::CEILING`] (a node holds calls to its own, smaller, limits, so
-/// only a broken node sends it) is refused rather than forwarded without it.
+/// A method that is not a gRPC path is refused (UNIMPLEMENTED), as is metadata past
+/// [`MetadataLimits::CEILING`] (RESOURCE_EXHAUSTED; a node holds calls to its own, smaller,
+/// limits, so only a broken node sends either) rather than forwarded without it.
 pub(super) fn backend_request(
     info: &RequestInfo,
-    backend: &Endpoint,
-) -> Result<Request<()>, MetadataTooLarge> {
-    let mut request = Request::post(format!(
-        "http://{}:{}{}",
-        backend.host, backend.port, info.method_name
-    ))
-    .body(())
-    .unwrap_or_default();
+    authority: &Authority,
+) -> Result<Request<()>, TunnelError> {
+    let malformed = || {
+        TunnelError::new(
+            ErrorKind::Unimplemented,
+            "malformed method: a gRPC :path is /package.Service/Method",
+        )
+    };
+    // The method follows the backend's authority: one without a leading '/' would choose
+    // another authority (`@elsewhere:443/x`) in a URI made of text. Nodes refuse such calls;
+    // so does the agent.
+    if !info.method_name.starts_with('/') {
+        return Err(malformed());
+    }
+    let path = PathAndQuery::from_maybe_shared(Bytes::copy_from_slice(info.method_name.as_bytes()))
+        .map_err(|_| malformed())?;
+    let mut parts = uri::Parts::default();
+    parts.scheme = Some(Scheme::HTTP);
+    parts.authority = Some(authority.clone());
+    parts.path_and_query = Some(path);
+    let uri = Uri::from_parts(parts).map_err(|_| malformed())?;
+    let mut request = Request::new(());
+    *request.method_mut() = Method::POST;
+    *request.uri_mut() = uri;
     metadata_into_headers(
         &info.metadata,
         request.headers_mut(),
         &MetadataLimits::CEILING,
-    )?;
+    )
+    .map_err(|error| {
+        TunnelError::new(ErrorKind::NodeProtocol, format!("request {error}"))
+            .with_code(Code::ResourceExhausted)
+    })?;
     let headers = request.headers_mut();
     headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
     headers
@@ -203,21 +237,14 @@ async fn open_backend_call(
     info: &RequestInfo,
 ) -> Result<(ResponseFuture, SendStream<Bytes>), TunnelError> {
     let backend = &agent.task.config.forward_to;
-    // The method is appended to the backend's authority: one without a leading '/' would
-    // choose another authority (`@elsewhere:443/x`). Nodes refuse such calls; so does the agent.
-    if !info.method_name.starts_with('/') {
-        return Err(TunnelError::new(
-            ErrorKind::Unimplemented,
-            "malformed method: a gRPC :path starts with '/' (/package.Service/Method)",
-        ));
-    }
+    let Some(authority) = &agent.backend_authority else {
+        let message = format!("the agent's backend {} is not a host:port", backend.url);
+        return Err(TunnelError::new(ErrorKind::BackendUnavailable, message));
+    };
+    let request = backend_request(info, authority)?;
     let mut connection = agent.backend().await.map_err(|why| {
         let message = format!("the agent cannot reach its backend {}: {why}", backend.url);
         TunnelError::new(ErrorKind::BackendUnavailable, message)
-    })?;
-    let request = backend_request(info, backend).map_err(|error| {
-        TunnelError::new(ErrorKind::NodeProtocol, format!("request {error}"))
-            .with_code(Code::ResourceExhausted)
     })?;
     connection.send_request(request, false).map_err(|error| {
         let message = format!("backend {}: {error}", backend.url);

@@ -77,7 +77,7 @@ fn the_backend_request_carries_the_method_metadata_and_deadline() {
                 values: vec![Bytes::from_static(b"1500m")],
             },
         ]),
-        &backend(),
+        &backend_authority(&backend()).unwrap(),
     )
     .expect("within the limits");
     assert_eq!(request.uri(), "http://127.0.0.1:9000/echo.Echo/Say");
@@ -133,6 +133,33 @@ fn metadata_past_the_ceiling_is_refused_not_dropped() {
             values: vec![Bytes::from_static(b"v")],
         })
         .collect();
-    let refused = backend_request(&info(entries), &backend()).expect_err("over the ceiling");
-    assert_eq!(refused.entries, sluice_config::METADATA_ENTRIES_CEILING + 1);
+    let authority = backend_authority(&backend()).unwrap();
+    let refused = backend_request(&info(entries), &authority).expect_err("over the ceiling");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    let count = (sluice_config::METADATA_ENTRIES_CEILING + 1).to_string();
+    assert!(refused.message().contains(&count), "{}", refused.message());
+}
+
+#[test]
+fn a_method_that_is_not_a_grpc_path_is_refused_not_sent_elsewhere() {
+    let authority = backend_authority(&backend()).unwrap();
+    for method in [
+        "echo.Echo/Say",
+        "@evil.example:443/x",
+        "/echo Echo/Say",
+        "/a\nb",
+    ] {
+        let mut call = info(Vec::new());
+        call.method_name = method.into();
+        let refused = backend_request(&call, &authority).expect_err(method);
+        assert_eq!(refused.kind(), ErrorKind::Unimplemented, "{method}");
+    }
+}
+
+#[test]
+fn an_ipv6_backend_keeps_its_brackets() {
+    let mut v6 = backend();
+    v6.host = "::1".into();
+    let request = backend_request(&info(Vec::new()), &backend_authority(&v6).unwrap()).unwrap();
+    assert_eq!(request.uri(), "http://[::1]:9000/echo.Echo/Say");
 }

@@ -100,6 +100,7 @@ impl BackgroundTask for AgentTask {
             settings: H2Settings::default(),
             backend_log: LogInterval::default(),
             kube: self.kube.clone().map(kube::KubeApi::new),
+            backend_authority: forward::backend_authority(&self.config.forward_to).ok(),
         });
         Box::pin(async move {
             let loops: Vec<_> = shared
@@ -141,6 +142,9 @@ struct AgentShared {
     backend_log: LogInterval,
     /// The Kubernetes API forwarder, when `agent.kubernetes_api` is set.
     kube: Option<kube::KubeApi>,
+    /// `forward_to` as each backend request's authority (`forward::backend_authority`); a
+    /// valid config always has one.
+    backend_authority: Option<http::uri::Authority>,
 }
 
 /// At most one log line per [`LogInterval::EVERY`]; the lines it holds back are counted and
