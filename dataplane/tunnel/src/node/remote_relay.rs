@@ -120,6 +120,9 @@ pub(super) async fn relay_remote(
     }
     let unconfirmed = |why: UnconfirmedWhy| match why {
         UnconfirmedWhy::Expired => Unconfirmed::Expired,
+        UnconfirmedWhy::Refused(why) if ends_the_wait(&why, forwarded.get()) => {
+            Unconfirmed::Expired
+        }
         UnconfirmedWhy::ClientReset => Unconfirmed::ClientReset,
         UnconfirmedWhy::Refused(why) => Unconfirmed::Refused {
             error: TunnelError::new(
@@ -311,6 +314,16 @@ impl UnconfirmedWhy {
     }
 }
 
+/// Whether a node's answer without a tunnel ends the call as this node's own wait running out
+/// would. A node answers DEADLINE_EXCEEDED when its wait for a tunnel ran out; sent the call
+/// directly, it started that wait as this node's wait went on, so the two end together and
+/// either timer may fire first (a busy node's later). A call whose request went to it cannot go
+/// elsewhere, so it ends the same way both times: as a wait that ran out (`RouteEvent::Expired`),
+/// not with the other node's words. One that sent nothing is routed again as any refusal is.
+fn ends_the_wait(why: &RefusedWhy, forwarded: bool) -> bool {
+    forwarded && matches!(why, RefusedWhy::Answered(Code::DeadlineExceeded, _))
+}
+
 impl RefusedWhy {
     /// The code a client gets when the call cannot be routed again: the node's own answer,
     /// UNAVAILABLE otherwise.
@@ -413,4 +426,21 @@ async fn pass_remote_answer(
     let code = code_of(&trailers);
     let _ = stream.send_trailers(trailers);
     Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_forwarded_call_whose_node_ran_out_of_wait_ends_as_its_own_wait() {
+        let ran_out = RefusedWhy::Answered(Code::DeadlineExceeded, "no free tunnel".into());
+        assert!(ends_the_wait(&ran_out, true));
+        // Nothing of the request went there: routed again, within this node's wait.
+        assert!(!ends_the_wait(&ran_out, false));
+        let draining = RefusedWhy::Answered(Code::Unavailable, "shutting down".into());
+        assert!(!ends_the_wait(&draining, true));
+        let broke = RefusedWhy::Failed("stream reset".into());
+        assert!(!ends_the_wait(&broke, true));
+    }
 }
