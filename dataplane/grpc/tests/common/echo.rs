@@ -12,15 +12,19 @@ use sluice_grpc::transport::{compat, serve, ClientConnection, H2Settings};
 
 use super::block_on;
 
-/// Answers with the authority and path the server decoded, as response headers.
+/// Answers with the authority and path the server decoded, as response headers, and each
+/// `authorization` or `x-probe-*` header as `x-echo-<name>`.
 async fn echo_head(request: Request<h2::RecvStream>, mut respond: h2::server::SendResponse<Bytes>) {
     let authority = request.uri().authority().unwrap().to_string();
-    let response = Response::builder()
+    let mut response = Response::builder()
         .header("x-authority", authority)
-        .header("x-path", request.uri().path())
-        .body(())
-        .unwrap();
-    let _ = respond.send_response(response, true);
+        .header("x-path", request.uri().path());
+    for (name, value) in request.headers() {
+        if name == "authorization" || name.as_str().starts_with("x-probe-") {
+            response = response.header(format!("x-echo-{name}"), value);
+        }
+    }
+    let _ = respond.send_response(response.body(()).unwrap(), true);
 }
 
 /// Serves every connection with [`echo_head`], on one thread, over TLS when given a config.
@@ -54,12 +58,24 @@ pub fn start_echo_server(legacy: bool, tls: Option<Arc<rustls::ServerConfig>>) -
 
 /// One request; returns what the server decoded.
 pub async fn echo(connection: &ClientConnection, authority: &str, path: &str) -> (String, String) {
+    let response = echo_headers(connection, authority, path, http::HeaderMap::new()).await;
+    let header = |name: &str| response[name].to_str().unwrap().to_string();
+    (header("x-authority"), header("x-path"))
+}
+
+/// One request carrying `headers`; returns the answer's headers (`x-echo-<name>` for each
+/// `authorization` or `x-probe-*` header the server decoded).
+pub async fn echo_headers(
+    connection: &ClientConnection,
+    authority: &str,
+    path: &str,
+    headers: http::HeaderMap,
+) -> http::HeaderMap {
     let mut client = connection.send_request.clone().ready().await.unwrap();
-    let request = Request::get(format!("http://{authority}{path}"))
+    let mut request = Request::get(format!("http://{authority}{path}"))
         .body(())
         .unwrap();
+    *request.headers_mut() = headers;
     let (response, _) = client.send_request(request, true).unwrap();
-    let response = response.await.unwrap();
-    let header = |name: &str| response.headers()[name].to_str().unwrap().to_string();
-    (header("x-authority"), header("x-path"))
+    response.await.unwrap().into_parts().0.headers
 }

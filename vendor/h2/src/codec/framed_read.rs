@@ -71,6 +71,12 @@ impl<T> FramedRead<T> {
         self.inner.get_ref()
     }
 
+    /// Sluice patch: the connection has been quiet since its last quiet moment; drops what
+    /// HPACK keeps only for a busy peer (`hpack::Decoder::release_settled`).
+    pub(crate) fn release_settled(&mut self) {
+        self.decoder.hpack.release_settled();
+    }
+
     pub fn get_mut(&mut self) -> &mut T {
         self.inner.get_mut()
     }

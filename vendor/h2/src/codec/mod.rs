@@ -158,6 +158,11 @@ where
         self.framed_write().take_wrote()
     }
 
+    /// Sluice patch: see `FramedRead::release_settled`.
+    pub(crate) fn release_settled(&mut self) {
+        self.inner.release_settled();
+    }
+
     /// Flush buffered data to the wire
     pub fn flush(&mut self, cx: &mut Context) -> Poll<io::Result<()>> {
         self.framed_write().flush(cx)

@@ -25,6 +25,102 @@ pub struct Decoder {
     /// quiet; it is taken from `buffer_pool` when a Huffman-coded string arrives and handed
     /// back by `release_idle`.
     buffer: BytesMut,
+    /// Sluice patch: the last literal decoded without indexing (`LiteralMemo`).
+    memo: LiteralMemo,
+}
+
+/// Sluice patch: the last header field a peer sent as a literal without indexing (or never
+/// indexed), with the bytes that encoded it. Such a field is encoded again in full on every
+/// request that carries it: nghttp2 (h2load, curl) and others send `authorization` never
+/// indexed, so a node or gateway Huffman-decoded the same bearer token, and copied and checked
+/// the value, once per request (about 4 % of a tunnel node's CPU per call). When the same bytes
+/// come again, the field is the one decoded before: decoding is a function of those bytes alone
+/// as long as the name is literal or from the static table, which is all this keeps.
+///
+/// Bounded (`LiteralMemo::MAX` bytes of encoding, one field). Not dropped with the scratch at
+/// every quiet moment (a busy connection's reads wait between its requests), but at the
+/// settled one that hands the streams' room back (`Decoder::release_settled`), so a quiet
+/// connection holds none of it.
+#[derive(Debug, Default)]
+struct LiteralMemo {
+    encoded: Vec<u8>,
+    field: Option<Header>,
+    #[cfg(fuzzing)]
+    off: bool,
+}
+
+impl LiteralMemo {
+    /// Shorter representations decode faster than they compare and copy.
+    const MIN: usize = 32;
+    const MAX: usize = 1024;
+    /// The static table's last index; a larger name index names a dynamic-table entry, which
+    /// changes under the memo.
+    const STATIC_NAMES: usize = 61;
+
+    /// The field, if `src` continues with the bytes that encoded it; `src` then moves past them.
+    fn hit(&self, src: &mut Cursor<&mut BytesMut>) -> Option<Header> {
+        let field = self.field.as_ref()?;
+        let at = src.position() as usize;
+        let rest = src.get_ref().get(at..)?;
+        if !rest.starts_with(&self.encoded) {
+            return None;
+        }
+        src.set_position((at + self.encoded.len()) as u64);
+        Some(field.clone())
+    }
+
+    /// Before a literal at `src` is decoded: copies its bytes if the field they encode could be
+    /// kept (see `keep`). Decoding moves the bytes of a raw string out of `src`, so this is the
+    /// moment to take them.
+    fn prepare(&mut self, src: &Cursor<&mut BytesMut>) -> bool {
+        #[cfg(fuzzing)]
+        if self.off {
+            return false;
+        }
+        let Some(rest) = src.get_ref().get(src.position() as usize..) else {
+            return false;
+        };
+        match literal_extent(rest) {
+            Some((name, length))
+                if name <= Self::STATIC_NAMES && (Self::MIN..=Self::MAX).contains(&length) =>
+            {
+                self.field = None;
+                self.encoded.clear();
+                self.encoded.extend_from_slice(&rest[..length]);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// After `prepare` said yes: keeps the decoded field if it is a plain header field (a
+    /// pseudo-header's value may be a slice of the scratch, which must not stay alive).
+    fn keep(&mut self, prepared: bool, field: &Header) {
+        if prepared && matches!(field, Header::Field { .. }) {
+            self.field = Some(field.clone());
+        }
+    }
+}
+
+/// Sluice patch: the name index and the length in bytes of the literal representation (without
+/// or never indexed, 4-bit prefix) at the start of `buf`; `None` if it is cut short or invalid,
+/// which decoding then reports.
+fn literal_extent(buf: &[u8]) -> Option<(usize, usize)> {
+    fn skip_string(cursor: &mut Cursor<&[u8]>) -> Option<()> {
+        let length = decode_int(cursor, 7).ok()?;
+        if length > cursor.remaining() {
+            return None;
+        }
+        cursor.advance(length);
+        Some(())
+    }
+    let mut cursor = Cursor::new(buf);
+    let name = decode_int(&mut cursor, 4).ok()?;
+    if name == 0 {
+        skip_string(&mut cursor)?;
+    }
+    skip_string(&mut cursor)?;
+    Some((name, cursor.position() as usize))
 }
 
 /// Represents all errors that can be encountered while performing the decoding
@@ -166,6 +262,7 @@ impl Decoder {
             last_max_update: size,
             table: Table::new(size),
             buffer: BytesMut::new(),
+            memo: LiteralMemo::default(),
         }
     }
 
@@ -195,6 +292,20 @@ impl Decoder {
             self.buffer.clear();
             buffer_pool::release_hpack(&mut self.buffer);
         }
+    }
+
+    /// Sluice patch: called at a quiet moment that followed another with no frame in or out
+    /// between them (`ConnectionInner::quiet_moment`): drops the memo of the last unindexed
+    /// literal, which a connection between two requests keeps (its read waits after each).
+    pub fn release_settled(&mut self) {
+        self.memo.encoded = Vec::new();
+        self.memo.field = None;
+    }
+
+    /// Sluice patch, for the fuzz target that holds the memo to decoding without it.
+    #[cfg(fuzzing)]
+    pub fn set_memo(&mut self, on: bool) {
+        self.memo.off = !on;
     }
 
     /// Decodes the headers found in the given buffer.
@@ -249,7 +360,7 @@ impl Decoder {
                 LiteralWithoutIndexing => {
                     tracing::trace!(rem = src.remaining(), kind = %"LiteralWithoutIndexing");
                     can_resize = false;
-                    let entry = self.decode_literal(src, false)?;
+                    let entry = self.decode_unindexed_literal(src)?;
                     consume(src);
                     if f(entry).is_break() {
                         break;
@@ -258,7 +369,7 @@ impl Decoder {
                 LiteralNeverIndexed => {
                     tracing::trace!(rem = src.remaining(), kind = %"LiteralNeverIndexed");
                     can_resize = false;
-                    let entry = self.decode_literal(src, false)?;
+                    let entry = self.decode_unindexed_literal(src)?;
                     consume(src);
 
                     // TODO: Track that this should never be indexed
@@ -304,6 +415,20 @@ impl Decoder {
     fn decode_indexed(&self, buf: &mut Cursor<&mut BytesMut>) -> Result<Header, DecoderError> {
         let index = decode_int(buf, 7)?;
         self.table.get(index)
+    }
+
+    /// Sluice patch: a literal the table does not keep, from `memo` when its bytes repeat.
+    fn decode_unindexed_literal(
+        &mut self,
+        src: &mut Cursor<&mut BytesMut>,
+    ) -> Result<Header, DecoderError> {
+        if let Some(field) = self.memo.hit(src) {
+            return Ok(field);
+        }
+        let prepared = self.memo.prepare(src);
+        let entry = self.decode_literal(src, false)?;
+        self.memo.keep(prepared, &entry);
+        Ok(entry)
     }
 
     fn decode_literal(

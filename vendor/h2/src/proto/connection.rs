@@ -346,7 +346,9 @@ where
                             }
 
                             let wrote = self.codec.take_wrote();
-                            self.inner.quiet_moment(wrote);
+                            if self.inner.quiet_moment(wrote) {
+                                self.codec.release_settled();
+                            }
                             return Poll::Pending;
                         }
                     };
@@ -437,12 +439,13 @@ where
     /// a connection gone quiet keeps none of it, while one that carries a request after each
     /// answer, or a watch's events, never reaches such a moment (each moment follows a frame in
     /// or out), so it does not allocate them again per request or event. What wakes a quiet
-    /// connection without a frame (its owner's idle check) brings that moment.
-    fn quiet_moment(&mut self, wrote: bool) {
+    /// connection without a frame (its owner's idle check) brings that moment. Returns whether
+    /// this was such a moment (the HPACK decoder's memo goes then too).
+    fn quiet_moment(&mut self, wrote: bool) -> bool {
         let active = std::mem::take(&mut self.quiet.frames) | wrote;
-        self.quiet.settled = self
-            .streams
-            .release_idle(!active && self.quiet.settled);
+        let release = !active && self.quiet.settled;
+        self.quiet.settled = self.streams.release_idle(release);
+        release
     }
 
     fn as_dyn(&mut self) -> DynConnection<'_, B> {
