@@ -13,97 +13,23 @@ mod common;
 use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::Duration;
 
+use common::agents::{start_agent, start_backend, wait_idle};
 use common::*;
-use prometheus_client::registry::Registry;
-use sluice_config::{AgentConfig, Endpoint, PoolConfig, ReconnectConfig};
+use sluice_config::PoolConfig;
 use sluice_grpc::encode_message;
 use sluice_grpc::transport::{connect, H2Settings};
-use sluice_runtime::{
-    Driver, DriverSelection, Lifecycle, Placement, RunningServer, RuntimeOptions, ServerBuilder,
-};
-use sluice_tunnel::agent::{AgentMetrics, AgentTask};
-use sluice_tunnel::echo::EchoBackend;
+use sluice_runtime::Driver;
 
-fn options(driver: Driver) -> RuntimeOptions {
-    RuntimeOptions {
-        workers: 1,
-        driver: DriverSelection {
-            driver,
-            fallback_reason: None,
-        },
-        uring_entries: 256,
-        drain_timeout: Duration::from_secs(1),
+/// Keeps `min_idle` idle tunnels, growing 32 at a time, up to 512.
+fn pool(min_idle: usize) -> PoolConfig {
+    PoolConfig {
+        min_idle,
+        max: 512,
+        grow_by: 32,
+        idle_timeout: Duration::from_secs(60),
     }
-}
-
-fn endpoint(address: SocketAddr) -> Endpoint {
-    Endpoint {
-        url: format!("http://{address}"),
-        tls: false,
-        host: address.ip().to_string(),
-        port: address.port(),
-    }
-}
-
-/// The echo backend both agent processes forward to.
-fn start_backend(driver: Driver) -> (RunningServer, SocketAddr) {
-    let mut server = ServerBuilder::new(options(driver), Arc::new(Lifecycle::new()));
-    let id = server
-        .bind("backend", &listener(), Placement::Workers)
-        .unwrap();
-    server.serve(id, EchoBackend);
-    let address = server.local_addr(id);
-    (server.start().unwrap(), address)
-}
-
-/// An agent process of agent 7 keeping at least `min_idle` tunnels idle on the node.
-fn start_agent(
-    driver: Driver,
-    node: SocketAddr,
-    backend: SocketAddr,
-    min_idle: usize,
-) -> RunningServer {
-    let config = AgentConfig {
-        token: AGENT_TOKEN.into(),
-        token_file: "unused".into(),
-        nodes: vec![endpoint(node)],
-        ca_file: None,
-        forward_to: endpoint(backend),
-        forward_ca_file: None,
-        max_message_bytes: LIMIT,
-        pool: PoolConfig {
-            min_idle,
-            max: 512,
-            grow_by: 32,
-            idle_timeout: Duration::from_secs(60),
-        },
-        reconnect: ReconnectConfig {
-            initial_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(1),
-        },
-        kubernetes_api: None,
-    };
-    let metrics = AgentMetrics::register(&mut Registry::default());
-    let mut server = ServerBuilder::new(options(driver), Arc::new(Lifecycle::new()));
-    server.spawn_background(AgentTask::new(config, metrics).unwrap());
-    server.start().unwrap()
-}
-
-/// Waits until the node holds at least `count` idle tunnels.
-fn wait_idle(node: &Node, count: usize) {
-    for _ in 0..200 {
-        if node.shared.registry.idle_count() >= count {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    panic!(
-        "the node holds {} idle tunnels, not {count}",
-        node.shared.registry.idle_count()
-    );
 }
 
 /// A unary call whose body follows its headers a moment later, so the node starts it on a
@@ -153,7 +79,7 @@ fn an_agent_stopped_with_a_large_idle_pool_under_load_fails_no_call() {
     for driver in [Driver::IoUring, Driver::Legacy] {
         let node = start_node(driver);
         let (backend, backend_address) = start_backend(driver);
-        let steady = start_agent(driver, node.agent, backend_address, 8);
+        let steady = start_agent(driver, node.agent, backend_address, pool(8));
         wait_idle(&node, 8);
         let done = Rc::new(Cell::new(false));
         let failed = block_on(async {
@@ -161,7 +87,7 @@ fn an_agent_stopped_with_a_large_idle_pool_under_load_fails_no_call() {
             // Each restart stops the agent while calls are being answered on its tunnels and
             // sent down its idle ones.
             for _ in 0..4 {
-                let churned = start_agent(driver, node.agent, backend_address, 224);
+                let churned = start_agent(driver, node.agent, backend_address, pool(224));
                 monoio::time::sleep(Duration::from_millis(400)).await;
                 let stopping = std::thread::spawn(move || churned.shutdown());
                 while !stopping.is_finished() {

@@ -18,11 +18,12 @@ use sluice_runtime::StopSignal;
 
 use super::forward::forward;
 use super::metrics::AgentMetrics;
-use super::pool::Pool;
+use super::pool::{tunnels_to_open, Pool};
 use super::AgentShared;
 use crate::error::{ErrorKind, TunnelError};
 use crate::protocol::{AGENT_VERSION_HEADER, CONNECTION_ID_HEADER, CONNECT_PATH};
 use crate::wire::{frame, ReadError, TunnelReader};
+use sluice_config::PoolConfig;
 
 /// How a tunnel ended.
 #[derive(Debug)]
@@ -96,18 +97,33 @@ pub(super) async fn tunnel(
     pool.changed.notify(usize::MAX);
 }
 
-/// Marks a tunnel idle for as long as it lives.
+/// Marks a tunnel idle for as long as it lives. The pool (`run_pool`) is woken only while it is
+/// short of idle tunnels and may open more (`tunnels_to_open`): otherwise a call taken or
+/// finished changes nothing it would act on, and used to cost it two wake-ups per call, each
+/// with a new listener.
 struct IdleMark<'a> {
     pool: &'a Pool,
     metrics: &'a AgentMetrics,
+    config: &'a PoolConfig,
 }
 
 impl<'a> IdleMark<'a> {
-    fn new(pool: &'a Pool, metrics: &'a AgentMetrics) -> Self {
+    fn new(pool: &'a Pool, metrics: &'a AgentMetrics, config: &'a PoolConfig) -> Self {
         pool.idle.set(pool.idle.get() + 1);
         metrics.tunnels_idle.inc(0);
-        pool.changed.notify(usize::MAX);
-        Self { pool, metrics }
+        let mark = Self {
+            pool,
+            metrics,
+            config,
+        };
+        mark.wake_pool_if_short();
+        mark
+    }
+
+    fn wake_pool_if_short(&self) {
+        if tunnels_to_open(self.pool.idle.get(), self.pool.open.get(), self.config) > 0 {
+            self.pool.changed.notify(usize::MAX);
+        }
     }
 }
 
@@ -115,7 +131,7 @@ impl Drop for IdleMark<'_> {
     fn drop(&mut self) {
         self.pool.idle.set(self.pool.idle.get().saturating_sub(1));
         self.metrics.tunnels_idle.dec(0);
-        self.pool.changed.notify(usize::MAX);
+        self.wake_pool_if_short();
     }
 }
 
@@ -142,7 +158,7 @@ async fn run_tunnel(
     // the next RequestInfo comes down the same stream.
     loop {
         let next = {
-            let _idle = IdleMark::new(pool, &agent.task.metrics);
+            let _idle = IdleMark::new(pool, &agent.task.metrics, &config.pool);
             monoio::select! {
                 message = reader.read_response(&mut recv) => Some(message),
                 _ = monoio::time::sleep(config.pool.idle_timeout) => None,

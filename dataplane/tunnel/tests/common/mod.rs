@@ -1,6 +1,8 @@
 //! An in-process node on real sockets and raw HTTP/2 peers, shared by this crate's tests.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod agents;
+
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;

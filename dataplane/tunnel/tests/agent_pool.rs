@@ -1,0 +1,64 @@
+//! An agent's pool of idle tunnels: it grows to `min_idle` a batch at a time as its tunnels
+//! open, and grows again while calls hold its tunnels, so that `min_idle` stay free for the
+//! next calls; calls that come and go while it is not short wake nothing (`IdleMark`).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::agents::{start_agent, start_backend, wait_idle};
+use common::*;
+use sluice_config::PoolConfig;
+use sluice_grpc::encode_message;
+use sluice_grpc::transport::{connect, H2Settings};
+use sluice_runtime::Driver;
+
+const MIN_IDLE: usize = 6;
+
+/// A call that holds its tunnel for `hold`: its body follows its headers that much later.
+async fn held_call(node: std::net::SocketAddr, hold: Duration) -> String {
+    let connection = connect(node, None, &H2Settings::default()).await.unwrap();
+    let mut ready = connection.send_request.ready().await.unwrap();
+    let (response, mut send) = ready
+        .send_request(call_head("/test.Echo/Unary"), false)
+        .unwrap();
+    monoio::time::sleep(hold).await;
+    let _ = send.send_data(encode_message(false, b"held"), true);
+    grpc_outcome(response).await.0
+}
+
+#[test]
+fn an_agent_keeps_min_idle_tunnels_free_while_calls_hold_others() {
+    for driver in [Driver::IoUring, Driver::Legacy] {
+        let node = start_node(driver);
+        let (backend, backend_address) = start_backend(driver);
+        // Two at a time: reaching six takes the pool several wake-ups as tunnels turn idle.
+        let pool = PoolConfig {
+            min_idle: MIN_IDLE,
+            max: 64,
+            grow_by: 2,
+            idle_timeout: Duration::from_secs(60),
+        };
+        let agent = start_agent(driver, node.agent, backend_address, pool);
+        wait_idle(&node, MIN_IDLE);
+
+        let holding = 10;
+        let codes = block_on(async {
+            let calls: Vec<_> = (0..holding)
+                .map(|_| monoio::spawn(held_call(node.external, Duration::from_secs(2))))
+                .collect();
+            let mut codes = Vec::new();
+            for call in calls {
+                codes.push(call.await);
+            }
+            codes
+        });
+        assert!(codes.iter().all(|code| code == "0"), "{driver}: {codes:?}");
+        // The pool grew while the calls held ten tunnels, so that six stayed free: back in the
+        // registry, those ten and the six make sixteen idle tunnels at least.
+        wait_idle(&node, MIN_IDLE + holding);
+        agent.shutdown();
+        backend.shutdown();
+    }
+}
