@@ -12,21 +12,20 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use common::agents::{endpoint, options};
 use common::*;
 use http::{HeaderMap, Method};
 use kube_caller::*;
 use prometheus_client::registry::Registry;
 use sluice_config::{
-    AgentConfig, Endpoint, KubeCredential, KubernetesApiConfig, PoolConfig, ReconnectConfig,
+    AgentConfig, KubeCredential, KubernetesApiConfig, PoolConfig, ReconnectConfig,
 };
 use sluice_grpc::{encode_message, Code, FrameDecoder};
 use sluice_kube_tunnel::{
     encode_request_data, encode_request_end, encode_request_head, encode_request_upgrade_data,
     AssertionSigner, Identity, ResponseMessage,
 };
-use sluice_runtime::{
-    Driver, DriverSelection, Lifecycle, RunningServer, RuntimeOptions, ServerBuilder,
-};
+use sluice_runtime::{Driver, Lifecycle, RunningServer, ServerBuilder};
 use sluice_tunnel::agent::{AgentMetrics, AgentTask};
 use test_support::{apiserver_options, ApiServer, Caller, Certificates, Ed25519Keys};
 
@@ -50,36 +49,14 @@ struct Rig {
     other_signer: AssertionSigner,
 }
 
-fn options(driver: Driver) -> RuntimeOptions {
-    RuntimeOptions {
-        workers: 1,
-        driver: DriverSelection {
-            driver,
-            fallback_reason: None,
-        },
-        uring_entries: 256,
-        drain_timeout: Duration::from_secs(1),
-    }
-}
-
 fn agent_config(agent: i64, node: SocketAddr, kube: Option<KubernetesApiConfig>) -> AgentConfig {
     AgentConfig {
         token: token_of(agent),
         token_file: "unused".into(),
-        nodes: vec![Endpoint {
-            url: format!("http://{node}"),
-            tls: false,
-            host: node.ip().to_string(),
-            port: node.port(),
-        }],
+        nodes: vec![endpoint(node)],
         ca_file: None,
         // Nothing listens here: a Kubernetes API call must never come this way.
-        forward_to: Endpoint {
-            url: "http://127.0.0.1:9".into(),
-            tls: false,
-            host: "127.0.0.1".into(),
-            port: 9,
-        },
+        forward_to: endpoint(SocketAddr::from(([127, 0, 0, 1], 9))),
         forward_ca_file: None,
         max_message_bytes: 2 * 1024 * 1024,
         pool: PoolConfig {
