@@ -56,6 +56,10 @@ impl LiteralMemo {
     /// The static table's last index; a larger name index names a dynamic-table entry, which
     /// changes under the memo.
     const STATIC_NAMES: usize = 61;
+    /// The static table's pseudo-header names (`:authority` to `:status`). Never kept, and not
+    /// even copied: a long `:path` sent without indexing before each request's `authorization`
+    /// would otherwise take the memo's place every time.
+    const PSEUDO_NAMES: std::ops::RangeInclusive<usize> = 1..=14;
 
     /// The field, if `src` continues with the bytes that encoded it; `src` then moves past them.
     fn hit(&self, src: &mut Cursor<&mut BytesMut>) -> Option<Header> {
@@ -82,7 +86,9 @@ impl LiteralMemo {
         };
         match literal_extent(rest) {
             Some((name, length))
-                if name <= Self::STATIC_NAMES && (Self::MIN..=Self::MAX).contains(&length) =>
+                if name <= Self::STATIC_NAMES
+                    && !Self::PSEUDO_NAMES.contains(&name)
+                    && (Self::MIN..=Self::MAX).contains(&length) =>
             {
                 self.field = None;
                 self.encoded.clear();
