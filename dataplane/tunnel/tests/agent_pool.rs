@@ -7,26 +7,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::agents::{start_agent, start_backend, wait_idle};
+use common::agents::{split_call, start_agent, start_backend, wait_idle};
 use common::*;
 use sluice_config::PoolConfig;
-use sluice_grpc::encode_message;
-use sluice_grpc::transport::{connect, H2Settings};
 use sluice_runtime::Driver;
 
 const MIN_IDLE: usize = 6;
-
-/// A call that holds its tunnel for `hold`: its body follows its headers that much later.
-async fn held_call(node: std::net::SocketAddr, hold: Duration) -> String {
-    let connection = connect(node, None, &H2Settings::default()).await.unwrap();
-    let mut ready = connection.send_request.ready().await.unwrap();
-    let (response, mut send) = ready
-        .send_request(call_head("/test.Echo/Unary"), false)
-        .unwrap();
-    monoio::time::sleep(hold).await;
-    let _ = send.send_data(encode_message(false, b"held"), true);
-    grpc_outcome(response).await.0
-}
 
 #[test]
 fn an_agent_keeps_min_idle_tunnels_free_while_calls_hold_others() {
@@ -46,11 +32,11 @@ fn an_agent_keeps_min_idle_tunnels_free_while_calls_hold_others() {
         let holding = 10;
         let codes = block_on(async {
             let calls: Vec<_> = (0..holding)
-                .map(|_| monoio::spawn(held_call(node.external, Duration::from_secs(2))))
+                .map(|_| monoio::spawn(split_call(node.external, Duration::from_secs(2))))
                 .collect();
             let mut codes = Vec::new();
             for call in calls {
-                codes.push(call.await);
+                codes.push(call.await.0);
             }
             codes
         });

@@ -15,11 +15,9 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
-use common::agents::{start_agent, start_backend, wait_idle};
+use common::agents::{split_call, start_agent, start_backend, wait_idle};
 use common::*;
 use sluice_config::PoolConfig;
-use sluice_grpc::encode_message;
-use sluice_grpc::transport::{connect, H2Settings};
 use sluice_runtime::Driver;
 
 /// Keeps `min_idle` idle tunnels, growing 32 at a time, up to 512.
@@ -30,19 +28,6 @@ fn pool(min_idle: usize) -> PoolConfig {
         grow_by: 32,
         idle_timeout: Duration::from_secs(60),
     }
-}
-
-/// A unary call whose body follows its headers a moment later, so the node starts it on a
-/// tunnel before the request is whole (as a client's call that arrives in two TCP segments).
-async fn split_call(node: SocketAddr) -> (String, String) {
-    let connection = connect(node, None, &H2Settings::default()).await.unwrap();
-    let mut ready = connection.send_request.ready().await.unwrap();
-    let (response, mut send) = ready
-        .send_request(call_head("/test.Echo/Unary"), false)
-        .unwrap();
-    monoio::time::sleep(Duration::from_millis(2)).await;
-    let _ = send.send_data(encode_message(false, b"drain"), true);
-    grpc_outcome(response).await
 }
 
 /// Unary calls from `clients` concurrent callers until `done`; returns each failed call's
@@ -58,7 +43,7 @@ async fn call_until(
             monoio::spawn(async move {
                 let mut failed = Vec::new();
                 while !done.get() {
-                    let outcome = split_call(node).await;
+                    let outcome = split_call(node, Duration::from_millis(2)).await;
                     if outcome.0 != "0" {
                         failed.push(outcome);
                     }

@@ -13,7 +13,10 @@ use sluice_runtime::{
 use sluice_tunnel::agent::{AgentMetrics, AgentTask};
 use sluice_tunnel::echo::EchoBackend;
 
-use super::{listener, Node, AGENT_TOKEN, LIMIT};
+use sluice_grpc::encode_message;
+use sluice_grpc::transport::{connect, H2Settings};
+
+use super::{call_head, grpc_outcome, listener, Node, AGENT_TOKEN, LIMIT};
 
 /// One worker on `driver`.
 pub fn options(driver: Driver) -> RuntimeOptions {
@@ -89,4 +92,18 @@ pub fn wait_idle(node: &Node, count: usize) {
         "the node holds {} idle tunnels, not {count}",
         node.shared.registry.idle_count()
     );
+}
+
+/// A unary call whose body follows its headers `hold` later: the node starts it on a tunnel
+/// before the request is whole (as a client's call that arrives in two TCP segments), and the
+/// tunnel stays taken for that long. Returns the gRPC status and message.
+pub async fn split_call(node: SocketAddr, hold: Duration) -> (String, String) {
+    let connection = connect(node, None, &H2Settings::default()).await.unwrap();
+    let mut ready = connection.send_request.ready().await.unwrap();
+    let (response, mut send) = ready
+        .send_request(call_head("/test.Echo/Unary"), false)
+        .unwrap();
+    monoio::time::sleep(hold).await;
+    let _ = send.send_data(encode_message(false, b"split"), true);
+    grpc_outcome(response).await
 }
