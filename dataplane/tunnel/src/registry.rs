@@ -74,7 +74,8 @@ impl<T> AgentSlot<T> {
     }
 }
 
-type Stripe<T> = HashMap<AgentId, AgentSlot<T>>;
+/// foldhash, not SipHash: a call looks its agent up at least twice (claim, park).
+type Stripe<T> = foldhash::HashMap<AgentId, AgentSlot<T>>;
 
 /// Idle tunnels and waiting requests, by agent.
 #[derive(Debug)]
@@ -88,7 +89,7 @@ pub struct ConnectionRegistry<T> {
 impl<T> Default for ConnectionRegistry<T> {
     fn default() -> Self {
         Self {
-            stripes: (0..STRIPES).map(|_| Mutex::new(HashMap::new())).collect(),
+            stripes: (0..STRIPES).map(|_| Mutex::default()).collect(),
             idle: AtomicUsize::new(0),
             parked: AtomicUsize::new(0),
         }

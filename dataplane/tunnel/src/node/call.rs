@@ -15,6 +15,8 @@ pub(super) struct CallTarget {
     pub(super) agent: AgentId,
     /// The client's deadline (`grpc-timeout`), if it set one.
     pub(super) deadline: Option<Instant>,
+    /// When the call arrived: its deadline and its wait for a route count from here.
+    pub(super) arrived: Instant,
 }
 
 pub(super) fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -32,7 +34,11 @@ pub(super) fn parse_call(headers: &HeaderMap, now: Instant) -> Result<CallTarget
         Some(Ok(timeout)) => Some(now + timeout),
         Some(Err(error)) => return Err(TunnelError::new(ErrorKind::BadRequest, error.to_string())),
     };
-    Ok(CallTarget { agent, deadline })
+    Ok(CallTarget {
+        agent,
+        deadline,
+        arrived: now,
+    })
 }
 
 fn parse_agent(headers: &HeaderMap) -> Result<AgentId, TunnelError> {

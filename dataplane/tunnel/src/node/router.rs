@@ -57,6 +57,9 @@ pub(super) struct Router<'a> {
     pub(super) remote: Option<&'a RemoteRouting>,
     pub(super) agent: AgentId,
     pub(super) deadline: Option<Instant>,
+    /// When the call arrived ([`CallTarget::arrived`]): its wait for a route starts here, so
+    /// routing reads no clock of its own before its first await.
+    arrived: Instant,
     /// The client's request head, forwarded to other nodes.
     pub(super) parts: &'a http::request::Parts,
     pub(super) worker: usize,
@@ -97,6 +100,7 @@ impl<'a> Router<'a> {
             remote,
             agent: target.agent,
             deadline: target.deadline,
+            arrived: target.arrived,
             parts,
             worker,
             taken: std::cell::Cell::new(crate::metrics::CallRoute::None),
@@ -151,18 +155,13 @@ impl Router<'_> {
             self.deadline,
         );
         let cluster = self.remote.is_some();
-        let mut state = RouteState::new(
-            self.agent,
-            self.deadline,
-            node.max_wait(),
-            cluster,
-            Instant::now(),
-        );
+        let mut now = self.arrived;
+        let mut state = RouteState::new(self.agent, self.deadline, node.max_wait(), cluster, now);
         let mut step = state.start();
         let mut report = readiness == Readiness::Report;
         loop {
             let route = self
-                .route(&mut state, step, responder)
+                .route(&mut state, step, now, responder)
                 .await
                 .inspect_err(|_| self.observe_wait(&state))?;
             let tunnel = match route {
@@ -186,7 +185,8 @@ impl Router<'_> {
                         // A node called directly did not take the call after all: routing
                         // goes on as after a lost race (or ends, when the body went to it).
                         Err(unconfirmed) => {
-                            step = state.next_step(unconfirmed.event(), Instant::now());
+                            now = Instant::now();
+                            step = state.next_step(unconfirmed.event(), now);
                             continue;
                         }
                     }
@@ -208,7 +208,10 @@ impl Router<'_> {
             };
             match carried {
                 Carried::Ended(outcome) => return outcome,
-                Carried::Again(failed) => step = state.next_step(failed, Instant::now()),
+                Carried::Again(failed) => {
+                    now = Instant::now();
+                    step = state.next_step(failed, now);
+                }
             }
         }
     }
@@ -319,11 +322,14 @@ impl Router<'_> {
         self.node.metrics.wait_duration.observe(self.worker, waited);
     }
 
-    /// Carries out `step` and the steps after it until the call has a route or gives up.
+    /// Carries out `step` (decided at `now`) and the steps after it until the call has a route
+    /// or gives up. A look takes no time, so the step after it is decided at the same `now`:
+    /// the clock is read once per awaited step, not per step.
     async fn route(
         &self,
         state: &mut RouteState,
         mut step: RouteStep,
+        mut now: Instant,
         client: &mut impl ClientReset,
     ) -> Result<Route, TunnelError> {
         let metrics = &self.node.metrics;
@@ -336,9 +342,11 @@ impl Router<'_> {
                     }
                     // Listen first, so an arrival between this look and a wait is not missed.
                     arrival = self.remote.map(|remote| remote.locator.listen(self.agent));
-                    RouteEvent::Looked {
+                    let looked = RouteEvent::Looked {
                         idle_here: self.node.registry.has_idle(self.agent),
-                    }
+                    };
+                    step = state.next_step(looked, now);
+                    continue;
                 }
                 RouteStep::ClaimLocal { until } => {
                     match within(until, super::tunnel::claim(self.node, self.agent)).await {
@@ -355,7 +363,8 @@ impl Router<'_> {
                     match self.race(&candidates, until, client).await {
                         Ok(call) => return Ok(Route::Remote(call)),
                         Err(event) => {
-                            step = state.next_step(event.event(&candidates), Instant::now());
+                            now = Instant::now();
+                            step = state.next_step(event.event(&candidates), now);
                             continue;
                         }
                     }
@@ -369,7 +378,8 @@ impl Router<'_> {
                         Ok(call) => return Ok(Route::Remote(call)),
                         Err(event) => {
                             let candidates = std::slice::from_ref(&candidate);
-                            step = state.next_step(event.event(candidates), Instant::now());
+                            now = Instant::now();
+                            step = state.next_step(event.event(candidates), now);
                             continue;
                         }
                     }
@@ -382,7 +392,8 @@ impl Router<'_> {
                 }
                 RouteStep::GiveUp(error) => return Err(error),
             };
-            step = state.next_step(event, Instant::now());
+            now = Instant::now();
+            step = state.next_step(event, now);
         }
     }
 

@@ -40,6 +40,7 @@ fn an_arrival_elsewhere_wakes_a_waiting_call_before_the_poll() {
         remote: Some(&remote),
         agent: 5,
         deadline: None,
+        arrived: Instant::now(),
         parts: &parts,
         worker: 0,
         taken: std::cell::Cell::new(crate::metrics::CallRoute::None),
@@ -59,7 +60,7 @@ fn an_arrival_elsewhere_wakes_a_waiting_call_before_the_poll() {
             std::future::pending::<()>().await
         };
         monoio::select! {
-            routed = router.route(&mut state, RouteStep::Look { retried: false }, &mut client) => routed,
+            routed = router.route(&mut state, RouteStep::Look { retried: false }, Instant::now(), &mut client) => routed,
             _ = arrive => unreachable!(),
         }
     })
@@ -82,6 +83,7 @@ fn a_client_reset_ends_the_wait_at_once() {
         remote: None,
         agent: 5,
         deadline: None,
+        arrived: Instant::now(),
         parts: &parts,
         worker: 0,
         taken: std::cell::Cell::new(crate::metrics::CallRoute::None),
@@ -90,7 +92,7 @@ fn a_client_reset_ends_the_wait_at_once() {
     };
     let mut state = RouteState::new(5, None, node.max_wait(), false, Instant::now());
     let step = state.start();
-    let error = run(router.route(&mut state, step, &mut Reset))
+    let error = run(router.route(&mut state, step, Instant::now(), &mut Reset))
         .err()
         .unwrap();
     assert_eq!(error.kind(), ErrorKind::ClientGone);

@@ -138,7 +138,8 @@ impl LinkCalls {
         let outcome = match target {
             Ok(target) => {
                 let router = Router::new(node, self.remote.as_ref(), &target, &parts, self.worker);
-                let outcome = router.drive(body, Readiness::Silent, &mut responder).await;
+                // Boxed, as on the external endpoint: spawning copies only this future's head.
+                let outcome = Box::pin(router.drive(body, Readiness::Silent, &mut responder)).await;
                 route = router.taken();
                 outcome
             }

@@ -186,13 +186,18 @@ enum Admitted {
 }
 
 /// The parse phase of an authenticated request: a well-formed method, then either
-/// ListConnectedAgents or a call with its agent and deadline.
-fn parse_request(method: &str, headers: &HeaderMap) -> Result<Admitted, TunnelError> {
+/// ListConnectedAgents or a call with its agent and deadline (counted from `started`, when the
+/// call arrived: the clock is read once per call here, not per phase).
+fn parse_request(
+    method: &str,
+    headers: &HeaderMap,
+    started: Instant,
+) -> Result<Admitted, TunnelError> {
     check_method(method)?;
     if method == LIST_AGENTS_PATH {
         return Ok(Admitted::ListAgents);
     }
-    parse_call(headers, Instant::now()).map(Admitted::Call)
+    parse_call(headers, started).map(Admitted::Call)
 }
 
 /// A refused credential: counted by endpoint and reason, answered UNAUTHENTICATED.

@@ -85,7 +85,7 @@ impl PrivateHandler {
         let spliced = node.splice_private_hop && parts.uri.path() == SPLICE_PATH;
         let is_authenticated = authenticated.is_ok();
         let admitted = authenticated
-            .and_then(|()| parse_request(parts.uri.path(), &parts.headers))
+            .and_then(|()| parse_request(parts.uri.path(), &parts.headers, started))
             .and_then(|admitted| forwardable(node, &parts.headers, admitted));
         let agent = match &admitted {
             Ok(Admitted::Call(target)) => Some(target.agent),
@@ -109,9 +109,9 @@ impl PrivateHandler {
                     Readiness::Silent
                 };
                 let mut body = CallBody::new(body);
-                let outcome = router
-                    .drive_body(&mut body, readiness, &mut responder)
-                    .await;
+                // Boxed, as on the external endpoint: spawning copies only this future's head.
+                let outcome =
+                    Box::pin(router.drive_body(&mut body, readiness, &mut responder)).await;
                 // Carried here for another node; `none` when no tunnel was found.
                 if router.taken() != CallRoute::None {
                     route = CallRoute::Private;
@@ -171,13 +171,14 @@ impl PrivateHandler {
         mut responder: Responder,
     ) {
         let node = &*self.node;
-        let target = CallTarget {
-            agent,
-            deadline: None,
-        };
         let closing = conn.closing();
         while next_call(&mut body, &mut responder, &closing).await {
             let started = Instant::now();
+            let target = CallTarget {
+                agent,
+                deadline: None,
+                arrived: started,
+            };
             let router = Router::new(&self.node, None, &target, parts, conn.worker()).splicing();
             let outcome = router
                 .drive_body(&mut body, Readiness::Silent, &mut responder)
@@ -233,6 +234,7 @@ mod tests {
     #[test]
     fn a_forwarded_call_future_stays_small() {
         let size = crate::future_size::of_four(PrivateHandler::serve);
-        assert!(size <= 4096, "a forwarded call's future is {size} bytes");
+        // 976 bytes in a debug build with the route phase boxed.
+        assert!(size <= 1280, "a forwarded call's future is {size} bytes");
     }
 }
