@@ -109,6 +109,7 @@ macro_rules! ready {
 
 #[cfg_attr(feature = "unstable", allow(missing_docs))]
 mod codec;
+mod recycle;
 mod error;
 mod hpack;
 

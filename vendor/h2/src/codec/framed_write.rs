@@ -273,6 +273,7 @@ where
             }
             Frame::Headers(v) => {
                 let mut buf = limited_write_buf!(self);
+                let v = crate::recycle::unboxed_headers(v);
                 if let Some(continuation) = v.encode(&mut self.hpack, &mut buf) {
                     self.next = Some(Next::Continuation(continuation));
                 }

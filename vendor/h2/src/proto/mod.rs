@@ -1,7 +1,7 @@
 mod connection;
 mod error;
 mod go_away;
-mod peer;
+pub(crate) mod peer;
 mod ping_pong;
 mod settings;
 mod streams;

@@ -60,10 +60,12 @@ pub(super) struct Recv {
 
 #[derive(Debug)]
 pub(super) enum Event {
-    Headers(peer::PollMessage),
+    // Sluice: boxed, so an event is sized by DATA rather than by a request head (224 bytes):
+    // every DATA frame received is moved into and out of the stream's queue.
+    Headers(Box<peer::PollMessage>),
     Data(DataEvent),
     Trailers(HeaderMap),
-    InformationalHeaders(peer::PollMessage),
+    InformationalHeaders(Box<peer::PollMessage>),
 }
 
 #[derive(Debug)]
@@ -272,7 +274,7 @@ impl Recv {
             // Push the frame onto the stream's recv buffer
             stream
                 .pending_recv
-                .push_back(&mut self.buffer, Event::Headers(message));
+                .push_back(&mut self.buffer, Event::Headers(crate::recycle::boxed_head(message)));
             stream.notify_recv();
 
             // Only servers can receive a headers frame that initiates the stream.
@@ -295,7 +297,7 @@ impl Recv {
             // with a special event type so it can be polled separately
             stream
                 .pending_recv
-                .push_back(&mut self.buffer, Event::InformationalHeaders(message));
+                .push_back(&mut self.buffer, Event::InformationalHeaders(crate::recycle::boxed_head(message)));
             stream.notify_recv();
         }
 
@@ -312,7 +314,10 @@ impl Recv {
         use super::peer::PollMessage::*;
 
         match stream.pending_recv.pop_front(&mut self.buffer) {
-            Some(Event::Headers(Server(request))) => request,
+            Some(Event::Headers(message)) => match crate::recycle::unboxed_head(message) {
+                Server(request) => request,
+                Client(_) => unreachable!("server stream queue must start with a request"),
+            },
             _ => unreachable!("server stream queue must start with Headers"),
         }
     }
@@ -327,8 +332,11 @@ impl Recv {
 
         let mut ppp = stream.pending_push_promises.take();
         let pushed = ppp.pop(stream.store_mut()).map(|mut pushed| {
-            match pushed.pending_recv.pop_front(&mut self.buffer) {
-                Some(Event::Headers(Server(headers))) => (headers, pushed.key()),
+            match pushed.pending_recv.pop_front(&mut self.buffer).map(|event| match event {
+                Event::Headers(message) => Ok(crate::recycle::unboxed_head(message)),
+                other => Err(other),
+            }) {
+                Some(Ok(Server(headers))) => (headers, pushed.key()),
                 // When frames are pushed into the queue, it is verified that
                 // the first frame is a HEADERS frame.
                 _ => panic!("Headers not set on pushed stream"),
@@ -360,7 +368,10 @@ impl Recv {
         // Skip over any interim informational headers to find the main response
         loop {
             match stream.pending_recv.pop_front(&mut self.buffer) {
-                Some(Event::Headers(Client(response))) => return Poll::Ready(Ok(response)),
+                Some(Event::Headers(message)) => match crate::recycle::unboxed_head(message) {
+                    Client(response) => return Poll::Ready(Ok(response)),
+                    Server(_) => panic!("a client stream's queue holds a request"),
+                },
                 Some(Event::InformationalHeaders(_)) => {
                     tracing::trace!("Skipping informational response in poll_response - should be consumed via poll_informational; stream_id={:?}", stream.id);
                     continue;
@@ -394,16 +405,19 @@ impl Recv {
         // If it's not, we put it back
         if let Some(event) = stream.pending_recv.pop_front(&mut self.buffer) {
             match event {
-                Event::Headers(Client(response)) => {
+                Event::Headers(message) if matches!(*message, Client(_)) => {
                     // Final response
                     stream
                         .pending_recv
-                        .push_front(&mut self.buffer, Event::Headers(Client(response)));
+                        .push_front(&mut self.buffer, Event::Headers(message));
                     return Poll::Ready(None);
                 }
-                Event::InformationalHeaders(Client(response)) => {
+                Event::InformationalHeaders(message) if matches!(*message, Client(_)) => {
                     // Found an informational response, return it
-                    return Poll::Ready(Some(Ok(response)));
+                    return match crate::recycle::unboxed_head(message) {
+                        Client(response) => Poll::Ready(Some(Ok(response))),
+                        Server(_) => unreachable!("checked above"),
+                    };
                 }
                 other => {
                     // Not an informational response, put it back at the front
@@ -879,7 +893,7 @@ impl Recv {
         use super::peer::PollMessage::*;
         stream
             .pending_recv
-            .push_back(&mut self.buffer, Event::Headers(Server(req)));
+            .push_back(&mut self.buffer, Event::Headers(crate::recycle::boxed_head(Server(req))));
         stream.notify_recv();
         stream.notify_push();
         Ok(())
