@@ -22,8 +22,8 @@ use super::AgentShared;
 use crate::error::{ErrorKind, Side, TunnelError};
 use crate::protocol::GRPC_TIMEOUT;
 use crate::wire::{
-    data_frame, frame, header_frame_into, metadata_into_headers, trailer_frame_into,
-    HeaderMetadata, MetadataLimits, ReadError, TunnelReader,
+    data_frame, data_frame_into, frame, header_frame_into, metadata_into_headers,
+    trailer_frame_into, HeaderMetadata, MetadataLimits, ReadError, TunnelReader, COPY_LIMIT,
 };
 
 /// Relays one call between the tunnel and the backend. Returns whether the tunnel can carry
@@ -367,10 +367,11 @@ async fn pump_to_node(
     let response = response.await.map_err(backend_error)?;
     let (parts, mut body) = response.into_parts();
     let mut batch = Batch {
-        out: BytesMut::new(),
+        // A unary answer's Header, Message and Trailer in one allocation, not three growths.
+        out: BytesMut::with_capacity(BATCH_CAPACITY),
         send: node_send,
     };
-    if parts.headers.contains_key("grpc-status") {
+    if parts.headers.contains_key(&GRPC_STATUS) {
         // Trailers-only response.
         trailer_into(&mut batch.out, &parts.headers);
         return batch.flush().await.map_err(node_send_error);
@@ -389,7 +390,7 @@ async fn pump_to_node(
         frames.push(chunk.map_err(backend_error)?);
         while let Some(message) = frames.next_message().map_err(backend_error)? {
             batch
-                .push_message(data_frame(message.data, message.compressed, true))
+                .push_message(message.data, message.compressed)
                 .await
                 .map_err(node_send_error)?;
         }
@@ -419,6 +420,9 @@ pub(super) fn end_tunnel(send: &mut SendStream<Bytes>) {
     let _ = send.send_data(Bytes::new(), true);
 }
 
+/// What a batch reserves first: a small unary answer with its metadata fits.
+const BATCH_CAPACITY: usize = 512;
+
 /// Agent -> node messages gathered into one DATA frame until the agent would wait for the
 /// backend: a unary answer (Header, Message, Trailer) arrives together and leaves as one frame.
 struct Batch<'a> {
@@ -427,14 +431,14 @@ struct Batch<'a> {
 }
 
 impl Batch<'_> {
-    /// A backend message; large ones go out as their own slices, uncopied.
-    async fn push_message(&mut self, pieces: Vec<Bytes>) -> Result<(), h2::Error> {
-        if let [piece] = pieces.as_slice() {
-            self.out.extend_from_slice(piece);
+    /// A backend message, framed in place; large ones go out as their own slices, uncopied.
+    async fn push_message(&mut self, data: Bytes, compressed: bool) -> Result<(), h2::Error> {
+        if data.len() <= COPY_LIMIT {
+            data_frame_into(&mut self.out, &data, compressed, true);
             return Ok(());
         }
         self.flush().await?;
-        for piece in pieces {
+        for piece in data_frame(data, compressed, true) {
             send_data(self.send, piece, false).await?;
         }
         Ok(())
@@ -459,13 +463,17 @@ async fn await_node_close(node_recv: &mut RecvStream) {
     .await;
 }
 
+// Looked up as names, not text: a `&str` key is parsed and validated on every lookup.
+const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: http::HeaderName = http::HeaderName::from_static("grpc-message");
+
 /// Appends the Trailer frame of the backend's trailers (or trailers-only headers).
 pub(super) fn trailer_into(out: &mut BytesMut, headers: &HeaderMap) {
     let code = headers
-        .get("grpc-status")
+        .get(&GRPC_STATUS)
         .map_or(Code::Unknown, |value| Code::from_header(value.as_bytes()));
     let message = headers
-        .get("grpc-message")
+        .get(&GRPC_MESSAGE)
         .map(|value| decode_message(value.as_bytes()))
         .unwrap_or_default();
     let metadata = HeaderMetadata::of_trailers(headers);

@@ -154,15 +154,30 @@ async fn run_tunnel(
     let mut reader = TunnelReader::new(config.max_message_bytes);
     // When the tunnel's last call was answered (see the withdrawal below).
     let mut answered_at: Option<std::time::Instant> = None;
+    // One timer and one stop listener for the tunnel's life, not one of each per call: the
+    // timer is re-armed only when it fires early (a call came since it was set).
+    let mut idle_timer = Box::pin(monoio::time::sleep(config.pool.idle_timeout));
+    let stopping = stop.wait();
+    let mut stopping = std::pin::pin!(stopping);
     // One call at a time; after a clean one the node puts this tunnel back in its registry and
     // the next RequestInfo comes down the same stream.
     loop {
         let next = {
             let _idle = IdleMark::new(pool, &agent.task.metrics, &config.pool);
-            monoio::select! {
-                message = reader.read_response(&mut recv) => Some(message),
-                _ = monoio::time::sleep(config.pool.idle_timeout) => None,
-                _ = stop.wait() => None,
+            let idle_until = answered_at.map(|at| at + config.pool.idle_timeout);
+            let read = reader.read_response(&mut recv);
+            let mut read = std::pin::pin!(read);
+            loop {
+                monoio::select! {
+                    message = &mut read => break Some(message),
+                    _ = idle_timer.as_mut() => match idle_until {
+                        Some(until) if until > std::time::Instant::now() => idle_timer
+                            .as_mut()
+                            .reset(monoio::time::Instant::from_std(until)),
+                        _ => break None,
+                    },
+                    _ = &mut stopping => break None,
+                }
             }
         };
         let info = match classify_idle(next) {

@@ -83,20 +83,20 @@ pub fn frame_into<M: prost::Message>(out: &mut BytesMut, message: &M) {
 
 /// Payloads up to this size are copied into one frame buffer; larger ones are sent as separate
 /// slices (prefix, payload, suffix) so the payload is never copied.
-const COPY_LIMIT: usize = 16 * 1024;
+pub const COPY_LIMIT: usize = 16 * 1024;
 
 /// Frames a client message as `ConnectResponse { message: Message { data, compressed } }` (or,
 /// with `request_side == true`, as `ConnectRequest { message: ... }`), returning the pieces to
 /// send in order. The payload bytes are those the sender framed, not re-encoded.
 pub fn data_frame(data: Bytes, compressed: bool, request_side: bool) -> Vec<Bytes> {
-    let mut head = data_frame_head(data.len(), compressed, request_side);
-    let tail = data_frame_tail(compressed);
     if data.len() <= COPY_LIMIT {
-        head.reserve(data.len() + tail.len());
-        head.put_slice(&data);
-        head.put_slice(tail);
-        vec![head.freeze()]
-    } else if compressed {
+        // Sized once: the head is at most 17 bytes and the tail 2.
+        let mut frame = BytesMut::with_capacity(data.len() + 20);
+        data_frame_into(&mut frame, &data, compressed, request_side);
+        return vec![frame.freeze()];
+    }
+    let head = data_frame_head(data.len(), compressed, request_side);
+    if compressed {
         vec![head.freeze(), data, Bytes::from_static(&[(2 << 3), 1])]
     } else {
         vec![head.freeze(), data]
