@@ -83,6 +83,9 @@ pub fn bearer_token(headers: &HeaderMap) -> Result<&str, AuthError> {
 pub struct AgentTokens {
     /// foldhash, not SipHash: looked up on every call a tunnel carries (`still_allowed`).
     by_digest: foldhash::HashMap<[u8; 32], AgentId>,
+    /// The agents with a token: looked up when an agent's connection ends, so a drain of N
+    /// agents is not N scans of every token.
+    agents: foldhash::HashSet<AgentId>,
 }
 
 impl AgentTokens {
@@ -92,6 +95,7 @@ impl AgentTokens {
                 .iter()
                 .map(|agent| (agent.token_sha256, agent.id))
                 .collect(),
+            agents: agents.iter().map(|agent| agent.id).collect(),
         }
     }
 
@@ -118,9 +122,9 @@ impl AgentTokens {
         self.by_digest.get(digest) == Some(&agent)
     }
 
-    /// Whether any token here belongs to `agent` (a scan: for the rare disconnect, not calls).
+    /// Whether any token here belongs to `agent`.
     pub fn knows(&self, agent: AgentId) -> bool {
-        self.by_digest.values().any(|known| *known == agent)
+        self.agents.contains(&agent)
     }
 
     /// The agents with a token in `self` that `newer` no longer accepts for them.
@@ -633,6 +637,9 @@ mod tests {
         assert_eq!(old.revoked_by(&new), [8, 9]);
         assert!(new.allows(7, &[7; 32]) && !new.allows(8, &[8; 32]) && !new.allows(7, &[88; 32]));
         assert!(new.revoked_by(&new).is_empty());
+        // A disconnect asks whether its agent still has a token: 8 does (a new one), 9 not.
+        assert!(new.knows(7) && new.knows(8) && !new.knows(9));
+        assert!(old.knows(9) && !AgentTokens::default().knows(7));
     }
 
     #[test]

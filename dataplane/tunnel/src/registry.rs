@@ -51,6 +51,12 @@ struct AgentSlot<T> {
     /// oldest to owner tasks.
     parked: VecDeque<Parked<T>>,
     waiters: VecDeque<oneshot::Sender<IdleTunnel<T>>>,
+    /// Waits that ended since the last prune of `waiters` (some were served, not given up):
+    /// the prune comes once they reach half the queue, so it costs O(1) per ended wait
+    /// instead of a scan of every waiter per wait begun or ended.
+    ended: usize,
+    /// Prunes of `waiters` so far: what the tests bound.
+    prunes: usize,
 }
 
 impl<T> Default for AgentSlot<T> {
@@ -59,6 +65,8 @@ impl<T> Default for AgentSlot<T> {
             idle: VecDeque::new(),
             parked: VecDeque::new(),
             waiters: VecDeque::new(),
+            ended: 0,
+            prunes: 0,
         }
     }
 }
@@ -68,9 +76,27 @@ impl<T> AgentSlot<T> {
         self.idle.is_empty() && self.parked.is_empty() && self.waiters.is_empty()
     }
 
+    /// Whether a live request waits: the waiters that gave up are dropped from the front until
+    /// one that did not (each is dropped once, so this is O(1) per waiter over its life).
     fn has_waiters(&mut self) -> bool {
-        self.waiters.retain(|waiter| !waiter.is_canceled());
+        while self
+            .waiters
+            .front()
+            .is_some_and(|waiter| waiter.is_canceled())
+        {
+            self.waiters.pop_front();
+        }
         !self.waiters.is_empty()
+    }
+
+    /// One wait ended: drops the waiters that gave up once enough waits ended to pay for it.
+    fn wait_ended(&mut self) {
+        self.ended += 1;
+        if 2 * self.ended >= self.waiters.len() {
+            self.waiters.retain(|waiter| !waiter.is_canceled());
+            self.ended = 0;
+            self.prunes += 1;
+        }
     }
 }
 
@@ -149,9 +175,9 @@ impl<T> ConnectionRegistry<T> {
         let Some(slot) = stripe.get_mut(&agent) else {
             return false;
         };
-        let before = slot.idle.len();
-        slot.idle.retain(|tunnel| tunnel.id != tunnel_id);
-        let removed = before != slot.idle.len();
+        // Found from the front, where a draining connection's oldest tunnels are.
+        let position = slot.idle.iter().position(|tunnel| tunnel.id == tunnel_id);
+        let removed = position.and_then(|index| slot.idle.remove(index)).is_some();
         if removed {
             self.idle.fetch_sub(1, Ordering::Relaxed);
         }
@@ -187,11 +213,12 @@ impl<T> ConnectionRegistry<T> {
             .sum()
     }
 
-    /// Drops the waiters of `agent` that gave up, and its slot once it holds nothing.
+    /// One wait of `agent` ended: its waiters that gave up are dropped in time, and its slot
+    /// once it holds nothing.
     fn reclaim(&self, agent: AgentId) {
         let mut stripe = self.stripe(agent);
         if let Some(slot) = stripe.get_mut(&agent) {
-            slot.waiters.retain(|waiter| !waiter.is_canceled());
+            slot.wait_ended();
             if slot.is_empty() {
                 stripe.remove(&agent);
             }
@@ -224,7 +251,8 @@ impl<T> ConnectionRegistry<T> {
                         Offered::Now(tunnel)
                     }
                     None => {
-                        slot.waiters.retain(|waiter| !waiter.is_canceled());
+                        // Waiters that gave up go when waits end (`reclaim`), not here: a scan
+                        // per wait begun made W waiting calls cost W^2.
                         let (waiter_tx, waiter_rx) = oneshot::channel();
                         slot.waiters.push_back(waiter_tx);
                         Offered::Later(waiter_rx)
@@ -383,6 +411,53 @@ mod tests {
                 }
             })
         })
+    }
+
+    /// Thousands of calls waiting for one agent (it restarts, or holds fewer tunnels than its
+    /// callers), then giving up one by one: a scan of every waiter per wait begun or ended
+    /// made that W^2 under the stripe's lock.
+    #[test]
+    fn many_waits_on_one_agent_end_with_a_logarithmic_number_of_prunes() {
+        use std::future::Future;
+        const WAITS: usize = 4_096;
+        let registry = ConnectionRegistry::<u64>::new();
+        let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut waits: Vec<_> = (0..WAITS).map(|_| Box::pin(registry.acquire(7))).collect();
+        for wait in &mut waits {
+            assert!(wait.as_mut().poll(&mut context).is_pending());
+        }
+        let prunes = |registry: &ConnectionRegistry<u64>| {
+            registry.stripe(7).get(&7).map_or(0, |slot| slot.prunes)
+        };
+        assert_eq!(prunes(&registry), 0, "no prune while waits begin");
+        // The oldest gives up first, then the rest; half-way, what is queued stays bounded.
+        for _ in 0..WAITS / 2 {
+            drop(waits.remove(0));
+        }
+        let queued = registry
+            .stripe(7)
+            .get(&7)
+            .map_or(0, |slot| slot.waiters.len());
+        assert!(queued <= WAITS, "{queued} queued for {} waits", WAITS / 2);
+        let after_half = prunes(&registry);
+        assert!(
+            after_half <= 2,
+            "{after_half} prunes for {} ended waits",
+            WAITS / 2
+        );
+        // The oldest live waiter, behind given-up ones, is still the one served.
+        let mut claims = registry.offer(7, 1, 1);
+        assert!(waits[0].as_mut().poll(&mut context).is_pending());
+        assert!(
+            matches!(claims.try_recv(), Ok(Some(_))),
+            "the offer reached the oldest live waiter"
+        );
+        drop(waits);
+        assert_eq!(
+            registry.tracked_agents(),
+            0,
+            "the slot goes with its last wait"
+        );
     }
 
     #[test]
