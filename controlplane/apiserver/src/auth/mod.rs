@@ -16,4 +16,4 @@ mod token;
 
 pub use identity::{AuthError, Identity, Role};
 pub use rbac::{authorize, Decision, Denied, Request, Verb};
-pub use token::{digest, issue, IssuedToken, TokenBook, TokenRecord};
+pub use token::{digest, issue, IssuedToken, TokenBook, TokenChange, TokenRecord};

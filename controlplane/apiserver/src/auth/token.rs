@@ -53,27 +53,162 @@ pub fn digest(secret: &str) -> String {
 /// predictable with the real one.
 #[derive(Debug, Clone, Default)]
 pub struct TokenBook {
-    by_digest: HashMap<[u8; 32], Identity>,
-    /// The store revision the records were read at (0: not read from a store).
+    /// Each digest's identity and how many stored objects hold it (an admin may store one
+    /// digest twice; deleting one copy keeps the token working).
+    by_digest: HashMap<[u8; 32], (Identity, u32)>,
+    /// What each stored Token object holds, and the revision it was last changed at: a change
+    /// removes its own object's digest only, and one older than that revision is ignored.
+    by_key: HashMap<String, Held>,
+    /// The store revision the records were read at, or the token watch has applied up to
+    /// (0: not read from a store).
     revision: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Held {
+    digest: Option<[u8; 32]>,
+    revision: u64,
+}
+
+/// One change to a stored Token object, for [`TokenBook::applied`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenChange {
+    /// The object at `key` now holds `record` (`None`: nothing that identifies anyone).
+    Put {
+        key: String,
+        revision: u64,
+        record: Option<TokenRecord>,
+    },
+    Delete {
+        key: String,
+        revision: u64,
+    },
 }
 
 impl TokenBook {
     /// A book of `records`; a record whose digest is not 64 hex digits is skipped and returned,
     /// so the caller can report it (it cannot match any token).
     pub fn new(records: impl IntoIterator<Item = TokenRecord>) -> (Self, Vec<TokenRecord>) {
+        let keyed = records
+            .into_iter()
+            .enumerate()
+            .map(|(index, record)| (index.to_string(), 0, record));
+        Self::stored(keyed)
+    }
+
+    /// A book of the stored Token objects `(key, mod revision, record)`, as [`TokenBook::new`].
+    pub fn stored(
+        objects: impl IntoIterator<Item = (String, u64, TokenRecord)>,
+    ) -> (Self, Vec<TokenRecord>) {
         let mut book = Self::default();
         let mut unusable = Vec::new();
-        for record in records {
-            let mut key = [0u8; 32];
-            match hex::decode_to_slice(&record.sha256, &mut key) {
-                Ok(()) => {
-                    book.by_digest.insert(key, record.identity);
-                }
-                Err(_) => unusable.push(record),
+        for (key, revision, record) in objects {
+            if let Err(record) = book.put(key, revision, Some(record)) {
+                unusable.push(record);
             }
         }
         (book, unusable)
+    }
+
+    /// This book with the token watch's `changes` applied (in revision order), having seen
+    /// every change up to `revision`. Records whose digest is unusable are returned.
+    pub fn applied(&self, changes: &[TokenChange], revision: u64) -> (Self, Vec<TokenRecord>) {
+        let mut book = self.clone();
+        let mut unusable = Vec::new();
+        for change in changes {
+            let outcome = match change {
+                TokenChange::Put {
+                    key,
+                    revision,
+                    record,
+                } => book.put(key.clone(), *revision, record.clone()),
+                TokenChange::Delete { key, revision } => {
+                    book.delete(key, *revision);
+                    Ok(())
+                }
+            };
+            if let Err(record) = outcome {
+                unusable.push(record);
+            }
+        }
+        book.revision = book.revision.max(revision);
+        (book, unusable)
+    }
+
+    /// The store revision the book has seen every change up to.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    fn put(
+        &mut self,
+        key: String,
+        revision: u64,
+        record: Option<TokenRecord>,
+    ) -> Result<(), TokenRecord> {
+        if self
+            .by_key
+            .get(&key)
+            .is_some_and(|held| held.revision > revision)
+        {
+            return Ok(());
+        }
+        let mut digest = [0u8; 32];
+        let usable = match record {
+            Some(record) => match hex::decode_to_slice(&record.sha256, &mut digest) {
+                Ok(()) => Ok(Some((digest, record.identity))),
+                Err(_) => Err(record),
+            },
+            None => Ok(None),
+        };
+        let previous = self.by_key.remove(&key);
+        if let Some(old) = previous.and_then(|held| held.digest) {
+            self.release(&old);
+        }
+        let (held, outcome) = match usable {
+            Ok(Some((digest, identity))) => {
+                let entry = self
+                    .by_digest
+                    .entry(digest)
+                    .or_insert((identity.clone(), 0));
+                *entry = (identity, entry.1 + 1);
+                (Some(digest), Ok(()))
+            }
+            Ok(None) => (None, Ok(())),
+            Err(record) => (None, Err(record)),
+        };
+        self.by_key.insert(
+            key,
+            Held {
+                digest: held,
+                revision,
+            },
+        );
+        outcome
+    }
+
+    fn delete(&mut self, key: &str, revision: u64) {
+        // A deletion older than what the book holds for the key is of an earlier object of
+        // the same name (the newer one was added by its create, ahead of the watch).
+        if self
+            .by_key
+            .get(key)
+            .is_some_and(|held| held.revision > revision)
+        {
+            return;
+        }
+        if let Some(old) = self.by_key.remove(key).and_then(|held| held.digest) {
+            self.release(&old);
+        }
+    }
+
+    fn release(&mut self, digest: &[u8; 32]) {
+        if let Some((_, holders)) = self.by_digest.get_mut(digest) {
+            *holders -= 1;
+            if *holders == 0 {
+                self.by_digest.remove(digest);
+            }
+        }
     }
 
     /// This book, read from the store at `revision`.
@@ -97,7 +232,10 @@ impl TokenBook {
     /// The identity behind an `Authorization: Bearer` value.
     pub fn authenticate(&self, bearer: &str) -> Result<&Identity, AuthError> {
         let key: [u8; 32] = Sha256::digest(bearer.as_bytes()).into();
-        self.by_digest.get(&key).ok_or(AuthError::UnknownToken)
+        self.by_digest
+            .get(&key)
+            .map(|(identity, _)| identity)
+            .ok_or(AuthError::UnknownToken)
     }
 
     pub fn len(&self) -> usize {
@@ -188,5 +326,92 @@ mod tests {
                 .at_revision(9),
         );
         assert!(Arc::ptr_eq(&TokenBook::newer(&later, &again), &again));
+    }
+
+    fn put(key: &str, revision: u64, record: &TokenRecord) -> TokenChange {
+        TokenChange::Put {
+            key: key.into(),
+            revision,
+            record: Some(record.clone()),
+        }
+    }
+
+    fn delete(key: &str, revision: u64) -> TokenChange {
+        TokenChange::Delete {
+            key: key.into(),
+            revision,
+        }
+    }
+
+    /// The token watch's changes, applied one object at a time, leave the book a full read
+    /// would: an update replaces its object's digest, a deletion removes its own.
+    #[test]
+    fn watched_changes_update_the_book_object_by_object() {
+        let one = issue(identity(Role::VmAgent, "vm-1")).unwrap();
+        let two = issue(identity(Role::VmAgent, "vm-2")).unwrap();
+        let rotated = issue(identity(Role::VmAgent, "vm-1")).unwrap();
+        let (book, _) =
+            TokenBook::default().applied(&[put("a", 5, &one.record), put("b", 6, &two.record)], 6);
+        assert_eq!(book.len(), 2);
+        assert_eq!(book.revision(), 6);
+        let (book, _) = book.applied(&[put("a", 7, &rotated.record), delete("b", 8)], 8);
+        assert_eq!(book.authenticate(&one.secret), Err(AuthError::UnknownToken));
+        assert_eq!(book.authenticate(&two.secret), Err(AuthError::UnknownToken));
+        assert!(book.authenticate(&rotated.secret).is_ok());
+        assert_eq!((book.len(), book.revision()), (1, 8));
+        // A record that identifies nobody takes its object's digest away too.
+        let (book, _) = book.applied(
+            &[TokenChange::Put {
+                key: "a".into(),
+                revision: 9,
+                record: None,
+            }],
+            9,
+        );
+        assert!(book.is_empty());
+    }
+
+    #[test]
+    fn a_digest_stored_twice_works_until_both_objects_go() {
+        let token = issue(identity(Role::Node, "n1")).unwrap();
+        let (book, _) = TokenBook::default()
+            .applied(&[put("a", 1, &token.record), put("b", 2, &token.record)], 2);
+        let (book, _) = book.applied(&[delete("a", 3)], 3);
+        assert!(book.authenticate(&token.secret).is_ok());
+        let (book, _) = book.applied(&[delete("b", 4)], 4);
+        assert_eq!(
+            book.authenticate(&token.secret),
+            Err(AuthError::UnknownToken)
+        );
+    }
+
+    /// A create applies its token ahead of the watch; the watch's older deletion of an earlier
+    /// object of the same name must not take it away.
+    #[test]
+    fn a_change_older_than_the_objects_last_is_ignored() {
+        let old = issue(identity(Role::Gateway, "gw")).unwrap();
+        let new = issue(identity(Role::Gateway, "gw")).unwrap();
+        let (book, _) = TokenBook::default().applied(&[put("t", 3, &old.record)], 3);
+        let (book, _) = book.applied(&[put("t", 9, &new.record)], 0);
+        assert_eq!(
+            book.revision(),
+            3,
+            "a create does not move the watch's revision"
+        );
+        let (book, _) = book.applied(&[delete("t", 5), put("t", 9, &new.record)], 9);
+        assert!(book.authenticate(&new.secret).is_ok());
+        assert_eq!(book.authenticate(&old.secret), Err(AuthError::UnknownToken));
+        assert_eq!(book.len(), 1);
+    }
+
+    #[test]
+    fn an_unusable_digest_is_reported_by_the_watch_too() {
+        let record = TokenRecord {
+            sha256: "not-hex".into(),
+            identity: identity(Role::Node, "n1"),
+        };
+        let (book, unusable) = TokenBook::default().applied(&[put("x", 1, &record)], 1);
+        assert!(book.is_empty());
+        assert_eq!(unusable, [record]);
     }
 }

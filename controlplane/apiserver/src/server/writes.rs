@@ -75,12 +75,7 @@ impl ApiServer {
             .await
             .map_err(|error| self.write_failed(call, &name, error))?;
         if call.spec.kind == super::tokens::TOKEN_KIND {
-            // Read-your-write for `token create`: a token works on this replica as soon as its
-            // create is answered, not only once the token watch has seen it (others follow
-            // their watch). The book stays as it was if the reload fails: the watch retries.
-            if let Err(error) = self.load_tokens().await {
-                tracing::warn!(%error, "reloading the tokens after a create failed; the watch will");
-            }
+            self.add_created_token(&stored);
         }
         Ok(Reply::json(StatusCode::CREATED, decode(&stored)?))
     }
