@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, watch};
 use super::admission::Slot;
 use super::objects::without_version;
 use super::span_feed::{SpanFeed, SpanView};
-use super::visibility::{own_members, Visibility};
+use super::visibility::{own_members_of, Visibility};
 use super::watch::{line, Watch};
 use super::ApiServer;
 use crate::kinds::PolicyResource;
@@ -237,7 +237,7 @@ pub(crate) fn shown_to(
     vm: &str,
 ) -> Arc<Value> {
     match resource {
-        Some(PolicyResource::AppliedToGroup) => Arc::new(own_members(object.as_ref().clone(), vm)),
+        Some(PolicyResource::AppliedToGroup) => Arc::new(own_members_of(object, vm)),
         _ => object.clone(),
     }
 }

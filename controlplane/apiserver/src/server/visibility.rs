@@ -80,15 +80,81 @@ pub(crate) fn own_members(mut group: Value, vm: &str) -> Value {
         .pointer_mut("/spec/members")
         .and_then(Value::as_array_mut)
     {
-        members.retain(|member| member.get("vm").and_then(Value::as_str) == Some(vm));
+        members.retain(|member| is_member_of(member, vm));
     }
     group
+}
+
+/// [`own_members`] of a group the caller keeps, copying none of the other VMs' members: a
+/// change to a group of M members is shown to each of its M VMs, and copying the whole group
+/// for each made that M^2 member copies.
+pub(crate) fn own_members_of(group: &Value, vm: &str) -> Value {
+    let (Some(object), Some(spec)) = (
+        group.as_object(),
+        group.get("spec").and_then(Value::as_object),
+    ) else {
+        return group.clone();
+    };
+    let narrowed = |(key, value): (&String, &Value)| {
+        let value = match (key.as_str(), value) {
+            ("members", Value::Array(members)) => Value::Array(
+                members
+                    .iter()
+                    .filter(|member| is_member_of(member, vm))
+                    .cloned()
+                    .collect(),
+            ),
+            _ => value.clone(),
+        };
+        (key.clone(), value)
+    };
+    let spec: serde_json::Map<String, Value> = spec.iter().map(narrowed).collect();
+    let mut spec = Some(Value::Object(spec));
+    let shown = object
+        .iter()
+        .map(|(key, value)| match (key.as_str(), spec.take()) {
+            ("spec", Some(spec)) => (key.clone(), spec),
+            (_, taken) => {
+                spec = taken;
+                (key.clone(), value.clone())
+            }
+        });
+    Value::Object(shown.collect())
+}
+
+fn is_member_of(member: &Value, vm: &str) -> bool {
+    member.get("vm").and_then(Value::as_str) == Some(vm)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The borrowed form shows what the owned one does, key order included.
+    #[test]
+    fn a_group_narrowed_in_place_or_copied_reads_the_same() {
+        let group = json!({"apiVersion": "policy/v1", "metadata": {"name": "web"},
+            "spec": {"priority": 3, "members": [
+                {"name": "vm1-eth0", "vm": "vm1"}, {"name": "vm4-eth0", "vm": "vm4"},
+                {"name": "vm1-eth1", "vm": "vm1"}], "zone": "a"}, "status": {"x": 1}});
+        for vm in ["vm1", "vm4", "vm9"] {
+            let copied = own_members_of(&group, vm);
+            let in_place = own_members(group.clone(), vm);
+            assert_eq!(copied, in_place, "{vm}");
+            assert_eq!(
+                serde_json::to_string(&copied).unwrap(),
+                serde_json::to_string(&in_place).unwrap()
+            );
+        }
+        for odd in [
+            json!({"metadata": {}}),
+            json!({"spec": {"members": "x"}}),
+            json!(7),
+        ] {
+            assert_eq!(own_members_of(&odd, "vm1"), own_members(odd.clone(), "vm1"));
+        }
+    }
 
     #[test]
     fn a_vm_agent_sees_only_its_own_members_of_a_group() {
