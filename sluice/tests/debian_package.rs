@@ -38,6 +38,12 @@ fn the_debian_package_installs_upgrades_and_purges_cleanly() {
         .args(["--display-info", "--pedantic", "--display-experimental"])
         .args(["--fail-on", "error,warning,info,pedantic,experimental"])
         .args(["--tag-display-limit", "0"])
+        // Not checked: the binary's read-only data holds its crates' strings end to end with no
+        // separator, and lintian's speller reads across them ("... should find a match" running
+        // into a string that starts with "IN" read as "matchIN"). Which strings touch depends
+        // on each build's layout, so an override of one such hit is unused in the next build,
+        // which lintian reports too.
+        .args(["--suppress-tags", "spelling-error-in-binary"])
         .args([&deb, &dbgsym])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
