@@ -53,57 +53,58 @@ fn an_agent_keeps_min_idle_tunnels_free_while_calls_hold_others() {
 /// it opened, ran out during the call) nor never (the timer is re-armed, not recreated).
 #[test]
 fn a_tunnel_idles_out_its_timeout_after_its_last_call_not_before() {
-    let driver = Driver::IoUring;
-    let idle_timeout = Duration::from_secs(2);
-    let node = start_node(driver);
-    let (backend, backend_address) = start_backend(driver);
-    let pool = PoolConfig {
-        min_idle: 2,
-        max: 16,
-        grow_by: 2,
-        idle_timeout,
-    };
-    let agent = start_agent(driver, node.agent, backend_address, pool);
-    wait_idle(&node, 2);
-    let holding = 6;
-    // Over twice the timeout: every tunnel's first timer, set when it opened (the pool opens
-    // more while the calls hold tunnels), runs out while it carries a call.
-    let codes = block_on(async {
-        let calls: Vec<_> = (0..holding)
-            .map(|_| {
-                monoio::spawn(split_call(
-                    node.external,
-                    idle_timeout + Duration::from_millis(500),
-                ))
-            })
-            .collect();
-        let mut codes = Vec::new();
-        for call in calls {
-            codes.push(call.await.0);
+    for driver in [Driver::IoUring, Driver::Legacy] {
+        let idle_timeout = Duration::from_secs(2);
+        let node = start_node(driver);
+        let (backend, backend_address) = start_backend(driver);
+        let pool = PoolConfig {
+            min_idle: 2,
+            max: 16,
+            grow_by: 2,
+            idle_timeout,
+        };
+        let agent = start_agent(driver, node.agent, backend_address, pool);
+        wait_idle(&node, 2);
+        let holding = 6;
+        // Over twice the timeout: every tunnel's first timer, set when it opened (the pool opens
+        // more while the calls hold tunnels), runs out while it carries a call.
+        let codes = block_on(async {
+            let calls: Vec<_> = (0..holding)
+                .map(|_| {
+                    monoio::spawn(split_call(
+                        node.external,
+                        idle_timeout + Duration::from_millis(500),
+                    ))
+                })
+                .collect();
+            let mut codes = Vec::new();
+            for call in calls {
+                codes.push(call.await.0);
+            }
+            codes
+        });
+        let answered = std::time::Instant::now();
+        assert!(codes.iter().all(|code| code == "0"), "{driver}: {codes:?}");
+        wait_idle(&node, holding);
+        std::thread::sleep(idle_timeout / 2);
+        let idle = node.shared.registry.idle_count();
+        assert!(
+            idle >= holding,
+            "{driver}: {idle} idle tunnels {:?} after the calls: expired before their timeout",
+            answered.elapsed()
+        );
+        // Then the ones above min_idle expire (the pool reopens to min_idle at most).
+        let deadline = answered + idle_timeout * 4;
+        while node.shared.registry.idle_count() > 2 + 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
         }
-        codes
-    });
-    let answered = std::time::Instant::now();
-    assert!(codes.iter().all(|code| code == "0"), "{codes:?}");
-    wait_idle(&node, holding);
-    std::thread::sleep(idle_timeout / 2);
-    let idle = node.shared.registry.idle_count();
-    assert!(
-        idle >= holding,
-        "{idle} idle tunnels {:?} after the calls: expired before their timeout",
-        answered.elapsed()
-    );
-    // Then the ones above min_idle expire (the pool reopens to min_idle at most).
-    let deadline = answered + idle_timeout * 4;
-    while node.shared.registry.idle_count() > 2 + 2 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
+        let idle = node.shared.registry.idle_count();
+        assert!(
+            idle <= 4,
+            "{driver}: {idle} idle tunnels {:?} after the calls: none expired",
+            answered.elapsed()
+        );
+        agent.shutdown();
+        backend.shutdown();
     }
-    let idle = node.shared.registry.idle_count();
-    assert!(
-        idle <= 4,
-        "{idle} idle tunnels {:?} after the calls: none expired",
-        answered.elapsed()
-    );
-    agent.shutdown();
-    backend.shutdown();
 }

@@ -2,6 +2,7 @@
 //! the control plane keeps only its SHA-256 with the identity it stands for, so a copy of the
 //! store reveals no credential.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -88,6 +89,7 @@ pub enum TokenChange {
 impl TokenBook {
     /// A book of `records`; a record whose digest is not 64 hex digits is skipped and returned,
     /// so the caller can report it (it cannot match any token).
+    #[cfg(test)]
     pub fn new(records: impl IntoIterator<Item = TokenRecord>) -> (Self, Vec<TokenRecord>) {
         let keyed = records
             .into_iter()
@@ -96,7 +98,8 @@ impl TokenBook {
         Self::stored(keyed)
     }
 
-    /// A book of the stored Token objects `(key, mod revision, record)`, as [`TokenBook::new`].
+    /// A book of the stored Token objects `(key, mod revision, record)`; a record whose digest
+    /// is not 64 hex digits is skipped and returned, so the caller can report it.
     pub fn stored(
         objects: impl IntoIterator<Item = (String, u64, TokenRecord)>,
     ) -> (Self, Vec<TokenRecord>) {
@@ -167,11 +170,16 @@ impl TokenBook {
         }
         let (held, outcome) = match usable {
             Ok(Some((digest, identity))) => {
-                let entry = self
-                    .by_digest
-                    .entry(digest)
-                    .or_insert((identity.clone(), 0));
-                *entry = (identity, entry.1 + 1);
+                match self.by_digest.entry(digest) {
+                    Entry::Occupied(mut held) => {
+                        let (known, holders) = held.get_mut();
+                        *known = identity;
+                        *holders += 1;
+                    }
+                    Entry::Vacant(free) => {
+                        free.insert((identity, 1));
+                    }
+                }
                 (Some(digest), Ok(()))
             }
             Ok(None) => (None, Ok(())),

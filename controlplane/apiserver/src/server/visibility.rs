@@ -95,7 +95,22 @@ pub(crate) fn own_members_of(group: &Value, vm: &str) -> Value {
     ) else {
         return group.clone();
     };
-    let narrowed = |(key, value): (&String, &Value)| {
+    let mut shown = serde_json::Map::new();
+    for (key, value) in object {
+        let value = if key == "spec" {
+            Value::Object(narrowed(spec, vm))
+        } else {
+            value.clone()
+        };
+        shown.insert(key.clone(), value);
+    }
+    Value::Object(shown)
+}
+
+/// A group's spec with only `vm`'s members, the other fields copied in their order.
+fn narrowed(spec: &serde_json::Map<String, Value>, vm: &str) -> serde_json::Map<String, Value> {
+    let mut kept = serde_json::Map::new();
+    for (key, value) in spec {
         let value = match (key.as_str(), value) {
             ("members", Value::Array(members)) => Value::Array(
                 members
@@ -106,20 +121,9 @@ pub(crate) fn own_members_of(group: &Value, vm: &str) -> Value {
             ),
             _ => value.clone(),
         };
-        (key.clone(), value)
-    };
-    let spec: serde_json::Map<String, Value> = spec.iter().map(narrowed).collect();
-    let mut spec = Some(Value::Object(spec));
-    let shown = object
-        .iter()
-        .map(|(key, value)| match (key.as_str(), spec.take()) {
-            ("spec", Some(spec)) => (key.clone(), spec),
-            (_, taken) => {
-                spec = taken;
-                (key.clone(), value.clone())
-            }
-        });
-    Value::Object(shown.collect())
+        kept.insert(key.clone(), value);
+    }
+    kept
 }
 
 fn is_member_of(member: &Value, vm: &str) -> bool {
