@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use imbl::ordmap::DiffItem;
 use serde_json::{Map, Value};
 
 use crate::snapshot::Objects;
@@ -15,15 +16,22 @@ use crate::snapshot::Objects;
 const SERVER_MANAGED: [&str; 2] = ["resourceVersion", "managedFields"];
 
 /// Whether `a` and `b` hold the same objects with the same content, ignoring each object's
-/// `status` and server-managed metadata.
+/// `status` and server-managed metadata. Only the objects that differ are looked at: two
+/// snapshots of one mirror share the rest, so a status write costs its own object, not every
+/// object of the resource (issue 36).
 pub fn same_desired_state(a: &Objects, b: &Objects) -> bool {
-    a.len() == b.len()
-        && a.iter()
-            .zip(b.iter())
-            .all(|((key_a, a), (key_b, b))| key_a == key_b && same_desired_object(a, b))
+    a.diff(b).all(|item| match item {
+        DiffItem::Update {
+            old: (_, a),
+            new: (_, b),
+        } => same_desired_object(a, b),
+        DiffItem::Add(..) | DiffItem::Remove(..) => false,
+    })
 }
 
 fn same_desired_object(a: &Arc<Value>, b: &Arc<Value>) -> bool {
+    #[cfg(test)]
+    tests::COMPARED.with(|compared| compared.set(compared.get() + 1));
     if Arc::ptr_eq(a, b) {
         return true;
     }
@@ -72,6 +80,11 @@ mod tests {
     use super::*;
     use crate::snapshot::ObjectKey;
     use serde_json::json;
+
+    thread_local! {
+        /// Objects `same_desired_object` looked at on this thread.
+        pub(super) static COMPARED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
 
     fn state(objects: &[Value]) -> Objects {
         objects
@@ -124,5 +137,26 @@ mod tests {
             .as_object_mut()
             .map(|object| object.remove("spec"));
         assert!(!same_desired_state(&before, &state(&[no_status])));
+    }
+
+    #[test]
+    fn a_status_write_to_one_of_many_objects_compares_that_object_alone() {
+        let before: Objects = (0..10_000)
+            .map(|index| {
+                let mut object = cluster("5", 2, "ok");
+                object["metadata"]["name"] = json!(format!("c{index:05}"));
+                (
+                    ObjectKey::new("ns", format!("c{index:05}")),
+                    Arc::new(object),
+                )
+            })
+            .collect();
+        let mut after = before.clone();
+        let mut written = cluster("6", 2, "degraded");
+        written["metadata"]["name"] = json!("c04321");
+        after.insert(ObjectKey::new("ns", "c04321"), Arc::new(written));
+        COMPARED.with(|compared| compared.set(0));
+        assert!(same_desired_state(&before, &after));
+        assert_eq!(COMPARED.with(std::cell::Cell::get), 1);
     }
 }

@@ -28,9 +28,11 @@
 //!   stalls the watch until the server drops it) or queued (unbounded memory), and the
 //!   consumer would still need a full state after a re-list.
 //!
-//! Snapshots share their objects (`Arc<serde_json::Value>`), so publishing one costs a pointer
-//! per object; a snapshot is published once per received chunk of events, not per event, and
-//! not at all for bookmarks.
+//! Snapshots share their objects (`Arc<serde_json::Value>`) and the tree that holds them
+//! ([`Objects`] is a persistent map), so publishing one costs the paths to the objects its
+//! events changed, and comparing two costs those objects, however many the resource holds
+//! (`tests/publication_cost.rs`); a snapshot is published once per received chunk of events,
+//! not per event, and not at all for bookmarks.
 //!
 //! # Bounds against a broken or hostile server
 //! Event lines over `max_event_bytes` and list pages over `max_list_page_bytes` are refused
@@ -65,5 +67,8 @@ pub use decode::{decode_list, ListPage};
 pub use desired::same_desired_state;
 pub use error::WatchError;
 pub use metrics::{ResourceMetrics, WatchMetrics};
+/// The reflector's cache, for the publication-cost test (`tests/publication_cost.rs`).
+#[doc(hidden)]
+pub use mirror::Mirror;
 pub use snapshot::{diff, Change, ObjectKey, Objects, Snapshot};
 pub use transport::Transport;

