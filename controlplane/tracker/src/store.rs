@@ -14,6 +14,8 @@ use crate::{now_unix_ms, AgentId, NodeEntry, TrackerError, TrackerMetrics, Track
 /// to take thousands of agents back per second, few enough that a lookup queued behind them
 /// waits one short round trip.
 const WRITES_PER_ROUND_TRIP: usize = 500;
+/// Agents' connection hashes read in one round trip by a listing.
+const LIST_BATCH: usize = 16;
 
 /// Where Redis is.
 #[derive(Debug, Clone)]
@@ -374,10 +376,11 @@ impl Store {
     }
 
     /// Up to `limit` unexpired connection records in the cluster, in the order of
-    /// (agent, node, connection id), after `after`. Agents are read one hash at a time and the
-    /// reading stops once the page is full, so a listing holds one page and one agent's hash
-    /// (bounded by nodes x `tunnel.max_connections_per_agent`), never every record. Agents
-    /// left with no record are dropped from the index.
+    /// (agent, node, connection id), after `after`. Agents' hashes are read [`LIST_BATCH`] to a
+    /// round trip and the reading stops once the page is full, so a listing holds one page and
+    /// at most that many agents' hashes (each bounded by nodes x
+    /// `tunnel.max_connections_per_agent`), never every record; a page of 500 agents is about
+    /// 32 round trips, not 500. Agents left with no record are dropped from the index.
     pub(crate) async fn list_connections(
         &self,
         after: Option<&crate::ConnectionKey>,
@@ -389,28 +392,43 @@ impl Store {
         let (mut agents,): (Vec<AgentId>,) = self.run(&members, false).await?;
         agents.sort_unstable();
         let first = after.map_or(AgentId::MIN, |after| after.agent);
+        let from = agents.partition_point(|agent| *agent < first);
         let now = now_unix_ms();
         let mut records = Vec::new();
-        for agent in agents.into_iter().filter(|agent| *agent >= first) {
-            if records.len() >= limit {
-                break;
-            }
+        let mut next = from;
+        while records.len() < limit && next < agents.len() {
+            // An agent in the index has a record or is dropped from it: reading more agents
+            // than records are still wanted would read hashes the page has no room for.
+            let take = LIST_BATCH
+                .min(limit - records.len())
+                .min(agents.len() - next);
+            let batch = &agents[next..next + take];
+            next += take;
             let mut read = redis::pipe();
-            read.hgetall(connections_key(&self.options.key_prefix, agent));
-            let (fields,): (Vec<(String, String)>,) = self.run(&read, false).await?;
-            let mut of_agent: Vec<crate::ConnectionRecord> = fields
-                .iter()
-                .filter_map(|(field, value)| parse_record(agent, field, value, now))
-                .collect();
-            if of_agent.is_empty() {
-                let mut remove = redis::pipe();
-                remove.srem(&index, agent).ignore();
-                self.run::<()>(&remove, true).await?;
-                continue;
+            for agent in batch {
+                read.hgetall(connections_key(&self.options.key_prefix, *agent));
             }
-            of_agent.retain(|record| record.is_after(after));
-            of_agent.sort_by_key(crate::ConnectionRecord::key);
-            records.extend(of_agent.into_iter().take(limit - records.len()));
+            let hashes: Vec<Vec<(String, String)>> = self.run(&read, false).await?;
+            let mut emptied = redis::pipe();
+            let mut any_emptied = false;
+            for (agent, fields) in batch.iter().zip(hashes) {
+                let mut of_agent: Vec<crate::ConnectionRecord> = fields
+                    .iter()
+                    .filter_map(|(field, value)| parse_record(*agent, field, value, now))
+                    .collect();
+                if of_agent.is_empty() {
+                    emptied.srem(&index, *agent).ignore();
+                    any_emptied = true;
+                    continue;
+                }
+                of_agent.retain(|record| record.is_after(after));
+                of_agent.sort_by_key(crate::ConnectionRecord::key);
+                let room = limit.saturating_sub(records.len());
+                records.extend(of_agent.into_iter().take(room));
+            }
+            if any_emptied {
+                self.run::<()>(&emptied, true).await?;
+            }
         }
         Ok(records)
     }

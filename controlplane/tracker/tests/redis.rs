@@ -423,6 +423,57 @@ fn listings_come_in_bounded_pages_and_an_agents_records_are_bounded() {
     assert_eq!(listed, expected);
 }
 
+/// Pages larger than one read batch (16 agents' hashes per round trip): 45 agents of two
+/// records each, pages of 21 that end inside an agent, every record listed once and in order;
+/// an agent in the index without a record is skipped and dropped from it.
+#[test]
+fn pages_spanning_several_read_batches_list_every_record_once() {
+    let redis = RedisServer::start().unwrap();
+    let (node, _) = tracker(redis.url(), options("node-a", "batches"));
+    let mut expected = Vec::new();
+    for agent in 1..=45 {
+        node.register(agent);
+        for connection in [2, 1] {
+            node.connection_up(record(agent, connection, "node-a"));
+            expected.push((agent, connection));
+        }
+    }
+    expected.sort_unstable();
+    let hlen = |agent: i64| -> u64 {
+        redis
+            .command(&["HLEN", &format!("batches:tunnel:conns:{{{agent}}}")])
+            .unwrap()
+            .trim_start_matches(':')
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(wait_until(Duration::from_secs(5), || hlen(45) == 2));
+    redis
+        .command(&["SADD", "batches:tunnel:agents", "30000"])
+        .unwrap();
+    let mut listed = Vec::new();
+    let mut after = None;
+    loop {
+        let page = block_on(node.list_connections(after.clone(), 21)).unwrap();
+        assert!(page.len() <= 21);
+        listed.extend(page.iter().map(|r| (r.agent, r.connection_id)));
+        if page.len() < 21 {
+            break;
+        }
+        after = page.last().map(sluice_tracker::ConnectionRecord::key);
+    }
+    assert_eq!(listed, expected);
+    let member = redis
+        .command(&["SISMEMBER", "batches:tunnel:agents", "30000"])
+        .unwrap();
+    assert_eq!(
+        member.trim(),
+        ":0",
+        "an agent without records leaves the index"
+    );
+}
+
 /// A node taking thousands of agents back at once (a restart: they all dial again) writes them
 /// in batches, not a round trip or two each, and every one of them is in Redis; then its
 /// drain removes them the same way.
