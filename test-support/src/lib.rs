@@ -26,6 +26,7 @@ mod redis;
 mod rolling_load;
 mod seccomp;
 mod tcp_balancer;
+pub mod thread_allocations;
 mod vm_agent;
 mod vm_lan;
 mod wait;

@@ -5,60 +5,14 @@
 //! at 100,000 Agents, on every node).
 #![allow(clippy::unwrap_used)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 use sluice_watch_client::{same_desired_state, Mirror, ObjectKey, Objects, WatchEvent};
-
-struct CountingAllocator;
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-fn count() {
-    // try_with: the allocator also runs while thread-locals are torn down.
-    let _ = COUNTING.try_with(|counting| {
-        if counting.get() {
-            let _ = ALLOCATIONS.try_with(|allocations| allocations.set(allocations.get() + 1));
-        }
-    });
-}
-
-// SAFETY: forwards to the system allocator unchanged; only counts calls.
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(pointer, layout) }
-    }
-
-    unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, size: usize) -> *mut u8 {
-        count();
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(pointer, layout, size) }
-    }
-}
+use test_support::thread_allocations::{counted, HookedAllocator, THREAD_ALLOCATIONS};
 
 #[global_allocator]
-static GLOBAL: CountingAllocator = CountingAllocator;
-
-/// Allocations `work` makes on this thread.
-fn allocations_of<T>(work: impl FnOnce() -> T) -> (usize, T) {
-    ALLOCATIONS.with(|allocations| allocations.set(0));
-    COUNTING.with(|counting| counting.set(true));
-    let result = work();
-    COUNTING.with(|counting| counting.set(false));
-    (ALLOCATIONS.with(Cell::get), result)
-}
+static GLOBAL: HookedAllocator = THREAD_ALLOCATIONS;
 
 const OBJECTS: usize = 20_000;
 
@@ -97,7 +51,7 @@ fn a_chunk_costs_what_it_changed_not_the_size_of_the_resource() {
     assert_eq!(applied.objects.len(), OBJECTS);
 
     let event = status_write(OBJECTS / 2, "2");
-    let (allocations, (same, changes)) = allocations_of(|| {
+    let ((same, changes), allocations) = counted(|| {
         mirror.apply(event);
         mirror.publish();
         let published = snapshots.borrow().clone();
@@ -109,6 +63,10 @@ fn a_chunk_costs_what_it_changed_not_the_size_of_the_resource() {
     assert_eq!(changes[0].key().name, format!("agent-{:05}", OBJECTS / 2));
     // A copy of the map allocates at least a key per object (20,000); the persistent map
     // copies the path to the one changed object, a few nodes.
+    assert!(
+        allocations > 0,
+        "counting is on: the event's object is stored"
+    );
     assert!(
         allocations < 200,
         "{allocations} allocations for one status write to one of {OBJECTS} objects"
@@ -158,7 +116,7 @@ fn a_relist_that_changes_one_object_shares_the_rest() {
     mirror.publish();
     let published = snapshots.borrow().clone();
     // The LIST itself is read whole, but what consumers compare afterwards is one object.
-    let (allocations, changes) = allocations_of(|| published.changes_since(&applied));
+    let (changes, allocations) = counted(|| published.changes_since(&applied));
     assert_eq!(changes.len(), 1);
     assert!(allocations < 200, "{allocations} allocations to compare");
 }

@@ -9,8 +9,6 @@
 //! `tests/request_allocations.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr};
 use std::pin::pin;
@@ -21,6 +19,7 @@ use std::time::Instant;
 use http::{HeaderMap, HeaderValue, Request};
 use sluice_gateway::flow_control::CoreShare;
 use sluice_gateway::identity::UserInfo;
+use test_support::thread_allocations::{counted, uncounted, HookedAllocator, THREAD_ALLOCATIONS};
 
 use crate::handler::{
     decoded_path, request_info, request_labels, resource_label, ClientConnection, GatewayHandler,
@@ -29,64 +28,8 @@ use crate::headers::{response_headers, upstream_headers, upstream_request};
 use crate::metrics::GatewayMetrics;
 use crate::state::Gateway;
 
-/// Counts allocations made by the thread that turned counting on, so that the other unit tests
-/// of this binary, running on their own threads, do not disturb the count.
-struct CountingAllocator;
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note_allocation() {
-    // `try_with`: an allocation during thread teardown must not panic in the allocator.
-    let _ = COUNTING.try_with(|counting| {
-        if counting.get() {
-            let _ = ALLOCATIONS.try_with(|count| count.set(count.get() + 1));
-        }
-    });
-}
-
-// SAFETY: forwards to the system allocator unchanged; only counts calls (const thread-locals
-// without destructors, so counting itself never allocates).
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(pointer, layout) }
-    }
-
-    unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, size: usize) -> *mut u8 {
-        note_allocation();
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(pointer, layout, size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: CountingAllocator = CountingAllocator;
-
-/// `work`'s result and how many allocations it made on this thread.
-fn counted<T>(work: impl FnOnce() -> T) -> (T, usize) {
-    ALLOCATIONS.with(|count| count.set(0));
-    COUNTING.with(|counting| counting.set(true));
-    let result = work();
-    COUNTING.with(|counting| counting.set(false));
-    (result, ALLOCATIONS.with(Cell::get))
-}
-
-/// `work`'s result, its allocations left out of the count.
-fn uncounted<T>(work: impl FnOnce() -> T) -> T {
-    let counting = COUNTING.with(|counting| counting.replace(false));
-    let result = work();
-    COUNTING.with(|flag| flag.set(counting));
-    result
-}
+static GLOBAL: HookedAllocator = THREAD_ALLOCATIONS;
 
 /// Runs a future that must not wait (every answer it needs is cached).
 fn ready<T>(future: impl Future<Output = T>) -> T {

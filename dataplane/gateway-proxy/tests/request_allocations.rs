@@ -14,7 +14,6 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::backtrace::Backtrace;
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -30,6 +29,7 @@ use common::{
 use sluice_gateway_proxy::GatewayEndpoint;
 use sluice_runtime::{ConnectionHandler, Driver, HandlerFactory, WorkerContext};
 use test_support::heap_profile::charged_to;
+use test_support::thread_allocations::HookedAllocator;
 
 /// The figures docs/PERFORMANCE.md prints: allocations the gateway's thread makes per proxied
 /// request (a kubectl `get pods` answered 200 with a small JSON body, HTTP/2 both sides, a
@@ -84,31 +84,8 @@ fn note_allocation() {
     }
 }
 
-struct CountingAllocator;
-
-// SAFETY: forwards to the system allocator unchanged; only counts calls (const thread-locals
-// without destructors, atomics; a trace is taken with counting turned off for its thread).
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(pointer, layout) }
-    }
-
-    unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, size: usize) -> *mut u8 {
-        note_allocation();
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(pointer, layout, size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: CountingAllocator = CountingAllocator;
+static GLOBAL: HookedAllocator = HookedAllocator::new(note_allocation);
 
 /// The gateway's listener, marking the worker thread it is built on as the one counted.
 struct Counted(GatewayEndpoint);
