@@ -16,13 +16,16 @@ pub struct HookedAllocator {
 }
 
 impl HookedAllocator {
-    pub const fn new(hook: fn()) -> Self {
+    /// # Safety
+    /// `hook` runs inside the global allocator: it must not panic (an allocator may not
+    /// unwind), and any allocation it makes must not call it again without end.
+    pub const unsafe fn new(hook: fn()) -> Self {
         Self { hook }
     }
 }
 
 // SAFETY: forwards to the system allocator unchanged; only calls the hook, which the caller of
-// `new` guarantees neither recurses into itself nor panics.
+// `new` promised neither panics nor recurses without end.
 unsafe impl GlobalAlloc for HookedAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         (self.hook)();
@@ -43,7 +46,8 @@ unsafe impl GlobalAlloc for HookedAllocator {
 }
 
 /// The allocator counting the calls of the threads inside [`counted`].
-pub const THREAD_ALLOCATIONS: HookedAllocator = HookedAllocator::new(note_allocation);
+// SAFETY: `note_allocation` never panics (`try_with`) and never allocates.
+pub const THREAD_ALLOCATIONS: HookedAllocator = unsafe { HookedAllocator::new(note_allocation) };
 
 thread_local! {
     static COUNTING: Cell<bool> = const { Cell::new(false) };

@@ -377,7 +377,7 @@ impl Store {
 
     /// Up to `limit` unexpired connection records in the cluster, in the order of
     /// (agent, node, connection id), after `after`. Agents' hashes are read [`LIST_BATCH`] to a
-    /// round trip and the reading stops once the page is full, so a listing holds one page and
+    /// round trip (one on a Redis Cluster, where they lie in different slots) and the reading stops once the page is full, so a listing holds one page and
     /// at most that many agents' hashes (each bounded by nodes x
     /// `tunnel.max_connections_per_agent`), never every record; a page of 500 agents is about
     /// 32 round trips, not 500. Agents left with no record are dropped from the index.
@@ -395,11 +395,13 @@ impl Store {
         let from = agents.partition_point(|agent| *agent < first);
         let now = now_unix_ms();
         let mut records = Vec::new();
+        // A cluster takes a pipeline whose keys are in different slots only one at a time.
+        let per_round_trip = if self.is_cluster() { 1 } else { LIST_BATCH };
         let mut next = from;
         while records.len() < limit && next < agents.len() {
             // An agent in the index has a record or is dropped from it: reading more agents
             // than records are still wanted would read hashes the page has no room for.
-            let take = LIST_BATCH
+            let take = per_round_trip
                 .min(limit - records.len())
                 .min(agents.len() - next);
             let batch = &agents[next..next + take];

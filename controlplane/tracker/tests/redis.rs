@@ -356,6 +356,28 @@ fn the_tracker_works_on_a_redis_cluster() {
         "every agent listed across the cluster's slots; errors: {} {error:?}",
         metrics.errors.sum()
     );
+    // ListConnectedAgents across the slots: the agents' hashes lie in different slots, which
+    // one pipeline may not mix on a cluster.
+    for agent in 1..=30 {
+        node.connection_up(record(agent, 1, "node-a"));
+    }
+    let pages = || -> Result<Vec<i64>, String> {
+        let mut agents = Vec::new();
+        let mut after = None;
+        loop {
+            let page = block_on(other.list_connections(after.clone(), 7))
+                .map_err(|error| error.to_string())?;
+            agents.extend(page.iter().map(|record| record.agent));
+            if page.len() < 7 {
+                return Ok(agents);
+            }
+            after = page.last().map(sluice_tracker::ConnectionRecord::key);
+        }
+    };
+    let all = wait_until(Duration::from_secs(10), || {
+        pages().is_ok_and(|agents| agents == (1..=30).collect::<Vec<_>>())
+    });
+    assert!(all, "every connection listed in pages: {:?}", pages());
     assert!(node.shutdown(Duration::from_secs(5)));
     assert!(block_on(other.lookup(5)).unwrap().is_empty());
 }

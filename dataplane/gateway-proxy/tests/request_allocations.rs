@@ -79,13 +79,18 @@ fn note_allocation() {
     if TRACING.load(Ordering::Relaxed) {
         IN_TRACE.with(|flag| flag.set(true));
         let trace = Backtrace::force_capture();
-        TRACES.lock().unwrap().push(trace);
+        // No unwrap: a panic inside the allocator would be undefined behaviour.
+        if let Ok(mut traces) = TRACES.lock() {
+            traces.push(trace);
+        }
         IN_TRACE.with(|flag| flag.set(false));
     }
 }
 
+// SAFETY: `note_allocation` allocates only for a trace, with `IN_TRACE` set so that those
+// allocations return at once, and it never panics (a poisoned traces lock drops the trace).
 #[global_allocator]
-static GLOBAL: HookedAllocator = HookedAllocator::new(note_allocation);
+static GLOBAL: HookedAllocator = unsafe { HookedAllocator::new(note_allocation) };
 
 /// The gateway's listener, marking the worker thread it is built on as the one counted.
 struct Counted(GatewayEndpoint);
