@@ -23,7 +23,10 @@
 # controlplane; only netsniff-ng, for trafgen, for ebpf) when missing and
 # builds the release binaries once (ebpf: only the harness). SLUICE_PERF_PROFILE=dev builds the
 # dev profile instead (the test suite's smoke run reuses its own build that way; its numbers are
-# not measurements).
+# not measurements). SLUICE_PERF_BIN_DIR=DIR skips the build and runs the sluice, sluice-perf and
+# sluice-apiserver-sim binaries already in DIR: scripts/test.sh points it at the binaries its test
+# build made, because a `cargo build` unifies dependency features differently from `cargo test`
+# and would compile half the workspace again (minutes of CI).
 # Full gateway and tunnel runs (not --smoke, so never CI) also build the Pingora peer,
 # perf/peers/pingora/ (its own workspace, lock file and target directory; Debian's libssl through
 # OPENSSL_NO_VENDOR=1, so cmake, pkg-config and libssl-dev are installed for them), and run
@@ -81,7 +84,15 @@ fi
 out_name=$scenario
 if [ "$smoke" = true ]; then out_name=$scenario-smoke; fi
 
-if [ "$profile" = release ]; then
+if [ -n "${SLUICE_PERF_BIN_DIR:-}" ]; then
+  bin=$SLUICE_PERF_BIN_DIR
+  for program in sluice sluice-perf sluice-apiserver-sim; do
+    if [ ! -x "$bin/$program" ]; then
+      echo "perf: SLUICE_PERF_BIN_DIR=$bin has no executable $program" >&2
+      exit 2
+    fi
+  done
+elif [ "$profile" = release ]; then
   cargo build --release --locked "${build[@]}"
   bin=$CARGO_TARGET_DIR/release
 else
