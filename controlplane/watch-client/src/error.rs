@@ -62,6 +62,27 @@ impl WatchError {
         !matches!(self, Self::Config(_))
     }
 
+    /// Whether the next request to the same server would most likely fail the same way,
+    /// whatever object it is for: the server asked to slow down (429) or failed (5xx), refused
+    /// the credentials (401), or could not be reached. A caller working through many objects
+    /// stops at such an error and tries the rest later, instead of sending each into the same
+    /// refusal. An answer about one object (404 for a deleted one, 403, 409, 422) is not.
+    pub fn refuses_every_request(&self) -> bool {
+        match self {
+            Self::Status { status, .. } => matches!(*status, 401 | 429) || *status >= 500,
+            Self::Token { .. }
+            | Self::Connect { .. }
+            | Self::Tls { .. }
+            | Self::Http(_)
+            | Self::Timeout { .. } => true,
+            Self::Config(_)
+            | Self::Expired(_)
+            | Self::TooLarge { .. }
+            | Self::Protocol(_)
+            | Self::Panic(_) => false,
+        }
+    }
+
     /// Whether the cache must be rebuilt from a new LIST rather than resuming the watch.
     pub fn needs_relist(&self) -> bool {
         matches!(self, Self::Expired(_) | Self::Panic(_))
@@ -100,5 +121,24 @@ mod tests {
         };
         assert!(status.retryable() && !status.needs_relist());
         assert_eq!(status.kind(), "status");
+    }
+
+    #[test]
+    fn throttling_and_unreachable_servers_refuse_every_request_object_answers_do_not() {
+        let status = |status| WatchError::Status {
+            status,
+            message: String::new(),
+        };
+        for every in [status(429), status(401), status(500), status(503)] {
+            assert!(every.refuses_every_request(), "{every}");
+        }
+        let connect = WatchError::Connect {
+            address: "127.0.0.1:1".into(),
+            reason: "refused".into(),
+        };
+        assert!(connect.refuses_every_request());
+        for one in [status(404), status(403), status(409), status(422)] {
+            assert!(!one.refuses_every_request(), "{one}");
+        }
     }
 }

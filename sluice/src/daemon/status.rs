@@ -12,7 +12,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use sluice_gateway_proxy::Gateway;
 use sluice_tunnel::node::NodeShared;
-use sluice_watch_client::{Snapshot, Transport};
+use sluice_watch_client::{Snapshot, Transport, WatchError};
 use tokio::sync::watch;
 
 /// How often the view is compared with what was last reported.
@@ -118,17 +118,31 @@ fn node_view(me: &str, held: &[i64], snapshot: &Snapshot) -> BTreeMap<String, Va
         .collect()
 }
 
-/// Sends each patch of `view` whose content changed since it was last sent successfully.
-/// `view` answers `None` when its inputs did not change since its last answer; the last view
-/// is then sent again only if part of it failed to send.
+/// Where reports go: the control plane's API. A trait so a round is tested without one.
+trait StatusSink {
+    async fn merge_patch(&self, path: &str, body: Bytes) -> Result<(), WatchError>;
+}
+
+impl StatusSink for Transport {
+    async fn merge_patch(&self, path: &str, body: Bytes) -> Result<(), WatchError> {
+        Transport::merge_patch(self, path, body, ANSWER_LIMIT)
+            .await
+            .map(drop)
+    }
+}
+
+/// Sends the patches of `view` whose content changed since they were last sent successfully,
+/// every [`INTERVAL`]. `view` answers `None` when its inputs did not change since its last
+/// answer; the last view is then sent again only if part of it was left unsent.
 async fn report(
-    transport: Transport,
+    sink: impl StatusSink,
     mut view: impl FnMut() -> Option<BTreeMap<String, Value>>,
     mut stopping: watch::Receiver<bool>,
 ) {
     let mut reported: BTreeMap<String, Value> = BTreeMap::new();
     let mut current: BTreeMap<String, Value> = BTreeMap::new();
     let mut unsent = false;
+    let mut paused = false;
     let mut ticks = tokio::time::interval(INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -141,30 +155,76 @@ async fn report(
             None if !unsent => continue,
             None => {}
         }
-        unsent = false;
-        for (path, patch) in &current {
-            if reported.get(path) == Some(patch) {
-                continue;
-            }
-            // Removing an entry never reported: nothing to send.
-            if !reported.contains_key(path) && only_nulls(patch) {
+        let round = send_changed(&sink, &current, &mut reported).await;
+        unsent = round.unsent > 0;
+        match (&round.stopped_by, paused) {
+            (Some(error), false) => tracing::warn!(
+                %error,
+                unsent = round.unsent,
+                "status reports paused: the control plane refuses them for now; the rest is \
+                 sent from the next check on"
+            ),
+            (None, true) => tracing::info!("status reports resumed"),
+            _ => {}
+        }
+        paused = round.stopped_by.is_some();
+        reported.retain(|path, _| current.contains_key(path));
+    }
+}
+
+/// What a round of [`send_changed`] left.
+#[derive(Debug)]
+struct Round {
+    /// Patches not sent successfully this round.
+    unsent: usize,
+    /// The error that ended the round before its last patch.
+    stopped_by: Option<WatchError>,
+}
+
+/// Sends each patch of `current` that differs from what `reported` holds for its path, and
+/// records what was sent. A refusal about one object (a deleted Agent: 404) moves on to the
+/// next; an error the server would give every request (429 of the write budget, 5xx, an
+/// unreachable control plane) ends the round, and the rest waits for the next check. A node
+/// that restarts holding 100,000 agents would otherwise send every patch past its write
+/// budget's burst into a 429, every round, until all got through (issue 36).
+async fn send_changed(
+    sink: &impl StatusSink,
+    current: &BTreeMap<String, Value>,
+    reported: &mut BTreeMap<String, Value>,
+) -> Round {
+    let mut round = Round {
+        unsent: 0,
+        stopped_by: None,
+    };
+    for (path, patch) in current {
+        if reported.get(path) == Some(patch) {
+            continue;
+        }
+        if round.stopped_by.is_some() {
+            round.unsent += 1;
+            continue;
+        }
+        // Removing an entry never reported: nothing to send.
+        if !reported.contains_key(path) && only_nulls(patch) {
+            reported.insert(path.clone(), patch.clone());
+            continue;
+        }
+        let body = Bytes::from(patch.to_string());
+        match sink.merge_patch(path, body).await {
+            Ok(()) => {
                 reported.insert(path.clone(), patch.clone());
-                continue;
             }
-            let body = Bytes::from(patch.to_string());
-            match transport.merge_patch(path, body, ANSWER_LIMIT).await {
-                Ok(_) => {
-                    reported.insert(path.clone(), patch.clone());
-                }
-                // A deleted object, an unreachable control plane: tried again next time.
-                Err(error) => {
-                    unsent = true;
+            Err(error) => {
+                round.unsent += 1;
+                if error.refuses_every_request() {
+                    round.stopped_by = Some(error);
+                } else {
                     tracing::debug!(%path, %error, "status report not sent");
                 }
             }
         }
-        reported.retain(|path, _| current.contains_key(path));
     }
+    round
 }
 
 /// Whether every leaf of `patch` is `null` (it only removes entries).
@@ -178,6 +238,10 @@ fn only_nulls(patch: &Value) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::cell::RefCell;
+
+    use futures_util::FutureExt;
+
     use super::*;
 
     #[test]
@@ -189,6 +253,130 @@ mod tests {
         assert!(last.changed(&[1, 2, 3], 2), "the Agent objects changed");
         assert!(!last.changed(&[1, 2, 3], 2));
         assert!(last.changed(&[2, 3], 2), "an agent left");
+    }
+
+    /// Answers the first `accept` patches with success and each one after with `refusal`.
+    struct Sink {
+        sent: RefCell<Vec<String>>,
+        accept: usize,
+        refusal: fn() -> WatchError,
+    }
+
+    impl Sink {
+        fn new(accept: usize, refusal: fn() -> WatchError) -> Self {
+            Self {
+                sent: RefCell::default(),
+                accept,
+                refusal,
+            }
+        }
+    }
+
+    impl StatusSink for Sink {
+        async fn merge_patch(&self, path: &str, _body: Bytes) -> Result<(), WatchError> {
+            let mut sent = self.sent.borrow_mut();
+            sent.push(path.to_owned());
+            if sent.len() <= self.accept {
+                Ok(())
+            } else {
+                Err((self.refusal)())
+            }
+        }
+    }
+
+    fn status(status: u16) -> WatchError {
+        WatchError::Status {
+            status,
+            message: String::new(),
+        }
+    }
+
+    fn view(agents: usize) -> BTreeMap<String, Value> {
+        (0..agents)
+            .map(|agent| {
+                let path =
+                    format!("/apis/tunnel.sluice.dev/v1alpha1/agents/agent-{agent:03}/status");
+                (
+                    path,
+                    json!({"status": {"nodes": {"node-1": {"connected": true}}}}),
+                )
+            })
+            .collect()
+    }
+
+    fn round(
+        sink: &Sink,
+        current: &BTreeMap<String, Value>,
+        reported: &mut BTreeMap<String, Value>,
+    ) -> Round {
+        send_changed(sink, current, reported)
+            .now_or_never()
+            .expect("the sink answers at once")
+    }
+
+    #[test]
+    fn a_throttled_round_stops_at_the_first_refusal_and_the_next_sends_the_rest() {
+        let current = view(100);
+        let mut reported = BTreeMap::new();
+        let throttled = Sink::new(30, || status(429));
+        let first = round(&throttled, &current, &mut reported);
+        assert_eq!(
+            throttled.sent.borrow().len(),
+            31,
+            "30 accepted, then one 429: no more"
+        );
+        assert_eq!(first.unsent, 70);
+        assert!(matches!(
+            first.stopped_by,
+            Some(WatchError::Status { status: 429, .. })
+        ));
+        assert_eq!(reported.len(), 30);
+
+        let open = Sink::new(usize::MAX, || status(429));
+        let second = round(&open, &current, &mut reported);
+        assert_eq!(
+            open.sent.borrow().len(),
+            70,
+            "only what the first round left"
+        );
+        assert_eq!((second.unsent, second.stopped_by.is_none()), (0, true));
+        assert_eq!(reported, current);
+    }
+
+    #[test]
+    fn an_unreachable_control_plane_ends_the_round_at_its_first_patch() {
+        let current = view(50);
+        let mut reported = BTreeMap::new();
+        let down = Sink::new(0, || WatchError::Connect {
+            address: "127.0.0.1:1".into(),
+            reason: "connection refused".into(),
+        });
+        let left = round(&down, &current, &mut reported);
+        assert_eq!(down.sent.borrow().len(), 1);
+        assert_eq!(left.unsent, 50);
+    }
+
+    #[test]
+    fn a_refusal_about_one_object_moves_on_to_the_next() {
+        let current = view(20);
+        let mut reported = BTreeMap::new();
+        let gone = Sink::new(5, || status(404));
+        let left = round(&gone, &current, &mut reported);
+        assert_eq!(gone.sent.borrow().len(), 20, "every patch is tried");
+        assert_eq!((left.unsent, left.stopped_by.is_none()), (15, true));
+    }
+
+    #[test]
+    fn removing_an_entry_never_reported_sends_nothing() {
+        let mut current = view(3);
+        for patch in current.values_mut() {
+            *patch = json!({"status": {"nodes": {"node-1": null}}});
+        }
+        let mut reported = BTreeMap::new();
+        let sink = Sink::new(usize::MAX, || status(429));
+        let left = round(&sink, &current, &mut reported);
+        assert!(sink.sent.borrow().is_empty());
+        assert_eq!((left.unsent, reported.len()), (0, 3));
     }
 
     #[test]

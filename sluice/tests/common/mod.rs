@@ -40,26 +40,25 @@ impl Secrets {
         let dir = tempfile::tempdir().unwrap();
         let jwt_secret = dir.path().join("jwt.secret");
         std::fs::write(&jwt_secret, "test-secret-0123456789abcdef0123456789\n").unwrap();
-        let mut tokens = BTreeMap::new();
-        for agent in [7i64, 8] {
-            // Unique per Secrets (its temporary directory's name), so two clusters never share tokens.
-            let unique = dir
-                .path()
-                .file_name()
-                .unwrap()
-                .to_string_lossy()
-                .to_string();
-            let token = format!("agent-{agent}-token-{unique}");
-            let file = dir.path().join(format!("agent-{agent}.token"));
-            std::fs::write(&file, &token).unwrap();
-            tokens.insert(agent, (token, file));
-        }
-        Self {
+        let mut secrets = Self {
             dir,
             jwt_secret,
-            tokens,
+            tokens: BTreeMap::new(),
             driver: driver.to_string(),
-        }
+        };
+        secrets.add_agent(7);
+        secrets.add_agent(8);
+        secrets
+    }
+
+    /// Writes a token for one more agent id (7 and 8 have theirs from the start).
+    pub fn add_agent(&mut self, agent: i64) {
+        // Unique per Secrets (its temporary directory's name), so two clusters never share tokens.
+        let unique = self.dir.path().file_name().unwrap().to_string_lossy();
+        let token = format!("agent-{agent}-token-{unique}");
+        let file = self.dir.path().join(format!("agent-{agent}.token"));
+        std::fs::write(&file, &token).unwrap();
+        self.tokens.insert(agent, (token, file));
     }
 
     pub fn token(&self, agent: i64) -> &str {
