@@ -115,10 +115,11 @@ run_perf_smoke() {
   log "perf harness smoke runs (perf/run.sh tunnel|gateway|controlplane|ebpf|scaling|access-log|scale|soak --smoke; numbers are not measurements)"
   # A smoke run passes only if every case left its results and no call failed (perf/check-smoke),
   # not merely because the harness exited 0.
-  # The smokes run the binaries the test build made (`--no-run` only refreshes them after a
-  # partial tier): a plain `cargo build` would unify dependency features differently and compile
-  # half the workspace again.
-  cargo test --workspace --locked --features "$FEATURES" --no-run
+  # The smokes run the binaries the test build made: cargo builds a package's binaries for its
+  # integration tests, so `--no-run --test '*'` builds nothing after either tier. A plain
+  # `cargo build` would unify dependency features differently and compile half the workspace
+  # again.
+  cargo test --workspace --locked --features "$FEATURES" --no-run --test '*'
   export SLUICE_PERF_BIN_DIR=$CARGO_TARGET_DIR/debug
   SLUICE_PERF_PROFILE=dev perf/run.sh tunnel --smoke
   perf/check-smoke tunnel direct haproxy nginx sluice-1-node sluice-2-nodes

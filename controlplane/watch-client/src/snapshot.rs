@@ -8,10 +8,30 @@ use serde_json::Value;
 
 /// Where an object lives: its namespace (empty when cluster-scoped) and name. Ordered by
 /// namespace, then name, so snapshots iterate as `kubectl get -A` lists.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ObjectKey {
     pub namespace: String,
     pub name: String,
+}
+
+impl Ord for ObjectKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        #[cfg(test)]
+        KEYS_COMPARED.with(|compared| compared.set(compared.get() + 1));
+        (&self.namespace, &self.name).cmp(&(&other.namespace, &other.name))
+    }
+}
+
+impl PartialOrd for ObjectKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Keys ordered on this thread: what a diff's walk costs (the tests bound it).
+    pub(crate) static KEYS_COMPARED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 impl ObjectKey {

@@ -5,6 +5,7 @@
 //! [`INTERVAL`]. A failed report is retried at the next check; the data plane never waits on it.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use sluice_gateway_proxy::Gateway;
 use sluice_tunnel::node::NodeShared;
-use sluice_watch_client::{Snapshot, Transport, WatchError};
+use sluice_watch_client::{same_desired_state, Objects, Snapshot, Transport, WatchError};
 use tokio::sync::watch;
 
 /// How often the view is compared with what was last reported.
@@ -72,7 +73,7 @@ pub async fn report_node(
     let view = move || {
         let held = node.held_agents();
         let snapshot = agents.borrow().clone();
-        last.changed(&held, snapshot.generation)
+        last.changed(&held, &snapshot.objects)
             .then(|| node_view(&me, &held, &snapshot))
     };
     report(transport, view, stopping).await;
@@ -80,19 +81,21 @@ pub async fn report_node(
 
 /// What a node's view was last built from. A node holding 100,000 agents would otherwise
 /// build a patch per Agent object every [`INTERVAL`] while nothing moves (issue 36); now an
-/// idle node only reads and compares its held agents' ids at each check.
+/// idle node only reads and compares its held agents' ids at each check. Status writes (its
+/// own coming back through the watch, other nodes') change no view: the Agent objects are
+/// compared without `status`, and only where the snapshots differ.
 #[derive(Debug, Default)]
-struct LastInputs(Option<(Vec<i64>, u64)>);
+struct LastInputs(Option<(Vec<i64>, Objects)>);
 
 impl LastInputs {
-    /// Whether the held agents or the Agent objects (by snapshot generation) changed since the
-    /// last call; records them.
-    fn changed(&mut self, held: &[i64], generation: u64) -> bool {
-        let same = self.0.as_ref().is_some_and(|(last_held, last_generation)| {
-            *last_generation == generation && last_held.as_slice() == held
+    /// Whether the held agents or the Agent objects (status aside) changed since the last
+    /// call; records them.
+    fn changed(&mut self, held: &[i64], objects: &Objects) -> bool {
+        let same = self.0.as_ref().is_some_and(|(last_held, last_objects)| {
+            last_held.as_slice() == held && same_desired_state(last_objects, objects)
         });
         if !same {
-            self.0 = Some((held.to_vec(), generation));
+            self.0 = Some((held.to_vec(), objects.clone()));
         }
         !same
     }
@@ -143,6 +146,7 @@ async fn report(
     let mut current: BTreeMap<String, Value> = BTreeMap::new();
     let mut unsent = false;
     let mut paused = false;
+    let mut resume_after: Option<String> = None;
     let mut ticks = tokio::time::interval(INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -155,7 +159,7 @@ async fn report(
             None if !unsent => continue,
             None => {}
         }
-        let round = send_changed(&sink, &current, &mut reported).await;
+        let round = send_changed(&sink, &current, &mut reported, resume_after.as_deref()).await;
         unsent = round.unsent > 0;
         match (&round.stopped_by, paused) {
             (Some(error), false) => tracing::warn!(
@@ -168,6 +172,7 @@ async fn report(
             _ => {}
         }
         paused = round.stopped_by.is_some();
+        resume_after = round.stopped_at;
         reported.retain(|path, _| current.contains_key(path));
     }
 }
@@ -179,6 +184,8 @@ struct Round {
     unsent: usize,
     /// The error that ended the round before its last patch.
     stopped_by: Option<WatchError>,
+    /// The patch's path that met it: the next round starts after it.
+    stopped_at: Option<String>,
 }
 
 /// Sends each patch of `current` that differs from what `reported` holds for its path, and
@@ -187,16 +194,30 @@ struct Round {
 /// unreachable control plane) ends the round, and the rest waits for the next check. A node
 /// that restarts holding 100,000 agents would otherwise send every patch past its write
 /// budget's burst into a 429, every round, until all got through (issue 36).
+///
+/// The round starts after `resume_after`, the path the last round stopped at, and wraps
+/// around: an object the server fails on every time (a 500 for a stored object it cannot
+/// parse) then costs one request per round instead of holding back every path after it.
 async fn send_changed(
     sink: &impl StatusSink,
     current: &BTreeMap<String, Value>,
     reported: &mut BTreeMap<String, Value>,
+    resume_after: Option<&str>,
 ) -> Round {
     let mut round = Round {
         unsent: 0,
         stopped_by: None,
+        stopped_at: None,
     };
-    for (path, patch) in current {
+    let in_order: Box<dyn Iterator<Item = (&String, &Value)> + Send> = match resume_after {
+        Some(after) => Box::new(
+            current
+                .range::<str, _>((Bound::Excluded(after), Bound::Unbounded))
+                .chain(current.range::<str, _>((Bound::Unbounded, Bound::Included(after)))),
+        ),
+        None => Box::new(current.iter()),
+    };
+    for (path, patch) in in_order {
         if reported.get(path) == Some(patch) {
             continue;
         }
@@ -218,6 +239,7 @@ async fn send_changed(
                 round.unsent += 1;
                 if error.refuses_every_request() {
                     round.stopped_by = Some(error);
+                    round.stopped_at = Some(path.clone());
                 } else {
                     tracing::debug!(%path, %error, "status report not sent");
                 }
@@ -246,41 +268,67 @@ mod tests {
 
     #[test]
     fn a_node_view_is_built_again_only_when_its_inputs_change() {
+        let agent = |id: i64, status: Value| {
+            Arc::new(
+                json!({"metadata": {"name": format!("agent-{id}")}, "spec": {"id": id}, "status": status}),
+            )
+        };
+        let key = |id: i64| sluice_watch_client::ObjectKey::new("", format!("agent-{id}"));
+        let one: Objects = [(key(1), agent(1, json!({}))), (key(2), agent(2, json!({})))]
+            .into_iter()
+            .collect();
         let mut last = LastInputs::default();
-        assert!(last.changed(&[1, 2], 1), "the first view is built");
-        assert!(!last.changed(&[1, 2], 1), "nothing moved: no view");
-        assert!(last.changed(&[1, 2, 3], 1), "an agent came");
-        assert!(last.changed(&[1, 2, 3], 2), "the Agent objects changed");
-        assert!(!last.changed(&[1, 2, 3], 2));
-        assert!(last.changed(&[2, 3], 2), "an agent left");
+        assert!(last.changed(&[1, 2], &one), "the first view is built");
+        assert!(!last.changed(&[1, 2], &one), "nothing moved: no view");
+        assert!(last.changed(&[1, 2, 3], &one), "an agent came");
+        let reported = one.update(
+            key(1),
+            agent(1, json!({"nodes": {"node-1": {"connected": true}}})),
+        );
+        assert!(
+            !last.changed(&[1, 2, 3], &reported),
+            "a status write (the node's own report coming back) builds no view"
+        );
+        let added = reported.update(key(3), agent(3, json!({})));
+        assert!(last.changed(&[1, 2, 3], &added), "an Agent object came");
+        assert!(!last.changed(&[1, 2, 3], &added));
+        assert!(last.changed(&[2, 3], &added), "an agent left");
     }
 
-    /// Answers the first `accept` patches with success and each one after with `refusal`.
+    /// How a test's sink answers a patch: given its path and how many were sent before it.
+    type Answer = Box<dyn Fn(&str, usize) -> Result<(), WatchError>>;
+
+    /// Answers each patch as its [`Answer`] says.
     struct Sink {
         sent: RefCell<Vec<String>>,
-        accept: usize,
-        refusal: fn() -> WatchError,
+        answer: Answer,
     }
 
     impl Sink {
+        /// Accepts the first `accept` patches and answers each one after with `refusal`.
         fn new(accept: usize, refusal: fn() -> WatchError) -> Self {
+            Self::answering(move |_, before| {
+                if before < accept {
+                    Ok(())
+                } else {
+                    Err(refusal())
+                }
+            })
+        }
+
+        fn answering(answer: impl Fn(&str, usize) -> Result<(), WatchError> + 'static) -> Self {
             Self {
                 sent: RefCell::default(),
-                accept,
-                refusal,
+                answer: Box::new(answer),
             }
         }
     }
 
     impl StatusSink for Sink {
         async fn merge_patch(&self, path: &str, _body: Bytes) -> Result<(), WatchError> {
-            let mut sent = self.sent.borrow_mut();
-            sent.push(path.to_owned());
-            if sent.len() <= self.accept {
-                Ok(())
-            } else {
-                Err((self.refusal)())
-            }
+            let before = self.sent.borrow().len();
+            self.sent.borrow_mut().push(path.to_owned());
+            (self.answer)(path, before)
         }
     }
 
@@ -309,9 +357,46 @@ mod tests {
         current: &BTreeMap<String, Value>,
         reported: &mut BTreeMap<String, Value>,
     ) -> Round {
-        send_changed(sink, current, reported)
+        round_after(sink, current, reported, None)
+    }
+
+    fn round_after(
+        sink: &Sink,
+        current: &BTreeMap<String, Value>,
+        reported: &mut BTreeMap<String, Value>,
+        resume_after: Option<&str>,
+    ) -> Round {
+        send_changed(sink, current, reported, resume_after)
             .now_or_never()
             .expect("the sink answers at once")
+    }
+
+    #[test]
+    fn an_object_the_server_always_fails_on_holds_back_no_other() {
+        let current = view(10);
+        let broken = current.keys().next().unwrap().clone();
+        let mut reported = BTreeMap::new();
+        let sink = Sink::answering({
+            let broken = broken.clone();
+            move |path, _| {
+                if path == broken {
+                    Err(status(500))
+                } else {
+                    Ok(())
+                }
+            }
+        });
+        let first = round(&sink, &current, &mut reported);
+        assert_eq!(first.stopped_at.as_deref(), Some(broken.as_str()));
+        let second = round_after(&sink, &current, &mut reported, first.stopped_at.as_deref());
+        assert_eq!(
+            (second.unsent, reported.len()),
+            (1, 9),
+            "every other entry went out in the round after"
+        );
+        let sent = sink.sent.borrow();
+        assert_eq!(sent.len(), 11);
+        assert_eq!(sent.last(), Some(&broken), "the broken one comes last");
     }
 
     #[test]
