@@ -1,6 +1,7 @@
 //! Redis access: one hash per agent, one field per node, values carrying their own expiry.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use redis::aio::ConnectionManager;
@@ -68,7 +69,16 @@ pub(crate) struct Store {
     options: TrackerOptions,
     metrics: TrackerMetrics,
     connection: Mutex<Option<Connection>>,
+    /// The agents index as a listing's first page read it, sorted: its later pages reuse it
+    /// (see [`INDEX_KEPT`]).
+    index: std::sync::Mutex<Option<(Instant, Arc<[AgentId]>)>>,
 }
+
+/// How long a listing's later pages reuse the index its first page read. Each page used to read
+/// the whole index (SMEMBERS, then a sort): at 100,000 agents a full listing of 500-record pages
+/// read and sorted it 200 times. A page that reuses it misses only agents whose first record
+/// was written meanwhile, as a listing could already miss agents arriving between its pages.
+const INDEX_KEPT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The hash of one agent. The agent id is in braces so that, in a cluster, all of an agent's
 /// keys hash to one slot.
@@ -136,6 +146,7 @@ impl Store {
             options,
             metrics,
             connection: Mutex::new(None),
+            index: std::sync::Mutex::new(None),
         }
     }
 
@@ -387,10 +398,7 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<crate::ConnectionRecord>, TrackerError> {
         let index = agents_index_key(&self.options.key_prefix);
-        let mut members = redis::pipe();
-        members.smembers(&index);
-        let (mut agents,): (Vec<AgentId>,) = self.run(&members, false).await?;
-        agents.sort_unstable();
+        let agents = self.sorted_index(&index, after.is_none()).await?;
         let first = after.map_or(AgentId::MIN, |after| after.agent);
         let from = agents.partition_point(|agent| *agent < first);
         let now = now_unix_ms();
@@ -433,6 +441,35 @@ impl Store {
             }
         }
         Ok(records)
+    }
+
+    /// The agents index, sorted: read from Redis for a listing's first page (`fresh`), else
+    /// the one read last if it is at most [`INDEX_KEPT`] old.
+    async fn sorted_index(&self, index: &str, fresh: bool) -> Result<Arc<[AgentId]>, TrackerError> {
+        let kept = || {
+            self.index
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        };
+        if !fresh {
+            if let Some((read_at, agents)) = kept() {
+                if read_at.elapsed() < INDEX_KEPT {
+                    return Ok(agents);
+                }
+            }
+        }
+        let read_at = Instant::now();
+        let mut members = redis::pipe();
+        members.smembers(index);
+        let (mut agents,): (Vec<AgentId>,) = self.run(&members, false).await?;
+        agents.sort_unstable();
+        let agents: Arc<[AgentId]> = agents.into();
+        *self
+            .index
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((read_at, agents.clone()));
+        Ok(agents)
     }
 
     /// Unexpired nodes of an agent.

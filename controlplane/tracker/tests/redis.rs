@@ -474,10 +474,21 @@ fn pages_spanning_several_read_batches_list_every_record_once() {
     redis
         .command(&["SADD", "batches:tunnel:agents", "30000"])
         .unwrap();
+    let index_reads = || -> u64 {
+        let stats = redis.command(&["INFO", "commandstats"]).unwrap();
+        stats
+            .lines()
+            .find_map(|line| line.strip_prefix("cmdstat_smembers:calls="))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let reads_before = index_reads();
     let mut listed = Vec::new();
     let mut after = None;
+    let mut pages = 0;
     loop {
         let page = block_on(node.list_connections(after.clone(), 21)).unwrap();
+        pages += 1;
         assert!(page.len() <= 21);
         listed.extend(page.iter().map(|r| (r.agent, r.connection_id)));
         if page.len() < 21 {
@@ -486,6 +497,11 @@ fn pages_spanning_several_read_batches_list_every_record_once() {
         after = page.last().map(sluice_tracker::ConnectionRecord::key);
     }
     assert_eq!(listed, expected);
+    assert_eq!(
+        index_reads() - reads_before,
+        1,
+        "the listing's {pages} pages read the whole index once, at its first page"
+    );
     let member = redis
         .command(&["SISMEMBER", "batches:tunnel:agents", "30000"])
         .unwrap();
