@@ -460,7 +460,6 @@ struct FedNode {
     node: SluiceProcess,
     _agent: SluiceProcess,
     _backend: GrpcBackend,
-    _token_dir: tempfile::TempDir,
     _secrets: common::Secrets,
 }
 
@@ -474,16 +473,7 @@ fn start_fed_node(cp: &ControlPlane) -> FedNode {
         .kubectl(&["create", "-f", "-"], Some(&agent.to_string()))
         .status
         .success());
-    let launcher_dir = tempfile::tempdir().unwrap();
-    let token = launcher_dir.path().join("node.token");
-    std::fs::write(&token, cp.token("node", "node-1")).unwrap();
-    let node = common::run_node(&format!(
-        "runtime: {{workers: 2, drain_timeout: 2s}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  agent: {{address: '127.0.0.1:0'}}\n  external: {{address: '127.0.0.1:0'}}\ntunnel:\n  node_name: node-1\n  agents_from:\n    controlplane: {{url: '{}', ca_file: '{}', token_file: '{}'}}\n  jwt: {{secret_file: '{}'}}\n",
-        cp.url(),
-        cp.ca_file().display(),
-        token.display(),
-        secrets.jwt_secret.display()
-    ));
+    let node = common::run_fed_node(cp, &secrets, 2);
     let backend = GrpcBackend::start().expect("grpc backend");
     let agent = common::start_agent(&secrets, 7, &node, backend.address, 4, None);
     common::wait_for_idle_tunnels(&node, 2.0);
@@ -491,7 +481,6 @@ fn start_fed_node(cp: &ControlPlane) -> FedNode {
         node,
         _agent: agent,
         _backend: backend,
-        _token_dir: launcher_dir,
         _secrets: secrets,
     }
 }

@@ -62,19 +62,10 @@ fn a_throttled_node_waits_for_its_budget_instead_of_sending_every_report_into_a_
     let created = cp.kubectl(&["create", "-f", "-"], Some(&list.to_string()));
     assert!(created.status.success(), "{created:?}");
 
-    let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("node.token");
-    std::fs::write(&token, cp.token("node", "node-1")).unwrap();
     // Rounds are counted from the node's start: agents refused before its first sync connect
     // a moment later, and a round may meet a 429 while only some of them are held.
     let started = Instant::now();
-    let node = common::run_node(&format!(
-        "runtime: {{workers: 1, drain_timeout: 2s}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  agent: {{address: '127.0.0.1:0'}}\n  external: {{address: '127.0.0.1:0'}}\ntunnel:\n  node_name: node-1\n  agents_from:\n    controlplane: {{url: '{}', ca_file: '{}', token_file: '{}'}}\n  jwt: {{secret_file: '{}'}}\n",
-        cp.url(),
-        cp.ca_file().display(),
-        token.display(),
-        secrets.jwt_secret.display()
-    ));
+    let node = common::run_fed_node(&cp, &secrets, 1);
     let backend = GrpcBackend::start().expect("grpc backend");
     // The node learns the Agent objects from its watch; agents dialling before that are
     // refused and retry within a second.

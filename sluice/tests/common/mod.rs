@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use test_support::{http_get, wait_until, Certificates, SluiceLauncher, SluiceProcess};
+use test_support::{
+    http_get, wait_until, Certificates, ControlPlane, SluiceLauncher, SluiceProcess,
+};
 
 pub mod fed_gateway;
 
@@ -192,6 +194,20 @@ pub fn node_yaml(
 /// `sluice run` on `yaml` (written as `node.yaml` in the process's own directory), ready.
 pub fn run_node(yaml: &str) -> SluiceProcess {
     run_node_with(BIN, yaml)
+}
+
+/// Starts `node-1` with `workers` workers, its agents fed by `cp`
+/// (`tunnel.agents_from.controlplane`, a node token written beside `secrets`' files).
+pub fn run_fed_node(cp: &ControlPlane, secrets: &Secrets, workers: usize) -> SluiceProcess {
+    let token = secrets.dir.path().join("node.token");
+    std::fs::write(&token, cp.token("node", "node-1")).unwrap();
+    run_node(&format!(
+        "runtime: {{workers: {workers}, drain_timeout: 2s}}\nlisteners:\n  admin: {{address: '127.0.0.1:0'}}\n  agent: {{address: '127.0.0.1:0'}}\n  external: {{address: '127.0.0.1:0'}}\ntunnel:\n  node_name: node-1\n  agents_from:\n    controlplane: {{url: '{}', ca_file: '{}', token_file: '{}'}}\n  jwt: {{secret_file: '{}'}}\n",
+        cp.url(),
+        cp.ca_file().display(),
+        token.display(),
+        secrets.jwt_secret.display()
+    ))
 }
 
 /// [`run_node`] with another build of `sluice` (an older version, in compatibility tests).
