@@ -69,10 +69,23 @@ fn a_throttled_node_waits_for_its_budget_instead_of_sending_every_report_into_a_
     let backend = GrpcBackend::start().expect("grpc backend");
     // The node learns the Agent objects from its watch; agents dialling before that are
     // refused and retry within a second.
-    let _agents: Vec<_> = ids
-        .iter()
-        .map(|id| common::start_agent(&secrets, *id, &node, backend.address, 2, None))
-        .collect();
+    // Started together, so that several arrive between two checks however slowly each one
+    // starts: one at a time, a loaded machine could bring them within the budget's refill.
+    let _agents: Vec<_> = std::thread::scope(|scope| {
+        let starting: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                let (secrets, node) = (&secrets, &node);
+                scope.spawn(move || {
+                    common::start_agent(secrets, *id, node, backend.address, 2, None)
+                })
+            })
+            .collect();
+        starting
+            .into_iter()
+            .map(|agent| agent.join().unwrap())
+            .collect()
+    });
     common::wait_for_idle_tunnels(&node, (2 * AGENTS) as f64);
     assert!(
         wait_until(Duration::from_secs(40), || connected(&cp)

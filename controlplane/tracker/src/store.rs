@@ -465,10 +465,14 @@ impl Store {
         let (mut agents,): (Vec<AgentId>,) = self.run(&members, false).await?;
         agents.sort_unstable();
         let agents: Arc<[AgentId]> = agents.into();
-        *self
+        let mut kept = self
             .index
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((read_at, agents.clone()));
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Two listings starting together: the later read is kept, whichever answer came last.
+        if kept.as_ref().is_none_or(|(kept_at, _)| *kept_at < read_at) {
+            *kept = Some((read_at, agents.clone()));
+        }
         Ok(agents)
     }
 

@@ -94,8 +94,12 @@ impl LastInputs {
         let same = self.0.as_ref().is_some_and(|(last_held, last_objects)| {
             last_held.as_slice() == held && same_desired_state(last_objects, objects)
         });
-        if !same {
-            self.0 = Some((held.to_vec(), objects.clone()));
+        // The newest objects are kept even when they are the same but for status: the next
+        // comparison then walks only what changed since, and no older copy of a rewritten
+        // object stays alive (a clone shares the map's nodes).
+        match &mut self.0 {
+            Some((_, last_objects)) if same => *last_objects = objects.clone(),
+            _ => self.0 = Some((held.to_vec(), objects.clone())),
         }
         !same
     }
@@ -288,6 +292,11 @@ mod tests {
         assert!(
             !last.changed(&[1, 2, 3], &reported),
             "a status write (the node's own report coming back) builds no view"
+        );
+        let kept = |last: &LastInputs| last.0.as_ref().map(|(_, objects)| objects.clone());
+        assert!(
+            kept(&last).is_some_and(|kept| kept.ptr_eq(&reported)),
+            "the newest objects are kept, so the next check compares only what changed since"
         );
         let added = reported.update(key(3), agent(3, json!({})));
         assert!(last.changed(&[1, 2, 3], &added), "an Agent object came");
