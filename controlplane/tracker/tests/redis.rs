@@ -558,3 +558,46 @@ fn a_burst_of_arrivals_is_written_in_batches_and_every_agent_lands() {
     );
     assert_eq!(block_on(node.lookup(AGENTS)).unwrap().len(), 0);
 }
+
+/// A full listing of `SLUICE_LISTING_AGENTS` (100,000) agents of one connection each, in pages
+/// of 500, timed twice: the figure docs/PERFORMANCE.md prints ("Issue 36: a listing reads the
+/// agents index once").
+#[test]
+#[ignore = "a measurement: SLUICE_LISTING_AGENTS=100000 taskset -c 1 cargo test --release -p sluice-tracker --test redis full_listing_time -- --ignored --nocapture"]
+fn full_listing_time() {
+    const PAGE: usize = 500;
+    let agents: i64 = std::env::var("SLUICE_LISTING_AGENTS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(100_000);
+    let redis = RedisServer::start().unwrap();
+    let (node, _) = tracker(redis.url(), options("node-a", "timed"));
+    for agent in 1..=agents {
+        node.register(agent);
+        node.connection_up(record(agent, 1, "node-a"));
+    }
+    let indexed = || -> i64 {
+        let reply = redis.command(&["SCARD", "timed:tunnel:agents"]).unwrap();
+        reply.trim_start_matches(':').trim().parse().unwrap()
+    };
+    assert!(wait_until(Duration::from_secs(120), || indexed() == agents));
+    for round in 1..=2 {
+        let started = Instant::now();
+        let (mut after, mut listed, mut pages) = (None, 0, 0u32);
+        loop {
+            let page = block_on(node.list_connections(after.clone(), PAGE)).unwrap();
+            listed += page.len();
+            pages += 1;
+            if page.len() < PAGE {
+                break;
+            }
+            after = page.last().map(sluice_tracker::ConnectionRecord::key);
+        }
+        let took = started.elapsed();
+        assert_eq!(listed, agents as usize);
+        println!(
+            "round {round}: {agents} agents listed in {pages} pages in {took:?} ({:?} per page)",
+            took / pages
+        );
+    }
+}
