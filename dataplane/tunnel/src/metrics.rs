@@ -123,6 +123,7 @@ pub struct TunnelMetrics {
     peers_refused: Counter,
     peer_connect_failures: Counter,
     buffer_refused: Counter,
+    waiting_refused: Counter,
     agent_refused: Family<ReasonLabels, Counter>,
     pub tunnels_connected: PerCoreGauge,
     /// One child per [`CallRoute`], resolved at start so observing allocates nothing.
@@ -173,6 +174,7 @@ impl TunnelMetrics {
             peers_refused: Counter::default(),
             peer_connect_failures: Counter::default(),
             buffer_refused: Counter::default(),
+            waiting_refused: Counter::default(),
             agent_refused: Family::default(),
             tunnels_connected: PerCoreGauge::new(workers),
             request_duration: CallRoute::ALL
@@ -286,6 +288,11 @@ impl TunnelMetrics {
             "Calls refused because the node's buffer for partly received agent messages (tunnel.max_buffered_bytes) was full",
             self.buffer_refused.clone(),
         );
+        registry.register(
+            "sluice_tunnel_waiting_refused",
+            "Calls refused because tunnel.max_waiting_calls_per_agent calls already waited for a tunnel of their agent on this node",
+            self.waiting_refused.clone(),
+        );
         for refusal in AgentRefusal::ALL {
             // Every reason shows from the start, at 0.
             drop(self.agent_refused.get_or_create(&ReasonLabels {
@@ -361,6 +368,11 @@ impl TunnelMetrics {
     /// Counts a call refused because the node-wide buffer budget was exhausted.
     pub fn buffer_refused(&self) {
         self.buffer_refused.inc();
+    }
+
+    /// Counts a call refused because its agent's waiting calls were at their cap.
+    pub fn waiting_refused(&self) {
+        self.waiting_refused.inc();
     }
 
     /// Calls refused for the buffer budget so far (tests and diagnostics).

@@ -56,6 +56,10 @@ struct AgentSlot<T> {
     /// instead of a scan of every waiter per wait begun or ended. 32 bits: the slot is in
     /// every idle agent's registry entry (issue 36), and a prune resets it at half the queue.
     ended: u32,
+    /// Requests waiting in this slot now (each a live [`Waiting`]), against the cap
+    /// `acquire` is given: `waiters` also holds senders of requests that gave up until a prune.
+    /// The slot stays while one waits, so the count is never applied to another slot.
+    waiting: u32,
     /// Prunes of `waiters` so far: what the tests bound.
     #[cfg(test)]
     prunes: usize,
@@ -68,6 +72,7 @@ impl<T> Default for AgentSlot<T> {
             parked: VecDeque::new(),
             waiters: VecDeque::new(),
             ended: 0,
+            waiting: 0,
             #[cfg(test)]
             prunes: 0,
         }
@@ -76,7 +81,10 @@ impl<T> Default for AgentSlot<T> {
 
 impl<T> AgentSlot<T> {
     fn is_empty(&self) -> bool {
-        self.idle.is_empty() && self.parked.is_empty() && self.waiters.is_empty()
+        self.idle.is_empty()
+            && self.parked.is_empty()
+            && self.waiters.is_empty()
+            && self.waiting == 0
     }
 
     /// Whether a live request waits: the waiters that gave up are dropped from the front until
@@ -94,6 +102,7 @@ impl<T> AgentSlot<T> {
 
     /// One wait ended: drops the waiters that gave up once enough waits ended to pay for it.
     fn wait_ended(&mut self) {
+        self.waiting = self.waiting.saturating_sub(1);
         self.ended = self.ended.saturating_add(1);
         if 2 * self.ended as usize >= self.waiters.len() {
             self.waiters.retain(|waiter| !waiter.is_canceled());
@@ -194,14 +203,24 @@ impl<T> ConnectionRegistry<T> {
     }
 
     /// Drops every idle tunnel of `agent` (their owners see the offer end and close them; parked
-    /// ones are dropped, which resets their streams) and every request waiting for one. Returns how many idle tunnels were dropped.
+    /// ones are dropped, which resets their streams) and wakes every request waiting for one
+    /// (each looks again). Returns how many idle tunnels were dropped.
     pub fn evict(&self, agent: AgentId) -> usize {
-        let Some(slot) = self.stripe(agent).remove(&agent) else {
+        let mut stripe = self.stripe(agent);
+        let Some(slot) = stripe.get_mut(&agent) else {
             return 0;
         };
-        let dropped = slot.idle.len() + slot.parked.len();
+        let idle = std::mem::take(&mut slot.idle);
+        let parked = std::mem::take(&mut slot.parked);
+        slot.waiters.clear();
+        // Kept while requests wait: their count belongs to this slot until they end.
+        if slot.is_empty() {
+            stripe.remove(&agent);
+        }
+        drop(stripe);
+        let dropped = idle.len() + parked.len();
         self.idle.fetch_sub(dropped, Ordering::Relaxed);
-        self.parked.fetch_sub(slot.parked.len(), Ordering::Relaxed);
+        self.parked.fetch_sub(parked.len(), Ordering::Relaxed);
         dropped
     }
 
@@ -235,7 +254,9 @@ impl<T> ConnectionRegistry<T> {
     /// as the caller's future is polled (callers bound it with their deadline; dropping the
     /// future withdraws the wait and reclaims the agent's slot if nothing else is in it: agent
     /// ids come from clients, so a slot left behind per id would be a leak anyone can grow).
-    pub async fn acquire(&self, agent: AgentId) -> T {
+    /// Refused at once when `max_waiting` requests already wait for one of `agent`'s tunnels:
+    /// those are served first, so a request behind them could only wait longer.
+    pub async fn acquire(&self, agent: AgentId, max_waiting: usize) -> Result<T, QueueFull> {
         loop {
             let offered = {
                 let mut stripe = self.stripe(agent);
@@ -246,7 +267,7 @@ impl<T> ConnectionRegistry<T> {
                     if slot.is_empty() {
                         stripe.remove(&agent);
                     }
-                    return parked.tunnel;
+                    return Ok(parked.tunnel);
                 }
                 match slot.idle.pop_front() {
                     Some(tunnel) => {
@@ -256,9 +277,17 @@ impl<T> ConnectionRegistry<T> {
                         }
                         Offered::Now(tunnel)
                     }
+                    None if slot.waiting as usize >= max_waiting => {
+                        let waiting = slot.waiting as usize;
+                        if slot.is_empty() {
+                            stripe.remove(&agent);
+                        }
+                        return Err(QueueFull { waiting });
+                    }
                     None => {
                         // Waiters that gave up go when waits end (`reclaim`), not here: a scan
                         // per wait begun made W waiting calls cost W^2.
+                        slot.waiting = slot.waiting.saturating_add(1);
                         let (waiter_tx, waiter_rx) = oneshot::channel();
                         slot.waiters.push_back(waiter_tx);
                         Offered::Later(waiter_rx)
@@ -289,7 +318,7 @@ impl<T> ConnectionRegistry<T> {
                 continue; // Its owner has gone: the tunnel closed while idle.
             }
             if let Ok(streams) = reply_rx.await {
-                return streams;
+                return Ok(streams);
             }
         }
     }
@@ -381,6 +410,12 @@ impl<T> Drop for Waiting<'_, T> {
     }
 }
 
+/// `acquire` refused a request: this many already wait for the agent's tunnels here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueFull {
+    pub waiting: usize,
+}
+
 enum Offered<T> {
     Now(IdleTunnel<T>),
     Later(oneshot::Receiver<IdleTunnel<T>>),
@@ -391,6 +426,9 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use std::time::Duration;
+
+    /// No cap on waiting requests: the tests that are not about it.
+    const NO_CAP: usize = usize::MAX;
 
     fn block_on<F: std::future::Future>(future: F) -> F::Output {
         monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
@@ -424,7 +462,9 @@ mod tests {
         const WAITS: usize = 4_096;
         let registry = ConnectionRegistry::<u64>::new();
         let mut context = std::task::Context::from_waker(std::task::Waker::noop());
-        let mut waits: Vec<_> = (0..WAITS).map(|_| Box::pin(registry.acquire(7))).collect();
+        let mut waits: Vec<_> = (0..WAITS)
+            .map(|_| Box::pin(registry.acquire(7, NO_CAP)))
+            .collect();
         for wait in &mut waits {
             assert!(wait.as_mut().poll(&mut context).is_pending());
         }
@@ -467,8 +507,11 @@ mod tests {
         let registry = ConnectionRegistry::<u64>::new();
         block_on(async {
             for agent in 1..=2_000 {
-                let waited =
-                    monoio::time::timeout(Duration::from_micros(10), registry.acquire(agent)).await;
+                let waited = monoio::time::timeout(
+                    Duration::from_micros(10),
+                    registry.acquire(agent, NO_CAP),
+                )
+                .await;
                 assert!(waited.is_err());
             }
         });
@@ -479,9 +522,47 @@ mod tests {
         );
         // A tunnel taken at once leaves no empty slot either.
         let owner = serve_claim(registry_offer(&registry), 5);
-        assert_eq!(block_on(registry.acquire(3)), 5);
+        assert_eq!(block_on(registry.acquire(3, NO_CAP)), Ok(5));
         assert!(owner.join().unwrap());
         assert_eq!(registry.tracked_agents(), 0);
+    }
+
+    /// One agent's waiting requests are capped: the next is refused at once, without queueing,
+    /// and room comes back as waits end (served or given up), also after an eviction woke them.
+    #[test]
+    fn waits_beyond_the_cap_are_refused_at_once_and_room_comes_back() {
+        use std::future::Future;
+        let registry = ConnectionRegistry::<u64>::new();
+        let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut waits: Vec<_> = (0..3).map(|_| Box::pin(registry.acquire(7, 3))).collect();
+        for wait in &mut waits {
+            assert!(wait.as_mut().poll(&mut context).is_pending());
+        }
+        let mut over = Box::pin(registry.acquire(7, 3));
+        assert_eq!(
+            over.as_mut().poll(&mut context),
+            std::task::Poll::Ready(Err(QueueFull { waiting: 3 }))
+        );
+        // Another agent in the same stripe has its own room.
+        let mut neighbour = Box::pin(registry.acquire(7 + STRIPES as AgentId, 3));
+        assert!(neighbour.as_mut().poll(&mut context).is_pending());
+        // Woken by an eviction, the waits queue again, still counted once each.
+        assert_eq!(registry.evict(7), 0);
+        for wait in &mut waits {
+            assert!(wait.as_mut().poll(&mut context).is_pending());
+        }
+        let mut still_over = Box::pin(registry.acquire(7, 3));
+        assert!(still_over.as_mut().poll(&mut context).is_ready());
+        // One gives up: one more may wait.
+        drop(waits.pop());
+        let mut next = Box::pin(registry.acquire(7, 3));
+        assert!(next.as_mut().poll(&mut context).is_pending());
+        drop((waits, next, neighbour));
+        assert_eq!(
+            registry.tracked_agents(),
+            0,
+            "the slots go with their waits"
+        );
     }
 
     fn registry_offer(registry: &ConnectionRegistry<u64>) -> Claims<u64> {
@@ -495,7 +576,7 @@ mod tests {
         assert_eq!(registry.idle_count(), 1);
         assert_eq!(registry.idle_by_connection(7).get(&100), Some(&1));
         assert!(registry.idle_by_connection(8).is_empty());
-        assert_eq!(block_on(registry.acquire(7)), "tunnel-1");
+        assert_eq!(block_on(registry.acquire(7, NO_CAP)), Ok("tunnel-1"));
         assert!(owner.join().unwrap());
         assert_eq!(registry.idle_count(), 0);
     }
@@ -516,9 +597,9 @@ mod tests {
             });
         });
         let got = block_on(async {
-            monoio::time::timeout(Duration::from_secs(5), registry.acquire(9)).await
+            monoio::time::timeout(Duration::from_secs(5), registry.acquire(9, NO_CAP)).await
         });
-        assert_eq!(got, Ok(42));
+        assert_eq!(got, Ok(Ok(42)));
         offerer.join().unwrap();
         assert_eq!(
             registry.idle_count(),
@@ -532,7 +613,7 @@ mod tests {
         let registry = Arc::new(ConnectionRegistry::<u64>::new());
         drop(registry.offer(3, 1, 1)); // owner gone without withdrawing
         let live = serve_claim(registry.offer(3, 2, 1), 2);
-        assert_eq!(block_on(registry.acquire(3)), 2);
+        assert_eq!(block_on(registry.acquire(3, NO_CAP)), Ok(2));
         assert!(live.join().unwrap());
     }
 
@@ -546,7 +627,7 @@ mod tests {
 
         // A request that timed out leaves a cancelled waiter; the next offer skips it and queues.
         let timed_out = block_on(async {
-            monoio::time::timeout(Duration::from_millis(20), registry.acquire(5)).await
+            monoio::time::timeout(Duration::from_millis(20), registry.acquire(5, NO_CAP)).await
         });
         assert!(timed_out.is_err());
         let _claims = registry.offer(5, 2, 1);
@@ -558,12 +639,12 @@ mod tests {
         let registry = ConnectionRegistry::<u64>::new();
         let _claims = registry.offer(1, 1, 1);
         let other = block_on(async {
-            monoio::time::timeout(Duration::from_millis(50), registry.acquire(2)).await
+            monoio::time::timeout(Duration::from_millis(50), registry.acquire(2, NO_CAP)).await
         });
         assert!(other.is_err(), "agent 2 has no tunnel");
         // Agent 257 shares agent 1's stripe but not its tunnels.
         let same_stripe = block_on(async {
-            monoio::time::timeout(Duration::from_millis(50), registry.acquire(257)).await
+            monoio::time::timeout(Duration::from_millis(50), registry.acquire(257, NO_CAP)).await
         });
         assert!(same_stripe.is_err());
         assert_eq!(registry.idle_count(), 1);
@@ -581,8 +662,8 @@ mod tests {
         assert_eq!(by_connection.get(&10), Some(&2));
         assert_eq!(by_connection.get(&11), Some(&1));
         // Parked tunnels come first, the newest first; nothing answers a claim here.
-        assert_eq!(block_on(registry.acquire(4)), 3);
-        assert_eq!(block_on(registry.acquire(4)), 2);
+        assert_eq!(block_on(registry.acquire(4, NO_CAP)), Ok(3));
+        assert_eq!(block_on(registry.acquire(4, NO_CAP)), Ok(2));
         assert_eq!(registry.idle_count(), 1, "the offered one is left");
     }
 
@@ -592,7 +673,7 @@ mod tests {
         let waiting = registry.clone();
         let waiter = std::thread::spawn(move || {
             block_on(async {
-                monoio::time::timeout(Duration::from_secs(5), waiting.acquire(6)).await
+                monoio::time::timeout(Duration::from_secs(5), waiting.acquire(6, NO_CAP)).await
             })
         });
         // The waiter's slot appears when it starts waiting.
@@ -605,7 +686,7 @@ mod tests {
         let refused = registry.park(6, 1, 9).err();
         assert_eq!(refused, Some(9), "the waiter needs an offer");
         let owner = serve_claim(registry.offer(6, 2, 1), 9);
-        assert_eq!(waiter.join().unwrap(), Ok(9));
+        assert_eq!(waiter.join().unwrap(), Ok(Ok(9)));
         assert!(owner.join().unwrap());
         assert_eq!(registry.idle_count(), 0);
     }
@@ -660,7 +741,7 @@ mod tests {
                     block_on(async move {
                         let mut got = Vec::new();
                         for _ in 0..per_side / 4 {
-                            got.push(registry.acquire(11).await);
+                            got.push(registry.acquire(11, NO_CAP).await.unwrap());
                         }
                         got
                     })

@@ -323,6 +323,8 @@ pub struct AgentLimits {
     pub connections: usize,
     /// Tunnels one agent may hold on this node at once, idle or carrying a call.
     pub tunnels: usize,
+    /// Calls that may wait at once for a tunnel of one agent on this node; more are refused.
+    pub waiting_calls: usize,
     /// Service names one Descriptor may list.
     pub services: usize,
     /// Bytes of the agent version (header or Descriptor).
@@ -336,6 +338,7 @@ impl Default for AgentLimits {
         Self {
             connections: 64,
             tunnels: 2048,
+            waiting_calls: 1024,
             services: 64,
             version_bytes: 128,
             list_page_size: 500,

@@ -160,6 +160,7 @@ pub(crate) struct RawTunnel {
     pub(crate) splice_private_hop: Leaf,
     pub(crate) max_connections_per_agent: Leaf,
     pub(crate) max_tunnels_per_agent: Leaf,
+    pub(crate) max_waiting_calls_per_agent: Leaf,
     pub(crate) max_agent_services: Leaf,
     pub(crate) max_agent_version_bytes: Leaf,
     pub(crate) list_page_size: Leaf,

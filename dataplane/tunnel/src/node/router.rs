@@ -350,7 +350,11 @@ impl Router<'_> {
                 }
                 RouteStep::ClaimLocal { until } => {
                     match within(until, super::tunnel::claim(self.node, self.agent)).await {
-                        Some(tunnel) => return Ok(self.local(state, tunnel)),
+                        Some(Ok(tunnel)) => return Ok(self.local(state, tunnel)),
+                        Some(Err(error)) => RouteEvent::Failed {
+                            error,
+                            replied: false,
+                        },
                         None => RouteEvent::ClaimTimedOut,
                     }
                 }
@@ -484,7 +488,9 @@ impl Router<'_> {
             }
         };
         monoio::select! {
-            tunnel = super::tunnel::claim(self.node, self.agent) => Ok(tunnel),
+            claimed = super::tunnel::claim(self.node, self.agent) => claimed.map_err(|error| {
+                RouteEvent::Failed { error, replied: false }
+            }),
             _ = arrival => Err(RouteEvent::Woken),
             _ = poll => Err(RouteEvent::Woken),
             _ = client.reset() => Err(RouteEvent::ClientReset),

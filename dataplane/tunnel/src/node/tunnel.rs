@@ -15,7 +15,8 @@ use sluice_runtime::Closing;
 
 use super::answer::status_headers;
 use super::NodeShared;
-use crate::registry::AgentId;
+use crate::error::{ErrorKind, TunnelError};
+use crate::registry::{AgentId, QueueFull};
 use crate::wire::TunnelReader;
 
 /// A tunnel handed from its owner to a call.
@@ -161,12 +162,29 @@ fn hold(node: &Arc<NodeShared>, tunnel: TunnelStreams) {
 
 /// A tunnel of `agent` for a call. Nothing watched a parked tunnel, so one that has to close
 /// goes to an owner task (which closes it) and the next is taken; one the agent closed while
-/// parked fails at its first send, before the client saw anything (`StaleTunnel`).
-pub(super) async fn claim(node: &Arc<NodeShared>, agent: AgentId) -> TunnelStreams {
+/// parked fails at its first send, before the client saw anything (`StaleTunnel`). Refused
+/// (RESOURCE_EXHAUSTED) when `tunnel.max_waiting_calls_per_agent` calls already wait for one.
+pub(super) async fn claim(
+    node: &Arc<NodeShared>,
+    agent: AgentId,
+) -> Result<TunnelStreams, TunnelError> {
+    let limit = node.agent_limits.waiting_calls;
     loop {
-        let tunnel = node.registry.acquire(agent).await;
+        let tunnel = match node.registry.acquire(agent, limit).await {
+            Ok(tunnel) => tunnel,
+            Err(QueueFull { waiting }) => {
+                node.metrics.waiting_refused();
+                return Err(TunnelError::new(
+                    ErrorKind::OverShare,
+                    format!(
+                        "{waiting} calls already wait for a tunnel of agent {agent} on this node, \
+                         the limit (tunnel.max_waiting_calls_per_agent is {limit}); retry later"
+                    ),
+                ));
+            }
+        };
         if !must_close(node, &tunnel) {
-            return tunnel;
+            return Ok(tunnel);
         }
         hold(node, tunnel);
     }

@@ -141,8 +141,8 @@ fn peer_allowlist(raw: &RawTunnel, errors: &mut Errors) -> Vec<IpNetwork> {
         .collect()
 }
 
-/// `tunnel.max_connections_per_agent`, `max_tunnels_per_agent`, `max_agent_services`,
-/// `max_agent_version_bytes` and `list_page_size`, each within its range.
+/// `tunnel.max_connections_per_agent`, `max_tunnels_per_agent`, `max_waiting_calls_per_agent`,
+/// `max_agent_services`, `max_agent_version_bytes` and `list_page_size`, each within its range.
 fn agent_limits(raw: &RawTunnel, errors: &mut Errors) -> AgentLimits {
     let defaults = AgentLimits::default();
     let mut field = |leaf, name: &str, default: usize, range: (u64, u64)| {
@@ -160,6 +160,12 @@ fn agent_limits(raw: &RawTunnel, errors: &mut Errors) -> AgentLimits {
             &raw.max_tunnels_per_agent,
             "max_tunnels_per_agent",
             defaults.tunnels,
+            (1, 1_000_000),
+        ),
+        waiting_calls: field(
+            &raw.max_waiting_calls_per_agent,
+            "max_waiting_calls_per_agent",
+            defaults.waiting_calls,
             (1, 1_000_000),
         ),
         services: field(
@@ -372,7 +378,7 @@ mod tests {
         assert_eq!(config.tunnel.unwrap().agent_limits, AgentLimits::default());
         let yaml = tunnel_yaml(
             &dir,
-            "  max_connections_per_agent: 3\n  max_tunnels_per_agent: 40\n  max_agent_services: 0\n  max_agent_version_bytes: 16\n  list_page_size: 7\n",
+            "  max_connections_per_agent: 3\n  max_tunnels_per_agent: 40\n  max_waiting_calls_per_agent: 9\n  max_agent_services: 0\n  max_agent_version_bytes: 16\n  list_page_size: 7\n",
         );
         let limits = load_str(&yaml, "node.yaml")
             .unwrap()
@@ -384,6 +390,7 @@ mod tests {
             AgentLimits {
                 connections: 3,
                 tunnels: 40,
+                waiting_calls: 9,
                 services: 0,
                 version_bytes: 16,
                 list_page_size: 7,
@@ -396,12 +403,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let yaml = tunnel_yaml(
             &dir,
-            "  max_connections_per_agent: 0\n  max_tunnels_per_agent: many\n  list_page_size: 20000\n",
+            "  max_connections_per_agent: 0\n  max_tunnels_per_agent: many\n  max_waiting_calls_per_agent: 0\n  list_page_size: 20000\n",
         );
         let error = load_str(&yaml, "node.yaml").unwrap_err().to_string();
         for expected in [
             "node.yaml: tunnel.max_connections_per_agent: 0 is out of range 1..=100000",
             "node.yaml: tunnel.max_tunnels_per_agent",
+            "node.yaml: tunnel.max_waiting_calls_per_agent: 0 is out of range 1..=1000000",
             "node.yaml: tunnel.list_page_size: 20000 is out of range 1..=10000",
         ] {
             assert!(error.contains(expected), "{expected} in {error}");
