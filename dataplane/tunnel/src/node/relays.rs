@@ -26,6 +26,10 @@ const KEPT_PER_AGENT: usize = 128;
 const KEPT_PER_NODE: usize = 256;
 /// Streams kept per core in all; each holds a stream and a task on the holding node.
 const KEPT_PER_CORE: usize = 1024;
+/// While the pool is full, how often a keep may look through every kept stream for ones that
+/// can no longer be used. Between looks a keep is refused at once (the stream is ended and the
+/// next call opens a new one): a look per keep cost up to 1,024 checks per call under load.
+const SWEEP_EVERY: Duration = Duration::from_millis(500);
 
 /// A framed call's stream to another node, kept after the call.
 pub(super) struct RelayStream {
@@ -66,6 +70,11 @@ pub(super) struct RelayPool<S = RelayStream> {
     count: Cell<usize>,
     /// Streams kept per node.
     per_node: RefCell<HashMap<SocketAddr, usize>>,
+    /// When a full pool was last looked through.
+    swept_at: Cell<Option<Instant>>,
+    /// Streams looked at by sweeps so far: what the tests bound.
+    #[cfg(test)]
+    swept: Cell<usize>,
 }
 
 impl<S> Default for RelayPool<S> {
@@ -74,6 +83,9 @@ impl<S> Default for RelayPool<S> {
             kept: RefCell::default(),
             count: Cell::default(),
             per_node: RefCell::default(),
+            swept_at: Cell::default(),
+            #[cfg(test)]
+            swept: Cell::default(),
         }
     }
 }
@@ -130,6 +142,16 @@ impl<S: Keepable> RelayPool<S> {
                 || pool.per_node.borrow().get(&node).copied().unwrap_or(0) >= KEPT_PER_NODE
         };
         if full(self) {
+            let due = self
+                .swept_at
+                .get()
+                .is_none_or(|at| now.saturating_duration_since(at) >= SWEEP_EVERY);
+            if !due {
+                return Some(stream);
+            }
+            self.swept_at.set(Some(now));
+            #[cfg(test)]
+            self.swept.set(self.swept.get() + self.count.get());
             // Drop what can no longer be used before refusing.
             kept.retain(|(address, _), streams| {
                 let before = streams.len();
@@ -250,5 +272,38 @@ mod tests {
         // Another node has its own share.
         assert!(pool.keep_at(7, Fake(node(2), 0, false), later).is_none());
         assert_eq!(pool.count.get(), 2);
+    }
+
+    /// A full pool is looked through at most once per `SWEEP_EVERY`, however many keeps it
+    /// refuses; a look that is due frees what can no longer be used.
+    #[test]
+    fn a_full_pool_is_swept_once_per_interval_not_once_per_keep() {
+        let pool = RelayPool::default();
+        let now = Instant::now();
+        let mut id = 0;
+        for agent in 0..KEPT_PER_CORE / KEPT_PER_AGENT {
+            let address = node(agent as u8 / 2);
+            for _ in 0..KEPT_PER_AGENT {
+                id += 1;
+                assert!(pool
+                    .keep_at(agent as AgentId, Fake(address, id, false), now)
+                    .is_none());
+            }
+        }
+        assert_eq!(pool.count.get(), KEPT_PER_CORE);
+        for keep in 0..1_000u32 {
+            let at = now + Duration::from_micros(u64::from(keep));
+            assert!(pool.keep_at(99, Fake(node(50), keep, false), at).is_some());
+        }
+        assert_eq!(
+            pool.swept.get(),
+            KEPT_PER_CORE,
+            "one sweep for 1,000 refused keeps"
+        );
+        // Past the interval and the streams' use-by time: the next keep sweeps and is kept.
+        let later = now + RELAY_KEPT;
+        assert!(pool.keep_at(99, Fake(node(50), 0, false), later).is_none());
+        assert_eq!(pool.swept.get(), 2 * KEPT_PER_CORE);
+        assert_eq!(pool.count.get(), 1);
     }
 }
