@@ -1,6 +1,7 @@
 //! A greedy client against the real `sluice run` binary: calls waiting for one agent's tunnel are
 //! capped per agent (`tunnel.max_waiting_calls_per_agent`), so a client cannot queue unbounded
-//! work on an agent id; calls over the cap are refused at once, and other agents are untouched.
+//! work on an agent id; calls over the cap are refused at once, on the node the client called or
+//! on the node holding the agent, and other agents are untouched.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
@@ -14,11 +15,14 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 
 use bytes::Bytes;
-use common::{client_jwt, metric, start_agent, start_node_on, wait_for_idle_tunnels, Secrets};
+use common::{
+    client_jwt, metric, node_yaml, run_node, start_agent, start_node_on, wait_for_idle_tunnels,
+    Secrets,
+};
 use http::Request;
 use sluice_grpc::encode_message;
 use sluice_grpc::transport::{connect, H2Settings};
-use test_support::GrpcBackend;
+use test_support::{GrpcBackend, RedisServer};
 
 fn block_on<F: std::future::Future>(future: F) -> F::Output {
     monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
@@ -28,14 +32,15 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
         .block_on(future)
 }
 
-/// One unary call for `agent` on an open connection; returns (grpc-status, grpc-message).
+/// One call of `method` for `agent` on an open connection; returns (grpc-status, grpc-message).
 async fn call_on(
     send_request: h2::client::SendRequest<Bytes>,
     token: &str,
     agent: i64,
+    method: &str,
 ) -> (String, String) {
     let mut ready = send_request.ready().await.unwrap();
-    let request = Request::post("http://node/test.Echo/Unary")
+    let request = Request::post(format!("http://node/test.Echo/{method}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
         .header("authorization", format!("Bearer {token}"))
@@ -47,7 +52,8 @@ async fn call_on(
     tunnel_harness::grpc_outcome(response).await
 }
 
-/// `calls` calls for `agent` at once on one connection; their outcomes in the order they ended.
+/// `calls` unary calls for `agent` at once on one connection; their outcomes in the order they
+/// ended.
 async fn calls_at_once(
     node: SocketAddr,
     token: &str,
@@ -64,7 +70,7 @@ async fn calls_at_once(
                 ended.clone(),
             );
             monoio::spawn(async move {
-                let outcome = call_on(send_request, &token, agent).await;
+                let outcome = call_on(send_request, &token, agent, "Unary").await;
                 ended.borrow_mut().push(outcome);
             })
         })
@@ -84,7 +90,7 @@ fn calls_waiting_for_one_agent_are_capped_and_the_rest_refused_at_once() {
     let secrets = Secrets::on("auto");
     let backend = GrpcBackend::start().unwrap();
     let limits = "  max_waiting_calls_per_agent: 4\n";
-    let node = start_node_on(&secrets, "2s", 1024 * 1024, None, "auto", limits, "", None);
+    let node = start_node_on(&secrets, "5s", 1024 * 1024, None, "auto", limits, "", None);
     let _agent = start_agent(&secrets, 8, &node, backend.address, 4, None);
     wait_for_idle_tunnels(&node, 2.0);
     let external = node.address("external");
@@ -120,4 +126,77 @@ fn calls_waiting_for_one_agent_are_capped_and_the_rest_refused_at_once() {
     });
     let refused = metric(&node, "sluice_tunnel_waiting_refused_total").unwrap_or(0.0);
     assert_eq!(refused, 7.0);
+}
+
+/// Two nodes over one Redis, each with `tunnel.max_waiting_calls_per_agent: 1`; agent 8 holds two
+/// tunnels on node 1 only, both carrying calls that hang. Of three calls sent to node 0 at once,
+/// node 1 lets one wait and refuses two: node 0 passes each refusal on at once (RESOURCE_EXHAUSTED
+/// naming the limit, before the wait ended) instead of waiting for a tunnel only node 1 holds.
+#[test]
+fn a_refusal_on_the_node_holding_the_agent_reaches_the_client_at_once() {
+    let redis = RedisServer::start().unwrap();
+    let redis_yaml = format!(
+        "redis:\n  url: '{}'\n  key_prefix: waiting\n  unregister_delay: 500ms\n",
+        redis.unix_url()
+    );
+    let secrets = Secrets::on("auto");
+    let private_secret = secrets.private_secret();
+    let nodes: Vec<_> = (0..2)
+        .map(|index| {
+            let tunnel_extra = format!(
+                "  node_name: node-{index}\n  max_waiting_calls_per_agent: 1\n  private_jwt: {{secret_file: '{}', issuer: sluice-node, audience: sluice-private}}\n",
+                private_secret.display()
+            );
+            let yaml = node_yaml(&secrets, "5s", 1024 * 1024, None, "auto", &tunnel_extra, &redis_yaml, None);
+            run_node(&yaml)
+        })
+        .collect();
+    let backend = GrpcBackend::start().unwrap();
+    let _agent = start_agent(&secrets, 8, &nodes[1], backend.address, 2, None);
+    wait_for_idle_tunnels(&nodes[1], 2.0);
+    let caller = nodes[0].address("external");
+    let token = client_jwt(&secrets, 60);
+    block_on(async {
+        // Node 0 finds the agent through Redis once it is registered there.
+        let mut reachable = false;
+        for _ in 0..100 {
+            if calls_at_once(caller, &token, 8, 1).await[0].0 == "0" {
+                reachable = true;
+                break;
+            }
+            monoio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert!(reachable, "node 0 never reached agent 8 on node 1");
+        let connection = connect(caller, None, &H2Settings::default()).await.unwrap();
+        let hanging: Vec<_> = (0..2)
+            .map(|_| {
+                let (send_request, token) = (connection.send_request.clone(), token.clone());
+                monoio::spawn(async move { call_on(send_request, &token, 8, "Hang").await })
+            })
+            .collect();
+        // Polled between sleeps of this runtime, which runs the hanging calls' tasks.
+        let mut busy = false;
+        for _ in 0..100 {
+            monoio::time::sleep(std::time::Duration::from_millis(100)).await;
+            if metric(&nodes[1], "sluice_tunnel_idle_tunnels") == Some(0.0) {
+                busy = true;
+                break;
+            }
+        }
+        assert!(busy, "both of agent 8's tunnels carry a hanging call");
+        let ended = calls_at_once(caller, &token, 8, 3).await;
+        let codes: Vec<&str> = ended.iter().map(|(status, _)| status.as_str()).collect();
+        assert_eq!(codes, ["8", "8", "4"], "{ended:?}");
+        for (_, message) in &ended[..2] {
+            assert!(
+                message.contains("tunnel.max_waiting_calls_per_agent is 1"),
+                "{message}"
+            );
+        }
+        drop((hanging, connection));
+    });
+    assert_eq!(
+        metric(&nodes[1], "sluice_tunnel_waiting_refused_total"),
+        Some(2.0)
+    );
 }

@@ -33,8 +33,9 @@ pub enum ErrorKind {
     ClientProtocol,
     /// The client's call is malformed (missing or bad metadata).
     BadRequest,
-    /// The caller is over its share of a node resource (an agent's connections or tunnels):
-    /// RESOURCE_EXHAUSTED, never retried, since the same caller would be over it again.
+    /// The caller is over its share of a node resource (an agent's connections or tunnels, the
+    /// calls waiting for one agent): RESOURCE_EXHAUSTED, never retried by the node, since the
+    /// same call would be over it again at once (the client may retry later).
     OverShare,
     /// The client's (or agent's, or node's) credentials were refused.
     Unauthenticated,

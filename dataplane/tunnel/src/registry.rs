@@ -257,6 +257,9 @@ impl<T> ConnectionRegistry<T> {
     /// Refused at once when `max_waiting` requests already wait for one of `agent`'s tunnels:
     /// those are served first, so a request behind them could only wait longer.
     pub async fn acquire(&self, agent: AgentId, max_waiting: usize) -> Result<T, QueueFull> {
+        // A request queued once is not held to the cap again when it queues anew (woken by an
+        // eviction, or its tunnel closed before the hand-over): others took no place of its.
+        let mut queued = false;
         loop {
             let offered = {
                 let mut stripe = self.stripe(agent);
@@ -277,7 +280,7 @@ impl<T> ConnectionRegistry<T> {
                         }
                         Offered::Now(tunnel)
                     }
-                    None if slot.waiting as usize >= max_waiting => {
+                    None if !queued && slot.waiting as usize >= max_waiting => {
                         let waiting = slot.waiting as usize;
                         if slot.is_empty() {
                             stripe.remove(&agent);
@@ -288,6 +291,7 @@ impl<T> ConnectionRegistry<T> {
                         // Waiters that gave up go when waits end (`reclaim`), not here: a scan
                         // per wait begun made W waiting calls cost W^2.
                         slot.waiting = slot.waiting.saturating_add(1);
+                        queued = true;
                         let (waiter_tx, waiter_rx) = oneshot::channel();
                         slot.waiters.push_back(waiter_tx);
                         Offered::Later(waiter_rx)

@@ -29,8 +29,9 @@ pub enum AgentFailure {
     /// the node): the agent is not connected to any node.
     #[error("the agent is not connected to any node (waited up to tunnel.max_wait): {message}")]
     NotConnected { message: String },
-    /// The agent is at its in-flight bound (RESOURCE_EXHAUSTED).
-    #[error("the agent is at its bound of requests in flight: {message}")]
+    /// The agent is at its in-flight bound, or its node at its bound of calls waiting for
+    /// the agent (RESOURCE_EXHAUSTED; the message says which).
+    #[error("the agent cannot take more requests now: {message}")]
     Busy { message: String },
     /// The agent refused the call (a bad assertion, no `kubernetes_api` section, a malformed
     /// exchange), or the apiserver behind it was unreachable.

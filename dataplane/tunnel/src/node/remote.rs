@@ -329,22 +329,39 @@ impl RemoteRouting {
                         framed: started.framed,
                         offers: started.offers,
                     })
-                    .map_err(|why| (why.unreachable(), format!("node {name} ({address}): {why}")))
+                    .map_err(|why| {
+                        let over = why.over_share();
+                        (
+                            why.unreachable(),
+                            over,
+                            format!("node {name} ({address}): {why}"),
+                        )
+                    })
             })
             .collect();
         let mut failures = Vec::new();
         let mut unreachable = false;
+        let mut all_over_share = true;
         while let Some(outcome) = racing.next().await {
             match outcome {
                 Ok(call) => return Ok(call),
-                Err((silent, why)) => {
+                Err((silent, over, why)) => {
                     unreachable |= silent;
+                    all_over_share &= over;
                     failures.push(why);
                 }
             }
         }
+        // Every node refused the call for a share it is over (its calls waiting for the
+        // agent, its buffers): final, as on this node, instead of a wait here for a tunnel
+        // that only those nodes hold.
+        let kind = if all_over_share && !failures.is_empty() {
+            ErrorKind::OverShare
+        } else {
+            ErrorKind::PeerUnavailable
+        };
         Err(PeersFailed {
-            error: TunnelError::new(ErrorKind::PeerUnavailable, failures.join("; ")),
+            error: TunnelError::new(kind, failures.join("; ")),
             unreachable,
         })
     }
@@ -528,6 +545,11 @@ enum PeerFailure {
 }
 
 impl PeerFailure {
+    /// The node answered RESOURCE_EXHAUSTED: the call is over one of its shares.
+    fn over_share(&self) -> bool {
+        matches!(self, PeerFailure::Answered(status, _) if status == "8")
+    }
+
     /// The node did not answer at all (a timeout, no route): a partition, unlike a node that
     /// refused the connection or the stream, which is going away and whose agents reconnect
     /// elsewhere. Decides whether a call gives up after the short remote-failure grace.

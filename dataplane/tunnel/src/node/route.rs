@@ -8,6 +8,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use sluice_grpc::Code;
+
 use crate::error::{ErrorKind, TunnelError};
 use crate::registry::AgentId;
 
@@ -247,6 +249,11 @@ impl RouteState {
                 forwarded: true,
                 ..
             } => RouteStep::GiveUp(error),
+            // It refused the call for a share it is over (its calls waiting for the agent):
+            // final, as on this node; a wait here could only wait for that node's tunnels.
+            RouteEvent::Unconfirmed { error, .. } if error.code() == Code::ResourceExhausted => {
+                RouteStep::GiveUp(error)
+            }
             // It answered, so it is going away rather than cut off: its agents reconnect
             // elsewhere, and the call waits for them as allowed.
             RouteEvent::Unconfirmed {

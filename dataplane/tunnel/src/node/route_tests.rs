@@ -201,6 +201,42 @@ fn a_direct_call_unconfirmed_before_any_body_byte_left_is_routed_again_without_t
     assert_eq!(error.code(), Code::DeadlineExceeded);
 }
 
+/// The holding node refused the call for a share it is over (its calls waiting for the agent,
+/// tunnel.max_waiting_calls_per_agent): the client hears it at once, whether or not body bytes
+/// went out, instead of waiting here for a tunnel only that node holds.
+#[test]
+fn a_node_over_its_share_ends_the_call_at_once() {
+    let now = Instant::now();
+    let b = peer("b", 1);
+    for forwarded in [false, true] {
+        let mut state = cluster_call(now);
+        state.next_step(RouteEvent::Located(vec![b.clone()]), now);
+        let refused = TunnelError::new(ErrorKind::PeerUnavailable, "node b: 1 calls already wait")
+            .with_code(Code::ResourceExhausted);
+        let error = give_up(state.next_step(
+            RouteEvent::Unconfirmed {
+                peer: &b,
+                error: refused.clone(),
+                forwarded,
+            },
+            now,
+        ));
+        assert_eq!(error, refused, "forwarded: {forwarded}");
+    }
+    // A race every node refused so (the router's `RaceEnd::Refused`).
+    let mut state = cluster_call(now);
+    state.next_step(RouteEvent::Located(vec![b.clone(), peer("c", 2)]), now);
+    let over = TunnelError::new(ErrorKind::OverShare, "node b: ...; node c: ...");
+    let error = give_up(state.next_step(
+        RouteEvent::Failed {
+            error: over.clone(),
+            replied: false,
+        },
+        now,
+    ));
+    assert_eq!(error.code(), Code::ResourceExhausted);
+}
+
 #[test]
 fn a_direct_call_unconfirmed_after_its_body_went_out_is_not_routed_again() {
     let now = Instant::now();

@@ -334,6 +334,10 @@ impl Router<'_> {
     ) -> Result<Route, TunnelError> {
         let metrics = &self.node.metrics;
         let mut arrival = None;
+        // Whether the call got a place among the agent's waiting calls: woken to look
+        // elsewhere, it waits again without being held to the cap a second time (newcomers
+        // could otherwise take its place while it looked, and refuse a call that waited).
+        let mut admitted = false;
         loop {
             let event = match step {
                 RouteStep::Look { retried } => {
@@ -349,13 +353,17 @@ impl Router<'_> {
                     continue;
                 }
                 RouteStep::ClaimLocal { until } => {
-                    match within(until, super::tunnel::claim(self.node, self.agent)).await {
+                    let claim = super::tunnel::claim(self.node, self.agent, admitted);
+                    match within(until, claim).await {
                         Some(Ok(tunnel)) => return Ok(self.local(state, tunnel)),
                         Some(Err(error)) => RouteEvent::Failed {
                             error,
                             replied: false,
                         },
-                        None => RouteEvent::ClaimTimedOut,
+                        None => {
+                            admitted = true;
+                            RouteEvent::ClaimTimedOut
+                        }
                     }
                 }
                 RouteStep::Locate { fresh, until } => self.locate(fresh, until).await,
@@ -389,9 +397,15 @@ impl Router<'_> {
                     }
                 }
                 RouteStep::Wait { until, poll } => {
-                    match self.wait(until, poll, arrival.take(), client).await {
+                    match self
+                        .wait(until, poll, arrival.take(), admitted, client)
+                        .await
+                    {
                         Ok(tunnel) => return Ok(self.local(state, tunnel)),
-                        Err(event) => event,
+                        Err(event) => {
+                            admitted |= matches!(event, RouteEvent::Woken);
+                            event
+                        }
                     }
                 }
                 RouteStep::GiveUp(error) => return Err(error),
@@ -436,6 +450,9 @@ impl Router<'_> {
             _ = client.reset() => return Err(RaceEnd::Reset),
         };
         raced.map_err(|failed| {
+            if failed.error.kind() == ErrorKind::OverShare {
+                return RaceEnd::Refused(failed.error);
+            }
             tracing::info!(agent = self.agent, error = %failed.error, "no node had a ready tunnel; deciding again");
             RaceEnd::Lost {
                 unreachable: failed.unreachable,
@@ -473,6 +490,7 @@ impl Router<'_> {
         until: Instant,
         poll: Option<std::time::Duration>,
         arrival: Option<EventListener>,
+        admitted: bool,
         client: &mut impl ClientReset,
     ) -> Result<TunnelStreams, RouteEvent<'static>> {
         let arrival = async {
@@ -488,7 +506,7 @@ impl Router<'_> {
             }
         };
         monoio::select! {
-            claimed = super::tunnel::claim(self.node, self.agent) => claimed.map_err(|error| {
+            claimed = super::tunnel::claim(self.node, self.agent, admitted) => claimed.map_err(|error| {
                 RouteEvent::Failed { error, replied: false }
             }),
             _ = arrival => Err(RouteEvent::Woken),
@@ -529,11 +547,17 @@ enum RaceEnd {
     },
     Expired,
     Reset,
+    /// Every node refused the call for a share it is over: final.
+    Refused(TunnelError),
 }
 
 impl RaceEnd {
     fn event(self, candidates: &[super::route::Peer]) -> RouteEvent<'_> {
         match self {
+            RaceEnd::Refused(error) => RouteEvent::Failed {
+                error,
+                replied: false,
+            },
             RaceEnd::Lost { unreachable: false } => RouteEvent::RaceLost(candidates),
             RaceEnd::Lost { unreachable: true } => RouteEvent::Unreachable(candidates),
             RaceEnd::Expired => RouteEvent::Expired,

@@ -163,14 +163,17 @@ fn hold(node: &Arc<NodeShared>, tunnel: TunnelStreams) {
 /// A tunnel of `agent` for a call. Nothing watched a parked tunnel, so one that has to close
 /// goes to an owner task (which closes it) and the next is taken; one the agent closed while
 /// parked fails at its first send, before the client saw anything (`StaleTunnel`). Refused
-/// (RESOURCE_EXHAUSTED) when `tunnel.max_waiting_calls_per_agent` calls already wait for one.
+/// (RESOURCE_EXHAUSTED) when `tunnel.max_waiting_calls_per_agent` calls already wait for one,
+/// unless the call was `admitted` among them before (it waits again after looking elsewhere).
 pub(super) async fn claim(
     node: &Arc<NodeShared>,
     agent: AgentId,
+    admitted: bool,
 ) -> Result<TunnelStreams, TunnelError> {
     let limit = node.agent_limits.waiting_calls;
+    let cap = if admitted { usize::MAX } else { limit };
     loop {
-        let tunnel = match node.registry.acquire(agent, limit).await {
+        let tunnel = match node.registry.acquire(agent, cap).await {
             Ok(tunnel) => tunnel,
             Err(QueueFull { waiting }) => {
                 node.metrics.waiting_refused();
