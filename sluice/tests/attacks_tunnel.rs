@@ -316,13 +316,7 @@ async fn open_tunnel(
 async fn call_agent(node: SocketAddr, token: &str, agent: i64) -> (String, String) {
     let connection = connect(node, None, &H2Settings::default()).await.unwrap();
     let mut ready = connection.send_request.ready().await.unwrap();
-    let request = Request::post("http://node/test.Echo/Unary")
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("authorization", format!("Bearer {token}"))
-        .header("sluice-agent-id", agent.to_string())
-        .body(())
-        .unwrap();
+    let request = common::echo_call_head(token, agent, "Unary");
     let (response, mut send) = ready.send_request(request, false).unwrap();
     let _ = send.send_data(encode_message(false, b"hello"), true);
     tunnel_harness::grpc_outcome(response).await

@@ -19,7 +19,6 @@ use common::{
     client_jwt, metric, node_yaml, run_node, start_agent, start_node_on, wait_for_idle_tunnels,
     Secrets,
 };
-use http::Request;
 use sluice_grpc::encode_message;
 use sluice_grpc::transport::{connect, H2Settings};
 use test_support::{GrpcBackend, RedisServer};
@@ -40,13 +39,7 @@ async fn call_on(
     method: &str,
 ) -> (String, String) {
     let mut ready = send_request.ready().await.unwrap();
-    let request = Request::post(format!("http://node/test.Echo/{method}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("authorization", format!("Bearer {token}"))
-        .header("sluice-agent-id", agent.to_string())
-        .body(())
-        .unwrap();
+    let request = common::echo_call_head(token, agent, method);
     let (response, mut send) = ready.send_request(request, false).unwrap();
     let _ = send.send_data(encode_message(false, b"hello"), true);
     tunnel_harness::grpc_outcome(response).await

@@ -406,3 +406,15 @@ pub fn list_agents_request(token: &str) -> http::Request<()> {
     .body(())
     .unwrap()
 }
+
+/// The head of a client's unary call of `/test.Echo/{method}` for `agent` with `token`, as the
+/// external endpoint takes it (the body is the caller's).
+pub fn echo_call_head(token: &str, agent: i64, method: &str) -> http::Request<()> {
+    http::Request::post(format!("http://node/test.Echo/{method}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {token}"))
+        .header("sluice-agent-id", agent.to_string())
+        .body(())
+        .unwrap()
+}
