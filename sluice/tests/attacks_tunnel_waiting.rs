@@ -16,12 +16,12 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use common::{
-    client_jwt, metric, node_yaml, run_node, start_agent, start_node_on, wait_for_idle_tunnels,
-    Secrets,
+    client_jwt, metric, node_yaml, run_node, start_agent, start_agent_on, start_node_on,
+    wait_for_idle_tunnels, Secrets,
 };
 use sluice_grpc::encode_message;
-use sluice_grpc::transport::{connect, H2Settings};
-use test_support::{GrpcBackend, RedisServer};
+use sluice_grpc::transport::{connect, ClientConnection, H2Settings};
+use test_support::{GrpcBackend, RedisServer, SluiceProcess};
 
 fn block_on<F: std::future::Future>(future: F) -> F::Output {
     monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
@@ -31,18 +31,60 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
         .block_on(future)
 }
 
+/// When a call's request message goes out.
+#[derive(Clone, Copy)]
+enum Body {
+    /// With its head.
+    Now,
+    /// Never: the head alone, so a node that refuses the call has taken nothing of it.
+    Held,
+}
+
 /// One call of `method` for `agent` on an open connection; returns (grpc-status, grpc-message).
 async fn call_on(
     send_request: h2::client::SendRequest<Bytes>,
     token: &str,
     agent: i64,
     method: &str,
+    body: Body,
 ) -> (String, String) {
     let mut ready = send_request.ready().await.unwrap();
     let request = common::echo_call_head(token, agent, method);
     let (response, mut send) = ready.send_request(request, false).unwrap();
-    let _ = send.send_data(encode_message(false, b"hello"), true);
-    tunnel_harness::grpc_outcome(response).await
+    if let Body::Now = body {
+        let _ = send.send_data(encode_message(false, b"hello"), true);
+    }
+    let outcome = tunnel_harness::grpc_outcome(response).await;
+    drop(send);
+    outcome
+}
+
+/// Outcomes of calls, in the order they ended.
+type Ended = Rc<RefCell<Vec<(String, String)>>>;
+
+/// `calls` unary calls for `agent` started at once on `connection`, each pushing its outcome
+/// to `ended` when it ends.
+fn start_calls(
+    connection: &ClientConnection,
+    token: &str,
+    agent: i64,
+    calls: usize,
+    body: Body,
+    ended: &Ended,
+) -> Vec<monoio::task::JoinHandle<()>> {
+    (0..calls)
+        .map(|_| {
+            let (send_request, token, ended) = (
+                connection.send_request.clone(),
+                token.to_string(),
+                ended.clone(),
+            );
+            monoio::spawn(async move {
+                let outcome = call_on(send_request, &token, agent, "Unary", body).await;
+                ended.borrow_mut().push(outcome);
+            })
+        })
+        .collect()
 }
 
 /// `calls` unary calls for `agent` at once on one connection; their outcomes in the order they
@@ -54,24 +96,23 @@ async fn calls_at_once(
     calls: usize,
 ) -> Vec<(String, String)> {
     let connection = connect(node, None, &H2Settings::default()).await.unwrap();
-    let ended = Rc::new(RefCell::new(Vec::new()));
-    let tasks: Vec<_> = (0..calls)
-        .map(|_| {
-            let (send_request, token, ended) = (
-                connection.send_request.clone(),
-                token.to_string(),
-                ended.clone(),
-            );
-            monoio::spawn(async move {
-                let outcome = call_on(send_request, &token, agent, "Unary").await;
-                ended.borrow_mut().push(outcome);
-            })
-        })
-        .collect();
-    for task in tasks {
+    let ended = Ended::default();
+    for task in start_calls(&connection, token, agent, calls, Body::Now, &ended) {
         task.await;
     }
     ended.take()
+}
+
+/// Polls `node`'s gauge `name` between sleeps of this runtime (which runs the test's call
+/// tasks meanwhile) until it reads `value`; whether it did within 10 s.
+async fn gauge_reaches(node: &SluiceProcess, name: &str, value: f64) -> bool {
+    for _ in 0..100 {
+        monoio::time::sleep(std::time::Duration::from_millis(100)).await;
+        if metric(node, name) == Some(value) {
+            return true;
+        }
+    }
+    false
 }
 
 /// With `tunnel.max_waiting_calls_per_agent: 4` and agent 7 never connected, one client's 10
@@ -121,12 +162,14 @@ fn calls_waiting_for_one_agent_are_capped_and_the_rest_refused_at_once() {
     assert_eq!(refused, 7.0);
 }
 
-/// Two nodes over one Redis, each with `tunnel.max_waiting_calls_per_agent: 1`; agent 8 holds two
-/// tunnels on node 1 only, both carrying calls that hang. Of three calls sent to node 0 at once,
-/// node 1 lets one wait and refuses two: node 0 passes each refusal on at once (RESOURCE_EXHAUSTED
-/// naming the limit, before the wait ended) instead of waiting for a tunnel only node 1 holds.
-#[test]
-fn a_refusal_on_the_node_holding_the_agent_reaches_the_client_at_once() {
+/// Node 0 and `holders` nodes over one Redis. Agent 8 holds two tunnels on each holder, each
+/// carrying a call that hangs; the holders allow one waiting call per agent
+/// (`tunnel.max_waiting_calls_per_agent: 1`), node 0 the default. A call sent to node 0 waits on
+/// every holder (sent directly to one, raced over two); two more, their request messages held
+/// back, are refused by every holder, and node 0 passes each refusal on at once
+/// (RESOURCE_EXHAUSTED naming the limit, before the wait ended) instead of waiting for a tunnel
+/// only those nodes hold.
+fn refusals_of_the_nodes_holding_the_agent_reach_the_client_at_once(holders: usize) {
     let redis = RedisServer::start().unwrap();
     let redis_yaml = format!(
         "redis:\n  url: '{}'\n  key_prefix: waiting\n  unregister_delay: 500ms\n",
@@ -134,19 +177,23 @@ fn a_refusal_on_the_node_holding_the_agent_reaches_the_client_at_once() {
     );
     let secrets = Secrets::on("auto");
     let private_secret = secrets.private_secret();
-    let nodes: Vec<_> = (0..2)
+    let nodes: Vec<_> = (0..=holders)
         .map(|index| {
+            let cap = if index == 0 { "" } else { "  max_waiting_calls_per_agent: 1\n" };
             let tunnel_extra = format!(
-                "  node_name: node-{index}\n  max_waiting_calls_per_agent: 1\n  private_jwt: {{secret_file: '{}', issuer: sluice-node, audience: sluice-private}}\n",
+                "  node_name: node-{index}\n{cap}  private_jwt: {{secret_file: '{}', issuer: sluice-node, audience: sluice-private}}\n",
                 private_secret.display()
             );
             let yaml = node_yaml(&secrets, "5s", 1024 * 1024, None, "auto", &tunnel_extra, &redis_yaml, None);
             run_node(&yaml)
         })
         .collect();
+    let holding: Vec<&SluiceProcess> = nodes[1..].iter().collect();
     let backend = GrpcBackend::start().unwrap();
-    let _agent = start_agent(&secrets, 8, &nodes[1], backend.address, 2, None);
-    wait_for_idle_tunnels(&nodes[1], 2.0);
+    let _agent = start_agent_on(&secrets, 8, &holding, backend.address, 2, None);
+    for node in &holding {
+        wait_for_idle_tunnels(node, 2.0);
+    }
     let caller = nodes[0].address("external");
     let token = client_jwt(&secrets, 60);
     block_on(async {
@@ -159,25 +206,35 @@ fn a_refusal_on_the_node_holding_the_agent_reaches_the_client_at_once() {
             }
             monoio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
-        assert!(reachable, "node 0 never reached agent 8 on node 1");
+        assert!(reachable, "node 0 never reached agent 8");
         let connection = connect(caller, None, &H2Settings::default()).await.unwrap();
-        let hanging: Vec<_> = (0..2)
-            .map(|_| {
-                let (send_request, token) = (connection.send_request.clone(), token.clone());
-                monoio::spawn(async move { call_on(send_request, &token, 8, "Hang").await })
-            })
-            .collect();
-        // Polled between sleeps of this runtime, which runs the hanging calls' tasks.
-        let mut busy = false;
-        for _ in 0..100 {
-            monoio::time::sleep(std::time::Duration::from_millis(100)).await;
-            if metric(&nodes[1], "sluice_tunnel_idle_tunnels") == Some(0.0) {
-                busy = true;
-                break;
-            }
+        // Opened and left unanswered (the backend holds each up to 30 s): not awaited.
+        let mut hanging = Vec::new();
+        for _ in 0..2 * holders {
+            let mut ready = connection.send_request.clone().ready().await.unwrap();
+            let request = common::echo_call_head(&token, 8, "Hang");
+            let (response, mut send) = ready.send_request(request, false).unwrap();
+            let _ = send.send_data(encode_message(false, b"hello"), true);
+            hanging.push((response, send));
         }
-        assert!(busy, "both of agent 8's tunnels carry a hanging call");
-        let ended = calls_at_once(caller, &token, 8, 3).await;
+        for node in &holding {
+            let busy = gauge_reaches(node, "sluice_tunnel_idle_tunnels", 0.0).await;
+            assert!(busy, "every tunnel of agent 8 carries a hanging call");
+        }
+        let ended = Ended::default();
+        let mut calls = start_calls(&connection, &token, 8, 1, Body::Held, &ended);
+        for node in &holding {
+            let waiting = gauge_reaches(node, "sluice_tunnel_waiting_calls", 1.0).await;
+            assert!(
+                waiting,
+                "the first call waits on every node holding the agent"
+            );
+        }
+        calls.extend(start_calls(&connection, &token, 8, 2, Body::Held, &ended));
+        for call in calls {
+            call.await;
+        }
+        let ended = ended.take();
         let codes: Vec<&str> = ended.iter().map(|(status, _)| status.as_str()).collect();
         assert_eq!(codes, ["8", "8", "4"], "{ended:?}");
         for (_, message) in &ended[..2] {
@@ -188,8 +245,26 @@ fn a_refusal_on_the_node_holding_the_agent_reaches_the_client_at_once() {
         }
         drop((hanging, connection));
     });
+    for node in &holding {
+        assert_eq!(
+            metric(node, "sluice_tunnel_waiting_refused_total"),
+            Some(2.0)
+        );
+    }
     assert_eq!(
-        metric(&nodes[1], "sluice_tunnel_waiting_refused_total"),
-        Some(2.0)
+        metric(&nodes[0], "sluice_tunnel_waiting_refused_total"),
+        Some(0.0)
     );
+}
+
+/// One node holds the agent: node 0 sends each call to it directly.
+#[test]
+fn a_refusal_of_the_one_node_holding_the_agent_reaches_the_client_at_once() {
+    refusals_of_the_nodes_holding_the_agent_reach_the_client_at_once(1);
+}
+
+/// Two nodes hold the agent: node 0 races each call over both, and both refuse.
+#[test]
+fn a_race_every_node_refused_reaches_the_client_at_once() {
+    refusals_of_the_nodes_holding_the_agent_reach_the_client_at_once(2);
 }

@@ -14,6 +14,7 @@
 //! longer than a moment, and those of a connection that is closing, to owner tasks
 //! ([`ConnectionRegistry::unpark`]), and a call checks the one it takes.
 
+use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -125,6 +126,8 @@ pub struct ConnectionRegistry<T> {
     idle: AtomicUsize,
     /// Of those, parked ones (`unpark` looks through the stripes only when there are any).
     parked: AtomicUsize,
+    /// Requests waiting for a tunnel, across agents (the slots' `waiting` summed).
+    waiting: AtomicUsize,
 }
 
 impl<T> Default for ConnectionRegistry<T> {
@@ -133,6 +136,7 @@ impl<T> Default for ConnectionRegistry<T> {
             stripes: (0..STRIPES).map(|_| Mutex::default()).collect(),
             idle: AtomicUsize::new(0),
             parked: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
         }
     }
 }
@@ -157,6 +161,11 @@ impl<T> ConnectionRegistry<T> {
     /// Idle tunnels across all agents.
     pub fn idle_count(&self) -> usize {
         self.idle.load(Ordering::Relaxed)
+    }
+
+    /// Requests waiting for a tunnel, across all agents.
+    pub fn waiting_count(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// Offers an idle tunnel of `agent`. Hands it straight to the oldest live waiter if there is
@@ -243,6 +252,7 @@ impl<T> ConnectionRegistry<T> {
     fn reclaim(&self, agent: AgentId) {
         let mut stripe = self.stripe(agent);
         if let Some(slot) = stripe.get_mut(&agent) {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
             slot.wait_ended();
             if slot.is_empty() {
                 stripe.remove(&agent);
@@ -255,11 +265,17 @@ impl<T> ConnectionRegistry<T> {
     /// future withdraws the wait and reclaims the agent's slot if nothing else is in it: agent
     /// ids come from clients, so a slot left behind per id would be a leak anyone can grow).
     /// Refused at once when `max_waiting` requests already wait for one of `agent`'s tunnels:
-    /// those are served first, so a request behind them could only wait longer.
-    pub async fn acquire(&self, agent: AgentId, max_waiting: usize) -> Result<T, QueueFull> {
-        // A request queued once is not held to the cap again when it queues anew (woken by an
-        // eviction, or its tunnel closed before the hand-over): others took no place of its.
-        let mut queued = false;
+    /// those are served first, so a request behind them could only wait longer. `admitted`:
+    /// whether the request has had a place among them (set here when it takes one); one that
+    /// has is not held to the cap again when it waits anew (woken to look at other nodes, by an
+    /// eviction, or its tunnel closed before the hand-over), so such returns may take the
+    /// count briefly past the cap.
+    pub async fn acquire(
+        &self,
+        agent: AgentId,
+        max_waiting: usize,
+        admitted: &Cell<bool>,
+    ) -> Result<T, QueueFull> {
         loop {
             let offered = {
                 let mut stripe = self.stripe(agent);
@@ -280,7 +296,7 @@ impl<T> ConnectionRegistry<T> {
                         }
                         Offered::Now(tunnel)
                     }
-                    None if !queued && slot.waiting as usize >= max_waiting => {
+                    None if !admitted.get() && slot.waiting as usize >= max_waiting => {
                         let waiting = slot.waiting as usize;
                         if slot.is_empty() {
                             stripe.remove(&agent);
@@ -291,7 +307,8 @@ impl<T> ConnectionRegistry<T> {
                         // Waiters that gave up go when waits end (`reclaim`), not here: a scan
                         // per wait begun made W waiting calls cost W^2.
                         slot.waiting = slot.waiting.saturating_add(1);
-                        queued = true;
+                        self.waiting.fetch_add(1, Ordering::Relaxed);
+                        admitted.set(true);
                         let (waiter_tx, waiter_rx) = oneshot::channel();
                         slot.waiters.push_back(waiter_tx);
                         Offered::Later(waiter_rx)
@@ -431,8 +448,23 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    /// No cap on waiting requests: the tests that are not about it.
-    const NO_CAP: usize = usize::MAX;
+    /// A request not held to a cap on waiting requests: the tests that are not about it.
+    async fn acquire_any<T>(
+        registry: &ConnectionRegistry<T>,
+        agent: AgentId,
+    ) -> Result<T, QueueFull> {
+        acquire_capped(registry, agent, usize::MAX).await
+    }
+
+    /// A new request (never admitted among the waiting ones), held to `cap`.
+    async fn acquire_capped<T>(
+        registry: &ConnectionRegistry<T>,
+        agent: AgentId,
+        cap: usize,
+    ) -> Result<T, QueueFull> {
+        let admitted = Cell::new(false);
+        registry.acquire(agent, cap, &admitted).await
+    }
 
     fn block_on<F: std::future::Future>(future: F) -> F::Output {
         monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
@@ -467,7 +499,7 @@ mod tests {
         let registry = ConnectionRegistry::<u64>::new();
         let mut context = std::task::Context::from_waker(std::task::Waker::noop());
         let mut waits: Vec<_> = (0..WAITS)
-            .map(|_| Box::pin(registry.acquire(7, NO_CAP)))
+            .map(|_| Box::pin(acquire_any(&registry, 7)))
             .collect();
         for wait in &mut waits {
             assert!(wait.as_mut().poll(&mut context).is_pending());
@@ -511,11 +543,9 @@ mod tests {
         let registry = ConnectionRegistry::<u64>::new();
         block_on(async {
             for agent in 1..=2_000 {
-                let waited = monoio::time::timeout(
-                    Duration::from_micros(10),
-                    registry.acquire(agent, NO_CAP),
-                )
-                .await;
+                let waited =
+                    monoio::time::timeout(Duration::from_micros(10), acquire_any(&registry, agent))
+                        .await;
                 assert!(waited.is_err());
             }
         });
@@ -526,7 +556,7 @@ mod tests {
         );
         // A tunnel taken at once leaves no empty slot either.
         let owner = serve_claim(registry_offer(&registry), 5);
-        assert_eq!(block_on(registry.acquire(3, NO_CAP)), Ok(5));
+        assert_eq!(block_on(acquire_any(&registry, 3)), Ok(5));
         assert!(owner.join().unwrap());
         assert_eq!(registry.tracked_agents(), 0);
     }
@@ -538,35 +568,48 @@ mod tests {
         use std::future::Future;
         let registry = ConnectionRegistry::<u64>::new();
         let mut context = std::task::Context::from_waker(std::task::Waker::noop());
-        let mut waits: Vec<_> = (0..3).map(|_| Box::pin(registry.acquire(7, 3))).collect();
+        let mut waits: Vec<_> = (0..3)
+            .map(|_| Box::pin(acquire_capped(&registry, 7, 3)))
+            .collect();
         for wait in &mut waits {
             assert!(wait.as_mut().poll(&mut context).is_pending());
         }
-        let mut over = Box::pin(registry.acquire(7, 3));
+        let mut over = Box::pin(acquire_capped(&registry, 7, 3));
         assert_eq!(
             over.as_mut().poll(&mut context),
             std::task::Poll::Ready(Err(QueueFull { waiting: 3 }))
         );
         // Another agent in the same stripe has its own room.
-        let mut neighbour = Box::pin(registry.acquire(7 + STRIPES as AgentId, 3));
+        let mut neighbour = Box::pin(acquire_capped(&registry, 7 + STRIPES as AgentId, 3));
         assert!(neighbour.as_mut().poll(&mut context).is_pending());
         // Woken by an eviction, the waits queue again, still counted once each.
         assert_eq!(registry.evict(7), 0);
         for wait in &mut waits {
             assert!(wait.as_mut().poll(&mut context).is_pending());
         }
-        let mut still_over = Box::pin(registry.acquire(7, 3));
+        let mut still_over = Box::pin(acquire_capped(&registry, 7, 3));
         assert!(still_over.as_mut().poll(&mut context).is_ready());
+        // One that had a place is not held to the cap when it waits again.
+        let admitted = Cell::new(true);
+        let mut returning = Box::pin(registry.acquire(7, 3, &admitted));
+        assert!(returning.as_mut().poll(&mut context).is_pending());
+        drop(returning);
         // One gives up: one more may wait.
         drop(waits.pop());
-        let mut next = Box::pin(registry.acquire(7, 3));
+        let mut next = Box::pin(acquire_capped(&registry, 7, 3));
         assert!(next.as_mut().poll(&mut context).is_pending());
+        assert_eq!(
+            registry.waiting_count(),
+            4,
+            "three of agent 7's, one of its neighbour's"
+        );
         drop((waits, next, neighbour));
         assert_eq!(
             registry.tracked_agents(),
             0,
             "the slots go with their waits"
         );
+        assert_eq!(registry.waiting_count(), 0);
     }
 
     fn registry_offer(registry: &ConnectionRegistry<u64>) -> Claims<u64> {
@@ -580,7 +623,7 @@ mod tests {
         assert_eq!(registry.idle_count(), 1);
         assert_eq!(registry.idle_by_connection(7).get(&100), Some(&1));
         assert!(registry.idle_by_connection(8).is_empty());
-        assert_eq!(block_on(registry.acquire(7, NO_CAP)), Ok("tunnel-1"));
+        assert_eq!(block_on(acquire_any(&registry, 7)), Ok("tunnel-1"));
         assert!(owner.join().unwrap());
         assert_eq!(registry.idle_count(), 0);
     }
@@ -601,7 +644,7 @@ mod tests {
             });
         });
         let got = block_on(async {
-            monoio::time::timeout(Duration::from_secs(5), registry.acquire(9, NO_CAP)).await
+            monoio::time::timeout(Duration::from_secs(5), acquire_any(&registry, 9)).await
         });
         assert_eq!(got, Ok(Ok(42)));
         offerer.join().unwrap();
@@ -617,7 +660,7 @@ mod tests {
         let registry = Arc::new(ConnectionRegistry::<u64>::new());
         drop(registry.offer(3, 1, 1)); // owner gone without withdrawing
         let live = serve_claim(registry.offer(3, 2, 1), 2);
-        assert_eq!(block_on(registry.acquire(3, NO_CAP)), Ok(2));
+        assert_eq!(block_on(acquire_any(&registry, 3)), Ok(2));
         assert!(live.join().unwrap());
     }
 
@@ -631,7 +674,7 @@ mod tests {
 
         // A request that timed out leaves a cancelled waiter; the next offer skips it and queues.
         let timed_out = block_on(async {
-            monoio::time::timeout(Duration::from_millis(20), registry.acquire(5, NO_CAP)).await
+            monoio::time::timeout(Duration::from_millis(20), acquire_any(&registry, 5)).await
         });
         assert!(timed_out.is_err());
         let _claims = registry.offer(5, 2, 1);
@@ -643,12 +686,12 @@ mod tests {
         let registry = ConnectionRegistry::<u64>::new();
         let _claims = registry.offer(1, 1, 1);
         let other = block_on(async {
-            monoio::time::timeout(Duration::from_millis(50), registry.acquire(2, NO_CAP)).await
+            monoio::time::timeout(Duration::from_millis(50), acquire_any(&registry, 2)).await
         });
         assert!(other.is_err(), "agent 2 has no tunnel");
         // Agent 257 shares agent 1's stripe but not its tunnels.
         let same_stripe = block_on(async {
-            monoio::time::timeout(Duration::from_millis(50), registry.acquire(257, NO_CAP)).await
+            monoio::time::timeout(Duration::from_millis(50), acquire_any(&registry, 257)).await
         });
         assert!(same_stripe.is_err());
         assert_eq!(registry.idle_count(), 1);
@@ -666,8 +709,8 @@ mod tests {
         assert_eq!(by_connection.get(&10), Some(&2));
         assert_eq!(by_connection.get(&11), Some(&1));
         // Parked tunnels come first, the newest first; nothing answers a claim here.
-        assert_eq!(block_on(registry.acquire(4, NO_CAP)), Ok(3));
-        assert_eq!(block_on(registry.acquire(4, NO_CAP)), Ok(2));
+        assert_eq!(block_on(acquire_any(&registry, 4)), Ok(3));
+        assert_eq!(block_on(acquire_any(&registry, 4)), Ok(2));
         assert_eq!(registry.idle_count(), 1, "the offered one is left");
     }
 
@@ -677,7 +720,7 @@ mod tests {
         let waiting = registry.clone();
         let waiter = std::thread::spawn(move || {
             block_on(async {
-                monoio::time::timeout(Duration::from_secs(5), waiting.acquire(6, NO_CAP)).await
+                monoio::time::timeout(Duration::from_secs(5), acquire_any(&waiting, 6)).await
             })
         });
         // The waiter's slot appears when it starts waiting.
@@ -745,7 +788,7 @@ mod tests {
                     block_on(async move {
                         let mut got = Vec::new();
                         for _ in 0..per_side / 4 {
-                            got.push(registry.acquire(11, NO_CAP).await.unwrap());
+                            got.push(acquire_any(&registry, 11).await.unwrap());
                         }
                         got
                     })

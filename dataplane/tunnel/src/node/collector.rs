@@ -8,7 +8,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 
 use super::NodeShared;
 
-/// Idle tunnels and connected agents, computed when scraped rather than kept up to date.
+/// Idle tunnels, waiting calls and connected agents, computed when scraped rather than kept up to date.
 #[derive(Debug)]
 pub struct NodeCollector(pub Arc<NodeShared>);
 
@@ -20,6 +20,13 @@ impl Collector for NodeCollector {
             "Tunnels waiting in the registry for a call",
             None,
             idle.metric_type(),
+        )?)?;
+        let waiting = ConstGauge::new(self.0.registry.waiting_count() as i64);
+        waiting.encode(encoder.encode_descriptor(
+            "sluice_tunnel_waiting_calls",
+            "Calls waiting on this node for a free tunnel of their agent",
+            None,
+            waiting.metric_type(),
         )?)?;
         let agents = ConstGauge::new(self.0.connected_agents() as i64);
         agents.encode(encoder.encode_descriptor(

@@ -17,6 +17,7 @@ use http::uri::Authority;
 use http::HeaderValue;
 use rustls_pki_types::ServerName;
 use sluice_config::{JwtConfig, PeerTlsConfig};
+use sluice_grpc::Code;
 use sluice_locator::{AgentLocator, LocatorError};
 
 use super::call::header_text;
@@ -547,7 +548,8 @@ enum PeerFailure {
 impl PeerFailure {
     /// The node answered RESOURCE_EXHAUSTED: the call is over one of its shares.
     fn over_share(&self) -> bool {
-        matches!(self, PeerFailure::Answered(status, _) if status == "8")
+        matches!(self, PeerFailure::Answered(status, _)
+            if Code::from_header(status.as_bytes()) == Code::ResourceExhausted)
     }
 
     /// The node did not answer at all (a timeout, no route): a partition, unlike a node that

@@ -69,6 +69,10 @@ pub(super) struct Router<'a> {
     carry: Carry,
     /// A framed call ended at a message boundary both ways ([`Self::relay_goes_on`]).
     relay_goes_on: std::cell::Cell<bool>,
+    /// The call has had a place among its agent's waiting calls on this node (the registry
+    /// sets it): when it waits again, after looking at other nodes or a tunnel that failed
+    /// before use, it is not held to `tunnel.max_waiting_calls_per_agent` a second time.
+    admitted: std::cell::Cell<bool>,
 }
 
 /// How a call goes down a tunnel of this node.
@@ -106,6 +110,7 @@ impl<'a> Router<'a> {
             taken: std::cell::Cell::new(crate::metrics::CallRoute::None),
             carry: Carry::Relay,
             relay_goes_on: std::cell::Cell::new(false),
+            admitted: std::cell::Cell::new(false),
         }
     }
 
@@ -334,10 +339,6 @@ impl Router<'_> {
     ) -> Result<Route, TunnelError> {
         let metrics = &self.node.metrics;
         let mut arrival = None;
-        // Whether the call got a place among the agent's waiting calls: woken to look
-        // elsewhere, it waits again without being held to the cap a second time (newcomers
-        // could otherwise take its place while it looked, and refuse a call that waited).
-        let mut admitted = false;
         loop {
             let event = match step {
                 RouteStep::Look { retried } => {
@@ -353,17 +354,14 @@ impl Router<'_> {
                     continue;
                 }
                 RouteStep::ClaimLocal { until } => {
-                    let claim = super::tunnel::claim(self.node, self.agent, admitted);
+                    let claim = super::tunnel::claim(self.node, self.agent, &self.admitted);
                     match within(until, claim).await {
                         Some(Ok(tunnel)) => return Ok(self.local(state, tunnel)),
                         Some(Err(error)) => RouteEvent::Failed {
                             error,
                             replied: false,
                         },
-                        None => {
-                            admitted = true;
-                            RouteEvent::ClaimTimedOut
-                        }
+                        None => RouteEvent::ClaimTimedOut,
                     }
                 }
                 RouteStep::Locate { fresh, until } => self.locate(fresh, until).await,
@@ -397,15 +395,9 @@ impl Router<'_> {
                     }
                 }
                 RouteStep::Wait { until, poll } => {
-                    match self
-                        .wait(until, poll, arrival.take(), admitted, client)
-                        .await
-                    {
+                    match self.wait(until, poll, arrival.take(), client).await {
                         Ok(tunnel) => return Ok(self.local(state, tunnel)),
-                        Err(event) => {
-                            admitted |= matches!(event, RouteEvent::Woken);
-                            event
-                        }
+                        Err(event) => event,
                     }
                 }
                 RouteStep::GiveUp(error) => return Err(error),
@@ -490,7 +482,6 @@ impl Router<'_> {
         until: Instant,
         poll: Option<std::time::Duration>,
         arrival: Option<EventListener>,
-        admitted: bool,
         client: &mut impl ClientReset,
     ) -> Result<TunnelStreams, RouteEvent<'static>> {
         let arrival = async {
@@ -506,7 +497,7 @@ impl Router<'_> {
             }
         };
         monoio::select! {
-            claimed = super::tunnel::claim(self.node, self.agent, admitted) => claimed.map_err(|error| {
+            claimed = super::tunnel::claim(self.node, self.agent, &self.admitted) => claimed.map_err(|error| {
                 RouteEvent::Failed { error, replied: false }
             }),
             _ = arrival => Err(RouteEvent::Woken),

@@ -46,6 +46,7 @@ fn an_arrival_elsewhere_wakes_a_waiting_call_before_the_poll() {
         taken: std::cell::Cell::new(crate::metrics::CallRoute::None),
         carry: Carry::Relay,
         relay_goes_on: std::cell::Cell::new(false),
+        admitted: std::cell::Cell::new(false),
     };
     let other = cluster.locator("b", "10.0.0.2:2");
     let started = Instant::now();
@@ -89,6 +90,7 @@ fn a_client_reset_ends_the_wait_at_once() {
         taken: std::cell::Cell::new(crate::metrics::CallRoute::None),
         carry: Carry::Relay,
         relay_goes_on: std::cell::Cell::new(false),
+        admitted: std::cell::Cell::new(false),
     };
     let mut state = RouteState::new(5, None, node.max_wait(), false, Instant::now());
     let step = state.start();

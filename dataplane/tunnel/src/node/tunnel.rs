@@ -2,6 +2,7 @@
 //! either parked in the registry by the call that last used it, or owned by a task that offers
 //! it there and watches it until a call claims it.
 
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -164,16 +165,15 @@ fn hold(node: &Arc<NodeShared>, tunnel: TunnelStreams) {
 /// goes to an owner task (which closes it) and the next is taken; one the agent closed while
 /// parked fails at its first send, before the client saw anything (`StaleTunnel`). Refused
 /// (RESOURCE_EXHAUSTED) when `tunnel.max_waiting_calls_per_agent` calls already wait for one,
-/// unless the call was `admitted` among them before (it waits again after looking elsewhere).
+/// unless the call has had a place among them (`admitted`, which the registry sets).
 pub(super) async fn claim(
     node: &Arc<NodeShared>,
     agent: AgentId,
-    admitted: bool,
+    admitted: &Cell<bool>,
 ) -> Result<TunnelStreams, TunnelError> {
     let limit = node.agent_limits.waiting_calls;
-    let cap = if admitted { usize::MAX } else { limit };
     loop {
-        let tunnel = match node.registry.acquire(agent, cap).await {
+        let tunnel = match node.registry.acquire(agent, limit, admitted).await {
             Ok(tunnel) => tunnel,
             Err(QueueFull { waiting }) => {
                 node.metrics.waiting_refused();
