@@ -208,18 +208,33 @@ fn refusals_of_the_nodes_holding_the_agent_reach_the_client_at_once(holders: usi
         }
         assert!(reachable, "node 0 never reached agent 8");
         let connection = connect(caller, None, &H2Settings::default()).await.unwrap();
-        // Opened and left unanswered (the backend holds each up to 30 s): not awaited.
+        // Opened and left unanswered (the backend holds each up to 30 s): not awaited. One at a
+        // time, each once it holds a tunnel: raced at once, two could queue on one holder, whose
+        // one waiting place would refuse the second.
         let mut hanging = Vec::new();
-        for _ in 0..2 * holders {
+        for sent in 1..=2 * holders {
             let mut ready = connection.send_request.clone().ready().await.unwrap();
             let request = common::echo_call_head(&token, 8, "Hang");
             let (response, mut send) = ready.send_request(request, false).unwrap();
             let _ = send.send_data(encode_message(false, b"hello"), true);
             hanging.push((response, send));
-        }
-        for node in &holding {
-            let busy = gauge_reaches(node, "sluice_tunnel_idle_tunnels", 0.0).await;
-            assert!(busy, "every tunnel of agent 8 carries a hanging call");
+            let idle_left = (2 * holders - sent) as f64;
+            let mut settled = false;
+            for _ in 0..100 {
+                monoio::time::sleep(std::time::Duration::from_millis(100)).await;
+                let idle: Option<f64> = holding
+                    .iter()
+                    .map(|node| metric(node, "sluice_tunnel_idle_tunnels"))
+                    .sum();
+                if idle == Some(idle_left) {
+                    settled = true;
+                    break;
+                }
+            }
+            assert!(
+                settled,
+                "hanging call {sent} holds one of agent 8's tunnels"
+            );
         }
         let ended = Ended::default();
         let mut calls = start_calls(&connection, &token, 8, 1, Body::Held, &ended);
