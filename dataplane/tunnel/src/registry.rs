@@ -266,10 +266,11 @@ impl<T> ConnectionRegistry<T> {
     /// ids come from clients, so a slot left behind per id would be a leak anyone can grow).
     /// Refused at once when `max_waiting` requests already wait for one of `agent`'s tunnels:
     /// those are served first, so a request behind them could only wait longer. `admitted`:
-    /// whether the request has had a place among them (set here when it takes one); one that
-    /// has is not held to the cap again when it waits anew (woken to look at other nodes, by an
-    /// eviction, or its tunnel closed before the hand-over), so such returns may take the
-    /// count briefly past the cap.
+    /// whether the request has had a place among them (set here when it takes one). One that
+    /// has, waiting anew (woken to look at other nodes, by an eviction, or its tunnel closed
+    /// before the hand-over), is held to twice the cap instead: new requests may take the
+    /// places such returns left meanwhile, and the returns are not refused for it unless that
+    /// repeats until the count is twice the cap, so the count never goes past that.
     pub async fn acquire(
         &self,
         agent: AgentId,
@@ -296,7 +297,7 @@ impl<T> ConnectionRegistry<T> {
                         }
                         Offered::Now(tunnel)
                     }
-                    None if !admitted.get() && slot.waiting as usize >= max_waiting => {
+                    None if slot.waiting as usize >= cap_for(max_waiting, admitted.get()) => {
                         let waiting = slot.waiting as usize;
                         if slot.is_empty() {
                             stripe.remove(&agent);
@@ -428,6 +429,16 @@ impl<T> Drop for Waiting<'_, T> {
         // Dropped first so the registry sees this waiter as gone.
         drop(self.receiver.take());
         self.registry.reclaim(self.agent);
+    }
+}
+
+/// The waiting requests a request may find before it is refused: `max_waiting` for a new one,
+/// twice that for one that had a place (see [`ConnectionRegistry::acquire`]).
+fn cap_for(max_waiting: usize, admitted: bool) -> usize {
+    if admitted {
+        max_waiting.saturating_mul(2)
+    } else {
+        max_waiting
     }
 }
 
@@ -589,10 +600,20 @@ mod tests {
         }
         let mut still_over = Box::pin(acquire_capped(&registry, 7, 3));
         assert!(still_over.as_mut().poll(&mut context).is_ready());
-        // One that had a place is not held to the cap when it waits again.
+        // Ones that had a place are held to twice the cap when they wait again.
         let admitted = Cell::new(true);
-        let mut returning = Box::pin(registry.acquire(7, 3, &admitted));
-        assert!(returning.as_mut().poll(&mut context).is_pending());
+        let mut returning: Vec<_> = (0..4)
+            .map(|_| Box::pin(registry.acquire(7, 3, &admitted)))
+            .collect();
+        let pending: Vec<bool> = returning
+            .iter_mut()
+            .map(|wait| wait.as_mut().poll(&mut context).is_pending())
+            .collect();
+        assert_eq!(
+            pending,
+            [true, true, true, false],
+            "3 + 3 wait, the 7th is refused"
+        );
         drop(returning);
         // One gives up: one more may wait.
         drop(waits.pop());

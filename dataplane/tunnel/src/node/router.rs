@@ -71,7 +71,8 @@ pub(super) struct Router<'a> {
     relay_goes_on: std::cell::Cell<bool>,
     /// The call has had a place among its agent's waiting calls on this node (the registry
     /// sets it): when it waits again, after looking at other nodes or a tunnel that failed
-    /// before use, it is not held to `tunnel.max_waiting_calls_per_agent` a second time.
+    /// before use, it is held to twice `tunnel.max_waiting_calls_per_agent`, not to the cap
+    /// that new calls may have filled meanwhile.
     admitted: std::cell::Cell<bool>,
 }
 

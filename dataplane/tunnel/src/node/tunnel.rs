@@ -165,7 +165,8 @@ fn hold(node: &Arc<NodeShared>, tunnel: TunnelStreams) {
 /// goes to an owner task (which closes it) and the next is taken; one the agent closed while
 /// parked fails at its first send, before the client saw anything (`StaleTunnel`). Refused
 /// (RESOURCE_EXHAUSTED) when `tunnel.max_waiting_calls_per_agent` calls already wait for one,
-/// unless the call has had a place among them (`admitted`, which the registry sets).
+/// or twice that once the call has had a place among them (`admitted`, which the registry
+/// sets).
 pub(super) async fn claim(
     node: &Arc<NodeShared>,
     agent: AgentId,
