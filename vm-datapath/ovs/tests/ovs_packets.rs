@@ -86,10 +86,24 @@ fn flow_stats_count_real_packets_between_namespaces() {
             }])
             .await
             .unwrap();
-        let ping = vm1
-            .exec(&["ping", "-c", "1", "-W", "1", "10.9.0.2"])
-            .unwrap();
-        assert!(!ping.status.success(), "ping passed without an allow flow");
+        // OVS's revalidators drop the datapath's cached flow after the OpenFlow one is gone,
+        // asynchronously (a clean-clone CI run saw one ping pass right after the delete), so
+        // the drop is awaited, within seconds, rather than expected of the first ping.
+        let mut dropped = false;
+        for _ in 0..10 {
+            let ping = vm1
+                .exec(&["ping", "-c", "1", "-W", "1", "10.9.0.2"])
+                .unwrap();
+            if !ping.status.success() {
+                dropped = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert!(
+            dropped,
+            "pings still pass 10 tries after the allow flow was deleted"
+        );
     });
 }
 
