@@ -21,6 +21,7 @@ use sluice_tunnel::protocol::{AGENT_VERSION_HEADER, CONNECTION_ID_HEADER};
 const LIMITS: AgentLimits = AgentLimits {
     connections: 16,
     tunnels: 64,
+    waiting_calls: 64,
     services: 8,
     version_bytes: 32,
     list_page_size: 100,
