@@ -21,7 +21,13 @@ use common::{
 };
 use sluice_grpc::encode_message;
 use sluice_grpc::transport::{connect, ClientConnection, H2Settings};
-use test_support::{GrpcBackend, RedisServer, SluiceProcess};
+use test_support::{on_both_drivers, GrpcBackend, RedisServer, SluiceProcess};
+
+on_both_drivers!(
+    calls_waiting_for_one_agent_are_capped_and_the_rest_refused_at_once,
+    a_refusal_of_the_one_node_holding_the_agent_reaches_the_client_at_once,
+    a_race_every_node_refused_reaches_the_client_at_once
+);
 
 fn block_on<F: std::future::Future>(future: F) -> F::Output {
     monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
@@ -119,12 +125,11 @@ async fn gauge_reaches(node: &SluiceProcess, name: &str, value: f64) -> bool {
 /// calls for agent 7 at once: 4 wait (and end DEADLINE_EXCEEDED at `max_wait`), 6 are refused
 /// RESOURCE_EXHAUSTED naming the limit, each before any of the waits ended, and counted. While
 /// the 4 wait, agent 8 is called as usual; once they ended, agent 7 has room for waits again.
-#[test]
-fn calls_waiting_for_one_agent_are_capped_and_the_rest_refused_at_once() {
-    let secrets = Secrets::on("auto");
+fn calls_waiting_for_one_agent_are_capped_and_the_rest_refused_at_once(driver: &str) {
+    let secrets = Secrets::on(driver);
     let backend = GrpcBackend::start().unwrap();
     let limits = "  max_waiting_calls_per_agent: 4\n";
-    let node = start_node_on(&secrets, "5s", 1024 * 1024, None, "auto", limits, "", None);
+    let node = start_node_on(&secrets, "5s", 1024 * 1024, None, driver, limits, "", None);
     let _agent = start_agent(&secrets, 8, &node, backend.address, 4, None);
     wait_for_idle_tunnels(&node, 2.0);
     let external = node.address("external");
@@ -169,13 +174,13 @@ fn calls_waiting_for_one_agent_are_capped_and_the_rest_refused_at_once() {
 /// back, are refused by every holder, and node 0 passes each refusal on at once
 /// (RESOURCE_EXHAUSTED naming the limit, before the wait ended) instead of waiting for a tunnel
 /// only those nodes hold.
-fn refusals_of_the_nodes_holding_the_agent_reach_the_client_at_once(holders: usize) {
+fn refusals_of_the_nodes_holding_the_agent_reach_the_client_at_once(driver: &str, holders: usize) {
     let redis = RedisServer::start().unwrap();
     let redis_yaml = format!(
         "redis:\n  url: '{}'\n  key_prefix: waiting\n  unregister_delay: 500ms\n",
         redis.unix_url()
     );
-    let secrets = Secrets::on("auto");
+    let secrets = Secrets::on(driver);
     let private_secret = secrets.private_secret();
     let nodes: Vec<_> = (0..=holders)
         .map(|index| {
@@ -184,7 +189,7 @@ fn refusals_of_the_nodes_holding_the_agent_reach_the_client_at_once(holders: usi
                 "  node_name: node-{index}\n{cap}  private_jwt: {{secret_file: '{}', issuer: sluice-node, audience: sluice-private}}\n",
                 private_secret.display()
             );
-            let yaml = node_yaml(&secrets, "5s", 1024 * 1024, None, "auto", &tunnel_extra, &redis_yaml, None);
+            let yaml = node_yaml(&secrets, "5s", 1024 * 1024, None, driver, &tunnel_extra, &redis_yaml, None);
             run_node(&yaml)
         })
         .collect();
@@ -273,13 +278,11 @@ fn refusals_of_the_nodes_holding_the_agent_reach_the_client_at_once(holders: usi
 }
 
 /// One node holds the agent: node 0 sends each call to it directly.
-#[test]
-fn a_refusal_of_the_one_node_holding_the_agent_reaches_the_client_at_once() {
-    refusals_of_the_nodes_holding_the_agent_reach_the_client_at_once(1);
+fn a_refusal_of_the_one_node_holding_the_agent_reaches_the_client_at_once(driver: &str) {
+    refusals_of_the_nodes_holding_the_agent_reach_the_client_at_once(driver, 1);
 }
 
 /// Two nodes hold the agent: node 0 races each call over both, and both refuse.
-#[test]
-fn a_race_every_node_refused_reaches_the_client_at_once() {
-    refusals_of_the_nodes_holding_the_agent_reach_the_client_at_once(2);
+fn a_race_every_node_refused_reaches_the_client_at_once(driver: &str) {
+    refusals_of_the_nodes_holding_the_agent_reach_the_client_at_once(driver, 2);
 }
